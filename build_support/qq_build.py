@@ -1,0 +1,72 @@
+"""Build-time decisions of libqq that pyproject.toml cannot express statically.
+
+A CUDA build (nvcc found and QQ_CUDA != OFF) needs cuBLASLt: from the CUDA
+toolkit when it ships it, else from NVIDIA's `nvidia-cublas` wheel, which is
+then a build requirement (headers and library to link) and a runtime
+dependency (the library libqq loads). A CPU-only build needs neither, so a
+machine without nvcc never downloads the ~400 MB wheel.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+BASE_DEPENDENCIES = ["numpy>=1.24", "ml_dtypes>=0.3"]
+
+
+def find_nvcc() -> str | None:
+    """The nvcc CMake would find: $CUDACXX, PATH, $CUDA_HOME/$CUDA_PATH, /usr/local/cuda."""
+    if os.environ.get("QQ_CUDA", "AUTO").upper() == "OFF":
+        return None
+    cands = [os.environ.get("CUDACXX"), shutil.which("nvcc")]
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            cands.append(os.path.join(os.environ[var], "bin", "nvcc"))
+    cands.append("/usr/local/cuda/bin/nvcc")
+    for c in cands:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def cuda_major(nvcc: str) -> int | None:
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"release (\d+)\.(\d+)", out)
+    return int(m.group(1)) if m else None
+
+
+def toolkit_has_cublaslt(nvcc: str) -> bool:
+    root = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+    inc = [os.path.join(root, "include"), os.path.join(root, "targets", "x86_64-linux", "include")]
+    return any(os.path.isfile(os.path.join(d, "cublasLt.h")) for d in inc)
+
+
+def cuda_requirements() -> list[str]:
+    nvcc = find_nvcc()
+    if not nvcc:
+        return []
+    major = cuda_major(nvcc)
+    reqs = [f"cuda-pathfinder>=1.1"]
+    if major is None:
+        return reqs
+    if not toolkit_has_cublaslt(nvcc) or os.environ.get("QQ_CUBLAS_FROM_WHEEL") == "1":
+        reqs.append(f"nvidia-cublas>={major}.0,<{major + 1}" if major >= 13 else f"nvidia-cublas-cu{major}")
+    return reqs
+
+
+# ---- scikit-build-core dynamic-metadata provider interface ------------------
+def dynamic_metadata(field: str, settings: dict | None = None):
+    if field != "dependencies":
+        raise ValueError(f"qq_build provides only 'dependencies', not {field!r}")
+    return BASE_DEPENDENCIES + cuda_requirements()
+
+
+def get_requires_for_dynamic_metadata(settings: dict | None = None) -> list[str]:
+    # Build requirements: the cuBLAS wheel's headers and library for linking.
+    return [r for r in cuda_requirements() if r.startswith("nvidia-cublas")]

@@ -1,0 +1,306 @@
+/*
+ * qq.h - the one public header of libqq.
+ *
+ * libqq: block-scaled low-precision matrix math (NVFP4, MXFP4, MXFP8, affine
+ * integer) with a C ABI. Formats and numerics: docs/formats.md (from
+ * DESIGN.md sections 1-3). Every function:
+ *   - returns a qqStatus_t (QQ_STATUS_SUCCESS == 0); on failure a readable
+ *     message naming the argument and the fix is kept per thread and returned
+ *     by qqGetLastErrorMessage();
+ *   - takes tensors as DLPack DLTensor (declared below from the DLPack spec
+ *     unless dlpack.h was included first). kDLCPU tensors run on the CPU
+ *     backend, kDLCUDA tensors on the GPU backend; mixing devices in one call
+ *     is QQ_STATUS_INVALID_VALUE;
+ *   - takes the stream last (a cudaStream_t cast to void*; 0 = legacy default
+ *     stream; ignored for CPU tensors). GPU work is only ever enqueued on it.
+ *
+ * Status codes are never renumbered; new ones are appended.
+ * Option structs carry their size in their first field so they can grow
+ * without breaking the ABI: always initialize them with the *Init function.
+ */
+#ifndef QQ_QQ_H_
+#define QQ_QQ_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define QQ_VERSION_MAJOR 0
+#define QQ_VERSION_MINOR 1
+#define QQ_VERSION_PATCH 0
+/* QQ_VERSION = major * 10000 + minor * 100 + patch, as returned by qqGetVersion(). */
+#define QQ_VERSION (QQ_VERSION_MAJOR * 10000 + QQ_VERSION_MINOR * 100 + QQ_VERSION_PATCH)
+
+#if defined(_WIN32)
+#define QQ_API __declspec(dllexport)
+#else
+#define QQ_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------
+ * DLPack (https://dmlc.github.io/dlpack/latest/c_api.html), the subset libqq
+ * reads. Declared here so that qq.h is self-contained; if the user includes
+ * dlpack.h first, its (identical) definitions are used instead.
+ * ------------------------------------------------------------------------- */
+#ifndef DLPACK_MAJOR_VERSION
+typedef enum {
+  kDLCPU = 1,
+  kDLCUDA = 2,
+  kDLCUDAHost = 3,
+  kDLCUDAManaged = 13,
+} DLDeviceType;
+
+typedef struct {
+  DLDeviceType device_type;
+  int32_t device_id;
+} DLDevice;
+
+typedef enum {
+  kDLInt = 0U,
+  kDLUInt = 1U,
+  kDLFloat = 2U,
+  kDLOpaqueHandle = 3U,
+  kDLBfloat = 4U,
+  kDLComplex = 5U,
+  kDLBool = 6U,
+  kDLFloat8_e3m4 = 7U,
+  kDLFloat8_e4m3 = 8U,
+  kDLFloat8_e4m3b11fnuz = 9U,
+  kDLFloat8_e4m3fn = 10U,
+  kDLFloat8_e4m3fnuz = 11U,
+  kDLFloat8_e5m2 = 12U,
+  kDLFloat8_e5m2fnuz = 13U,
+  kDLFloat8_e8m0fnu = 14U,
+  kDLFloat6_e2m3fn = 15U,
+  kDLFloat6_e3m2fn = 16U,
+  kDLFloat4_e2m1fn = 17U,
+} DLDataTypeCode;
+
+typedef struct {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+} DLDataType;
+
+typedef struct {
+  void* data;          /* start of the allocation; add byte_offset */
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;    /* in elements; NULL = compact row-major */
+  uint64_t byte_offset;
+} DLTensor;
+#endif /* DLPACK_MAJOR_VERSION */
+
+/* ---------------------------------------------------------------------------
+ * Status, errors, version
+ * ------------------------------------------------------------------------- */
+typedef enum {
+  QQ_STATUS_SUCCESS = 0,
+  QQ_STATUS_INVALID_VALUE = 1,  /* bad shape, stride, size, mode, group, layout, device mix */
+  QQ_STATUS_INVALID_DTYPE = 2,  /* a tensor has a dtype the operation does not take */
+  QQ_STATUS_NOT_SUPPORTED = 3,  /* valid request this build or backend cannot run */
+  QQ_STATUS_ARCH_MISMATCH = 4,  /* the GPU's architecture lacks what the path needs */
+  QQ_STATUS_ALLOC_FAILED = 5,   /* host or device allocation failed */
+  QQ_STATUS_CUDA_ERROR = 6,     /* a CUDA runtime call failed (message has the CUDA error) */
+  QQ_STATUS_CUBLAS_ERROR = 7,   /* a cuBLASLt call failed (message has its status) */
+  QQ_STATUS_INTERNAL_ERROR = 8, /* a bug in libqq: please report it */
+} qqStatus_t;
+
+/* Static English name of a status ("QQ_STATUS_INVALID_VALUE"). Never NULL. */
+QQ_API const char* qqGetStatusString(qqStatus_t status);
+
+/* The message of the last failing call on this thread ("" if none). The
+ * pointer stays valid until the next libqq call on the same thread. */
+QQ_API const char* qqGetLastErrorMessage(void);
+
+/* QQ_VERSION of the library actually loaded. */
+QQ_API int qqGetVersion(void);
+
+/* Build description, a static string of "key=value" pairs separated by ';':
+ * version, cuda (ON/OFF), cuda_version, archs (e.g. "90a;100a;120a" joined by
+ * ','), cublaslt (cuBLASLt version at build time, 0 if none). */
+QQ_API const char* qqGetBuildInfo(void);
+
+/* Number of CUDA devices visible (0 in a CPU-only build or without a driver;
+ * never an error). */
+QQ_API int qqGetDeviceCount(void);
+
+/* Compute capability of a device, e.g. 9.0 -> major 9, minor 0.
+ * QQ_STATUS_NOT_SUPPORTED in a CPU-only build; INVALID_VALUE for a bad id. */
+QQ_API qqStatus_t qqGetDeviceCapability(int device, int* major, int* minor);
+
+/* ---------------------------------------------------------------------------
+ * Handle: one per CUDA device. Holds the cuBLASLt handle, the GEMM plan cache
+ * and the workspace. Thread-safe: calls from several threads through one
+ * handle are serialized where they share state (plan cache, workspace).
+ * Every operation also accepts handle == NULL: libqq then uses an internal
+ * default handle for the tensors' device, created on first use and freed at
+ * process exit. CPU tensors need no handle.
+ * ------------------------------------------------------------------------- */
+typedef struct qqContext* qqHandle_t;
+
+/* Create a handle bound to CUDA device `device` (>= 0).
+ * Returns NOT_SUPPORTED in a CPU-only build, INVALID_VALUE for a bad device. */
+QQ_API qqStatus_t qqCreate(qqHandle_t* handle, int device);
+/* Destroy a handle (NULL is accepted). The caller must make sure no work
+ * that uses it is still queued. */
+QQ_API qqStatus_t qqDestroy(qqHandle_t handle);
+
+/* ---------------------------------------------------------------------------
+ * Quantization parameters
+ * ------------------------------------------------------------------------- */
+typedef enum {
+  QQ_MODE_AFFINE = 0, /* unsigned int of `bits` bits, scale and bias in x's dtype */
+  QQ_MODE_NVFP4 = 1,  /* E2M1, group 16, E4M3 scale, optional fp32 global scale */
+  QQ_MODE_MXFP4 = 2,  /* E2M1, group 32, UE8M0 scale */
+  QQ_MODE_MXFP8 = 3,  /* E4M3FN (or E5M2), group 32, UE8M0 scale */
+} qqMode_t;
+
+typedef enum {
+  QQ_ROUNDING_CEIL = 0,  /* UE8M0 scale = smallest power of two >= amax/elem_max (default) */
+  QQ_ROUNDING_FLOOR = 1, /* OCP MX v1.0: 2^(floor(log2 amax) - emax_elem) */
+} qqRounding_t;
+
+typedef enum {
+  QQ_SCALE_LINEAR = 0,  /* [..., K/group] row-major */
+  QQ_SCALE_BLOCKED = 1, /* cuBLASLt 1D block-scaling layout, see docs/formats.md */
+} qqScaleLayout_t;
+
+typedef enum {
+  QQ_FP8_E4M3 = 0, /* E4M3FN, max 448 (default) */
+  QQ_FP8_E5M2 = 1, /* E5M2, max 57344 */
+} qqFp8Format_t;
+
+typedef struct {
+  size_t struct_size;           /* sizeof(qqQuantParams_t), set by qqQuantParamsInit */
+  qqMode_t mode;
+  int group_size;               /* 0 = the mode's default (affine 64, nvfp4 16, mx 32) */
+  int bits;                     /* 0 = the mode's default (affine 4, fp4 4, fp8 8) */
+  qqRounding_t rounding;        /* UE8M0 modes only; default CEIL */
+  qqScaleLayout_t scale_layout; /* default LINEAR; BLOCKED for fp modes only */
+  qqFp8Format_t fp8_format;     /* mxfp8 only; default E4M3 */
+} qqQuantParams_t;
+
+/* Fill *params with the defaults of `mode`. */
+QQ_API qqStatus_t qqQuantParamsInit(qqQuantParams_t* params, qqMode_t mode);
+
+/* Shapes of quantize's outputs for an input of shape x_shape[0..x_ndim).
+ * data_shape gets x_ndim entries (last one K * bits / 8, bytes).
+ * scales_shape gets *scales_ndim entries (at most x_ndim + 1):
+ *   linear:  [..., K / group]
+ *   blocked: [B..., roundup(M, 128), roundup(K / group, 4)] where x is
+ *            [B..., M, K] (a 1D x counts as M = 1).
+ * Affine biases have the linear scales' shape. */
+QQ_API qqStatus_t qqQuantizedShapes(const qqQuantParams_t* params, int x_ndim,
+                                    const int64_t* x_shape, int64_t* data_shape,
+                                    int64_t* scales_shape, int* scales_ndim);
+
+/* ---------------------------------------------------------------------------
+ * Operations. Common rules:
+ *  - float tensors: float32, float16 or bfloat16. Packed data: uint8 (int8
+ *    and 1-byte float8 dtypes are read as bytes). fp scales: uint8 or a
+ *    1-byte float8 dtype (read as bytes). Affine scales/biases: x's dtype.
+ *  - The last axis must have stride 1; the leading axes must collapse to one
+ *    row stride (a row-strided 2D view is fine, a transposed one is not).
+ *  - Outputs must be compact row-major.
+ *  - global_scale (nvfp4 only): a float32 tensor of one element on the same
+ *    device, read on the device (no host synchronization); NULL = none.
+ * ------------------------------------------------------------------------- */
+
+/* Quantize x [..., K] along its last axis.
+ * data:   uint8, shape per qqQuantizedShapes.
+ * scales: uint8 (fp modes) or x's dtype (affine), shape per qqQuantizedShapes.
+ * biases: affine only (x's dtype, scales' linear shape); must be NULL otherwise.
+ * Errors: INVALID_DTYPE, INVALID_VALUE (K % group != 0, shapes, strides,
+ * a global scale outside nvfp4, blocked scales for affine, ...). */
+QQ_API qqStatus_t qqQuantize(qqHandle_t handle, const DLTensor* x,
+                             const qqQuantParams_t* params,
+                             const DLTensor* global_scale, DLTensor* data,
+                             DLTensor* scales, DLTensor* biases, void* stream);
+
+/* Dequantize data [..., K*bits/8] with its scales (and biases for affine)
+ * into out [..., K] (float32, float16 or bfloat16; all math in fp32, one
+ * rounding to out's dtype at the end). For BLOCKED scales the rows are
+ * data's second-to-last axis (or 1 for 1D data). */
+QQ_API qqStatus_t qqDequantize(qqHandle_t handle, const DLTensor* data,
+                               const DLTensor* scales, const DLTensor* biases,
+                               const qqQuantParams_t* params,
+                               const DLTensor* global_scale, DLTensor* out,
+                               void* stream);
+
+/* Convert linear scales [B..., R, C] (uint8) to the blocked layout
+ * [B..., roundup(R,128), roundup(C,4)] (zero padding) and back. A 1D input
+ * counts as R = 1. unswizzle reads R and C from `linear`'s shape. */
+QQ_API qqStatus_t qqSwizzleScales(qqHandle_t handle, const DLTensor* linear,
+                                  DLTensor* blocked, void* stream);
+QQ_API qqStatus_t qqUnswizzleScales(qqHandle_t handle, const DLTensor* blocked,
+                                    DLTensor* linear, void* stream);
+
+/* out (float32, one element) = max |x| over all of x. NaN anywhere gives
+ * NaN; +-Inf gives Inf. An empty x gives 0. */
+QQ_API qqStatus_t qqAmax(qqHandle_t handle, const DLTensor* x, DLTensor* out,
+                         void* stream);
+
+/* qqmm: out [..., M, N] = alpha * q(x) @ q(w)^T (+ bias[N]).
+ *  x: float [..., M, K] (quantized on the fly with params) or packed uint8
+ *     [..., M, K*bits/8] with x_scales in params->x_scale_layout.
+ *  w: float [N, K] (quantized on the fly) or packed [N, K*bits/8] with
+ *     w_scales in params->w_scale_layout.
+ *  On-the-fly quantization uses params->quant (its scale_layout is ignored).
+ *  alpha = gx * gw / 2688^2 for nvfp4 when global scales are given (either
+ *  may be NULL = 2688, i.e. a factor of 1).
+ *  Modes: nvfp4, mxfp4, mxfp8 (affine: NOT_SUPPORTED, use
+ *  qqQuantizedMatmul). out: float32, float16 or bfloat16. */
+typedef struct {
+  size_t struct_size;             /* sizeof(qqQqmmParams_t) */
+  qqQuantParams_t quant;          /* mode, group, rounding used on the fly, fp8_format */
+  qqScaleLayout_t x_scale_layout; /* layout of x_scales when x is pre-quantized */
+  qqScaleLayout_t w_scale_layout; /* layout of w_scales when w is pre-quantized */
+} qqQqmmParams_t;
+
+QQ_API qqStatus_t qqQqmmParamsInit(qqQqmmParams_t* params, qqMode_t mode);
+
+QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x,
+                         const DLTensor* x_scales, const DLTensor* w,
+                         const DLTensor* w_scales, const qqQqmmParams_t* params,
+                         const DLTensor* global_scale_x,
+                         const DLTensor* global_scale_w, const DLTensor* bias,
+                         DLTensor* out, void* stream);
+
+/* quantized_matmul (weight-only): out = x @ W^T (transpose != 0) or x @ W
+ * (transpose == 0), W = dequantize(w, scales, biases[, global_scale]).
+ *  x:   float [..., M, K]
+ *  w:   packed uint8; transpose: [..., N, K*bits/8] (groups along K);
+ *       no transpose: [..., K, N*bits/8] (groups along N, as in MLX).
+ *       Batch axes of x and w broadcast (NumPy rules).
+ *  scales/biases: linear [..., N, K/g] resp. [..., K, N/g] (blocked scales
+ *       accepted for fp modes with transpose, one blocked matrix per batch).
+ *  bias: optional float [N] added to every row (any float dtype).
+ *  out:  [broadcast batch..., M, N], float32/float16/bfloat16.
+ *  Accumulation in fp32. */
+QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x,
+                                    const DLTensor* w, const DLTensor* scales,
+                                    const DLTensor* biases,
+                                    const qqQuantParams_t* params, int transpose,
+                                    const DLTensor* global_scale,
+                                    const DLTensor* bias, DLTensor* out,
+                                    void* stream);
+
+/* ---------------------------------------------------------------------------
+ * Device memory helpers for bindings that must hand out libqq-owned buffers
+ * (stream-ordered: cudaMallocAsync / cudaFreeAsync on `stream`).
+ * NOT_SUPPORTED in a CPU-only build.
+ * ------------------------------------------------------------------------- */
+QQ_API qqStatus_t qqDeviceAlloc(int device, size_t bytes, void** ptr, void* stream);
+QQ_API qqStatus_t qqDeviceFree(int device, void* ptr, void* stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* QQ_QQ_H_ */

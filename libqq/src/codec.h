@@ -1,0 +1,313 @@
+// codec.h - the scalar codecs of libqq, shared by the CPU and the CUDA backend.
+//
+// Everything that touches the bits of E2M1, E4M3, E5M2, UE8M0, the rounding
+// rules and the blocked scale layout lives here and nowhere else (STYLE.md 3).
+// All functions are QQ_HD (host + device) and use only fp32 arithmetic and
+// integer bit manipulation, so that the CPU and the GPU produce identical bits.
+// The CPU backend is the reference; the GPU must equal it.
+//
+// Numerics source: DESIGN.md section 2 (docs/formats.md is the built version).
+#ifndef QQ_CODEC_H_
+#define QQ_CODEC_H_
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__CUDACC__)
+#define QQ_HD __host__ __device__ __forceinline__
+#else
+#define QQ_HD inline
+#endif
+
+namespace qq {
+
+// ---- bit casts ---------------------------------------------------------------
+QQ_HD uint32_t f2u(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+QQ_HD float u2f(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+QQ_HD bool is_finite_f(float f) { return (f2u(f) & 0x7f800000u) != 0x7f800000u; }
+QQ_HD float abs_f(float f) { return u2f(f2u(f) & 0x7fffffffu); }
+// max that propagates NaN (fmaxf would drop it: DESIGN.md wants NaN visible).
+QQ_HD float nanmax_f(float a, float b) {
+  return (a != a) ? a : ((b != b) ? b : (a > b ? a : b));
+}
+// 2^e for e in [-149, 127] exactly (subnormal results included).
+QQ_HD float exp2i(int e) {
+  if (e >= -126) return u2f((uint32_t)(e + 127) << 23);
+  return u2f(1u << (e + 149));
+}
+
+// ---- small-float encoders (fp32 -> code, round to nearest even, satfinite) ----
+// Generic: `mbits` mantissa bits, exponent bias `bias`, largest finite code
+// `max_code` (sign excluded) whose value is `max_val`. NaN -> nan_code.
+// Method: for |x| < max_val, let e = floor(log2|x|) clamped below to the
+// format's minimum normal exponent; the quantum is 2^(e - mbits) and
+// r = rint(|x| / quantum) is exact to compute in fp32 because the division is
+// by a power of two and |x| / quantum < 2^(mbits + 1) + 1. With that r,
+// code = r for subnormals (r == 2^mbits lands on the minimum normal) and
+// ((e + bias) << mbits) + r - 2^mbits for normals (a carry to the next binade
+// falls out of the addition).
+QQ_HD float rint_f(float v) {
+  // Round to nearest, ties to even (the default FP environment; libqq never
+  // changes it and never builds with -ffast-math).
+#if defined(__CUDA_ARCH__)
+  return rintf(v);
+#else
+  return __builtin_rintf(v);
+#endif
+}
+
+// sign_shift: 3 for 4-bit formats, 7 for 8-bit ones.
+QQ_HD uint8_t encode_minifloat(float x, int mbits, int bias, int sign_shift,
+                               uint32_t max_code, float max_val, uint8_t nan_code) {
+  const uint8_t sign = (uint8_t)((f2u(x) >> 31) << sign_shift);
+  const float a = abs_f(x);
+  if (a != a) return nan_code;
+  if (a >= max_val) return (uint8_t)(sign | max_code);  // satfinite (also +-Inf)
+  int e = (int)((f2u(a) >> 23) & 0xff) - 127;            // floor(log2 a) for normal a
+  const int emin = 1 - bias;
+  if (e < emin) e = emin;  // target subnormals (and fp32 subnormals) use the min quantum
+  const uint32_t r = (uint32_t)rint_f(a * exp2i(mbits - e));  // exact scaling, then RNE
+  // In the minimum binade (e == emin) the code is r itself: r < 2^mbits is a
+  // subnormal, r in [2^mbits, 2^(mbits+1)] is exponent field 1 (or 2 after a
+  // carry) with mantissa r - 2^mbits. Above it the carry falls out of the sum.
+  uint32_t code = (e == emin) ? r : (((uint32_t)(e + bias) << mbits) + r - (1u << mbits));
+  if (code > max_code) code = max_code;
+  return (uint8_t)(sign | code);
+}
+
+// E2M1 (fp4): codes 0..7 = {0, 0.5, 1, 1.5, 2, 3, 4, 6}, bit 3 = sign.
+// Threshold form of round-to-nearest-even (ties go to the even code):
+// 0.25->0, 0.75->1.0, 1.25->1.0, 1.75->2, 2.5->2, 3.5->4, 5->4.
+// Equal to encode_minifloat(x, 1, 1, 3, 7, 6.0f, 0) for finite x.
+QQ_HD uint8_t e2m1_encode(float x) {
+  float a = abs_f(x);
+  uint8_t c;
+  if (a <= 0.25f) c = 0;
+  else if (a < 0.75f) c = 1;
+  else if (a <= 1.25f) c = 2;
+  else if (a < 1.75f) c = 3;
+  else if (a <= 2.5f) c = 4;
+  else if (a < 3.5f) c = 5;
+  else if (a <= 5.0f) c = 6;
+  else c = 7;  // saturate (a > 5, +Inf); NaN never reaches here (group rule)
+  return (uint8_t)(c | ((f2u(x) >> 28) & 0x8u));
+}
+QQ_HD float e2m1_decode(uint8_t c) {
+  // value table {0, .5, 1, 1.5, 2, 3, 4, 6}: 0.5 * {0,1,2,3,4,6,8,12}
+  const uint32_t m = c & 7u;
+  float v = (m < 4) ? 0.5f * (float)m : (float)(1u << ((m >> 1) - 1)) * ((m & 1) ? 1.5f : 1.0f);
+  return (c & 8u) ? -v : v;
+}
+
+QQ_HD uint8_t e4m3_encode(float x) { return encode_minifloat(x, 3, 7, 7, 0x7e, 448.0f, 0x7f); }
+QQ_HD uint8_t e5m2_encode(float x) { return encode_minifloat(x, 2, 15, 7, 0x7b, 57344.0f, 0x7f); }
+
+QQ_HD float minifloat_decode(uint8_t c, int ebits, int mbits, int bias) {
+  const uint32_t sign = c >> (ebits + mbits);
+  const uint32_t ef = (c >> mbits) & ((1u << ebits) - 1);
+  const uint32_t mf = c & ((1u << mbits) - 1);
+  float v;
+  if (ef == 0) v = (float)mf * exp2i(1 - bias - mbits);
+  else v = (float)((1u << mbits) | mf) * exp2i((int)ef - bias - mbits);
+  return sign ? -v : v;
+}
+QQ_HD float e4m3_decode(uint8_t c) {
+  if ((c & 0x7f) == 0x7f) return u2f(0x7fc00000u);  // E4M3FN has only NaN, no Inf
+  return minifloat_decode(c, 4, 3, 7);
+}
+QQ_HD float e5m2_decode(uint8_t c) {
+  if ((c & 0x7c) == 0x7c) {  // exponent all ones: Inf or NaN (IEEE-like)
+    if (c & 3) return u2f(0x7fc00000u);
+    return (c & 0x80) ? -u2f(0x7f800000u) : u2f(0x7f800000u);
+  }
+  return minifloat_decode(c, 5, 2, 15);
+}
+
+// ---- UE8M0 scales (mxfp4, mxfp8) --------------------------------------------
+// elem_max: 6 (E2M1), 448 (E4M3), 57344 (E5M2); emax_elem: 2, 8, 15.
+// Returns the scale byte; 0xFF for a non-finite amax. amax >= 0.
+QQ_HD uint8_t ue8m0_ceil(float amax, float elem_max) {
+  if (!is_finite_f(amax)) return 0xff;
+  if (amax == 0.0f) return 0;
+  const float q = amax / elem_max;  // correctly rounded fp32 quotient
+  const uint32_t u = f2u(q);
+  const uint32_t e = (u >> 23) & 0xff;
+  const uint32_t m = u & 0x7fffff;
+  if (e == 0) return (m > 0x400000u) ? 1 : 0;  // subnormal: > 2^-127 rounds up to 2^-126
+  if (m != 0 && e < 254) return (uint8_t)(e + 1);
+  return (uint8_t)e;
+}
+QQ_HD uint8_t ue8m0_floor(float amax, int emax_elem) {
+  if (!is_finite_f(amax)) return 0xff;
+  if (amax == 0.0f) return 0;
+  const uint32_t u = f2u(amax);
+  int fl;  // floor(log2 amax)
+  const uint32_t e = (u >> 23) & 0xff;
+  if (e != 0) {
+    fl = (int)e - 127;
+  } else {  // subnormal amax: position of the highest set mantissa bit
+    uint32_t m = u & 0x7fffff;
+    int msb = 0;
+    while (m >>= 1) ++msb;
+    fl = msb - 149;
+  }
+  int x = fl - emax_elem;
+  if (x < -127) x = -127;
+  if (x > 127) x = 127;
+  return (uint8_t)(x + 127);
+}
+// Scale factor 2^(b-127) (b < 255) and its inverse 2^(127-b), both exact.
+QQ_HD float ue8m0_decode(uint8_t b) {
+  if (b == 0xff) return u2f(0x7fc00000u);
+  return exp2i((int)b - 127);
+}
+QQ_HD float ue8m0_inverse(uint8_t b) { return exp2i(127 - (int)b); }
+
+// ---- float <-> bf16 / fp16 ----------------------------------------------------
+QQ_HD float bf16_to_f(uint16_t h) { return u2f((uint32_t)h << 16); }
+QQ_HD uint16_t f_to_bf16(float f) {
+  uint32_t u = f2u(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return (uint16_t)(u >> 16);
+}
+QQ_HD float fp16_to_f(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  if (e == 0x1f) return u2f(sign | 0x7f800000u | (m << 13));
+  if (e == 0) {
+    float v = (float)m * exp2i(-24);
+    return (h & 0x8000u) ? -v : v;
+  }
+  return u2f(sign | ((e + 112) << 23) | (m << 13));
+}
+QQ_HD uint16_t f_to_fp16(float f) {
+  const uint32_t u = f2u(f);
+  const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  const float a = abs_f(f);
+  if (a != a) return (uint16_t)(sign | 0x7e00u);
+  if (a >= 65520.0f) return (uint16_t)(sign | 0x7c00u);  // rounds to Inf (IEEE)
+  // Same scheme as encode_minifloat with 10 mantissa bits, bias 15.
+  int e = (int)((f2u(a) >> 23) & 0xff) - 127;
+  if (e < -14) e = -14;
+  const uint32_t r = (uint32_t)rint_f(a * exp2i(10 - e));
+  const uint32_t code = (e == -14) ? r : (((uint32_t)(e + 15) << 10) + r - 1024u);
+  return (uint16_t)(sign | code);
+}
+
+// ---- blocked (cuBLASLt 1D block-scaling) layout ------------------------------
+// Scale (r, c) of a matrix with C4 = roundup(cols, 4) columns lives at
+// (r/128)*128*C4 + (c/4)*512 + (r%32)*16 + ((r%128)/32)*4 + (c%4):
+// 128x4 tiles of 512 bytes, tiles row-major over (r/128, c/4); inside a tile
+// the 32 rows of each 32-row quarter are interleaved 16 bytes apart.
+QQ_HD int64_t blocked_offset(int64_t r, int64_t c, int64_t c4) {
+  return (r >> 7) * 128 * c4 + (c >> 2) * 512 + (r & 31) * 16 + ((r & 127) >> 5) * 4 + (c & 3);
+}
+QQ_HD int64_t roundup(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+// ---- affine (MLX-compatible) -------------------------------------------------
+QQ_HD float round_half_away(float v) {
+  // roundf is half-away-from-zero on host and device.
+#if defined(__CUDA_ARCH__)
+  return roundf(v);
+#else
+  return __builtin_roundf(v);
+#endif
+}
+
+// ---- group rules: one function per mode, used by both backends ---------------
+// Element formats of the fp modes.
+enum ElemKind { ELEM_E2M1 = 0, ELEM_E4M3 = 1, ELEM_E5M2 = 2 };
+
+QQ_HD uint8_t elem_encode(int kind, float v) {
+  return kind == ELEM_E2M1 ? e2m1_encode(v) : (kind == ELEM_E4M3 ? e4m3_encode(v) : e5m2_encode(v));
+}
+QQ_HD float elem_decode(int kind, uint8_t c) {
+  return kind == ELEM_E2M1 ? e2m1_decode(c) : (kind == ELEM_E4M3 ? e4m3_decode(c) : e5m2_decode(c));
+}
+QQ_HD float elem_max(int kind) { return kind == ELEM_E2M1 ? 6.0f : (kind == ELEM_E4M3 ? 448.0f : 57344.0f); }
+QQ_HD int elem_emax(int kind) { return kind == ELEM_E2M1 ? 2 : (kind == ELEM_E4M3 ? 8 : 15); }
+// Element code of a NaN group: 0x7F for fp8, 0 for fp4 (DESIGN.md section 2).
+QQ_HD uint8_t elem_nan_code(int kind) { return kind == ELEM_E2M1 ? 0 : 0x7f; }
+
+// NVFP4. enc = 2688 / global_scale (1 without one). Scale byte
+// s = E4M3_rn_satfinite((amax / 6) * enc); a non-finite amax gives 0x7F (NaN);
+// amax == 0 gives 0. Elements: E2M1(x * (enc / float(s))), in exactly this
+// order (MLX's CUDA kernel does the same; keep it for bit-exactness).
+QQ_HD float nvfp4_enc(float global_scale) { return 2688.0f / global_scale; }
+QQ_HD uint8_t nvfp4_scale(float amax, float enc) {
+  if (!is_finite_f(amax)) return 0x7f;
+  if (amax == 0.0f) return 0;
+  return e4m3_encode((amax / 6.0f) * enc);
+}
+// Factor applied to each element before E2M1 encoding; 0 when the group
+// encodes as zeros (s == 0) or NaN (s is NaN: the codes are 0 by rule).
+QQ_HD float nvfp4_elem_factor(uint8_t s, float enc) {
+  if ((s & 0x7f) == 0 || (s & 0x7f) == 0x7f) return 0.0f;
+  return enc / e4m3_decode(s);
+}
+// Dequantize factor of the global scale: global_scale / 2688.
+QQ_HD float nvfp4_dec(float global_scale) { return global_scale / 2688.0f; }
+
+// MX (mxfp4, mxfp8): UE8M0 byte by rounding rule; elements x * 2^(127-b).
+QQ_HD uint8_t mx_scale(float amax, int kind, int floor_rounding) {
+  return floor_rounding ? ue8m0_floor(amax, elem_emax(kind)) : ue8m0_ceil(amax, elem_max(kind));
+}
+
+// Affine (bit-exact with MLX's CUDA kernels; DESIGN.md section 2).
+// wmin = min(w), wmax = max(0, max(w)), both over a finite group.
+QQ_HD void affine_params(float wmin, float wmax, int bits, float* scale_out, float* bias_out) {
+  const float n = (float)((1 << bits) - 1);
+  float scale = (wmax - wmin) / n;
+  if (!(scale >= 1e-7f)) scale = 1e-7f;
+  float edge;
+  if (abs_f(wmin) > abs_f(wmax)) {
+    edge = wmin;
+  } else {
+    edge = wmax;
+    scale = -scale;
+  }
+  const float q0 = round_half_away(edge / scale);
+  float bias = 0.0f;
+  if (q0 != 0.0f) {
+    scale = edge / q0;
+    bias = edge;
+  }
+  *scale_out = scale;
+  *bias_out = bias;
+}
+QQ_HD uint32_t affine_encode(float w, float scale, float bias, int bits) {
+  float q = round_half_away((w - bias) / scale);
+  const float n = (float)((1 << bits) - 1);
+  q = q < 0.0f ? 0.0f : (q > n ? n : q);
+  return (uint32_t)q;
+}
+// Dequantize: fma(q, scale, bias), one rounding (what MLX's CUDA kernels
+// compile to; std::fma on the CPU gives the same bits).
+QQ_HD float affine_decode(uint32_t q, float scale, float bias) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn((float)q, scale, bias);
+#else
+  return __builtin_fmaf((float)q, scale, bias);
+#endif
+}
+
+}  // namespace qq
+
+#endif  // QQ_CODEC_H_

@@ -1,0 +1,141 @@
+// cpu/matmul.cpp - qqmm and quantized_matmul on the CPU.
+//
+// Both reduce to: dequantize the operands to fp32 with the row helpers of
+// cpu/quantize.cpp (so the values are exactly what quantize + dequantize give),
+// then C = alpha * A @ B^T (+ bias) with fp32 accumulation, then one rounding
+// to the output dtype. The dot products keep 16 independent partial sums so
+// that the compiler vectorizes them without -ffast-math.
+#include <string.h>
+
+#include <vector>
+
+#include "../codec.h"
+#include "../internal.h"
+#include "rows.h"
+
+namespace qq {
+namespace cpu {
+namespace {
+
+float dot(const float* a, const float* b, int64_t k) {
+  float acc[16] = {0};
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
+  for (; i < k; ++i) acc[i & 15] += a[i] * b[i];
+  // pairwise combine: fixed order, same result on every run
+  for (int w = 8; w >= 1; w >>= 1)
+    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  return acc[0];
+}
+
+struct GemmJob {
+  const float* A;  // [M, K]
+  const float* B;  // [N, K]
+  const float* bias;  // [N] fp32 or nullptr
+  float alpha;
+  int64_t M, N, K;
+  float* C;  // [M, N]
+};
+
+void gemm_range(void* ctx, int64_t nb0, int64_t nb1) {
+  const GemmJob& j = *(const GemmJob*)ctx;
+  const int64_t n0 = nb0 * 16, n1 = nb1 * 16 < j.N ? nb1 * 16 : j.N;
+  for (int64_t m = 0; m < j.M; ++m)
+    for (int64_t n = n0; n < n1; ++n) {
+      float v = j.alpha * dot(j.A + m * j.K, j.B + n * j.K, j.K);
+      if (j.bias) v += j.bias[n];
+      j.C[m * j.N + n] = v;
+    }
+}
+
+// C[M, N] = alpha * A[M, K] @ B[N, K]^T + bias, threads over blocks of 16 columns.
+void gemm_nt(const float* A, int64_t M, const float* B, int64_t N, int64_t K, float alpha, const float* bias,
+             float* C) {
+  GemmJob j{A, B, bias, alpha, M, N, K, C};
+  parallel_for((N + 15) / 16, 16 * M * K, gemm_range, &j);
+}
+
+std::vector<float> bias_f32(const Mat& bias, int64_t n) {
+  std::vector<float> v;
+  if (!bias.ptr) return v;
+  v.resize(n);
+  load_row(bias.ptr, bias.dt, n, v.data());
+  return v;
+}
+
+void store_out(const Mat& out, int64_t b, const float* c, int64_t M, int64_t N) {
+  const int es = dtype_size(out.dt);
+  for (int64_t m = 0; m < M; ++m)
+    store_row(c + m * N, N, out.dt, (char*)out.ptr + (out.offset(b) + m * out.ld) * es);
+}
+
+// fp32 [rows, K] of a float operand, quantized and dequantized on the fly
+// (qdq) with the global scale g (or nullptr). Dequantization leaves out the
+// global factor: it goes into alpha.
+void qdq_rows(const Mat& x, int64_t b, const QSpec& q, const float* g, float* out) {
+  const int64_t K = x.cols, ng = K / q.group;
+  const float enc = g ? nvfp4_enc(*g) : 1.0f;
+  std::vector<float> row(K);
+  std::vector<uint8_t> packed(q.packed_cols(K)), sc(ng);
+  for (int64_t r = 0; r < x.rows; ++r) {
+    load_row((const char*)x.ptr + (x.offset(b) + r * x.ld) * dtype_size(x.dt), x.dt, K, row.data());
+    quantize_row(row.data(), K, q, enc, packed.data(), sc.data(), nullptr, nullptr, x.dt);
+    dequantize_row(packed.data(), K, q, sc.data(), nullptr, nullptr, 1.0f, out + r * K);
+  }
+}
+
+}  // namespace
+
+qqStatus_t qqmm(const MatmulArgs& a) {
+  const int64_t M = a.M, N = a.N, K = a.K;
+  // alpha = (gx / 2688) * (gw / 2688): the product of the two dequantize factors.
+  const float alpha = (a.gs_x ? nvfp4_dec(*a.gs_x) : 1.0f) * (a.gs_w ? nvfp4_dec(*a.gs_w) : 1.0f);
+  std::vector<float> wd(N * K), xd(M * K), c(M * N);
+  if (a.w_packed)
+    dequantize_rows(a.w, a.w_scales, nullptr, a.w_blocked, a.q, 1.0f, 0, 0, N, K, wd.data());
+  else
+    qdq_rows(a.w, 0, a.q, a.gs_w, wd.data());
+  const std::vector<float> bias = bias_f32(a.bias, N);
+  for (int64_t b = 0; b < a.x.batch(); ++b) {
+    if (a.x_packed)
+      dequantize_rows(a.x, a.x_scales, nullptr, a.x_blocked, a.q, 1.0f, b, 0, M, K, xd.data());
+    else
+      qdq_rows(a.x, b, a.q, a.gs_x, xd.data());
+    gemm_nt(xd.data(), M, wd.data(), N, K, alpha, bias.empty() ? nullptr : bias.data(), c.data());
+    store_out(a.out, b, c.data(), M, N);
+  }
+  return QQ_STATUS_SUCCESS;
+}
+
+qqStatus_t quantized_matmul(const MatmulArgs& a) {
+  const int64_t M = a.M, N = a.N, K = a.K;
+  const float gdec = a.gs_w ? nvfp4_dec(*a.gs_w) : 1.0f;
+  std::vector<float> wd(N * K), wt, xd(M * K), c(M * N);
+  if (!a.transpose) wt.resize(K * N);
+  const std::vector<float> bias = bias_f32(a.bias, N);
+  int64_t last_w = -1, last_s = -1;
+  for (int64_t b = 0; b < a.out.batch(); ++b) {
+    const int64_t woff = a.w.offset(b), soff = a.w_scales.offset(b);
+    if (woff != last_w || soff != last_s) {  // broadcast w: dequantize each entry once in a row
+      if (a.transpose) {
+        dequantize_rows(a.w, a.w_scales, &a.w_biases, a.w_blocked, a.q, gdec, b, 0, N, K, wd.data());
+      } else {
+        dequantize_rows(a.w, a.w_scales, &a.w_biases, false, a.q, gdec, b, 0, K, N, wt.data());
+        for (int64_t k = 0; k < K; ++k)
+          for (int64_t n = 0; n < N; ++n) wd[n * K + k] = wt[k * N + n];
+      }
+      last_w = woff;
+      last_s = soff;
+    }
+    for (int64_t m = 0; m < M; ++m)
+      load_row((const char*)a.x.ptr + (a.x.offset(b) + m * a.x.ld) * dtype_size(a.x.dt), a.x.dt, K,
+               xd.data() + m * K);
+    gemm_nt(xd.data(), M, wd.data(), N, K, 1.0f, bias.empty() ? nullptr : bias.data(), c.data());
+    store_out(a.out, b, c.data(), M, N);
+  }
+  return QQ_STATUS_SUCCESS;
+}
+
+}  // namespace cpu
+}  // namespace qq

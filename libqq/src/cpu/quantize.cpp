@@ -1,0 +1,329 @@
+// cpu/quantize.cpp - the CPU reference backend: quantize, dequantize,
+// swizzle/unswizzle, amax, and the row helpers the CPU matmuls reuse.
+//
+// Straight loops over rows, every group computed with the codecs of codec.h
+// (the same functions the CUDA kernels call), rows spread over threads.
+// This backend is the reference the GPU must equal bit for bit.
+#include <math.h>
+#include <string.h>
+
+#include <algorithm>
+#include <thread>
+#include <vector>
+
+#include "../codec.h"
+#include "../internal.h"
+#include "rows.h"
+
+namespace qq {
+namespace cpu {
+
+void parallel_for(int64_t n, int64_t cost, void (*fn)(void*, int64_t, int64_t), void* ctx) {
+  // Threads pay off above ~1M element-operations; below that one thread.
+  const int64_t total = n * (cost > 0 ? cost : 1);
+  int hw = (int)std::thread::hardware_concurrency();
+  if (hw < 1) hw = 1;
+  int nt = (int)std::min<int64_t>(hw, std::max<int64_t>(1, total / (1 << 20)));
+  nt = (int)std::min<int64_t>(nt, n);
+  if (nt <= 1) {
+    fn(ctx, 0, n);
+    return;
+  }
+  std::vector<std::thread> ts;
+  ts.reserve(nt);
+  for (int t = 0; t < nt; ++t) {
+    const int64_t b = n * t / nt, e = n * (t + 1) / nt;
+    ts.emplace_back([=] { fn(ctx, b, e); });
+  }
+  for (auto& t : ts) t.join();
+}
+
+// ---- row conversions ---------------------------------------------------------
+void load_row(const void* p, DType dt, int64_t n, float* out) {
+  switch (dt) {
+    case DType::F32: memcpy(out, p, n * 4); break;
+    case DType::F16: {
+      const uint16_t* h = (const uint16_t*)p;
+      for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_f(h[i]);
+      break;
+    }
+    case DType::BF16: {
+      const uint16_t* h = (const uint16_t*)p;
+      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f(h[i]);
+      break;
+    }
+    default: break;
+  }
+}
+void store_row(const float* in, int64_t n, DType dt, void* p) {
+  switch (dt) {
+    case DType::F32: memcpy(p, in, n * 4); break;
+    case DType::F16: {
+      uint16_t* h = (uint16_t*)p;
+      for (int64_t i = 0; i < n; ++i) h[i] = f_to_fp16(in[i]);
+      break;
+    }
+    case DType::BF16: {
+      uint16_t* h = (uint16_t*)p;
+      for (int64_t i = 0; i < n; ++i) h[i] = f_to_bf16(in[i]);
+      break;
+    }
+    default: break;
+  }
+}
+float round_to(float v, DType dt) {
+  if (dt == DType::F16) return fp16_to_f(f_to_fp16(v));
+  if (dt == DType::BF16) return bf16_to_f(f_to_bf16(v));
+  return v;
+}
+
+// ---- one row: quantize --------------------------------------------------------
+// x: K fp32 values. Writes the packed row to `data`, the group scales to
+// sc[g] (bytes for fp modes; fp32 values for affine in scf/bif, already
+// rounded to the storage dtype `sdt`).
+void quantize_row(const float* x, int64_t K, const QSpec& q, float enc, uint8_t* data, uint8_t* sc, float* scf,
+                  float* bif, DType sdt) {
+  const int g = q.group;
+  const int64_t ng = K / g;
+  if (q.fp()) {
+    for (int64_t gi = 0; gi < ng; ++gi) {
+      const float* v = x + gi * g;
+      float amax = 0.0f;
+      for (int i = 0; i < g; ++i) amax = nanmax_f(amax, abs_f(v[i]));
+      uint8_t s;
+      float f;
+      if (q.mode == QQ_MODE_NVFP4) {
+        s = nvfp4_scale(amax, enc);
+        f = nvfp4_elem_factor(s, enc);
+      } else {
+        s = mx_scale(amax, q.elem, q.floor_rounding);
+        f = s == 0xff ? 0.0f : ue8m0_inverse(s);
+      }
+      sc[gi] = s;
+      const bool nan_group = (q.mode == QQ_MODE_NVFP4) ? (s & 0x7f) == 0x7f : s == 0xff;
+      if (q.bits == 4) {
+        uint8_t* d = data + gi * g / 2;
+        for (int i = 0; i < g; i += 2) {
+          uint8_t lo = 0, hi = 0;
+          if (!nan_group) {
+            lo = e2m1_encode(v[i] * f);
+            hi = e2m1_encode(v[i + 1] * f);
+          }
+          d[i / 2] = (uint8_t)(lo | (hi << 4));
+        }
+      } else {
+        uint8_t* d = data + gi * g;
+        const uint8_t nc = elem_nan_code(q.elem);
+        for (int i = 0; i < g; ++i) d[i] = nan_group ? nc : elem_encode(q.elem, v[i] * f);
+      }
+    }
+    return;
+  }
+  // affine: bit stream, element i at bits [i*bits, (i+1)*bits)
+  const int bits = q.bits;
+  memset(data, 0, (size_t)(K * bits / 8));
+  for (int64_t gi = 0; gi < ng; ++gi) {
+    const float* v = x + gi * g;
+    float wmin = v[0], wmax = 0.0f;
+    bool finite = true;
+    for (int i = 0; i < g; ++i) {
+      finite = finite && is_finite_f(v[i]);
+      wmin = v[i] < wmin ? v[i] : wmin;
+      wmax = v[i] > wmax ? v[i] : wmax;
+    }
+    if (!finite) {
+      scf[gi] = bif[gi] = u2f(0x7fc00000u);
+      continue;  // codes stay 0
+    }
+    float scale, bias;
+    affine_params(wmin, wmax, bits, &scale, &bias);
+    scf[gi] = round_to(scale, sdt);
+    bif[gi] = round_to(bias, sdt);
+    for (int i = 0; i < g; ++i) {
+      const uint64_t code = affine_encode(v[i], scale, bias, bits);
+      const int64_t bit = (gi * g + i) * bits;
+      const int64_t byte = bit >> 3;
+      const int sh = (int)(bit & 7);
+      const uint32_t wide = (uint32_t)(code << sh);
+      data[byte] |= (uint8_t)wide;
+      if (sh + bits > 8) data[byte + 1] |= (uint8_t)(wide >> 8);
+    }
+  }
+}
+
+// ---- one row: dequantize -------------------------------------------------------
+// scale(g) gives the group's scale byte (fp) or scf/bif (affine, fp32 values).
+void dequantize_row(const uint8_t* data, int64_t K, const QSpec& q, const uint8_t* sc, const float* scf,
+                    const float* bif, float gdec, float* out) {
+  const int g = q.group;
+  const int64_t ng = K / g;
+  if (q.fp()) {
+    for (int64_t gi = 0; gi < ng; ++gi) {
+      const uint8_t s = sc[gi];
+      const float f = q.mode == QQ_MODE_NVFP4 ? e4m3_decode(s) : ue8m0_decode(s);
+      float* o = out + gi * g;
+      if (q.bits == 4) {
+        const uint8_t* d = data + gi * g / 2;
+        for (int i = 0; i < g; i += 2) {
+          o[i] = e2m1_decode(d[i / 2] & 0xf) * f;
+          o[i + 1] = e2m1_decode(d[i / 2] >> 4) * f;
+        }
+      } else {
+        const uint8_t* d = data + gi * g;
+        for (int i = 0; i < g; ++i) o[i] = elem_decode(q.elem, d[i]) * f;
+      }
+      if (q.mode == QQ_MODE_NVFP4 && gdec != 1.0f)
+        for (int i = 0; i < g; ++i) o[i] = o[i] * gdec;
+    }
+    return;
+  }
+  const int bits = q.bits;
+  const uint32_t mask = (1u << bits) - 1;
+  for (int64_t i = 0; i < K; ++i) {
+    const int64_t bit = i * bits;
+    const int64_t byte = bit >> 3;
+    const int sh = (int)(bit & 7);
+    uint32_t w = data[byte];
+    if (sh + bits > 8) w |= (uint32_t)data[byte + 1] << 8;
+    const uint32_t code = (w >> sh) & mask;
+    out[i] = affine_decode(code, scf[i / g], bif[i / g]);
+  }
+}
+
+// ---- operands ------------------------------------------------------------------
+// Gather the scales of row r of batch b (linear or blocked) into sc / scf / bif.
+void gather_scales(const Mat& scales, const Mat* biases, bool blocked, int64_t b, int64_t r, int64_t ng,
+                   uint8_t* sc, float* scf, float* bif) {
+  if (scales.dt == DType::U8) {
+    if (blocked) {
+      const uint8_t* base = scales.at<uint8_t>(b);
+      const int64_t c4 = scales.cols;
+      for (int64_t g = 0; g < ng; ++g) sc[g] = base[blocked_offset(r, g, c4)];
+    } else {
+      memcpy(sc, scales.at<uint8_t>(b, r), (size_t)ng);
+    }
+    return;
+  }
+  const int es = dtype_size(scales.dt);
+  load_row((const char*)scales.ptr + (scales.offset(b) + r * scales.ld) * es, scales.dt, ng, scf);
+  const int eb = dtype_size(biases->dt);
+  load_row((const char*)biases->ptr + (biases->offset(b) + r * biases->ld) * eb, biases->dt, ng, bif);
+}
+
+float read_scalar(const float* p) { return p ? *p : 0.0f; }
+
+// Dequantize `rows` rows [r0, r0+rows) of batch b of a packed operand into
+// out (fp32, row length K, row stride K).
+void dequantize_rows(const Mat& data, const Mat& scales, const Mat* biases, bool blocked, const QSpec& q,
+                     float gdec, int64_t b, int64_t r0, int64_t rows, int64_t K, float* out) {
+  const int64_t ng = K / q.group;
+  std::vector<uint8_t> sc(ng);
+  std::vector<float> scf(ng), bif(ng);
+  for (int64_t r = r0; r < r0 + rows; ++r) {
+    gather_scales(scales, biases, blocked, b, r, ng, sc.data(), scf.data(), bif.data());
+    dequantize_row(data.at<uint8_t>(b, r), K, q, sc.data(), scf.data(), bif.data(), gdec,
+                   out + (r - r0) * K);
+  }
+}
+
+// ---- quantize ------------------------------------------------------------------
+namespace {
+struct QuantizeJob {
+  const QuantizeArgs* a;
+  float enc;
+};
+void quantize_range(void* ctx, int64_t begin, int64_t end) {
+  const QuantizeJob& j = *(const QuantizeJob*)ctx;
+  const QuantizeArgs& a = *j.a;
+  const int64_t K = a.x.cols, ng = K / a.q.group, M = a.x.rows;
+  std::vector<float> row(K), scf(ng), bif(ng);
+  std::vector<uint8_t> sc(ng);
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t b = i / M, r = i % M;
+    load_row((const char*)a.x.ptr + (a.x.offset(b) + r * a.x.ld) * dtype_size(a.x.dt), a.x.dt, K, row.data());
+    uint8_t* d = (uint8_t*)a.data.ptr + i * a.data.cols;
+    quantize_row(row.data(), K, a.q, j.enc, d, sc.data(), scf.data(), bif.data(), a.x.dt);
+    if (a.q.fp()) {
+      if (a.q.blocked) {
+        uint8_t* base = (uint8_t*)a.scales.ptr + b * a.scales.rows * a.scales.cols;
+        for (int64_t g = 0; g < ng; ++g) base[blocked_offset(r, g, a.scales.cols)] = sc[g];
+      } else {
+        memcpy((uint8_t*)a.scales.ptr + i * ng, sc.data(), (size_t)ng);
+      }
+    } else {
+      store_row(scf.data(), ng, a.x.dt, (char*)a.scales.ptr + i * ng * dtype_size(a.x.dt));
+      store_row(bif.data(), ng, a.x.dt, (char*)a.biases.ptr + i * ng * dtype_size(a.x.dt));
+    }
+  }
+}
+}  // namespace
+
+qqStatus_t quantize(const QuantizeArgs& a) {
+  if (a.q.blocked) {
+    // Padding of the blocked layout is zero (DESIGN.md section 3): clear the
+    // whole buffer first, then scatter the real scales.
+    memset(a.scales.ptr, 0, (size_t)(a.x.batch() * a.scales.rows * a.scales.cols));
+  }
+  QuantizeJob j{&a, a.gs ? nvfp4_enc(*a.gs) : 1.0f};
+  const int64_t n = a.x.batch() * a.x.rows;
+  parallel_for(n, a.x.cols * 4, quantize_range, &j);
+  return QQ_STATUS_SUCCESS;
+}
+
+// ---- dequantize ----------------------------------------------------------------
+namespace {
+void dequantize_range(void* ctx, int64_t begin, int64_t end) {
+  const DequantizeArgs& a = *(const DequantizeArgs*)ctx;
+  const int64_t K = a.out.cols, M = a.data.rows;
+  std::vector<float> row(K);
+  const float gdec = a.gs ? nvfp4_dec(*a.gs) : 1.0f;
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t b = i / M, r = i % M;
+    dequantize_rows(a.data, a.scales, &a.biases, a.q.blocked, a.q, gdec, b, r, 1, K, row.data());
+    store_row(row.data(), K, a.out.dt, (char*)a.out.ptr + i * K * dtype_size(a.out.dt));
+  }
+}
+}  // namespace
+
+qqStatus_t dequantize(const DequantizeArgs& a) {
+  parallel_for(a.data.batch() * a.data.rows, a.out.cols * 4, dequantize_range, (void*)&a);
+  return QQ_STATUS_SUCCESS;
+}
+
+// ---- swizzle -------------------------------------------------------------------
+qqStatus_t swizzle(const Mat& lin, const Mat& blk, bool to_blocked) {
+  const int64_t nb = lin.batch(), R = lin.rows, C = lin.cols, c4 = blk.cols;
+  const int64_t per = blk.rows * blk.cols;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* base = (uint8_t*)blk.ptr + b * per;
+    if (to_blocked) {
+      memset(base, 0, (size_t)per);
+      for (int64_t r = 0; r < R; ++r) {
+        const uint8_t* src = lin.at<uint8_t>(b, r);
+        for (int64_t c = 0; c < C; ++c) base[blocked_offset(r, c, c4)] = src[c];
+      }
+    } else {
+      for (int64_t r = 0; r < R; ++r) {
+        uint8_t* dst = lin.at<uint8_t>(b, r);
+        for (int64_t c = 0; c < C; ++c) dst[c] = base[blocked_offset(r, c, c4)];
+      }
+    }
+  }
+  return QQ_STATUS_SUCCESS;
+}
+
+// ---- amax ----------------------------------------------------------------------
+qqStatus_t amax(const Mat& x, float* out) {
+  float m = 0.0f;
+  std::vector<float> row(x.cols);
+  for (int64_t b = 0; b < x.batch(); ++b)
+    for (int64_t r = 0; r < x.rows; ++r) {
+      load_row((const char*)x.ptr + (x.offset(b) + r * x.ld) * dtype_size(x.dt), x.dt, x.cols, row.data());
+      for (int64_t i = 0; i < x.cols; ++i) m = nanmax_f(m, abs_f(row[i]));
+    }
+  *out = m;
+  return QQ_STATUS_SUCCESS;
+}
+
+}  // namespace cpu
+}  // namespace qq

@@ -1,0 +1,26 @@
+// cpu/rows.h - row helpers of the CPU backend (cpu/quantize.cpp), shared with
+// the CPU matmuls so that they quantize and dequantize with the very same code.
+#ifndef QQ_CPU_ROWS_H_
+#define QQ_CPU_ROWS_H_
+
+#include "../internal.h"
+
+namespace qq {
+namespace cpu {
+
+void load_row(const void* p, DType dt, int64_t n, float* out);
+void store_row(const float* in, int64_t n, DType dt, void* p);
+float round_to(float v, DType dt);
+void quantize_row(const float* x, int64_t K, const QSpec& q, float enc, uint8_t* data, uint8_t* sc, float* scf,
+                  float* bif, DType sdt);
+void dequantize_row(const uint8_t* data, int64_t K, const QSpec& q, const uint8_t* sc, const float* scf,
+                    const float* bif, float gdec, float* out);
+// Dequantize rows [r0, r0+rows) of batch b of a packed operand into out
+// (fp32, K per row, contiguous).
+void dequantize_rows(const Mat& data, const Mat& scales, const Mat* biases, bool blocked, const QSpec& q,
+                     float gdec, int64_t b, int64_t r0, int64_t rows, int64_t K, float* out);
+
+}  // namespace cpu
+}  // namespace qq
+
+#endif  // QQ_CPU_ROWS_H_

@@ -1,0 +1,129 @@
+// cuda/runtime.cu - device queries, handles, stream-ordered allocation, and
+// the CUDA entry points of the operations.
+//
+// The operation kernels land family by family (one file each under cuda/:
+// quantize.cu, qmm.cu, qqmm.cu). Until a family has landed, its entry point
+// here answers QQ_STATUS_NOT_SUPPORTED with the operation's name - never a
+// wrong result.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <mutex>
+
+#include "../internal.h"
+
+struct qqContext {
+  int device = 0;
+  cublasLtHandle_t lt = nullptr;
+  std::mutex mu;  // guards the plan cache and the workspace (used by qqmm)
+};
+
+namespace qq {
+namespace cuda {
+
+#define QQ_CUDA_TRY(call, what)                                                              \
+  do {                                                                                       \
+    cudaError_t e_ = (call);                                                                 \
+    if (e_ != cudaSuccess)                                                                   \
+      return set_error(QQ_STATUS_CUDA_ERROR, "%s: %s failed: %s (%s)", what, #call,          \
+                       cudaGetErrorName(e_), cudaGetErrorString(e_));                        \
+  } while (0)
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver / no device: report 0, not an error
+    return 0;
+  }
+  return n;
+}
+
+static qqStatus_t check_device_id(const char* op, int device) {
+  const int n = device_count();
+  if (device < 0 || device >= n)
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: device %d does not exist (%d CUDA device%s visible)", op,
+                     device, n, n == 1 ? "" : "s");
+  return QQ_STATUS_SUCCESS;
+}
+
+qqStatus_t device_capability(int device, int* major, int* minor) {
+  qqStatus_t st = check_device_id("qqGetDeviceCapability", device);
+  if (st) return st;
+  QQ_CUDA_TRY(cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, device), "qqGetDeviceCapability");
+  QQ_CUDA_TRY(cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, device), "qqGetDeviceCapability");
+  return QQ_STATUS_SUCCESS;
+}
+
+qqStatus_t create_handle(qqHandle_t* h, int device) {
+  qqStatus_t st = check_device_id("qqCreate", device);
+  if (st) return st;
+  qqContext* c = new (std::nothrow) qqContext;
+  if (!c) return set_error(QQ_STATUS_ALLOC_FAILED, "qqCreate: out of host memory");
+  c->device = device;
+  int prev = 0;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device);
+  cublasStatus_t cs = cublasLtCreate(&c->lt);
+  cudaSetDevice(prev);
+  if (cs != CUBLAS_STATUS_SUCCESS) {
+    delete c;
+    return set_error(QQ_STATUS_CUBLAS_ERROR, "qqCreate: cublasLtCreate failed with status %d", (int)cs);
+  }
+  *h = c;
+  return QQ_STATUS_SUCCESS;
+}
+
+qqStatus_t destroy_handle(qqHandle_t h) {
+  if (h->lt) cublasLtDestroy(h->lt);
+  delete h;
+  return QQ_STATUS_SUCCESS;
+}
+
+// Runs `body` with `device` current and restores the caller's device after.
+template <typename F>
+static qqStatus_t on_device(int device, F body) {
+  int prev = 0;
+  cudaGetDevice(&prev);
+  if (prev != device) cudaSetDevice(device);
+  qqStatus_t st = body();
+  if (prev != device) cudaSetDevice(prev);
+  return st;
+}
+
+qqStatus_t device_alloc(int device, size_t bytes, void** ptr, void* stream) {
+  qqStatus_t st = check_device_id("qqDeviceAlloc", device);
+  if (st) return st;
+  return on_device(device, [&]() -> qqStatus_t {
+    cudaError_t e = cudaMallocAsync(ptr, bytes ? bytes : 1, (cudaStream_t)stream);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return set_error(e == cudaErrorMemoryAllocation ? QQ_STATUS_ALLOC_FAILED : QQ_STATUS_CUDA_ERROR,
+                       "qqDeviceAlloc: cudaMallocAsync of %zu bytes on device %d failed: %s", bytes, device,
+                       cudaGetErrorString(e));
+    }
+    return QQ_STATUS_SUCCESS;
+  });
+}
+
+qqStatus_t device_free(int device, void* ptr, void* stream) {
+  return on_device(device, [&]() -> qqStatus_t {
+    QQ_CUDA_TRY(cudaFreeAsync(ptr, (cudaStream_t)stream), "qqDeviceFree");
+    return QQ_STATUS_SUCCESS;
+  });
+}
+
+static qqStatus_t not_yet(const char* op) {
+  return set_error(QQ_STATUS_NOT_SUPPORTED,
+                   "%s: the CUDA backend of this operation has not landed yet; pass CPU tensors (NumPy or "
+                   ".cpu()) for now", op);
+}
+
+qqStatus_t quantize(qqHandle_t, const QuantizeArgs&, void*) { return not_yet("quantize"); }
+qqStatus_t dequantize(qqHandle_t, const DequantizeArgs&, void*) { return not_yet("dequantize"); }
+qqStatus_t swizzle(qqHandle_t, const Mat&, const Mat&, bool, void*) { return not_yet("swizzle_scales"); }
+qqStatus_t amax(qqHandle_t, const Mat&, float*, void*) { return not_yet("amax"); }
+qqStatus_t qqmm(qqHandle_t, const MatmulArgs&, void*) { return not_yet("qqmm"); }
+qqStatus_t quantized_matmul(qqHandle_t, const MatmulArgs&, void*) { return not_yet("quantized_matmul"); }
+
+}  // namespace cuda
+}  // namespace qq

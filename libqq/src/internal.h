@@ -1,0 +1,144 @@
+// internal.h - what the API layer hands the backends.
+//
+// The API layer (api.cpp) is the only place that reads DLTensors and checks
+// arguments. Below it, the CPU backend (cpu/) and the CUDA backend (cuda/)
+// take these plain views (pointer, dtype, batch shape/strides, rows, cols,
+// row stride) and trust them.
+#ifndef QQ_INTERNAL_H_
+#define QQ_INTERNAL_H_
+
+#include <stdint.h>
+
+#include "qq/qq.h"
+
+namespace qq {
+
+constexpr int kMaxDims = 8;
+
+enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, U8 = 3, I32 = 4 };
+
+inline int dtype_size(DType d) {
+  switch (d) {
+    case DType::F32: case DType::I32: return 4;
+    case DType::F16: case DType::BF16: return 2;
+    default: return 1;
+  }
+}
+
+// A batched matrix [batch..., rows, cols] with unit stride along cols.
+// Strides are in elements. Batch index b (0..batch()-1, row-major over bshape)
+// starts at ptr + offset(b) elements.
+struct Mat {
+  void* ptr = nullptr;
+  DType dt = DType::F32;
+  int nb = 0;                       // number of batch dims
+  int64_t bshape[kMaxDims] = {0};
+  int64_t bstride[kMaxDims] = {0};  // 0 for broadcast dims
+  int64_t rows = 0, cols = 0, ld = 0;
+  int device = -1;                  // -1 = CPU, else CUDA device id
+
+  int64_t batch() const {
+    int64_t n = 1;
+    for (int i = 0; i < nb; ++i) n *= bshape[i];
+    return n;
+  }
+  int64_t offset(int64_t b) const {
+    int64_t off = 0;
+    for (int i = nb - 1; i >= 0; --i) {
+      off += (b % bshape[i]) * bstride[i];
+      b /= bshape[i];
+    }
+    return off;
+  }
+  template <typename T> T* at(int64_t b, int64_t r = 0) const {
+    return reinterpret_cast<T*>(ptr) + offset(b) + r * ld;
+  }
+};
+
+// Resolved quantization parameters.
+struct QSpec {
+  qqMode_t mode;
+  int group;
+  int bits;
+  int floor_rounding;   // 1 = FLOOR (mx modes)
+  int blocked;          // scales in the blocked layout
+  int elem;             // ElemKind for fp modes
+  bool fp() const { return mode != QQ_MODE_AFFINE; }
+  int64_t packed_cols(int64_t k) const { return k * bits / 8; }
+};
+
+// Thread-local error message (api.cpp). Returns `st` so that callers can
+// write `return set_error(QQ_STATUS_INVALID_VALUE, "...", ...)`.
+qqStatus_t set_error(qqStatus_t st, const char* fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+// ---- backend entry points -------------------------------------------------
+// Same signatures on both backends; `stream` is ignored by the CPU.
+// gs: pointer to the fp32 global scale (host memory for the CPU, device memory
+// for CUDA) or nullptr.
+struct QuantizeArgs {
+  Mat x;         // float [B..., M, K]
+  Mat data;      // uint8 [B..., M, K*bits/8], compact
+  Mat scales;    // linear [B..., M, K/g] or blocked [B..., R128, C4], compact
+  Mat biases;    // affine: like linear scales; else ptr == nullptr
+  const float* gs;
+  QSpec q;
+};
+struct DequantizeArgs {
+  Mat data;      // uint8 [B..., M, Kp]
+  Mat scales;    // as in QuantizeArgs (rows/cols are the scales' own)
+  Mat biases;
+  Mat out;       // float [B..., M, K], compact
+  const float* gs;
+  QSpec q;
+};
+struct MatmulArgs {
+  // qqmm: x float or packed (x_packed), w float or packed (w_packed).
+  // quantized_matmul: x float, w packed, transpose as given.
+  Mat x, x_scales;
+  Mat w, w_scales, w_biases;
+  Mat bias;       // [N] or ptr == nullptr
+  Mat out;        // [B..., M, N] compact
+  bool x_packed = false, w_packed = false;
+  bool transpose = true;
+  int x_blocked = 0, w_blocked = 0;
+  const float* gs_x = nullptr;
+  const float* gs_w = nullptr;
+  int64_t M = 0, N = 0, K = 0;
+  QSpec q;
+};
+
+namespace cpu {
+qqStatus_t quantize(const QuantizeArgs& a);
+qqStatus_t dequantize(const DequantizeArgs& a);
+qqStatus_t swizzle(const Mat& linear, const Mat& blocked, bool to_blocked);
+qqStatus_t amax(const Mat& x, float* out);
+qqStatus_t qqmm(const MatmulArgs& a);
+qqStatus_t quantized_matmul(const MatmulArgs& a);
+// Runs fn(begin, end) over [0, n) on up to hardware_concurrency threads when
+// n * cost_per_item is large enough to pay for them.
+void parallel_for(int64_t n, int64_t cost_per_item, void (*fn)(void*, int64_t, int64_t), void* ctx);
+}  // namespace cpu
+
+namespace cuda {
+// Implemented in cuda/ when libqq is built with CUDA; stubs otherwise.
+int device_count();
+qqStatus_t device_capability(int device, int* major, int* minor);
+qqStatus_t quantize(qqHandle_t h, const QuantizeArgs& a, void* stream);
+qqStatus_t dequantize(qqHandle_t h, const DequantizeArgs& a, void* stream);
+qqStatus_t swizzle(qqHandle_t h, const Mat& linear, const Mat& blocked, bool to_blocked, void* stream);
+qqStatus_t amax(qqHandle_t h, const Mat& x, float* out, void* stream);
+qqStatus_t qqmm(qqHandle_t h, const MatmulArgs& a, void* stream);
+qqStatus_t quantized_matmul(qqHandle_t h, const MatmulArgs& a, void* stream);
+qqStatus_t create_handle(qqHandle_t* h, int device);
+qqStatus_t destroy_handle(qqHandle_t h);
+qqStatus_t device_alloc(int device, size_t bytes, void** ptr, void* stream);
+qqStatus_t device_free(int device, void* ptr, void* stream);
+}  // namespace cuda
+
+}  // namespace qq
+
+#endif  // QQ_INTERNAL_H_
