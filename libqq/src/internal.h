@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "codec.h"  // QQ_HD
 #include "qq/qq.h"
 
 namespace qq {
@@ -37,12 +38,12 @@ struct Mat {
   int64_t rows = 0, cols = 0, ld = 0;
   int device = -1;                  // -1 = CPU, else CUDA device id
 
-  int64_t batch() const {
+  QQ_HD int64_t batch() const {
     int64_t n = 1;
     for (int i = 0; i < nb; ++i) n *= bshape[i];
     return n;
   }
-  int64_t offset(int64_t b) const {
+  QQ_HD int64_t offset(int64_t b) const {
     int64_t off = 0;
     for (int i = nb - 1; i >= 0; --i) {
       off += (b % bshape[i]) * bstride[i];
@@ -50,7 +51,7 @@ struct Mat {
     }
     return off;
   }
-  template <typename T> T* at(int64_t b, int64_t r = 0) const {
+  template <typename T> QQ_HD T* at(int64_t b, int64_t r = 0) const {
     return reinterpret_cast<T*>(ptr) + offset(b) + r * ld;
   }
 };
@@ -63,8 +64,8 @@ struct QSpec {
   int floor_rounding;   // 1 = FLOOR (mx modes)
   int blocked;          // scales in the blocked layout
   int elem;             // ElemKind for fp modes
-  bool fp() const { return mode != QQ_MODE_AFFINE; }
-  int64_t packed_cols(int64_t k) const { return k * bits / 8; }
+  QQ_HD bool fp() const { return mode != QQ_MODE_AFFINE; }
+  QQ_HD int64_t packed_cols(int64_t k) const { return k * bits / 8; }
 };
 
 // Thread-local error message (api.cpp). Returns `st` so that callers can

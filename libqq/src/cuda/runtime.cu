@@ -1,16 +1,17 @@
 // cuda/runtime.cu - device queries, handles, stream-ordered allocation, and
 // the CUDA entry points of the operations.
 //
-// The operation kernels land family by family (one file each under cuda/:
-// quantize.cu, qmm.cu, qqmm.cu). Until a family has landed, its entry point
-// here answers QQ_STATUS_NOT_SUPPORTED with the operation's name - never a
-// wrong result.
+// The operation kernels live one family per file under cuda/ (quantize.cu,
+// then qmm.cu, qqmm.cu). Until a family has landed, its entry point here
+// answers QQ_STATUS_NOT_SUPPORTED with the operation's name - never a wrong
+// result.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <mutex>
 
 #include "../internal.h"
+#include "common.cuh"
 
 struct qqContext {
   int device = 0;
@@ -20,14 +21,6 @@ struct qqContext {
 
 namespace qq {
 namespace cuda {
-
-#define QQ_CUDA_TRY(call, what)                                                              \
-  do {                                                                                       \
-    cudaError_t e_ = (call);                                                                 \
-    if (e_ != cudaSuccess)                                                                   \
-      return set_error(QQ_STATUS_CUDA_ERROR, "%s: %s failed: %s (%s)", what, #call,          \
-                       cudaGetErrorName(e_), cudaGetErrorString(e_));                        \
-  } while (0)
 
 int device_count() {
   int n = 0;
@@ -79,17 +72,6 @@ qqStatus_t destroy_handle(qqHandle_t h) {
   return QQ_STATUS_SUCCESS;
 }
 
-// Runs `body` with `device` current and restores the caller's device after.
-template <typename F>
-static qqStatus_t on_device(int device, F body) {
-  int prev = 0;
-  cudaGetDevice(&prev);
-  if (prev != device) cudaSetDevice(device);
-  qqStatus_t st = body();
-  if (prev != device) cudaSetDevice(prev);
-  return st;
-}
-
 qqStatus_t device_alloc(int device, size_t bytes, void** ptr, void* stream) {
   qqStatus_t st = check_device_id("qqDeviceAlloc", device);
   if (st) return st;
@@ -118,10 +100,6 @@ static qqStatus_t not_yet(const char* op) {
                    ".cpu()) for now", op);
 }
 
-qqStatus_t quantize(qqHandle_t, const QuantizeArgs&, void*) { return not_yet("quantize"); }
-qqStatus_t dequantize(qqHandle_t, const DequantizeArgs&, void*) { return not_yet("dequantize"); }
-qqStatus_t swizzle(qqHandle_t, const Mat&, const Mat&, bool, void*) { return not_yet("swizzle_scales"); }
-qqStatus_t amax(qqHandle_t, const Mat&, float*, void*) { return not_yet("amax"); }
 qqStatus_t qqmm(qqHandle_t, const MatmulArgs&, void*) { return not_yet("qqmm"); }
 qqStatus_t quantized_matmul(qqHandle_t, const MatmulArgs&, void*) { return not_yet("quantized_matmul"); }
 

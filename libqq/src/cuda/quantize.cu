@@ -1,0 +1,477 @@
+// cuda/quantize.cu - quantize, dequantize, swizzle/unswizzle and amax on the GPU.
+//
+// Versions: v1 (this file) - one thread per 8 consecutive elements of a row
+// (one 16-byte load of bf16/fp16, two of fp32), the lanes that share a group
+// (group/8 of them: 2 for nvfp4, 4 for mx, 8/16 for affine 64/128) reduce
+// amax (and min for affine) with warp shuffles, every lane encodes its own 8
+// elements with the codecs of codec.h (the CPU backend's code) and stores
+// them in one 4- or 8-byte write; lane 0 of the group writes the scale, to
+// the linear or the blocked layout directly (no second pass). Threads of the
+// blocked layout's padding rows write zero scales; the last group of a row
+// zero-fills the padding columns, so no memset is needed either.
+//
+// Indexing is 64-bit throughout (inputs over 2^31 elements). The global scale
+// is read on the device; nothing here synchronizes with the host.
+//
+// Bit-exactness: every value goes through the same codec.h functions as the
+// CPU backend; no fast-math, and the codecs contain no a*b+c a compiler could
+// contract into an FMA.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "../codec.h"
+#include "../internal.h"
+#include "common.cuh"
+
+namespace qq {
+namespace cuda {
+namespace {
+
+constexpr int kVec = 8;        // elements per thread
+constexpr int kThreads = 256;  // threads per block
+
+// Load 8 consecutive elements as fp32.
+template <typename T> __device__ __forceinline__ void load8(const T* p, float* v);
+template <> __device__ __forceinline__ void load8<float>(const float* p, float* v) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(p));
+  const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+template <> __device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16* p, float* v) {
+  const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
+  const uint32_t w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = bf16_to_f((uint16_t)(w[i] & 0xffff));
+    v[2 * i + 1] = bf16_to_f((uint16_t)(w[i] >> 16));
+  }
+}
+template <> __device__ __forceinline__ void load8<__half>(const __half* p, float* v) {
+  const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
+  const uint32_t w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffff)));
+    v[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
+  }
+}
+
+// Store 8 fp32 values as T.
+template <typename T> __device__ __forceinline__ void store8(T* p, const float* v);
+template <> __device__ __forceinline__ void store8<float>(float* p, const float* v) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+template <> __device__ __forceinline__ void store8<__nv_bfloat16>(__nv_bfloat16* p, const float* v) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) w[i] = (uint32_t)f_to_bf16(v[2 * i]) | ((uint32_t)f_to_bf16(v[2 * i + 1]) << 16);
+  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+template <> __device__ __forceinline__ void store8<__half>(__half* p, const float* v) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) w[i] = (uint32_t)f_to_fp16(v[2 * i]) | ((uint32_t)f_to_fp16(v[2 * i + 1]) << 16);
+  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+template <typename T> __device__ __forceinline__ T store_cast(float v);
+template <> __device__ __forceinline__ float store_cast<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 store_cast<__nv_bfloat16>(float v) {
+  return __ushort_as_bfloat16(f_to_bf16(v));
+}
+template <> __device__ __forceinline__ __half store_cast<__half>(float v) { return __ushort_as_half(f_to_fp16(v)); }
+
+template <typename T> __device__ __forceinline__ float load_cast(const T* p);
+template <> __device__ __forceinline__ float load_cast<float>(const float* p) { return *p; }
+template <> __device__ __forceinline__ float load_cast<__nv_bfloat16>(const __nv_bfloat16* p) {
+  return bf16_to_f(__bfloat16_as_ushort(*p));
+}
+template <> __device__ __forceinline__ float load_cast<__half>(const __half* p) {
+  return fp16_to_f(__half_as_ushort(*p));
+}
+
+// Reductions over the `lanes` consecutive lanes of one group (lanes is a power
+// of two <= 16, and groups never straddle a warp: K/8 is a multiple of lanes).
+template <int kLanes> __device__ __forceinline__ float group_nanmax(float v) {
+#pragma unroll
+  for (int o = 1; o < kLanes; o <<= 1) v = nanmax_f(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// min/max with the CPU backend's exact comparisons (fminf/fmaxf may pick
+// either zero of +-0; the CPU's `<` keeps the first).
+template <int kLanes> __device__ __forceinline__ float group_min(float v) {
+#pragma unroll
+  for (int o = 1; o < kLanes; o <<= 1) {
+    const float u = __shfl_xor_sync(0xffffffffu, v, o);
+    v = u < v ? u : v;
+  }
+  return v;
+}
+template <int kLanes> __device__ __forceinline__ float group_max(float v) {
+#pragma unroll
+  for (int o = 1; o < kLanes; o <<= 1) {
+    const float u = __shfl_xor_sync(0xffffffffu, v, o);
+    v = u > v ? u : v;
+  }
+  return v;
+}
+template <int kLanes> __device__ __forceinline__ int group_and(int v) {
+#pragma unroll
+  for (int o = 1; o < kLanes; o <<= 1) v &= __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Shape of one launch: rows of every batch entry (padded to 128 when the
+// scales are blocked), chunks of 8 elements per row.
+struct Shape {
+  int64_t chunks;    // K / 8
+  int64_t rows;      // real rows per batch entry (M)
+  int64_t prows;     // rows per batch entry the grid covers (M or roundup(M, 128))
+  int64_t total;     // batch * prows * chunks threads
+};
+
+// ---------------------------------------------------------------------------
+// quantize kernels
+// ---------------------------------------------------------------------------
+template <typename T, int kLanes>
+__global__ void __launch_bounds__(kThreads) quantize_fp_kernel(QuantizeArgs a, Shape s) {
+  const int64_t tid = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+  // Threads past the end still take part in the shuffles (full-warp masks):
+  // they work on a clamped copy and write nothing.
+  const bool live = tid < s.total;
+  const int64_t t = live ? tid : s.total - 1;
+  const int64_t chunk = t % s.chunks;
+  const int64_t prow = t / s.chunks;
+  const int64_t b = prow / s.prows, r = prow % s.prows;
+  const bool pad_row = r >= s.rows;  // blocked-layout padding row: zero scales only
+  const int64_t g = chunk / kLanes;  // group index in the row
+  const int64_t ng = s.chunks / kLanes;
+  const bool leader = (chunk % kLanes) == 0;
+
+  float v[kVec];
+  if (!pad_row) {
+    load8<T>(a.x.at<T>(b, r) + chunk * kVec, v);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) v[i] = 0.0f;
+  }
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) amax = nanmax_f(amax, abs_f(v[i]));
+  amax = group_nanmax<kLanes>(amax);
+
+  uint8_t sc;
+  float f;
+  bool nan_group;
+  if (a.q.mode == QQ_MODE_NVFP4) {
+    const float enc = a.gs ? nvfp4_enc(*a.gs) : 1.0f;
+    sc = nvfp4_scale(amax, enc);
+    f = nvfp4_elem_factor(sc, enc);
+    nan_group = (sc & 0x7f) == 0x7f;
+  } else {
+    sc = mx_scale(amax, a.q.elem, a.q.floor_rounding);
+    nan_group = sc == 0xff;
+    f = nan_group ? 0.0f : ue8m0_inverse(sc);
+  }
+  if (!live) return;
+
+  // scales
+  if (a.q.blocked) {
+    uint8_t* base = (uint8_t*)a.scales.ptr + b * a.scales.rows * a.scales.cols;
+    if (leader) base[blocked_offset(r, g, a.scales.cols)] = pad_row ? 0 : sc;
+    if (leader && g == ng - 1)  // zero-fill the padding columns of this row
+      for (int64_t c = ng; c < a.scales.cols; ++c) base[blocked_offset(r, c, a.scales.cols)] = 0;
+    if (pad_row) return;
+  } else if (leader) {
+    ((uint8_t*)a.scales.ptr)[(b * s.rows + r) * ng + g] = sc;
+  }
+
+  // elements
+  const int64_t orow = (b * s.rows + r);
+  if (a.q.bits == 4) {
+    uint32_t w = 0;
+    if (!nan_group) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) w |= (uint32_t)e2m1_encode(v[i] * f) << (4 * i);
+    }
+    reinterpret_cast<uint32_t*>((uint8_t*)a.data.ptr + orow * a.data.cols)[chunk] = w;
+  } else {
+    uint32_t lo = 0, hi = 0;
+    const uint8_t nc = elem_nan_code(a.q.elem);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      lo |= (uint32_t)(nan_group ? nc : elem_encode(a.q.elem, v[i] * f)) << (8 * i);
+      hi |= (uint32_t)(nan_group ? nc : elem_encode(a.q.elem, v[i + 4] * f)) << (8 * i);
+    }
+    reinterpret_cast<uint2*>((uint8_t*)a.data.ptr + orow * a.data.cols)[chunk] = make_uint2(lo, hi);
+  }
+}
+
+template <typename T, int kLanes>
+__global__ void __launch_bounds__(kThreads) quantize_affine_kernel(QuantizeArgs a, Shape s) {
+  const int64_t tid = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+  const bool live = tid < s.total;
+  const int64_t t = live ? tid : s.total - 1;
+  const int64_t chunk = t % s.chunks;
+  const int64_t row = t / s.chunks;  // affine scales are never blocked: prows == rows
+  const int64_t b = row / s.rows, r = row % s.rows;
+  const int64_t g = chunk / kLanes, ng = s.chunks / kLanes;
+  const int bits = a.q.bits;
+
+  float v[kVec];
+  load8<T>(a.x.at<T>(b, r) + chunk * kVec, v);
+  float wmin = v[0], wmax = 0.0f;
+  int finite = 1;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    finite &= is_finite_f(v[i]) ? 1 : 0;
+    wmin = v[i] < wmin ? v[i] : wmin;
+    wmax = v[i] > wmax ? v[i] : wmax;
+  }
+  wmin = group_min<kLanes>(wmin);
+  wmax = group_max<kLanes>(wmax);
+  finite = group_and<kLanes>(finite);
+  if (!live) return;
+
+  float scale, bias;
+  uint8_t bytes[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // 8 elements * bits bits = `bits` bytes
+  if (finite) {
+    affine_params(wmin, wmax, bits, &scale, &bias);
+    uint64_t acc = 0;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) acc |= (uint64_t)affine_encode(v[i], scale, bias, bits) << (i * bits);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) bytes[i] = (uint8_t)(acc >> (8 * i));
+  } else {
+    scale = bias = u2f(0x7fc00000u);
+  }
+  uint8_t* d = (uint8_t*)a.data.ptr + row * a.data.cols + chunk * bits;
+  if (bits == 4) {
+    *reinterpret_cast<uint32_t*>(d) = (uint32_t)bytes[0] | (uint32_t)bytes[1] << 8 | (uint32_t)bytes[2] << 16 |
+                                      (uint32_t)bytes[3] << 24;
+  } else if (bits == 8) {
+    *reinterpret_cast<uint2*>(d) = make_uint2(
+        (uint32_t)bytes[0] | (uint32_t)bytes[1] << 8 | (uint32_t)bytes[2] << 16 | (uint32_t)bytes[3] << 24,
+        (uint32_t)bytes[4] | (uint32_t)bytes[5] << 8 | (uint32_t)bytes[6] << 16 | (uint32_t)bytes[7] << 24);
+  } else {
+    for (int i = 0; i < bits; ++i) d[i] = bytes[i];
+  }
+  if ((chunk % kLanes) == 0) {
+    // stored scale and bias are rounded to x's dtype (DESIGN.md section 2)
+    reinterpret_cast<T*>(a.scales.ptr)[row * ng + g] = store_cast<T>(scale);
+    reinterpret_cast<T*>(a.biases.ptr)[row * ng + g] = store_cast<T>(bias);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// dequantize kernel: one thread per 8 output elements
+// ---------------------------------------------------------------------------
+template <typename TO, typename TS>
+__global__ void __launch_bounds__(kThreads) dequantize_kernel(DequantizeArgs a, Shape s) {
+  const int64_t t = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+  if (t >= s.total) return;
+  const int64_t chunk = t % s.chunks;
+  const int64_t row = t / s.chunks;
+  const int64_t b = row / s.rows, r = row % s.rows;
+  const int64_t e0 = chunk * kVec;  // first element
+  const int64_t g = e0 / a.q.group;
+  const uint8_t* d = a.data.at<uint8_t>(b, r);
+  float v[kVec];
+  if (a.q.fp()) {
+    uint8_t sb;
+    if (a.q.blocked) sb = a.scales.at<uint8_t>(b)[blocked_offset(r, g, a.scales.cols)];
+    else sb = a.scales.at<uint8_t>(b, r)[g];
+    const float f = a.q.mode == QQ_MODE_NVFP4 ? e4m3_decode(sb) : ue8m0_decode(sb);
+    if (a.q.bits == 4) {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(d + e0 / 2);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) v[i] = e2m1_decode((uint8_t)((w >> (4 * i)) & 0xf)) * f;
+    } else {
+      const uint2 w = *reinterpret_cast<const uint2*>(d + e0);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        v[i] = elem_decode(a.q.elem, (uint8_t)(w.x >> (8 * i))) * f;
+        v[i + 4] = elem_decode(a.q.elem, (uint8_t)(w.y >> (8 * i))) * f;
+      }
+    }
+    if (a.q.mode == QQ_MODE_NVFP4 && a.gs) {
+      const float gd = nvfp4_dec(*a.gs);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) v[i] = v[i] * gd;
+    }
+  } else {
+    const int bits = a.q.bits;
+    const float sc = load_cast<TS>(a.scales.at<TS>(b, r) + g);
+    const float bi = load_cast<TS>(a.biases.at<TS>(b, r) + g);
+    uint64_t acc = 0;
+    const uint8_t* p = d + chunk * bits;
+    for (int i = 0; i < bits; ++i) acc |= (uint64_t)p[i] << (8 * i);
+    const uint32_t mask = (1u << bits) - 1;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) v[i] = affine_decode((uint32_t)(acc >> (i * bits)) & mask, sc, bi);
+  }
+  store8<TO>(reinterpret_cast<TO*>(a.out.ptr) + row * a.out.cols + e0, v);
+}
+
+// ---------------------------------------------------------------------------
+// swizzle / unswizzle: one thread per blocked byte (padding included)
+// ---------------------------------------------------------------------------
+__global__ void swizzle_kernel(Mat lin, Mat blk, bool to_blocked, int64_t total) {
+  const int64_t t = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+  if (t >= total) return;
+  // t enumerates (batch, r, c) over the padded shape; the blocked offset is
+  // computed from it, so the linear side is read/written row-major.
+  const int64_t per = blk.rows * blk.cols;
+  const int64_t b = t / per, rc = t % per;
+  const int64_t r = rc / blk.cols, c = rc % blk.cols;
+  uint8_t* bp = (uint8_t*)blk.ptr + b * per + blocked_offset(r, c, blk.cols);
+  const bool inside = r < lin.rows && c < lin.cols;
+  if (to_blocked) {
+    *bp = inside ? lin.at<uint8_t>(b, r)[c] : 0;
+  } else if (inside) {
+    lin.at<uint8_t>(b, r)[c] = *bp;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// amax: grid-stride max |x| per block, then one atomicMax on the bit pattern
+// (non-negative floats order like their bits; NaN's bits are above +Inf's, so
+// NaN wins, which is what amax promises).
+// ---------------------------------------------------------------------------
+template <typename T>
+__global__ void amax_kernel(Mat x, int64_t total, unsigned int* out) {
+  float m = 0.0f;
+  for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+       t += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t col = t % x.cols, row = t / x.cols;
+    const int64_t b = row / x.rows, r = row % x.rows;
+    m = nanmax_f(m, abs_f(load_cast<T>(x.at<T>(b, r) + col)));
+  }
+#pragma unroll
+  for (int o = 16; o; o >>= 1) m = nanmax_f(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __shared__ float warp_max[32];
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    m = threadIdx.x < (blockDim.x >> 5) ? warp_max[threadIdx.x] : 0.0f;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) m = nanmax_f(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x == 0) atomicMax(out, f2u(m) & 0x7fffffffu);  // |NaN| keeps NaN bits
+  }
+}
+
+// ---------------------------------------------------------------------------
+// launchers
+// ---------------------------------------------------------------------------
+unsigned int blocks_for(int64_t total) { return (unsigned int)((total + kThreads - 1) / kThreads); }
+
+template <typename T>
+qqStatus_t launch_quantize_t(const QuantizeArgs& a, Shape s, cudaStream_t st) {
+  const int lanes = a.q.group / kVec;
+  const unsigned int grid = blocks_for(s.total);
+  if (a.q.fp()) {
+    if (lanes == 2) quantize_fp_kernel<T, 2><<<grid, kThreads, 0, st>>>(a, s);
+    else quantize_fp_kernel<T, 4><<<grid, kThreads, 0, st>>>(a, s);
+  } else {
+    if (lanes == 4) quantize_affine_kernel<T, 4><<<grid, kThreads, 0, st>>>(a, s);
+    else if (lanes == 8) quantize_affine_kernel<T, 8><<<grid, kThreads, 0, st>>>(a, s);
+    else quantize_affine_kernel<T, 16><<<grid, kThreads, 0, st>>>(a, s);
+  }
+  return check_launch("quantize");
+}
+
+template <typename TO>
+qqStatus_t launch_dequantize_t(const DequantizeArgs& a, Shape s, cudaStream_t st) {
+  const unsigned int grid = blocks_for(s.total);
+  switch (a.q.fp() ? DType::U8 : a.scales.dt) {
+    case DType::F16: dequantize_kernel<TO, __half><<<grid, kThreads, 0, st>>>(a, s); break;
+    case DType::BF16: dequantize_kernel<TO, __nv_bfloat16><<<grid, kThreads, 0, st>>>(a, s); break;
+    default: dequantize_kernel<TO, float><<<grid, kThreads, 0, st>>>(a, s); break;
+  }
+  return check_launch("dequantize");
+}
+
+// Vector loads and stores need aligned rows: start, row stride and batch
+// strides multiples of `align` bytes.
+qqStatus_t check_aligned(const char* op, const char* name, const Mat& m, int align) {
+  const int es = dtype_size(m.dt);
+  bool ok = ((uintptr_t)m.ptr % align) == 0 && (m.ld * es) % align == 0;
+  for (int i = 0; i < m.nb; ++i) ok = ok && (m.bstride[i] * es) % align == 0;
+  if (!ok)
+    return set_error(QQ_STATUS_INVALID_VALUE,
+                     "%s: on the GPU, argument '%s' must start on a %d-byte boundary and have row and batch "
+                     "strides that are multiples of %d bytes; pass a contiguous (freshly allocated) tensor", op,
+                     name, align, align);
+  return QQ_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+qqStatus_t quantize(qqHandle_t h, const QuantizeArgs& a, void* stream) {
+  QQ_TRY(check_aligned("quantize", "x", a.x, 16));
+  QQ_TRY(check_aligned("quantize", "data", a.data, 8));
+  Shape s;
+  s.chunks = a.x.cols / kVec;
+  s.rows = a.x.rows;
+  s.prows = a.q.blocked ? a.scales.rows : a.x.rows;
+  s.total = a.x.batch() * s.prows * s.chunks;
+  return on_device(a.x.device, [&]() -> qqStatus_t {
+    cudaStream_t st = (cudaStream_t)stream;
+    switch (a.x.dt) {
+      case DType::F32: return launch_quantize_t<float>(a, s, st);
+      case DType::F16: return launch_quantize_t<__half>(a, s, st);
+      default: return launch_quantize_t<__nv_bfloat16>(a, s, st);
+    }
+  });
+}
+
+qqStatus_t dequantize(qqHandle_t h, const DequantizeArgs& a, void* stream) {
+  Shape s;
+  s.chunks = a.out.cols / kVec;
+  s.rows = a.data.rows;
+  s.prows = s.rows;
+  s.total = a.data.batch() * s.rows * s.chunks;
+  // fp4 rows are read 4 bytes at a time, fp8 rows 8 (affine bytewise)
+  QQ_TRY(check_aligned("dequantize", "w", a.data, a.q.fp() ? a.q.bits : 1));
+  QQ_TRY(check_aligned("dequantize", "out", a.out, 16));
+  return on_device(a.data.device, [&]() -> qqStatus_t {
+    cudaStream_t st = (cudaStream_t)stream;
+    switch (a.out.dt) {
+      case DType::F32: return launch_dequantize_t<float>(a, s, st);
+      case DType::F16: return launch_dequantize_t<__half>(a, s, st);
+      default: return launch_dequantize_t<__nv_bfloat16>(a, s, st);
+    }
+  });
+}
+
+qqStatus_t swizzle(qqHandle_t h, const Mat& lin, const Mat& blk, bool to_blocked, void* stream) {
+  const int64_t total = lin.batch() * blk.rows * blk.cols;
+  return on_device(lin.device, [&]() -> qqStatus_t {
+    swizzle_kernel<<<blocks_for(total), kThreads, 0, (cudaStream_t)stream>>>(lin, blk, to_blocked, total);
+    return check_launch(to_blocked ? "swizzle_scales" : "unswizzle_scales");
+  });
+}
+
+qqStatus_t amax(qqHandle_t h, const Mat& x, float* out, void* stream) {
+  const int64_t total = x.batch() * x.rows * x.cols;
+  return on_device(x.device, [&]() -> qqStatus_t {
+    cudaStream_t st = (cudaStream_t)stream;
+    QQ_CUDA_TRY(cudaMemsetAsync(out, 0, sizeof(float), st), "amax");
+    if (total == 0) return QQ_STATUS_SUCCESS;
+    int sms = 132;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device);
+    const int64_t want = (total + kThreads * 8 - 1) / (kThreads * 8);
+    const unsigned int grid = (unsigned int)(want < (int64_t)sms * 8 ? want : (int64_t)sms * 8);
+    switch (x.dt) {
+      case DType::F32: amax_kernel<float><<<grid, kThreads, 0, st>>>(x, total, (unsigned int*)out); break;
+      case DType::F16: amax_kernel<__half><<<grid, kThreads, 0, st>>>(x, total, (unsigned int*)out); break;
+      default: amax_kernel<__nv_bfloat16><<<grid, kThreads, 0, st>>>(x, total, (unsigned int*)out); break;
+    }
+    return check_launch("amax");
+  });
+}
+
+}  // namespace cuda
+}  // namespace qq
