@@ -1,0 +1,133 @@
+"""Benchmark of the quantization kernels (cuda/quantize.cu) on the current GPU.
+
+For each shape and mode: qq.quantize on bf16 input with blocked scales (affine:
+linear, its only layout), reported as GB/s (bytes read + written) against the
+device copy bandwidth and against torch.compile of the same quantization written
+in torch ops, both measured in this run; also qq.dequantize back to bf16.
+
+    python bench/bench_quantize.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Bench, Timer, copy_bandwidth  # noqa: E402
+
+import qq  # noqa: E402
+
+SHAPES = [(16384, 16384), (8192, 5120), (16, 4096)]
+MODES = [("nvfp4", {}), ("mxfp4", {}), ("mxfp8", {}), ("affine4", {"bits": 4}), ("affine8", {"bits": 8})]
+
+
+# ---- torch-op versions of the same quantizations (the torch.compile peer) ----
+def _ceil_pow2_exponent(q: torch.Tensor) -> torch.Tensor:
+    """Biased UE8M0 exponent of the smallest power of two >= q (q >= 0, fp32)."""
+    b = q.view(torch.int32)
+    e = (b >> 23) & 0xFF
+    m = b & 0x7FFFFF
+    return torch.where((m != 0) & (e < 254) & (e > 0), e + 1, e)
+
+
+def _e2m1_codes(y: torch.Tensor) -> torch.Tensor:
+    a = y.abs()
+    bounds = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], device=y.device)
+    c = torch.bucketize(a, bounds, right=False).to(torch.uint8)
+    return c | ((y < 0).to(torch.uint8) << 3)
+
+
+def _pack4(c: torch.Tensor) -> torch.Tensor:
+    return c[..., 0::2] | (c[..., 1::2] << 4)
+
+
+def torch_mx(x: torch.Tensor, fp4: bool):
+    m, k = x.shape
+    xg = x.float().view(m, k // 32, 32)
+    amax = xg.abs().amax(-1, keepdim=True)
+    e = _ceil_pow2_exponent(amax / (6.0 if fp4 else 448.0))
+    inv = ((254 - e).clamp(min=1) << 23).view(torch.float32)
+    y = xg * inv
+    if fp4:
+        data = _pack4(_e2m1_codes(y).view(m, k))
+    else:
+        data = y.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8).view(m, k)
+    return data, e.to(torch.uint8).view(m, k // 32)
+
+
+def torch_nvfp4(x: torch.Tensor):
+    m, k = x.shape
+    xg = x.float().view(m, k // 16, 16)
+    amax = xg.abs().amax(-1, keepdim=True)
+    s = (amax / 6.0).clamp(max=448.0).to(torch.float8_e4m3fn)
+    f = torch.where(s.float() > 0, 1.0 / s.float(), 0.0)
+    data = _pack4(_e2m1_codes(xg * f).view(m, k))
+    return data, s.view(torch.uint8).view(m, k // 16)
+
+
+def torch_affine(x: torch.Tensor, bits: int):
+    m, k = x.shape
+    xg = x.float().view(m, k // 64, 64)
+    wmin = xg.amin(-1, keepdim=True)
+    wmax = xg.amax(-1, keepdim=True).clamp(min=0)
+    n = (1 << bits) - 1
+    scale = ((wmax - wmin) / n).clamp(min=1e-7)
+    q = ((xg - wmin) / scale).round().clamp(0, n).to(torch.uint8).view(m, k)
+    if bits == 4:
+        q = _pack4(q)
+    return q, scale.to(x.dtype).view(m, -1), wmin.to(x.dtype).view(m, -1)
+
+
+def peer_fn(mode: str):
+    if mode == "nvfp4":
+        return torch_nvfp4
+    if mode == "mxfp4":
+        return lambda x: torch_mx(x, True)
+    if mode == "mxfp8":
+        return lambda x: torch_mx(x, False)
+    return lambda x: torch_affine(x, int(mode[len("affine"):]))
+
+
+def nbytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer iterations, no torch.compile peer")
+    args = ap.parse_args()
+    timer = Timer(warmup=3 if args.quick else 10, iters=10 if args.quick else 50)
+    bench = Bench("quantize")
+    copy_gbps = copy_bandwidth(timer)
+    print(f"device copy bandwidth: {copy_gbps:.1f} GB/s (read + write)")
+    torch.manual_seed(0)
+    for shape in SHAPES:
+        x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+        for mode, kw in MODES:
+            qmode = "affine" if mode.startswith("affine") else mode
+            layout = "linear" if qmode == "affine" else "blocked"
+            q = qq.quantize(x, mode=qmode, scale_layout=layout, **kw)
+            moved = nbytes(x) + nbytes(q.data) + nbytes(q.scales) + (nbytes(q.biases) if q.biases is not None else 0)
+            us = timer(lambda: qq.quantize(x, mode=qmode, scale_layout=layout, **kw))
+            gbps = moved / (us * 1e-6) / 1e9
+            bench.row("quantize", mode, shape, "GBps", gbps, "copy", copy_gbps, us=round(us, 2))
+            if not args.quick:
+                fn = torch.compile(peer_fn(mode), dynamic=False)
+                fn(x)
+                us_tc = timer(lambda: fn(x))
+                bench.row("quantize", mode, shape, "us", us, "torch_compile", us_tc)
+            # dequantize back to bf16: bytes = packed + scales (+ biases) + output
+            dq_moved = moved  # same byte count, other direction
+            us_dq = timer(lambda: qq.dequantize(q, dtype=torch.bfloat16))
+            bench.row("dequantize", mode, shape, "GBps", dq_moved / (us_dq * 1e-6) / 1e9, "copy", copy_gbps,
+                      us=round(us_dq, 2))
+    for path in bench.save():
+        print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()

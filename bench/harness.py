@@ -1,0 +1,116 @@
+"""The one benchmark harness of libqq (DESIGN.md section 6).
+
+Every bench_<family>.py builds rows with `Bench.row(...)` and calls
+`Bench.save(name)`. Timing: CUDA events around each call, warm-up first, the
+L2 cache flushed before every timed call (a write over a buffer twice the L2
+size), the median of many runs. Every figure is reported next to a peer
+measured in the same process on the same GPU: the device copy bandwidth
+(torch `copy_`), cuBLAS bf16/fp8 GEMMs or torch.compile of the same math.
+
+Results go to bench/results/<bench>-<gpu>.json (for tools) and .md (for people),
+or to $QQ_BENCH_OUT when set (the device runs write under $OUT).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import subprocess
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def gpu_tag() -> str:
+    name = torch.cuda.get_device_name().lower()
+    for tag in ("h200", "h100", "b200", "b100", "gb200", "a100", "l40s", "rtx 5090"):
+        if tag in name:
+            return tag.replace(" ", "")
+    return name.split()[-1]
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return os.environ.get("QQ_COMMIT", "unknown")
+
+
+class Timer:
+    """Median time in microseconds of fn() with a cold L2 before each run."""
+
+    def __init__(self, warmup: int = 5, iters: int = 30, flush: bool = True):
+        self.warmup, self.iters, self.flush = warmup, iters, flush
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        self._flush_buf = torch.empty(2 * l2 // 4 + 1024, dtype=torch.float32, device="cuda")
+
+    def __call__(self, fn) -> float:
+        for _ in range(self.warmup):
+            fn()
+        torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
+        for s, e in zip(starts, ends):
+            if self.flush:
+                self._flush_buf.fill_(1.0)
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+
+
+def copy_bandwidth(timer: Timer, nbytes: int = 1 << 30) -> float:
+    """Device copy bandwidth in GB/s, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    us = timer(lambda: dst.copy_(src))
+    return 2 * nbytes / (us * 1e-6) / 1e9
+
+
+class Bench:
+    def __init__(self, name: str):
+        self.name = name
+        self.rows: list[dict] = []
+
+    def row(self, op: str, mode: str, shape, metric: str, value: float, peer: str, peer_value: float,
+            **extra) -> dict:
+        if metric == "us":
+            ratio = peer_value / value if value else 0.0
+        else:
+            ratio = value / peer_value if peer_value else 0.0
+        r = {"op": op, "mode": mode, "shape": [int(s) for s in shape], "metric": metric,
+             "value": round(float(value), 3), "peer": peer, "peer_value": round(float(peer_value), 3),
+             "ratio": round(float(ratio), 4)}
+        r.update(extra)
+        self.rows.append(r)
+        print(f"{op:>18} {mode:>8} {str(tuple(r['shape'])):>22} {metric:>6} {value:10.2f}  "
+              f"{peer:>14} {peer_value:10.2f}  ratio {ratio:6.3f}  "
+              + " ".join(f"{k}={v}" for k, v in extra.items()), flush=True)
+        return r
+
+    def save(self) -> tuple[str, str]:
+        out_dir = os.environ.get("QQ_BENCH_OUT") or os.path.join(HERE, "results")
+        os.makedirs(out_dir, exist_ok=True)
+        tag = gpu_tag()
+        base = os.path.join(out_dir, f"{self.name}-{tag}")
+        doc = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+               "commit": git_commit(), "rows": self.rows}
+        with open(base + ".json", "w") as f:
+            json.dump(doc, f, indent=1)
+        extra_keys = sorted({k for r in self.rows for k in r} - {"op", "mode", "shape", "metric", "value",
+                                                                  "peer", "peer_value", "ratio"})
+        with open(base + ".md", "w") as f:
+            f.write(f"# {self.name} on {doc['device']}\n\n")
+            f.write(f"Date {doc['date']}, commit {doc['commit']}. Median of CUDA-event timings with the L2 "
+                    f"flushed before each run; ratio = ours / peer (for `us`, peer / ours): higher is better.\n\n")
+            cols = ["op", "mode", "shape", "metric", "value", "peer", "peer_value", "ratio"] + extra_keys
+            f.write("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n")
+            for r in self.rows:
+                f.write("| " + " | ".join(str(tuple(r[c])) if c == "shape" else str(r.get(c, ""))
+                                          for c in cols) + " |\n")
+        return base + ".json", base + ".md"
