@@ -233,13 +233,17 @@ qqStatus_t expect_compact(Ctx& c, const char* name, const DLTensor* t) {
 // is -1), returned as a Mat.
 qqStatus_t output_mat(Ctx& c, const char* name, const DLTensor* t, int ndim, const int64_t* shape,
                       int want, const char* why, Mat* m) {
+  // A wrong output buffer is a value error of the call (INVALID_VALUE), not
+  // a dtype the operation cannot take: docs/api.md.
   DType dt;
-  QQ_TRY(check_tensor(c, name, t, &dt));
+  qqStatus_t st = check_tensor(c, name, t, &dt);
+  if (st == QQ_STATUS_INVALID_DTYPE) return QQ_STATUS_INVALID_VALUE;
+  if (st) return st;
   if (want < 0) {
-    QQ_TRY(expect_float(c, name, t, dt));
+    if (expect_float(c, name, t, dt)) return QQ_STATUS_INVALID_VALUE;
   } else if ((int)dt != want) {
     static const char* names[] = {"float32", "float16", "bfloat16", "uint8", "int32"};
-    return set_error(QQ_STATUS_INVALID_DTYPE, "%s: argument '%s' has dtype %s; expected %s (%s)", c.op, name,
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has dtype %s; expected %s (%s)", c.op, name,
                      dtype_str(t->dtype).c_str(), names[want], why);
   }
   QQ_TRY(expect_shape(c, name, t, ndim, shape, why));
@@ -484,8 +488,11 @@ QQ_API qqStatus_t qqQuantizedShapes(const qqQuantParams_t* params, int x_ndim, c
   Ctx c{"quantized_shapes"};
   QSpec q;
   QQ_TRY(resolve_params(c, params, &q));
-  if (x_ndim < 1 || x_ndim > kMaxDims || !x_shape || !data_shape || !scales_shape || !scales_ndim)
-    return set_error(QQ_STATUS_INVALID_VALUE, "quantized_shapes: x_ndim must be 1..%d and no pointer NULL",
+  if (!x_shape || !data_shape || !scales_shape || !scales_ndim)
+    return set_error(QQ_STATUS_INVALID_VALUE, "quantized_shapes: no pointer argument may be NULL");
+  if (x_ndim < 1 || x_ndim > kMaxDims)
+    return set_error(QQ_STATUS_INVALID_VALUE,
+                     "quantize: argument 'x' has %d dimensions; expected [..., K] with 1 to %d dimensions", x_ndim,
                      kMaxDims);
   QQ_TRY(check_k(c, "x", x_shape[x_ndim - 1], q));
   quantized_shapes(q, x_ndim, x_shape, data_shape, scales_shape, scales_ndim);
@@ -613,7 +620,8 @@ QQ_API qqStatus_t qqAmax(qqHandle_t handle, const DLTensor* x, DLTensor* out, vo
   DType dt, odt;
   QQ_TRY(check_tensor(c, "x", x, &dt));
   QQ_TRY(expect_float(c, "x", x, dt));
-  QQ_TRY(check_tensor(c, "out", out, &odt));
+  const qqStatus_t ost = check_tensor(c, "out", out, &odt);
+  if (ost) return ost == QQ_STATUS_INVALID_DTYPE ? QQ_STATUS_INVALID_VALUE : ost;
   if (odt != DType::F32 || numel(out) != 1)
     return set_error(QQ_STATUS_INVALID_VALUE, "amax: argument 'out' must be a float32 tensor of one element");
   Mat m;

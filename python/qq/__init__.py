@@ -1,0 +1,69 @@
+"""qq: block-scaled low-precision matrix math (NVFP4, MXFP4, MXFP8, affine integer).
+
+A thin layer over libqq's C ABI: NumPy arrays and DLPack tensors (torch, CuPy, JAX) in,
+results in the caller's framework out. The API is documented in docs/api.md.
+"""
+
+
+def _preload_cublaslt():
+    """Load cuBLASLt from the nvidia-cublas wheel before libqq needs it.
+
+    libqq.so of a CUDA build links cuBLASLt and also carries an RPATH to the wheel, so
+    this is a second way to find it, not the only one: a failure is recorded (shown by
+    qq.build_info()["cublaslt_preload"] and `python -m qq`) and otherwise ignored. It is
+    tried before libqq is loaded, when we cannot yet know whether the build has CUDA.
+    """
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+        load_nvidia_dynamic_lib("cublasLt")
+    except Exception as e:      # noqa: BLE001 - any failure only means "not preloaded"
+        return f"{type(e).__name__}: {e}"
+    return "ok"
+
+
+_CUBLASLT_PRELOAD = _preload_cublaslt()
+
+from . import _qq  # noqa: E402  (after the preload, which must come first)
+from ._qq import (  # noqa: E402
+    NotSupportedError,
+    QQError,
+    QuantizedArray,
+    __version__,
+    amax,
+    dequantize,
+    device_count,
+    qqmm,
+    quantize,
+    quantized_matmul,
+    swizzle_scales,
+    unswizzle_scales,
+)
+
+
+def build_info():
+    """How the loaded libqq was built: version (str), cuda (bool), cuda_version (str),
+    archs (list of str), cublaslt (int), and cublaslt_preload ("ok", the reason the
+    preload failed, or a note that a CPU-only build does not need it)."""
+    info = _qq.build_info()
+    if not info["cuda"] and _CUBLASLT_PRELOAD != "ok":
+        info["cublaslt_preload"] = f"not needed (CPU-only build); {_CUBLASLT_PRELOAD}"
+    else:
+        info["cublaslt_preload"] = _CUBLASLT_PRELOAD
+    return info
+
+
+__all__ = [
+    "NotSupportedError",
+    "QQError",
+    "QuantizedArray",
+    "__version__",
+    "amax",
+    "build_info",
+    "dequantize",
+    "device_count",
+    "qqmm",
+    "quantize",
+    "quantized_matmul",
+    "swizzle_scales",
+    "unswizzle_scales",
+]

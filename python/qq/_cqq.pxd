@@ -1,0 +1,114 @@
+# cython: language_level=3
+#
+# The C ABI of libqq (libqq/include/qq/qq.h), as qq._qq calls it. Declarations only:
+# the header is the source of truth; keep this file a faithful subset of it.
+
+from libc.stdint cimport int64_t
+
+from ._dlpack cimport DLTensor
+
+
+cdef extern from "qq/qq.h" nogil:
+    int QQ_VERSION
+    int QQ_VERSION_MAJOR
+    int QQ_VERSION_MINOR
+    int QQ_VERSION_PATCH
+
+    ctypedef enum qqStatus_t:
+        QQ_STATUS_SUCCESS
+        QQ_STATUS_INVALID_VALUE
+        QQ_STATUS_INVALID_DTYPE
+        QQ_STATUS_NOT_SUPPORTED
+        QQ_STATUS_ARCH_MISMATCH
+        QQ_STATUS_ALLOC_FAILED
+        QQ_STATUS_CUDA_ERROR
+        QQ_STATUS_CUBLAS_ERROR
+        QQ_STATUS_INTERNAL_ERROR
+
+    const char* qqGetStatusString(qqStatus_t status)
+    const char* qqGetLastErrorMessage()
+    int qqGetVersion()
+    const char* qqGetBuildInfo()
+    int qqGetDeviceCount()
+    qqStatus_t qqGetDeviceCapability(int device, int* major, int* minor)
+
+    # Opaque in C (a pointer to an incomplete struct); this binding only ever passes NULL
+    # (libqq's default handle per device), so its pointee needs no declaration.
+    ctypedef void* qqHandle_t
+
+    ctypedef enum qqMode_t:
+        QQ_MODE_AFFINE
+        QQ_MODE_NVFP4
+        QQ_MODE_MXFP4
+        QQ_MODE_MXFP8
+
+    ctypedef enum qqRounding_t:
+        QQ_ROUNDING_CEIL
+        QQ_ROUNDING_FLOOR
+
+    ctypedef enum qqScaleLayout_t:
+        QQ_SCALE_LINEAR
+        QQ_SCALE_BLOCKED
+
+    ctypedef enum qqFp8Format_t:
+        QQ_FP8_E4M3
+        QQ_FP8_E5M2
+
+    ctypedef struct qqQuantParams_t:
+        size_t struct_size
+        qqMode_t mode
+        int group_size
+        int bits
+        qqRounding_t rounding
+        qqScaleLayout_t scale_layout
+        qqFp8Format_t fp8_format
+
+    qqStatus_t qqQuantParamsInit(qqQuantParams_t* params, qqMode_t mode)
+    qqStatus_t qqQuantizedShapes(const qqQuantParams_t* params, int x_ndim,
+                                 const int64_t* x_shape, int64_t* data_shape,
+                                 int64_t* scales_shape, int* scales_ndim)
+
+    qqStatus_t qqQuantize(qqHandle_t handle, const DLTensor* x,
+                          const qqQuantParams_t* params,
+                          const DLTensor* global_scale, DLTensor* data,
+                          DLTensor* scales, DLTensor* biases, void* stream)
+
+    qqStatus_t qqDequantize(qqHandle_t handle, const DLTensor* data,
+                            const DLTensor* scales, const DLTensor* biases,
+                            const qqQuantParams_t* params,
+                            const DLTensor* global_scale, DLTensor* out,
+                            void* stream)
+
+    qqStatus_t qqSwizzleScales(qqHandle_t handle, const DLTensor* linear,
+                               DLTensor* blocked, void* stream)
+    qqStatus_t qqUnswizzleScales(qqHandle_t handle, const DLTensor* blocked,
+                                 DLTensor* linear, void* stream)
+
+    qqStatus_t qqAmax(qqHandle_t handle, const DLTensor* x, DLTensor* out,
+                      void* stream)
+
+    ctypedef struct qqQqmmParams_t:
+        size_t struct_size
+        qqQuantParams_t quant
+        qqScaleLayout_t x_scale_layout
+        qqScaleLayout_t w_scale_layout
+
+    qqStatus_t qqQqmmParamsInit(qqQqmmParams_t* params, qqMode_t mode)
+
+    qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x,
+                      const DLTensor* x_scales, const DLTensor* w,
+                      const DLTensor* w_scales, const qqQqmmParams_t* params,
+                      const DLTensor* global_scale_x,
+                      const DLTensor* global_scale_w, const DLTensor* bias,
+                      DLTensor* out, void* stream)
+
+    qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x,
+                                 const DLTensor* w, const DLTensor* scales,
+                                 const DLTensor* biases,
+                                 const qqQuantParams_t* params, int transpose,
+                                 const DLTensor* global_scale,
+                                 const DLTensor* bias, DLTensor* out,
+                                 void* stream)
+
+    qqStatus_t qqDeviceAlloc(int device, size_t bytes, void** ptr, void* stream)
+    qqStatus_t qqDeviceFree(int device, void* ptr, void* stream)

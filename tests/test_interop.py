@@ -1,0 +1,210 @@
+"""Frameworks in, the same framework out: NumPy (buffer protocol, ml_dtypes bfloat16),
+torch, JAX and CuPy (DLPack). Results are bit-exact with the reference whatever the
+container; QuantizedArray unpacks like MLX's result; out= returns the very object given."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import qq
+import reference as R
+from helpers import (BF16, as_bytes, assert_bits_equal, assert_matmul_close, assert_quantized_equal,
+                     numpy_to_torch, poison, random_data, ref_dequantize_qa, to_numpy)
+
+F32 = np.float32
+
+
+# ---------------------------------------------------------------------------
+# NumPy
+# ---------------------------------------------------------------------------
+
+def test_numpy_in_numpy_out(rng):
+    x = random_data(rng, (8, 64), F32, 16, varied=False)
+    q = qq.quantize(x, mode="nvfp4")
+    assert type(q.data) is np.ndarray and type(q.scales) is np.ndarray
+    assert q.data.dtype == np.uint8 and q.scales.dtype == np.uint8
+    d = qq.dequantize(q)
+    assert type(d) is np.ndarray and d.dtype == BF16
+    assert type(qq.amax(x)) is np.ndarray
+    assert type(qq.qqmm(x, x[:4])) is np.ndarray
+    assert type(qq.swizzle_scales(q.scales)) is np.ndarray
+
+
+def test_numpy_bfloat16(rng):
+    """ml_dtypes bfloat16 arrays go in through the buffer protocol; bfloat16 comes out as
+    ml_dtypes.bfloat16; affine scales and biases keep x's dtype."""
+    x = random_data(rng, (8, 128), BF16, 64, varied=False)
+    q = qq.quantize(x)
+    assert q.scales.dtype == BF16 and q.biases.dtype == BF16
+    assert_quantized_equal(q, R.quantize(x), x)
+    d = qq.dequantize(q)
+    assert d.dtype == BF16
+    assert_bits_equal(d, R.dequantize_q(R.quantize(x)))
+    y = qq.quantized_matmul(x, q)
+    assert y.dtype == BF16
+    assert_matmul_close(y, R.quantized_matmul(x, R.quantize(x)))
+
+
+def test_numpy_float16_and_float8_views(rng):
+    """float16 in -> float16 scales; mxfp8 bytes viewed as ml_dtypes float8 are accepted."""
+    x = random_data(rng, (4, 64), np.float16, 32)
+    q = qq.quantize(x, group_size=32, bits=8)
+    assert q.scales.dtype == np.float16
+    r = R.quantize(x, mode="mxfp8", fp8_format="e5m2")
+    d = qq.dequantize(r.data.view(ml_dtypes.float8_e5m2), r.scales.view(ml_dtypes.float8_e8m0fnu),
+                      mode="mxfp8", fp8_format="e5m2", dtype=np.float16)
+    assert_bits_equal(d, R.dequantize_q(r, np.float16))
+
+
+def test_quantized_array_unpacks_like_mlx(rng):
+    """data, scales = quantize(w, mode="nvfp4"); data, scales, biases = quantize(w) (affine);
+    len() is 2 or 3; and the unpacked pieces work as plain arguments."""
+    w = random_data(rng, (16, 64), F32, 16)
+    data, scales = qq.quantize(w, mode="nvfp4")
+    q = qq.quantize(w, mode="nvfp4")
+    assert len(q) == 2
+    assert_quantized_equal(q, R.quantize(w, mode="nvfp4"), w)
+    assert_bits_equal(as_bytes(data), as_bytes(q.data), "unpacked data")
+    assert_bits_equal(as_bytes(scales), as_bytes(q.scales), "unpacked scales")
+    assert_bits_equal(qq.dequantize(data, scales, mode="nvfp4"), ref_dequantize_qa(q))
+    data, scales, biases = qq.quantize(w)
+    assert len(qq.quantize(w)) == 3
+    ra = R.quantize(w)
+    assert_bits_equal(scales, ra.scales)
+    assert_bits_equal(biases, ra.biases)
+    assert_bits_equal(qq.dequantize(data, scales, biases), R.dequantize_q(ra))
+    with pytest.raises(ValueError):
+        data, scales = qq.quantize(w)  # three values to unpack
+
+
+def test_out_returns_same_object(rng):
+    x = random_data(rng, (4, 64), F32, 32, varied=False)
+    q = R.quantize(x, mode="mxfp8")
+    out = poison((4, 64), F32)
+    assert qq.dequantize(q.data, q.scales, mode="mxfp8", out=out) is out
+    out = poison((), F32)
+    assert qq.amax(x, out=out) is out
+    out = poison((128, 4), np.uint8)
+    assert qq.swizzle_scales(q.scales, out=out) is out
+    out = poison((4, 4), F32)
+    assert qq.qqmm(x, x, mode="mxfp8", out=out) is out
+
+
+def test_info_functions():
+    """build_info() has the documented keys; device_count() is an int; __version__ a str."""
+    info = qq.build_info()
+    for key in ("version", "cuda", "cuda_version", "archs", "cublaslt"):
+        assert key in info, key
+    assert isinstance(info["cuda"], bool) and isinstance(info["archs"], list)
+    assert isinstance(qq.device_count(), int) and qq.device_count() >= 0
+    assert isinstance(qq.__version__, str) and qq.__version__.count(".") >= 2
+    if not info["cuda"]:
+        assert qq.device_count() == 0
+
+
+# ---------------------------------------------------------------------------
+# torch (CPU here; CUDA in the gpu-marked tests)
+# ---------------------------------------------------------------------------
+
+def _torch_roundtrip_checks(torch, device, rng):
+    x = random_data(rng, (8, 128), BF16, 32, varied=False)
+    xt = numpy_to_torch(x, torch).to(device)
+    q = qq.quantize(xt, mode="mxfp8")
+    assert isinstance(q.data, torch.Tensor) and q.data.device.type == device
+    assert q.data.dtype in (torch.uint8, torch.float8_e4m3fn)
+    assert q.scales.dtype in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8))
+    ref = R.quantize(x, mode="mxfp8")
+    assert_quantized_equal(q, ref, x)
+    d = qq.dequantize(q)
+    assert isinstance(d, torch.Tensor) and d.dtype == torch.bfloat16 and d.device.type == device
+    assert_bits_equal(d, ref_dequantize_qa(q))
+    d32 = qq.dequantize(q, dtype=torch.float32)
+    assert d32.dtype == torch.float32
+    qa = qq.quantize(xt)  # affine: bf16 scales and biases as torch tensors
+    assert qa.scales.dtype == torch.bfloat16 and qa.biases.dtype == torch.bfloat16
+    assert_quantized_equal(qa, R.quantize(x), x)
+    a = qq.amax(xt)
+    assert isinstance(a, torch.Tensor) and a.dtype == torch.float32 and tuple(a.shape) == ()
+    y = qq.qqmm(xt, xt[:16], mode="nvfp4")
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16
+    assert_matmul_close(y, R.qqmm(x, x[:16], "nvfp4"))
+    out = torch.empty((8, 128), dtype=torch.float16, device=device)
+    assert qq.dequantize(q, out=out) is out
+    assert_bits_equal(out, ref_dequantize_qa(q, np.float16))
+
+
+def test_torch_cpu(rng):
+    torch = pytest.importorskip("torch")
+    _torch_roundtrip_checks(torch, "cpu", rng)
+
+
+@pytest.mark.gpu
+def test_torch_cuda(rng):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    _torch_roundtrip_checks(torch, "cuda", rng)
+
+
+@pytest.mark.gpu
+def test_torch_cuda_stream(rng):
+    """A torch stream (an object with __cuda_stream__, or its int handle) is accepted and
+    the result is right once that stream is synchronized."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    x = random_data(rng, (256, 512), F32, 16)
+    xt = torch.from_numpy(x).cuda()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        q = qq.quantize(xt, mode="nvfp4")  # stream=None: the current (side) stream
+    q2 = qq.quantize(xt, mode="nvfp4", stream=s.cuda_stream)
+    q3 = qq.quantize(xt, mode="nvfp4", stream=s)
+    s.synchronize()
+    ref = R.quantize(x, mode="nvfp4")
+    for got in (q, q2, q3):
+        assert_quantized_equal(got, ref, x)
+
+
+# ---------------------------------------------------------------------------
+# JAX and CuPy
+# ---------------------------------------------------------------------------
+
+def test_jax_cpu(rng):
+    jnp = pytest.importorskip("jax.numpy")
+    import jax
+
+    cpu = jax.devices("cpu")[0]  # a JAX with CUDA would put arrays on the GPU by default
+    x = random_data(rng, (8, 64), F32, 16)
+    xj = jax.device_put(x, cpu)
+    q = qq.quantize(xj, mode="nvfp4")
+    assert isinstance(q.data, jax.Array)
+    ref = R.quantize(x, mode="nvfp4")
+    assert_quantized_equal(q, ref, x)
+    d = qq.dequantize(q)
+    assert isinstance(d, jax.Array) and d.dtype == jnp.bfloat16
+    assert_bits_equal(np.asarray(d), ref_dequantize_qa(q))
+    xb = jax.device_put(random_data(rng, (8, 64), BF16, 64), cpu)
+    qa = qq.quantize(xb)
+    assert qa.scales.dtype == jnp.bfloat16
+    assert_quantized_equal(qa, R.quantize(np.asarray(xb)), np.asarray(xb))
+
+
+@pytest.mark.gpu
+def test_cupy(rng):
+    cp = pytest.importorskip("cupy")
+    x = random_data(rng, (64, 256), F32, 32)
+    xc = cp.asarray(x)
+    q = qq.quantize(xc, mode="mxfp4", scale_layout="blocked")
+    assert isinstance(q.data, cp.ndarray) and isinstance(q.scales, cp.ndarray)
+    ref = R.quantize(x, mode="mxfp4", scale_layout="blocked")
+    assert_quantized_equal(q, ref, x)
+    d = qq.dequantize(q, dtype="float32")
+    assert isinstance(d, cp.ndarray)
+    assert_bits_equal(to_numpy(d), ref_dequantize_qa(q, F32))
+    out = cp.empty((64, 256), dtype=cp.float16)
+    assert qq.dequantize(q, out=out) is out
+    assert_bits_equal(out.get(), ref_dequantize_qa(q, np.float16))

@@ -1,0 +1,322 @@
+"""qq.qqmm (both operands quantized, y = alpha * q(x) @ q(w).T + bias) and
+qq.quantized_matmul (weight-only, y = x @ W.T or x @ W, W = dequantize(w)).
+
+The reference computes the exact result in float64 from the quantized operands; a correct
+fp32-accumulating GEMM lies within 1e-5 * sum|a_i b_i| of it, plus the alpha/bias
+roundings and one ulp of the output dtype (reference.matmul_mismatch). A wrong code,
+scale, group or transpose moves the answer by far more than that."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import qq
+import reference as R
+from helpers import (BF16, DEVICES, DTYPES, FpCfg, assert_matmul_close, cast, dtype_params, poison,
+                     to_device, to_numpy)
+
+F32 = np.float32
+
+QQMM_CFGS = [FpCfg("nvfp4"), FpCfg("nvfp4", global_scale=True), FpCfg("mxfp4", "ceil"),
+             FpCfg("mxfp4", "floor"), FpCfg("mxfp8", "ceil", "e4m3"), FpCfg("mxfp8", "floor", "e5m2")]
+QQMM_PARAMS = [pytest.param(c, id=str(c)) for c in QQMM_CFGS]
+
+
+def randn(rng, shape, dtype=F32, scale=1.0):
+    return cast(rng.standard_normal(shape) * scale, dtype)
+
+
+def dev(a, device):
+    return to_device(None if a is None else np.asarray(a), device)
+
+
+def qq_kwargs(cfg: FpCfg):
+    kw = {"mode": cfg.mode}
+    if cfg.mode != "nvfp4":
+        kw["rounding"] = cfg.rounding
+    if cfg.mode == "mxfp8":
+        kw["fp8_format"] = cfg.fp8_format
+    return kw
+
+
+def ref_qqmm(x, w, cfg: FpCfg, gx=None, gw=None, bias=None):
+    return R.qqmm(x, w, cfg.mode, global_scale_x=gx, global_scale_w=gw, bias=bias,
+                  rounding=cfg.rounding, fp8_format=cfg.fp8_format)
+
+
+# ---------------------------------------------------------------------------
+# qqmm
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m", [1, 3, 130])
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("cfg", QQMM_PARAMS)
+def test_qqmm_float_operands(cfg, dtype, m, device, rng):
+    """x [M, K] and w [N, K] float, both quantized on the fly (with the rounding and fp8
+    format asked for); nvfp4 global scales give alpha = gx * gw / 2688^2. The output has
+    x's dtype. M = 1 and 3 take the small-M path, 130 the GEMM path."""
+    n, k = 48, 256
+    x, w = randn(rng, (m, k), dtype), randn(rng, (n, k), dtype)
+    gx = R.amax(x) if cfg.global_scale else None
+    gw = R.amax(w) if cfg.global_scale else None
+    got = qq.qqmm(dev(x, device), dev(w, device), global_scale_x=dev(gx, device),
+                  global_scale_w=dev(gw, device), **qq_kwargs(cfg))
+    assert_matmul_close(got, ref_qqmm(x, w, cfg, gx, gw), "qqmm", dtype=dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_qqmm_known_answers(device):
+    """Rows of ones: mxfp8 codes 1.0 exactly, so q(x) @ q(w).T = K = 32. nvfp4 with
+    gx = 2688 (enc 1: s = E4M3(1/6) = 0.171875, element 6 -> 1.03125) and gw = 5376
+    (enc 0.5: s = 0.0859375, element 6 -> 0.515625), alpha = 2:
+    32 * 1.03125 * 0.515625 * 2 = 34.03125, plus bias [1, 2, 3]."""
+    x, w = np.ones((2, 32), F32), np.ones((3, 32), F32)
+    got = to_numpy(qq.qqmm(dev(x, device), dev(w, device), mode="mxfp8", dtype="float32"))
+    assert got.dtype == F32 and (got == 32).all()
+    got = to_numpy(qq.qqmm(dev(x, device), dev(w, device), mode="nvfp4",
+                           global_scale_x=dev(np.array(2688, F32), device),
+                           global_scale_w=dev(np.array(5376, F32), device),
+                           bias=dev(np.array([1, 2, 3], F32), device), dtype="float32"))
+    np.testing.assert_array_equal(got, np.tile(np.array([35.03125, 36.03125, 37.03125], F32), (2, 1)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cfg", QQMM_PARAMS)
+def test_qqmm_prequantized(cfg, device, rng):
+    """Pre-quantized operands: QuantizedArrays from qq.quantize for both, and raw packed
+    data + scales made by the reference (w with `scales`, x with `x_scales`). With a packed
+    x the output defaults to bfloat16."""
+    m, n, k = 40, 24, 128
+    x, w = randn(rng, (m, k), BF16), randn(rng, (n, k), BF16)
+    gx = R.amax(x) if cfg.global_scale else None
+    gw = R.amax(w) if cfg.global_scale else None
+    ref = ref_qqmm(x, w, cfg, gx, gw)
+    qkw = qq_kwargs(cfg)
+    qx = qq.quantize(dev(x, device), global_scale=dev(gx, device), **qkw)
+    qw = qq.quantize(dev(w, device), global_scale=dev(gw, device), **qkw)
+    assert_matmul_close(qq.qqmm(qx, qw), ref, "qqmm(QuantizedArray, QuantizedArray)", dtype=BF16)
+    # float x, stored weights: the common inference case
+    got = qq.qqmm(dev(x, device), qw, global_scale_x=dev(gx, device), **qkw)
+    assert_matmul_close(got, ref, "qqmm(float x, QuantizedArray w)", dtype=BF16)
+    # packed bytes from the reference, scales passed separately
+    rx = R.quantize(x, global_scale=gx, **cfg.kwargs())
+    rw = R.quantize(w, global_scale=gw, **cfg.kwargs())
+    qkw.pop("rounding", None)
+    got = qq.qqmm(dev(rx.data, device), dev(rw.data, device), dev(rw.scales, device),
+                  x_scales=dev(rx.scales, device), global_scale_x=dev(gx, device),
+                  global_scale_w=dev(gw, device), dtype="float32", **qkw)
+    assert_matmul_close(got, ref, "qqmm(packed x, packed w)", dtype=F32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cfg", [FpCfg("nvfp4", global_scale=True), FpCfg("mxfp4"), FpCfg("mxfp8")],
+                         ids=str)
+def test_qqmm_blocked_scales(cfg, device, rng):
+    """w packed with blocked scales (scale_layout="blocked"), N = 130 so the padding rows
+    exist; then both operands pre-quantized in the blocked layout."""
+    m, n, k = 17, 130, 192
+    x, w = randn(rng, (m, k)), randn(rng, (n, k))
+    gx = R.amax(x) if cfg.global_scale else None
+    gw = R.amax(w) if cfg.global_scale else None
+    ref = ref_qqmm(x, w, cfg, gx, gw)
+    rw = R.quantize(w, global_scale=gw, scale_layout="blocked", **cfg.kwargs())
+    assert rw.scales.shape == (256, R.roundup(k // cfg.group_size, 4))
+    kw = qq_kwargs(cfg)
+    kw.pop("rounding", None)
+    got = qq.qqmm(dev(x, device), dev(rw.data, device), dev(rw.scales, device),
+                  scale_layout="blocked", global_scale_x=dev(gx, device),
+                  global_scale_w=dev(gw, device), **kw)
+    assert_matmul_close(got, ref, "qqmm(x, blocked w)", dtype=F32)
+    qx = qq.quantize(dev(x, device), global_scale=dev(gx, device), scale_layout="blocked", **kw)
+    qw = qq.quantize(dev(w, device), global_scale=dev(gw, device), scale_layout="blocked", **kw)
+    assert_matmul_close(qq.qqmm(qx, qw, dtype="float32"), ref, "qqmm(blocked x, blocked w)")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_qqmm_one_global_scale(device, rng):
+    """Only one global scale: the missing one counts as 2688 (a factor of 1)."""
+    x, w = randn(rng, (8, 64)), randn(rng, (16, 64))
+    gx = R.amax(x)
+    got = qq.qqmm(dev(x, device), dev(w, device), mode="nvfp4", global_scale_x=dev(gx, device))
+    assert_matmul_close(got, R.qqmm(x, w, "nvfp4", global_scale_x=gx), "qqmm gx only")
+    gw = R.amax(w)
+    got = qq.qqmm(dev(x, device), dev(w, device), mode="nvfp4", global_scale_w=dev(gw, device))
+    assert_matmul_close(got, R.qqmm(x, w, "nvfp4", global_scale_w=gw), "qqmm gw only")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bias_dtype", dtype_params())
+@pytest.mark.parametrize("out_dtype", dtype_params())
+def test_qqmm_bias_and_dtype(out_dtype, bias_dtype, device, rng):
+    """bias [N] of any float dtype is added to every row; dtype picks the output dtype."""
+    x, w = randn(rng, (5, 64)), randn(rng, (12, 64))
+    bias = randn(rng, (12,), bias_dtype, 10.0)
+    got = qq.qqmm(dev(x, device), dev(w, device), mode="mxfp8", bias=dev(bias, device),
+                  dtype=out_dtype)
+    assert_matmul_close(got, R.qqmm(x, w, "mxfp8", bias=bias), "qqmm + bias", dtype=out_dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp8"])
+def test_qqmm_batched_x(mode, device, rng):
+    """x [2, 3, M, K] with w [N, K]: out [2, 3, M, N]."""
+    x, w = randn(rng, (2, 3, 7, 64), BF16), randn(rng, (10, 64), BF16)
+    got = qq.qqmm(dev(x, device), dev(w, device), mode=mode)
+    assert tuple(got.shape) == (2, 3, 7, 10)
+    assert_matmul_close(got, R.qqmm(x, w, mode), "qqmm batched", dtype=BF16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_qqmm_out_buffer(dtype, device, rng):
+    """out= (poisoned with 0xAB) is filled and returned; its dtype sets the result's."""
+    x, w = randn(rng, (9, 64)), randn(rng, (6, 64))
+    out = dev(poison((9, 6), dtype), device)
+    got = qq.qqmm(dev(x, device), dev(w, device), mode="mxfp4", dtype=dtype, out=out)
+    assert got is out
+    assert_matmul_close(out, R.qqmm(x, w, "mxfp4"), "qqmm out=", dtype=dtype)
+
+
+# ---------------------------------------------------------------------------
+# quantized_matmul
+# ---------------------------------------------------------------------------
+
+def qmm(device, x, ref: R.RefQuantized, transpose=True, **kw):
+    """qq.quantized_matmul with the reference's packed weight, on `device`."""
+    extra = {}
+    if ref.mode == "mxfp8":
+        extra["fp8_format"] = ref.fp8_format
+    if ref.global_scale is not None:
+        extra["global_scale"] = dev(ref.global_scale, device)
+    if "bias" in kw:
+        kw["bias"] = dev(kw["bias"], device)
+    if "out" in kw:
+        extra["out"] = kw.pop("out")
+    return qq.quantized_matmul(dev(x, device), dev(ref.data, device), dev(ref.scales, device),
+                               dev(ref.biases, device), transpose=transpose,
+                               group_size=ref.group_size, bits=ref.bits, mode=ref.mode,
+                               scale_layout=ref.scale_layout, **extra, **kw)
+
+
+AFFINE_QMM = [(4, 64), (2, 32), (3, 128), (5, 64), (6, 32), (8, 128)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m", [1, 70])
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("transpose", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("bits,group_size", AFFINE_QMM, ids=[f"affine{b}-g{g}" for b, g in AFFINE_QMM])
+def test_qmm_affine(bits, group_size, transpose, dtype, m, device, rng):
+    """Weight-only affine: transpose=True multiplies by W.T with w [N, K*bits/8] (groups
+    along K); transpose=False by W with w [K, N*bits/8] (groups along N, as MLX). M = 1 is
+    the qmv path, 70 the GEMM path. The output has x's dtype."""
+    n, k = 128, 256
+    x = randn(rng, (m, k), dtype)
+    wf = randn(rng, (n, k) if transpose else (k, n), dtype, 0.1)
+    ref_q = R.quantize(wf, group_size=group_size, bits=bits)
+    got = qmm(device, x, ref_q, transpose)
+    assert_matmul_close(got, R.quantized_matmul(x, ref_q, transpose=transpose), "quantized_matmul",
+                        dtype=dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("transpose", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("cfg", [FpCfg("nvfp4"), FpCfg("nvfp4", global_scale=True), FpCfg("mxfp4"),
+                                 FpCfg("mxfp8"), FpCfg("mxfp8", fp8_format="e5m2")], ids=str)
+def test_qmm_fp(cfg, transpose, dtype, device, rng):
+    """Weight-only with fp weights (nvfp4 with and without its global scale, mxfp4,
+    mxfp8 E4M3/E5M2), both orientations; M = 33."""
+    m, n, k = 33, 64, 128
+    x = randn(rng, (m, k), dtype)
+    wf = randn(rng, (n, k) if transpose else (k, n), F32)
+    gs = R.amax(wf) if cfg.global_scale else None
+    ref_q = R.quantize(wf, **cfg.kwargs(gs))
+    got = qmm(device, x, ref_q, transpose)
+    assert_matmul_close(got, R.quantized_matmul(x, ref_q, transpose=transpose), "quantized_matmul",
+                        dtype=dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_qmm_known_answer(device):
+    """W rows 0..15 (twice) quantize exactly in 4-bit affine (scale -1, bias 15); x = ones:
+    every output is 2 * (0 + ... + 15) = 240; transposed orientation likewise."""
+    w = np.tile(np.arange(16, dtype=F32), 2)[None, :].repeat(8, axis=0)  # [N=8, K=32]
+    q = R.quantize(w, group_size=32, bits=4)
+    x = np.ones((3, 32), F32)
+    got = to_numpy(qmm(device, x, q, True))
+    assert got.dtype == F32 and (got == 240).all()
+    wt = np.tile(np.arange(16, dtype=F32), 2)[None, :].repeat(32, axis=0)  # [K=32, N=32]
+    qt = R.quantize(wt, group_size=32, bits=4)
+    got = to_numpy(qmm(device, np.ones((2, 32), F32), qt, False))
+    np.testing.assert_array_equal(got, np.tile(32 * np.tile(np.arange(16, dtype=F32), 2), (2, 1)))
+
+
+BROADCAST = [((2, 1, 5, 64), (3, 32, 64)), ((5, 64), (2, 32, 64)), ((4, 5, 64), (32, 64)),
+             ((2, 3, 5, 64), (1, 3, 32, 64))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("transpose", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("shapes", BROADCAST, ids=lambda s: f"{s[0]}@{s[1]}".replace(" ", ""))
+def test_qmm_batch_broadcast(shapes, transpose, device, rng):
+    """Batch axes of x [..., M, K] and w broadcast like NumPy: (2,1)x(3) -> (2,3),
+    ()x(2) -> (2), (4)x() -> (4), (2,3)x(1,3) -> (2,3)."""
+    xs, ws = shapes
+    x = randn(rng, xs, BF16)
+    wshape = ws if transpose else ws[:-2] + (ws[-1], ws[-2])
+    ref_q = R.quantize(randn(rng, wshape, BF16), group_size=32, bits=4)
+    ref = R.quantized_matmul(x, ref_q, transpose=transpose)
+    got = qmm(device, x, ref_q, transpose)
+    assert tuple(got.shape) == ref.value.shape
+    assert_matmul_close(got, ref, "quantized_matmul broadcast", dtype=BF16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("transpose", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("mode", ["affine", "nvfp4"])
+def test_qmm_bias(mode, transpose, device, rng):
+    """bias [N] (any float dtype) is added to every row."""
+    x = randn(rng, (2, 6, 96))
+    wf = randn(rng, (64, 96) if transpose else (96, 64))  # N = 64
+    ref_q = R.quantize(wf, mode=mode, group_size=16 if mode == "nvfp4" else 32)
+    for bias in (randn(rng, (64,), F32, 5.0), randn(rng, (64,), BF16, 5.0)):
+        got = qmm(device, x, ref_q, transpose, bias=bias)
+        assert_matmul_close(got, R.quantized_matmul(x, ref_q, transpose=transpose, bias=bias),
+                            "quantized_matmul + bias", dtype=F32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cfg", [FpCfg("nvfp4", global_scale=True), FpCfg("mxfp8")], ids=str)
+def test_qmm_blocked_scales(cfg, device, rng):
+    """Blocked scales are accepted for fp weights with transpose=True; N = 130 pads rows."""
+    x = randn(rng, (9, 96))
+    wf = randn(rng, (130, 96))
+    gs = R.amax(wf) if cfg.global_scale else None
+    ref_q = R.quantize(wf, scale_layout="blocked", **cfg.kwargs(gs))
+    got = qmm(device, x, ref_q, True)
+    assert_matmul_close(got, R.quantized_matmul(x, ref_q), "quantized_matmul blocked", dtype=F32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_qmm_quantized_array_and_dtype(device, rng):
+    """w as a QuantizedArray from qq.quantize (its own parameters apply); dtype overrides
+    x's dtype; out= (poisoned) is filled and returned."""
+    x = randn(rng, (4, 128), BF16)
+    wf = randn(rng, (40, 128), BF16)
+    gs = R.amax(wf)
+    qa = qq.quantize(dev(wf, device), mode="nvfp4", global_scale=dev(gs, device))
+    ref = R.quantized_matmul(x, R.quantize(wf, mode="nvfp4", global_scale=gs))
+    assert_matmul_close(qq.quantized_matmul(dev(x, device), qa), ref, "qmm(QuantizedArray)", dtype=BF16)
+    for dt in DTYPES:
+        got = qq.quantized_matmul(dev(x, device), qa, dtype=dt)
+        assert_matmul_close(got, ref, f"qmm dtype={dt}", dtype=dt)
+        out = dev(poison((4, 40), dt), device)
+        got = qq.quantized_matmul(dev(x, device), qa, dtype=dt, out=out)
+        assert got is out
+        assert_matmul_close(out, ref, f"qmm out= {dt}", dtype=dt)
+    qa = qq.quantize(dev(wf, device), group_size=128, bits=8)
+    ref = R.quantized_matmul(x, R.quantize(wf, group_size=128, bits=8))
+    assert_matmul_close(qq.quantized_matmul(dev(x, device), qa), ref, "qmm(affine QuantizedArray)")
