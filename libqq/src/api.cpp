@@ -176,7 +176,19 @@ qqStatus_t to_mat(Ctx& c, const char* name, const DLTensor* t, DType dt, Mat* m)
   r.device = c.device;
   r.ptr = (char*)t->data + t->byte_offset;
   const int nd = t->ndim;
-  if (nd == 0) {
+  if (numel(t) == 0) {
+    // Empty: strides are meaningless (NumPy gives zeros); nothing is read.
+    r.rows = nd >= 2 ? t->shape[nd - 2] : (nd == 1 ? 1 : 1);
+    r.cols = nd >= 1 ? t->shape[nd - 1] : 1;
+    r.ld = r.cols;
+    r.nb = nd >= 2 ? nd - 2 : 0;
+    int64_t st = r.rows * r.cols;
+    for (int i = r.nb - 1; i >= 0; --i) {
+      r.bshape[i] = t->shape[i];
+      r.bstride[i] = st;
+      st *= t->shape[i];
+    }
+  } else if (nd == 0) {
     r.rows = r.cols = 1;
     r.ld = 1;
   } else {

@@ -411,7 +411,10 @@ qqStatus_t check_aligned(const char* op, const char* name, const Mat& m, int ali
 
 qqStatus_t quantize(qqHandle_t h, const QuantizeArgs& a, void* stream) {
   QQ_TRY(check_aligned("quantize", "x", a.x, 16));
-  QQ_TRY(check_aligned("quantize", "data", a.data, 8));
+  // data rows are written 4 bytes (fp4, affine 4-bit), 8 bytes (fp8, affine
+  // 8-bit) or 1 byte (affine 2/3/5/6-bit) at a time
+  const int dalign = a.q.fp() ? (a.q.bits == 4 ? 4 : 8) : (a.q.bits == 4 ? 4 : (a.q.bits == 8 ? 8 : 1));
+  QQ_TRY(check_aligned("quantize", "data", a.data, dalign));
   Shape s;
   s.chunks = a.x.cols / kVec;
   s.rows = a.x.rows;
