@@ -20,6 +20,7 @@ qqStatus_t destroy_handle(qqHandle_t) { return no_cuda("qqDestroy"); }
 qqStatus_t device_alloc(int, size_t, void**, void*) { return no_cuda("qqDeviceAlloc"); }
 qqStatus_t device_free(int, void*, void*) { return no_cuda("qqDeviceFree"); }
 qqStatus_t quantize(qqHandle_t, const QuantizeArgs&, void*) { return no_cuda("quantize"); }
+qqStatus_t quantize_colwise(qqHandle_t, const ColwiseArgs&, void*) { return no_cuda("quantize_colwise"); }
 qqStatus_t dequantize(qqHandle_t, const DequantizeArgs&, void*) { return no_cuda("dequantize"); }
 qqStatus_t swizzle(qqHandle_t, const Mat&, const Mat&, bool, void*) { return no_cuda("swizzle_scales"); }
 qqStatus_t amax(qqHandle_t, const Mat&, float*, void*) { return no_cuda("amax"); }

@@ -112,7 +112,31 @@ struct MatmulArgs {
   QSpec q;
 };
 
+// Quantization along the rows (the second-to-last axis) of x [B..., M, K]:
+// the result is the row-wise quantization of x^T [B..., K, M], written
+// without materializing x^T. Also serves the MoE weights [E, D1, D2]
+// (M = D1, K = D2) with their 32x1 / 32x32 scalings.
+enum ColScaleKind {
+  COL_SCALE_T_LINEAR = 0,   // [B..., K, M/g]          (scales of x^T, linear)
+  COL_SCALE_BLOCKED = 1,    // [B..., R128(K), C4(M/g)] (scales of x^T, blocked)
+  COL_SCALE_D1_LINEAR = 2,  // [B, M/g, K] (32x1) or [B, M/g, K/32] (32x32)
+};
+struct ColwiseArgs {
+  Mat x;                // row-major: logical [B, M, K]; x_colmajor: physical [B, K, M] (stride 1 along M)
+  bool x_colmajor = false;
+  int64_t M = 0, K = 0;
+  Mat data_t;           // [B..., K, M*bits/8], compact
+  Mat scales_t, biases_t;
+  int scale_kind = COL_SCALE_T_LINEAR;
+  bool tile32 = false;  // one amax per 32x32 tile (mxfp8 MoE 32x32)
+  bool rowwise = false; // also quantize along K from the same read
+  QuantizeArgs row;     // the row-wise outputs when rowwise
+  const float* gs = nullptr;
+  QSpec q;
+};
+
 namespace cpu {
+qqStatus_t quantize_colwise(const ColwiseArgs& a);
 qqStatus_t quantize(const QuantizeArgs& a);
 qqStatus_t dequantize(const DequantizeArgs& a);
 qqStatus_t swizzle(const Mat& linear, const Mat& blocked, bool to_blocked);
@@ -129,6 +153,7 @@ namespace cuda {
 int device_count();
 qqStatus_t device_capability(int device, int* major, int* minor);
 qqStatus_t quantize(qqHandle_t h, const QuantizeArgs& a, void* stream);
+qqStatus_t quantize_colwise(qqHandle_t h, const ColwiseArgs& a, void* stream);
 qqStatus_t dequantize(qqHandle_t h, const DequantizeArgs& a, void* stream);
 qqStatus_t swizzle(qqHandle_t h, const Mat& linear, const Mat& blocked, bool to_blocked, void* stream);
 qqStatus_t amax(qqHandle_t h, const Mat& x, float* out, void* stream);

@@ -223,6 +223,44 @@ QQ_API qqStatus_t qqQuantize(qqHandle_t handle, const DLTensor* x,
                              const DLTensor* global_scale, DLTensor* data,
                              DLTensor* scales, DLTensor* biases, void* stream);
 
+/* Quantize x [..., M, K] along its second-to-last axis (groups of `group`
+ * consecutive rows of each column: the operand a backward-pass GEMM needs),
+ * without materializing a transposed copy. The result is exactly
+ * qqQuantize of x^T [..., K, M]:
+ *   data_t   uint8 [..., K, M*bits/8]
+ *   scales_t per qqQuantizedShapes of [..., K, M] (linear [..., K, M/group],
+ *            or blocked [..., roundup(K,128), roundup(M/group,4)])
+ *   biases_t affine only.
+ * If `data` is not NULL, x is also quantized along its last axis into
+ * data/scales/biases (as qqQuantize would) from the same read of x.
+ * M must be a multiple of the group (and K too when data is given). */
+QQ_API qqStatus_t qqQuantizeColwise(qqHandle_t handle, const DLTensor* x,
+                                    const qqQuantParams_t* params,
+                                    const DLTensor* global_scale,
+                                    DLTensor* data_t, DLTensor* scales_t,
+                                    DLTensor* biases_t, DLTensor* data,
+                                    DLTensor* scales, DLTensor* biases,
+                                    void* stream);
+
+/* MoE expert weights: MXFP8 quantization of x [E, D1, D2] (row-major, or the
+ * transposed view with stride 1 on dim 1, e.g. w.transpose(-2, -1) of an
+ * [E, D2, D1] tensor) along D1, with one scale per 32 consecutive D1
+ * elements at each D2 index (QQ_MOE_32X1) or one per 32x32 tile
+ * (QQ_MOE_32X32, so the same quantization serves the forward and the
+ * transposed backward GEMM). D1 and D2 must be multiples of 32; params->mode
+ * must be QQ_MODE_MXFP8 (rounding ceil/floor, e4m3/e5m2).
+ *   data   uint8 [E, D1, D2] column-major per expert: strides (D1*D2, 1, D1)
+ *   scales linear: [E, D1/32, D2] (32x1) or [E, D1/32, D2/32] (32x32);
+ *          blocked (params->scale_layout): [E, roundup(D2,128), roundup(D1/32,4)],
+ *          the blocked matrix of logical shape (D2, D1/32) per expert, the
+ *          32x32 scale replicated over its 32 rows; padding zero. */
+typedef enum { QQ_MOE_32X1 = 0, QQ_MOE_32X32 = 1 } qqMoeScaling_t;
+
+QQ_API qqStatus_t qqQuantizeMoe(qqHandle_t handle, const DLTensor* x,
+                                const qqQuantParams_t* params,
+                                qqMoeScaling_t scaling, DLTensor* data,
+                                DLTensor* scales, void* stream);
+
 /* Dequantize data [..., K*bits/8] with its scales (and biases for affine)
  * into out [..., K] (float32, float16 or bfloat16; all math in fp32, one
  * rounding to out's dtype at the end). For BLOCKED scales the rows are

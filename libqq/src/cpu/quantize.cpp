@@ -15,6 +15,12 @@
 #include "../internal.h"
 #include "rows.h"
 
+#define QQ_CPU_TRY(expr)                      \
+  do {                                        \
+    qqStatus_t st_ = (expr);                  \
+    if (st_ != QQ_STATUS_SUCCESS) return st_; \
+  } while (0)
+
 namespace qq {
 namespace cpu {
 
@@ -81,15 +87,19 @@ float round_to(float v, DType dt) {
 // x: K fp32 values. Writes the packed row to `data`, the group scales to
 // sc[g] (bytes for fp modes; fp32 values for affine in scf/bif, already
 // rounded to the storage dtype `sdt`).
+// gamax: per-group amax to use instead of the group's own (the 32x32 MoE
+// scaling shares one amax over a 32x32 tile), or nullptr.
 void quantize_row(const float* x, int64_t K, const QSpec& q, float enc, uint8_t* data, uint8_t* sc, float* scf,
-                  float* bif, DType sdt) {
+                  float* bif, DType sdt, const float* gamax) {
   const int g = q.group;
   const int64_t ng = K / g;
   if (q.fp()) {
     for (int64_t gi = 0; gi < ng; ++gi) {
       const float* v = x + gi * g;
       float amax = 0.0f;
-      for (int i = 0; i < g; ++i) amax = nanmax_f(amax, abs_f(v[i]));
+      if (gamax) amax = gamax[gi];
+      else
+        for (int i = 0; i < g; ++i) amax = nanmax_f(amax, abs_f(v[i]));
       uint8_t s;
       float f;
       if (q.mode == QQ_MODE_NVFP4) {
@@ -267,6 +277,75 @@ qqStatus_t quantize(const QuantizeArgs& a) {
   QuantizeJob j{&a, a.gs ? nvfp4_enc(*a.gs) : 1.0f};
   const int64_t n = a.x.batch() * a.x.rows;
   parallel_for(n, a.x.cols * 4, quantize_range, &j);
+  return QQ_STATUS_SUCCESS;
+}
+
+// ---- quantize along rows (x^T), MoE 3D ------------------------------------------
+namespace {
+struct ColJob {
+  const ColwiseArgs* a;
+  const float* xt;  // fp32 x^T of the current batch entry, [K, M]
+  const float* tamax;  // 32x32 tile amaxes [K/32, M/32] or nullptr
+  int64_t b;
+  float enc;
+};
+void colwise_range(void* ctx, int64_t k0, int64_t k1) {
+  const ColJob& j = *(const ColJob*)ctx;
+  const ColwiseArgs& a = *j.a;
+  const int64_t M = a.M, K = a.K, ng = M / a.q.group, b = j.b;
+  std::vector<float> scf(ng), bif(ng);
+  std::vector<uint8_t> sc(ng);
+  for (int64_t k = k0; k < k1; ++k) {
+    uint8_t* d = (uint8_t*)a.data_t.ptr + (b * K + k) * a.data_t.cols;
+    quantize_row(j.xt + k * M, M, a.q, j.enc, d, sc.data(), scf.data(), bif.data(), a.x.dt,
+                 j.tamax ? j.tamax + (k / 32) * ng : nullptr);
+    if (!a.q.fp()) {
+      const int es = dtype_size(a.x.dt);
+      store_row(scf.data(), ng, a.x.dt, (char*)a.scales_t.ptr + (b * K + k) * ng * es);
+      store_row(bif.data(), ng, a.x.dt, (char*)a.biases_t.ptr + (b * K + k) * ng * es);
+      continue;
+    }
+    uint8_t* s = (uint8_t*)a.scales_t.ptr;
+    for (int64_t g = 0; g < ng; ++g) {
+      switch (a.scale_kind) {
+        case COL_SCALE_T_LINEAR: s[(b * K + k) * ng + g] = sc[g]; break;
+        case COL_SCALE_BLOCKED:
+          s[b * a.scales_t.rows * a.scales_t.cols + blocked_offset(k, g, a.scales_t.cols)] = sc[g];
+          break;
+        default:  // COL_SCALE_D1_LINEAR
+          if (!a.tile32) s[(b * ng + g) * K + k] = sc[g];
+          else if (k % 32 == 0) s[(b * ng + g) * (K / 32) + k / 32] = sc[g];
+      }
+    }
+  }
+}
+}  // namespace
+
+qqStatus_t quantize_colwise(const ColwiseArgs& a) {
+  if (a.rowwise) QQ_CPU_TRY(quantize(a.row));
+  const int64_t M = a.M, K = a.K, nb = a.x.batch();
+  if (a.scale_kind == COL_SCALE_BLOCKED)
+    memset(a.scales_t.ptr, 0, (size_t)(nb * a.scales_t.rows * a.scales_t.cols));
+  std::vector<float> xt(M * K), row(a.x.cols), tamax;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int es = dtype_size(a.x.dt);
+    for (int64_t r = 0; r < a.x.rows; ++r) {
+      load_row((const char*)a.x.ptr + (a.x.offset(b) + r * a.x.ld) * es, a.x.dt, a.x.cols, row.data());
+      if (a.x_colmajor) memcpy(&xt[r * M], row.data(), M * 4);  // physical row r is column k = r
+      else
+        for (int64_t k = 0; k < K; ++k) xt[k * M + r] = row[k];
+    }
+    if (a.tile32) {  // amax of each 32x32 tile: [K/32, M/32]
+      tamax.assign((K / 32) * (M / 32), 0.0f);
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t m = 0; m < M; ++m) {
+          float& t = tamax[(k / 32) * (M / 32) + m / 32];
+          t = nanmax_f(t, abs_f(xt[k * M + m]));
+        }
+    }
+    ColJob j{&a, xt.data(), a.tile32 ? tamax.data() : nullptr, b, a.gs ? nvfp4_enc(*a.gs) : 1.0f};
+    parallel_for(K, M * 4, colwise_range, &j);
+  }
   return QQ_STATUS_SUCCESS;
 }
 

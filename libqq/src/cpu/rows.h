@@ -12,7 +12,7 @@ void load_row(const void* p, DType dt, int64_t n, float* out);
 void store_row(const float* in, int64_t n, DType dt, void* p);
 float round_to(float v, DType dt);
 void quantize_row(const float* x, int64_t K, const QSpec& q, float enc, uint8_t* data, uint8_t* sc, float* scf,
-                  float* bif, DType sdt);
+                  float* bif, DType sdt, const float* gamax = nullptr);
 void dequantize_row(const uint8_t* data, int64_t K, const QSpec& q, const uint8_t* sc, const float* scf,
                     const float* bif, float gdec, float* out);
 // Dequantize rows [r0, r0+rows) of batch b of a packed operand into out
