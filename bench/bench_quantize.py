@@ -92,6 +92,25 @@ def peer_fn(mode: str):
     return lambda x: torch_affine(x, int(mode[len("affine"):]))
 
 
+def torch_mx_cols(x: torch.Tensor, fp4: bool):
+    """Column-wise: the same quantization of x^T (torch.compile fuses the transpose)."""
+    return torch_mx(x.t(), fp4)
+
+
+def torch_moe(w: torch.Tensor, tile32: bool):
+    """MXFP8 of w [E, D1, D2] along D1, 32x1 or 32x32 scales, data column-major."""
+    e, d1, d2 = w.shape
+    g = w.float().view(e, d1 // 32, 32, d2)
+    amax = g.abs().amax(2, keepdim=True)
+    if tile32:
+        amax = amax.view(e, d1 // 32, 1, d2 // 32, 32).amax(-1, keepdim=True).expand(
+            e, d1 // 32, 1, d2 // 32, 32).reshape(e, d1 // 32, 1, d2)
+    ex = _ceil_pow2_exponent(amax / 448.0)
+    inv = ((254 - ex).clamp(min=1) << 23).view(torch.float32)
+    y = (g * inv).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8).view(e, d1, d2)
+    return y.transpose(1, 2).contiguous(), ex.to(torch.uint8)
+
+
 def nbytes(t) -> int:
     return t.numel() * t.element_size()
 
@@ -125,6 +144,40 @@ def main() -> None:
             us_dq = timer(lambda: qq.dequantize(q, dtype=torch.bfloat16))
             bench.row("dequantize", mode, shape, "GBps", dq_moved / (us_dq * 1e-6) / 1e9, "copy", copy_gbps,
                       us=round(us_dq, 2))
+    # ---- the other orientation (scales per group of rows), and both from one read
+    for shape in SHAPES[:2]:
+        x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+        for mode, kw in MODES:
+            qmode = "affine" if mode.startswith("affine") else mode
+            layout = "linear" if qmode == "affine" else "blocked"
+            col = qq.quantize_colwise(x, mode=qmode, scale_layout=layout, **kw)
+            moved = nbytes(x) + nbytes(col.data) + nbytes(col.scales) + (
+                nbytes(col.biases) if col.biases is not None else 0)
+            us = timer(lambda: qq.quantize_colwise(x, mode=qmode, scale_layout=layout, **kw))
+            bench.row("quantize_colwise", mode, shape, "GBps", moved / (us * 1e-6) / 1e9, "copy", copy_gbps,
+                      us=round(us, 2))
+            if not args.quick and qmode in ("mxfp4", "mxfp8"):
+                fn = torch.compile(lambda t, fp4=(qmode == "mxfp4"): torch_mx_cols(t, fp4), dynamic=False)
+                fn(x)
+                bench.row("quantize_colwise", mode, shape, "us", us, "torch_compile", timer(lambda: fn(x)))
+            moved2 = moved * 2 - nbytes(x)  # one read, both outputs written
+            us2 = timer(lambda: qq.quantize_colwise(x, mode=qmode, scale_layout=layout, rowwise=True, **kw))
+            bench.row("quantize_colwise", mode, shape, "GBps", moved2 / (us2 * 1e-6) / 1e9, "copy", copy_gbps,
+                      us=round(us2, 2), variant="both")
+    # ---- MoE 3D MXFP8
+    for shape in [(1, 8192, 5120), (8, 7168, 2048), (32, 7168, 2048)]:
+        w = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+        for variant in ("32x1", "32x32"):
+            d, sc = qq.quantize_moe(w, variant, scale_layout="blocked")
+            moved = nbytes(w) + nbytes(d) + nbytes(sc)
+            us = timer(lambda: qq.quantize_moe(w, variant, scale_layout="blocked"))
+            bench.row("quantize_3d", "mxfp8", shape, "GBps", moved / (us * 1e-6) / 1e9, "copy", copy_gbps,
+                      us=round(us, 2), variant=variant)
+            if not args.quick:
+                fn = torch.compile(lambda t, t32=(variant == "32x32"): torch_moe(t, t32), dynamic=False)
+                fn(w)
+                bench.row("quantize_3d", "mxfp8", shape, "us", us, "torch_compile", timer(lambda: fn(w)),
+                          variant=variant)
     for path in bench.save():
         print("wrote", path)
 

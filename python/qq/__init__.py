@@ -34,6 +34,8 @@ from ._qq import (  # noqa: E402
     device_count,
     qqmm,
     quantize,
+    quantize_colwise,
+    quantize_moe,
     quantized_matmul,
     swizzle_scales,
     unswizzle_scales,
@@ -52,6 +54,13 @@ def build_info():
     return info
 
 
+def cmake_prefix_path():
+    """The prefix to give CMake (CMAKE_PREFIX_PATH) so that a C/C++ project finds the
+    installed libqq with find_package(qq): its lib/cmake/qq holds qqConfig.cmake."""
+    import os
+    return os.path.dirname(os.path.abspath(_qq.__file__))
+
+
 __all__ = [
     "NotSupportedError",
     "QQError",
@@ -63,7 +72,10 @@ __all__ = [
     "device_count",
     "qqmm",
     "quantize",
+    "quantize_colwise",
+    "quantize_moe",
     "quantized_matmul",
+    "cmake_prefix_path",
     "swizzle_scales",
     "unswizzle_scales",
 ]

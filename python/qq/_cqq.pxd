@@ -73,6 +73,20 @@ cdef extern from "qq/qq.h" nogil:
                           const DLTensor* global_scale, DLTensor* data,
                           DLTensor* scales, DLTensor* biases, void* stream)
 
+    qqStatus_t qqQuantizeColwise(qqHandle_t handle, const DLTensor* x,
+                                 const qqQuantParams_t* params,
+                                 const DLTensor* global_scale, DLTensor* data_t,
+                                 DLTensor* scales_t, DLTensor* biases_t, DLTensor* data,
+                                 DLTensor* scales, DLTensor* biases, void* stream)
+
+    ctypedef enum qqMoeScaling_t:
+        QQ_MOE_32X1
+        QQ_MOE_32X32
+
+    qqStatus_t qqQuantizeMoe(qqHandle_t handle, const DLTensor* x,
+                             const qqQuantParams_t* params, qqMoeScaling_t scaling,
+                             DLTensor* data, DLTensor* scales, void* stream)
+
     qqStatus_t qqDequantize(qqHandle_t handle, const DLTensor* data,
                             const DLTensor* scales, const DLTensor* biases,
                             const qqQuantParams_t* params,

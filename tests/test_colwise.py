@@ -1,0 +1,169 @@
+"""Quantization along the other axis (quantize_colwise) and the MoE 3D MXFP8 weights
+(quantize_moe): DESIGN.md section 3, issue "CUDA quantization kernels".
+
+quantize_colwise(x) must equal quantize(x^T) bit for bit (it is defined that way); the
+32x32 MoE scaling gets its own small reference below, written from DESIGN.md: one UE8M0
+scale from the amax of each 32x32 tile, elements convert(x * 2^(127-b))."""
+
+import numpy as np
+import pytest
+
+import reference as R
+from helpers import (AFFINE_PARAMS, DEVICES, FP_PARAMS, as_bytes, assert_bits_equal,
+                     assert_quantized_equal, dtype_params, random_data, to_device, to_numpy)
+
+import qq
+
+F32 = np.float32
+
+
+def _gs(cfg, x):
+    return R.amax(x).astype(F32) if cfg.global_scale else None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(64, 96), (128, 64), (160, 40), (2, 32, 200), (256, 8)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layout", ["linear", "blocked"])
+@pytest.mark.parametrize("cfg", FP_PARAMS)
+def test_colwise_fp_equals_quantize_of_transpose(rng, cfg, layout, shape, device):
+    """Columns in groups of 16/32 rows: the result is quantize(x^T), scales and padding
+    included; K (the columns) need not be a multiple of anything."""
+    m = shape[-2]
+    if m % cfg.group_size:
+        pytest.skip("M must be a multiple of the group")
+    x = random_data(rng, shape, np.float32, group_size=1)
+    xt = np.ascontiguousarray(np.swapaxes(x, -1, -2))
+    gs = _gs(cfg, x)
+    ref = R.quantize(xt, scale_layout=layout, **cfg.kwargs(gs))
+    kw = cfg.kwargs(None if gs is None else to_device(gs, device))
+    got = qq.quantize_colwise(to_device(x, device), scale_layout=layout, **kw)
+    assert got.shape == xt.shape
+    assert_quantized_equal(got, ref, xt, what=f"colwise [{device}]")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("bits,group", [pytest.param(*p.values, id=p.id) for p in AFFINE_PARAMS][::3])
+def test_colwise_affine(rng, bits, group, dtype, device):
+    """Affine along columns: scales and biases in x's dtype, one group per `group` rows."""
+    x = random_data(rng, (2 * group, 72), dtype, varied=False)
+    xt = np.ascontiguousarray(x.T)
+    ref = R.quantize(xt, mode="affine", bits=bits, group_size=group)
+    got = qq.quantize_colwise(to_device(x, device), mode="affine", bits=bits, group_size=group)
+    assert_quantized_equal(got, ref, xt, what=f"colwise affine [{device}]")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode,kw", [("nvfp4", {}), ("mxfp8", {"scale_layout": "blocked"}),
+                                     ("mxfp4", {"rounding": "floor"}), ("affine", {"bits": 4}),
+                                     ("affine", {"bits": 8, "group_size": 128})])
+def test_both_orientations_from_one_call(rng, mode, kw, device):
+    """rowwise=True returns (quantize(x), quantize(x^T)) from one read of x."""
+    x = random_data(rng, (256, 128), np.float32, group_size=16)
+    row, col = qq.quantize_colwise(to_device(x, device), mode=mode, rowwise=True, **kw)
+    assert_quantized_equal(row, R.quantize(x, mode=mode, **kw), x, what="rowwise half")
+    xt = np.ascontiguousarray(x.T)
+    assert_quantized_equal(col, R.quantize(xt, mode=mode, **kw), xt, what="colwise half")
+
+
+def test_colwise_edge_values_nan_inf_zero():
+    """A NaN, an Inf and an all-zero column group: the NaN/Inf groups get scale 0xFF and
+    codes 0x7F (mxfp8); the zero group scale 0."""
+    x = np.ones((32, 4), F32)
+    x[3, 0] = np.nan
+    x[5, 1] = np.inf
+    x[:, 2] = 0
+    got = qq.quantize_colwise(x, mode="mxfp8")
+    s = as_bytes(got.scales)
+    assert s[0, 0] == 0xFF and s[1, 0] == 0xFF and s[2, 0] == 0, s
+    d = as_bytes(got.data)
+    assert (d[0] == 0x7F).all() and (d[1] == 0x7F).all() and (d[2] == 0).all()
+    assert_quantized_equal(got, R.quantize(np.ascontiguousarray(x.T), mode="mxfp8"))
+
+
+# ---------------------------------------------------------------------------
+# MoE 3D MXFP8
+# ---------------------------------------------------------------------------
+
+def ref_moe(w, scaling, rounding="ceil", fp8_format="e4m3", layout="linear"):
+    """Reference of quantize_moe from DESIGN.md: (codes [E, D1, D2], linear scales, blocked
+    scales). 32x1 is quantize(w[e]^T); 32x32 shares one amax per 32x32 tile."""
+    w32 = np.asarray(w).astype(F32)
+    e, d1, d2 = w32.shape
+    fmt = R.elem_format("mxfp8", fp8_format)
+    # groups along D1: [E, D1/32, 32, D2]
+    g = w32.reshape(e, d1 // 32, 32, d2)
+    finite = np.isfinite(g).all(axis=2)                        # [E, D1/32, D2]
+    am = np.where(np.isfinite(g), np.abs(g), 0).max(axis=2)    # [E, D1/32, D2]
+    if scaling == "32x32":
+        t = am.reshape(e, d1 // 32, d2 // 32, 32)
+        tf = finite.reshape(e, d1 // 32, d2 // 32, 32).all(axis=-1)
+        am = np.repeat(t.max(axis=-1), 32, axis=-1)
+        finite = np.repeat(tf, 32, axis=-1)
+    am = am.astype(F32)
+    byte = R.ue8m0_ceil(am, fmt.max) if rounding == "ceil" else R.ue8m0_floor(am, fmt.emax)
+    y = g.astype(np.float64) * np.ldexp(1.0, 127 - byte.astype(np.int64))[:, :, None, :]
+    codes = R.encode(np.where(np.isfinite(y), y, 0), fmt)
+    codes = np.where((am == 0)[:, :, None, :], 0, codes)
+    byte = np.where(finite, byte, 0xFF).astype(np.uint8)
+    codes = np.where(finite[:, :, None, :], codes, 0x7F).astype(np.uint8).reshape(e, d1, d2)
+    linear = byte if scaling == "32x1" else byte[:, :, ::32]
+    blocked = np.stack([R.swizzle(np.ascontiguousarray(byte[i].T)) for i in range(e)])
+    return codes, (blocked if layout == "blocked" else linear)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("transposed_view", [False, True], ids=["rowmajor", "tview"])
+@pytest.mark.parametrize("layout", ["linear", "blocked"])
+@pytest.mark.parametrize("rounding", ["ceil", "floor"])
+@pytest.mark.parametrize("scaling", ["32x1", "32x32"])
+@pytest.mark.parametrize("shape", [(1, 64, 96), (3, 160, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_moe(rng, shape, scaling, rounding, layout, transposed_view, device):
+    """MoE weights [E, D1, D2]: data column-major per expert (strides (D1*D2, 1, D1)),
+    scales per DESIGN.md section 3; the transposed view of an [E, D2, D1] tensor is
+    accepted as is and gives the same bytes."""
+    w = random_data(rng, shape, np.float32, group_size=1)
+    w[0, 5, 7] = np.nan
+    w[-1, 40:72, 32:64] = 0  # an all-zero tile
+    codes, scales = ref_moe(w, scaling, rounding, layout=layout)
+    arg = np.ascontiguousarray(w.transpose(0, 2, 1)).transpose(0, 2, 1) if transposed_view else w
+    if device != "cpu":
+        arg = to_device(np.ascontiguousarray(w.transpose(0, 2, 1)), device)
+        arg = arg.transpose(1, 2) if transposed_view else arg.transpose(1, 2).contiguous()
+    data, sc = qq.quantize_moe(arg, scaling, rounding=rounding, scale_layout=layout)
+    d = as_bytes(to_numpy(data))
+    assert d.shape == shape
+    e, d1, d2 = shape
+    if device == "cpu":
+        assert d.strides == (d1 * d2, 1, d1), d.strides
+    # the all-zero tile may carry either sign on its zero codes
+    loose = np.zeros(shape, bool)
+    loose[-1, 40:72, 32:64] = True
+    assert_bits_equal(np.where(loose, d & 0x7F, d), np.where(loose, codes & 0x7F, codes), "moe data")
+    assert_bits_equal(as_bytes(to_numpy(sc)), scales, "moe scales")
+
+
+def test_moe_32x32_uses_tile_amax():
+    """32x32: a tile whose max is 448 in one column gives every column of the tile the
+    same scale byte 127 (ceil of 448/448 = 1): a small column of 1.0s is not rescaled."""
+    w = np.ones((1, 32, 32), F32)
+    w[0, 0, 0] = 448.0
+    _, s32 = qq.quantize_moe(w, "32x32")
+    _, s1 = qq.quantize_moe(w, "32x1")
+    assert as_bytes(s32).reshape(-1).tolist() == [127]
+    assert as_bytes(s1)[0, 0, 0] == 127 and as_bytes(s1)[0, 0, 1] == 127 - 8  # 1/448 -> 2^-8
+
+
+@pytest.mark.parametrize("bad", ["mode", "shape", "scaling"])
+def test_moe_errors(bad):
+    w = np.ones((2, 64, 64), F32)
+    if bad == "shape":
+        with pytest.raises(ValueError, match="D1 and D2"):
+            qq.quantize_moe(np.ones((2, 48, 64), F32))
+    elif bad == "scaling":
+        with pytest.raises(ValueError, match="scaling"):
+            qq.quantize_moe(w, "16x16")
+    else:
+        with pytest.raises(ValueError, match="rounding|fp8_format"):
+            qq.quantize_moe(w, fp8_format="e3m4")
