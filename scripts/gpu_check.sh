@@ -34,7 +34,7 @@ for step in $steps; do
       ;;
     bench)
       for b in bench/bench_*.py; do
-        QQ_BENCH_OUT="$OUT" python3 "$b" 2>&1 | tee "$OUT/$(basename "$b" .py).log" || rc=1
+        QQ_BENCH_OUT="$OUT" python3 "$b" ${QQ_BENCH_ARGS:-} 2>&1 | tee "$OUT/$(basename "$b" .py).log" || rc=1
       done
       ;;
   esac
