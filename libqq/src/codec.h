@@ -118,6 +118,45 @@ QQ_HD float e2m1_decode(uint8_t c) {
 QQ_HD uint8_t e4m3_encode(float x) { return encode_minifloat(x, 3, 7, 7, 0x7e, 448.0f, 0x7f); }
 QQ_HD uint8_t e5m2_encode(float x) { return encode_minifloat(x, 2, 15, 7, 0x7b, 57344.0f, 0x7f); }
 
+// Pairs (lo in the low byte / nibble). On GPUs that have the conversion in
+// hardware (fp8: sm_89+; fp4: the sm_100a/sm_120a families) these use it: the
+// same RNE + satfinite rule, so the codes equal the software path's (the GPU
+// tests compare with the CPU backend bit for bit). Hopper's fp4 and the CPU
+// use the software encoders above.
+#if defined(__CUDA_ARCH__) &&                                                        \
+    (defined(__CUDA_ARCH_FEAT_SM100_ALL) || defined(__CUDA_ARCH_FEAT_SM103_ALL) ||   \
+     defined(__CUDA_ARCH_FEAT_SM120_ALL) || defined(__CUDA_ARCH_FEAT_SM121_ALL))
+#define QQ_HW_E2M1 1
+#endif
+QQ_HD uint8_t e2m1x2_encode(float lo, float hi) {
+#if defined(QQ_HW_E2M1)
+  uint32_t r;
+  asm("{\n\t.reg .b8 t;\n\tcvt.rn.satfinite.e2m1x2.f32 t, %1, %2;\n\tcvt.u32.u8 %0, t;\n\t}"
+      : "=r"(r) : "f"(hi), "f"(lo));
+  return (uint8_t)r;
+#else
+  return (uint8_t)(e2m1_encode(lo) | (e2m1_encode(hi) << 4));
+#endif
+}
+QQ_HD uint16_t e4m3x2_encode(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return (uint16_t)(e4m3_encode(lo) | (e4m3_encode(hi) << 8));
+#endif
+}
+QQ_HD uint16_t e5m2x2_encode(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint16_t r;
+  asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return (uint16_t)(e5m2_encode(lo) | (e5m2_encode(hi) << 8));
+#endif
+}
+
 QQ_HD float minifloat_decode(uint8_t c, int ebits, int mbits, int bias) {
   const uint32_t sign = c >> (ebits + mbits);
   const uint32_t ef = (c >> mbits) & ((1u << ebits) - 1);
@@ -292,8 +331,26 @@ QQ_HD void affine_params(float wmin, float wmax, int bits, float* scale_out, flo
   *scale_out = scale;
   *bias_out = bias;
 }
-QQ_HD uint32_t affine_encode(float w, float scale, float bias, int bits) {
-  float q = round_half_away((w - bias) / scale);
+// q = clamp(round_half_away((w - bias) / scale), 0, n), exactly. inv = 1/scale
+// (computed once per group): the quotient is taken as (w - bias) * inv, within
+// a few ulp of the correctly rounded division, and the true division is done
+// only where that could change the rounding - near a .5 boundary (or for huge
+// quotients, which a finite group never has). Same result, a fraction of the
+// cost of a division per element.
+QQ_HD float trunc_f(float v) {
+#if defined(__CUDA_ARCH__)
+  return truncf(v);
+#else
+  return __builtin_truncf(v);
+#endif
+}
+QQ_HD uint32_t affine_encode(float w, float scale, float inv, float bias, int bits) {
+  const float d = w - bias;
+  float t = d * inv;
+  const float at = abs_f(t);
+  const float frac = at - trunc_f(at);
+  if (abs_f(frac - 0.5f) < 1e-3f || !(at < 1048576.0f)) t = d / scale;
+  float q = round_half_away(t);
   const float n = (float)((1 << bits) - 1);
   q = q < 0.0f ? 0.0f : (q > n ? n : q);
   return (uint32_t)q;

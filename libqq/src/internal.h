@@ -44,6 +44,7 @@ struct Mat {
     return n;
   }
   QQ_HD int64_t offset(int64_t b) const {
+    if (nb <= 1) return nb ? b * bstride[0] : 0;  // the common cases, no division
     int64_t off = 0;
     for (int i = nb - 1; i >= 0; --i) {
       off += (b % bshape[i]) * bstride[i];

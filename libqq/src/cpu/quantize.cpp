@@ -149,8 +149,9 @@ void quantize_row(const float* x, int64_t K, const QSpec& q, float enc, uint8_t*
     affine_params(wmin, wmax, bits, &scale, &bias);
     scf[gi] = round_to(scale, sdt);
     bif[gi] = round_to(bias, sdt);
+    const float inv = 1.0f / scale;
     for (int i = 0; i < g; ++i) {
-      const uint64_t code = affine_encode(v[i], scale, bias, bits);
+      const uint64_t code = affine_encode(v[i], scale, inv, bias, bits);
       const int64_t bit = (gi * g + i) * bits;
       const int64_t byte = bit >> 3;
       const int sh = (int)(bit & 7);

@@ -132,19 +132,38 @@ struct Shape {
   int64_t total;     // batch * prows * chunks threads
 };
 
+// Row-wise kernels run on a 2D grid: blockIdx.x = row (over all batch entries,
+// padding rows included), blockIdx.y * kRowThreads + threadIdx.x = chunk of 8
+// elements. Index math stays in 32 bits (64-bit divisions cost more than the
+// encoding itself); only the final byte offsets are 64-bit.
+constexpr int kRowThreads = 128;
+struct RowPos {
+  int64_t b, r, chunk;
+  bool live;
+};
+__device__ __forceinline__ RowPos row_pos(const Shape& s) {
+  RowPos p;
+  const uint32_t row = blockIdx.x;
+  const uint32_t prows = (uint32_t)s.prows;
+  const uint32_t b = row / prows;
+  p.b = b;
+  p.r = row - b * prows;
+  const uint32_t c = blockIdx.y * kRowThreads + threadIdx.x;
+  p.live = c < (uint32_t)s.chunks;
+  // Lanes past the end still join the shuffles (full-warp masks) on a clamped
+  // copy and write nothing; groups never straddle the end (chunks % lanes == 0).
+  p.chunk = p.live ? c : (uint32_t)s.chunks - 1;
+  return p;
+}
+
 // ---------------------------------------------------------------------------
 // quantize kernels
 // ---------------------------------------------------------------------------
 template <typename T, int kLanes>
-__global__ void __launch_bounds__(kThreads) quantize_fp_kernel(QuantizeArgs a, Shape s) {
-  const int64_t tid = (int64_t)blockIdx.x * kThreads + threadIdx.x;
-  // Threads past the end still take part in the shuffles (full-warp masks):
-  // they work on a clamped copy and write nothing.
-  const bool live = tid < s.total;
-  const int64_t t = live ? tid : s.total - 1;
-  const int64_t chunk = t % s.chunks;
-  const int64_t prow = t / s.chunks;
-  const int64_t b = prow / s.prows, r = prow % s.prows;
+__global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a, Shape s) {
+  const RowPos p = row_pos(s);
+  const bool live = p.live;
+  const int64_t chunk = p.chunk, b = p.b, r = p.r;
   const bool pad_row = r >= s.rows;  // blocked-layout padding row: zero scales only
   const int64_t g = chunk / kLanes;  // group index in the row
   const int64_t ng = s.chunks / kLanes;
@@ -194,29 +213,30 @@ __global__ void __launch_bounds__(kThreads) quantize_fp_kernel(QuantizeArgs a, S
     uint32_t w = 0;
     if (!nan_group) {
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) w |= (uint32_t)e2m1_encode(v[i] * f) << (4 * i);
+      for (int i = 0; i < kVec; i += 2) w |= (uint32_t)e2m1x2_encode(v[i] * f, v[i + 1] * f) << (4 * i);
     }
     reinterpret_cast<uint32_t*>((uint8_t*)a.data.ptr + orow * a.data.cols)[chunk] = w;
   } else {
-    uint32_t lo = 0, hi = 0;
-    const uint8_t nc = elem_nan_code(a.q.elem);
+    uint32_t wd[2] = {0x7f7f7f7fu, 0x7f7f7f7fu};  // a NaN group's codes (fp8: 0x7F)
+    if (!nan_group) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      lo |= (uint32_t)(nan_group ? nc : elem_encode(a.q.elem, v[i] * f)) << (8 * i);
-      hi |= (uint32_t)(nan_group ? nc : elem_encode(a.q.elem, v[i + 4] * f)) << (8 * i);
+      for (int i = 0; i < kVec; i += 2) {
+        const uint32_t pr = a.q.elem == ELEM_E4M3 ? e4m3x2_encode(v[i] * f, v[i + 1] * f)
+                                                  : e5m2x2_encode(v[i] * f, v[i + 1] * f);
+        if (i % 4 == 0) wd[i / 4] = pr;
+        else wd[i / 4] |= pr << 16;
+      }
     }
-    reinterpret_cast<uint2*>((uint8_t*)a.data.ptr + orow * a.data.cols)[chunk] = make_uint2(lo, hi);
+    reinterpret_cast<uint2*>((uint8_t*)a.data.ptr + orow * a.data.cols)[chunk] = make_uint2(wd[0], wd[1]);
   }
 }
 
 template <typename T, int kLanes>
-__global__ void __launch_bounds__(kThreads) quantize_affine_kernel(QuantizeArgs a, Shape s) {
-  const int64_t tid = (int64_t)blockIdx.x * kThreads + threadIdx.x;
-  const bool live = tid < s.total;
-  const int64_t t = live ? tid : s.total - 1;
-  const int64_t chunk = t % s.chunks;
-  const int64_t row = t / s.chunks;  // affine scales are never blocked: prows == rows
-  const int64_t b = row / s.rows, r = row % s.rows;
+__global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeArgs a, Shape s) {
+  const RowPos p = row_pos(s);  // affine scales are never blocked: prows == rows
+  const bool live = p.live;
+  const int64_t chunk = p.chunk, b = p.b, r = p.r;
+  const int64_t row = (int64_t)blockIdx.x;
   const int64_t g = chunk / kLanes, ng = s.chunks / kLanes;
   const int bits = a.q.bits;
 
@@ -239,9 +259,10 @@ __global__ void __launch_bounds__(kThreads) quantize_affine_kernel(QuantizeArgs 
   uint8_t bytes[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // 8 elements * bits bits = `bits` bytes
   if (finite) {
     affine_params(wmin, wmax, bits, &scale, &bias);
+    const float inv = 1.0f / scale;
     uint64_t acc = 0;
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) acc |= (uint64_t)affine_encode(v[i], scale, bias, bits) << (i * bits);
+    for (int i = 0; i < kVec; ++i) acc |= (uint64_t)affine_encode(v[i], scale, inv, bias, bits) << (i * bits);
 #pragma unroll
     for (int i = 0; i < 8; ++i) bytes[i] = (uint8_t)(acc >> (8 * i));
   } else {
@@ -269,12 +290,11 @@ __global__ void __launch_bounds__(kThreads) quantize_affine_kernel(QuantizeArgs 
 // dequantize kernel: one thread per 8 output elements
 // ---------------------------------------------------------------------------
 template <typename TO, typename TS>
-__global__ void __launch_bounds__(kThreads) dequantize_kernel(DequantizeArgs a, Shape s) {
-  const int64_t t = (int64_t)blockIdx.x * kThreads + threadIdx.x;
-  if (t >= s.total) return;
-  const int64_t chunk = t % s.chunks;
-  const int64_t row = t / s.chunks;
-  const int64_t b = row / s.rows, r = row % s.rows;
+__global__ void __launch_bounds__(kRowThreads) dequantize_kernel(DequantizeArgs a, Shape s) {
+  const RowPos p = row_pos(s);
+  if (!p.live) return;
+  const int64_t chunk = p.chunk, b = p.b, r = p.r;
+  const int64_t row = (int64_t)blockIdx.x;
   const int64_t e0 = chunk * kVec;  // first element
   const int64_t g = e0 / a.q.group;
   const uint8_t* d = a.data.at<uint8_t>(b, r);
@@ -404,22 +424,26 @@ __device__ __forceinline__ uint8_t encode_group(const QSpec& q, float enc, float
     }
     if (G == 16 || bits == 4) {
 #pragma unroll
-      for (int i = 0; i < G; ++i)
-        if (!nan_group) w[i / 8] |= (uint32_t)e2m1_encode(get(i) * f) << (4 * (i % 8));
+      for (int i = 0; i < G; i += 2)
+        if (!nan_group) w[i / 8] |= (uint32_t)e2m1x2_encode(get(i) * f, get(i + 1) * f) << (4 * (i % 8));
     } else {
-      const uint8_t nc = elem_nan_code(q.elem);
 #pragma unroll
-      for (int i = 0; i < G; ++i)
-        w[i / 4] |= (uint32_t)(nan_group ? nc : elem_encode(q.elem, get(i) * f)) << (8 * (i % 4));
+      for (int i = 0; i < G; i += 2) {
+        const uint32_t pr = nan_group ? 0x7f7fu
+                            : (q.elem == ELEM_E4M3 ? e4m3x2_encode(get(i) * f, get(i + 1) * f)
+                                                   : e5m2x2_encode(get(i) * f, get(i + 1) * f));
+        w[i / 4] |= pr << (8 * (i % 4));
+      }
     }
   } else if (kAffine && finite) {
     float s, b;
     affine_params(wmin, wmax, bits, &s, &b);
     *scale = s;
     *bias = b;
+    const float inv = 1.0f / s;
 #pragma unroll
     for (int i = 0; i < G; ++i) {
-      const uint64_t code = (uint64_t)affine_encode(get(i), s, b, bits) << ((i * bits) % 32);
+      const uint64_t code = (uint64_t)affine_encode(get(i), s, inv, b, bits) << ((i * bits) % 32);
       const int wi = (i * bits) / 32;
       w[wi] |= (uint32_t)code;
       if (wi + 1 < kMaxWords) w[wi + 1] |= (uint32_t)(code >> 32);
@@ -429,9 +453,19 @@ __device__ __forceinline__ uint8_t encode_group(const QSpec& q, float enc, float
   }
   const int words = G * bits / 32;
   uint32_t* d = reinterpret_cast<uint32_t*>(dst);
+  if (words % 4 == 0 && ((uintptr_t)dst & 15) == 0) {  // 16-byte stores where aligned
 #pragma unroll
-  for (int i = 0; i < kMaxWords; ++i)
-    if (i < words) d[i] = w[i];
+    for (int i = 0; i + 3 < kMaxWords; i += 4)
+      if (i < words) reinterpret_cast<uint4*>(dst)[i / 4] = make_uint4(w[i], w[i + 1], w[i + 2], w[i + 3]);
+  } else if (words % 2 == 0 && ((uintptr_t)dst & 7) == 0) {
+#pragma unroll
+    for (int i = 0; i + 1 < kMaxWords; i += 2)
+      if (i < words) reinterpret_cast<uint2*>(dst)[i / 2] = make_uint2(w[i], w[i + 1]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kMaxWords; ++i)
+      if (i < words) d[i] = w[i];
+  }
   return sc;
 }
 
@@ -445,9 +479,13 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(ColwiseArgs a, 
   const float enc = a.gs ? nvfp4_enc(*a.gs) : 1.0f;
 
   // ---- load: 8 consecutive elements along the contiguous axis per step
+  constexpr int kSteps = kTM * kTK / 8 / kThreads;  // 16-byte loads per thread (4)
   if (!kColMajor) {
-    // physical rows m, contiguous along k: 8 loaders per row of 64
-    for (int i = threadIdx.x; i < kTM * (kTK / 8); i += kThreads) {
+    // physical rows m, contiguous along k: 8 loaders per row of 64; all loads
+    // of a thread are issued before the first shared-memory store
+#pragma unroll
+    for (int it = 0; it < kSteps; ++it) {
+      const int i = it * kThreads + threadIdx.x;
       const int r = i / (kTK / 8), c = (i % (kTK / 8)) * 8;
       const int64_t m = m0 + r, k = k0 + c;
       float v[8];
@@ -462,7 +500,9 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(ColwiseArgs a, 
     }
   } else {
     // physical rows k (the D2 columns), contiguous along m: 16 loaders per row of 128
-    for (int i = threadIdx.x; i < kTK * (kTM / 8); i += kThreads) {
+#pragma unroll
+    for (int it = 0; it < kSteps; ++it) {
+      const int i = it * kThreads + threadIdx.x;
       const int c = i / (kTM / 8), r = (i % (kTM / 8)) * 8;
       const int64_t k = k0 + c, m = m0 + r;
       float v[8];
@@ -566,29 +606,40 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(ColwiseArgs a, 
 // launchers
 // ---------------------------------------------------------------------------
 unsigned int blocks_for(int64_t total) { return (unsigned int)((total + kThreads - 1) / kThreads); }
+dim3 row_grid(const Shape& s) {
+  return dim3((unsigned int)(s.total / s.chunks), (unsigned int)((s.chunks + kRowThreads - 1) / kRowThreads));
+}
+// The 2D grid's limits: rows (all batch entries) < 2^31, chunks per row < 65535 * 128.
+qqStatus_t check_row_grid(const char* op, const Shape& s) {
+  if (s.total / s.chunks >= (int64_t)1 << 31 || (s.chunks + kRowThreads - 1) / kRowThreads > 65535)
+    return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: %lld rows of %lld elements exceed the GPU grid (2^31 rows, "
+                     "8.3M elements per row); split the tensor", op, (long long)(s.total / s.chunks),
+                     (long long)(s.chunks * kVec));
+  return QQ_STATUS_SUCCESS;
+}
 
 template <typename T>
 qqStatus_t launch_quantize_t(const QuantizeArgs& a, Shape s, cudaStream_t st) {
   const int lanes = a.q.group / kVec;
-  const unsigned int grid = blocks_for(s.total);
+  const dim3 grid = row_grid(s);
   if (a.q.fp()) {
-    if (lanes == 2) quantize_fp_kernel<T, 2><<<grid, kThreads, 0, st>>>(a, s);
-    else quantize_fp_kernel<T, 4><<<grid, kThreads, 0, st>>>(a, s);
+    if (lanes == 2) quantize_fp_kernel<T, 2><<<grid, kRowThreads, 0, st>>>(a, s);
+    else quantize_fp_kernel<T, 4><<<grid, kRowThreads, 0, st>>>(a, s);
   } else {
-    if (lanes == 4) quantize_affine_kernel<T, 4><<<grid, kThreads, 0, st>>>(a, s);
-    else if (lanes == 8) quantize_affine_kernel<T, 8><<<grid, kThreads, 0, st>>>(a, s);
-    else quantize_affine_kernel<T, 16><<<grid, kThreads, 0, st>>>(a, s);
+    if (lanes == 4) quantize_affine_kernel<T, 4><<<grid, kRowThreads, 0, st>>>(a, s);
+    else if (lanes == 8) quantize_affine_kernel<T, 8><<<grid, kRowThreads, 0, st>>>(a, s);
+    else quantize_affine_kernel<T, 16><<<grid, kRowThreads, 0, st>>>(a, s);
   }
   return check_launch("quantize");
 }
 
 template <typename TO>
 qqStatus_t launch_dequantize_t(const DequantizeArgs& a, Shape s, cudaStream_t st) {
-  const unsigned int grid = blocks_for(s.total);
+  const dim3 grid = row_grid(s);
   switch (a.q.fp() ? DType::U8 : a.scales.dt) {
-    case DType::F16: dequantize_kernel<TO, __half><<<grid, kThreads, 0, st>>>(a, s); break;
-    case DType::BF16: dequantize_kernel<TO, __nv_bfloat16><<<grid, kThreads, 0, st>>>(a, s); break;
-    default: dequantize_kernel<TO, float><<<grid, kThreads, 0, st>>>(a, s); break;
+    case DType::F16: dequantize_kernel<TO, __half><<<grid, kRowThreads, 0, st>>>(a, s); break;
+    case DType::BF16: dequantize_kernel<TO, __nv_bfloat16><<<grid, kRowThreads, 0, st>>>(a, s); break;
+    default: dequantize_kernel<TO, float><<<grid, kRowThreads, 0, st>>>(a, s); break;
   }
   return check_launch("dequantize");
 }
@@ -620,6 +671,7 @@ qqStatus_t quantize(qqHandle_t h, const QuantizeArgs& a, void* stream) {
   s.rows = a.x.rows;
   s.prows = a.q.blocked ? a.scales.rows : a.x.rows;
   s.total = a.x.batch() * s.prows * s.chunks;
+  QQ_TRY(check_row_grid("quantize", s));
   return on_device(a.x.device, [&]() -> qqStatus_t {
     cudaStream_t st = (cudaStream_t)stream;
     switch (a.x.dt) {
@@ -693,6 +745,7 @@ qqStatus_t dequantize(qqHandle_t h, const DequantizeArgs& a, void* stream) {
   s.rows = a.data.rows;
   s.prows = s.rows;
   s.total = a.data.batch() * s.rows * s.chunks;
+  QQ_TRY(check_row_grid("dequantize", s));
   // fp4 rows are read 4 bytes at a time, fp8 rows 8 (affine bytewise)
   QQ_TRY(check_aligned("dequantize", "w", a.data, a.q.fp() ? a.q.bits : 1));
   QQ_TRY(check_aligned("dequantize", "out", a.out, 16));
