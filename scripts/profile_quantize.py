@@ -1,0 +1,12 @@
+"""One call of each row-wise quantize mode and the column-wise / 3D kernels on
+8192x5120 bf16, for `ncu` to profile (scripts/gpu_check.sh profile)."""
+import torch
+
+import qq
+
+x = torch.randn(8192, 5120, dtype=torch.bfloat16, device="cuda")
+for mode, kw in [("nvfp4", {}), ("mxfp8", {}), ("affine", {"bits": 4})]:
+    layout = "linear" if mode == "affine" else "blocked"
+    qq.quantize(x, mode=mode, scale_layout=layout, **kw)
+    qq.quantize_colwise(x, mode=mode, scale_layout=layout, **kw)
+torch.cuda.synchronize()
