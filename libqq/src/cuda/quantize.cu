@@ -94,11 +94,6 @@ template <> __device__ __forceinline__ float load_cast<__half>(const __half* p) 
 
 // Reductions over the `lanes` consecutive lanes of one group (lanes is a power
 // of two <= 16, and groups never straddle a warp: K/8 is a multiple of lanes).
-template <int kLanes> __device__ __forceinline__ float group_nanmax(float v) {
-#pragma unroll
-  for (int o = 1; o < kLanes; o <<= 1) v = nanmax_f(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 // min/max with the CPU backend's exact comparisons (fminf/fmaxf may pick
 // either zero of +-0; the CPU's `<` keeps the first).
 template <int kLanes> __device__ __forceinline__ float group_min(float v) {
@@ -176,10 +171,15 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
 #pragma unroll
     for (int i = 0; i < kVec; ++i) v[i] = 0.0f;
   }
-  float amax = 0.0f;
+  // max |v| as an integer max of the bit patterns: non-negative floats order
+  // like their bits and NaN's bits lie above +Inf's, so NaN propagates - one
+  // instruction per element instead of a NaN-aware float max.
+  uint32_t ab = 0;
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) amax = nanmax_f(amax, abs_f(v[i]));
-  amax = group_nanmax<kLanes>(amax);
+  for (int i = 0; i < kVec; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
+#pragma unroll
+  for (int o = 1; o < kLanes; o <<= 1) ab = max(ab, __shfl_xor_sync(0xffffffffu, ab, o));
+  const float amax = u2f(ab);
 
   uint8_t sc;
   float f;
@@ -533,7 +533,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(ColwiseArgs a, 
 #pragma unroll 8
       for (int i = 0; i < G; ++i) {
         const float v = get(i);
-        amax = nanmax_f(amax, abs_f(v));
+        amax = u2f(max(f2u(amax), f2u(v) & 0x7fffffffu));  // NaN-propagating, as above
         finite = finite && is_finite_f(v);
         wmin = v < wmin ? v : wmin;
         wmax = v > wmax ? v : wmax;
@@ -581,7 +581,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(ColwiseArgs a, 
 #pragma unroll 8
       for (int j = 0; j < G; ++j) {
         const float v = row[j];
-        amax = nanmax_f(amax, abs_f(v));
+        amax = u2f(max(f2u(amax), f2u(v) & 0x7fffffffu));  // NaN-propagating, as above
         finite = finite && is_finite_f(v);
         wmin = v < wmin ? v : wmin;
         wmax = v > wmax ? v : wmax;
