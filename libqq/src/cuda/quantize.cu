@@ -154,37 +154,44 @@ __device__ __forceinline__ RowPos row_pos(const Shape& s) {
 // ---------------------------------------------------------------------------
 // quantize kernels
 // ---------------------------------------------------------------------------
-template <typename T, int kLanes>
+// fp modes: one thread per group of G (16 or 32) elements, so the scale math
+// (two fp32 divisions, the E4M3/UE8M0 rounding) runs once per group and no
+// shuffles are needed. Here s.chunks counts groups per row. The group's
+// G * sizeof(T) bytes come in 16-byte loads, all issued before any use.
+template <typename T, int G>
 __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a, Shape s) {
   const RowPos p = row_pos(s);
-  const bool live = p.live;
-  const int64_t chunk = p.chunk, b = p.b, r = p.r;
+  if (!p.live) return;
+  const int64_t g = p.chunk, b = p.b, r = p.r, ng = s.chunks;
   const bool pad_row = r >= s.rows;  // blocked-layout padding row: zero scales only
-  const int64_t g = chunk / kLanes;  // group index in the row
-  const int64_t ng = s.chunks / kLanes;
-  const bool leader = (chunk % kLanes) == 0;
 
-  float v[kVec];
-  if (!pad_row) {
-    load8<T>(a.x.at<T>(b, r) + chunk * kVec, v);
-  } else {
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) v[i] = 0.0f;
+  uint8_t* scales = (uint8_t*)a.scales.ptr;
+  if (a.q.blocked) {
+    uint8_t* base = scales + b * a.scales.rows * a.scales.cols;
+    if (g == ng - 1)  // zero-fill the padding columns of this row
+      for (int64_t c = ng; c < a.scales.cols; ++c) base[blocked_offset(r, c, a.scales.cols)] = 0;
+    if (pad_row) {
+      base[blocked_offset(r, g, a.scales.cols)] = 0;
+      return;
+    }
   }
+
+  float v[G];
+  const T* src = a.x.at<T>(b, r) + g * G;
+#pragma unroll
+  for (int i = 0; i < G; i += kVec) load8<T>(src + i, v + i);
   // max |v| as an integer max of the bit patterns: non-negative floats order
   // like their bits and NaN's bits lie above +Inf's, so NaN propagates - one
   // instruction per element instead of a NaN-aware float max.
   uint32_t ab = 0;
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
-#pragma unroll
-  for (int o = 1; o < kLanes; o <<= 1) ab = max(ab, __shfl_xor_sync(0xffffffffu, ab, o));
+  for (int i = 0; i < G; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
   const float amax = u2f(ab);
 
   uint8_t sc;
   float f;
   bool nan_group;
-  if (a.q.mode == QQ_MODE_NVFP4) {
+  if (G == 16) {  // nvfp4 (the only group of 16)
     const float enc = a.gs ? nvfp4_enc(*a.gs) : 1.0f;
     sc = nvfp4_scale(amax, enc);
     f = nvfp4_elem_factor(sc, enc);
@@ -194,40 +201,36 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
     nan_group = sc == 0xff;
     f = nan_group ? 0.0f : ue8m0_inverse(sc);
   }
-  if (!live) return;
+  if (a.q.blocked) scales[b * a.scales.rows * a.scales.cols + blocked_offset(r, g, a.scales.cols)] = sc;
+  else scales[(b * s.rows + r) * ng + g] = sc;
 
-  // scales
-  if (a.q.blocked) {
-    uint8_t* base = (uint8_t*)a.scales.ptr + b * a.scales.rows * a.scales.cols;
-    if (leader) base[blocked_offset(r, g, a.scales.cols)] = pad_row ? 0 : sc;
-    if (leader && g == ng - 1)  // zero-fill the padding columns of this row
-      for (int64_t c = ng; c < a.scales.cols; ++c) base[blocked_offset(r, c, a.scales.cols)] = 0;
-    if (pad_row) return;
-  } else if (leader) {
-    ((uint8_t*)a.scales.ptr)[(b * s.rows + r) * ng + g] = sc;
-  }
-
-  // elements
-  const int64_t orow = (b * s.rows + r);
-  if (a.q.bits == 4) {
-    uint32_t w = 0;
+  uint8_t* dst = (uint8_t*)a.data.ptr + (b * s.rows + r) * a.data.cols + g * G * a.q.bits / 8;
+  if (G == 16 || a.q.bits == 4) {
+    uint32_t w[G / 8];
+#pragma unroll
+    for (int i = 0; i < G / 8; ++i) w[i] = 0;
     if (!nan_group) {
 #pragma unroll
-      for (int i = 0; i < kVec; i += 2) w |= (uint32_t)e2m1x2_encode(v[i] * f, v[i + 1] * f) << (4 * i);
+      for (int i = 0; i < G; i += 2) w[i / 8] |= (uint32_t)e2m1x2_encode(v[i] * f, v[i + 1] * f) << (4 * (i % 8));
     }
-    reinterpret_cast<uint32_t*>((uint8_t*)a.data.ptr + orow * a.data.cols)[chunk] = w;
+    if (G == 16) *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+    else *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[G / 8 > 2 ? 2 : 0], w[G / 8 > 3 ? 3 : 0]);
   } else {
-    uint32_t wd[2] = {0x7f7f7f7fu, 0x7f7f7f7fu};  // a NaN group's codes (fp8: 0x7F)
+    uint32_t w[G / 4];
+#pragma unroll
+    for (int i = 0; i < G / 4; ++i) w[i] = 0x7f7f7f7fu;  // a NaN group's codes (fp8: 0x7F)
     if (!nan_group) {
 #pragma unroll
-      for (int i = 0; i < kVec; i += 2) {
+      for (int i = 0; i < G; i += 2) {
         const uint32_t pr = a.q.elem == ELEM_E4M3 ? e4m3x2_encode(v[i] * f, v[i + 1] * f)
                                                   : e5m2x2_encode(v[i] * f, v[i + 1] * f);
-        if (i % 4 == 0) wd[i / 4] = pr;
-        else wd[i / 4] |= pr << 16;
+        if (i % 4 == 0) w[i / 4] = pr;
+        else w[i / 4] |= pr << 16;
       }
     }
-    reinterpret_cast<uint2*>((uint8_t*)a.data.ptr + orow * a.data.cols)[chunk] = make_uint2(wd[0], wd[1]);
+#pragma unroll
+    for (int i = 0; i < G / 4; i += 4)
+      reinterpret_cast<uint4*>(dst)[i / 4] = make_uint4(w[i], w[i + 1], w[i + 2], w[i + 3]);
   }
 }
 
@@ -623,8 +626,12 @@ qqStatus_t launch_quantize_t(const QuantizeArgs& a, Shape s, cudaStream_t st) {
   const int lanes = a.q.group / kVec;
   const dim3 grid = row_grid(s);
   if (a.q.fp()) {
-    if (lanes == 2) quantize_fp_kernel<T, 2><<<grid, kRowThreads, 0, st>>>(a, s);
-    else quantize_fp_kernel<T, 4><<<grid, kRowThreads, 0, st>>>(a, s);
+    Shape sg = s;  // one thread per group
+    sg.chunks = s.chunks / lanes;
+    sg.total = s.total / lanes;
+    const dim3 ggrid = row_grid(sg);
+    if (a.q.group == 16) quantize_fp_kernel<T, 16><<<ggrid, kRowThreads, 0, st>>>(a, sg);
+    else quantize_fp_kernel<T, 32><<<ggrid, kRowThreads, 0, st>>>(a, sg);
   } else {
     if (lanes == 4) quantize_affine_kernel<T, 4><<<grid, kRowThreads, 0, st>>>(a, s);
     else if (lanes == 8) quantize_affine_kernel<T, 8><<<grid, kRowThreads, 0, st>>>(a, s);
@@ -662,9 +669,9 @@ qqStatus_t check_aligned(const char* op, const char* name, const Mat& m, int ali
 
 qqStatus_t quantize(qqHandle_t h, const QuantizeArgs& a, void* stream) {
   QQ_TRY(check_aligned("quantize", "x", a.x, 16));
-  // data rows are written 4 bytes (fp4, affine 4-bit), 8 bytes (fp8, affine
-  // 8-bit) or 1 byte (affine 2/3/5/6-bit) at a time
-  const int dalign = a.q.fp() ? (a.q.bits == 4 ? 4 : 8) : (a.q.bits == 4 ? 4 : (a.q.bits == 8 ? 8 : 1));
+  // data is written a group at a time: 8 bytes (nvfp4), 16 (mxfp4, mxfp8);
+  // affine 4 (4-bit), 8 (8-bit) or 1 byte (2/3/5/6-bit) at a time
+  const int dalign = a.q.fp() ? (a.q.mode == QQ_MODE_NVFP4 ? 8 : 16) : (a.q.bits == 4 ? 4 : (a.q.bits == 8 ? 8 : 1));
   QQ_TRY(check_aligned("quantize", "data", a.data, dalign));
   Shape s;
   s.chunks = a.x.cols / kVec;
