@@ -234,6 +234,11 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
   }
 }
 
+// affine: one thread per 32 elements (four 16-byte loads of bf16), the kLanes =
+// group/32 threads of a group (1, 2 or 4) combine min/max with shuffles; the
+// scale math runs once per thread, the per-element quotient uses the exact
+// reciprocal scheme of affine_encode. Here s.chunks counts 32-element chunks.
+constexpr int kAff = 32;
 template <typename T, int kLanes>
 __global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeArgs a, Shape s) {
   const RowPos p = row_pos(s);  // affine scales are never blocked: prows == rows
@@ -243,44 +248,46 @@ __global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeAr
   const int64_t g = chunk / kLanes, ng = s.chunks / kLanes;
   const int bits = a.q.bits;
 
-  float v[kVec];
-  load8<T>(a.x.at<T>(b, r) + chunk * kVec, v);
+  float v[kAff];
+  const T* src = a.x.at<T>(b, r) + chunk * kAff;
+#pragma unroll
+  for (int i = 0; i < kAff; i += kVec) load8<T>(src + i, v + i);
   float wmin = v[0], wmax = 0.0f;
   int finite = 1;
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) {
+  for (int i = 0; i < kAff; ++i) {
     finite &= is_finite_f(v[i]) ? 1 : 0;
     wmin = v[i] < wmin ? v[i] : wmin;
     wmax = v[i] > wmax ? v[i] : wmax;
   }
-  wmin = group_min<kLanes>(wmin);
-  wmax = group_max<kLanes>(wmax);
-  finite = group_and<kLanes>(finite);
+  if (kLanes > 1) {
+    wmin = group_min<kLanes>(wmin);
+    wmax = group_max<kLanes>(wmax);
+    finite = group_and<kLanes>(finite);
+  }
   if (!live) return;
 
-  float scale, bias;
-  uint8_t bytes[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // 8 elements * bits bits = `bits` bytes
+  float scale, bias, inv = 0.0f;
   if (finite) {
     affine_params(wmin, wmax, bits, &scale, &bias);
-    const float inv = 1.0f / scale;
-    uint64_t acc = 0;
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) acc |= (uint64_t)affine_encode(v[i], scale, inv, bias, bits) << (i * bits);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) bytes[i] = (uint8_t)(acc >> (8 * i));
+    inv = 1.0f / scale;
   } else {
     scale = bias = u2f(0x7fc00000u);
   }
-  uint8_t* d = (uint8_t*)a.data.ptr + row * a.data.cols + chunk * bits;
-  if (bits == 4) {
-    *reinterpret_cast<uint32_t*>(d) = (uint32_t)bytes[0] | (uint32_t)bytes[1] << 8 | (uint32_t)bytes[2] << 16 |
-                                      (uint32_t)bytes[3] << 24;
-  } else if (bits == 8) {
-    *reinterpret_cast<uint2*>(d) = make_uint2(
-        (uint32_t)bytes[0] | (uint32_t)bytes[1] << 8 | (uint32_t)bytes[2] << 16 | (uint32_t)bytes[3] << 24,
-        (uint32_t)bytes[4] | (uint32_t)bytes[5] << 8 | (uint32_t)bytes[6] << 16 | (uint32_t)bytes[7] << 24);
-  } else {
-    for (int i = 0; i < bits; ++i) d[i] = bytes[i];
+  // 8 elements * bits bits = `bits` whole bytes: encode and store 8 at a time
+  uint8_t* d = (uint8_t*)a.data.ptr + row * a.data.cols + chunk * kAff * bits / 8;
+#pragma unroll
+  for (int j = 0; j < kAff / 8; ++j) {
+    uint64_t acc = 0;
+    if (finite) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc |= (uint64_t)affine_encode(v[8 * j + i], scale, inv, bias, bits) << (i * bits);
+    }
+    uint8_t* dj = d + j * bits;
+    if (bits == 4) *reinterpret_cast<uint32_t*>(dj) = (uint32_t)acc;
+    else if (bits == 8) *reinterpret_cast<uint2*>(dj) = make_uint2((uint32_t)acc, (uint32_t)(acc >> 32));
+    else
+      for (int i = 0; i < bits; ++i) dj[i] = (uint8_t)(acc >> (8 * i));
   }
   if ((chunk % kLanes) == 0) {
     // stored scale and bias are rounded to x's dtype (DESIGN.md section 2)
@@ -633,9 +640,13 @@ qqStatus_t launch_quantize_t(const QuantizeArgs& a, Shape s, cudaStream_t st) {
     if (a.q.group == 16) quantize_fp_kernel<T, 16><<<ggrid, kRowThreads, 0, st>>>(a, sg);
     else quantize_fp_kernel<T, 32><<<ggrid, kRowThreads, 0, st>>>(a, sg);
   } else {
-    if (lanes == 4) quantize_affine_kernel<T, 4><<<grid, kRowThreads, 0, st>>>(a, s);
-    else if (lanes == 8) quantize_affine_kernel<T, 8><<<grid, kRowThreads, 0, st>>>(a, s);
-    else quantize_affine_kernel<T, 16><<<grid, kRowThreads, 0, st>>>(a, s);
+    Shape sa = s;  // one thread per 32 elements
+    sa.chunks = s.chunks / (kAff / kVec);
+    sa.total = s.total / (kAff / kVec);
+    const dim3 agrid = row_grid(sa);
+    if (a.q.group == 32) quantize_affine_kernel<T, 1><<<agrid, kRowThreads, 0, st>>>(a, sa);
+    else if (a.q.group == 64) quantize_affine_kernel<T, 2><<<agrid, kRowThreads, 0, st>>>(a, sa);
+    else quantize_affine_kernel<T, 4><<<agrid, kRowThreads, 0, st>>>(a, sa);
   }
   return check_launch("quantize");
 }
