@@ -131,17 +131,17 @@ def main() -> None:
             layout = "linear" if qmode == "affine" else "blocked"
             q = qq.quantize(x, mode=qmode, scale_layout=layout, **kw)
             moved = nbytes(x) + nbytes(q.data) + nbytes(q.scales) + (nbytes(q.biases) if q.biases is not None else 0)
-            us = timer(lambda: qq.quantize(x, mode=qmode, scale_layout=layout, **kw))
+            us = timer(lambda: qq.quantize(x, mode=qmode, scale_layout=layout, **kw), moved)
             gbps = moved / (us * 1e-6) / 1e9
             bench.row("quantize", mode, shape, "GBps", gbps, "copy", copy_gbps, us=round(us, 2))
             if not args.quick and shape == SHAPES[0]:  # compile time: one shape per mode
                 fn = torch.compile(peer_fn(mode), dynamic=False)
                 fn(x)
-                us_tc = timer(lambda: fn(x))
+                us_tc = timer(lambda: fn(x), moved)
                 bench.row("quantize", mode, shape, "us", us, "torch_compile", us_tc)
             # dequantize back to bf16: bytes = packed + scales (+ biases) + output
             dq_moved = moved  # same byte count, other direction
-            us_dq = timer(lambda: qq.dequantize(q, dtype=torch.bfloat16))
+            us_dq = timer(lambda: qq.dequantize(q, dtype=torch.bfloat16), dq_moved)
             bench.row("dequantize", mode, shape, "GBps", dq_moved / (us_dq * 1e-6) / 1e9, "copy", copy_gbps,
                       us=round(us_dq, 2))
     # ---- the other orientation (scales per group of rows), and both from one read
@@ -153,15 +153,15 @@ def main() -> None:
             col = qq.quantize_colwise(x, mode=qmode, scale_layout=layout, **kw)
             moved = nbytes(x) + nbytes(col.data) + nbytes(col.scales) + (
                 nbytes(col.biases) if col.biases is not None else 0)
-            us = timer(lambda: qq.quantize_colwise(x, mode=qmode, scale_layout=layout, **kw))
+            us = timer(lambda: qq.quantize_colwise(x, mode=qmode, scale_layout=layout, **kw), moved)
             bench.row("quantize_colwise", mode, shape, "GBps", moved / (us * 1e-6) / 1e9, "copy", copy_gbps,
                       us=round(us, 2))
             if not args.quick and qmode in ("mxfp4", "mxfp8") and shape == SHAPES[0]:
                 fn = torch.compile(lambda t, fp4=(qmode == "mxfp4"): torch_mx_cols(t, fp4), dynamic=False)
                 fn(x)
-                bench.row("quantize_colwise", mode, shape, "us", us, "torch_compile", timer(lambda: fn(x)))
+                bench.row("quantize_colwise", mode, shape, "us", us, "torch_compile", timer(lambda: fn(x), moved))
             moved2 = moved * 2 - nbytes(x)  # one read, both outputs written
-            us2 = timer(lambda: qq.quantize_colwise(x, mode=qmode, scale_layout=layout, rowwise=True, **kw))
+            us2 = timer(lambda: qq.quantize_colwise(x, mode=qmode, scale_layout=layout, rowwise=True, **kw), moved2)
             bench.row("quantize_colwise", mode, shape, "GBps", moved2 / (us2 * 1e-6) / 1e9, "copy", copy_gbps,
                       us=round(us2, 2), variant="both")
     # ---- MoE 3D MXFP8
@@ -170,13 +170,13 @@ def main() -> None:
         for variant in ("32x1", "32x32"):
             d, sc = qq.quantize_moe(w, variant, scale_layout="blocked")
             moved = nbytes(w) + nbytes(d) + nbytes(sc)
-            us = timer(lambda: qq.quantize_moe(w, variant, scale_layout="blocked"))
+            us = timer(lambda: qq.quantize_moe(w, variant, scale_layout="blocked"), moved)
             bench.row("quantize_3d", "mxfp8", shape, "GBps", moved / (us * 1e-6) / 1e9, "copy", copy_gbps,
                       us=round(us, 2), variant=variant)
             if not args.quick and shape[0] == 8:
                 fn = torch.compile(lambda t, t32=(variant == "32x32"): torch_moe(t, t32), dynamic=False)
                 fn(w)
-                bench.row("quantize_3d", "mxfp8", shape, "us", us, "torch_compile", timer(lambda: fn(w)),
+                bench.row("quantize_3d", "mxfp8", shape, "us", us, "torch_compile", timer(lambda: fn(w), moved),
                           variant=variant)
     for path in bench.save():
         print("wrote", path)
