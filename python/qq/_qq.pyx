@@ -346,6 +346,69 @@ cdef int _import_numpy(_View v, object arr, str where) except -1:
     return 0
 
 
+cdef dict _TORCH_TO_DL = {}
+
+
+cdef bint _import_torch(_View v, object t, str where) except -1:
+    """Fast path for torch tensors when the call runs on torch's current stream (or on the
+    CPU): pointer, shape, strides and dtype read off the tensor, no DLPack capsule.
+
+    torch's __dlpack__ costs tens of microseconds per tensor on CUDA (stream queries and
+    synchronisation bookkeeping); with stream=None that synchronisation is a no-op by the
+    DLPack contract (producer and consumer share torch's current stream), so reading the
+    tensor directly is equivalent. Returns False (and touches nothing) for anything it does
+    not describe exactly (conjugate/negative views, other devices, unknown dtypes): the
+    DLPack path then handles or refuses it.
+    """
+    torch = sys.modules["torch"]
+    if not _TORCH_TO_DL:
+        for name, code_bits in (("float32", (kDLFloat, 32)), ("float16", (kDLFloat, 16)),
+                                ("bfloat16", (kDLBfloat, 16)), ("float64", (kDLFloat, 64)),
+                                ("uint8", (kDLUInt, 8)), ("int8", (kDLInt, 8)),
+                                ("int32", (kDLInt, 32)), ("int64", (kDLInt, 64)),
+                                ("float8_e4m3fn", (kDLFloat8_e4m3fn, 8)),
+                                ("float8_e5m2", (kDLFloat8_e5m2, 8)),
+                                ("float8_e8m0fnu", (kDLFloat8_e8m0fnu, 8))):
+            dt = getattr(torch, name, None)
+            if dt is not None:
+                _TORCH_TO_DL[dt] = code_bits
+    if not isinstance(t, torch.Tensor) or t.is_conj() or t.is_neg() or t.is_sparse:
+        return False
+    code_bits = _TORCH_TO_DL.get(t.dtype)
+    dev = t.device
+    if code_bits is None or dev.type not in ("cpu", "cuda"):
+        return False
+    shape = t.shape
+    strides = t.stride()
+    cdef int nd = len(shape)
+    cdef int i
+    if nd > _MAX_NDIM:
+        return False
+    v.dims = <int64_t*>PyMem_Malloc((2 * nd + 1) * sizeof(int64_t))
+    if v.dims == NULL:
+        raise MemoryError()
+    for i in range(nd):
+        v.dims[i] = shape[i]
+        v.dims[nd + i] = strides[i]
+    v.owner = t                         # keeps the tensor alive until the view is released
+    v.tensor.data = <void*><intptr_t>t.data_ptr()
+    if dev.type == "cuda":
+        v.tensor.device.device_type = kDLCUDA
+        v.tensor.device.device_id = dev.index if dev.index is not None else 0
+    else:
+        v.tensor.device.device_type = kDLCPU
+        v.tensor.device.device_id = 0
+    v.tensor.ndim = nd
+    v.tensor.dtype.code = <int>code_bits[0]
+    v.tensor.dtype.bits = <int>code_bits[1]
+    v.tensor.dtype.lanes = 1
+    v.tensor.shape = v.dims
+    v.tensor.strides = v.dims + nd
+    v.tensor.byte_offset = 0
+    v.readonly = False
+    return True
+
+
 cdef int _consume_capsule(_View v, object capsule, str where) except -1:
     """Take ownership of the managed tensor in a DLPack capsule.
 
@@ -726,6 +789,7 @@ cdef class _Call:
     cdef object dl_stream       # what CUDA producers get as __dlpack__(stream=...)
     cdef list views
     cdef list buffers           # _DeviceBuffers allocated for results in this call
+    cdef bint torch_current     # torch tensors, work on torch's current stream (stream=None)
 
     def __cinit__(self, str func, anchor, str anchor_name, stream):
         self.func = func
@@ -770,10 +834,12 @@ cdef class _Call:
         if not self.on_gpu:
             self.stream = 0
             self.dl_stream = None
+            self.torch_current = self.fw == "torch"
             return
         if self.fw == "torch":
             torch = sys.modules["torch"]
             s = torch.cuda.current_stream(self.dev_id).cuda_stream
+            self.torch_current = True
         elif self.fw == "cupy":
             cupy = sys.modules["cupy"]
             with cupy.cuda.Device(self.dev_id):
@@ -801,6 +867,8 @@ cdef class _Call:
             _import_numpy(v, obj, where)
         elif isinstance(obj, _DeviceBuffer):
             _import_device_buffer(v, <_DeviceBuffer>obj, where)
+        elif self.torch_current and type(obj).__module__ == "torch" and _import_torch(v, obj, where):
+            pass
         elif hasattr(obj, "__dlpack__"):
             if writable and _framework_of(obj) == "jax":
                 raise ValueError(f"{where}: JAX arrays are immutable and cannot be written into; "
