@@ -445,21 +445,31 @@ __device__ __forceinline__ uint8_t encode_group(const QSpec& q, float enc, float
         w[i / 4] |= pr << (8 * (i % 4));
       }
     }
-  } else if (kAffine && finite) {
-    float s, b;
-    affine_params(wmin, wmax, bits, &s, &b);
+  } else if (kAffine) {
+    // 8 elements * bits bits = `bits` whole bytes: encode and store 8 at a time.
+    // (No word array indexed by a run-time bit position: that would live in
+    // local memory and slow every mode compiled into this function.)
+    float s = u2f(0x7fc00000u), b = s, inv = 0.0f;
+    if (finite) {
+      affine_params(wmin, wmax, bits, &s, &b);
+      inv = 1.0f / s;
+    }
     *scale = s;
     *bias = b;
-    const float inv = 1.0f / s;
 #pragma unroll
-    for (int i = 0; i < G; ++i) {
-      const uint64_t code = (uint64_t)affine_encode(get(i), s, inv, b, bits) << ((i * bits) % 32);
-      const int wi = (i * bits) / 32;
-      w[wi] |= (uint32_t)code;
-      if (wi + 1 < kMaxWords) w[wi + 1] |= (uint32_t)(code >> 32);
+    for (int j = 0; j < G / 8; ++j) {
+      uint64_t acc = 0;
+      if (finite) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc |= (uint64_t)affine_encode(get(8 * j + i), s, inv, b, bits) << (i * bits);
+      }
+      uint8_t* dj = dst + j * bits;
+      if (bits == 4) *reinterpret_cast<uint32_t*>(dj) = (uint32_t)acc;
+      else if (bits == 8) *reinterpret_cast<uint2*>(dj) = make_uint2((uint32_t)acc, (uint32_t)(acc >> 32));
+      else
+        for (int i = 0; i < bits; ++i) dj[i] = (uint8_t)(acc >> (8 * i));
     }
-  } else {
-    *scale = *bias = u2f(0x7fc00000u);
+    return 0;
   }
   const int words = G * bits / 32;
   uint32_t* d = reinterpret_cast<uint32_t*>(dst);
