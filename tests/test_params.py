@@ -25,10 +25,10 @@ def test_e5m2_only_for_mxfp8(mode):
 
 
 def test_floor_accepted_for_mx():
-    """mxfp4/mxfp8 take both roundings; amax 1 with mxfp4: ceil gives 2^ceil(log2(1/6)) ->
-    byte 125, floor gives 2^(0 - 2) -> byte 125 as well; amax 5: ceil byte 127, floor 125."""
+    """mxfp4 takes both roundings. amax 7: ceil is the smallest power of two >= 7/6, i.e. 2
+    (byte 128); floor is 2^(floor(log2 7) - 2) = 1 (byte 127), 7 then saturating to 6."""
     x = np.zeros((1, 32), np.float32)
-    x[0, 0] = 5.0
+    x[0, 0] = 7.0
     c = qq.quantize(x, mode="mxfp4", rounding="ceil")
     f = qq.quantize(x, mode="mxfp4", rounding="floor")
-    assert np.asarray(c.scales)[0, 0] == 127 and np.asarray(f.scales)[0, 0] == 125
+    assert np.asarray(c.scales)[0, 0] == 128 and np.asarray(f.scales)[0, 0] == 127
