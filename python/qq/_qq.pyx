@@ -1383,6 +1383,28 @@ def quantize_moe(w, scaling="32x1", *, rounding="ceil", scale_layout="linear", f
     return _swap_last_two(call.result(data_t)), call.result(scales)
 
 
+def _unpack_weight(func, w, scales, biases, global_scale, mode, group_size, bits,
+                   scale_layout, fp8_format):
+    """The packed weight `w` of dequantize / quantized_matmul and its parameters, taken
+    from a QuantizedArray when `w` is one (explicit arguments must agree with it), else as
+    given. Returns (w, scales, biases, global_scale, mode, group_size, bits, scale_layout,
+    fp8_format, logical_shape or None)."""
+    if not isinstance(w, QuantizedArray):
+        return (w, scales, biases, global_scale, mode, group_size, bits, scale_layout,
+                fp8_format, None)
+    qa = w
+    return (qa.data,
+            _take_array(func, "scales", scales, qa.scales, "w", "scales"),
+            _take_array(func, "biases", biases, qa.biases, "w", "biases"),
+            _take_array(func, "global_scale", global_scale, qa.global_scale, "w", "global_scale"),
+            _take(func, "mode", mode, "affine", qa.mode, "w"),
+            _take(func, "group_size", group_size, None, qa.group_size, "w"),
+            _take(func, "bits", bits, None, qa.bits, "w"),
+            _take(func, "scale_layout", scale_layout, "linear", qa.scale_layout, "w"),
+            _take(func, "fp8_format", fp8_format, "e4m3", qa.fp8_format, "w"),
+            qa.shape)
+
+
 def dequantize(w, scales=None, biases=None, group_size=None, bits=None, mode="affine", *,
                global_scale=None, scale_layout="linear", fp8_format="e4m3", dtype=None,
                out=None, stream=None):
@@ -1401,20 +1423,9 @@ def dequantize(w, scales=None, biases=None, group_size=None, bits=None, mode="af
     cdef DLTensor *tg
     cdef DLTensor *to
     cdef void* s
-    logical_shape = None
-    if isinstance(w, QuantizedArray):
-        qa = w
-        scales = _take_array(func, "scales", scales, qa.scales, "w", "scales")
-        biases = _take_array(func, "biases", biases, qa.biases, "w", "biases")
-        global_scale = _take_array(func, "global_scale", global_scale, qa.global_scale, "w",
-                                   "global_scale")
-        mode = _take(func, "mode", mode, "affine", qa.mode, "w")
-        group_size = _take(func, "group_size", group_size, None, qa.group_size, "w")
-        bits = _take(func, "bits", bits, None, qa.bits, "w")
-        scale_layout = _take(func, "scale_layout", scale_layout, "linear", qa.scale_layout, "w")
-        fp8_format = _take(func, "fp8_format", fp8_format, "e4m3", qa.fp8_format, "w")
-        logical_shape = qa.shape
-        w = qa.data
+    (w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format,
+     logical_shape) = _unpack_weight(func, w, scales, biases, global_scale, mode, group_size, bits,
+                             scale_layout, fp8_format)
     _quant_params(func, &p, mode, group_size, bits, "ceil", scale_layout, fp8_format)
     out_dtype = _dtype_arg(func, dtype)
     cdef _Call call = _Call(func, w, "w", stream)
@@ -1572,20 +1583,9 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
     cdef DLTensor *to
     cdef void* s
     cdef int ctranspose = 1 if transpose else 0
-    w_logical = None
-    if isinstance(w, QuantizedArray):
-        qa = w
-        scales = _take_array(func, "scales", scales, qa.scales, "w", "scales")
-        biases = _take_array(func, "biases", biases, qa.biases, "w", "biases")
-        global_scale = _take_array(func, "global_scale", global_scale, qa.global_scale, "w",
-                                   "global_scale")
-        mode = _take(func, "mode", mode, "affine", qa.mode, "w")
-        group_size = _take(func, "group_size", group_size, None, qa.group_size, "w")
-        bits = _take(func, "bits", bits, None, qa.bits, "w")
-        scale_layout = _take(func, "scale_layout", scale_layout, "linear", qa.scale_layout, "w")
-        fp8_format = _take(func, "fp8_format", fp8_format, "e4m3", qa.fp8_format, "w")
-        w_logical = qa.shape
-        w = qa.data
+    (w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format,
+     w_logical) = _unpack_weight(func, w, scales, biases, global_scale, mode, group_size, bits,
+                             scale_layout, fp8_format)
     _quant_params(func, &p, mode, group_size, bits, "ceil", scale_layout, fp8_format)
     out_dtype = _dtype_arg(func, dtype)
     cdef _Call call = _Call(func, x, "x", stream)
