@@ -1424,8 +1424,8 @@ def dequantize(w, scales=None, biases=None, group_size=None, bits=None, mode="af
     cdef DLTensor *to
     cdef void* s
     (w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format,
-     logical_shape) = _unpack_weight(func, w, scales, biases, global_scale, mode, group_size, bits,
-                             scale_layout, fp8_format)
+     logical_shape) = _unpack_weight(func, w, scales, biases, global_scale, mode, group_size,
+                                bits, scale_layout, fp8_format)
     _quant_params(func, &p, mode, group_size, bits, "ceil", scale_layout, fp8_format)
     out_dtype = _dtype_arg(func, dtype)
     cdef _Call call = _Call(func, w, "w", stream)
@@ -1584,8 +1584,8 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
     cdef void* s
     cdef int ctranspose = 1 if transpose else 0
     (w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format,
-     w_logical) = _unpack_weight(func, w, scales, biases, global_scale, mode, group_size, bits,
-                             scale_layout, fp8_format)
+     w_logical) = _unpack_weight(func, w, scales, biases, global_scale, mode, group_size,
+                                bits, scale_layout, fp8_format)
     _quant_params(func, &p, mode, group_size, bits, "ceil", scale_layout, fp8_format)
     out_dtype = _dtype_arg(func, dtype)
     cdef _Call call = _Call(func, x, "x", stream)
