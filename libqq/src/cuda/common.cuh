@@ -3,7 +3,11 @@
 #ifndef QQ_CUDA_COMMON_CUH_
 #define QQ_CUDA_COMMON_CUH_
 
+#include <cublasLt.h>
 #include <cuda_runtime.h>
+
+#include <map>
+#include <mutex>
 
 #include "../internal.h"
 
@@ -23,6 +27,69 @@
 
 namespace qq {
 namespace cuda {
+struct GemmKey;
+struct GemmPlan;
+}  // namespace cuda
+}  // namespace qq
+
+// The handle (qq.h's qqHandle_t): one per device. cuBLASLt's handle, the GEMM
+// plans (descriptors + the heuristic's algorithm, keyed by shape, types and
+// alignment: no heuristic query after the first call of a shape), and a
+// stream-ordered memory pool for per-call scratch (dequantized operands,
+// cuBLASLt workspace). Scratch is allocated and freed on the caller's stream,
+// so calls on different streams never share a buffer; the pool keeps up to
+// kPoolKeepBytes cached between calls instead of returning it to the driver.
+struct qqContext {
+  int device = 0;
+  int cc = 0;                      // compute capability, major * 10 + minor
+  cublasLtHandle_t lt = nullptr;
+  cudaMemPool_t pool = nullptr;
+  std::mutex mu;                   // guards `plans` and the descriptors inside them
+  std::map<qq::cuda::GemmKey, qq::cuda::GemmPlan*>* plans = nullptr;
+};
+
+namespace qq {
+namespace cuda {
+
+constexpr uint64_t kPoolKeepBytes = 1ull << 30;
+
+// The handle to use for tensors on `device`: `h` itself (it must be bound to
+// that device) or the device's default handle, created on first use.
+qqStatus_t resolve_handle(const char* op, qqHandle_t h, int device, qqContext** out);
+
+// Stream-ordered scratch from the handle's pool; freed (on the same stream)
+// when it goes out of scope.
+class Scratch {
+ public:
+  Scratch(qqContext* c, cudaStream_t st) : c_(c), st_(st) {}
+  ~Scratch() {
+    for (int i = 0; i < n_; ++i) cudaFreeAsync(p_[i], st_);
+  }
+  // *out = `bytes` of device memory (256-byte aligned), valid on the stream
+  // until this object goes out of scope.
+  template <typename T>
+  qqStatus_t get(const char* op, size_t bytes, T** out) {
+    if (n_ == kMax) return set_error(QQ_STATUS_INTERNAL_ERROR, "%s: too many scratch buffers", op);
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes ? bytes : 1, c_->pool, st_);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return set_error(e == cudaErrorMemoryAllocation ? QQ_STATUS_ALLOC_FAILED : QQ_STATUS_CUDA_ERROR,
+                       "%s: allocating %zu bytes of scratch on device %d failed: %s", op, bytes, c_->device,
+                       cudaGetErrorString(e));
+    }
+    p_[n_++] = p;
+    *out = static_cast<T*>(p);
+    return QQ_STATUS_SUCCESS;
+  }
+
+ private:
+  static constexpr int kMax = 8;
+  qqContext* c_;
+  cudaStream_t st_;
+  void* p_[kMax] = {};
+  int n_ = 0;
+};
 
 // Status of the last launch (configuration errors surface here; faults inside
 // a kernel surface at the caller's next synchronization, as with any CUDA op).

@@ -21,6 +21,34 @@ namespace cuda {
 constexpr int kQmvMaxM = 16;
 qqStatus_t qmv(const MatmulArgs& a, cudaStream_t stream);
 
+// gemm.cu - one cuBLASLt GEMM, row-major:
+//   D[M, N] = alpha * A[M, K] @ op(B) (+ bias[N]),  op(B) = B^T for B [N, K]
+//   (b_trans) or B for B [K, N],
+// with fp32 accumulation (CUBLAS_COMPUTE_32F, no TF32), A and B of type `ab`
+// (bf16, fp16 or fp32), D of `d` (bf16, fp16 or fp32). alpha is `alpha` or,
+// when alpha_dev is set, read on the device. bias is fp32 on the device.
+// Output types or bias combinations cuBLASLt refuses go through an fp32
+// scratch D and one conversion kernel, so the result is always rounded once.
+struct Gemm {
+  int64_t M = 0, N = 0, K = 0;
+  DType ab = DType::BF16, d = DType::BF16;
+  const void* A = nullptr;
+  int64_t lda = 0;
+  const void* B = nullptr;
+  int64_t ldb = 0;
+  bool b_trans = true;
+  void* D = nullptr;
+  int64_t ldd = 0;
+  const float* bias = nullptr;
+  float alpha = 1.0f;
+  const float* alpha_dev = nullptr;
+};
+qqStatus_t gemm(qqContext* c, const Gemm& g, cudaStream_t stream);
+void destroy_plans(qqContext* c);
+
+// Element-wise helpers of gemm.cu (fp32 [n] <- any float [n]; any <- fp32).
+qqStatus_t to_f32(const char* op, const Mat& v, int64_t n, float* out, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace qq
 

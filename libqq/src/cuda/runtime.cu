@@ -2,9 +2,7 @@
 // the CUDA entry points of the operations.
 //
 // The operation kernels live one family per file under cuda/ (quantize.cu,
-// then qmm.cu, qqmm.cu). Until a family has landed, its entry point here
-// answers QQ_STATUS_NOT_SUPPORTED with the operation's name - never a wrong
-// result.
+// qmv.cu, qmm.cu, qqmm.cu, gemm.cu).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -12,12 +10,7 @@
 
 #include "../internal.h"
 #include "common.cuh"
-
-struct qqContext {
-  int device = 0;
-  cublasLtHandle_t lt = nullptr;
-  std::mutex mu;  // guards the plan cache and the workspace (used by qqmm)
-};
+#include "ops.cuh"
 
 namespace qq {
 namespace cuda {
@@ -53,22 +46,59 @@ qqStatus_t create_handle(qqHandle_t* h, int device) {
   qqContext* c = new (std::nothrow) qqContext;
   if (!c) return set_error(QQ_STATUS_ALLOC_FAILED, "qqCreate: out of host memory");
   c->device = device;
-  int prev = 0;
-  cudaGetDevice(&prev);
-  cudaSetDevice(device);
-  cublasStatus_t cs = cublasLtCreate(&c->lt);
-  cudaSetDevice(prev);
-  if (cs != CUBLAS_STATUS_SUCCESS) {
-    delete c;
-    return set_error(QQ_STATUS_CUBLAS_ERROR, "qqCreate: cublasLtCreate failed with status %d", (int)cs);
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  c->cc = major * 10 + minor;
+  st = on_device(device, [&]() -> qqStatus_t {
+    const cublasStatus_t cs = cublasLtCreate(&c->lt);
+    if (cs != CUBLAS_STATUS_SUCCESS)
+      return set_error(QQ_STATUS_CUBLAS_ERROR, "qqCreate: cublasLtCreate failed with status %d", (int)cs);
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    QQ_CUDA_TRY(cudaMemPoolCreate(&c->pool, &props), "qqCreate");
+    uint64_t keep = kPoolKeepBytes;
+    QQ_CUDA_TRY(cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep), "qqCreate");
+    return QQ_STATUS_SUCCESS;
+  });
+  if (st) {
+    destroy_handle(c);
+    return st;
   }
   *h = c;
   return QQ_STATUS_SUCCESS;
 }
 
 qqStatus_t destroy_handle(qqHandle_t h) {
+  destroy_plans(h);
   if (h->lt) cublasLtDestroy(h->lt);
+  if (h->pool) cudaMemPoolDestroy(h->pool);
   delete h;
+  return QQ_STATUS_SUCCESS;
+}
+
+// Default handles, one per device, created on first use and kept for the
+// life of the process (destroying cuBLASLt handles from an exit handler can
+// race the CUDA runtime's own teardown).
+qqStatus_t resolve_handle(const char* op, qqHandle_t h, int device, qqContext** out) {
+  if (h) {
+    if (h->device != device)
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: the handle is bound to device %d but the tensors are on "
+                       "device %d; pass a handle created for device %d, or NULL", op, h->device, device, device);
+    *out = h;
+    return QQ_STATUS_SUCCESS;
+  }
+  constexpr int kMaxDevices = 64;
+  static std::mutex mu;
+  static qqContext* defaults[kMaxDevices] = {};
+  if (device < 0 || device >= kMaxDevices)
+    return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: device %d is beyond the %d devices with default handles; "
+                     "pass a handle from qqCreate", op, device, kMaxDevices);
+  std::lock_guard<std::mutex> lock(mu);
+  if (!defaults[device]) QQ_TRY(create_handle(&defaults[device], device));
+  *out = defaults[device];
   return QQ_STATUS_SUCCESS;
 }
 
@@ -93,15 +123,6 @@ qqStatus_t device_free(int device, void* ptr, void* stream) {
     return QQ_STATUS_SUCCESS;
   });
 }
-
-static qqStatus_t not_yet(const char* op) {
-  return set_error(QQ_STATUS_NOT_SUPPORTED,
-                   "%s: the CUDA backend of this operation has not landed yet; pass CPU tensors (NumPy or "
-                   ".cpu()) for now", op);
-}
-
-qqStatus_t qqmm(qqHandle_t, const MatmulArgs&, void*) { return not_yet("qqmm"); }
-qqStatus_t quantized_matmul(qqHandle_t, const MatmulArgs&, void*) { return not_yet("quantized_matmul"); }
 
 }  // namespace cuda
 }  // namespace qq

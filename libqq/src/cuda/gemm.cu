@@ -1,0 +1,230 @@
+// cuda/gemm.cu - the one place libqq calls cuBLASLt for a plain (not
+// block-scaled) GEMM: the dequantize-then-GEMM paths of qqmm (Hopper,
+// Ampere) and of quantized_matmul (large M).
+//
+// cuBLASLt is column-major; our matrices are row-major. A row-major D[M, N]
+// is a column-major D^T[N, M], so we ask cuBLASLt for
+//   D^T[N, M] = op(B)^T[N, K] . A^T[K, M]
+// with our B as its first operand ("A", transposed when B is [N, K]) and our
+// A as its second ("B", not transposed). The bias epilogue adds a vector
+// along cuBLASLt's rows, i.e. our columns: bias[N] - what we want.
+//
+// Plans: the descriptors and the heuristic's first algorithm are cached in
+// the handle per key (shape, leading dimensions, types, bias, alpha mode and
+// the pointers' alignment), so a repeated shape costs no heuristic query.
+// The cached descriptor's bias pointer is set per call under the handle's
+// mutex, which is held until cublasLtMatmul has enqueued the work.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <string.h>
+
+#include "common.cuh"
+#include "ops.cuh"
+
+namespace qq {
+namespace cuda {
+
+// All fields int64 so that memcmp orders keys without padding bytes.
+struct GemmKey {
+  int64_t M, N, K, lda, ldb, ldd, ab, d, b_trans, bias, alpha_dev, align_a, align_b, align_d;
+  bool operator<(const GemmKey& o) const { return memcmp(this, &o, sizeof(GemmKey)) < 0; }
+};
+
+struct GemmPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatmulAlgo_t algo;
+  size_t workspace = 0;
+  bool ok = false;  // false: cuBLASLt has no algorithm for this key (remembered, not asked again)
+  ~GemmPlan() {
+    if (ld) cublasLtMatrixLayoutDestroy(ld);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+namespace {
+
+constexpr size_t kMaxWorkspace = 32u << 20;
+
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::F32 ? CUDA_R_32F : (t == DType::F16 ? CUDA_R_16F : CUDA_R_16BF);
+}
+
+int64_t alignment(const void* p, int64_t ld, int es) {
+  // the largest power of two (<= 256) dividing the start and the row pitch
+  uint64_t v = (uint64_t)(uintptr_t)p | (uint64_t)(ld * es) | 256u;
+  return (int64_t)(v & (~v + 1));
+}
+
+#define QQ_LT(call)                         \
+  do {                                      \
+    if ((call) != CUBLAS_STATUS_SUCCESS) {  \
+      return plan;                          \
+    }                                       \
+  } while (0)
+
+// Builds the plan for `k`; plan->ok says whether cuBLASLt has an algorithm.
+GemmPlan* make_plan(cublasLtHandle_t lt, const GemmKey& k) {
+  GemmPlan* plan = new GemmPlan;
+  const cudaDataType_t ab = cuda_type((DType)k.ab), d = cuda_type((DType)k.d);
+  QQ_LT(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = k.b_trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  QQ_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  QQ_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (k.bias) {
+    const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bt = CUDA_R_32F;
+    QQ_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
+    QQ_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+  }
+  if (k.alpha_dev) {
+    const cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
+    QQ_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof(pm)));
+  }
+  // cuBLASLt's A = our B; its B = our A; its D = our D^T.
+  if (k.b_trans) QQ_LT(cublasLtMatrixLayoutCreate(&plan->la, ab, k.K, k.N, k.ldb));
+  else QQ_LT(cublasLtMatrixLayoutCreate(&plan->la, ab, k.N, k.K, k.ldb));
+  QQ_LT(cublasLtMatrixLayoutCreate(&plan->lb, ab, k.K, k.M, k.lda));
+  QQ_LT(cublasLtMatrixLayoutCreate(&plan->ld, d, k.N, k.M, k.ldd));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  QQ_LT(cublasLtMatmulPreferenceCreate(&pref));
+  const size_t ws = kMaxWorkspace;
+  const uint32_t al_a = (uint32_t)k.align_b, al_b = (uint32_t)k.align_a, al_d = (uint32_t)k.align_d;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d));
+  cublasLtMatmulHeuristicResult_t res;
+  int n = 0;
+  const cublasStatus_t hs =
+      cublasLtMatmulAlgoGetHeuristic(lt, plan->desc, plan->la, plan->lb, plan->ld, plan->ld, pref, 1, &res, &n);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (hs == CUBLAS_STATUS_SUCCESS && n > 0) {
+    plan->algo = res.algo;
+    plan->workspace = res.workspaceSize;
+    plan->ok = true;
+  }
+  return plan;
+}
+#undef QQ_LT
+
+__device__ __forceinline__ void cvt(float v, float* d) { *d = v; }
+__device__ __forceinline__ void cvt(float v, __half* d) { *d = __float2half_rn(v); }
+__device__ __forceinline__ void cvt(float v, __nv_bfloat16* d) { *d = __float2bfloat16_rn(v); }
+
+template <typename TO>
+__global__ void f32_to_kernel(const float* src, int64_t M, int64_t N, TO* dst, int64_t ldd) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= M * N) return;
+  const int64_t m = i / N, n = i - m * N;
+  cvt(src[i], dst + m * ldd + n);
+}
+
+template <typename TI>
+__global__ void to_f32_kernel(const TI* src, int64_t n, float* dst) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = (float)src[i];
+}
+
+unsigned grid_for(int64_t n) { return (unsigned)((n + 255) / 256); }
+
+// Runs the planned GEMM; `key` has been filled for g.
+qqStatus_t run(qqContext* c, const GemmKey& key, const Gemm& g, void* D, cudaStream_t st, Scratch& scratch,
+               bool* refused) {
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (!c->plans) c->plans = new std::map<GemmKey, GemmPlan*>;
+  auto it = c->plans->find(key);
+  GemmPlan* plan;
+  if (it == c->plans->end()) {
+    plan = make_plan(c->lt, key);
+    (*c->plans)[key] = plan;
+  } else {
+    plan = it->second;
+  }
+  *refused = !plan->ok;
+  if (!plan->ok) return QQ_STATUS_SUCCESS;
+  if (g.bias &&
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)) !=
+          CUBLAS_STATUS_SUCCESS)
+    return set_error(QQ_STATUS_CUBLAS_ERROR, "gemm: setting the bias pointer failed");
+  void* ws = nullptr;
+  if (plan->workspace) QQ_TRY(scratch.get("gemm", plan->workspace, &ws));
+  static const float kZero[2] = {0.0f, 0.0f};
+  const void* alpha = g.alpha_dev ? (const void*)g.alpha_dev : (const void*)&g.alpha;
+  // device pointer mode: beta is the second float of alpha_dev's pair
+  const void* beta = g.alpha_dev ? (const void*)(g.alpha_dev + 1) : (const void*)kZero;
+  const cublasStatus_t s = cublasLtMatmul(c->lt, plan->desc, alpha, g.B, plan->la, g.A, plan->lb, beta, D,
+                                          plan->ld, D, plan->ld, &plan->algo, ws, plan->workspace, st);
+  if (s != CUBLAS_STATUS_SUCCESS)
+    return set_error(QQ_STATUS_CUBLAS_ERROR, "gemm: cublasLtMatmul (M=%lld N=%lld K=%lld) failed with status %d",
+                     (long long)g.M, (long long)g.N, (long long)g.K, (int)s);
+  return QQ_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+qqStatus_t gemm(qqContext* c, const Gemm& g, cudaStream_t st) {
+  Scratch scratch(c, st);
+  GemmKey k{};
+  k.M = g.M;
+  k.N = g.N;
+  k.K = g.K;
+  k.lda = g.lda;
+  k.ldb = g.ldb;
+  k.ldd = g.ldd;
+  k.ab = (int64_t)g.ab;
+  k.d = (int64_t)g.d;
+  k.b_trans = g.b_trans;
+  k.bias = g.bias != nullptr;
+  k.alpha_dev = g.alpha_dev != nullptr;
+  const int es = dtype_size(g.ab);
+  k.align_a = alignment(g.A, g.lda, es);
+  k.align_b = alignment(g.B, g.ldb, es);
+  k.align_d = alignment(g.D, g.ldd, dtype_size(g.d));
+  bool refused = true;
+  if (g.d != DType::F16) QQ_TRY(run(c, k, g, g.D, st, scratch, &refused));  // D written directly
+  if (!refused) return QQ_STATUS_SUCCESS;
+  // cuBLASLt has no algorithm for D in this type (fp16 out of bf16 inputs,
+  // bf16 out with an fp32 bias, ...): fp32 D in scratch, then one rounding.
+  float* d32 = nullptr;
+  QQ_TRY(scratch.get("gemm", (size_t)(g.M * g.N) * 4, &d32));
+  k.d = (int64_t)DType::F32;
+  k.ldd = g.N;
+  k.align_d = 256;
+  QQ_TRY(run(c, k, g, d32, st, scratch, &refused));
+  if (refused)
+    return set_error(QQ_STATUS_NOT_SUPPORTED, "gemm: cuBLASLt has no algorithm for M=%lld N=%lld K=%lld with "
+                     "%s inputs", (long long)g.M, (long long)g.N, (long long)g.K,
+                     g.ab == DType::F32 ? "float32" : (g.ab == DType::F16 ? "float16" : "bfloat16"));
+  const int64_t n = g.M * g.N;
+  switch (g.d) {
+    case DType::F32: f32_to_kernel<float><<<grid_for(n), 256, 0, st>>>(d32, g.M, g.N, (float*)g.D, g.ldd); break;
+    case DType::F16: f32_to_kernel<__half><<<grid_for(n), 256, 0, st>>>(d32, g.M, g.N, (__half*)g.D, g.ldd); break;
+    default:
+      f32_to_kernel<__nv_bfloat16><<<grid_for(n), 256, 0, st>>>(d32, g.M, g.N, (__nv_bfloat16*)g.D, g.ldd);
+  }
+  return check_launch("gemm");
+}
+
+qqStatus_t to_f32(const char* op, const Mat& v, int64_t n, float* out, cudaStream_t st) {
+  switch (v.dt) {
+    case DType::F32: to_f32_kernel<float><<<grid_for(n), 256, 0, st>>>((const float*)v.ptr, n, out); break;
+    case DType::F16: to_f32_kernel<__half><<<grid_for(n), 256, 0, st>>>((const __half*)v.ptr, n, out); break;
+    default: to_f32_kernel<__nv_bfloat16><<<grid_for(n), 256, 0, st>>>((const __nv_bfloat16*)v.ptr, n, out);
+  }
+  return check_launch(op);
+}
+
+void destroy_plans(qqContext* c) {
+  if (!c->plans) return;
+  for (auto& kv : *c->plans) delete kv.second;
+  delete c->plans;
+  c->plans = nullptr;
+}
+
+}  // namespace cuda
+}  // namespace qq
