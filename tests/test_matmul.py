@@ -320,3 +320,26 @@ def test_qmm_quantized_array_and_dtype(device, rng):
     qa = qq.quantize(dev(wf, device), group_size=128, bits=8)
     ref = R.quantized_matmul(x, R.quantize(wf, group_size=128, bits=8))
     assert_matmul_close(qq.quantized_matmul(dev(x, device), qa), ref, "qmm(affine QuantizedArray)")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m", [3, 40])
+@pytest.mark.parametrize("cfg", QQMM_PARAMS)
+def test_qqmm_prepared_weight(cfg, m, device, rng):
+    """qq.prepare_weight keeps q(w) (packed, and its exact bf16 values without the global
+    scale where qqmm dequantizes); qqmm with it equals qqmm with the float w. M = 3 uses
+    the packed form, M = 40 the values."""
+    n, k = 24, 128
+    x, w = randn(rng, (m, k), BF16), randn(rng, (n, k), BF16)
+    gx = R.amax(x) if cfg.global_scale else None
+    gw = R.amax(w) if cfg.global_scale else None
+    kw = qq_kwargs(cfg)
+    pw = qq.prepare_weight(dev(w, device), global_scale=dev(gw, device), **kw)
+    assert isinstance(pw, qq.PreparedWeight) and pw.shape == (n, k) and pw.mode == cfg.mode
+    rq = R.quantize(w, global_scale=gw, **cfg.kwargs())
+    if pw.values is not None:  # the exact values, global scale left out (it goes into alpha)
+        want = R.dequantize(rq.data, rq.scales, mode=rq.mode, group_size=rq.group_size,
+                            fp8_format=rq.fp8_format, dtype=BF16)
+        np.testing.assert_array_equal(to_numpy(pw.values).view(np.uint16), want.view(np.uint16))
+    got = qq.qqmm(dev(x, device), pw, global_scale_x=dev(gx, device), **kw)
+    assert_matmul_close(got, ref_qqmm(x, w, cfg, gx, gw), "qqmm(x, PreparedWeight)", dtype=BF16)

@@ -854,6 +854,9 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x
     return set_error(QQ_STATUS_INVALID_VALUE,
                      "qqmm: mode affine is not supported (qqmm quantizes both operands with fp formats); use "
                      "quantized_matmul for affine weights, or mode nvfp4, mxfp4 or mxfp8");
+  if (params->w_prepared && w && w->dtype.code == kDLUInt)
+    return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: w_prepared is set but 'w' is packed uint8; a prepared w "
+                     "is a float tensor of q(w)'s values (qq.prepare_weight), or clear w_prepared");
   for (int which = 0; which < 2; ++which) {
     const char* nm = which ? "w" : "x";
     const char* snm = which ? "scales" : "x_scales";
@@ -887,6 +890,7 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x
     } else {
       QQ_TRY(expect_float(c, nm, t, dt));
       QQ_TRY(check_k(c, nm, fshape[t->ndim - 1], a.q));
+      if (which && params->w_prepared) a.w_prepared = true;
       if (st)
         return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: argument '%s' is given but '%s' is a float tensor (it "
                          "is quantized on the fly); pass packed uint8 data with its scales, or drop '%s'",

@@ -105,6 +105,7 @@ struct MatmulArgs {
   Mat bias;       // [N] or ptr == nullptr
   Mat out;        // [B..., M, N] compact
   bool x_packed = false, w_packed = false;
+  bool w_prepared = false;  // qqmm: w holds q(w)'s values (float), used as is
   bool transpose = true;
   int x_blocked = 0, w_blocked = 0;
   const float* gs_x = nullptr;

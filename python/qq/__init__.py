@@ -26,12 +26,14 @@ _CUBLASLT_PRELOAD = _preload_cublaslt()
 from . import _qq  # noqa: E402  (after the preload, which must come first)
 from ._qq import (  # noqa: E402
     NotSupportedError,
+    PreparedWeight,
     QQError,
     QuantizedArray,
     __version__,
     amax,
     dequantize,
     device_count,
+    prepare_weight,
     qqmm,
     quantize,
     quantize_colwise,
@@ -63,6 +65,7 @@ def cmake_prefix_path():
 
 __all__ = [
     "NotSupportedError",
+    "PreparedWeight",
     "QQError",
     "QuantizedArray",
     "__version__",
@@ -70,6 +73,7 @@ __all__ = [
     "build_info",
     "dequantize",
     "device_count",
+    "prepare_weight",
     "qqmm",
     "quantize",
     "quantize_colwise",

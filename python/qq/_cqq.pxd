@@ -106,6 +106,7 @@ cdef extern from "qq/qq.h" nogil:
         qqQuantParams_t quant
         qqScaleLayout_t x_scale_layout
         qqScaleLayout_t w_scale_layout
+        int w_prepared
 
     qqStatus_t qqQqmmParamsInit(qqQqmmParams_t* params, qqMode_t mode)
 

@@ -1182,6 +1182,67 @@ class QuantizedArray:
         return f"QuantizedArray({', '.join(parts)})"
 
 
+class PreparedWeight:
+    """A qqmm weight kept in the form the current device multiplies fastest (from
+    qq.prepare_weight): the QuantizedArray, plus - where qqmm dequantizes to bfloat16
+    (Hopper, Ampere, the CPU) - q(w)'s exact values in bfloat16 without the global scale,
+    so that no call dequantizes w again. qq.qqmm picks the form per call: the packed one
+    for small M (the weight-only kernel reads it once), the values otherwise.
+
+    Fields: quantized (QuantizedArray), values (bfloat16 [N, K] or None), mode,
+    global_scale, shape.
+    """
+    __slots__ = ("quantized", "values", "mode", "global_scale", "shape")
+
+    def __init__(self, quantized, values):
+        self.quantized = quantized
+        self.values = values
+        self.mode = quantized.mode
+        self.global_scale = quantized.global_scale
+        self.shape = quantized.shape
+
+    def __repr__(self):
+        return (f"PreparedWeight(mode={self.mode!r}, shape={self.shape}, "
+                f"values={_array_summary(self.values)}, quantized={self.quantized!r})")
+
+
+def _blockscaled_device(w):
+    """True when qqmm runs on block-scaled tensor cores for arrays like w (Blackwell)."""
+    dev = w.__dlpack_device__() if hasattr(w, "__dlpack_device__") else (kDLCPU, 0)
+    if int(dev[0]) not in (kDLCUDA, kDLCUDAManaged):
+        return False
+    major, minor = device_capability(int(dev[1]))
+    return major * 10 + minor in (100, 103, 110, 120, 121)
+
+
+def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_format="e4m3",
+                   stream=None):
+    """Quantize a qqmm weight once and keep what qqmm needs per call (a PreparedWeight).
+
+    w: float [N, K] (quantized here with mode, global_scale, rounding, fp8_format, blocked
+    scales) or a QuantizedArray. On GPUs without block-scaled tensor cores (and on the
+    CPU) the result also holds q(w)'s exact bfloat16 values, which costs 2 bytes per
+    element of memory and saves qqmm a dequantization of w per call.
+    """
+    func = "prepare_weight"
+    if isinstance(w, QuantizedArray):
+        qa = w
+    else:
+        if mode == "affine":
+            raise ValueError(f"{func}: mode 'affine' has no qqmm; use qq.quantize and "
+                             f"qq.quantized_matmul for affine weights")
+        qa = quantize(w, mode=mode, global_scale=global_scale, rounding=rounding,
+                      scale_layout="blocked", fp8_format=fp8_format, stream=stream)
+    if len(qa.shape) != 2:
+        raise ValueError(f"{func}: w: qqmm weights are [N, K]; got shape {qa.shape}")
+    values = None
+    if not _blockscaled_device(qa.data):
+        values = dequantize(qa.data, qa.scales, group_size=qa.group_size, bits=qa.bits,
+                            mode=qa.mode, scale_layout=qa.scale_layout, fp8_format=qa.fp8_format,
+                            dtype="bfloat16", stream=stream)
+    return PreparedWeight(qa, values)
+
+
 # =========================================================================================
 # Operations
 # =========================================================================================
@@ -1486,6 +1547,22 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     cdef DLTensor *tbias
     cdef DLTensor *to
     cdef void* s
+    cdef int w_prepared = 0
+    if isinstance(w, PreparedWeight):
+        pw = w
+        rows = 1
+        for d in x.shape[:-1]:
+            rows *= int(d)
+        if pw.values is None or rows <= 16:
+            w = pw.quantized        # small M: the weight-only kernel reads the packed form once
+        else:
+            w_prepared = 1
+            w = pw.values
+            mode_ = _take(func, "mode", mode, "nvfp4", pw.quantized.mode, "w")
+            global_scale_w = _take_array(func, "global_scale_w", global_scale_w, pw.global_scale,
+                                         "w", "global_scale")
+            fp8_format = _take(func, "fp8_format", fp8_format, "e4m3", pw.quantized.fp8_format, "w")
+            mode = mode_
     x_layout = scale_layout
     w_layout = scale_layout
     x_is_q = isinstance(x, QuantizedArray)
@@ -1529,6 +1606,7 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     _quant_params(func, &qp.quant, mode, group_size, bits, rounding, "linear", fp8_format)
     qp.x_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", x_layout, _LAYOUTS)
     qp.w_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", w_layout, _LAYOUTS)
+    qp.w_prepared = w_prepared
     out_dtype = _dtype_arg(func, dtype)
     cdef _Call call = _Call(func, x, "x", stream)
     result = None

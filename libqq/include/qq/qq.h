@@ -288,7 +288,12 @@ QQ_API qqStatus_t qqAmax(qqHandle_t handle, const DLTensor* x, DLTensor* out,
  *  x: float [..., M, K] (quantized on the fly with params) or packed uint8
  *     [..., M, K*bits/8] with x_scales in params->x_scale_layout.
  *  w: float [N, K] (quantized on the fly) or packed [N, K*bits/8] with
- *     w_scales in params->w_scale_layout.
+ *     w_scales in params->w_scale_layout; or, with params->w_prepared, a
+ *     float [N, K] holding q(w)'s values already (dequantize without the
+ *     global scale, e.g. in bfloat16, where they are exact): used as is, so
+ *     a layer that keeps it skips w's dequantization on every call (the
+ *     Hopper path's one per-call cost besides x). Its global scale, if any,
+ *     still comes as global_scale_w.
  *  On-the-fly quantization uses params->quant (its scale_layout is ignored).
  *  alpha = gx * gw / 2688^2 for nvfp4 when global scales are given (either
  *  may be NULL = 2688, i.e. a factor of 1).
@@ -299,6 +304,7 @@ typedef struct {
   qqQuantParams_t quant;          /* mode, group, rounding used on the fly, fp8_format */
   qqScaleLayout_t x_scale_layout; /* layout of x_scales when x is pre-quantized */
   qqScaleLayout_t w_scale_layout; /* layout of w_scales when w is pre-quantized */
+  int w_prepared;                 /* 1: w holds q(w)'s values (see above); 0 by default */
 } qqQqmmParams_t;
 
 QQ_API qqStatus_t qqQqmmParamsInit(qqQqmmParams_t* params, qqMode_t mode);

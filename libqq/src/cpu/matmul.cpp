@@ -94,6 +94,9 @@ qqStatus_t qqmm(const MatmulArgs& a) {
   std::vector<float> wd(N * K), xd(M * K), c(M * N);
   if (a.w_packed)
     dequantize_rows(a.w, a.w_scales, nullptr, a.w_blocked, a.q, 1.0f, 0, 0, N, K, wd.data());
+  else if (a.w_prepared)  // q(w)'s values already
+    for (int64_t n = 0; n < N; ++n)
+      load_row((const char*)a.w.ptr + n * a.w.ld * dtype_size(a.w.dt), a.w.dt, K, wd.data() + n * K);
   else
     qdq_rows(a.w, 0, a.q, a.gs_w, wd.data());
   const std::vector<float> bias = bias_f32(a.bias, N);

@@ -20,12 +20,14 @@
 // not representable; real data never gets there.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../codec.h"
 #include "common.cuh"
 #include "ops.cuh"
+#include "vec.cuh"
 
 namespace qq {
 namespace cuda {
@@ -33,21 +35,26 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <typename T> __device__ __forceinline__ float ld_elem(const T* p);
-template <> __device__ __forceinline__ float ld_elem<float>(const float* p) { return __ldg(p); }
-template <> __device__ __forceinline__ float ld_elem<__half>(const __half* p) { return __half2float(__ldg(p)); }
-template <> __device__ __forceinline__ float ld_elem<__nv_bfloat16>(const __nv_bfloat16* p) {
-  return __bfloat162float(__ldg(p));
+// Decoded values of a pair of codes (lo in the low byte/nibble). fp8 uses the
+// hardware conversion to half2 on sm_89+ (exact: every E4M3/E5M2 value is an
+// fp16 value); E2M1 and older GPUs the codec.
+__device__ __forceinline__ float2 decode2(int elem, uint32_t pr) {
+  if (elem == ELEM_E2M1) return make_float2(e2m1_decode(pr & 0xf), e2m1_decode((pr >> 4) & 0xf));
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)pr, elem == ELEM_E4M3 ? __NV_E4M3 : __NV_E5M2);
+  return __half22float2(__half2(h));
+#else
+  return make_float2(elem_decode(elem, pr & 0xff), elem_decode(elem, pr >> 8));
+#endif
 }
-__device__ __forceinline__ void st_elem(float v, float* d) { *d = v; }
-__device__ __forceinline__ void st_elem(float v, __nv_bfloat16* d) { *d = __ushort_as_bfloat16(f_to_bf16(v)); }
 
 // q(x) for one group of G elements per thread: the quantize kernel's scale
 // and element math (codec.h, bit for bit), then decode * scale - without the
 // global scale, which the caller folds into alpha (or, for the fp32 output
 // of the small-M route, multiplies in here: post = gs_post / 2688).
-// x: [B, M, K] via Mat; out: compact [B*M, K].
-template <typename T, typename TO, int G>
+// x: [B, M, K] via Mat, read with 16-byte loads when kVecIn (rows aligned);
+// out: compact [B*M, K], written with 16-byte stores.
+template <typename T, typename TO, int G, bool kVecIn>
 __global__ void __launch_bounds__(kThreads)
     qdq_kernel(Mat x, QSpec q, const float* gs, const float* gs_post, TO* out, int64_t ng, int64_t total) {
   const int64_t t = (int64_t)blockIdx.x * kThreads + threadIdx.x;
@@ -56,8 +63,13 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t b = row / x.rows, r = row - b * x.rows;
   const T* src = x.at<T>(b, r) + g * G;
   float v[G];
+  if (kVecIn) {
 #pragma unroll
-  for (int i = 0; i < G; ++i) v[i] = ld_elem<T>(src + i);
+    for (int i = 0; i < G; i += 8) load8<T>(src + i, v + i);
+  } else {
+#pragma unroll
+    for (int i = 0; i < G; ++i) v[i] = load1<T>(src + i);
+  }
   uint32_t ab = 0;
 #pragma unroll
   for (int i = 0; i < G; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
@@ -77,30 +89,20 @@ __global__ void __launch_bounds__(kThreads)
     f = nan_group ? 0.0f : ue8m0_inverse(sc);
     sdec = ue8m0_decode(sc);
   }
-  const float post = gs_post ? nvfp4_dec(*gs_post) : 1.0f;
-  TO* dst = out + row * (ng * G) + g * G;
+  if (gs_post) sdec = sdec * nvfp4_dec(*gs_post);  // fp32 route only; one extra rounding, within tolerance
 #pragma unroll
   for (int i = 0; i < G; i += 2) {
-    uint8_t c0, c1;
-    if (q.elem == ELEM_E2M1) {
-      const uint8_t pr = nan_group ? 0 : e2m1x2_encode(v[i] * f, v[i + 1] * f);
-      c0 = pr & 0xf;
-      c1 = pr >> 4;
-    } else {
-      const uint16_t pr = nan_group ? 0x7f7f
-                                    : (q.elem == ELEM_E4M3 ? e4m3x2_encode(v[i] * f, v[i + 1] * f)
-                                                           : e5m2x2_encode(v[i] * f, v[i + 1] * f));
-      c0 = (uint8_t)(pr & 0xff);
-      c1 = (uint8_t)(pr >> 8);
-    }
-    float d0 = elem_decode(q.elem, c0) * sdec, d1 = elem_decode(q.elem, c1) * sdec;
-    if (gs_post) {
-      d0 = d0 * post;
-      d1 = d1 * post;
-    }
-    st_elem(d0, dst + i);
-    st_elem(d1, dst + i + 1);
+    uint32_t pr;
+    if (q.elem == ELEM_E2M1) pr = nan_group ? 0 : e2m1x2_encode(v[i] * f, v[i + 1] * f);
+    else if (q.elem == ELEM_E4M3) pr = nan_group ? 0x7f7f : e4m3x2_encode(v[i] * f, v[i + 1] * f);
+    else pr = nan_group ? 0x7f7f : e5m2x2_encode(v[i] * f, v[i + 1] * f);
+    const float2 d = decode2(q.elem, pr);
+    v[i] = d.x * sdec;
+    v[i + 1] = d.y * sdec;
   }
+  TO* dst = out + row * (ng * G) + g * G;
+#pragma unroll
+  for (int i = 0; i < G; i += 8) store8<TO>(dst + i, v + i);
 }
 
 // {alpha, 0}: alpha = (gx / 2688) * (gw / 2688), a missing scale counting 1;
@@ -110,13 +112,27 @@ __global__ void alpha_kernel(const float* gx, const float* gw, float* out) {
   out[1] = 0.0f;
 }
 
+// Rows (start, pitch, batch strides) on 16-byte boundaries.
+bool rows_aligned(const Mat& m) {
+  const int64_t es = dtype_size(m.dt);
+  bool ok = ((uintptr_t)m.ptr % 16) == 0 && (m.rows <= 1 || (m.ld * es) % 16 == 0);
+  for (int i = 0; i < m.nb; ++i) ok = ok && (m.bstride[i] * es) % 16 == 0;
+  return ok;
+}
+
 template <typename T, typename TO>
 qqStatus_t launch_qdq_t(const Mat& x, const QSpec& q, const float* gs, const float* gs_post, TO* out,
                         cudaStream_t st) {
   const int64_t ng = x.cols / q.group, total = x.batch() * x.rows * ng;
   const unsigned grid = (unsigned)((total + kThreads - 1) / kThreads);
-  if (q.group == 16) qdq_kernel<T, TO, 16><<<grid, kThreads, 0, st>>>(x, q, gs, gs_post, out, ng, total);
-  else qdq_kernel<T, TO, 32><<<grid, kThreads, 0, st>>>(x, q, gs, gs_post, out, ng, total);
+  const bool vec = rows_aligned(x);
+  if (q.group == 16) {
+    if (vec) qdq_kernel<T, TO, 16, true><<<grid, kThreads, 0, st>>>(x, q, gs, gs_post, out, ng, total);
+    else qdq_kernel<T, TO, 16, false><<<grid, kThreads, 0, st>>>(x, q, gs, gs_post, out, ng, total);
+  } else {
+    if (vec) qdq_kernel<T, TO, 32, true><<<grid, kThreads, 0, st>>>(x, q, gs, gs_post, out, ng, total);
+    else qdq_kernel<T, TO, 32, false><<<grid, kThreads, 0, st>>>(x, q, gs, gs_post, out, ng, total);
+  }
   return check_launch("qqmm");
 }
 
@@ -127,6 +143,16 @@ qqStatus_t qdq(const Mat& x, const QSpec& q, const float* gs, const float* gs_po
     case DType::F16: return launch_qdq_t<__half, TO>(x, q, gs, gs_post, out, st);
     default: return launch_qdq_t<__nv_bfloat16, TO>(x, q, gs, gs_post, out, st);
   }
+}
+
+// A prepared w (q(w)'s values in f16/f32) as compact bf16: exact, the values
+// are on the quantization grid.
+template <typename T>
+__global__ void to_bf16_kernel(Mat w, __nv_bfloat16* out, int64_t total) {
+  const int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+  if (i >= total) return;
+  const int64_t r = i / w.cols, k = i - r * w.cols;
+  out[i] = __ushort_as_bfloat16(f_to_bf16(load1<T>(w.at<T>(0, r) + k)));
 }
 
 // A compact [B..., rows, cols] Mat over `ptr` with the batch shape of `like`.
@@ -339,7 +365,7 @@ qqStatus_t qqmm(qqHandle_t h, const MatmulArgs& a, void* stream) {
       QQ_TRY(check_launch("qqmm"));
     }
 #if QQ_HAVE_BLOCKSCALED
-    if (blockscaled_arch(c->cc)) {
+    if (blockscaled_arch(c->cc) && !a.w_prepared) {
       const qqStatus_t s = qqmm_blockscaled(c, a, alpha, bias, Mtot, st, scratch);
       if (s != QQ_STATUS_NOT_SUPPORTED) return s;
       set_error(QQ_STATUS_SUCCESS, "%s", "");  // refused: the exact path below
@@ -364,10 +390,22 @@ qqStatus_t qqmm(qqHandle_t h, const MatmulArgs& a, void* stream) {
       if (s != QQ_STATUS_NOT_SUPPORTED) return s;
     }
     __nv_bfloat16 *xb = nullptr, *wb = nullptr;
+    int64_t ldw = K;
     QQ_TRY(scratch.get("qqmm", (size_t)(Mtot * K) * 2, &xb));
-    QQ_TRY(scratch.get("qqmm", (size_t)(N * K) * 2, &wb));
     QQ_TRY(operand_bf16(c, a.x, a.x_scales, a.x_packed, a.x_blocked, a.q, a.gs_x, M, K, xb, st));
-    QQ_TRY(operand_bf16(c, a.w, a.w_scales, a.w_packed, a.w_blocked, a.q, a.gs_w, N, K, wb, st));
+    if (a.w_prepared && a.w.dt == DType::BF16) {  // the caller keeps q(w) in bf16: no work per call
+      wb = (__nv_bfloat16*)a.w.ptr;
+      ldw = a.w.ld;
+    } else if (a.w_prepared) {
+      QQ_TRY(scratch.get("qqmm", (size_t)(N * K) * 2, &wb));
+      const unsigned grid = (unsigned)((N * K + kThreads - 1) / kThreads);
+      if (a.w.dt == DType::F32) to_bf16_kernel<float><<<grid, kThreads, 0, st>>>(a.w, wb, N * K);
+      else to_bf16_kernel<__half><<<grid, kThreads, 0, st>>>(a.w, wb, N * K);
+      QQ_TRY(check_launch("qqmm"));
+    } else {
+      QQ_TRY(scratch.get("qqmm", (size_t)(N * K) * 2, &wb));
+      QQ_TRY(operand_bf16(c, a.w, a.w_scales, a.w_packed, a.w_blocked, a.q, a.gs_w, N, K, wb, st));
+    }
     Gemm g;
     g.M = Mtot;
     g.N = N;
@@ -377,7 +415,7 @@ qqStatus_t qqmm(qqHandle_t h, const MatmulArgs& a, void* stream) {
     g.A = xb;
     g.lda = K;
     g.B = wb;
-    g.ldb = K;
+    g.ldb = ldw;
     g.b_trans = true;
     g.D = a.out.ptr;
     g.ldd = N;
