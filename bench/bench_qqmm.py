@@ -2,7 +2,8 @@
 
 For each shape (M, N, K) and mode: qq.qqmm(x, w) with x bf16 quantized on the fly
 inside the call and w pre-quantized once (qq.quantize, blocked scales: what a layer
-stores), as TFLOP/s (2*M*N*K over the whole call, x's quantization included) against
+stores; variant "stored_w") or prepared once (qq.prepare_weight: on Hopper q(w)'s exact
+bf16 values, variant "prepared_w"), as TFLOP/s (2*M*N*K over the whole call, x's quantization included) against
 torch's bf16 matmul (cuBLAS) and torch._scaled_mm with per-tensor fp8 e4m3 operands
 (cuBLAS fp8) on the same shape, all measured in this run.
 
@@ -67,6 +68,13 @@ def main():
             if fp8_us == fp8_us:
                 bench.row("qqmm", mode, (m, n, k), "TFLOPs", ours, "cublas_fp8", tflops(m, n, k, fp8_us),
                           variant="stored_w", us=round(us, 1))
+            # qq.prepare_weight: q(w) kept in the form this GPU multiplies (on Hopper its
+            # exact bf16 values), so the call is q(x) + the GEMM
+            pw = qq.prepare_weight(qw)
+            us = timer(lambda: qq.qqmm(x, pw, global_scale_x=gx), nbytes)
+            bench.row("qqmm", mode, (m, n, k), "TFLOPs", tflops(m, n, k, us), "cublas_bf16",
+                      tflops(m, n, k, bf16_us), variant="prepared_w", us=round(us, 1))
+            del pw, qw
     print(bench.save())
 
 
