@@ -92,21 +92,38 @@ QQ_HD uint8_t encode_minifloat(float x, int mbits, int bias, int sign_shift,
 }
 
 // E2M1 (fp4): codes 0..7 = {0, 0.5, 1, 1.5, 2, 3, 4, 6}, bit 3 = sign.
-// Threshold form of round-to-nearest-even (ties go to the even code):
-// 0.25->0, 0.75->1.0, 1.25->1.0, 1.75->2, 2.5->2, 3.5->4, 5->4.
-// Equal to encode_minifloat(x, 1, 1, 3, 7, 6.0f, 0) for finite x.
+// Round to nearest, ties to even (0.25->0, 0.75->1.0, 1.25->1.0, 1.75->2,
+// 2.5->2, 3.5->4, 5->4), saturating (|x| > 5 and +-Inf -> 6; NaN -> code 7
+// with x's sign: callers never encode NaN, the group rule zeroes such groups).
+// Branch-free, with one rounding done by the fp32 adder: a = min(|x|, 6); a
+// magic number M whose ulp is the E2M1 quantum of a's binade makes a + M round
+// a exactly once, ties to even, and the low 3 bits of the sum are the code:
+//   a < 2        M = 2^22      ulp 0.5  bits = bits(M) + rne(2a)         0..4
+//   2 <= a < 4   M = 2^23 + 2  ulp 1    bits = bits(2^23) + 2 + rne(a)   4..6
+//   4 <= a <= 6  M = 2^24 + 8  ulp 2    bits = bits(2^24) + 4 + rne(a/2) 6, 7
+// (the offsets 2 and 8 are even multiples of the ulp, so they keep the tie
+// parity). With k = max(exponent(a), 0) in {0, 1, 2}, bits(M) = 0x4a800000 +
+// k * 0x800002. scripts/check_e2m1.cpp proves this equal, for all 2^32 inputs,
+// to the threshold form this replaced:
+//   a <= 0.25 -> 0, < 0.75 -> 1, <= 1.25 -> 2, < 1.75 -> 3, <= 2.5 -> 4,
+//   < 3.5 -> 5, <= 5 -> 6, else 7.
+// About 6 instructions on the GPU (FMNMX x2, SHF, IMAD, FADD, LOP3) instead of
+// seven compares and a chain of selects or branches.
+QQ_HD uint32_t e2m1_abs_code(float x) {  // code of |x| (bits 0..2), no sign
+  const float ax = abs_f(x);
+#if defined(__CUDA_ARCH__)
+  const float a = fminf(ax, 6.0f);  // IEEE minNum: NaN -> 6, as the host form
+  const float a1 = fmaxf(a, 1.0f);
+#else
+  const float a = ax < 6.0f ? ax : 6.0f;  // NaN compares false -> 6
+  const float a1 = a > 1.0f ? a : 1.0f;
+#endif
+  const uint32_t k = (f2u(a1) >> 23) - 127u;
+  const float m = u2f(0x4a800000u + k * 0x800002u);
+  return f2u(a + m) & 7u;
+}
 QQ_HD uint8_t e2m1_encode(float x) {
-  float a = abs_f(x);
-  uint8_t c;
-  if (a <= 0.25f) c = 0;
-  else if (a < 0.75f) c = 1;
-  else if (a <= 1.25f) c = 2;
-  else if (a < 1.75f) c = 3;
-  else if (a <= 2.5f) c = 4;
-  else if (a < 3.5f) c = 5;
-  else if (a <= 5.0f) c = 6;
-  else c = 7;  // saturate (a > 5, +Inf); NaN never reaches here (group rule)
-  return (uint8_t)(c | ((f2u(x) >> 28) & 0x8u));
+  return (uint8_t)(e2m1_abs_code(x) | ((f2u(x) >> 28) & 0x8u));
 }
 QQ_HD float e2m1_decode(uint8_t c) {
   // value table {0, .5, 1, 1.5, 2, 3, 4, 6}: 0.5 * {0,1,2,3,4,6,8,12}
@@ -137,6 +154,17 @@ QQ_HD uint8_t e2m1x2_encode(float lo, float hi) {
 #else
   return (uint8_t)(e2m1_encode(lo) | (e2m1_encode(hi) << 4));
 #endif
+}
+// Eight E2M1 codes packed little-endian into a word (v[i] in bits 4i..4i+3),
+// the layout of an fp4 row (DESIGN.md section 1).
+QQ_HD uint32_t e2m1x8_encode(const float* v) {
+  uint32_t w = 0;
+#if defined(QQ_HW_E2M1)
+  for (int i = 3; i >= 0; --i) w = (w << 8) | e2m1x2_encode(v[2 * i], v[2 * i + 1]);
+#else
+  for (int i = 7; i >= 0; --i) w = (w << 4) | e2m1_encode(v[i]);
+#endif
+  return w;
 }
 QQ_HD uint16_t e4m3x2_encode(float lo, float hi) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890

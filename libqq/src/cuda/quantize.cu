@@ -211,7 +211,12 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
     for (int i = 0; i < G / 8; ++i) w[i] = 0;
     if (!nan_group) {
 #pragma unroll
-      for (int i = 0; i < G; i += 2) w[i / 8] |= (uint32_t)e2m1x2_encode(v[i] * f, v[i + 1] * f) << (4 * (i % 8));
+      for (int i = 0; i < G / 8; ++i) {
+        float y[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) y[j] = v[8 * i + j] * f;
+        w[i] = e2m1x8_encode(y);
+      }
     }
     if (G == 16) *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
     else *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[G / 8 > 2 ? 2 : 0], w[G / 8 > 3 ? 3 : 0]);
