@@ -1,10 +1,25 @@
-// check_e2m1.cpp - exhaustive proof that codec.h's branch-free E2M1 encoder
-// (fp32 magic-number rounding) gives the same code as the threshold-compare
-// encoder it replaced, for every one of the 2^32 fp32 bit patterns (NaN, Inf,
-// subnormals and both zeros included), and that the packed helpers agree.
-//   g++ -O2 -std=c++17 -Ilibqq/src scripts/check_e2m1.cpp -o /tmp/check_e2m1 && /tmp/check_e2m1
-// Build without -ffast-math (the codecs need IEEE round-to-nearest-even adds
-// and no flush-to-zero). Takes a few seconds.
+// check_e2m1.cpp - exhaustive proofs that codec.h's fast scalar paths give the
+// bits of the forms they replaced, over every fp32 bit pattern:
+//   1. e2m1_encode (branch-free, one fp32 magic-number add) against the
+//      threshold-compare encoder it replaced (the oracle below, verbatim), for
+//      all 2^32 inputs (NaN, Inf, subnormals and both zeros included);
+//      Also that byte 0 of e2m1_abs_sum is the code of |x| with bits 3..7
+//      zero (what e2m1x8_encode's byte gathers rely on), for all 2^32 inputs;
+//   2. e2m1x8_encode (byte-permute packing) against eight e2m1_encode, for
+//      random 8-tuples mixing all bit patterns, values within a few ulp of the
+//      rounding thresholds, zeros, Inf and NaN (the host emulates prmt.b32);
+//   3. div_const (multiply by the reciprocal + one FMA correction, the GPU
+//      form) against the correctly rounded division x / c, for c = 6, 448,
+//      57344 and all 2^32 inputs (its guard sends tiny and non-finite x to the
+//      division; the check covers the guard too).
+// codec.h's GPU-only form of div_const is compiled on the host with
+// -DQQ_CODEC_GPU_FORMS (same IEEE fp32 multiply and fused multiply-add); run
+// both builds:
+//   for d in "" -DQQ_CODEC_GPU_FORMS; do
+//     g++ -O2 -std=c++17 $d -Ilibqq/src scripts/check_e2m1.cpp -o /tmp/check_e2m1 && /tmp/check_e2m1 || break
+//   done
+// Never with -ffast-math (the codecs need IEEE round-to-nearest-even and no
+// flush-to-zero). About 10 s, and a minute for the GPU forms (software fmaf).
 #include <cstdio>
 #include <cstdlib>
 
@@ -25,17 +40,66 @@ inline uint8_t e2m1_encode_ref(float x) {
   else c = 7;
   return (uint8_t)(c | ((qq::f2u(x) >> 28) & 0x8u));
 }
+bool same(float a, float b) {  // equal bits, or both NaN
+  return qq::f2u(a) == qq::f2u(b) || (a != a && b != b);
+}
 }  // namespace
 
 int main() {
-  uint64_t bad = 0, n = 0;
+#if defined(QQ_CODEC_GPU_FORMS)
+  printf("GPU forms (QQ_CODEC_GPU_FORMS)\n");
+#else
+  printf("host forms\n");
+#endif
+  uint64_t bad = 0, bad_div = 0, n = 0;
+  volatile float c6 = 6.0f, c448 = 448.0f, c57344 = 57344.0f;  // volatile: real divisions
   uint32_t u = 0;
   do {
     const float x = qq::u2f(u);
     const uint8_t want = e2m1_encode_ref(x), got = qq::e2m1_encode(x);
-    if (want != got && bad++ < 10) printf("MISMATCH 0x%08x (%g): ref %u new %u\n", u, x, want, got);
+    const uint32_t byte0 = qq::e2m1_abs_sum(x) & 0xffu;
+    if ((want != got || byte0 != (want & 7u)) && bad++ < 10)
+      printf("e2m1 MISMATCH 0x%08x (%g): ref %u new %u byte0 %u\n", u, x, want, got, byte0);
+    const float q6 = qq::div_const(x, 6.0f, 1.0f / 6.0f), q448 = qq::div_const(x, 448.0f, 1.0f / 448.0f),
+                q57344 = qq::div_const(x, 57344.0f, 1.0f / 57344.0f);
+    if ((!same(q6, x / c6) || !same(q448, x / c448) || !same(q57344, x / c57344)) && bad_div++ < 10)
+      printf("div_const MISMATCH 0x%08x (%g)\n", u, x);
     ++n;
   } while (++u != 0);
   printf("e2m1_encode: %llu inputs, %llu mismatches\n", (unsigned long long)n, (unsigned long long)bad);
-  return bad ? 1 : 0;
+  printf("div_const (6, 448, 57344): %llu inputs each, %llu mismatches\n", (unsigned long long)n,
+         (unsigned long long)bad_div);
+
+  // e2m1x8_encode: random tuples
+  uint64_t st = 0x9e3779b97f4a7c15ull, bad8 = 0;
+  auto rnd = [&]() {  // splitmix64
+    uint64_t z = (st += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  const float edges[] = {0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f, 3.5f, 4.0f, 5.0f, 6.0f, 8.0f};
+  const uint32_t specials[] = {0x7f800000u, 0x7fc00000u, 0x7f800001u, 0x7fffffffu, 0x00000001u, 0x007fffffu, 0x7f7fffffu};
+  const uint64_t kTuples = 20000000;
+  for (uint64_t t = 0; t < kTuples; ++t) {
+    float v[8];
+    for (int i = 0; i < 8; ++i) {
+      const uint64_t z = rnd();
+      uint32_t b;
+      switch (z & 3) {
+        case 0: b = (uint32_t)(z >> 32); break;                                    // any pattern
+        case 1: b = qq::f2u(edges[(z >> 8) & 15]) + (uint32_t)((z >> 16) & 7) - 3u; break;  // near a threshold
+        case 2: b = specials[((z >> 8) & 0xff) % 7]; break;
+        default: b = qq::f2u(qq::u2f(0x3f800000u | (uint32_t)(z >> 41)) * 3.0f - 3.0f); break;  // [0, 3)
+      }
+      if ((z >> 63) & 1) b ^= 0x80000000u;
+      v[i] = qq::u2f(b);
+    }
+    uint32_t want = 0;
+    for (int i = 0; i < 8; ++i) want |= (uint32_t)qq::e2m1_encode(v[i]) << (4 * i);
+    const uint32_t got = qq::e2m1x8_encode(v);
+    if (want != got && bad8++ < 10) printf("e2m1x8 MISMATCH tuple %llu: want 0x%08x got 0x%08x\n", (unsigned long long)t, want, got);
+  }
+  printf("e2m1x8_encode: %llu random 8-tuples, %llu mismatches\n", (unsigned long long)kTuples, (unsigned long long)bad8);
+  return bad || bad_div || bad8 ? 1 : 0;
 }
