@@ -8,7 +8,13 @@
 //   2. e2m1x8_encode (byte-permute packing) against eight e2m1_encode, for
 //      random 8-tuples mixing all bit patterns, values within a few ulp of the
 //      rounding thresholds, zeros, Inf and NaN (the host emulates prmt.b32);
-//   3. div_const (multiply by the reciprocal + one FMA correction, the GPU
+//   3. affine_needs_div and affine_round_clamp (magic-number GPU forms)
+//      against the trunc/roundf/cast code they replaced (the oracles below),
+//      for all 2^32 inputs, the latter for every bit width 2, 3, 4, 5, 6, 8;
+//      The host's emulation of the GPU's round-down add (add_rd) is itself
+//      checked against the FPU in FE_DOWNWARD mode for every operand it gets
+//      there (c in [0, 256], then + 2^23);
+//   4. div_const (multiply by the reciprocal + one FMA correction, the GPU
 //      form) against the correctly rounded division x / c, for c = 6, 448,
 //      57344 and all 2^32 inputs (its guard sends tiny and non-finite x to the
 //      division; the check covers the guard too).
@@ -19,9 +25,11 @@
 //     g++ -O2 -std=c++17 $d -Ilibqq/src scripts/check_e2m1.cpp -o /tmp/check_e2m1 && /tmp/check_e2m1 || break
 //   done
 // Never with -ffast-math (the codecs need IEEE round-to-nearest-even and no
-// flush-to-zero). About 10 s, and a minute for the GPU forms (software fmaf).
+// flush-to-zero). About 40 s, and 3 minutes for the GPU forms (software fmaf).
 #include <cstdio>
+#include <cfenv>
 #include <cstdlib>
+#include <initializer_list>
 
 #include "codec.h"
 
@@ -40,6 +48,25 @@ inline uint8_t e2m1_encode_ref(float x) {
   else c = 7;
   return (uint8_t)(c | ((qq::f2u(x) >> 28) & 0x8u));
 }
+// The oracles of affine_encode's two steps: the code before the change.
+inline bool affine_needs_div_ref(float t) {
+  const float at = qq::abs_f(t);
+  const float frac = at - qq::trunc_f(at);
+  return qq::abs_f(frac - 0.5f) < 1e-3f || !(at < 1048576.0f);
+}
+inline uint32_t affine_round_clamp_ref(float t, float n) {
+  float q = qq::round_half_away(t);
+  q = q < 0.0f ? 0.0f : (q > n ? n : q);
+  return (uint32_t)q;
+}
+#if defined(QQ_CODEC_GPU_FORMS)
+// A real round-down add: the FPU in FE_DOWNWARD mode (noinline + volatile so
+// that the compiler cannot move the add across fesetround).
+__attribute__((noinline)) float add_fpu(float a, float b) {
+  volatile float x = a, y = b;
+  return x + y;
+}
+#endif
 bool same(float a, float b) {  // equal bits, or both NaN
   return qq::f2u(a) == qq::f2u(b) || (a != a && b != b);
 }
@@ -51,7 +78,7 @@ int main() {
 #else
   printf("host forms\n");
 #endif
-  uint64_t bad = 0, bad_div = 0, n = 0;
+  uint64_t bad = 0, bad_div = 0, bad_aff = 0, n = 0;
   volatile float c6 = 6.0f, c448 = 448.0f, c57344 = 57344.0f;  // volatile: real divisions
   uint32_t u = 0;
   do {
@@ -64,11 +91,35 @@ int main() {
                 q57344 = qq::div_const(x, 57344.0f, 1.0f / 57344.0f);
     if ((!same(q6, x / c6) || !same(q448, x / c448) || !same(q57344, x / c57344)) && bad_div++ < 10)
       printf("div_const MISMATCH 0x%08x (%g)\n", u, x);
+    bool aff_ok = affine_needs_div_ref(x) == qq::affine_needs_div(x);
+    if (x == x) {  // a NaN quotient never reaches the rounding (finite groups only)
+      for (int bits : {2, 3, 4, 5, 6, 8}) {
+        const float nmax = (float)((1 << bits) - 1);
+        aff_ok = aff_ok && affine_round_clamp_ref(x, nmax) == qq::affine_round_clamp(x, nmax);
+      }
+    }
+    if (!aff_ok && bad_aff++ < 10) printf("affine MISMATCH 0x%08x (%g)\n", u, x);
     ++n;
   } while (++u != 0);
   printf("e2m1_encode: %llu inputs, %llu mismatches\n", (unsigned long long)n, (unsigned long long)bad);
+  printf("affine_needs_div, affine_round_clamp (bits 2..8): %llu inputs, %llu mismatches\n",
+         (unsigned long long)n, (unsigned long long)bad_aff);
   printf("div_const (6, 448, 57344): %llu inputs each, %llu mismatches\n", (unsigned long long)n,
          (unsigned long long)bad_div);
+
+#if defined(QQ_CODEC_GPU_FORMS)
+  uint64_t bad_rd = 0;
+  for (uint32_t v = 0; v <= 0x43800000u; ++v) {  // c in [0, 256]
+    const float c = qq::u2f(v);
+    fesetround(FE_DOWNWARD);
+    const float s1 = add_fpu(c, 0.5f), s2 = add_fpu(s1, 8388608.0f);
+    fesetround(FE_TONEAREST);
+    const float e1 = qq::add_rd(c, 0.5f), e2 = qq::add_rd(e1, 8388608.0f);
+    if ((qq::f2u(s1) != qq::f2u(e1) || qq::f2u(s2) != qq::f2u(e2)) && bad_rd++ < 10) printf("add_rd MISMATCH 0x%08x\n", v);
+  }
+  printf("add_rd emulation vs FE_DOWNWARD: %u inputs, %llu mismatches\n", 0x43800001u, (unsigned long long)bad_rd);
+  if (bad_rd) return 1;
+#endif
 
   // e2m1x8_encode: random tuples
   uint64_t st = 0x9e3779b97f4a7c15ull, bad8 = 0;
@@ -101,5 +152,5 @@ int main() {
     if (want != got && bad8++ < 10) printf("e2m1x8 MISMATCH tuple %llu: want 0x%08x got 0x%08x\n", (unsigned long long)t, want, got);
   }
   printf("e2m1x8_encode: %llu random 8-tuples, %llu mismatches\n", (unsigned long long)kTuples, (unsigned long long)bad8);
-  return bad || bad_div || bad8 ? 1 : 0;
+  return bad || bad_div || bad_aff || bad8 ? 1 : 0;
 }

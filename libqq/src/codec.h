@@ -448,16 +448,54 @@ QQ_HD float trunc_f(float v) {
   return __builtin_truncf(v);
 #endif
 }
+// The two steps of affine_encode, each with a host form (trunc, roundf and a
+// float -> int conversion) and a GPU form (magic-number adds: the host form's
+// FRND and F2I run in the GPU's quarter-rate conversion pipe, three per
+// element). scripts/check_e2m1.cpp proves the forms equal for all 2^32 fp32
+// inputs (and every bit width), so the CPU and the GPU agree.
+// Is |t| within 1e-3 of a .5 boundary, or too large for the reciprocal path?
+QQ_HD bool affine_needs_div(float t) {
+  const float at = abs_f(t);
+#if defined(__CUDA_ARCH__) || defined(QQ_CODEC_GPU_FORMS)
+  // ri = |t| rounded to an integer (2^23 magic, exact for |t| < 2^22); the
+  // distance to it is min(frac, 1 - frac), so |frac - 0.5| = 0.5 - distance.
+  const float ri = (at + 8388608.0f) - 8388608.0f;
+  return 0.5f - abs_f(at - ri) < 1e-3f || !(at < 1048576.0f);
+#else
+  const float frac = at - trunc_f(at);
+  return abs_f(frac - 0.5f) < 1e-3f || !(at < 1048576.0f);
+#endif
+}
+// Round-down addition (add.rm.f32 on the GPU; the host emulates it only for
+// the checker, for operands >= 0).
+QQ_HD float add_rd(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rd(a, b);
+#else
+  const float s = a + b, bb = s - a;
+  const float err = (a - (s - bb)) + (b - bb);  // exact a + b - s (TwoSum)
+  return err < 0.0f ? u2f(f2u(s) - 1u) : s;       // s > 0 here
+#endif
+}
+// clamp(round_half_away(t), 0, n) as an integer, n = 2^bits - 1.
+QQ_HD uint32_t affine_round_clamp(float t, float n) {
+#if defined(__CUDA_ARCH__) || defined(QQ_CODEC_GPU_FORMS)
+  // Clamping first is equal (rounding is monotone and 0, n are integers).
+  // For 0 <= c <= 255: floor(RD(c + 0.5)) = floor(c + 0.5) = round_half_away(c)
+  // (RD never crosses an integer), and RD(x + 2^23) = 2^23 + floor(x).
+  const float c = t > 0.0f ? (t < n ? t : n) : 0.0f;
+  return f2u(add_rd(add_rd(c, 0.5f), 8388608.0f)) - 0x4b000000u;
+#else
+  float q = round_half_away(t);
+  q = q < 0.0f ? 0.0f : (q > n ? n : q);
+  return (uint32_t)q;
+#endif
+}
 QQ_HD uint32_t affine_encode(float w, float scale, float inv, float bias, int bits) {
   const float d = w - bias;
   float t = d * inv;
-  const float at = abs_f(t);
-  const float frac = at - trunc_f(at);
-  if (abs_f(frac - 0.5f) < 1e-3f || !(at < 1048576.0f)) t = d / scale;
-  float q = round_half_away(t);
-  const float n = (float)((1 << bits) - 1);
-  q = q < 0.0f ? 0.0f : (q > n ? n : q);
-  return (uint32_t)q;
+  if (affine_needs_div(t)) t = d / scale;
+  return affine_round_clamp(t, (float)((1 << bits) - 1));
 }
 // Dequantize: fma(q, scale, bias), one rounding (what MLX's CUDA kernels
 // compile to; std::fma on the CPU gives the same bits).
