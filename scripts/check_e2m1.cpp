@@ -14,7 +14,8 @@
 //      The host's emulation of the GPU's round-down add (add_rd) is itself
 //      checked against the FPU in FE_DOWNWARD mode for every operand it gets
 //      there (c in [0, 256], then + 2^23);
-//   4. div_const (multiply by the reciprocal + one FMA correction, the GPU
+//   4. e2m1_decode (built from bits) against its former formula, all 256 bytes;
+//   5. div_const (multiply by the reciprocal + one FMA correction, the GPU
 //      form) against the correctly rounded division x / c, for c = 6, 448,
 //      57344 and all 2^32 inputs (its guard sends tiny and non-finite x to the
 //      division; the check covers the guard too).
@@ -67,6 +68,12 @@ __attribute__((noinline)) float add_fpu(float a, float b) {
   return x + y;
 }
 #endif
+// The oracle of e2m1_decode: the formula before the change.
+inline float e2m1_decode_ref(uint8_t c) {
+  const uint32_t m = c & 7u;
+  float v = (m < 4) ? 0.5f * (float)m : (float)(1u << ((m >> 1) - 1)) * ((m & 1) ? 1.5f : 1.0f);
+  return (c & 8u) ? -v : v;
+}
 bool same(float a, float b) {  // equal bits, or both NaN
   return qq::f2u(a) == qq::f2u(b) || (a != a && b != b);
 }
@@ -106,6 +113,13 @@ int main() {
          (unsigned long long)n, (unsigned long long)bad_aff);
   printf("div_const (6, 448, 57344): %llu inputs each, %llu mismatches\n", (unsigned long long)n,
          (unsigned long long)bad_div);
+
+  uint64_t bad_dec = 0;
+  for (int c = 0; c < 256; ++c)
+    if (qq::f2u(qq::e2m1_decode((uint8_t)c)) != qq::f2u(e2m1_decode_ref((uint8_t)c)) && bad_dec++ < 10)
+      printf("e2m1_decode MISMATCH %d\n", c);
+  printf("e2m1_decode: 256 bytes, %llu mismatches\n", (unsigned long long)bad_dec);
+  if (bad_dec) return 1;
 
 #if defined(QQ_CODEC_GPU_FORMS)
   uint64_t bad_rd = 0;

@@ -124,10 +124,13 @@ QQ_HD uint8_t e2m1_encode(float x) {
   return (uint8_t)((e2m1_abs_sum(x) & 7u) | ((f2u(x) >> 28) & 0x8u));
 }
 QQ_HD float e2m1_decode(uint8_t c) {
-  // value table {0, .5, 1, 1.5, 2, 3, 4, 6}: 0.5 * {0,1,2,3,4,6,8,12}
+  // Built as fp32 bits, no int -> float conversion (a quarter-rate GPU op):
+  // codes 2..7 are (m << 22) + 0x3f000000 (exponent field m / 2 + 126, one
+  // mantissa bit m % 2), code 1 is 0.5, code 0 is 0; bit 3 is the sign.
+  // scripts/check_e2m1.cpp checks all 256 bytes against the former formula.
   const uint32_t m = c & 7u;
-  float v = (m < 4) ? 0.5f * (float)m : (float)(1u << ((m >> 1) - 1)) * ((m & 1) ? 1.5f : 1.0f);
-  return (c & 8u) ? -v : v;
+  const uint32_t mag = m >= 2 ? (m << 22) + 0x3f000000u : (m ? 0x3f000000u : 0u);
+  return u2f(mag | ((uint32_t)(c & 8u) << 28));
 }
 
 QQ_HD uint8_t e4m3_encode(float x) { return encode_minifloat(x, 3, 7, 7, 0x7e, 448.0f, 0x7f); }
