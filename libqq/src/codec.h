@@ -92,27 +92,45 @@ QQ_HD uint8_t encode_minifloat(float x, int mbits, int bias, int sign_shift,
 }
 
 // E2M1 (fp4): codes 0..7 = {0, 0.5, 1, 1.5, 2, 3, 4, 6}, bit 3 = sign.
-// Threshold form of round-to-nearest-even (ties go to the even code):
-// 0.25->0, 0.75->1.0, 1.25->1.0, 1.75->2, 2.5->2, 3.5->4, 5->4.
-// Equal to encode_minifloat(x, 1, 1, 3, 7, 6.0f, 0) for finite x.
+// Round to nearest, ties to even (0.25->0, 0.75->1.0, 1.25->1.0, 1.75->2,
+// 2.5->2, 3.5->4, 5->4), saturating (|x| > 5 and +-Inf -> 6; NaN -> code 7
+// with x's sign: callers never encode NaN, the group rule zeroes such groups).
+// Branch-free, with one rounding done by the fp32 adder: a = min(|x|, 6); a
+// magic number M whose ulp is the E2M1 quantum of a's binade makes a + M round
+// a exactly once, ties to even, and the low 3 bits of the sum are the code:
+//   a < 2        M = 2^22      ulp 0.5  bits = bits(M) + rne(2a)         0..4
+//   2 <= a < 4   M = 2^23 + 2  ulp 1    bits = bits(2^23) + 2 + rne(a)   4..6
+//   4 <= a <= 6  M = 2^24 + 8  ulp 2    bits = bits(2^24) + 4 + rne(a/2) 6, 7
+// (the offsets 2 and 8 are even multiples of the ulp, so they keep the tie
+// parity). With k = max(exponent(a), 0) in {0, 1, 2}, bits(M) = 0x4a800000 +
+// k * 0x800002. scripts/check_e2m1.cpp proves this equal, for all 2^32 inputs,
+// to the threshold form this replaced:
+//   a <= 0.25 -> 0, < 0.75 -> 1, <= 1.25 -> 2, < 1.75 -> 3, <= 2.5 -> 4,
+//   < 3.5 -> 5, <= 5 -> 6, else 7.
+// About 6 instructions on the GPU (FMNMX x2, SHF, IMAD, FADD, LOP3) instead of
+// seven compares and a chain of selects or branches.
+// The fp32 sum a + M: its byte 0 is the code of |x| (bits 3..7 are zero; the
+// checker proves that too), the rest is M's exponent.
+QQ_HD uint32_t e2m1_abs_sum(float x) {
+  const float ax = abs_f(x);
+  // NaN compares false -> 6. nvcc compiles both selects to min.f32/max.f32
+  // (whose NaN rule, "the other operand", gives the same 6).
+  const float a = ax < 6.0f ? ax : 6.0f;
+  const float a1 = a > 1.0f ? a : 1.0f;
+  const uint32_t k = (f2u(a1) >> 23) - 127u;
+  return f2u(a + u2f(0x4a800000u + k * 0x800002u));
+}
 QQ_HD uint8_t e2m1_encode(float x) {
-  float a = abs_f(x);
-  uint8_t c;
-  if (a <= 0.25f) c = 0;
-  else if (a < 0.75f) c = 1;
-  else if (a <= 1.25f) c = 2;
-  else if (a < 1.75f) c = 3;
-  else if (a <= 2.5f) c = 4;
-  else if (a < 3.5f) c = 5;
-  else if (a <= 5.0f) c = 6;
-  else c = 7;  // saturate (a > 5, +Inf); NaN never reaches here (group rule)
-  return (uint8_t)(c | ((f2u(x) >> 28) & 0x8u));
+  return (uint8_t)((e2m1_abs_sum(x) & 7u) | ((f2u(x) >> 28) & 0x8u));
 }
 QQ_HD float e2m1_decode(uint8_t c) {
-  // value table {0, .5, 1, 1.5, 2, 3, 4, 6}: 0.5 * {0,1,2,3,4,6,8,12}
+  // Built as fp32 bits, no int -> float conversion (a quarter-rate GPU op):
+  // codes 2..7 are (m << 22) + 0x3f000000 (exponent field m / 2 + 126, one
+  // mantissa bit m % 2), code 1 is 0.5, code 0 is 0; bit 3 is the sign.
+  // scripts/check_e2m1.cpp checks all 256 bytes against the former formula.
   const uint32_t m = c & 7u;
-  float v = (m < 4) ? 0.5f * (float)m : (float)(1u << ((m >> 1) - 1)) * ((m & 1) ? 1.5f : 1.0f);
-  return (c & 8u) ? -v : v;
+  const uint32_t mag = m >= 2 ? (m << 22) + 0x3f000000u : (m ? 0x3f000000u : 0u);
+  return u2f(mag | ((uint32_t)(c & 8u) << 28));
 }
 
 QQ_HD uint8_t e4m3_encode(float x) { return encode_minifloat(x, 3, 7, 7, 0x7e, 448.0f, 0x7f); }
@@ -138,6 +156,50 @@ QQ_HD uint8_t e2m1x2_encode(float lo, float hi) {
   return (uint8_t)(e2m1_encode(lo) | (e2m1_encode(hi) << 4));
 #endif
 }
+// prmt.b32 (byte permute): result byte i = byte (sel >> 4i) & 7 of the pair
+// b:a (a = bytes 0..3); if bit 3 of that selector nibble is set, the byte's
+// sign bit replicated instead. One instruction on the GPU; emulated on the host
+// (only the checker runs it there).
+QQ_HD uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+#else
+  const uint64_t x = ((uint64_t)b << 32) | a;
+  uint32_t d = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t n = (sel >> (4 * i)) & 15u;
+    uint32_t byte = (uint32_t)(x >> (8 * (n & 7))) & 0xffu;
+    if (n & 8) byte = (byte & 0x80u) ? 0xffu : 0u;
+    d |= byte << (8 * i);
+  }
+  return d;
+#endif
+}
+// Eight E2M1 codes packed little-endian into a word (v[i] in bits 4i..4i+3),
+// the layout of an fp4 row (DESIGN.md section 1); equal to eight e2m1_encode.
+// Software path: byte permutes gather the codes of the even and the odd
+// elements (byte 0 of e2m1_abs_sum) into E and O, and the sign bits (byte 3
+// of each input, sign-replicated) into masks; w = E | O << 4 | signs. About
+// two instructions per 8 values less than shifting and or-ing code by code.
+QQ_HD uint32_t e2m1x8_encode(const float* v) {
+#if defined(QQ_HW_E2M1)
+  uint32_t w = 0;
+  for (int i = 3; i >= 0; --i) w = (w << 8) | e2m1x2_encode(v[2 * i], v[2 * i + 1]);
+  return w;
+#else
+  uint32_t r[8];
+  for (int i = 0; i < 8; ++i) r[i] = e2m1_abs_sum(v[i]);
+  // byte 0 of a, byte 0 of b -> bytes 0, 1; then two such pairs -> 4 bytes
+  const uint32_t e = prmt(prmt(r[0], r[2], 0x40u), prmt(r[4], r[6], 0x40u), 0x5410u);
+  const uint32_t o = prmt(prmt(r[1], r[3], 0x40u), prmt(r[5], r[7], 0x40u), 0x5410u);
+  // 0xFB: bytes 0, 1 = sign of byte 3 of a, of b, replicated
+  const uint32_t se = prmt(prmt(f2u(v[0]), f2u(v[2]), 0xfbu), prmt(f2u(v[4]), f2u(v[6]), 0xfbu), 0x5410u);
+  const uint32_t so = prmt(prmt(f2u(v[1]), f2u(v[3]), 0xfbu), prmt(f2u(v[5]), f2u(v[7]), 0xfbu), 0x5410u);
+  return (e + (o << 4)) | (se & 0x08080808u) | (so & 0x80808080u);
+#endif
+}
 QQ_HD uint16_t e4m3x2_encode(float lo, float hi) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   uint16_t r;
@@ -157,6 +219,15 @@ QQ_HD uint16_t e5m2x2_encode(float lo, float hi) {
 #endif
 }
 
+// One E4M3 code (the hardware conversion where there is one; same rule).
+QQ_HD uint8_t e4m3_rn(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  return (uint8_t)(e4m3x2_encode(x, 0.0f) & 0xff);
+#else
+  return e4m3_encode(x);
+#endif
+}
+
 QQ_HD float minifloat_decode(uint8_t c, int ebits, int mbits, int bias) {
   const uint32_t sign = c >> (ebits + mbits);
   const uint32_t ef = (c >> mbits) & ((1u << ebits) - 1);
@@ -168,7 +239,14 @@ QQ_HD float minifloat_decode(uint8_t c, int ebits, int mbits, int bias) {
 }
 QQ_HD float e4m3_decode(uint8_t c) {
   if ((c & 0x7f) == 0x7f) return u2f(0x7fc00000u);  // E4M3FN has only NaN, no Inf
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  // Hardware: E4M3 -> f16 -> f32, both exact (every E4M3 value is an f16).
+  uint32_t h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"((uint16_t)c));
+  return __half2float(__ushort_as_half((unsigned short)(h2 & 0xffff)));
+#else
   return minifloat_decode(c, 4, 3, 7);
+#endif
 }
 QQ_HD float e5m2_decode(uint8_t c) {
   if ((c & 0x7c) == 0x7c) {  // exponent all ones: Inf or NaN (IEEE-like)
@@ -178,13 +256,39 @@ QQ_HD float e5m2_decode(uint8_t c) {
   return minifloat_decode(c, 5, 2, 15);
 }
 
+// ---- exact division by a constant ------------------------------------------
+// x / c, correctly rounded, for the element maxima c = 6, 448, 57344 with
+// rc = 1/c rounded to fp32. On the GPU: q = x * rc, then one FMA correction
+// step q + (x - q*c) * rc (Markstein) - three instructions instead of a
+// division's reciprocal, refinement and slow-path check. scripts/check_e2m1.cpp
+// proves it equal to x / c for every finite |x| >= 2^-100 and these three c;
+// for smaller x (quotients near the subnormal range, where the correction can
+// be off by one ulp) and non-finite x the division itself runs.
+QQ_HD float div_const(float x, float c, float rc) {
+#if defined(__CUDA_ARCH__) || defined(QQ_CODEC_GPU_FORMS)  // (the checker builds this on the host)
+  const float a = abs_f(x);
+  if (!(a >= 0x1p-100f && a <= 3.40282347e38f)) return x / c;
+#if defined(__CUDA_ARCH__)
+  const float q = __fmul_rn(x, rc);
+  return __fmaf_rn(__fmaf_rn(-q, c, x), rc, q);
+#else
+  const float q = x * rc;
+  return __builtin_fmaf(__builtin_fmaf(-q, c, x), rc, q);
+#endif
+#else
+  (void)rc;
+  return x / c;
+#endif
+}
+
 // ---- UE8M0 scales (mxfp4, mxfp8) --------------------------------------------
 // elem_max: 6 (E2M1), 448 (E4M3), 57344 (E5M2); emax_elem: 2, 8, 15.
 // Returns the scale byte; 0xFF for a non-finite amax. amax >= 0.
-QQ_HD uint8_t ue8m0_ceil(float amax, float elem_max) {
+// elem_rcp = 1 / elem_max rounded (for div_const).
+QQ_HD uint8_t ue8m0_ceil(float amax, float elem_max, float elem_rcp) {
   if (!is_finite_f(amax)) return 0xff;
   if (amax == 0.0f) return 0;
-  const float q = amax / elem_max;  // correctly rounded fp32 quotient
+  const float q = div_const(amax, elem_max, elem_rcp);  // correctly rounded fp32 quotient
   const uint32_t u = f2u(q);
   const uint32_t e = (u >> 23) & 0xff;
   const uint32_t m = u & 0x7fffff;
@@ -281,6 +385,9 @@ QQ_HD float elem_decode(int kind, uint8_t c) {
   return kind == ELEM_E2M1 ? e2m1_decode(c) : (kind == ELEM_E4M3 ? e4m3_decode(c) : e5m2_decode(c));
 }
 QQ_HD float elem_max(int kind) { return kind == ELEM_E2M1 ? 6.0f : (kind == ELEM_E4M3 ? 448.0f : 57344.0f); }
+QQ_HD float elem_rcp(int kind) {  // 1 / elem_max(kind), rounded to fp32
+  return kind == ELEM_E2M1 ? 1.0f / 6.0f : (kind == ELEM_E4M3 ? 1.0f / 448.0f : 1.0f / 57344.0f);
+}
 QQ_HD int elem_emax(int kind) { return kind == ELEM_E2M1 ? 2 : (kind == ELEM_E4M3 ? 8 : 15); }
 // Element code of a NaN group: 0x7F for fp8, 0 for fp4 (DESIGN.md section 2).
 QQ_HD uint8_t elem_nan_code(int kind) { return kind == ELEM_E2M1 ? 0 : 0x7f; }
@@ -293,7 +400,7 @@ QQ_HD float nvfp4_enc(float global_scale) { return 2688.0f / global_scale; }
 QQ_HD uint8_t nvfp4_scale(float amax, float enc) {
   if (!is_finite_f(amax)) return 0x7f;
   if (amax == 0.0f) return 0;
-  return e4m3_encode((amax / 6.0f) * enc);
+  return e4m3_rn(div_const(amax, 6.0f, 1.0f / 6.0f) * enc);
 }
 // Factor applied to each element before E2M1 encoding; 0 when the group
 // encodes as zeros (s == 0) or NaN (s is NaN: the codes are 0 by rule).
@@ -306,7 +413,7 @@ QQ_HD float nvfp4_dec(float global_scale) { return global_scale / 2688.0f; }
 
 // MX (mxfp4, mxfp8): UE8M0 byte by rounding rule; elements x * 2^(127-b).
 QQ_HD uint8_t mx_scale(float amax, int kind, int floor_rounding) {
-  return floor_rounding ? ue8m0_floor(amax, elem_emax(kind)) : ue8m0_ceil(amax, elem_max(kind));
+  return floor_rounding ? ue8m0_floor(amax, elem_emax(kind)) : ue8m0_ceil(amax, elem_max(kind), elem_rcp(kind));
 }
 
 // Affine (bit-exact with MLX's CUDA kernels; DESIGN.md section 2).
@@ -344,16 +451,54 @@ QQ_HD float trunc_f(float v) {
   return __builtin_truncf(v);
 #endif
 }
+// The two steps of affine_encode, each with a host form (trunc, roundf and a
+// float -> int conversion) and a GPU form (magic-number adds: the host form's
+// FRND and F2I run in the GPU's quarter-rate conversion pipe, three per
+// element). scripts/check_e2m1.cpp proves the forms equal for all 2^32 fp32
+// inputs (and every bit width), so the CPU and the GPU agree.
+// Is |t| within 1e-3 of a .5 boundary, or too large for the reciprocal path?
+QQ_HD bool affine_needs_div(float t) {
+  const float at = abs_f(t);
+#if defined(__CUDA_ARCH__) || defined(QQ_CODEC_GPU_FORMS)
+  // ri = |t| rounded to an integer (2^23 magic, exact for |t| < 2^22); the
+  // distance to it is min(frac, 1 - frac), so |frac - 0.5| = 0.5 - distance.
+  const float ri = (at + 8388608.0f) - 8388608.0f;
+  return 0.5f - abs_f(at - ri) < 1e-3f || !(at < 1048576.0f);
+#else
+  const float frac = at - trunc_f(at);
+  return abs_f(frac - 0.5f) < 1e-3f || !(at < 1048576.0f);
+#endif
+}
+// Round-down addition (add.rm.f32 on the GPU; the host emulates it only for
+// the checker, for operands >= 0).
+QQ_HD float add_rd(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rd(a, b);
+#else
+  const float s = a + b, bb = s - a;
+  const float err = (a - (s - bb)) + (b - bb);  // exact a + b - s (TwoSum)
+  return err < 0.0f ? u2f(f2u(s) - 1u) : s;       // s > 0 here
+#endif
+}
+// clamp(round_half_away(t), 0, n) as an integer, n = 2^bits - 1.
+QQ_HD uint32_t affine_round_clamp(float t, float n) {
+#if defined(__CUDA_ARCH__) || defined(QQ_CODEC_GPU_FORMS)
+  // Clamping first is equal (rounding is monotone and 0, n are integers).
+  // For 0 <= c <= 255: floor(RD(c + 0.5)) = floor(c + 0.5) = round_half_away(c)
+  // (RD never crosses an integer), and RD(x + 2^23) = 2^23 + floor(x).
+  const float c = t > 0.0f ? (t < n ? t : n) : 0.0f;
+  return f2u(add_rd(add_rd(c, 0.5f), 8388608.0f)) - 0x4b000000u;
+#else
+  float q = round_half_away(t);
+  q = q < 0.0f ? 0.0f : (q > n ? n : q);
+  return (uint32_t)q;
+#endif
+}
 QQ_HD uint32_t affine_encode(float w, float scale, float inv, float bias, int bits) {
   const float d = w - bias;
   float t = d * inv;
-  const float at = abs_f(t);
-  const float frac = at - trunc_f(at);
-  if (abs_f(frac - 0.5f) < 1e-3f || !(at < 1048576.0f)) t = d / scale;
-  float q = round_half_away(t);
-  const float n = (float)((1 << bits) - 1);
-  q = q < 0.0f ? 0.0f : (q > n ? n : q);
-  return (uint32_t)q;
+  if (affine_needs_div(t)) t = d / scale;
+  return affine_round_clamp(t, (float)((1 << bits) - 1));
 }
 // Dequantize: fma(q, scale, bias), one rounding (what MLX's CUDA kernels
 // compile to; std::fma on the CPU gives the same bits).

@@ -1,24 +1,35 @@
 // cuda/quantize.cu - quantize, dequantize, swizzle/unswizzle and amax on the GPU.
 //
-// Versions: v1 (this file) - one thread per 8 consecutive elements of a row
-// (one 16-byte load of bf16/fp16, two of fp32), the lanes that share a group
-// (group/8 of them: 2 for nvfp4, 4 for mx, 8/16 for affine 64/128) reduce
-// amax (and min for affine) with warp shuffles, every lane encodes its own 8
-// elements with the codecs of codec.h (the CPU backend's code) and stores
-// them in one 4- or 8-byte write; lane 0 of the group writes the scale, to
-// the linear or the blocked layout directly (no second pass). Threads of the
-// blocked layout's padding rows write zero scales; the last group of a row
-// zero-fills the padding columns, so no memset is needed either.
+// Versions: v2 (this file). Row-wise fp modes: one thread per 32 elements of
+// a row (one mx group, or two nvfp4 groups when a row has an even number of
+// them), so the scale math runs once per group with no shuffles and the
+// per-thread set-up once per 32 elements; all 16-byte loads are issued
+// first; amax of 16-bit inputs is taken two elements per instruction on the
+// packed halves. Affine: one thread per 32 elements, the group/32 threads of
+// a group combine min/max with warp shuffles. Every thread encodes its own
+// elements with the codecs of codec.h (the CPU backend's code; E2M1 in
+// software on Hopper is the branch-free magic-number encoder, 8 values packed
+// per word with byte permutes) and stores whole words; the group's first
+// thread writes the scale, to the linear or the blocked layout directly (no
+// second pass). Threads of the blocked layout's padding rows write zero
+// scales; the last unit of a row zero-fills the padding columns, so no memset
+// is needed either. Column-wise and MoE layouts: the tile kernel further down.
+// (v1: one thread per 8 elements with shuffles, threshold-compare E2M1.)
 //
-// Indexing is 64-bit throughout (inputs over 2^31 elements). The global scale
-// is read on the device; nothing here synchronizes with the host.
+// Indexing is 64-bit where it can exceed 2^31 (row and batch offsets); group
+// and column indices inside a row are 32-bit (the grid caps a row at 2^23
+// chunks). The global scale is read on the device; nothing here synchronizes
+// with the host.
 //
 // Bit-exactness: every value goes through the same codec.h functions as the
-// CPU backend; no fast-math, and the codecs contain no a*b+c a compiler could
-// contract into an FMA.
+// CPU backend (GPU-only fast forms there are proven equal by
+// scripts/check_e2m1.cpp); no fast-math, and the codecs contain no a*b+c a
+// compiler could contract into an FMA.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include <type_traits>
 
 #include "../codec.h"
 #include "../internal.h"
@@ -140,7 +151,7 @@ __device__ __forceinline__ RowPos row_pos(const Shape& s) {
   RowPos p;
   const uint32_t row = blockIdx.x;
   const uint32_t prows = (uint32_t)s.prows;
-  const uint32_t b = row / prows;
+  const uint32_t b = prows == gridDim.x ? 0u : row / prows;  // no division for one batch entry
   p.b = b;
   p.r = row - b * prows;
   const uint32_t c = blockIdx.y * kRowThreads + threadIdx.x;
@@ -154,83 +165,139 @@ __device__ __forceinline__ RowPos row_pos(const Shape& s) {
 // ---------------------------------------------------------------------------
 // quantize kernels
 // ---------------------------------------------------------------------------
-// fp modes: one thread per group of G (16 or 32) elements, so the scale math
-// (two fp32 divisions, the E4M3/UE8M0 rounding) runs once per group and no
-// shuffles are needed. Here s.chunks counts groups per row. The group's
-// G * sizeof(T) bytes come in 16-byte loads, all issued before any use.
-template <typename T, int G>
+// fp modes: one thread per kN = 32 elements: one group (mx, G = 32) or two
+// (nvfp4, G = 16, when a row has an even number of groups; else one), so the
+// scale math runs once per group, no shuffles are needed, and the per-thread
+// set-up (grid position, row pointers, the global scale) is paid once per 32
+// elements. Here s.chunks counts units of kGroups groups per row. The unit's
+// kN * sizeof(T) bytes come in 16-byte loads, all issued before any use.
+//
+// Raw 16-byte words of kN consecutive elements, and their fp32 values.
+template <typename T, int kN> struct RawRow {
+  static constexpr int kWords = kN * (int)sizeof(T) / 4;
+  uint32_t w[kWords];
+  __device__ __forceinline__ void load(const T* p) {
+#pragma unroll
+    for (int i = 0; i < kWords; i += 4) {
+      const uint4 q = __ldg(reinterpret_cast<const uint4*>(p) + i / 4);
+      w[i] = q.x; w[i + 1] = q.y; w[i + 2] = q.z; w[i + 3] = q.w;
+    }
+  }
+  __device__ __forceinline__ float get(int i) const {
+    if (sizeof(T) == 4) return u2f(w[i]);
+    const uint32_t h = (i & 1) ? (w[i / 2] >> 16) : (w[i / 2] & 0xffff);
+    if (std::is_same<T, __half>::value) return __half2float(__ushort_as_half((unsigned short)h));
+    return u2f((i & 1) ? (w[i / 2] & 0xffff0000u) : (w[i / 2] << 16));  // bf16
+  }
+  // max |x| over elements [i0, i0 + n) as a float, NaN-propagating (NaN if any
+  // element is NaN: non-negative floats order like their bit patterns and NaN
+  // lies above +Inf). 16-bit types: two elements per instruction (__vmaxu2 on
+  // the packed halves; bf16/f16 -> f32 is monotone and exact, so the max of the
+  // converted values is the conversion of the max).
+  __device__ __forceinline__ float absmax(int i0, int n) const {
+    if (sizeof(T) == 4) {
+      uint32_t m = 0;
+#pragma unroll
+      for (int i = 0; i < n; ++i) m = max(m, w[i0 + i] & 0x7fffffffu);
+      return u2f(m);
+    }
+    uint32_t m2 = 0;
+#pragma unroll
+    for (int i = 0; i < n / 2; ++i) m2 = __vmaxu2(m2, w[i0 / 2 + i] & 0x7fff7fffu);
+    const uint32_t m = max(m2 & 0xffffu, m2 >> 16);
+    if (std::is_same<T, __half>::value) return __half2float(__ushort_as_half((unsigned short)m));
+    return u2f(m << 16);
+  }
+};
+
+template <typename T, int G, int kGroups>
 __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a, Shape s) {
+  constexpr int kN = G * kGroups;
   const RowPos p = row_pos(s);
   if (!p.live) return;
-  const int64_t g = p.chunk, b = p.b, r = p.r, ng = s.chunks;
+  const int64_t b = p.b, r = p.r;
+  // Group indices fit in 32 bits (fewer than 2^24 groups per row: the grid limit).
+  const uint32_t g0 = (uint32_t)p.chunk * kGroups, ng = (uint32_t)s.chunks * kGroups;
   const bool pad_row = r >= s.rows;  // blocked-layout padding row: zero scales only
 
-  uint8_t* scales = (uint8_t*)a.scales.ptr;
+  // Scale bytes of groups g0 .. g0 + kGroups - 1 are consecutive in both
+  // layouts (in the blocked one because g0 is a multiple of kGroups <= 2).
+  uint8_t* sp = (uint8_t*)a.scales.ptr;
   if (a.q.blocked) {
-    uint8_t* base = scales + b * a.scales.rows * a.scales.cols;
-    if (g == ng - 1)  // zero-fill the padding columns of this row
-      for (int64_t c = ng; c < a.scales.cols; ++c) base[blocked_offset(r, c, a.scales.cols)] = 0;
+    // blocked_offset(r, c, C4) split into a row part (64-bit, per block) and a
+    // column part (c / 4) * 512 + c % 4, 32-bit.
+    const int64_t c4 = a.scales.cols;
+    uint8_t* base = sp + b * a.scales.rows * c4 + blocked_offset(r, 0, c4);
+    if (g0 + kGroups == ng)  // zero-fill the padding columns of this row
+      for (uint32_t c = ng; c < (uint32_t)c4; ++c) base[((c >> 2) << 9) | (c & 3)] = 0;
+    sp = base + (((g0 >> 2) << 9) | (g0 & 3));
     if (pad_row) {
-      base[blocked_offset(r, g, a.scales.cols)] = 0;
+#pragma unroll
+      for (int k = 0; k < kGroups; ++k) sp[k] = 0;
       return;
     }
-  }
-
-  float v[G];
-  const T* src = a.x.at<T>(b, r) + g * G;
-#pragma unroll
-  for (int i = 0; i < G; i += kVec) load8<T>(src + i, v + i);
-  // max |v| as an integer max of the bit patterns: non-negative floats order
-  // like their bits and NaN's bits lie above +Inf's, so NaN propagates - one
-  // instruction per element instead of a NaN-aware float max.
-  uint32_t ab = 0;
-#pragma unroll
-  for (int i = 0; i < G; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
-  const float amax = u2f(ab);
-
-  uint8_t sc;
-  float f;
-  bool nan_group;
-  if (G == 16) {  // nvfp4 (the only group of 16)
-    const float enc = a.gs ? nvfp4_enc(*a.gs) : 1.0f;
-    sc = nvfp4_scale(amax, enc);
-    f = nvfp4_elem_factor(sc, enc);
-    nan_group = (sc & 0x7f) == 0x7f;
   } else {
-    sc = mx_scale(amax, a.q.elem, a.q.floor_rounding);
-    nan_group = sc == 0xff;
-    f = nan_group ? 0.0f : ue8m0_inverse(sc);
+    sp += (b * s.rows + r) * ng + g0;
   }
-  if (a.q.blocked) scales[b * a.scales.rows * a.scales.cols + blocked_offset(r, g, a.scales.cols)] = sc;
-  else scales[(b * s.rows + r) * ng + g] = sc;
 
-  uint8_t* dst = (uint8_t*)a.data.ptr + (b * s.rows + r) * a.data.cols + g * G * a.q.bits / 8;
-  if (G == 16 || a.q.bits == 4) {
-    uint32_t w[G / 8];
+  RawRow<T, kN> x;
+  x.load(a.x.at<T>(b, r) + (int64_t)g0 * G);
+  const float enc = (G == 16 && a.gs) ? nvfp4_enc(*a.gs) : 1.0f;
+
+  uint8_t* dst = (uint8_t*)a.data.ptr + (b * s.rows + r) * a.data.cols + (int64_t)g0 * G * a.q.bits / 8;
+  const bool fp4 = G == 16 || a.q.bits == 4;
+  uint32_t out[kN / 4];  // fp4: the first kN / 8 words; fp8: all
 #pragma unroll
-    for (int i = 0; i < G / 8; ++i) w[i] = 0;
-    if (!nan_group) {
-#pragma unroll
-      for (int i = 0; i < G; i += 2) w[i / 8] |= (uint32_t)e2m1x2_encode(v[i] * f, v[i + 1] * f) << (4 * (i % 8));
+  for (int k = 0; k < kGroups; ++k) {
+    const float amax = x.absmax(k * G, G);
+    uint8_t sc;
+    float f;
+    bool nan_group;
+    if (G == 16) {  // nvfp4 (the only group of 16)
+      sc = nvfp4_scale(amax, enc);
+      f = nvfp4_elem_factor(sc, enc);
+      nan_group = (sc & 0x7f) == 0x7f;
+    } else {
+      sc = mx_scale(amax, a.q.elem, a.q.floor_rounding);
+      nan_group = sc == 0xff;
+      f = nan_group ? 0.0f : ue8m0_inverse(sc);
     }
-    if (G == 16) *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
-    else *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[G / 8 > 2 ? 2 : 0], w[G / 8 > 3 ? 3 : 0]);
-  } else {
-    uint32_t w[G / 4];
+    sp[k] = sc;
+    if (fp4) {
+      // a NaN group's codes are 0 (DESIGN.md section 2)
 #pragma unroll
-    for (int i = 0; i < G / 4; ++i) w[i] = 0x7f7f7f7fu;  // a NaN group's codes (fp8: 0x7F)
-    if (!nan_group) {
+      for (int i = 0; i < G / 8; ++i) {
+        float y[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) y[j] = x.get(k * G + 8 * i + j) * f;
+        out[k * G / 8 + i] = nan_group ? 0u : e2m1x8_encode(y);
+      }
+    } else {
 #pragma unroll
       for (int i = 0; i < G; i += 2) {
-        const uint32_t pr = a.q.elem == ELEM_E4M3 ? e4m3x2_encode(v[i] * f, v[i + 1] * f)
-                                                  : e5m2x2_encode(v[i] * f, v[i + 1] * f);
-        if (i % 4 == 0) w[i / 4] = pr;
-        else w[i / 4] |= pr << 16;
+        const float lo = x.get(k * G + i) * f, hi = x.get(k * G + i + 1) * f;
+        uint32_t pr = a.q.elem == ELEM_E4M3 ? e4m3x2_encode(lo, hi) : e5m2x2_encode(lo, hi);
+        pr = nan_group ? 0x7f7fu : pr;  // a NaN group's codes (fp8: 0x7F)
+        const int wi = (k * G + i) / 4;
+        out[wi] = (i % 4 == 0) ? pr : (out[wi] | (pr << 16));
       }
     }
+  }
+  // fp4: kN / 8 words (8 or 16 bytes); fp8: kN / 4 words (32 bytes). data rows
+  // are 8-byte aligned (nvfp4) or 16-byte aligned (mx): see quantize().
+  if (fp4) {
+    if (kN == 16) {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(out[0], out[1]);
+    } else if (((uintptr_t)dst & 15) == 0) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(out[0], out[1], out[kN / 8 - 2], out[kN / 8 - 1]);
+    } else {
+      reinterpret_cast<uint2*>(dst)[0] = make_uint2(out[0], out[1]);
+      reinterpret_cast<uint2*>(dst)[1] = make_uint2(out[kN / 8 - 2], out[kN / 8 - 1]);
+    }
+  } else {
 #pragma unroll
-    for (int i = 0; i < G / 4; i += 4)
-      reinterpret_cast<uint4*>(dst)[i / 4] = make_uint4(w[i], w[i + 1], w[i + 2], w[i + 3]);
+    for (int i = 0; i < kN / 4; i += 4)
+      reinterpret_cast<uint4*>(dst)[i / 4] = make_uint4(out[i], out[i + 1], out[i + 2], out[i + 3]);
   }
 }
 
@@ -434,8 +501,12 @@ __device__ __forceinline__ uint8_t encode_group(const QSpec& q, float enc, float
     }
     if (G == 16 || bits == 4) {
 #pragma unroll
-      for (int i = 0; i < G; i += 2)
-        if (!nan_group) w[i / 8] |= (uint32_t)e2m1x2_encode(get(i) * f, get(i + 1) * f) << (4 * (i % 8));
+      for (int i = 0; i < G / 8; ++i) {
+        float y[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) y[j] = get(8 * i + j) * f;
+        w[i] = nan_group ? 0u : e2m1x8_encode(y);  // a NaN group's codes are 0
+      }
     } else {
 #pragma unroll
       for (int i = 0; i < G; i += 2) {
@@ -490,7 +561,7 @@ __device__ __forceinline__ uint8_t encode_group(const QSpec& q, float enc, float
 }
 
 template <typename T, int G, bool kColMajor>
-__global__ void __launch_bounds__(kThreads) quantize_tile_kernel(ColwiseArgs a, bool vec) {
+__global__ void __launch_bounds__(kThreads, 6) quantize_tile_kernel(ColwiseArgs a, bool vec) {
   __shared__ float xs[kTM * kPitch];  // xs[m * kPitch + k], logical (m, k) of the tile
   const int64_t M = a.M, K = a.K;
   const int64_t m0 = (int64_t)blockIdx.x * kTM, k0 = (int64_t)blockIdx.y * kTK;
@@ -643,12 +714,16 @@ qqStatus_t launch_quantize_t(const QuantizeArgs& a, Shape s, cudaStream_t st) {
   const int lanes = a.q.group / kVec;
   const dim3 grid = row_grid(s);
   if (a.q.fp()) {
-    Shape sg = s;  // one thread per group
-    sg.chunks = s.chunks / lanes;
-    sg.total = s.total / lanes;
+    // one thread per 32 elements: one group (mx), two (nvfp4) when a row has
+    // an even number of groups, else one group of 16
+    const int per = (a.q.group == 16 && (s.chunks / lanes) % 2 != 0) ? lanes : lanes * (32 / a.q.group);
+    Shape sg = s;
+    sg.chunks = s.chunks / per;
+    sg.total = s.total / per;
     const dim3 ggrid = row_grid(sg);
-    if (a.q.group == 16) quantize_fp_kernel<T, 16><<<ggrid, kRowThreads, 0, st>>>(a, sg);
-    else quantize_fp_kernel<T, 32><<<ggrid, kRowThreads, 0, st>>>(a, sg);
+    if (a.q.group == 32) quantize_fp_kernel<T, 32, 1><<<ggrid, kRowThreads, 0, st>>>(a, sg);
+    else if (per == lanes) quantize_fp_kernel<T, 16, 1><<<ggrid, kRowThreads, 0, st>>>(a, sg);
+    else quantize_fp_kernel<T, 16, 2><<<ggrid, kRowThreads, 0, st>>>(a, sg);
   } else {
     Shape sa = s;  // one thread per 32 elements
     sa.chunks = s.chunks / (kAff / kVec);

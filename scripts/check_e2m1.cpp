@@ -1,0 +1,170 @@
+// check_e2m1.cpp - exhaustive proofs that codec.h's fast scalar paths give the
+// bits of the forms they replaced, over every fp32 bit pattern:
+//   1. e2m1_encode (branch-free, one fp32 magic-number add) against the
+//      threshold-compare encoder it replaced (the oracle below, verbatim), for
+//      all 2^32 inputs (NaN, Inf, subnormals and both zeros included);
+//      Also that byte 0 of e2m1_abs_sum is the code of |x| with bits 3..7
+//      zero (what e2m1x8_encode's byte gathers rely on), for all 2^32 inputs;
+//   2. e2m1x8_encode (byte-permute packing) against eight e2m1_encode, for
+//      random 8-tuples mixing all bit patterns, values within a few ulp of the
+//      rounding thresholds, zeros, Inf and NaN (the host emulates prmt.b32);
+//   3. affine_needs_div and affine_round_clamp (magic-number GPU forms)
+//      against the trunc/roundf/cast code they replaced (the oracles below),
+//      for all 2^32 inputs, the latter for every bit width 2, 3, 4, 5, 6, 8;
+//      The host's emulation of the GPU's round-down add (add_rd) is itself
+//      checked against the FPU in FE_DOWNWARD mode for every operand it gets
+//      there (c in [0, 256], then + 2^23);
+//   4. e2m1_decode (built from bits) against its former formula, all 256 bytes;
+//   5. div_const (multiply by the reciprocal + one FMA correction, the GPU
+//      form) against the correctly rounded division x / c, for c = 6, 448,
+//      57344 and all 2^32 inputs (its guard sends tiny and non-finite x to the
+//      division; the check covers the guard too).
+// codec.h's GPU-only form of div_const is compiled on the host with
+// -DQQ_CODEC_GPU_FORMS (same IEEE fp32 multiply and fused multiply-add); run
+// both builds:
+//   for d in "" -DQQ_CODEC_GPU_FORMS; do
+//     g++ -O2 -std=c++17 $d -Ilibqq/src scripts/check_e2m1.cpp -o /tmp/check_e2m1 && /tmp/check_e2m1 || break
+//   done
+// Never with -ffast-math (the codecs need IEEE round-to-nearest-even and no
+// flush-to-zero). About 40 s, and 3 minutes for the GPU forms (software fmaf).
+#include <cstdio>
+#include <cfenv>
+#include <cstdlib>
+#include <initializer_list>
+
+#include "codec.h"
+
+namespace {
+// The oracle: codec.h's e2m1_encode before the change, verbatim.
+inline uint8_t e2m1_encode_ref(float x) {
+  float a = qq::abs_f(x);
+  uint8_t c;
+  if (a <= 0.25f) c = 0;
+  else if (a < 0.75f) c = 1;
+  else if (a <= 1.25f) c = 2;
+  else if (a < 1.75f) c = 3;
+  else if (a <= 2.5f) c = 4;
+  else if (a < 3.5f) c = 5;
+  else if (a <= 5.0f) c = 6;
+  else c = 7;
+  return (uint8_t)(c | ((qq::f2u(x) >> 28) & 0x8u));
+}
+// The oracles of affine_encode's two steps: the code before the change.
+inline bool affine_needs_div_ref(float t) {
+  const float at = qq::abs_f(t);
+  const float frac = at - qq::trunc_f(at);
+  return qq::abs_f(frac - 0.5f) < 1e-3f || !(at < 1048576.0f);
+}
+inline uint32_t affine_round_clamp_ref(float t, float n) {
+  float q = qq::round_half_away(t);
+  q = q < 0.0f ? 0.0f : (q > n ? n : q);
+  return (uint32_t)q;
+}
+#if defined(QQ_CODEC_GPU_FORMS)
+// A real round-down add: the FPU in FE_DOWNWARD mode (noinline + volatile so
+// that the compiler cannot move the add across fesetround).
+__attribute__((noinline)) float add_fpu(float a, float b) {
+  volatile float x = a, y = b;
+  return x + y;
+}
+#endif
+// The oracle of e2m1_decode: the formula before the change.
+inline float e2m1_decode_ref(uint8_t c) {
+  const uint32_t m = c & 7u;
+  float v = (m < 4) ? 0.5f * (float)m : (float)(1u << ((m >> 1) - 1)) * ((m & 1) ? 1.5f : 1.0f);
+  return (c & 8u) ? -v : v;
+}
+bool same(float a, float b) {  // equal bits, or both NaN
+  return qq::f2u(a) == qq::f2u(b) || (a != a && b != b);
+}
+}  // namespace
+
+int main() {
+#if defined(QQ_CODEC_GPU_FORMS)
+  printf("GPU forms (QQ_CODEC_GPU_FORMS)\n");
+#else
+  printf("host forms\n");
+#endif
+  uint64_t bad = 0, bad_div = 0, bad_aff = 0, n = 0;
+  volatile float c6 = 6.0f, c448 = 448.0f, c57344 = 57344.0f;  // volatile: real divisions
+  uint32_t u = 0;
+  do {
+    const float x = qq::u2f(u);
+    const uint8_t want = e2m1_encode_ref(x), got = qq::e2m1_encode(x);
+    const uint32_t byte0 = qq::e2m1_abs_sum(x) & 0xffu;
+    if ((want != got || byte0 != (want & 7u)) && bad++ < 10)
+      printf("e2m1 MISMATCH 0x%08x (%g): ref %u new %u byte0 %u\n", u, x, want, got, byte0);
+    const float q6 = qq::div_const(x, 6.0f, 1.0f / 6.0f), q448 = qq::div_const(x, 448.0f, 1.0f / 448.0f),
+                q57344 = qq::div_const(x, 57344.0f, 1.0f / 57344.0f);
+    if ((!same(q6, x / c6) || !same(q448, x / c448) || !same(q57344, x / c57344)) && bad_div++ < 10)
+      printf("div_const MISMATCH 0x%08x (%g)\n", u, x);
+    bool aff_ok = affine_needs_div_ref(x) == qq::affine_needs_div(x);
+    if (x == x) {  // a NaN quotient never reaches the rounding (finite groups only)
+      for (int bits : {2, 3, 4, 5, 6, 8}) {
+        const float nmax = (float)((1 << bits) - 1);
+        aff_ok = aff_ok && affine_round_clamp_ref(x, nmax) == qq::affine_round_clamp(x, nmax);
+      }
+    }
+    if (!aff_ok && bad_aff++ < 10) printf("affine MISMATCH 0x%08x (%g)\n", u, x);
+    ++n;
+  } while (++u != 0);
+  printf("e2m1_encode: %llu inputs, %llu mismatches\n", (unsigned long long)n, (unsigned long long)bad);
+  printf("affine_needs_div, affine_round_clamp (bits 2..8): %llu inputs, %llu mismatches\n",
+         (unsigned long long)n, (unsigned long long)bad_aff);
+  printf("div_const (6, 448, 57344): %llu inputs each, %llu mismatches\n", (unsigned long long)n,
+         (unsigned long long)bad_div);
+
+  uint64_t bad_dec = 0;
+  for (int c = 0; c < 256; ++c)
+    if (qq::f2u(qq::e2m1_decode((uint8_t)c)) != qq::f2u(e2m1_decode_ref((uint8_t)c)) && bad_dec++ < 10)
+      printf("e2m1_decode MISMATCH %d\n", c);
+  printf("e2m1_decode: 256 bytes, %llu mismatches\n", (unsigned long long)bad_dec);
+  if (bad_dec) return 1;
+
+#if defined(QQ_CODEC_GPU_FORMS)
+  uint64_t bad_rd = 0;
+  for (uint32_t v = 0; v <= 0x43800000u; ++v) {  // c in [0, 256]
+    const float c = qq::u2f(v);
+    fesetround(FE_DOWNWARD);
+    const float s1 = add_fpu(c, 0.5f), s2 = add_fpu(s1, 8388608.0f);
+    fesetround(FE_TONEAREST);
+    const float e1 = qq::add_rd(c, 0.5f), e2 = qq::add_rd(e1, 8388608.0f);
+    if ((qq::f2u(s1) != qq::f2u(e1) || qq::f2u(s2) != qq::f2u(e2)) && bad_rd++ < 10) printf("add_rd MISMATCH 0x%08x\n", v);
+  }
+  printf("add_rd emulation vs FE_DOWNWARD: %u inputs, %llu mismatches\n", 0x43800001u, (unsigned long long)bad_rd);
+  if (bad_rd) return 1;
+#endif
+
+  // e2m1x8_encode: random tuples
+  uint64_t st = 0x9e3779b97f4a7c15ull, bad8 = 0;
+  auto rnd = [&]() {  // splitmix64
+    uint64_t z = (st += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  const float edges[] = {0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f, 3.5f, 4.0f, 5.0f, 6.0f, 8.0f};
+  const uint32_t specials[] = {0x7f800000u, 0x7fc00000u, 0x7f800001u, 0x7fffffffu, 0x00000001u, 0x007fffffu, 0x7f7fffffu};
+  const uint64_t kTuples = 20000000;
+  for (uint64_t t = 0; t < kTuples; ++t) {
+    float v[8];
+    for (int i = 0; i < 8; ++i) {
+      const uint64_t z = rnd();
+      uint32_t b;
+      switch (z & 3) {
+        case 0: b = (uint32_t)(z >> 32); break;                                    // any pattern
+        case 1: b = qq::f2u(edges[(z >> 8) & 15]) + (uint32_t)((z >> 16) & 7) - 3u; break;  // near a threshold
+        case 2: b = specials[((z >> 8) & 0xff) % 7]; break;
+        default: b = qq::f2u(qq::u2f(0x3f800000u | (uint32_t)(z >> 41)) * 3.0f - 3.0f); break;  // [0, 3)
+      }
+      if ((z >> 63) & 1) b ^= 0x80000000u;
+      v[i] = qq::u2f(b);
+    }
+    uint32_t want = 0;
+    for (int i = 0; i < 8; ++i) want |= (uint32_t)qq::e2m1_encode(v[i]) << (4 * i);
+    const uint32_t got = qq::e2m1x8_encode(v);
+    if (want != got && bad8++ < 10) printf("e2m1x8 MISMATCH tuple %llu: want 0x%08x got 0x%08x\n", (unsigned long long)t, want, got);
+  }
+  printf("e2m1x8_encode: %llu random 8-tuples, %llu mismatches\n", (unsigned long long)kTuples, (unsigned long long)bad8);
+  return bad || bad_div || bad_aff || bad8 ? 1 : 0;
+}
