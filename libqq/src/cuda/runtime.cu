@@ -12,6 +12,7 @@
 
 #include "../internal.h"
 #include "common.cuh"
+#include "ops.cuh"
 
 struct qqContext {
   int device = 0;
@@ -101,7 +102,14 @@ static qqStatus_t not_yet(const char* op) {
 }
 
 qqStatus_t qqmm(qqHandle_t, const MatmulArgs&, void*) { return not_yet("qqmm"); }
-qqStatus_t quantized_matmul(qqHandle_t, const MatmulArgs&, void*) { return not_yet("quantized_matmul"); }
+// Small M: the qmv kernels (qmv.cu); larger M has no GPU path yet.
+qqStatus_t quantized_matmul(qqHandle_t, const MatmulArgs& a, void* stream) {
+  if (a.M <= kQmvMaxM) {
+    const qqStatus_t st = on_device(a.x.device, [&]() { return qmv(a, (cudaStream_t)stream); });
+    if (st != QQ_STATUS_NOT_SUPPORTED) return st;
+  }
+  return not_yet("quantized_matmul");
+}
 
 }  // namespace cuda
 }  // namespace qq
