@@ -1,10 +1,685 @@
-// cuda/qmv.cu - weight-only matmul for small M (placeholder until the kernel lands).
+// cuda/qmv.cu - weight-only matmul for small M (M <= kQmvMaxM = 16):
+//   out[b, m, n] = sum_k x[b, m, k] * W[b][n, k] (+ bias[n]),  W = dequantize(w)
+// with fp32 accumulation and one rounding to the output dtype. Memory bound:
+// the packed weights are read exactly once, 16 bytes per load.
+//
+// Versions (all in this file, picked by `qmv` at the bottom):
+//   T-wide   transpose=True, 16-byte aligned rows. A CTA of 256 threads is split
+//            into G = 256/T row groups of T threads (T = 32..256, chosen so that
+//            every thread gets at least U chunks of the row). A row group owns R
+//            consecutive rows n; its T threads stride over the 16-byte chunks of
+//            those rows (chunk c, c + T, ...): each thread issues R*U 16-byte
+//            loads (L1::no_allocate: weights are streamed, x stays in L1) before
+//            decoding any, decodes 8 elements at a time in registers and FMAs
+//            them with 8 x values per row of the M tile (x is read from global
+//            through L1: it is tiny and every CTA on the SM shares it). Each x
+//            load serves R weight rows, each decoded weight all MT x rows.
+//            Partial sums: warp butterfly shuffles, then the T/32 warps of a
+//            group add their results from shared memory in a fixed order (no
+//            atomics; the result is the same on every run).
+//   T-narrow transpose=True, any alignment and affine 2/3/5/6-bit: the same
+//            shape with chunks of 8 elements (bits bytes) read byte by byte.
+//   N        transpose=False (w is [K, N*bits/8], groups along N): a thread
+//            owns a strip of 8 consecutive n (one 4-byte word of fp4, 8 bytes of
+//            fp8) and a slice k = ks, ks + KS, ... of K; the S strip lanes of a
+//            CTA are adjacent in N (coalesced), its KS = 256/S k-splits are
+//            added in shared memory in a fixed order. M is covered in tiles of
+//            4 rows (a tile re-reads its strip of w, mostly from L2).
+//
+// Numerics: every weight is exactly dequantize()'s value: the element decoded
+// (bit tricks below, equal to codec.h's decoders for every code, NaN included)
+// times the decoded scale, then times the nvfp4 global factor
+// nvfp4_dec(global_scale) when there is one; affine is
+// fma(q, scale, bias) = affine_decode(q, scale, bias). Only the order of the
+// fp32 sums differs from the CPU backend.
+//
+// Napkin math (H100, 16384 x 16384 nvfp4, M = 1): 134 MB of codes + 8.4 MB of
+// scales at ~3 TB/s is ~48 us; 2.7e8 weights in that time is ~20 weights per
+// SM per clock, so the decode must stay within ~6 instructions per weight
+// (issue: 128 per SM per clock). That is why the fp4/fp8 decoders below build
+// the fp32 bit patterns directly instead of calling e2m1_decode (~10
+// instructions with branches). For M = 16 the 16 fp32 FMAs per weight
+// (2*M*N*K = 8.6 GFLOP at 67 TFLOP/s = 128 us) dominate instead.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "../codec.h"
+#include "../internal.h"
+#include "common.cuh"
 #include "ops.cuh"
 
 namespace qq {
 namespace cuda {
+namespace {
 
-qqStatus_t qmv(const MatmulArgs&, cudaStream_t) { return QQ_STATUS_NOT_SUPPORTED; }
+constexpr int kThreads = 256;
+
+// Weight formats of the kernels. FP4NV: nvfp4 (group 16, E4M3 scales, global
+// factor); FP4MX: mxfp4; FP8: mxfp8 with E4M3 or E5M2 elements (run-time
+// constants in Fmt8); AFF4 / AFF8: affine 4 / 8 bits; AFFG: affine any bits
+// (2..8), only with 8-element chunks.
+enum Fmt { FP4NV = 0, FP4MX = 1, FP8 = 2, AFF4 = 3, AFF8 = 4, AFFG = 5 };
+
+// Bits per element of a format (AFFG: run time).
+template <int F> __host__ __device__ constexpr int fmt_bits() { return (F == FP8 || F == AFF8) ? 8 : 4; }
+
+// Run-time constants of one launch.
+struct Launch {
+  int64_t C;       // chunks per weight row (T kernels) or K (N kernel)
+  int T, logT;     // T kernels: threads per row group (power of two)
+  int G;           // T kernels: row groups per CTA
+  int S, logS;     // N kernel: strip lanes per CTA
+  int M;           // rows of x
+  int bits;        // element bits
+  int esz;         // bytes per affine scale / bias (2 or 4)
+  int xvec;        // x rows allow 16-byte loads
+  int wvec;        // N kernel: w rows allow 4/8-byte loads
+  // FP8 decode constants (E4M3 / E5M2), see fp8x4.
+  int f8_kind;      // ELEM_E4M3 or ELEM_E5M2
+  uint32_t f8_shl, f8_shr, f8_mag, f8_nan_mask, f8_nan_add;
+  float f8_fix;
+};
+
+// ---- element decoders ------------------------------------------------------
+// They produce exact fp32 values through bf16 bit patterns: a 32-bit word
+// holds two bf16 (elements j and j+4 of an fp4 word, j and j+2 of an fp8
+// word: those are 16 bits apart, so one shift places both), and a bf16 turns
+// into an fp32 with one shift or mask. The element's magnitude bits go into
+// the low bits of the bf16 exponent and the top of its mantissa, so that the
+// bf16 is the element's value times 2^-126 (fp4: exponent field e, mantissa
+// m; e = 0 is a bf16 subnormal exactly as it is an E2M1 subnormal) or 2^-120
+// (E4M3) / 2^-112 (E5M2); one exact multiply by the inverse power of two
+// restores the value. scripts/check_qmv_decoders.sh compares them with
+// codec.h for every code on the host (0 mismatches).
+// (QQ_HD so that the host can check them against codec.h; see the test note above.)
+QQ_HD float bf16lo(uint32_t p) { return u2f(p << 16); }
+QQ_HD float bf16hi(uint32_t p) { return u2f(p & 0xffff0000u); }
+QQ_HD float fma_f(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return fma_f(a, b, c);
+#else
+  return __builtin_fmaf(a, b, c);
+#endif
+}
+
+// 8 E2M1 codes of w (element i in bits 4i..4i+3) -> v[i] = e2m1_decode(code) * f.
+QQ_HD void fp4x8(uint32_t w, float f, float* v) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    // magnitude (bits 4j..4j+2 and 4j+16..) -> bf16 bits 6..8; sign (4j+3) -> 15
+    const uint32_t mag = (j < 2 ? (w << (6 - 4 * j)) : (w >> (4 * j - 6))) & 0x01c001c0u;
+    const uint32_t p = mag | ((w << (12 - 4 * j)) & 0x80008000u);
+    v[j] = (bf16lo(p) * 0x1p126f) * f;
+    v[j + 4] = (bf16hi(p) * 0x1p126f) * f;
+  }
+}
+
+// 4 fp8 codes of w -> v[i] = elem_decode(kind, code) * f. Bytes 0 and 2 go
+// through one bf16 pair, bytes 1 and 3 through the other. E4M3: magnitude
+// (7 bits) to bf16 bits 4..10, factor 2^120; E5M2: bits 5..11, factor 2^112.
+// Codes whose exponent field is all ones (E4M3 NaN; E5M2 Inf/NaN) would come
+// out finite: a word holding one takes the codec path.
+QQ_HD void fp8x4(uint32_t w, float f, const Launch& L, float* v) {
+  if (((w & L.f8_nan_mask) + L.f8_nan_add) & 0x80808080u) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = elem_decode(L.f8_kind, (uint8_t)(w >> (8 * i))) * f;
+    return;
+  }
+  const uint32_t p0 = ((w << L.f8_shl) & L.f8_mag) | ((w << 8) & 0x80008000u);
+  const uint32_t p1 = ((w >> L.f8_shr) & L.f8_mag) | (w & 0x80008000u);
+  v[0] = (bf16lo(p0) * L.f8_fix) * f;
+  v[2] = (bf16hi(p0) * L.f8_fix) * f;
+  v[1] = (bf16lo(p1) * L.f8_fix) * f;
+  v[3] = (bf16hi(p1) * L.f8_fix) * f;
+}
+
+// Affine: q as an exact float without an int->float conversion: the bf16
+// 0x4300 | q is 128 + q (q < 16), the fp32 0x4B000000 | q is 2^23 + q; the
+// subtraction is exact. Then fma(q, scale, bias) = affine_decode(q, scale, bias).
+QQ_HD void aff4x8(uint32_t w, float s, float b, float* v) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t p = ((w >> (4 * j)) & 0x000f000fu) | 0x43004300u;
+    v[j] = fma_f(bf16lo(p) - 128.0f, s, b);
+    v[j + 4] = fma_f(bf16hi(p) - 128.0f, s, b);
+  }
+}
+QQ_HD void aff8x4(uint32_t w, float s, float b, float* v) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    v[i] = fma_f(u2f(0x4b000000u | ((w >> (8 * i)) & 0xffu)) - 8388608.0f, s, b);
+}
+QQ_HD void affgx8(uint64_t w, int bits, float s, float b, float* v) {
+  const uint32_t mask = (1u << bits) - 1;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    v[i] = fma_f(u2f(0x4b000000u | ((uint32_t)(w >> (i * bits)) & mask)) - 8388608.0f, s, b);
+}
+
+// Per-group factors of one 8-element block: fp modes s = decoded scale and
+// g = nvfp4 global factor (1 otherwise); affine s = scale, g = bias.
+struct Sc {
+  float s, g;
+};
+
+// 8 consecutive elements (their packed bytes in `raw`, little endian) -> v.
+template <int F>
+QQ_HD void decode8(uint64_t raw, Sc sc, const Launch& L, float* v) {
+  const uint32_t lo = (uint32_t)raw, hi = (uint32_t)(raw >> 32);
+  if constexpr (F == FP4NV) {
+    fp4x8(lo, sc.s, v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = v[i] * sc.g;  // (elem * scale) * global, as dequantize
+  } else if constexpr (F == FP4MX) {
+    fp4x8(lo, sc.s, v);
+  } else if constexpr (F == FP8) {
+    fp8x4(lo, sc.s, L, v);
+    fp8x4(hi, sc.s, L, v + 4);
+  } else if constexpr (F == AFF4) {
+    aff4x8(lo, sc.s, sc.g, v);
+  } else if constexpr (F == AFF8) {
+    aff8x4(lo, sc.s, sc.g, v);
+    aff8x4(hi, sc.s, sc.g, v + 4);
+  } else {
+    affgx8(raw, L.bits, sc.s, sc.g, v);
+  }
+}
+
+// ---- scales ----------------------------------------------------------------
+// E4M3 scale byte -> e4m3_decode(b), by the same bit placement as the fp8
+// elements (fp32 bits 20..26, factor 2^120); 0x7F / 0xFF are NaN.
+QQ_HD float e4m3_scale(uint32_t b) {
+  if ((b & 0x7fu) == 0x7fu) return u2f(0x7fc00000u);
+  return u2f(((b & 0x7fu) << 20) | ((b & 0x80u) << 24)) * 0x1p120f;
+}
+template <int F> QQ_HD float fp_scale(uint32_t b) {
+  return F == FP4NV ? e4m3_scale(b) : ue8m0_decode((uint8_t)b);
+}
+// Affine scale / bias of dtype size esz (4: fp32; 2: bf16 or fp16 by `bf`).
+__device__ __forceinline__ uint32_t load_sb(const uint8_t* p, int64_t i, int esz) {
+  return esz == 4 ? __ldg(reinterpret_cast<const uint32_t*>(p) + i)
+                  : (uint32_t)__ldg(reinterpret_cast<const unsigned short*>(p) + i);
+}
+__device__ __forceinline__ float sb_to_f(uint32_t r, DType dt) {
+  return dt == DType::F32 ? u2f(r) : (dt == DType::BF16 ? bf16_to_f((uint16_t)r) : fp16_to_f((uint16_t)r));
+}
+
+// ---- x and out ---------------------------------------------------------------
+struct XF32 {};
+struct XBF16 {};
+struct XF16 {};
+// 8 consecutive x values as fp32 (vec: 16-byte aligned).
+template <typename XT> __device__ __forceinline__ void load_x8(const void* p, bool vec, float* v);
+template <> __device__ __forceinline__ void load_x8<XF32>(const void* p, bool vec, float* v) {
+  const float* f = (const float*)p;
+  if (vec) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(f)), b = __ldg(reinterpret_cast<const float4*>(f) + 1);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __ldg(f + i);
+  }
+}
+template <> __device__ __forceinline__ void load_x8<XBF16>(const void* p, bool vec, float* v) {
+  const unsigned short* h = (const unsigned short*)p;
+  if (vec) {
+    const uint4 a = __ldg(reinterpret_cast<const uint4*>(h));
+    const uint32_t w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = bf16lo(w[i]);
+      v[2 * i + 1] = bf16hi(w[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = bf16_to_f(__ldg(h + i));
+  }
+}
+template <> __device__ __forceinline__ void load_x8<XF16>(const void* p, bool vec, float* v) {
+  const unsigned short* h = (const unsigned short*)p;
+  if (vec) {
+    const uint4 a = __ldg(reinterpret_cast<const uint4*>(h));
+    const uint32_t w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));  // exact
+      v[2 * i] = f.x;
+      v[2 * i + 1] = f.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = fp16_to_f(__ldg(h + i));
+  }
+}
+template <typename XT> __device__ __forceinline__ float load_x1(const void* p) {
+  if constexpr (std::is_same<XT, XF32>::value) {
+    return __ldg((const float*)p);
+  } else {
+    const unsigned short h = __ldg((const unsigned short*)p);
+    return std::is_same<XT, XBF16>::value ? bf16_to_f(h) : fp16_to_f(h);
+  }
+}
+template <typename XT> __host__ __device__ constexpr int x_size() { return std::is_same<XT, XF32>::value ? 4 : 2; }
+
+// One output value: + bias[n], rounded once to out's dtype (RNE, as the CPU).
+__device__ __forceinline__ void store_out(const MatmulArgs& a, int64_t b, int64_t m, int64_t n, float v) {
+  if (a.bias.ptr) {
+    const void* bp = a.bias.ptr;
+    v += a.bias.dt == DType::F32 ? ((const float*)bp)[n]
+                                 : (a.bias.dt == DType::BF16 ? bf16_to_f(((const uint16_t*)bp)[n])
+                                                             : fp16_to_f(((const uint16_t*)bp)[n]));
+  }
+  const int64_t i = a.out.offset(b) + m * a.out.ld + n;
+  if (a.out.dt == DType::F32) ((float*)a.out.ptr)[i] = v;
+  else if (a.out.dt == DType::BF16) ((uint16_t*)a.out.ptr)[i] = f_to_bf16(v);
+  else ((uint16_t*)a.out.ptr)[i] = f_to_fp16(v);
+}
+
+// Streaming 16-byte load that does not allocate in L1 (keeps x there).
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+// T kernels (transpose=True): W row n = packed row n of w, groups along K.
+// ---------------------------------------------------------------------------
+// Tile shape per M tile (MT = 1, 4 or 16; a tile skips its rows past M, so
+// M = 5..16 share the 16 tile at the cost of M rows): R rows per row group,
+// U chunks in flight per row. M = 1: 4 loads in flight; M <= 4: 4 rows share
+// each x load; M <= 16: 2 rows (acc[16][2] + decoded weights stay well under
+// 128 registers; 4 rows needed ~200-250 registers).
+template <int MT> __host__ __device__ constexpr int t_rows() { return MT == 1 ? 2 : (MT == 4 ? 4 : 2); }
+template <int MT> __host__ __device__ constexpr int t_unroll() { return MT == 1 ? 2 : 1; }
+
+// kNarrow: chunk = 8 elements read byte by byte (any alignment, any bits).
+template <int F, bool kNarrow> struct Chunk {
+  static constexpr int kElems = kNarrow ? 8 : 128 / fmt_bits<F>();  // elements per chunk
+  static constexpr int kSub = kElems / 8;                          // 8-element blocks per chunk
+  // distinct scale groups per chunk: 2 for wide nvfp4 (32 elements, groups of 16)
+  static constexpr int kScales = (!kNarrow && F == FP4NV) ? 2 : 1;
+};
+
+// Raw data of one chunk of one row: packed bytes and scale bits.
+struct Raw {
+  uint4 d;
+  uint32_t s[2];
+};
+
+template <typename XT, int F, int MT, bool kNarrow>
+__global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, const Launch L) {
+  constexpr int R = kNarrow ? 1 : t_rows<MT>();
+  constexpr int U = kNarrow ? 4 : t_unroll<MT>();
+  using Ch = Chunk<F, kNarrow>;
+  __shared__ float red[kThreads / 32][MT * R];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int t = tid & (L.T - 1), grp = tid >> L.logT;
+  const int64_t N = a.N, C = L.C;
+  const int64_t row0 = ((int64_t)blockIdx.x * L.G + grp) * R;
+  const int cbytes = kNarrow ? L.bits : 16;  // bytes per chunk
+  const int group = a.q.group;
+  constexpr bool fp = F == FP4NV || F == FP4MX || F == FP8;
+  // nvfp4 global factor, read on the device (1 without a global scale)
+  const float gdec = (F == FP4NV && a.gs_w) ? nvfp4_dec(*a.gs_w) : 1.0f;
+  const DType sdt = a.w_scales.dt;
+
+  for (int64_t b = blockIdx.y; b < a.out.batch(); b += gridDim.y) {
+    const uint8_t* wrow[R];
+    const uint8_t* srow[R];  // linear: the row's scales; blocked: the batch entry's matrix
+    const uint8_t* brow[R];  // affine biases
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t n = row0 + r < N ? row0 + r : N - 1;  // rows past N load row N-1, store nothing
+      wrow[r] = (const uint8_t*)a.w.ptr + a.w.offset(b) + n * a.w.ld;
+      const int es = fp ? 1 : L.esz;
+      srow[r] = (const uint8_t*)a.w_scales.ptr + (a.w_scales.offset(b) + (a.w_blocked ? 0 : n * a.w_scales.ld)) * es;
+      brow[r] = fp ? nullptr : (const uint8_t*)a.w_biases.ptr + (a.w_biases.offset(b) + n * a.w_biases.ld) * es;
+    }
+    const char* xb = (const char*)a.x.ptr + a.x.offset(b) * x_size<XT>();
+    const int64_t xld = a.x.ld * x_size<XT>();
+
+    float acc[MT][R];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
+
+    for (int64_t c0 = t; c0 < C; c0 += (int64_t)L.T * U) {
+      // -- issue every load of this step before using any --
+      Raw raw[U][R];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t c = c0 + (int64_t)u * L.T;
+        if (c >= C) continue;
+        const int64_t g0 = c * Ch::kElems / group;  // first group of the chunk
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const uint8_t* p = wrow[r] + c * cbytes;
+          if (kNarrow) {
+            uint32_t lo = 0, hi = 0;
+            for (int i = 0; i < cbytes; ++i) {
+              const uint32_t byte = __ldg(p + i);
+              if (i < 4) lo |= byte << (8 * i);
+              else hi |= byte << (8 * (i - 4));
+            }
+            raw[u][r].d = make_uint4(lo, hi, 0, 0);
+          } else {
+            raw[u][r].d = ld_stream(p);
+          }
+          if constexpr (fp) {
+            const int64_t n = row0 + r < N ? row0 + r : N - 1;
+#pragma unroll
+            for (int s = 0; s < Ch::kScales; ++s)
+              raw[u][r].s[s] = __ldg(srow[r] + (a.w_blocked ? blocked_offset(n, g0 + s, a.w_scales.cols) : g0 + s));
+          } else {
+            raw[u][r].s[0] = load_sb(srow[r], g0, L.esz);
+            raw[u][r].s[1] = load_sb(brow[r], g0, L.esz);
+          }
+        }
+      }
+      // -- decode and accumulate --
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t c = c0 + (int64_t)u * L.T;
+        if (c >= C) continue;
+        Sc sc[R][2];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int s = 0; s < Ch::kScales; ++s) {
+            if constexpr (fp) sc[r][s] = Sc{fp_scale<F>(raw[u][r].s[s]), gdec};
+            else sc[r][s] = Sc{sb_to_f(raw[u][r].s[0], sdt), sb_to_f(raw[u][r].s[1], sdt)};
+          }
+#pragma unroll
+        for (int i = 0; i < Ch::kSub; ++i) {
+          float v[R][8];
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            const uint4 d = raw[u][r].d;
+            // 8-element block i: 4 bytes of fp4 (word i), 8 of fp8 (words 2i, 2i+1)
+            uint64_t blk;
+            if (kNarrow) blk = (uint64_t)d.x | ((uint64_t)d.y << 32);
+            else if (fmt_bits<F>() == 4) blk = i == 0 ? d.x : i == 1 ? d.y : i == 2 ? d.z : d.w;
+            else blk = i == 0 ? ((uint64_t)d.x | ((uint64_t)d.y << 32)) : ((uint64_t)d.z | ((uint64_t)d.w << 32));
+            decode8<F>(blk, sc[r][Ch::kScales == 2 ? i / 2 : 0], L, v[r]);
+          }
+          const int64_t k0 = c * Ch::kElems + 8 * i;
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            if (m >= L.M) break;  // uniform: rows of the tile past M
+            float xv[8];
+            load_x8<XT>(xb + m * xld + k0 * x_size<XT>(), L.xvec, xv);
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+              for (int j = 0; j < 8; ++j) acc[m][r] = fmaf(xv[j], v[r][j], acc[m][r]);
+          }
+        }
+      }
+    }
+
+    // -- reduce over the T threads of the row group, in a fixed order --
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int o = 16; o; o >>= 1) acc[m][r] += __shfl_xor_sync(0xffffffffu, acc[m][r], o);
+    if (lane == 0) {
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int r = 0; r < R; ++r) red[warp][m * R + r] = acc[m][r];
+    }
+    __syncthreads();
+    const int wpg = L.T >> 5;  // warps per row group
+    for (int e = tid; e < L.G * MT * R; e += kThreads) {
+      const int g = e / (MT * R), mr = e % (MT * R), m = mr / R, r = mr % R;
+      const int64_t n = ((int64_t)blockIdx.x * L.G + g) * R + r;
+      if (m >= L.M || n >= N) continue;
+      float s = red[g * wpg][mr];
+      for (int w = 1; w < wpg; ++w) s += red[g * wpg + w][mr];
+      store_out(a, b, m, n, s);
+    }
+    __syncthreads();  // red is reused by the next batch entry
+  }
+}
+
+// ---------------------------------------------------------------------------
+// N kernel (transpose=False): W[k, n] = element n of packed row k of w, groups
+// along N. Thread = (strip of 8 n, k-split).
+// ---------------------------------------------------------------------------
+constexpr int kNTile = 4;  // rows of x per pass
+constexpr int kNUnroll = 4;
+
+template <typename XT, int F>
+__global__ void __launch_bounds__(kThreads) qmv_n_kernel(const MatmulArgs a, const Launch L) {
+  __shared__ float red[kThreads][kNTile * 8 + 1];  // +1: no bank conflicts
+  const int tid = threadIdx.x;
+  const int sl = tid & (L.S - 1), ks = tid >> L.logS, KS = kThreads >> L.logS;
+  const int64_t nstrips = a.N / 8, K = a.K;
+  const int64_t strip0 = (int64_t)blockIdx.x * L.S;
+  const int64_t strip = strip0 + sl < nstrips ? strip0 + sl : nstrips - 1;
+  const int64_t g = strip * 8 / a.q.group;  // scale column of this strip
+  const int sbytes = L.bits;                // packed bytes of 8 elements
+  constexpr bool fp = F == FP4NV || F == FP4MX || F == FP8;
+  const float gdec = (F == FP4NV && a.gs_w) ? nvfp4_dec(*a.gs_w) : 1.0f;
+  const DType sdt = a.w_scales.dt;
+
+  for (int64_t b = blockIdx.y; b < a.out.batch(); b += gridDim.y) {
+    const uint8_t* wcol = (const uint8_t*)a.w.ptr + a.w.offset(b) + strip * sbytes;
+    const int es = fp ? 1 : L.esz;
+    const uint8_t* scol = (const uint8_t*)a.w_scales.ptr + (a.w_scales.offset(b) + g) * es;
+    const uint8_t* bcol = fp ? nullptr : (const uint8_t*)a.w_biases.ptr + (a.w_biases.offset(b) + g) * es;
+    const char* xb = (const char*)a.x.ptr + a.x.offset(b) * x_size<XT>();
+
+    for (int m0 = 0; m0 < L.M; m0 += kNTile) {
+      float acc[kNTile][8];
+#pragma unroll
+      for (int m = 0; m < kNTile; ++m)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[m][j] = 0.0f;
+
+      for (int64_t k0 = ks; k0 < K; k0 += (int64_t)KS * kNUnroll) {
+        uint64_t raw[kNUnroll];
+        uint32_t rs[kNUnroll], rb[kNUnroll];
+#pragma unroll
+        for (int u = 0; u < kNUnroll; ++u) {
+          const int64_t k = k0 + (int64_t)u * KS;
+          if (k >= K) continue;
+          const uint8_t* p = wcol + k * a.w.ld;
+          if (L.wvec && sbytes == 4) {
+            raw[u] = __ldg(reinterpret_cast<const uint32_t*>(p));
+          } else if (L.wvec && sbytes == 8) {
+            const uint2 d = __ldg(reinterpret_cast<const uint2*>(p));
+            raw[u] = (uint64_t)d.x | ((uint64_t)d.y << 32);
+          } else {
+            uint64_t r = 0;
+            for (int i = 0; i < sbytes; ++i) r |= (uint64_t)__ldg(p + i) << (8 * i);
+            raw[u] = r;
+          }
+          if constexpr (fp) {
+            rs[u] = __ldg(scol + k * a.w_scales.ld);
+          } else {
+            rs[u] = load_sb(scol, k * a.w_scales.ld, L.esz);
+            rb[u] = load_sb(bcol, k * a.w_biases.ld, L.esz);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kNUnroll; ++u) {
+          const int64_t k = k0 + (int64_t)u * KS;
+          if (k >= K) continue;
+          Sc sc;
+          if constexpr (fp) sc = Sc{fp_scale<F>(rs[u]), gdec};
+          else sc = Sc{sb_to_f(rs[u], sdt), sb_to_f(rb[u], sdt)};
+          float v[8];
+          decode8<F>(raw[u], sc, L, v);
+#pragma unroll
+          for (int m = 0; m < kNTile; ++m) {
+            if (m0 + m >= L.M) break;
+            const float xk = load_x1<XT>(xb + ((m0 + m) * a.x.ld + k) * x_size<XT>());  // same for the warp
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[m][j] = fmaf(xk, v[j], acc[m][j]);
+          }
+        }
+      }
+      // -- add the KS k-splits in a fixed order --
+#pragma unroll
+      for (int m = 0; m < kNTile; ++m)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) red[tid][m * 8 + j] = acc[m][j];
+      __syncthreads();
+      for (int e = tid; e < L.S * kNTile * 8; e += kThreads) {
+        const int s = e / (kNTile * 8), mj = e % (kNTile * 8), m = mj / 8, j = mj % 8;
+        const int64_t n = (strip0 + s) * 8 + j;
+        if (m0 + m >= L.M || strip0 + s >= nstrips) continue;
+        float sum = red[s][mj];
+        for (int q = 1; q < KS; ++q) sum += red[q * L.S + s][mj];
+        store_out(a, b, m0 + m, n, sum);
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// launchers
+// ---------------------------------------------------------------------------
+bool aligned(const Mat& m, int align) {
+  const int es = dtype_size(m.dt);
+  bool ok = ((uintptr_t)m.ptr % align) == 0 && (m.ld * es) % align == 0;
+  for (int i = 0; i < m.nb; ++i) ok = ok && (m.bstride[i] * es) % align == 0;
+  return ok;
+}
+
+int ilog2(int v) {
+  int l = 0;
+  while ((1 << l) < v) ++l;
+  return l;
+}
+
+template <typename XT, int F, int MT, bool kNarrow>
+void launch_t(const MatmulArgs& a, Launch L, cudaStream_t st) {
+  constexpr int R = kNarrow ? 1 : t_rows<MT>();
+  constexpr int U = kNarrow ? 4 : t_unroll<MT>();
+  // threads per row: the largest power of two <= 256 that still gives every
+  // thread U chunks (at least a warp)
+  int T = kThreads;
+  while (T > 32 && L.C < (int64_t)T * U) T >>= 1;
+  L.T = T;
+  L.logT = ilog2(T);
+  L.G = kThreads / T;
+  const int64_t rows_per_cta = (int64_t)L.G * R;
+  const dim3 grid((unsigned)((a.N + rows_per_cta - 1) / rows_per_cta),
+                  (unsigned)(a.out.batch() < 65535 ? a.out.batch() : 65535));
+  qmv_t_kernel<XT, F, MT, kNarrow><<<grid, kThreads, 0, st>>>(a, L);
+}
+
+template <typename XT, int F>
+void launch_t_mt(const MatmulArgs& a, const Launch& L, bool narrow, cudaStream_t st) {
+  if (narrow || F == AFFG) {
+    // the narrow path is the slow path: one M tile of 16
+    launch_t<XT, F, 16, true>(a, L, st);
+    return;
+  }
+  constexpr int Fw = F == AFFG ? AFF4 : F;  // (AFFG never reaches the wide kernels)
+  if (a.M <= 1) launch_t<XT, Fw, 1, false>(a, L, st);
+  else if (a.M <= 4) launch_t<XT, Fw, 4, false>(a, L, st);
+  else launch_t<XT, Fw, 16, false>(a, L, st);
+}
+
+template <typename XT, int F>
+void launch_n(const MatmulArgs& a, Launch L, cudaStream_t st) {
+  // strip lanes: at least 8 (a 32-byte sector of fp4), up to a warp; fewer
+  // strip lanes means more k-splits per CTA and more CTAs for small N
+  const int64_t nstrips = a.N / 8;
+  int S = 8;
+  while (S < 32 && nstrips / S > 4 * 132) S <<= 1;
+  L.S = S;
+  L.logS = ilog2(S);
+  const dim3 grid((unsigned)((nstrips + S - 1) / S), (unsigned)(a.out.batch() < 65535 ? a.out.batch() : 65535));
+  qmv_n_kernel<XT, F><<<grid, kThreads, 0, st>>>(a, L);
+}
+
+template <typename XT>
+qqStatus_t dispatch(const MatmulArgs& a, Launch L, int F, bool narrow, cudaStream_t st) {
+#define QQ_QMV_CASE(f)                            \
+  case f:                                         \
+    if (a.transpose) launch_t_mt<XT, f>(a, L, narrow, st); \
+    else launch_n<XT, f>(a, L, st);               \
+    break;
+  switch (F) {
+    QQ_QMV_CASE(FP4NV)
+    QQ_QMV_CASE(FP4MX)
+    QQ_QMV_CASE(FP8)
+    QQ_QMV_CASE(AFF4)
+    QQ_QMV_CASE(AFF8)
+    QQ_QMV_CASE(AFFG)
+    default: return QQ_STATUS_NOT_SUPPORTED;
+  }
+#undef QQ_QMV_CASE
+  return check_launch("quantized_matmul");
+}
+
+}  // namespace
+
+qqStatus_t qmv(const MatmulArgs& a, cudaStream_t stream) {
+  if (a.M < 1 || a.M > kQmvMaxM || a.x_packed || !a.w_packed) return QQ_STATUS_NOT_SUPPORTED;
+  if (a.w_blocked && !a.transpose) return QQ_STATUS_NOT_SUPPORTED;  // the API refuses it already
+  const QSpec& q = a.q;
+  Launch L{};
+  L.M = (int)a.M;
+  L.bits = q.bits;
+  int F;
+  if (q.mode == QQ_MODE_NVFP4) F = FP4NV;
+  else if (q.mode == QQ_MODE_MXFP4) F = FP4MX;
+  else if (q.mode == QQ_MODE_MXFP8) F = FP8;
+  else F = q.bits == 4 ? AFF4 : (q.bits == 8 ? AFF8 : AFFG);
+  if (F == FP8) {
+    L.f8_kind = q.elem;
+    if (q.elem == ELEM_E4M3) {
+      L.f8_shl = 4; L.f8_shr = 4; L.f8_mag = 0x07f007f0u; L.f8_fix = 0x1p120f;
+      L.f8_nan_mask = 0x7f7f7f7fu; L.f8_nan_add = 0x01010101u;
+    } else if (q.elem == ELEM_E5M2) {
+      L.f8_shl = 5; L.f8_shr = 3; L.f8_mag = 0x0fe00fe0u; L.f8_fix = 0x1p112f;
+      L.f8_nan_mask = 0x7c7c7c7cu; L.f8_nan_add = 0x04040404u;
+    } else {
+      return QQ_STATUS_NOT_SUPPORTED;
+    }
+  }
+  if (q.fp() ? (q.group != (F == FP4NV ? 16 : 32)) : (q.group != 32 && q.group != 64 && q.group != 128))
+    return QQ_STATUS_NOT_SUPPORTED;
+  if (!q.fp()) {
+    if (q.bits < 2 || q.bits > 8 || q.bits == 7) return QQ_STATUS_NOT_SUPPORTED;
+    if (a.w_scales.dt != a.w_biases.dt || a.w_scales.dt == DType::U8 || a.w_scales.dt == DType::I32)
+      return QQ_STATUS_NOT_SUPPORTED;
+    L.esz = dtype_size(a.w_scales.dt);
+  }
+  if (a.x.dt != DType::F32 && a.x.dt != DType::F16 && a.x.dt != DType::BF16) return QQ_STATUS_NOT_SUPPORTED;
+  L.xvec = aligned(a.x, 16) ? 1 : 0;  // 8 x values = 16 or 32 bytes from an aligned row start
+
+  const int64_t row_bytes = a.transpose ? a.K * q.bits / 8 : a.N * q.bits / 8;
+  bool narrow = false;
+  if (a.transpose) {
+    // wide chunks: 16-byte aligned rows of whole chunks
+    narrow = !(aligned(a.w, 16) && row_bytes % 16 == 0) || F == AFFG;
+    L.C = narrow ? a.K / 8 : row_bytes / 16;
+  } else {
+    L.C = a.K;
+    L.wvec = (F != AFFG && aligned(a.w, q.bits)) ? 1 : 0;  // 8 elements = 4 or 8 bytes
+  }
+  switch (a.x.dt) {
+    case DType::F32: return dispatch<XF32>(a, L, F, narrow, stream);
+    case DType::F16: return dispatch<XF16>(a, L, F, narrow, stream);
+    default: return dispatch<XBF16>(a, L, F, narrow, stream);
+  }
+}
 
 }  // namespace cuda
 }  // namespace qq

@@ -1,0 +1,94 @@
+"""Benchmark of qq.quantized_matmul (weight-only: y = x @ dequantize(w).T) on the current GPU.
+
+For each weight shape (N, K), mode and M: bf16 x [M, K], w quantized once with
+qq.quantize (linear scales, transpose=True), timed with the harness's Timer. Two rows
+per point, both with peers measured in this run:
+  - GB/s counting packed weights + scales (+ affine biases) + x + y, against the device
+    copy bandwidth (the small-M kernels are memory bound: ratio = fraction of copy);
+  - TFLOP/s (2*M*N*K) against torch bf16 `x @ w_bf16.T` on the same shape (ratio > 1:
+    faster than the bf16 GEMM, which reads 4x (fp4) / 2x (fp8) more weight bytes).
+M > 16 goes to a path that may not exist yet: qq raises NotSupportedError, the point is
+skipped and listed at the end of the table.
+
+    python bench/bench_qmm.py [--quick]      (--quick: 2 shapes, M in 1, 4, 16; < 1 min)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Bench, Timer, copy_bandwidth  # noqa: E402
+
+import qq  # noqa: E402
+
+SHAPES = [(16384, 16384), (4096, 14336), (14336, 4096), (8192, 8192)]  # (N, K)
+MS = [1, 2, 4, 8, 16, 32, 64, 128, 512, 4096]
+MODES = [("nvfp4", {"mode": "nvfp4"}), ("mxfp4", {"mode": "mxfp4"}), ("mxfp8", {"mode": "mxfp8"}),
+         ("affine4", {"mode": "affine", "bits": 4}), ("affine8", {"mode": "affine", "bits": 8})]
+
+
+def nbytes(t) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="2 shapes, M in 1, 4, 16, fewer iterations")
+    args = ap.parse_args()
+    shapes = SHAPES[:2] if args.quick else SHAPES
+    ms = [1, 4, 16] if args.quick else MS
+    timer = Timer(warmup=3 if args.quick else 5, iters=10 if args.quick else 30)
+    bench = Bench("qmm")
+    copy_gbps = copy_bandwidth(timer)
+    print(f"device copy bandwidth: {copy_gbps:.1f} GB/s (read + write)")
+    skipped: list[str] = []
+    torch.manual_seed(0)
+    for n, k in shapes:
+        w = torch.randn((n, k), dtype=torch.bfloat16, device="cuda")
+        xs = {m: torch.randn((m, k), dtype=torch.bfloat16, device="cuda") for m in ms}
+        # the peer: torch bf16 GEMM on the same shape, once per M
+        peer_tflops = {}
+        for m in ms:
+            x = xs[m]
+            us = timer(lambda: x @ w.t(), nbytes(x) + nbytes(w) + m * n * 2)
+            peer_tflops[m] = 2 * m * n * k / (us * 1e-6) / 1e12
+        for mode, kw in MODES:
+            qw = qq.quantize(w, **kw)
+            wbytes = nbytes(qw.data) + nbytes(qw.scales) + nbytes(getattr(qw, "biases", None))
+            for m in ms:
+                x = xs[m]
+                try:
+                    qq.quantized_matmul(x, qw)
+                except qq.NotSupportedError as e:
+                    skipped.append(f"{mode} M={m} (N, K)=({n}, {k}): {str(e).splitlines()[0]}")
+                    continue
+                moved = wbytes + nbytes(x) + m * n * 2  # y is bf16
+                us = timer(lambda: qq.quantized_matmul(x, qw), moved)
+                gbps = moved / (us * 1e-6) / 1e9
+                tflops = 2 * m * n * k / (us * 1e-6) / 1e12
+                bench.row("quantized_matmul", mode, (m, n, k), "GBps", gbps, "copy", copy_gbps,
+                          us=round(us, 2))
+                bench.row("quantized_matmul", mode, (m, n, k), "TFLOPs", tflops, "torch_bf16",
+                          peer_tflops[m], us=round(us, 2))
+            del qw
+        del w, xs
+        torch.cuda.empty_cache()
+    json_path, md_path = bench.save()
+    # skipped points, so that a reader sees which M have no GPU path yet
+    if skipped:
+        with open(md_path, "a") as f:
+            f.write("\nSkipped (qq.NotSupportedError, no GPU path for these yet):\n\n")
+            for s in skipped:
+                f.write(f"- {s}\n")
+    for path in (json_path, md_path):
+        print("wrote", path)
+    print(f"{len(skipped)} points skipped (NotSupportedError)")
+
+
+if __name__ == "__main__":
+    main()
