@@ -369,11 +369,11 @@ def _qmv_case(cfg_or_affine, transpose, n, k, rng, wdtype=F32):
                          ids=[str(c) for c in QMV_CFGS] + [f"affine{b}-g{g}" for b, g in QMV_AFFINE])
 def test_qmv_m_sweep(cfg, transpose, m, device, rng):
     """Every M of the small-M path (M tiles 1, 4, 16 skip their rows past M), N = 200 (not
-    a multiple of any row tile), K = 640 (wide chunks plus a partial step of the unrolled
+    a multiple of any row tile; 256 with transpose=False, where N is grouped), K = 640 (wide chunks plus a partial step of the unrolled
     loop); bf16 x, fp32 output."""
     n, k = 200, 640
-    if not transpose and isinstance(cfg, tuple):
-        n = 192  # groups along N: a multiple of the group size
+    if not transpose:
+        n = 256  # groups along N: a multiple of every group size
     ref_q = _qmv_case(cfg, transpose, n, k, rng)
     x = randn(rng, (m, k), BF16)
     got = qmm(device, x, ref_q, transpose, dtype="float32")

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include <string>
+#include <vector>
 
 #include "codec.h"
 #include "internal.h"
@@ -911,6 +912,121 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x
   if (a.M * a.N * a.x.batch() == 0) return QQ_STATUS_SUCCESS;
   if (c.device < 0) return cpu::qqmm(a);
   return cuda::qqmm(handle, a, stream);
+}
+
+namespace qq {
+namespace {
+
+// A DLTensor view of part of another: rows [r0, r0+n) of dim 0 (drop = false)
+// or entry r0 of dim 0 with that dim removed (drop = true). The view owns its
+// shape and strides.
+struct SubTensor {
+  DLTensor t;
+  int64_t shape[kMaxDims];
+  int64_t strides[kMaxDims];
+  SubTensor(const DLTensor* src, int64_t r0, int64_t n, bool drop) {
+    t = *src;
+    const int64_t es = (src->dtype.bits * src->dtype.lanes + 7) / 8;
+    const int64_t s0 = stride_of(src, 0);
+    t.byte_offset = src->byte_offset + (uint64_t)(r0 * s0 * es);
+    const int off = drop ? 1 : 0;
+    t.ndim = src->ndim - off;
+    for (int i = 0; i < t.ndim; ++i) {
+      shape[i] = src->shape[i + off];
+      strides[i] = stride_of(src, i + off);
+    }
+    if (!drop) shape[0] = n;
+    t.shape = shape;
+    t.strides = strides;
+  }
+};
+
+}  // namespace
+}  // namespace qq
+
+QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x_scales,
+                                const DLTensor* offsets, const DLTensor* w, const DLTensor* w_scales,
+                                const qqQqmmParams_t* params, const DLTensor* global_scale_x,
+                                const DLTensor* global_scale_w, DLTensor* out, void* stream) {
+  g_last_error.clear();
+  Ctx c{"grouped_qqmm"};
+  if (!params || params->struct_size < sizeof(qqQqmmParams_t))
+    return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: params is NULL or uninitialized; use qqQqmmParamsInit");
+  DType dt;
+  QQ_TRY(check_tensor(c, "x", x, &dt));
+  if (x->ndim != 2)
+    return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'x' has shape %s; expected [T, K] (tokens "
+                     "sorted by expert)", shape_str(x->ndim, x->shape).c_str());
+  if (dt == DType::U8 && params->x_scale_layout != QQ_SCALE_LINEAR)
+    return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: a packed 'x' needs linear x_scales (blocked scales "
+                     "pad each 128 rows and cannot be split at the group boundaries); pass linear scales or a "
+                     "float x");
+  QQ_TRY(check_tensor(c, "offsets", offsets, &dt));
+  if (dt != DType::I32 || offsets->ndim != 1)
+    return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'offsets' must be int32 [E] (cumulative "
+                     "group ends); got %s %s", dtype_str(offsets->dtype).c_str(),
+                     shape_str(offsets->ndim, offsets->shape).c_str());
+  const int64_t E = offsets->shape[0], T = x->shape[0];
+  QQ_TRY(check_tensor(c, "w", w, &dt));
+  if (w->ndim != 3 || w->shape[0] != E)
+    return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'w' has shape %s; expected [E=%lld, N, K] "
+                     "(or packed [E, N, K*bits/8])", shape_str(w->ndim, w->shape).c_str(), (long long)E);
+  if (w_scales) {
+    QQ_TRY(check_tensor(c, "scales", w_scales, &dt));
+    if (w_scales->ndim != 3 || w_scales->shape[0] != E)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'scales' has shape %s; expected one "
+                       "scale matrix per expert, [E=%lld, ...]", shape_str(w_scales->ndim, w_scales->shape).c_str(),
+                       (long long)E);
+  }
+  if (global_scale_w) {
+    QQ_TRY(check_tensor(c, "global_scale_w", global_scale_w, &dt));
+    if (dt != DType::F32 || numel(global_scale_w) != E || global_scale_w->ndim != 1)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'global_scale_w' must be float32 [E=%lld] "
+                       "(one global scale per expert); got %s %s", (long long)E,
+                       dtype_str(global_scale_w->dtype).c_str(),
+                       shape_str(global_scale_w->ndim, global_scale_w->shape).c_str());
+  }
+  QQ_TRY(check_tensor(c, "out", out, &dt));
+  if (out->ndim != 2 || out->shape[0] != T)
+    return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'out' has shape %s; expected [T=%lld, N]",
+                     shape_str(out->ndim, out->shape).c_str(), (long long)T);
+  // The group ends, on the host.
+  std::vector<int32_t> ends(E);
+  if (E > 0) {
+    const void* src = (const char*)offsets->data + offsets->byte_offset;
+    if (stride_of(offsets, 0) != 1 && E > 1)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'offsets' must be contiguous");
+    if (c.device < 0) memcpy(ends.data(), src, E * sizeof(int32_t));
+    else QQ_TRY(cuda::copy_to_host(c.device, src, E * sizeof(int32_t), ends.data(), stream));
+  }
+  int32_t prev = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    if (ends[e] < prev || ends[e] > T)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'offsets' must be non-decreasing group "
+                       "ends within [0, T=%lld]; offsets[%lld] = %d after %d", (long long)T, (long long)e,
+                       (int)ends[e], (int)prev);
+    prev = ends[e];
+  }
+  if (prev != T)
+    return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: the last entry of 'offsets' (%d) must equal T = %lld "
+                     "(every token belongs to one expert)", (int)prev, (long long)T);
+  prev = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = prev, n = ends[e] - prev;
+    prev = ends[e];
+    if (n == 0) continue;  // empty group
+    SubTensor xs(x, r0, n, false), os(out, r0, n, false), ws(w, e, 0, true);
+    SubTensor xss(x_scales ? x_scales : x, r0, n, false);
+    SubTensor wss(w_scales ? w_scales : w, e, 0, true);
+    SubTensor gws(global_scale_w ? global_scale_w : offsets, e, 0, true);
+    const qqStatus_t st = qqQqmm(handle, &xs.t, x_scales ? &xss.t : nullptr, &ws.t, w_scales ? &wss.t : nullptr,
+                                 params, global_scale_x, global_scale_w ? &gws.t : nullptr, nullptr, &os.t, stream);
+    if (st != QQ_STATUS_SUCCESS) {
+      const std::string msg = g_last_error;
+      return set_error(st, "grouped_qqmm: expert %lld: %s", (long long)e, msg.c_str());
+    }
+  }
+  return QQ_STATUS_SUCCESS;
 }
 
 QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x, const DLTensor* w,

@@ -117,6 +117,13 @@ cdef extern from "qq/qq.h" nogil:
                       const DLTensor* global_scale_w, const DLTensor* bias,
                       DLTensor* out, void* stream)
 
+    qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x,
+                             const DLTensor* x_scales, const DLTensor* offsets,
+                             const DLTensor* w, const DLTensor* w_scales,
+                             const qqQqmmParams_t* params,
+                             const DLTensor* global_scale_x,
+                             const DLTensor* global_scale_w, DLTensor* out, void* stream)
+
     qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x,
                                  const DLTensor* w, const DLTensor* scales,
                                  const DLTensor* biases,

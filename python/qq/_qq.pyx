@@ -1639,6 +1639,109 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     return out if out is not None else call.result(result)
 
 
+def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="mxfp8", *,
+                 global_scale_x=None, global_scale_w=None, x_scales=None, rounding="ceil",
+                 scale_layout="linear", fp8_format="e4m3", moe_scaling=None, dtype=None, out=None,
+                 stream=None):
+    """Grouped qqmm for mixture-of-experts layers: tokens x [T, K] sorted by expert,
+    offsets int32 [E] (cumulative group ends, last = T; empty groups are legal), weights
+    w [E, N, K] -> y [T, N] with y[rows of e] = alpha_e * q(x rows) @ q(w[e]).T.
+
+    w: float [E, N, K] (quantized on the fly), a QuantizedArray of [E, N, K] (qq.quantize,
+    linear or blocked scales), packed [E, N, K*bits/8] with `scales`, or - with
+    moe_scaling="32x1" / "32x32" - the (data, scales) of qq.quantize_moe on the [E, K, N]
+    weight (D1 = K, the contracted axis; scale_layout="blocked" required). x: float [T, K], a
+    QuantizedArray or packed [T, K*bits/8] with linear x_scales. nvfp4: global_scale_x is a
+    scalar, global_scale_w float32 [E]. The offsets are read on the host (one wait on the
+    stream); each expert then runs as a qqmm.
+    """
+    cdef str func = "grouped_qqmm"
+    cdef _View vx, vxs, voff, vw, vws, vgx, vgw, vo
+    cdef qqQqmmParams_t qp
+    cdef qqStatus_t st
+    cdef DLTensor *tx
+    cdef DLTensor *txs
+    cdef DLTensor *toff
+    cdef DLTensor *tw
+    cdef DLTensor *tws
+    cdef DLTensor *tgx
+    cdef DLTensor *tgw
+    cdef DLTensor *to
+    cdef void* s
+    x_layout = "linear"
+    w_layout = scale_layout
+    if moe_scaling is not None:
+        if moe_scaling not in ("32x1", "32x32"):
+            raise ValueError(f"{func}: moe_scaling must be None, '32x1' or '32x32'; got {moe_scaling!r}")
+        if scale_layout != "blocked":
+            raise ValueError(f"{func}: scale_layout: quantize_moe weights are taken with their blocked "
+                             f"scales (qq.quantize_moe(..., scale_layout='blocked')); got {scale_layout!r}")
+        if isinstance(w, tuple):
+            w, scales = w
+        w = _swap_last_two(w)   # [E, D1=K, D2=N] column-major per expert = [E, N, K] row-major
+        mode = "mxfp8"
+    if isinstance(w, QuantizedArray):
+        qa = w
+        scales = _take_array(func, "scales", scales, qa.scales, "w", "scales")
+        global_scale_w = _take_array(func, "global_scale_w", global_scale_w, qa.global_scale,
+                                     "w", "global_scale")
+        mode = _take(func, "mode", mode, "mxfp8", qa.mode, "w")
+        group_size = _take(func, "group_size", group_size, None, qa.group_size, "w")
+        bits = _take(func, "bits", bits, None, qa.bits, "w")
+        fp8_format = _take(func, "fp8_format", fp8_format, "e4m3", qa.fp8_format, "w")
+        w_layout = _take(func, "scale_layout", scale_layout, "linear", qa.scale_layout, "w")
+        w = qa.data
+    x_is_q = isinstance(x, QuantizedArray)
+    if x_is_q:
+        qa = x
+        x_scales = _take_array(func, "x_scales", x_scales, qa.scales, "x", "scales")
+        global_scale_x = _take_array(func, "global_scale_x", global_scale_x, qa.global_scale,
+                                     "x", "global_scale")
+        x_layout = qa.scale_layout
+        x = qa.data
+    if mode == "affine":
+        raise ValueError(f"{func}: mode 'affine' has no quantized-activation GEMM; use nvfp4, "
+                         f"mxfp4 or mxfp8")
+    cdef qqMode_t cmode = <qqMode_t>_enum(func, "mode", mode, _MODES)
+    st = qqQqmmParamsInit(&qp, cmode)
+    _check(st)
+    _quant_params(func, &qp.quant, mode, group_size, bits, rounding, "linear", fp8_format)
+    qp.x_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", x_layout, _LAYOUTS)
+    qp.w_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", w_layout, _LAYOUTS)
+    out_dtype = _dtype_arg(func, dtype)
+    cdef _Call call = _Call(func, x, "x", stream)
+    result = None
+    try:
+        vx = call.view(x, "x")
+        vxs = call.view(x_scales, "x_scales")
+        voff = call.view(offsets, "offsets")
+        vw = call.view(w, "w")
+        vws = call.view(scales, "scales")
+        vgx = call.view(call.scalar(global_scale_x, "global_scale_x"), "global_scale_x")
+        vgw = call.view(global_scale_w, "global_scale_w")
+        if out is None:
+            if out_dtype is None:
+                x_dt = vx.dtype_name()
+                out_dtype = x_dt if (not x_is_q and x_dt in _FLOAT_DTYPES) else "bfloat16"
+            x_shape, w_shape = vx.shape, vw.shape
+            if len(x_shape) != 2 or len(w_shape) != 3:
+                raise ValueError(f"{func}: x must be [T, K] and w [E, N, K]; got x {tuple(x_shape)}, "
+                                 f"w {tuple(w_shape)}")
+            result, vo = call.empty((x_shape[0], w_shape[1]), out_dtype, "out")
+        else:
+            vo = _out_view(call, out, out_dtype)
+        tx, txs, toff, tw, tws = _t(vx), _t(vxs), _t(voff), _t(vw), _t(vws)
+        tgx, tgw, to = _t(vgx), _t(vgw), _t(vo)
+        s = call.cstream()
+        with nogil:
+            st = qqGroupedQqmm(NULL, tx, txs, toff, tw, tws, &qp, tgx, tgw, to, s)
+        _check(st)
+        call.finish()
+    finally:
+        call.release()
+    return out if out is not None else call.result(result)
+
+
 def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=None,
                      bits=None, mode="affine", *, global_scale=None, bias=None,
                      scale_layout="linear", fp8_format="e4m3", dtype=None, out=None,

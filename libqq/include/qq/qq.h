@@ -327,6 +327,26 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x,
  *  bias: optional float [N] added to every row (any float dtype).
  *  out:  [broadcast batch..., M, N], float32/float16/bfloat16.
  *  Accumulation in fp32. */
+/* Grouped qqmm (mixture of experts): tokens sorted by expert.
+ *  x: float [T, K] or packed [T, K*bits/8] with x_scales linear [T, K/group].
+ *  offsets: int32 [E], cumulative group ends (offsets[E-1] == T; rows
+ *     offsets[e-1] .. offsets[e] belong to expert e; empty groups are legal).
+ *  w: float [E, N, K] or packed [E, N, K*bits/8] with w_scales [E, N, K/group]
+ *     (linear) or [E, roundup(N,128), roundup(K/group,4)] (blocked, one matrix
+ *     per expert; also what qqQuantizeMoe writes for its [E, D1=K, D2=N]
+ *     weights, whose data read as [E, N, K] row-major).
+ *  global_scale_x: scalar; global_scale_w: float32 [E] (nvfp4, per expert).
+ *  out [T, N] = per expert e, alpha_e * q(x_e) @ q(w_e)^T.
+ *  The offsets are read on the host: for CUDA tensors this waits for
+ *  `stream` once (a loop over experts, each a qqQqmm). */
+QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x,
+                                const DLTensor* x_scales, const DLTensor* offsets,
+                                const DLTensor* w, const DLTensor* w_scales,
+                                const qqQqmmParams_t* params,
+                                const DLTensor* global_scale_x,
+                                const DLTensor* global_scale_w, DLTensor* out,
+                                void* stream);
+
 QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x,
                                     const DLTensor* w, const DLTensor* scales,
                                     const DLTensor* biases,

@@ -117,6 +117,14 @@ qqStatus_t device_alloc(int device, size_t bytes, void** ptr, void* stream) {
   });
 }
 
+qqStatus_t copy_to_host(int device, const void* src, size_t bytes, void* dst, void* stream) {
+  return on_device(device, [&]() -> qqStatus_t {
+    QQ_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream), "grouped_qqmm");
+    QQ_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream), "grouped_qqmm");
+    return QQ_STATUS_SUCCESS;
+  });
+}
+
 qqStatus_t device_free(int device, void* ptr, void* stream) {
   return on_device(device, [&]() -> qqStatus_t {
     QQ_CUDA_TRY(cudaFreeAsync(ptr, (cudaStream_t)stream), "qqDeviceFree");

@@ -1,0 +1,118 @@
+"""qq.grouped_qqmm (mixture of experts): tokens sorted by expert, int32 cumulative group
+ends, one weight per expert. Checked against a per-expert loop of the reference qqmm,
+including empty and single-token groups, per-expert nvfp4 global scales, stored weights
+(QuantizedArray, linear and blocked scales) and quantize_moe's 32x1 / 32x32 weights."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import qq
+import reference as R
+from helpers import BF16, DEVICES, FpCfg, assert_matmul_close, cast, raises, to_device, to_numpy
+from test_colwise import ref_moe
+
+F32 = np.float32
+SIZES = [0, 5, 1, 34, 0, 17]  # tokens per expert: empty and single-token groups included
+
+
+def dev(a, device):
+    return to_device(None if a is None else np.asarray(a), device)
+
+
+def offsets_of(sizes):
+    return np.cumsum(sizes).astype(np.int32)
+
+
+def ref_grouped(x, ws, sizes, per_expert):
+    """Stack per_expert(x rows of e, e) -> MatmulRef over the experts."""
+    vals, sums = [], []
+    r0 = 0
+    for e, n in enumerate(sizes):
+        if n:
+            ref = per_expert(x[r0:r0 + n], e)
+            vals.append(ref.value)
+            sums.append(ref.abs_sum)
+        r0 += n
+    return R.MatmulRef(np.concatenate(vals), np.concatenate(sums))
+
+
+CFGS = [FpCfg("mxfp8"), FpCfg("mxfp8", "floor", "e5m2"), FpCfg("mxfp4"), FpCfg("nvfp4"),
+        FpCfg("nvfp4", global_scale=True)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("stored", [False, True], ids=["float_w", "stored_w"])
+@pytest.mark.parametrize("cfg", CFGS, ids=str)
+def test_grouped_qqmm(cfg, stored, device, rng):
+    """Float x; w float (quantized on the fly) or a QuantizedArray [E, N, K] with blocked
+    scales; nvfp4 with a global scale per expert."""
+    e, n, k = len(SIZES), 40, 128
+    t = sum(SIZES)
+    x = cast(rng.standard_normal((t, k)), BF16)
+    w = cast(rng.standard_normal((e, n, k)), BF16)
+    gx = R.amax(x) if cfg.global_scale else None
+    gw = np.array([R.amax(w[i]) for i in range(e)], F32) if cfg.global_scale else None
+    kw = {"mode": cfg.mode, "fp8_format": cfg.fp8_format}
+    if cfg.mode != "nvfp4":
+        kw["rounding"] = cfg.rounding
+    if stored:
+        if cfg.global_scale:
+            pytest.skip("qq.quantize takes one global scale; per-expert ones come with packed w")
+        wq = qq.quantize(dev(w, device), scale_layout="blocked", **kw)
+        got = qq.grouped_qqmm(dev(x, device), wq, dev(offsets_of(SIZES), device), rounding=cfg.rounding)
+    else:
+        got = qq.grouped_qqmm(dev(x, device), dev(w, device), dev(offsets_of(SIZES), device),
+                              global_scale_x=dev(gx, device), global_scale_w=dev(gw, device), **kw)
+    assert tuple(got.shape) == (t, n)
+    ref = ref_grouped(x, w, SIZES, lambda xe, i: R.qqmm(
+        xe, w[i], cfg.mode, global_scale_x=gx, global_scale_w=None if gw is None else gw[i],
+        rounding=cfg.rounding, fp8_format=cfg.fp8_format))
+    assert_matmul_close(got, ref, f"grouped_qqmm {cfg}", dtype=BF16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scaling", ["32x1", "32x32"])
+def test_grouped_qqmm_moe_weights(scaling, device, rng):
+    """Weights [E, K, N] quantized by qq.quantize_moe (32x1 or 32x32 along D1 = K, blocked
+    scales) go in as they are; the reference multiplies by the same quantized values."""
+    sizes = [3, 0, 40, 1]
+    e, k, n = len(sizes), 64, 96
+    t = sum(sizes)
+    x = cast(rng.standard_normal((t, k)), BF16)
+    w = cast(rng.standard_normal((e, k, n)), BF16)        # [E, D1 = K, D2 = N]
+    data, scales = qq.quantize_moe(dev(w, device), scaling, scale_layout="blocked")
+    got = qq.grouped_qqmm(dev(x, device), (data, scales), dev(offsets_of(sizes), device),
+                          moe_scaling=scaling, scale_layout="blocked", dtype="float32")
+    # per expert: w_e^T [N, K] quantized along K with the MoE scales (blocked: one scale
+    # per (n, 32 k), the 32x32 one replicated)
+    codes, blocked = ref_moe(w, scaling, layout="blocked")
+
+    def per_expert(xe, i):
+        s = R.unswizzle(blocked[i], (n, k // 32))
+        rq = dataclasses.replace(R.quantize(np.zeros((n, k), F32), mode="mxfp8"),
+                                 data=np.ascontiguousarray(codes[i].T), scales=s)
+        return R.qqmm(xe, rq, "mxfp8")
+
+    assert_matmul_close(got, ref_grouped(x, w, sizes, per_expert), f"grouped_qqmm moe {scaling}",
+                        dtype=F32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grouped_qqmm_errors(device, rng):
+    x = cast(rng.standard_normal((6, 64)), BF16)
+    w = cast(rng.standard_normal((2, 8, 64)), BF16)
+    raises(ValueError, "offsets", qq.grouped_qqmm, dev(x, device), dev(w, device),
+           dev(np.array([4, 5], np.int32), device))           # last != T
+    raises(ValueError, "offsets", qq.grouped_qqmm, dev(x, device), dev(w, device),
+           dev(np.array([4, 2], np.int32), device))           # decreasing
+    raises((ValueError, TypeError), "offsets", qq.grouped_qqmm, dev(x, device), dev(w, device),
+           dev(np.array([4, 6], np.int64), device))           # wrong dtype
+    raises(ValueError, "w", qq.grouped_qqmm, dev(x, device), dev(w[0], device),
+           dev(np.array([4, 6], np.int32), device))           # 2D w
+    got = to_numpy(qq.grouped_qqmm(dev(x, device), dev(w, device), dev(np.array([0, 6], np.int32), device),
+                                   dtype="float32"))
+    assert got.shape == (6, 8) and np.isfinite(got).all()
