@@ -1553,7 +1553,7 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
         rows = 1
         for d in x.shape[:-1]:
             rows *= int(d)
-        if pw.values is None or rows <= 16:
+        if pw.values is None or rows <= 4:  # libqq's kQmvMaxM (cuda/ops.cuh)
             w = pw.quantized        # small M: the weight-only kernel reads the packed form once
         else:
             w_prepared = 1

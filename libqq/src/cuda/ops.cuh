@@ -18,7 +18,7 @@ namespace cuda {
 // transpose both ways, batch broadcasting and bias for M <= kQmvMaxM.
 // Returns QQ_STATUS_NOT_SUPPORTED (without an error message) for a case it
 // does not cover, so the caller can pick another path.
-constexpr int kQmvMaxM = 16;
+constexpr int kQmvMaxM = 4;  // measured: the M=16 tile runs slower than dequantize + GEMM (bench/results/qmm-h100.md)
 qqStatus_t qmv(const MatmulArgs& a, cudaStream_t stream);
 
 // gemm.cu - one cuBLASLt GEMM, row-major:
