@@ -427,3 +427,26 @@ def test_qmv_blocked_large_k(cfg, device, rng):
         x = randn(rng, (m, k), BF16)
         got = qmm(device, x, ref_q, True, dtype="float32")
         assert_matmul_close(got, R.quantized_matmul(x, ref_q), "qmv blocked", dtype=F32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shared_x", [False, True], ids=["x_batched", "x_shared"])
+@pytest.mark.parametrize("cfg", [FpCfg("nvfp4", global_scale=True), FpCfg("mxfp8")], ids=str)
+def test_qqmm_batched_w(cfg, shared_x, device, rng):
+    """A 3D weight [B, N, K] (float, or stored with blocked scales) with x [B, M, K] or a
+    shared x [M, K]: out [B, M, N], entry b = q(x[b]) @ q(w[b]).T."""
+    b, m, n, k = 3, 5, 24, 64
+    x = randn(rng, (m, k) if shared_x else (b, m, k), BF16)
+    w = randn(rng, (b, n, k), BF16)
+    gx = R.amax(x) if cfg.global_scale else None
+    gw = R.amax(w) if cfg.global_scale else None
+    ref_vals = [ref_qqmm(x if shared_x else x[i], w[i], cfg, gx, gw) for i in range(b)]
+    ref = R.MatmulRef(np.stack([r.value for r in ref_vals]), np.stack([r.abs_sum for r in ref_vals]))
+    kw = qq_kwargs(cfg)
+    got = qq.qqmm(dev(x, device), dev(w, device), global_scale_x=dev(gx, device),
+                  global_scale_w=dev(gw, device), **kw)
+    assert tuple(got.shape) == (b, m, n)
+    assert_matmul_close(got, ref, "qqmm batched w", dtype=BF16)
+    qw = qq.quantize(dev(w, device), global_scale=dev(gw, device), scale_layout="blocked", **kw)
+    assert_matmul_close(qq.qqmm(dev(x, device), qw, global_scale_x=dev(gx, device), **kw), ref,
+                        "qqmm batched stored w", dtype=BF16)

@@ -840,6 +840,36 @@ qqStatus_t bias_mat(Ctx& c, const DLTensor* bias, int64_t n, Mat* m) {
 }  // namespace
 }  // namespace qq
 
+namespace qq {
+namespace {
+
+// A DLTensor view of part of another: rows [r0, r0+n) of dim 0 (drop = false)
+// or entry r0 of dim 0 with that dim removed (drop = true). The view owns its
+// shape and strides.
+struct SubTensor {
+  DLTensor t;
+  int64_t shape[kMaxDims];
+  int64_t strides[kMaxDims];
+  SubTensor(const DLTensor* src, int64_t r0, int64_t n, bool drop) {
+    t = *src;
+    const int64_t es = (src->dtype.bits * src->dtype.lanes + 7) / 8;
+    const int64_t s0 = stride_of(src, 0);
+    t.byte_offset = src->byte_offset + (uint64_t)(r0 * s0 * es);
+    const int off = drop ? 1 : 0;
+    t.ndim = src->ndim - off;
+    for (int i = 0; i < t.ndim; ++i) {
+      shape[i] = src->shape[i + off];
+      strides[i] = stride_of(src, i + off);
+    }
+    if (!drop) shape[0] = n;
+    t.shape = shape;
+    t.strides = strides;
+  }
+};
+
+}  // namespace
+}  // namespace qq
+
 QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x_scales, const DLTensor* w,
                          const DLTensor* w_scales, const qqQqmmParams_t* params, const DLTensor* global_scale_x,
                          const DLTensor* global_scale_w, const DLTensor* bias, DLTensor* out, void* stream) {
@@ -847,6 +877,31 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x
   Ctx c{"qqmm"};
   if (!params || params->struct_size < sizeof(qqQqmmParams_t))
     return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: params is NULL or uninitialized; use qqQqmmParamsInit");
+  if (w && w->ndim == 3 && x && out) {
+    // A batched weight [B, N, K] with x [B, M, K] (or [M, K], shared): one qqmm per entry.
+    const int64_t B = w->shape[0];
+    const bool xb = x->ndim == 3;
+    if ((x->ndim != 2 && !xb) || (xb && x->shape[0] != B) || out->ndim != 3 || out->shape[0] != B ||
+        (w_scales && (w_scales->ndim != 3 || w_scales->shape[0] != B)) ||
+        (x_scales && xb && (x_scales->ndim != 3 || x_scales->shape[0] != B)))
+      return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: with a batched 'w' %s, 'x' must be [B=%lld, M, K] or "
+                       "[M, K], 'out' [B, M, N] and the scales one matrix per entry; got x %s, out %s",
+                       shape_str(w->ndim, w->shape).c_str(), (long long)B, shape_str(x->ndim, x->shape).c_str(),
+                       shape_str(out->ndim, out->shape).c_str());
+    for (int64_t b = 0; b < B; ++b) {
+      SubTensor ws(w, b, 0, true), os(out, b, 0, true);
+      SubTensor wss(w_scales ? w_scales : w, b, 0, true);
+      SubTensor xs(x, xb ? b : 0, x->ndim ? x->shape[0] : 0, xb);
+      SubTensor xss(x_scales ? x_scales : x, xb ? b : 0, x_scales && x_scales->ndim ? x_scales->shape[0] : 0, xb);
+      const qqStatus_t st = qqQqmm(handle, &xs.t, x_scales ? &xss.t : nullptr, &ws.t, w_scales ? &wss.t : nullptr,
+                                   params, global_scale_x, global_scale_w, bias, &os.t, stream);
+      if (st != QQ_STATUS_SUCCESS) {
+        const std::string msg = g_last_error;
+        return set_error(st, "qqmm: batch entry %lld of 'w': %s", (long long)b, msg.c_str());
+      }
+    }
+    return QQ_STATUS_SUCCESS;
+  }
   MatmulArgs a{};
   qqQuantParams_t qp = params->quant;
   qp.scale_layout = QQ_SCALE_LINEAR;
@@ -868,7 +923,7 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x
     QQ_TRY(check_tensor(c, nm, t, &dt));
     if (t->ndim < 1 || (which && t->ndim != 2))
       return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: argument '%s' has shape %s; expected %s", nm,
-                       shape_str(t->ndim, t->shape).c_str(), which ? "[N, K]" : "[..., M, K]");
+                       shape_str(t->ndim, t->shape).c_str(), which ? "[N, K] or [B, N, K]" : "[..., M, K]");
     Mat& m = which ? a.w : a.x;
     Mat& sm = which ? a.w_scales : a.x_scales;
     QQ_TRY(to_mat(c, nm, t, dt, &m));
@@ -914,35 +969,6 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x
   return cuda::qqmm(handle, a, stream);
 }
 
-namespace qq {
-namespace {
-
-// A DLTensor view of part of another: rows [r0, r0+n) of dim 0 (drop = false)
-// or entry r0 of dim 0 with that dim removed (drop = true). The view owns its
-// shape and strides.
-struct SubTensor {
-  DLTensor t;
-  int64_t shape[kMaxDims];
-  int64_t strides[kMaxDims];
-  SubTensor(const DLTensor* src, int64_t r0, int64_t n, bool drop) {
-    t = *src;
-    const int64_t es = (src->dtype.bits * src->dtype.lanes + 7) / 8;
-    const int64_t s0 = stride_of(src, 0);
-    t.byte_offset = src->byte_offset + (uint64_t)(r0 * s0 * es);
-    const int off = drop ? 1 : 0;
-    t.ndim = src->ndim - off;
-    for (int i = 0; i < t.ndim; ++i) {
-      shape[i] = src->shape[i + off];
-      strides[i] = stride_of(src, i + off);
-    }
-    if (!drop) shape[0] = n;
-    t.shape = shape;
-    t.strides = strides;
-  }
-};
-
-}  // namespace
-}  // namespace qq
 
 QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x_scales,
                                 const DLTensor* offsets, const DLTensor* w, const DLTensor* w_scales,

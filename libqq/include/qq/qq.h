@@ -288,7 +288,8 @@ QQ_API qqStatus_t qqAmax(qqHandle_t handle, const DLTensor* x, DLTensor* out,
  *  x: float [..., M, K] (quantized on the fly with params) or packed uint8
  *     [..., M, K*bits/8] with x_scales in params->x_scale_layout.
  *  w: float [N, K] (quantized on the fly) or packed [N, K*bits/8] with
- *     w_scales in params->w_scale_layout; or, with params->w_prepared, a
+ *     w_scales in params->w_scale_layout (a batched w [B, N, K] goes with x
+ *     [B, M, K] or [M, K], out [B, M, N] and one scale matrix per entry); or, with params->w_prepared, a
  *     float [N, K] holding q(w)'s values already (dequantize without the
  *     global scale, e.g. in bfloat16, where they are exact): used as is, so
  *     a layer that keeps it skips w's dequantization on every call (the
