@@ -372,8 +372,9 @@ def test_qmv_m_sweep(cfg, transpose, m, device, rng):
     a multiple of any row tile), K = 640 (wide chunks plus a partial step of the unrolled
     loop); bf16 x, fp32 output."""
     n, k = 200, 640
-    if not transpose and isinstance(cfg, tuple):
-        n = 192  # groups along N: a multiple of the group size
+    if not transpose:  # groups along N: N a multiple of the group (16 nvfp4, 32 mx, 32..128 affine)
+        g = cfg[1] if isinstance(cfg, tuple) else (16 if cfg.mode == "nvfp4" else 32)
+        n = -(-n // g) * g  # 208, 224 or 256: 26, 28 or 32 strips of 8 (partial CTAs of 8 strips)
     ref_q = _qmv_case(cfg, transpose, n, k, rng)
     x = randn(rng, (m, k), BF16)
     got = qmm(device, x, ref_q, transpose, dtype="float32")
