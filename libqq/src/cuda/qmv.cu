@@ -96,13 +96,11 @@ struct Launch {
 // (QQ_HD so that the host can check them against codec.h; see the test note above.)
 QQ_HD float bf16lo(uint32_t p) { return u2f(p << 16); }
 QQ_HD float bf16hi(uint32_t p) { return u2f(p & 0xffff0000u); }
-QQ_HD float fma_f(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
-  return fma_f(a, b, c);
-#else
-  return __builtin_fmaf(a, b, c);
-#endif
-}
+// fused a * b + c, one rounding, on both sides (device: fma.rn.f32). One
+// line for both, so that the host checks run the code the device runs (this
+// once called itself on the device: infinite recursion, which nvcc compiled to
+// nothing, leaving every affine kernel without its stores).
+QQ_HD float fma_f(float a, float b, float c) { return fmaf(a, b, c); }
 
 // 8 E2M1 codes of w (element i in bits 4i..4i+3) -> v[i] = e2m1_decode(code) * f.
 QQ_HD void fp4x8(uint32_t w, float f, float* v) {
@@ -632,9 +630,6 @@ qqStatus_t dispatch(const MatmulArgs& a, Launch L, int F, bool narrow, cudaStrea
 qqStatus_t qmv(const MatmulArgs& a, cudaStream_t stream) {
   if (a.M < 1 || a.M > kQmvMaxM || a.x_packed || !a.w_packed) return QQ_STATUS_NOT_SUPPORTED;
   if (a.w_blocked && !a.transpose) return QQ_STATUS_NOT_SUPPORTED;  // the API refuses it already
-  // GPU run 9 (H100): the affine paths and transpose=False give wrong results;
-  // until they are fixed, those cases take quantized_matmul's GEMM path.
-  if (!a.q.fp() || !a.transpose) return QQ_STATUS_NOT_SUPPORTED;
   const QSpec& q = a.q;
   Launch L{};
   L.M = (int)a.M;
