@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The session's closing device run: build, every GPU test, then all benchmarks;
-# matmul tests, then all benchmarks; results and logs come back as $OUT/final.tgz.
+# results and logs come back as $OUT/final.tgz.
 set -uo pipefail
 OUT=${OUT:-/tmp/qq-out}
 mkdir -p "$OUT/logs" "$OUT/results"
