@@ -35,6 +35,9 @@ struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(8) float2 { float x, y; };
 struct alignas(4) __half2 { uint16_t x, y; };
 inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return uint4{a, b, c, d}; }
+struct __half { uint16_t x; };
+inline __half __ushort_as_half(unsigned short h) { return __half{h}; }
+inline float __half2float(__half h) { return qq::fp16_to_f(h.x); }
 inline float2 __half22float2(__half2 h) { return float2{qq::fp16_to_f(h.x), qq::fp16_to_f(h.y)}; }
 typedef void* cudaStream_t;
 

@@ -107,15 +107,16 @@ struct Case {
   int batch = 1;           // x batch entries
   bool wbatch = false;     // w has its own batch (else broadcast, stride 0)
   bool bias = false;
+  int wpad = 0;            // extra bytes per w row (unaligned rows: the narrow / byte-wise paths)
   int known = 0;           // 1: the known-answer data of test_qmm_known_answer
 };
 
 std::string name(const Case& c) {
   char b[256];
   const char* m = c.mode == QQ_MODE_AFFINE ? "affine" : c.mode == QQ_MODE_NVFP4 ? "nvfp4" : c.mode == QQ_MODE_MXFP4 ? "mxfp4" : "mxfp8";
-  snprintf(b, sizeof b, "%s b%d g%d e%d gs%d sdt=%s %s M%ld N%ld K%ld x=%s out=%s xpad%d batch%d%s%s", m, c.bits, c.group,
+  snprintf(b, sizeof b, "%s b%d g%d e%d gs%d sdt=%s %s M%ld N%ld K%ld x=%s out=%s xpad%d wpad%d batch%d%s%s", m, c.bits, c.group,
            c.elem, (int)c.gs, dts(c.sdt), c.transpose ? "T" : "N", (long)c.M, (long)c.N, (long)c.K, dts(c.xdt),
-           dts(c.odt), c.xpad, c.batch, c.wbatch ? " wbatch" : "", c.bias ? " bias" : "");
+           dts(c.odt), c.xpad, c.wpad, c.batch, c.wbatch ? " wbatch" : "", c.bias ? " bias" : "");
   return b;
 }
 
@@ -134,11 +135,11 @@ int run(const Case& c, bool verbose = false) {
   a.transpose = c.transpose; a.w_packed = true;
   a.M = c.M; a.N = c.N; a.K = c.K;
   const int64_t wr = c.transpose ? c.N : c.K, wcols = c.transpose ? c.K : c.N;  // logical W storage
-  const int64_t wbytes = wcols * c.bits / 8, ng = wcols / c.group;
+  const int64_t wbytes = wcols * c.bits / 8, ng = wcols / c.group, wld = wbytes + c.wpad;
   const int nbw = c.wbatch ? c.batch : 1;
   const int nb = c.batch > 1 ? 1 : 0;
   // w
-  Buf w; w.v.resize(nbw * wr * wbytes);
+  Buf w; w.v.resize(nbw * wr * wld);
   for (auto& b : w.v) b = (uint8_t)rng();
   // scales / biases
   const bool fp = c.mode != QQ_MODE_AFFINE;
@@ -157,7 +158,7 @@ int run(const Case& c, bool verbose = false) {
     for (int64_t r = 0; r < wr; ++r)
       for (int64_t j = 0; j < wcols; ++j) {
         const int v = (int)(j % 16), q = 15 - v;
-        uint8_t& byte = w.v[r * wbytes + j / 2];
+        uint8_t& byte = w.v[r * wld + j / 2];
         byte = (j & 1) ? (uint8_t)((byte & 0x0f) | (q << 4)) : (uint8_t)((byte & 0xf0) | q);
       }
     for (int64_t i = 0; i < wr * ng; ++i) { store(sdt, s.p(), i, -1.0f); store(sdt, bi.p(), i, 15.0f); }
@@ -179,7 +180,7 @@ int run(const Case& c, bool verbose = false) {
   memset(out.p(), 0xff, out.v.size());
 
   a.x = mat(x0, c.xdt, c.M, c.K, xld, nb, c.batch, c.M * xld);
-  a.w = mat(w.p(), DType::U8, wr, wbytes, wbytes, nb, c.batch, c.wbatch ? wr * wbytes : 0);
+  a.w = mat(w.p(), DType::U8, wr, wbytes, wld, nb, c.batch, c.wbatch ? wr * wld : 0);
   a.w_scales = mat(s.p(), sdt, wr, ng, ng, nb, c.batch, c.wbatch ? wr * ng : 0);
   if (!fp) a.w_biases = mat(bi.p(), sdt, wr, ng, ng, nb, c.batch, c.wbatch ? wr * ng : 0);
   if (c.bias) a.bias = mat(bias.p(), DType::BF16, 1, c.N, c.N, 0, 0, 0);
@@ -245,7 +246,11 @@ int main(int argc, char** argv) {
           c.transpose = tr; c.M = M; c.xdt = xdt;
           c.N = tr ? 200 : 224; c.K = 640;
           go(c);
-          if (M == 3) { c.xpad = 1; c.batch = 2; c.bias = true; c.odt = DType::BF16; go(c); c.wbatch = true; go(c); }
+          if (M == 3) {
+            c.xpad = 1; c.batch = 2; c.bias = true; c.odt = DType::BF16; go(c);
+            c.wbatch = true; go(c);
+            c.wpad = 1; go(c);
+          }
           if (M == 5) { c.K = f.group; c.N = tr ? 37 : 2 * f.group; go(c); }
         }
     for (int bits : {2, 3, 4, 5, 6, 8})
@@ -257,7 +262,12 @@ int main(int argc, char** argv) {
             c.xdt = xdts[(M + bits) % 3];
             c.N = tr ? 200 : (200 + group - 1) / group * group; c.K = 640 / group * group;
             go(c);
-            if (M == 3) { c.xpad = 1; c.batch = 2; c.bias = true; c.odt = DType::F16; go(c); c.wbatch = true; go(c); }
+            if (M == 3 || M == 16) {
+              Case d = c; d.xpad = 1; d.batch = 2; d.bias = true; d.odt = DType::F16; go(d);
+              d.wbatch = true; go(d);
+              d.wpad = 1; go(d);
+              d.wpad = 16; d.xpad = 0; go(d);  // aligned rows of a wider w: the wide kernels with ld != row bytes
+            }
             if (M == 16 && tr) { c.K = group; c.N = 37; go(c); }
           }
   }

@@ -18,13 +18,18 @@
 //            group add their results from shared memory in a fixed order (no
 //            atomics; the result is the same on every run).
 //   T-narrow transpose=True, any alignment and affine 2/3/5/6-bit: the same
-//            shape with chunks of 8 elements (bits bytes) read byte by byte.
+//            shape with chunks of 8 elements (bits bytes) read byte by byte;
+//            affine of every width decodes through AFFG, x's dtype is a run-time
+//            value (Launch::xk), one M tile of 16.
 //   N        transpose=False (w is [K, N*bits/8], groups along N): a thread
 //            owns a strip of 8 consecutive n (one 4-byte word of fp4, 8 bytes of
 //            fp8) and a slice k = ks, ks + KS, ... of K; the S strip lanes of a
 //            CTA are adjacent in N (coalesced), its KS = 256/S k-splits are
 //            added in shared memory in a fixed order. M is covered in tiles of
-//            4 rows (a tile re-reads its strip of w, mostly from L2).
+//            4 rows (a tile re-reads its strip of w, mostly from L2). x's dtype
+//            is a run-time value (Launch::xk).
+// Only the wide T kernels are compiled per x dtype (the main path); 55 kernels
+// in all (scripts/emulate_qmv.sh runs every one of them on the host).
 //
 // Numerics: every weight is exactly dequantize()'s value: the element decoded
 // (bit tricks below, equal to codec.h's decoders for every code, NaN included)
@@ -75,6 +80,7 @@ struct Launch {
   int bits;        // element bits
   int esz;         // bytes per affine scale / bias (2 or 4)
   int xvec;        // x rows allow 16-byte loads
+  int xk;          // x dtype for the kernels that take it at run time (XRT): 0 f32, 1 bf16, 2 f16
   int wvec;        // N kernel: w rows allow 4/8-byte loads
   // FP8 decode constants (E4M3 / E5M2), see fp8x4.
   int f8_kind;      // ELEM_E4M3 or ELEM_E5M2
@@ -248,18 +254,51 @@ template <> __device__ __forceinline__ void load_x8<XF16>(const void* p, bool ve
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = fp16_to_f(__ldg(h + i));
+    for (int i = 0; i < 8; ++i) v[i] = __half2float(__ushort_as_half(__ldg(h + i)));  // exact, one cvt
   }
 }
-template <typename XT> __device__ __forceinline__ float load_x1(const void* p) {
-  if constexpr (std::is_same<XT, XF32>::value) {
-    return __ldg((const float*)p);
+// x dtype chosen at run time (Launch::xk): the narrow T kernel and the N kernel,
+// off the main path, take it so as not to be compiled once per x dtype.
+struct XRT {};
+// a 16-bit x value (low 16 bits of h) of dtype xk (1 bf16, 2 f16), exact
+__device__ __forceinline__ float x16_to_f(uint32_t h, int xk) {
+  return xk == 1 ? u2f(h << 16) : __half2float(__ushort_as_half((unsigned short)h));
+}
+// one x value, x dtype xk (0 f32, 1 bf16, 2 f16); warp-uniform branches
+__device__ __forceinline__ float load_x1_rt(const char* p, int xk) {
+  if (xk == 0) return __ldg((const float*)p);
+  return x16_to_f(__ldg((const unsigned short*)p), xk);
+}
+template <typename XT>
+__device__ __forceinline__ void load_x8_any(const char* p, bool vec, int xk, float* v) {
+  if constexpr (std::is_same<XT, XRT>::value) {
+    if (xk == 0) {
+      load_x8<XF32>(p, vec, v);
+      return;
+    }
+    // bf16 and f16 share the loads; only the conversion differs
+    const unsigned short* h = (const unsigned short*)p;
+    uint32_t w[4];
+    if (vec) {
+      const uint4 a = __ldg(reinterpret_cast<const uint4*>(h));
+      w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) w[i] = (uint32_t)__ldg(h + 2 * i) | ((uint32_t)__ldg(h + 2 * i + 1) << 16);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = x16_to_f(w[i] & 0xffffu, xk);
+      v[2 * i + 1] = x16_to_f(w[i] >> 16, xk);
+    }
   } else {
-    const unsigned short h = __ldg((const unsigned short*)p);
-    return std::is_same<XT, XBF16>::value ? bf16_to_f(h) : fp16_to_f(h);
+    load_x8<XT>(p, vec, v);
   }
 }
-template <typename XT> __host__ __device__ constexpr int x_size() { return std::is_same<XT, XF32>::value ? 4 : 2; }
+// bytes per x element
+template <typename XT> __host__ __device__ int x_size(int xk) {
+  return std::is_same<XT, XRT>::value ? (xk == 0 ? 4 : 2) : (std::is_same<XT, XF32>::value ? 4 : 2);
+}
 
 // One output value: + bias[n], rounded once to out's dtype (RNE, as the CPU).
 __device__ __forceinline__ void store_out(const MatmulArgs& a, int64_t b, int64_t m, int64_t n, float v) {
@@ -339,8 +378,9 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
       srow[r] = (const uint8_t*)a.w_scales.ptr + (a.w_scales.offset(b) + (a.w_blocked ? 0 : n * a.w_scales.ld)) * es;
       brow[r] = fp ? nullptr : (const uint8_t*)a.w_biases.ptr + (a.w_biases.offset(b) + n * a.w_biases.ld) * es;
     }
-    const char* xb = (const char*)a.x.ptr + a.x.offset(b) * x_size<XT>();
-    const int64_t xld = a.x.ld * x_size<XT>();
+    const int xsz = x_size<XT>(L.xk);
+    const char* xb = (const char*)a.x.ptr + a.x.offset(b) * xsz;
+    const int64_t xld = a.x.ld * xsz;
 
     float acc[MT][R];
 #pragma unroll
@@ -412,7 +452,7 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
           for (int m = 0; m < MT; ++m) {
             if (m >= L.M) break;  // uniform: rows of the tile past M
             float xv[8];
-            load_x8<XT>(xb + m * xld + k0 * x_size<XT>(), L.xvec, xv);
+            load_x8_any<XT>(xb + m * xld + k0 * xsz, L.xvec, L.xk, xv);
 #pragma unroll
             for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -456,7 +496,7 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
 constexpr int kNTile = 4;  // rows of x per pass
 constexpr int kNUnroll = 4;
 
-template <typename XT, int F>
+template <int F>
 __global__ void __launch_bounds__(kThreads) qmv_n_kernel(const MatmulArgs a, const Launch L) {
   __shared__ float red[kThreads][kNTile * 8 + 1];  // +1: no bank conflicts
   const int tid = threadIdx.x;
@@ -475,7 +515,8 @@ __global__ void __launch_bounds__(kThreads) qmv_n_kernel(const MatmulArgs a, con
     const int es = fp ? 1 : L.esz;
     const uint8_t* scol = (const uint8_t*)a.w_scales.ptr + (a.w_scales.offset(b) + g) * es;
     const uint8_t* bcol = fp ? nullptr : (const uint8_t*)a.w_biases.ptr + (a.w_biases.offset(b) + g) * es;
-    const char* xb = (const char*)a.x.ptr + a.x.offset(b) * x_size<XT>();
+    const int xsz = x_size<XRT>(L.xk);
+    const char* xb = (const char*)a.x.ptr + a.x.offset(b) * xsz;
 
     for (int m0 = 0; m0 < L.M; m0 += kNTile) {
       float acc[kNTile][8];
@@ -521,7 +562,7 @@ __global__ void __launch_bounds__(kThreads) qmv_n_kernel(const MatmulArgs a, con
 #pragma unroll
           for (int m = 0; m < kNTile; ++m) {
             if (m0 + m >= L.M) break;
-            const float xk = load_x1<XT>(xb + ((m0 + m) * a.x.ld + k) * x_size<XT>());  // same for the warp
+            const float xk = load_x1_rt(xb + ((m0 + m) * a.x.ld + k) * xsz, L.xk);  // same for the warp
 #pragma unroll
             for (int j = 0; j < 8; ++j) acc[m][j] = fmaf(xk, v[j], acc[m][j]);
           }
@@ -579,20 +620,15 @@ void launch_t(const MatmulArgs& a, Launch L, cudaStream_t st) {
   qmv_t_kernel<XT, F, MT, kNarrow><<<grid, kThreads, 0, st>>>(a, L);
 }
 
+// wide T kernels: x dtype and M tile at compile time
 template <typename XT, int F>
-void launch_t_mt(const MatmulArgs& a, const Launch& L, bool narrow, cudaStream_t st) {
-  if (narrow || F == AFFG) {
-    // the narrow path is the slow path: one M tile of 16
-    launch_t<XT, F, 16, true>(a, L, st);
-    return;
-  }
-  constexpr int Fw = F == AFFG ? AFF4 : F;  // (AFFG never reaches the wide kernels)
-  if (a.M <= 1) launch_t<XT, Fw, 1, false>(a, L, st);
-  else if (a.M <= 4) launch_t<XT, Fw, 4, false>(a, L, st);
-  else launch_t<XT, Fw, 16, false>(a, L, st);
+void launch_t_wide(const MatmulArgs& a, const Launch& L, cudaStream_t st) {
+  if (a.M <= 1) launch_t<XT, F, 1, false>(a, L, st);
+  else if (a.M <= 4) launch_t<XT, F, 4, false>(a, L, st);
+  else launch_t<XT, F, 16, false>(a, L, st);
 }
 
-template <typename XT, int F>
+template <int F>
 void launch_n(const MatmulArgs& a, Launch L, cudaStream_t st) {
   // strip lanes: at least 8 (a 32-byte sector of fp4), up to a warp; fewer
   // strip lanes means more k-splits per CTA and more CTAs for small N
@@ -602,26 +638,47 @@ void launch_n(const MatmulArgs& a, Launch L, cudaStream_t st) {
   L.S = S;
   L.logS = ilog2(S);
   const dim3 grid((unsigned)((nstrips + S - 1) / S), (unsigned)(a.out.batch() < 65535 ? a.out.batch() : 65535));
-  qmv_n_kernel<XT, F><<<grid, kThreads, 0, st>>>(a, L);
+  qmv_n_kernel<F><<<grid, kThreads, 0, st>>>(a, L);
 }
 
+// Kernels compiled: wide T (x dtype x 5 formats x 3 M tiles = 45), narrow T
+// (x dtype at run time, one M tile; affine of every width through AFFG: 4), N
+// (x dtype at run time: 6).
 template <typename XT>
-qqStatus_t dispatch(const MatmulArgs& a, Launch L, int F, bool narrow, cudaStream_t st) {
-#define QQ_QMV_CASE(f)                            \
-  case f:                                         \
-    if (a.transpose) launch_t_mt<XT, f>(a, L, narrow, st); \
-    else launch_n<XT, f>(a, L, st);               \
-    break;
+void dispatch_wide(const MatmulArgs& a, const Launch& L, int F, cudaStream_t st) {
   switch (F) {
-    QQ_QMV_CASE(FP4NV)
-    QQ_QMV_CASE(FP4MX)
-    QQ_QMV_CASE(FP8)
-    QQ_QMV_CASE(AFF4)
-    QQ_QMV_CASE(AFF8)
-    QQ_QMV_CASE(AFFG)
-    default: return QQ_STATUS_NOT_SUPPORTED;
+    case FP4NV: launch_t_wide<XT, FP4NV>(a, L, st); break;
+    case FP4MX: launch_t_wide<XT, FP4MX>(a, L, st); break;
+    case FP8: launch_t_wide<XT, FP8>(a, L, st); break;
+    case AFF4: launch_t_wide<XT, AFF4>(a, L, st); break;
+    default: launch_t_wide<XT, AFF8>(a, L, st); break;
   }
-#undef QQ_QMV_CASE
+}
+
+qqStatus_t dispatch(const MatmulArgs& a, const Launch& L, int F, bool narrow, cudaStream_t st) {
+  if (a.transpose && !narrow) {
+    switch (a.x.dt) {
+      case DType::F32: dispatch_wide<XF32>(a, L, F, st); break;
+      case DType::F16: dispatch_wide<XF16>(a, L, F, st); break;
+      default: dispatch_wide<XBF16>(a, L, F, st); break;
+    }
+  } else if (a.transpose) {  // the narrow path is the slow path: one M tile of 16
+    switch (F) {
+      case FP4NV: launch_t<XRT, FP4NV, 16, true>(a, L, st); break;
+      case FP4MX: launch_t<XRT, FP4MX, 16, true>(a, L, st); break;
+      case FP8: launch_t<XRT, FP8, 16, true>(a, L, st); break;
+      default: launch_t<XRT, AFFG, 16, true>(a, L, st); break;  // any bits, 8-element chunks
+    }
+  } else {
+    switch (F) {
+      case FP4NV: launch_n<FP4NV>(a, L, st); break;
+      case FP4MX: launch_n<FP4MX>(a, L, st); break;
+      case FP8: launch_n<FP8>(a, L, st); break;
+      case AFF4: launch_n<AFF4>(a, L, st); break;
+      case AFF8: launch_n<AFF8>(a, L, st); break;
+      default: launch_n<AFFG>(a, L, st); break;
+    }
+  }
   return check_launch("quantized_matmul");
 }
 
@@ -661,6 +718,7 @@ qqStatus_t qmv(const MatmulArgs& a, cudaStream_t stream) {
   }
   if (a.x.dt != DType::F32 && a.x.dt != DType::F16 && a.x.dt != DType::BF16) return QQ_STATUS_NOT_SUPPORTED;
   L.xvec = aligned(a.x, 16) ? 1 : 0;  // 8 x values = 16 or 32 bytes from an aligned row start
+  L.xk = a.x.dt == DType::F32 ? 0 : (a.x.dt == DType::BF16 ? 1 : 2);
 
   const int64_t row_bytes = a.transpose ? a.K * q.bits / 8 : a.N * q.bits / 8;
   bool narrow = false;
@@ -672,11 +730,7 @@ qqStatus_t qmv(const MatmulArgs& a, cudaStream_t stream) {
     L.C = a.K;
     L.wvec = (F != AFFG && aligned(a.w, q.bits)) ? 1 : 0;  // 8 elements = 4 or 8 bytes
   }
-  switch (a.x.dt) {
-    case DType::F32: return dispatch<XF32>(a, L, F, narrow, stream);
-    case DType::F16: return dispatch<XF16>(a, L, F, narrow, stream);
-    default: return dispatch<XBF16>(a, L, F, narrow, stream);
-  }
+  return dispatch(a, L, F, narrow, stream);
 }
 
 }  // namespace cuda
