@@ -17,6 +17,8 @@ import qq
 import reference as R
 from helpers import (BF16, FpCfg, assert_matmul_close, cast, dtype_params, poison, to_device, to_numpy,
                      try_import)
+from test_matmul import qq_kwargs as qkw
+from test_matmul import ref_qqmm
 
 pytestmark = pytest.mark.gpu
 F32 = np.float32
@@ -39,20 +41,6 @@ def randn(rng, shape, dtype=F32, scale=1.0):
 
 def cuda(a):
     return to_device(None if a is None else np.asarray(a), "cuda")
-
-
-def qkw(cfg: FpCfg):
-    kw = {"mode": cfg.mode}
-    if cfg.mode != "nvfp4":
-        kw["rounding"] = cfg.rounding
-    if cfg.mode == "mxfp8":
-        kw["fp8_format"] = cfg.fp8_format
-    return kw
-
-
-def ref_qqmm(x, w, cfg, gx=None, gw=None, bias=None):
-    return R.qqmm(x, w, cfg.mode, global_scale_x=gx, global_scale_w=gw, bias=bias, rounding=cfg.rounding,
-                  fp8_format=cfg.fp8_format)
 
 
 def k_for(cfg, k):
