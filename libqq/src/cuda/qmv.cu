@@ -48,6 +48,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <type_traits>
 
 #include "../codec.h"
@@ -388,9 +389,12 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
 
-    for (int64_t c0 = t; c0 < C; c0 += (int64_t)L.T * U) {
-      // -- issue every load of this step before using any --
-      Raw raw[U][R];
+    // Software pipeline: the loads of step i+1 are in flight while step i is
+    // decoded, so that every thread keeps R*U 16-byte loads outstanding for
+    // the whole loop instead of alternating "load everything, then compute".
+    // (Without it the kernel sat at ~0.3 of copy bandwidth at M=1.)
+    const int64_t step = (int64_t)L.T * U;
+    auto load_step = [&](int64_t c0, Raw (&raw)[U][R]) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t c = c0 + (int64_t)u * L.T;
@@ -421,7 +425,8 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
           }
         }
       }
-      // -- decode and accumulate --
+    };
+    auto compute_step = [&](int64_t c0, const Raw (&raw)[U][R]) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t c = c0 + (int64_t)u * L.T;
@@ -460,6 +465,17 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
           }
         }
       }
+    };
+    Raw cur[U][R];
+    if (t < C) load_step(t, cur);
+    for (int64_t c0 = t; c0 < C; c0 += step) {
+      Raw nxt[U][R];
+      if (c0 + step < C) load_step(c0 + step, nxt);
+      compute_step(c0, cur);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int r = 0; r < R; ++r) cur[u][r] = nxt[u][r];
     }
 
     // -- reduce over the T threads of the row group, in a fixed order --
@@ -607,10 +623,25 @@ template <typename XT, int F, int MT, bool kNarrow>
 void launch_t(const MatmulArgs& a, Launch L, cudaStream_t st) {
   constexpr int R = kNarrow ? 1 : t_rows<MT>();
   constexpr int U = kNarrow ? 4 : t_unroll<MT>();
-  // threads per row: the largest power of two <= 256 that still gives every
-  // thread U chunks (at least a warp)
+  // Threads per row: fewer threads per row means more pipelined steps per
+  // thread (loads in flight for longer, less time in the reduction); more
+  // means more threads in all. Halve T (from 256, down to a warp) while every
+  // thread would still get fewer than `steps` steps and the grid would still
+  // hold a full wave of threads (sm_count * 2048). steps is QQ_QMV_STEPS
+  // (default below, measured on the H100) for tuning runs.
+  static const int steps = [] {
+    const char* e = getenv("QQ_QMV_STEPS");
+    const int v = e ? atoi(e) : 0;
+    return v > 0 ? v : 4;
+  }();
+  static const int64_t wave = [] {
+    int dev = 0, sms = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    return (int64_t)sms * 2048;
+  }();
+  const int64_t groups = (a.N + R - 1) / R * a.out.batch();
   int T = kThreads;
-  while (T > 32 && L.C < (int64_t)T * U) T >>= 1;
+  while (T > 32 && (L.C < (int64_t)T * U || (L.C < (int64_t)T * U * steps && groups * (T / 2) >= wave))) T >>= 1;
   L.T = T;
   L.logT = ilog2(T);
   L.G = kThreads / T;
