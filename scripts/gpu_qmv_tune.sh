@@ -7,15 +7,16 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=16
 python3 -m pip install --no-build-isolation --no-deps -e . -C cmake.define.QQ_CUDA_ARCHS=90a >"$OUT/build.log" 2>&1 \
   || { tail -40 "$OUT/build.log"; exit 1; }
-timeout 240 python3 -m pytest -q -x -m gpu tests/test_matmul_gpu.py tests/test_matmul.py -k "${QQ_TEST_K:-qmm or quantized or qmv}" \
+timeout 240 python3 -m pytest -q -x -m gpu tests/test_matmul_gpu.py tests/test_matmul.py -k "${QQ_TEST_K:-qmm or quantized or qmv or qmma or qqmm}" \
   -p no:cacheprovider --tb=short 2>&1 | tail -5
-for s in ${QQ_STEPS_LIST:-1 2 4 8}; do
-  QQ_QMV_STEPS=$s timeout 120 python3 scripts/qmv_sweep.py ${QQ_SWEEP_ARGS:-} 2>&1 | grep steps=
+# QQ_SWEEP_ENVS: space-separated settings, one sweep each (e.g. "QQ_QMMA=0 QQ_QMMA=1")
+for e in ${QQ_SWEEP_ENVS:-QQ_QMMA=0 QQ_QMMA=1}; do
+  env "$e" timeout 150 python3 scripts/qmv_sweep.py ${QQ_SWEEP_ARGS:-} 2>&1 | sed "s/^/$e /" | grep -E "GB/s|Error|error"
 done | tee "$OUT/sweep.log"
 if [ -n "${QQ_NCU:-1}" ]; then
-  ncu --kernel-name regex:qmv --launch-count 6 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+  ncu --kernel-name regex:qm --launch-count 6 --section SpeedOfLight --section Occupancy --section WarpStateStats \
     --section SchedulerStats --section LaunchStats python3 scripts/qmv_sweep.py --profile --ms 1 \
     --shapes 16384x16384 --modes nvfp4,mxfp8,affine4 > "$OUT/ncu.log" 2>&1
-  grep -E "qmv_t|Duration|Memory Throughput|DRAM Through|Compute \(SM\)|Achieved Occ|Registers Per|Issued Ipc|No Eligible|Stall|Warp Cycles Per Issued|Block Limit Reg|Grid Size|Threads  " \
+  grep -E "qmv_t|qmma_k|Duration|Memory Throughput|DRAM Through|Compute \(SM\)|Achieved Occ|Registers Per|Issued Ipc|No Eligible|Stall|Warp Cycles Per Issued|Block Limit Reg|Grid Size|Threads  " \
     "$OUT/ncu.log" | head -120
 fi

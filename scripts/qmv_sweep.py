@@ -30,7 +30,6 @@ shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
 modes = [m for m in MODES if m[0] in args.modes.split(",")]
 timer = Timer(warmup=3, iters=20)
 copy = None if args.profile else copy_bandwidth(timer)
-tag = os.environ.get("QQ_QMV_STEPS", "default")
 for n, k in shapes:
     w = torch.randn((n, k), dtype=torch.bfloat16, device="cuda")
     for mode, kw in modes:
@@ -45,6 +44,6 @@ for n, k in shapes:
             moved = wb + x.numel() * 2 + m * n * 2
             us = timer(lambda: qq.quantized_matmul(x, qw), moved)
             gbps = moved / us / 1e3
-            print(f"steps={tag} {mode:8s} M={m:3d} ({n},{k}) {us:8.1f} us {gbps:7.0f} GB/s {gbps / copy:5.2f} of copy",
+            print(f"{mode:8s} M={m:3d} ({n},{k}) {us:8.1f} us {gbps:7.0f} GB/s {gbps / copy:5.2f} of copy",
                   flush=True)
 torch.cuda.synchronize()

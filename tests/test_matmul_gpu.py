@@ -254,3 +254,98 @@ def test_qmm_stream(rng):
     got = run_qmm(x, ref_q, stream=s)
     s.synchronize()
     assert_matmul_close(got, R.quantized_matmul(x, ref_q), "qmm stream=", dtype=BF16)
+
+
+# ---------------------------------------------------------------------------
+# the tensor-core weight-only kernel (cuda/qmma.cu: bf16 x, fp modes, M <= 64)
+# ---------------------------------------------------------------------------
+
+QMMA_WEIGHTS = ["nvfp4", "nvfp4-gs", "mxfp4", "mxfp8", "mxfp8-e5m2"]
+
+
+@pytest.mark.parametrize("nk", [(24, 4096), (200, 160), (130, 1056), (16, 16384)],
+                         ids=["ksplit", "ragged-chunks", "blocked", "k16384"])
+@pytest.mark.parametrize("m", [1, 8, 9, 16, 17, 33, 64])
+@pytest.mark.parametrize("name", QMMA_WEIGHTS)
+def test_qmma_shapes(name, m, nk, rng):
+    """M across every tile of the kernel (8, 16, 32, 64 rows of x), N not a multiple of
+    its 16-row tiles, K whose chunks do not fill the last step (160), K split over
+    several warps (few rows, long K), blocked scales (N = 130), a poisoned bf16 out."""
+    n, k = nk
+    x = randn(rng, (m, k), BF16)
+    ref_q = make_weight(name, (n, k), rng, layout="blocked" if n == 130 else "linear")
+    out = cuda(poison((m, n), BF16))
+    got = run_qmm(x, ref_q, out=out)
+    assert got is out
+    assert_matmul_close(out, R.quantized_matmul(x, ref_q), f"qmma {name} m={m} {nk}", dtype=BF16)
+
+
+def _raw_weight(name, n, k, rng):
+    """Packed codes and scales drawn over whole code spaces (no quantizer involved):
+    subnormal and zero elements, both signs, fp8 NaN / Inf codes in row 0 only, and
+    extreme scales in rows 1-3 (UE8M0 0 = 2^-127, 254 = 2^127, 255 = NaN; E4M3 NaN)."""
+    import types
+    mode = name.split("-")[0]
+    fp8 = "e5m2" if name.endswith("e5m2") else "e4m3"
+    bits, g = (8, 32) if mode == "mxfp8" else (4, 16 if mode == "nvfp4" else 32)
+    codes = rng.integers(0, 1 << bits, size=(n, k), dtype=np.uint8)
+    if mode == "mxfp8":
+        special = (codes & 0x7f) >= (0x7f if fp8 == "e4m3" else 0x7c)
+        special[0] = False
+        codes[special] &= 0x3f  # finite everywhere but row 0
+    if mode == "nvfp4":
+        scales = rng.integers(0x08, 0x7f, size=(n, k // g), dtype=np.uint8)  # positive finite E4M3
+        scales[3, 0] = 0x7f
+    else:
+        scales = rng.integers(110, 140, size=(n, k // g), dtype=np.uint8)
+        scales[1, :] = 0
+        scales[2, 0] = 254
+        scales[3, 1] = 255
+    data = R.pack(codes, bits)
+    gs = np.asarray(3.0e3, F32) if name == "nvfp4-gs" else None
+    return types.SimpleNamespace(data=data, scales=scales, biases=None, group_size=g, bits=bits, mode=mode,
+                                 global_scale=gs, scale_layout="linear", fp8_format=fp8)
+
+
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("m", [1, 5, 40])
+@pytest.mark.parametrize("name", QMMA_WEIGHTS)
+def test_qmma_code_space(name, m, out_dtype, rng):
+    """Every element code, subnormals, NaN/Inf elements and scales at the ends of their
+    range; x with zeros and both signs. NaN/Inf rows must come out NaN/Inf exactly where
+    the float64 reference says so."""
+    n, k = 40, 256
+    ref_q = _raw_weight(name, n, k, rng)
+    x = randn(rng, (m, k), BF16)
+    x[:, ::7] = 0
+    got = run_qmm(x, ref_q, dtype=out_dtype)
+    assert_matmul_close(got, R.quantized_matmul(x, ref_q), f"qmma codes {name} m={m}", dtype=np.dtype(
+        BF16 if out_dtype == "bfloat16" else F32))
+
+
+@pytest.mark.parametrize("m", [3, 24])
+def test_qmma_batched_bias(m, rng):
+    """A 3D weight [B, N, K] with a batch of x, bias, fp32 output."""
+    k, n = 512, 72
+    x = randn(rng, (2, m, k), BF16)
+    wf = randn(rng, (2, n, k), F32)
+    ref_q = R.quantize(wf, mode="mxfp8")
+    bias = randn(rng, (n,), F32)
+    got = run_qmm(x, ref_q, bias=bias, dtype="float32")
+    assert_matmul_close(got, R.quantized_matmul(x, ref_q, bias=bias), "qmma batched", dtype=F32)
+
+
+@pytest.mark.parametrize("m", [1, 16, 64])
+@pytest.mark.parametrize("cfg", [FpCfg("nvfp4", global_scale=True), FpCfg("mxfp4"), FpCfg("mxfp8")], ids=str)
+def test_qqmm_small_m_route(cfg, m, rng):
+    """qqmm with a stored weight and M <= 64 runs the tensor-core weight-only kernel on
+    q(x) in bf16 with alpha = gx * gw / 2688^2 on its sums (K = 512: whole chunks, which
+    nvfp4's K = 144 above does not give)."""
+    n, k = 96, 512
+    x, w = randn(rng, (m, k), BF16), randn(rng, (n, k), BF16)
+    gx = R.amax(x) if cfg.global_scale else None
+    gw = R.amax(w) if cfg.global_scale else None
+    kw = qkw(cfg)
+    qw = qq.quantize(cuda(w), global_scale=cuda(gw), scale_layout="blocked", **kw)
+    got = qq.qqmm(cuda(x), qw, global_scale_x=cuda(gx), dtype="float32", **kw)
+    assert_matmul_close(got, ref_qqmm(x, w, cfg, gx, gw), f"qqmm small-M m={m}", dtype=F32)

@@ -21,6 +21,14 @@ namespace cuda {
 constexpr int kQmvMaxM = 4;  // measured: the M=16 tile runs slower than dequantize + GEMM (bench/results/qmm-h100.md)
 qqStatus_t qmv(const MatmulArgs& a, cudaStream_t stream);
 
+// qmma.cu - weight-only matmul on the tensor cores for M <= kQmmaMaxM: bf16
+// x, nvfp4 / mxfp4 / mxfp8 weights, transpose=True, 16-byte aligned rows.
+// The result is multiplied by *alpha when alpha is set (qqmm's
+// gx * gw / 2688^2), else by w's nvfp4 global factor. NOT_SUPPORTED (no
+// message) for anything else.
+constexpr int kQmmaMaxM = 64;
+qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream);
+
 // gemm.cu - one cuBLASLt GEMM, row-major:
 //   D[M, N] = alpha * A[M, K] @ op(B) (+ bias[N]),  op(B) = B^T for B [N, K]
 //   (b_trans) or B for B [K, N],

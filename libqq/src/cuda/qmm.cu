@@ -1,7 +1,9 @@
 // cuda/qmm.cu - quantized_matmul (weight-only): out = x @ W^T or x @ W,
 // W = dequantize(w). The dispatch by M (thresholds in docs/api.md, measured
 // in bench/results/qmm-<gpu>.md):
-// - M <= kQmvMaxM: qmv.cu, which reads each packed weight byte once;
+// - M <= kQmmaMaxM, bf16 x, fp modes: qmma.cu (tensor cores, each packed
+//   weight byte read once);
+// - M <= kQmvMaxM otherwise: qmv.cu (CUDA cores, every mode and dtype);
 // - larger M: W dequantized once into x's dtype (bf16/fp16 for those x,
 //   fp32 for fp32 x) in scratch, then one cuBLASLt GEMM with fp32
 //   accumulation (gemm.cu). fp-mode weights are exact in bf16; affine
@@ -41,6 +43,10 @@ qqStatus_t quantized_matmul(qqHandle_t h, const MatmulArgs& a, void* stream) {
   QQ_TRY(resolve_handle("quantized_matmul", h, a.out.device, &c));
   return on_device(c->device, [&]() -> qqStatus_t {
     cudaStream_t st = (cudaStream_t)stream;
+    if (a.M <= kQmmaMaxM) {  // bf16 x, fp modes: the tensor-core kernel
+      const qqStatus_t s = qmma(a, nullptr, st);
+      if (s != QQ_STATUS_NOT_SUPPORTED) return s;
+    }
     if (a.M <= kQmvMaxM) {
       const qqStatus_t s = qmv(a, st);
       if (s != QQ_STATUS_NOT_SUPPORTED) return s;

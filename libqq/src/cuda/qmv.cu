@@ -55,6 +55,7 @@
 #include "../internal.h"
 #include "common.cuh"
 #include "ops.cuh"
+#include "vec.cuh"
 
 namespace qq {
 namespace cuda {
@@ -299,29 +300,6 @@ __device__ __forceinline__ void load_x8_any(const char* p, bool vec, int xk, flo
 // bytes per x element
 template <typename XT> __host__ __device__ int x_size(int xk) {
   return std::is_same<XT, XRT>::value ? (xk == 0 ? 4 : 2) : (std::is_same<XT, XF32>::value ? 4 : 2);
-}
-
-// One output value: + bias[n], rounded once to out's dtype (RNE, as the CPU).
-__device__ __forceinline__ void store_out(const MatmulArgs& a, int64_t b, int64_t m, int64_t n, float v) {
-  if (a.bias.ptr) {
-    const void* bp = a.bias.ptr;
-    v += a.bias.dt == DType::F32 ? ((const float*)bp)[n]
-                                 : (a.bias.dt == DType::BF16 ? bf16_to_f(((const uint16_t*)bp)[n])
-                                                             : fp16_to_f(((const uint16_t*)bp)[n]));
-  }
-  const int64_t i = a.out.offset(b) + m * a.out.ld + n;
-  if (a.out.dt == DType::F32) ((float*)a.out.ptr)[i] = v;
-  else if (a.out.dt == DType::BF16) ((uint16_t*)a.out.ptr)[i] = f_to_bf16(v);
-  else ((uint16_t*)a.out.ptr)[i] = f_to_fp16(v);
-}
-
-// Streaming 16-byte load that does not allocate in L1 (keeps x there).
-__device__ __forceinline__ uint4 ld_stream(const void* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
 }
 
 // ---------------------------------------------------------------------------

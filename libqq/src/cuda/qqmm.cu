@@ -12,9 +12,10 @@
 //   to accumulation order. The global scales stay out of the operands (their
 //   product is alpha, applied in the GEMM's epilogue). A float x is quantized
 //   and dequantized in one kernel (qdq_kernel: one read of x, one bf16 write).
-//   For small M with a packed w, the weight-only kernel (qmv) runs instead on
-//   q(x) in fp32: it reads the packed weight once instead of writing and
-//   reading a bf16 copy of it.
+//   For small and medium M with a packed w, a weight-only kernel runs instead
+//   on q(x): qmma (tensor cores, q(x) in bf16, M <= kQmmaMaxM) or qmv (q(x)
+//   in fp32, M <= kQmvMaxM); it reads the packed weight once instead of
+//   writing and reading a bf16 copy of it.
 // Exactness caveat, documented in docs/formats.md: an element whose value
 // lies outside bf16's range (an mxfp8 element times a scale near 2^+-127) is
 // not representable; real data never gets there.
@@ -371,8 +372,26 @@ qqStatus_t qqmm(qqHandle_t h, const MatmulArgs& a, void* stream) {
       set_error(QQ_STATUS_SUCCESS, "%s", "");  // refused: the exact path below
     }
 #endif
-    // Small M, stored weight: the weight-only kernel on q(x) (fp32, gx/2688
-    // applied), w's global scale applied by qmv as dequantize does.
+    // Small and medium M, stored weight: the tensor-core weight-only kernel
+    // on q(x) in bf16 (exact), alpha applied to its fp32 sums.
+    if (Mtot <= kQmmaMaxM && a.w_packed && !a.x_packed) {
+      __nv_bfloat16* xq = nullptr;
+      QQ_TRY(scratch.get("qqmm", (size_t)(Mtot * K) * 2, &xq));
+      QQ_TRY(qdq<__nv_bfloat16>(a.x, a.q, a.gs_x, nullptr, xq, st));
+      MatmulArgs b = a;
+      b.x = compact_like(a.x, xq, DType::BF16, Mtot, K);
+      b.x.nb = 0;
+      b.out.nb = 0;
+      b.out.rows = Mtot;
+      b.M = Mtot;
+      b.x_packed = false;
+      b.transpose = true;
+      b.q.blocked = a.w_blocked;
+      const qqStatus_t s = qmma(b, alpha, st);
+      if (s != QQ_STATUS_NOT_SUPPORTED) return s;
+    }
+    // Small M otherwise: the CUDA-core weight-only kernel on q(x) (fp32,
+    // gx/2688 applied), w's global scale applied by qmv as dequantize does.
     if (Mtot <= kQmvMaxM && a.w_packed && !a.x_packed) {
       float* xq = nullptr;
       QQ_TRY(scratch.get("qqmm", (size_t)(Mtot * K) * 4, &xq));

@@ -1,5 +1,5 @@
 // cuda/vec.cuh - 16-byte loads and stores of 8 elements as fp32, shared by
-// the kernels that stream rows (quantize, qqmm's q(x), qmv).
+// the kernels that stream rows (quantize, qqmm's q(x), qmv, qmma).
 #ifndef QQ_CUDA_VEC_CUH_
 #define QQ_CUDA_VEC_CUH_
 
@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include "../codec.h"
+#include "../internal.h"
 
 namespace qq {
 namespace cuda {
@@ -62,6 +63,29 @@ template <> __device__ __forceinline__ float load1<float>(const float* p) { retu
 template <> __device__ __forceinline__ float load1<__half>(const __half* p) { return __half2float(__ldg(p)); }
 template <> __device__ __forceinline__ float load1<__nv_bfloat16>(const __nv_bfloat16* p) {
   return __bfloat162float(__ldg(p));
+}
+
+// One output value of a weight-only matmul (qmv.cu, qmma.cu): + bias[n], rounded once to out's dtype (RNE, as the CPU).
+__device__ __forceinline__ void store_out(const MatmulArgs& a, int64_t b, int64_t m, int64_t n, float v) {
+  if (a.bias.ptr) {
+    const void* bp = a.bias.ptr;
+    v += a.bias.dt == DType::F32 ? ((const float*)bp)[n]
+                                 : (a.bias.dt == DType::BF16 ? bf16_to_f(((const uint16_t*)bp)[n])
+                                                             : fp16_to_f(((const uint16_t*)bp)[n]));
+  }
+  const int64_t i = a.out.offset(b) + m * a.out.ld + n;
+  if (a.out.dt == DType::F32) ((float*)a.out.ptr)[i] = v;
+  else if (a.out.dt == DType::BF16) ((uint16_t*)a.out.ptr)[i] = f_to_bf16(v);
+  else ((uint16_t*)a.out.ptr)[i] = f_to_fp16(v);
+}
+
+// Streaming 16-byte load that does not allocate in L1 (keeps x there).
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
 }
 
 }  // namespace cuda

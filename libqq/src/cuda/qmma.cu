@@ -1,0 +1,378 @@
+// cuda/qmma.cu - weight-only matmul on the tensor cores for small and medium M
+// (M <= kQmmaMaxM), x in bf16, fp weights (nvfp4, mxfp4, mxfp8), transpose=True:
+//   out[b, m, n] = alpha * sum_k x[b, m, k] * W[b][n, k] (+ bias[n])
+// with alpha = the nvfp4 global factor of w (or the caller's device scalar).
+//
+// Why a second small-M kernel: qmv.cu's CUDA-core kernel spends ~13
+// instructions per weight (decode to fp32, scale, one FMA per row of x) and
+// measured instruction bound at M=1 (ncu, H100, 16384^2 nvfp4: SM 76 %, DRAM
+// 29 %, 0.31 of copy bandwidth); for M = 16..64 its FMAs alone take longer
+// than reading the weights. Here a weight costs about 3 instructions: two are
+// decoded at once into a bf16 pair (shifts and masks), scaled with packed bf16
+// multiplies, and mma.sync m16n8k16 (bf16 in, fp32 accumulate) does the
+// multiply-adds, 8 rows of x per instruction for the price of one.
+//
+// Exactness: a decoded weight e * s is exact in bf16 (fp4 values have 2
+// significant bits, e4m3 4, times a power of two or an E4M3 scale of 4 bits:
+// at most 8 bits), and so is x, so every product is exact in fp32 and only
+// the order of the fp32 sums differs from dequantize + matmul, as on the
+// cuBLAS path. nvfp4's global factor (or alpha) multiplies each fp32 sum once
+// instead of each weight: one extra rounding, inside the accumulation bound.
+//
+// Layout ("swap AB"): mma A = 16 weight rows x 16 k, B = 16 k x 8 rows of x.
+// Lane (g = lane / 4, q = lane % 4) owns weight rows n0 + g and n0 + g + 8 and
+// loads 16-byte chunk c = 4 * step + q of each, so a warp reads 64 contiguous
+// bytes of each of 16 rows per step. The order of k inside an mma is free as
+// long as A and B agree, so a lane's A registers are just the pairs its
+// decoder yields - (e_j, e_j+4) of an fp4 word, (e_j, e_j+2) of an fp8 word -
+// and its B registers the same pairs of x row m = 8t + g (one prmt each) from
+// the matching bytes of x. Loads run kDepth steps ahead of the math (a ring
+// of registers). A row tile's K is split over KS warps of the CTA, whose
+// partial sums are added in shared memory in a fixed order: no atomics, the
+// same result on every run.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+
+#include "../codec.h"
+#include "../internal.h"
+#include "common.cuh"
+#include "ops.cuh"
+#include "vec.cuh"
+
+namespace qq {
+namespace cuda {
+namespace {
+
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
+constexpr int kDepth = 4;  // steps of loads in flight per warp
+
+enum QF { QNV4 = 0, QMX4 = 1, QMX8 = 2 };
+
+struct QL {
+  int64_t C;     // 16-byte chunks per weight row
+  int KS, logKS; // warps (k-slices) per row tile
+  int M;
+  // fp8 element decode (E4M3 / E5M2), as qmv.cu's fp8x4 but into bf16 pairs
+  int f8_kind;
+  uint32_t f8_shl, f8_shr, f8_mag, f8_nan_mask, f8_nan_add;
+  uint32_t fix2;  // bf16x2 of the power of two that undoes the decoders' placement
+};
+
+// One step's loads of a lane: its chunk of rows g and g + 8 and their scale bytes
+// (row g in bits 0..15, row g + 8 in 16..31; nvfp4 has two per row).
+struct Ld {
+  uint4 d[2];
+  uint32_t s;
+};
+
+// a * b per bf16 half (fma with -0: exact when the product is representable,
+// subnormals included; sm_80 has no bf16x2 mul).
+__device__ __forceinline__ uint32_t bmul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+}
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+__device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Scale byte(s) -> bf16x2 (both halves the scale). UE8M0 u is 2^(u-127):
+// exponent field u, except u = 0 (2^-127, a bf16 subnormal) and u = 255 (NaN).
+__device__ __forceinline__ uint32_t ue8m0_bf2(uint32_t u) {
+  const uint32_t h = u == 0 ? 0x0040u : (u == 255 ? 0x7fc0u : u << 7);
+  return h | (h << 16);
+}
+// E4M3 scale -> bf16x2, exact (4 significant bits); 0x7F / 0xFF are NaN.
+__device__ __forceinline__ uint32_t e4m3_bf2(uint32_t b) {
+  const float f = ((b & 0x7fu) == 0x7fu) ? u2f(0x7fc00000u)
+                                         : u2f(((b & 0x7fu) << 20) | ((b & 0x80u) << 24)) * 0x1p120f;
+  const uint32_t h = f_to_bf16(f);
+  return h | (h << 16);
+}
+
+// fp4 word (8 E2M1 codes) -> pair j = (e_j, e_j+4) as bf16 times 2^-126 (see
+// qmv.cu's fp4x8: magnitude to bf16 bits 6..8, sign to 15; E2M1 subnormals
+// land on bf16 subnormals).
+template <int j> __device__ __forceinline__ uint32_t fp4_pair(uint32_t w) {
+  const uint32_t mag = (j < 2 ? (w << (6 - 4 * j)) : (w >> (4 * j - 6))) & 0x01c001c0u;
+  return mag | ((w << (12 - 4 * j)) & 0x80008000u);
+}
+
+// fp8 word (4 codes) -> pairs (e0, e2), (e1, e3) exact in bf16 times the
+// format's power of two (fix2 undoes it). A word with an all-ones exponent
+// (E4M3 NaN, E5M2 Inf/NaN) goes through the codec.
+__device__ __forceinline__ void fp8_pairs(uint32_t w, const QL& L, uint32_t s2, uint32_t& p0, uint32_t& p1) {
+  if (((w & L.f8_nan_mask) + L.f8_nan_add) & 0x80808080u) {
+    const float s = bf16_to_f((uint16_t)s2);
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = elem_decode(L.f8_kind, (uint8_t)(w >> (8 * i))) * s;
+    p0 = (uint32_t)f_to_bf16(v[0]) | ((uint32_t)f_to_bf16(v[2]) << 16);
+    p1 = (uint32_t)f_to_bf16(v[1]) | ((uint32_t)f_to_bf16(v[3]) << 16);
+    return;
+  }
+  p0 = ((w << L.f8_shl) & L.f8_mag) | ((w << 8) & 0x80008000u);
+  p1 = ((w >> L.f8_shr) & L.f8_mag) | (w & 0x80008000u);
+  p0 = bmul(bmul(p0, L.fix2), s2);
+  p1 = bmul(bmul(p1, L.fix2), s2);
+}
+
+template <int F> __device__ __forceinline__ uint32_t scale_bf2(uint32_t byte) {
+  return F == QNV4 ? e4m3_bf2(byte) : ue8m0_bf2(byte);
+}
+
+template <int F, int MT>
+__global__ void __launch_bounds__(kThreads) qmma_kernel(const MatmulArgs a, const QL L, const float* alpha) {
+  constexpr int NT = MT / 8;  // n8 tiles of x rows
+  __shared__ float red[kWarps][16 * MT];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int ks = warp & (L.KS - 1);
+  const int64_t tile = (int64_t)blockIdx.x * (kWarps >> L.logKS) + (warp >> L.logKS);
+  const int64_t N = a.N, C = L.C;
+  const int64_t groups4 = (C + 3) / 4;  // steps of the whole row
+  const int64_t nsteps = groups4 > ks ? (groups4 - ks + L.KS - 1) / L.KS : 0;
+  const float post = alpha ? *alpha : ((F == QNV4 && a.gs_w) ? nvfp4_dec(*a.gs_w) : 1.0f);
+
+  for (int64_t b = blockIdx.y; b < a.out.batch(); b += gridDim.y) {
+    const uint8_t* wrow[2];
+    const uint8_t* srow[2];
+    int64_t nr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t n0 = tile * 16 + g + 8 * r;
+      nr[r] = n0 < N ? n0 : N - 1;  // rows past N load row N-1 and store nothing
+      wrow[r] = (const uint8_t*)a.w.ptr + a.w.offset(b) + nr[r] * a.w.ld;
+      const int64_t n = nr[r];
+      srow[r] = (const uint8_t*)a.w_scales.ptr + a.w_scales.offset(b) +
+                (a.w_blocked ? (n >> 7) * 128 * a.w_scales.cols + (n & 31) * 16 + ((n & 127) >> 5) * 4
+                             : n * a.w_scales.ld);
+    }
+    const __nv_bfloat16* xb = (const __nv_bfloat16*)a.x.ptr + a.x.offset(b);
+
+    auto chunk_of = [&](int64_t step) { return (step * L.KS + ks) * 4 + q; };
+    auto sidx = [&](int64_t idx) -> int64_t { return a.w_blocked ? (idx >> 2) * 512 + (idx & 3) : idx; };
+    auto load = [&](int64_t step, Ld& l) {
+      const int64_t c = chunk_of(step);
+      if (c >= C) {  // past the row (ragged last step): zeros with a finite scale
+        l.d[0] = l.d[1] = make_uint4(0, 0, 0, 0);
+        l.s = F == QNV4 ? 0x38383838u : 0x7f7f7f7fu;  // 1.0 in E4M3 / UE8M0
+        return;
+      }
+      l.d[0] = ld_stream(wrow[0] + c * 16);
+      l.d[1] = ld_stream(wrow[1] + c * 16);
+      if constexpr (F == QNV4) {
+        const int64_t i0 = sidx(2 * c), i1 = sidx(2 * c + 1);
+        l.s = (uint32_t)__ldg(srow[0] + i0) | ((uint32_t)__ldg(srow[0] + i1) << 8) |
+              ((uint32_t)__ldg(srow[1] + i0) << 16) | ((uint32_t)__ldg(srow[1] + i1) << 24);
+      } else {
+        const int64_t i = sidx(F == QMX4 ? c : c >> 1);
+        l.s = (uint32_t)__ldg(srow[0] + i) | ((uint32_t)__ldg(srow[1] + i) << 16);
+      }
+    };
+
+    float acc[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
+
+    auto compute = [&](int64_t step, const Ld& l) {
+      const int64_t c = chunk_of(step);
+      const bool valid = c < C;
+      if constexpr (F == QMX8) {
+        // 16 elements per row: words 0..3 -> pairs (2 per word); mma i takes word i
+        uint32_t A[2][8];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint32_t s2 = scale_bf2<F>((l.s >> (16 * r)) & 0xffu);
+          const uint32_t w4[4] = {l.d[r].x, l.d[r].y, l.d[r].z, l.d[r].w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) fp8_pairs(w4[i], L, s2, A[r][2 * i], A[r][2 * i + 1]);
+        }
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          const int m = 8 * t + g;
+          uint4 xv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+          if (valid && m < L.M) {
+            const uint4* xp = reinterpret_cast<const uint4*>(xb + m * a.x.ld + c * 16);
+            xv[0] = __ldg(xp);
+            xv[1] = __ldg(xp + 1);
+          }
+          const uint32_t xw[8] = {xv[0].x, xv[0].y, xv[0].z, xv[0].w, xv[1].x, xv[1].y, xv[1].z, xv[1].w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            // word i of w <-> x elements 4i..4i+3 = x words 2i, 2i+1
+            const uint32_t b0 = prmt(xw[2 * i], xw[2 * i + 1], 0x5410u);  // (x0, x2)
+            const uint32_t b1 = prmt(xw[2 * i], xw[2 * i + 1], 0x7632u);  // (x1, x3)
+            mma16816(acc[t], A[0][2 * i], A[1][2 * i], A[0][2 * i + 1], A[1][2 * i + 1], b0, b1);
+          }
+        }
+      } else {
+        // 32 fp4 elements per row: words 0..3, 4 pairs each; mma i takes pairs 2i, 2i+1
+        uint32_t A[2][16];
+        const uint32_t k126 = 0x7e807e80u;  // bf16x2 of 2^126
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint32_t w4[4] = {l.d[r].x, l.d[r].y, l.d[r].z, l.d[r].w};
+          uint32_t s2[2];
+          if constexpr (F == QNV4) {
+            s2[0] = scale_bf2<F>((l.s >> (16 * r)) & 0xffu);
+            s2[1] = scale_bf2<F>((l.s >> (16 * r + 8)) & 0xffu);
+          } else {
+            s2[0] = s2[1] = scale_bf2<F>((l.s >> (16 * r)) & 0xffu);
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const uint32_t s = s2[i >> 1];  // nvfp4: words 0-1 group 2c, words 2-3 group 2c+1
+            A[r][4 * i + 0] = bmul(bmul(fp4_pair<0>(w4[i]), k126), s);
+            A[r][4 * i + 1] = bmul(bmul(fp4_pair<1>(w4[i]), k126), s);
+            A[r][4 * i + 2] = bmul(bmul(fp4_pair<2>(w4[i]), k126), s);
+            A[r][4 * i + 3] = bmul(bmul(fp4_pair<3>(w4[i]), k126), s);
+          }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          const int m = 8 * t + g;
+          uint4 xv[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) xv[i] = make_uint4(0, 0, 0, 0);
+          if (valid && m < L.M) {
+            const uint4* xp = reinterpret_cast<const uint4*>(xb + m * a.x.ld + c * 32);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) xv[i] = __ldg(xp + i);
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            // word i of w <-> x[8i .. 8i+8) = xv[i]; pair j = (x_j, x_j+4)
+            const uint32_t b0 = prmt(xv[i].x, xv[i].z, 0x5410u);  // (x0, x4)
+            const uint32_t b1 = prmt(xv[i].x, xv[i].z, 0x7632u);  // (x1, x5)
+            const uint32_t b2 = prmt(xv[i].y, xv[i].w, 0x5410u);  // (x2, x6)
+            const uint32_t b3 = prmt(xv[i].y, xv[i].w, 0x7632u);  // (x3, x7)
+            mma16816(acc[t], A[0][4 * i], A[1][4 * i], A[0][4 * i + 1], A[1][4 * i + 1], b0, b1);
+            mma16816(acc[t], A[0][4 * i + 2], A[1][4 * i + 2], A[0][4 * i + 3], A[1][4 * i + 3], b2, b3);
+          }
+        }
+      }
+    };
+
+    // -- the pipeline: kDepth steps of loads in flight --
+    Ld ring[kDepth];
+#pragma unroll
+    for (int p = 0; p < kDepth; ++p)
+      if (p < nsteps) load(p, ring[p]);
+    for (int64_t s0 = 0; s0 < nsteps; s0 += kDepth) {
+#pragma unroll
+      for (int p = 0; p < kDepth; ++p) {
+        const int64_t s = s0 + p;
+        if (s < nsteps) {
+          compute(s, ring[p]);
+          if (s + kDepth < nsteps) load(s + kDepth, ring[p]);
+        }
+      }
+    }
+
+    // -- add the KS k-slices of each row tile in a fixed order --
+    // acc[t][0..1]: row g, x rows 8t + 2q + {0, 1}; acc[t][2..3]: row g + 8.
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][(g + 8 * (i >> 1)) * MT + 8 * t + 2 * q + (i & 1)] = acc[t][i];
+    __syncthreads();
+    const int tiles = kWarps >> L.logKS;
+    for (int e = tid; e < tiles * 16 * L.M; e += kThreads) {
+      const int tl = e / (16 * L.M), rm = e % (16 * L.M), rl = rm / L.M, m = rm % L.M;
+      const int64_t n = ((int64_t)blockIdx.x * tiles + tl) * 16 + rl;
+      if (n >= N) continue;
+      float v = red[tl * L.KS][rl * MT + m];
+      for (int k = 1; k < L.KS; ++k) v += red[tl * L.KS + k][rl * MT + m];
+      store_out(a, b, m, n, v * post);
+    }
+    __syncthreads();  // red is reused by the next batch entry
+  }
+}
+
+bool aligned16(const Mat& m) {
+  const int es = dtype_size(m.dt);
+  bool ok = ((uintptr_t)m.ptr % 16) == 0 && (m.ld * es) % 16 == 0;
+  for (int i = 0; i < m.nb; ++i) ok = ok && (m.bstride[i] * es) % 16 == 0;
+  return ok;
+}
+
+template <int F>
+void launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st) {
+  // k-slices per row tile: the fewest (1..8) that give the grid a full wave of
+  // warps (16 per SM: ~2 CTAs fit by registers), while every warp keeps at
+  // least 2 * kDepth steps.
+  static const int64_t wave = [] {
+    int dev = 0, sms = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    return (int64_t)sms * 16;
+  }();
+  const int64_t tiles = (a.N + 15) / 16, groups4 = (L.C + 3) / 4, batch = a.out.batch();
+  int KS = 1;
+  while (KS < kWarps && tiles * batch * KS < wave && groups4 / (2 * KS) >= 2 * kDepth) KS <<= 1;
+  L.KS = KS;
+  L.logKS = KS == 1 ? 0 : (KS == 2 ? 1 : (KS == 4 ? 2 : 3));
+  const int64_t per_cta = kWarps / KS;
+  const dim3 grid((unsigned)((tiles + per_cta - 1) / per_cta), (unsigned)(batch < 65535 ? batch : 65535));
+  if (a.M <= 8) qmma_kernel<F, 8><<<grid, kThreads, 0, st>>>(a, L, alpha);
+  else if (a.M <= 16) qmma_kernel<F, 16><<<grid, kThreads, 0, st>>>(a, L, alpha);
+  else if (a.M <= 32) qmma_kernel<F, 32><<<grid, kThreads, 0, st>>>(a, L, alpha);
+  else qmma_kernel<F, 64><<<grid, kThreads, 0, st>>>(a, L, alpha);
+}
+
+}  // namespace
+
+qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream) {
+  static const bool off = [] {
+    const char* e = getenv("QQ_QMMA");
+    return e && e[0] == '0';
+  }();
+  if (off || a.M < 1 || a.M > kQmmaMaxM || a.x_packed || !a.w_packed || !a.transpose) return QQ_STATUS_NOT_SUPPORTED;
+  if (a.x.dt != DType::BF16 || !a.q.fp()) return QQ_STATUS_NOT_SUPPORTED;
+  const QSpec& q = a.q;
+  QL L{};
+  L.M = (int)a.M;
+  int F;
+  if (q.mode == QQ_MODE_NVFP4 && q.group == 16) F = QNV4;
+  else if (q.mode == QQ_MODE_MXFP4 && q.group == 32) F = QMX4;
+  else if (q.mode == QQ_MODE_MXFP8 && q.group == 32) F = QMX8;
+  else return QQ_STATUS_NOT_SUPPORTED;
+  if (F == QMX8) {
+    L.f8_kind = q.elem;
+    if (q.elem == ELEM_E4M3) {
+      L.f8_shl = 4; L.f8_shr = 4; L.f8_mag = 0x07f007f0u; L.fix2 = 0x7b807b80u;  // 2^120
+      L.f8_nan_mask = 0x7f7f7f7fu; L.f8_nan_add = 0x01010101u;
+    } else if (q.elem == ELEM_E5M2) {
+      L.f8_shl = 5; L.f8_shr = 3; L.f8_mag = 0x0fe00fe0u; L.fix2 = 0x77807780u;  // 2^112
+      L.f8_nan_mask = 0x7c7c7c7cu; L.f8_nan_add = 0x04040404u;
+    } else {
+      return QQ_STATUS_NOT_SUPPORTED;
+    }
+  }
+  const int64_t row_bytes = a.K * q.bits / 8;
+  if (row_bytes % 16 || !aligned16(a.w) || !aligned16(a.x)) return QQ_STATUS_NOT_SUPPORTED;
+  L.C = row_bytes / 16;
+  switch (F) {
+    case QNV4: launch<QNV4>(a, L, alpha, stream); break;
+    case QMX4: launch<QMX4>(a, L, alpha, stream); break;
+    default: launch<QMX8>(a, L, alpha, stream); break;
+  }
+  return check_launch("quantized_matmul");
+}
+
+}  // namespace cuda
+}  // namespace qq
