@@ -34,6 +34,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <type_traits>
 
 #include "../codec.h"
 #include "../internal.h"
@@ -57,7 +58,9 @@ struct QL {
   // fp8 element decode (E4M3 / E5M2), as qmv.cu's fp8x4 but into bf16 pairs
   int f8_kind;
   uint32_t f8_shl, f8_shr, f8_mag, f8_nan_mask, f8_nan_add;
-  uint32_t fix2;  // bf16x2 of the power of two that undoes the decoders' placement
+  uint32_t fix2;  // bf16x2 of 2^fix, the power of two that undoes the decoders' placement
+  int fix;        // 126 (fp4), 120 (E4M3), 112 (E5M2)
+  int pre;        // steps ahead of the loads that an L2 prefetch runs (0: none)
 };
 
 // One step's loads of a lane: its chunk of rows g and g + 8 and their scale bytes
@@ -74,6 +77,7 @@ __device__ __forceinline__ uint32_t bmul(uint32_t a, uint32_t b) {
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
   return d;
 }
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
@@ -88,18 +92,22 @@ __device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uin
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Scale byte(s) -> bf16x2 (both halves the scale). UE8M0 u is 2^(u-127):
-// exponent field u, except u = 0 (2^-127, a bf16 subnormal) and u = 255 (NaN).
+// Scale factors as bf16x2 (both halves equal). UE8M0 u is 2^(u-127); times
+// 2^fix it is the bf16 with exponent field u + fix (valid while u + fix <=
+// 254; the caller checks). Without the 2^fix: exponent field u, except u = 0
+// (2^-127, a bf16 subnormal) and u = 255 (NaN).
+__device__ __forceinline__ uint32_t dup16(uint32_t h) { return h | (h << 16); }
+__device__ __forceinline__ uint32_t ue8m0_fix_bf2(uint32_t u, int fix) { return dup16((u + fix) << 7); }
 __device__ __forceinline__ uint32_t ue8m0_bf2(uint32_t u) {
-  const uint32_t h = u == 0 ? 0x0040u : (u == 255 ? 0x7fc0u : u << 7);
-  return h | (h << 16);
+  return dup16(u == 0 ? 0x0040u : (u == 255 ? 0x7fc0u : u << 7));
 }
-// E4M3 scale -> bf16x2, exact (4 significant bits); 0x7F / 0xFF are NaN.
-__device__ __forceinline__ uint32_t e4m3_bf2(uint32_t b) {
+// E4M3 scale s -> bf16x2 of s * 2^117 (exact: 4 significant bits, at most
+// 448 * 2^117 < 2^127); 0x7F / 0xFF are NaN. The 2^117 with the fp4
+// decoder's 2^-126 leaves products 2^-9 too small, which the epilogue undoes.
+__device__ __forceinline__ uint32_t e4m3_fix_bf2(uint32_t b) {
   const float f = ((b & 0x7fu) == 0x7fu) ? u2f(0x7fc00000u)
-                                         : u2f(((b & 0x7fu) << 20) | ((b & 0x80u) << 24)) * 0x1p120f;
-  const uint32_t h = f_to_bf16(f);
-  return h | (h << 16);
+                                         : (u2f(((b & 0x7fu) << 20) | ((b & 0x80u) << 24)) * 0x1p120f) * 0x1p117f;
+  return dup16(f_to_bf16(f));
 }
 
 // fp4 word (8 E2M1 codes) -> pair j = (e_j, e_j+4) as bf16 times 2^-126 (see
@@ -110,12 +118,15 @@ template <int j> __device__ __forceinline__ uint32_t fp4_pair(uint32_t w) {
   return mag | ((w << (12 - 4 * j)) & 0x80008000u);
 }
 
-// fp8 word (4 codes) -> pairs (e0, e2), (e1, e3) exact in bf16 times the
-// format's power of two (fix2 undoes it). A word with an all-ones exponent
-// (E4M3 NaN, E5M2 Inf/NaN) goes through the codec.
-__device__ __forceinline__ void fp8_pairs(uint32_t w, const QL& L, uint32_t s2, uint32_t& p0, uint32_t& p1) {
+// fp8 word (4 codes) -> pairs (e0, e2), (e1, e3) times the scale, exact in
+// bf16: the decoder's placement gives e * 2^-fix, then one multiply by S =
+// s * 2^fix (kTwo = false) or two, by 2^fix and by S = s (kTwo, when s * 2^fix
+// would overflow). A word with an all-ones exponent (E4M3 NaN, E5M2 Inf/NaN)
+// goes through the codec with the UE8M0 scale byte u.
+template <bool kTwo>
+__device__ __forceinline__ void fp8_pairs(uint32_t w, const QL& L, uint32_t S, uint32_t u, uint32_t& p0, uint32_t& p1) {
   if (((w & L.f8_nan_mask) + L.f8_nan_add) & 0x80808080u) {
-    const float s = bf16_to_f((uint16_t)s2);
+    const float s = ue8m0_decode((uint8_t)u);
     float v[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) v[i] = elem_decode(L.f8_kind, (uint8_t)(w >> (8 * i))) * s;
@@ -125,12 +136,12 @@ __device__ __forceinline__ void fp8_pairs(uint32_t w, const QL& L, uint32_t s2, 
   }
   p0 = ((w << L.f8_shl) & L.f8_mag) | ((w << 8) & 0x80008000u);
   p1 = ((w >> L.f8_shr) & L.f8_mag) | (w & 0x80008000u);
-  p0 = bmul(bmul(p0, L.fix2), s2);
-  p1 = bmul(bmul(p1, L.fix2), s2);
-}
-
-template <int F> __device__ __forceinline__ uint32_t scale_bf2(uint32_t byte) {
-  return F == QNV4 ? e4m3_bf2(byte) : ue8m0_bf2(byte);
+  if (kTwo) {
+    p0 = bmul(p0, L.fix2);
+    p1 = bmul(p1, L.fix2);
+  }
+  p0 = bmul(p0, S);
+  p1 = bmul(p1, S);
 }
 
 template <int F, int MT>
@@ -173,6 +184,13 @@ __global__ void __launch_bounds__(kThreads) qmma_kernel(const MatmulArgs a, cons
       }
       l.d[0] = ld_stream(wrow[0] + c * 16);
       l.d[1] = ld_stream(wrow[1] + c * 16);
+      if (L.pre) {  // warm L2 for a later step: more bytes in flight than the registers hold
+        const int64_t cp = chunk_of(step + L.pre);
+        if (cp < C) {
+          prefetch_l2(wrow[0] + cp * 16);
+          prefetch_l2(wrow[1] + cp * 16);
+        }
+      }
       if constexpr (F == QNV4) {
         const int64_t i0 = sidx(2 * c), i1 = sidx(2 * c + 1);
         l.s = (uint32_t)__ldg(srow[0] + i0) | ((uint32_t)__ldg(srow[0] + i1) << 8) |
@@ -189,19 +207,31 @@ __global__ void __launch_bounds__(kThreads) qmma_kernel(const MatmulArgs a, cons
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
 
+    // Decoded weights: A[r][i] = pair i of row g + 8r, times its scale. kTwo:
+    // two bf16 multiplies per pair (by 2^fix, then by s), needed only when a
+    // UE8M0 scale times 2^fix would overflow (u > 254 - fix, or NaN); the warp
+    // takes the one-multiply form when all its lanes can.
     auto compute = [&](int64_t step, const Ld& l) {
       const int64_t c = chunk_of(step);
       const bool valid = c < C;
+      const uint32_t u0 = l.s & 0xffu, u1 = (l.s >> 16) & 0xffu;
+      bool two = false;
+      if constexpr (F != QNV4) two = !__all_sync(0xffffffffu, (u0 > u1 ? u0 : u1) <= (uint32_t)(254 - L.fix));
       if constexpr (F == QMX8) {
         // 16 elements per row: words 0..3 -> pairs (2 per word); mma i takes word i
         uint32_t A[2][8];
+        auto decode = [&](auto kTwo) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const uint32_t s2 = scale_bf2<F>((l.s >> (16 * r)) & 0xffu);
-          const uint32_t w4[4] = {l.d[r].x, l.d[r].y, l.d[r].z, l.d[r].w};
+          for (int r = 0; r < 2; ++r) {
+            const uint32_t u = r ? u1 : u0;
+            const uint32_t S = decltype(kTwo)::value ? ue8m0_bf2(u) : ue8m0_fix_bf2(u, L.fix);
+            const uint32_t w4[4] = {l.d[r].x, l.d[r].y, l.d[r].z, l.d[r].w};
 #pragma unroll
-          for (int i = 0; i < 4; ++i) fp8_pairs(w4[i], L, s2, A[r][2 * i], A[r][2 * i + 1]);
-        }
+            for (int i = 0; i < 4; ++i) fp8_pairs<decltype(kTwo)::value>(w4[i], L, S, u, A[r][2 * i], A[r][2 * i + 1]);
+          }
+        };
+        if (two) decode(std::true_type{});
+        else decode(std::false_type{});
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
           const int m = 8 * t + g;
@@ -223,26 +253,31 @@ __global__ void __launch_bounds__(kThreads) qmma_kernel(const MatmulArgs a, cons
       } else {
         // 32 fp4 elements per row: words 0..3, 4 pairs each; mma i takes pairs 2i, 2i+1
         uint32_t A[2][16];
-        const uint32_t k126 = 0x7e807e80u;  // bf16x2 of 2^126
+        auto decode = [&](auto kTwo) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const uint32_t w4[4] = {l.d[r].x, l.d[r].y, l.d[r].z, l.d[r].w};
-          uint32_t s2[2];
-          if constexpr (F == QNV4) {
-            s2[0] = scale_bf2<F>((l.s >> (16 * r)) & 0xffu);
-            s2[1] = scale_bf2<F>((l.s >> (16 * r + 8)) & 0xffu);
-          } else {
-            s2[0] = s2[1] = scale_bf2<F>((l.s >> (16 * r)) & 0xffu);
-          }
+          for (int r = 0; r < 2; ++r) {
+            const uint32_t w4[4] = {l.d[r].x, l.d[r].y, l.d[r].z, l.d[r].w};
+            uint32_t S[2];  // nvfp4: words 0-1 have group 2c, words 2-3 group 2c+1
+            if constexpr (F == QNV4) {
+              S[0] = e4m3_fix_bf2((l.s >> (16 * r)) & 0xffu);
+              S[1] = e4m3_fix_bf2((l.s >> (16 * r + 8)) & 0xffu);
+            } else {
+              const uint32_t u = r ? u1 : u0;
+              S[0] = S[1] = decltype(kTwo)::value ? ue8m0_bf2(u) : ue8m0_fix_bf2(u, 126);
+            }
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const uint32_t s = s2[i >> 1];  // nvfp4: words 0-1 group 2c, words 2-3 group 2c+1
-            A[r][4 * i + 0] = bmul(bmul(fp4_pair<0>(w4[i]), k126), s);
-            A[r][4 * i + 1] = bmul(bmul(fp4_pair<1>(w4[i]), k126), s);
-            A[r][4 * i + 2] = bmul(bmul(fp4_pair<2>(w4[i]), k126), s);
-            A[r][4 * i + 3] = bmul(bmul(fp4_pair<3>(w4[i]), k126), s);
+            for (int i = 0; i < 4; ++i) {
+              uint32_t p[4] = {fp4_pair<0>(w4[i]), fp4_pair<1>(w4[i]), fp4_pair<2>(w4[i]), fp4_pair<3>(w4[i])};
+#pragma unroll
+              for (int j = 0; j < 4; ++j) {
+                if (decltype(kTwo)::value) p[j] = bmul(p[j], 0x7e807e80u);  // 2^126
+                A[r][4 * i + j] = bmul(p[j], S[i >> 1]);
+              }
+            }
           }
-        }
+        };
+        if (two) decode(std::true_type{});
+        else decode(std::false_type{});
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
           const int m = 8 * t + g;
@@ -298,6 +333,7 @@ __global__ void __launch_bounds__(kThreads) qmma_kernel(const MatmulArgs a, cons
       if (n >= N) continue;
       float v = red[tl * L.KS][rl * MT + m];
       for (int k = 1; k < L.KS; ++k) v += red[tl * L.KS + k][rl * MT + m];
+      if (F == QNV4) v *= 512.0f;  // the 2^-9 of e4m3_fix_bf2 (exact)
       store_out(a, b, m, n, v * post);
     }
     __syncthreads();  // red is reused by the next batch entry
@@ -315,7 +351,7 @@ template <int F>
 void launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st) {
   // k-slices per row tile: the fewest (1..8) that give the grid a full wave of
   // warps (16 per SM: ~2 CTAs fit by registers), while every warp keeps at
-  // least 2 * kDepth steps.
+  // least kDepth steps.
   static const int64_t wave = [] {
     int dev = 0, sms = 132;
     if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
@@ -323,7 +359,7 @@ void launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st) {
   }();
   const int64_t tiles = (a.N + 15) / 16, groups4 = (L.C + 3) / 4, batch = a.out.batch();
   int KS = 1;
-  while (KS < kWarps && tiles * batch * KS < wave && groups4 / (2 * KS) >= 2 * kDepth) KS <<= 1;
+  while (KS < kWarps && tiles * batch * KS < wave && groups4 / (2 * KS) >= kDepth) KS <<= 1;
   L.KS = KS;
   L.logKS = KS == 1 ? 0 : (KS == 2 ? 1 : (KS == 4 ? 2 : 3));
   const int64_t per_cta = kWarps / KS;
@@ -354,15 +390,21 @@ qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream) {
   if (F == QMX8) {
     L.f8_kind = q.elem;
     if (q.elem == ELEM_E4M3) {
-      L.f8_shl = 4; L.f8_shr = 4; L.f8_mag = 0x07f007f0u; L.fix2 = 0x7b807b80u;  // 2^120
+      L.f8_shl = 4; L.f8_shr = 4; L.f8_mag = 0x07f007f0u; L.fix2 = 0x7b807b80u; L.fix = 120;
       L.f8_nan_mask = 0x7f7f7f7fu; L.f8_nan_add = 0x01010101u;
     } else if (q.elem == ELEM_E5M2) {
-      L.f8_shl = 5; L.f8_shr = 3; L.f8_mag = 0x0fe00fe0u; L.fix2 = 0x77807780u;  // 2^112
+      L.f8_shl = 5; L.f8_shr = 3; L.f8_mag = 0x0fe00fe0u; L.fix2 = 0x77807780u; L.fix = 112;
       L.f8_nan_mask = 0x7c7c7c7cu; L.f8_nan_add = 0x04040404u;
     } else {
       return QQ_STATUS_NOT_SUPPORTED;
     }
   }
+  if (F != QMX8) L.fix = 126;
+  static const int pre = [] {  // QQ_QMMA_PRE: prefetch distance in steps, for tuning runs
+    const char* e = getenv("QQ_QMMA_PRE");
+    return e ? atoi(e) : 8;
+  }();
+  L.pre = pre;
   const int64_t row_bytes = a.K * q.bits / 8;
   if (row_bytes % 16 || !aligned16(a.w) || !aligned16(a.x)) return QQ_STATUS_NOT_SUPPORTED;
   L.C = row_bytes / 16;
