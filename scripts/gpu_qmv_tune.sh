@@ -20,3 +20,24 @@ if [ -n "${QQ_NCU:-1}" ]; then
   grep -E "qmv_t|qmma_k|Duration|Memory Throughput|DRAM Through|Compute \(SM\)|Achieved Occ|Registers Per|Issued Ipc|No Eligible|Stall|Warp Cycles Per Issued|Block Limit Reg|Grid Size|Threads  " \
     "$OUT/ncu.log" | head -120
 fi
+if [ -n "${QQ_SASS:-}" ]; then
+  # opcode histogram of the small-M kernels (which instructions a weight costs)
+  lib=$(python3 -c "import qq, os; print(os.path.join(os.path.dirname(qq._qq.__file__), 'lib', 'libqq.so.0'))")
+  cuobjdump -sass "$lib" > "$OUT/sass.txt" 2>&1
+  python3 - "$OUT/sass.txt" <<'PY'
+import re, sys, collections
+cur, hist = None, collections.defaultdict(collections.Counter)
+for line in open(sys.argv[1]):
+    m = re.search(r"Function : (\S+)", line)
+    if m:
+        cur = m.group(1) if re.search(r"qmma_kernelILi[012]ELi8E|qmv_t_kernelI.*5XBF16ELi0ELi1ELb0", m.group(1)) else None
+        continue
+    if cur:
+        m = re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]+)?", line)
+        if m:
+            hist[cur][m.group(1)] += 1
+for f, h in hist.items():
+    print(f[:80], sum(h.values()), " ".join(f"{k}:{v}" for k, v in h.most_common(22)))
+PY
+  gzip -f "$OUT/sass.txt"
+fi

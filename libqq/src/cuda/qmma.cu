@@ -47,7 +47,9 @@ namespace cuda {
 namespace {
 
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
-constexpr int kDepth = 4;  // steps of loads in flight per warp
+// Steps of loads in flight per warp: 4, or 2 where the accumulators of 32 or
+// 64 rows of x need the registers (the kernel must fit 2 CTAs per SM: 128).
+template <int MT> constexpr int depth() { return MT <= 16 ? 4 : 2; }
 
 enum QF { QNV4 = 0, QMX4 = 1, QMX8 = 2 };
 
@@ -145,8 +147,12 @@ __device__ __forceinline__ void fp8_pairs(uint32_t w, const QL& L, uint32_t S, u
 }
 
 template <int F, int MT>
-__global__ void __launch_bounds__(kThreads) qmma_kernel(const MatmulArgs a, const QL L, const float* alpha) {
+__global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, const QL L, const float* alpha) {
   constexpr int NT = MT / 8;  // n8 tiles of x rows
+  constexpr int kDepth = depth<MT>();
+  // M <= 8: two accumulators taken in turn, so that consecutive mmas do not
+  // wait on each other (an mma's result is ~30 cycles away)
+  constexpr int NA = NT == 1 ? 2 : NT;
   __shared__ float red[kWarps][16 * MT];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
@@ -201,9 +207,9 @@ __global__ void __launch_bounds__(kThreads) qmma_kernel(const MatmulArgs a, cons
       }
     };
 
-    float acc[NT][4];
+    float acc[NA][4];
 #pragma unroll
-    for (int t = 0; t < NT; ++t)
+    for (int t = 0; t < NA; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
 
@@ -247,7 +253,7 @@ __global__ void __launch_bounds__(kThreads) qmma_kernel(const MatmulArgs a, cons
             // word i of w <-> x elements 4i..4i+3 = x words 2i, 2i+1
             const uint32_t b0 = prmt(xw[2 * i], xw[2 * i + 1], 0x5410u);  // (x0, x2)
             const uint32_t b1 = prmt(xw[2 * i], xw[2 * i + 1], 0x7632u);  // (x1, x3)
-            mma16816(acc[t], A[0][2 * i], A[1][2 * i], A[0][2 * i + 1], A[1][2 * i + 1], b0, b1);
+            mma16816(acc[NT == 1 ? (i & 1) : t], A[0][2 * i], A[1][2 * i], A[0][2 * i + 1], A[1][2 * i + 1], b0, b1);
           }
         }
       } else {
@@ -296,8 +302,8 @@ __global__ void __launch_bounds__(kThreads) qmma_kernel(const MatmulArgs a, cons
             const uint32_t b1 = prmt(xv[i].x, xv[i].z, 0x7632u);  // (x1, x5)
             const uint32_t b2 = prmt(xv[i].y, xv[i].w, 0x5410u);  // (x2, x6)
             const uint32_t b3 = prmt(xv[i].y, xv[i].w, 0x7632u);  // (x3, x7)
-            mma16816(acc[t], A[0][4 * i], A[1][4 * i], A[0][4 * i + 1], A[1][4 * i + 1], b0, b1);
-            mma16816(acc[t], A[0][4 * i + 2], A[1][4 * i + 2], A[0][4 * i + 3], A[1][4 * i + 3], b2, b3);
+            mma16816(acc[NT == 1 ? 0 : t], A[0][4 * i], A[1][4 * i], A[0][4 * i + 1], A[1][4 * i + 1], b0, b1);
+            mma16816(acc[NT == 1 ? 1 : t], A[0][4 * i + 2], A[1][4 * i + 2], A[0][4 * i + 3], A[1][4 * i + 3], b2, b3);
           }
         }
       }
@@ -319,6 +325,10 @@ __global__ void __launch_bounds__(kThreads) qmma_kernel(const MatmulArgs a, cons
       }
     }
 
+    if (NT == 1) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[0][i] += acc[NA - 1][i];
+    }
     // -- add the KS k-slices of each row tile in a fixed order --
     // acc[t][0..1]: row g, x rows 8t + 2q + {0, 1}; acc[t][2..3]: row g + 8.
 #pragma unroll
@@ -349,6 +359,7 @@ bool aligned16(const Mat& m) {
 
 template <int F>
 void launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st) {
+  const int kDepth = a.M <= 16 ? depth<16>() : depth<64>();
   // k-slices per row tile: the fewest (1..8) that give the grid a full wave of
   // warps (16 per SM: ~2 CTAs fit by registers), while every warp keeps at
   // least kDepth steps.
