@@ -62,7 +62,6 @@ struct QL {
   uint32_t f8_shl, f8_shr, f8_mag, f8_nan_mask, f8_nan_add;
   uint32_t fix2;  // bf16x2 of 2^fix, the power of two that undoes the decoders' placement
   int fix;        // 126 (fp4), 120 (E4M3), 112 (E5M2)
-  int pre;        // steps ahead of the loads that an L2 prefetch runs (0: none)
 };
 
 // One step's loads of a lane: its chunk of rows g and g + 8 and their scale bytes
@@ -79,7 +78,6 @@ __device__ __forceinline__ uint32_t bmul(uint32_t a, uint32_t b) {
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
   return d;
 }
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
@@ -123,19 +121,9 @@ template <int j> __device__ __forceinline__ uint32_t fp4_pair(uint32_t w) {
 // fp8 word (4 codes) -> pairs (e0, e2), (e1, e3) times the scale, exact in
 // bf16: the decoder's placement gives e * 2^-fix, then one multiply by S =
 // s * 2^fix (kTwo = false) or two, by 2^fix and by S = s (kTwo, when s * 2^fix
-// would overflow). A word with an all-ones exponent (E4M3 NaN, E5M2 Inf/NaN)
-// goes through the codec with the UE8M0 scale byte u.
+// would overflow). Not for codes with an all-ones exponent (fp8_special).
 template <bool kTwo>
-__device__ __forceinline__ void fp8_pairs(uint32_t w, const QL& L, uint32_t S, uint32_t u, uint32_t& p0, uint32_t& p1) {
-  if (((w & L.f8_nan_mask) + L.f8_nan_add) & 0x80808080u) {
-    const float s = ue8m0_decode((uint8_t)u);
-    float v[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = elem_decode(L.f8_kind, (uint8_t)(w >> (8 * i))) * s;
-    p0 = (uint32_t)f_to_bf16(v[0]) | ((uint32_t)f_to_bf16(v[2]) << 16);
-    p1 = (uint32_t)f_to_bf16(v[1]) | ((uint32_t)f_to_bf16(v[3]) << 16);
-    return;
-  }
+__device__ __forceinline__ void fp8_pairs(uint32_t w, const QL& L, uint32_t S, uint32_t& p0, uint32_t& p1) {
   p0 = ((w << L.f8_shl) & L.f8_mag) | ((w << 8) & 0x80008000u);
   p1 = ((w >> L.f8_shr) & L.f8_mag) | (w & 0x80008000u);
   if (kTwo) {
@@ -144,6 +132,19 @@ __device__ __forceinline__ void fp8_pairs(uint32_t w, const QL& L, uint32_t S, u
   }
   p0 = bmul(p0, S);
   p1 = bmul(p1, S);
+}
+// Nonzero when a code of w has an all-ones exponent (E4M3 NaN, E5M2 Inf/NaN).
+__device__ __forceinline__ uint32_t fp8_special(uint32_t w, const QL& L) {
+  return ((w & L.f8_nan_mask) + L.f8_nan_add) & 0x80808080u;
+}
+// The same pairs through the codec (any code), with the UE8M0 scale byte u.
+__device__ __noinline__ void fp8_pairs_codec(uint32_t w, const QL& L, uint32_t u, uint32_t& p0, uint32_t& p1) {
+  const float s = ue8m0_decode((uint8_t)u);
+  float v[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = elem_decode(L.f8_kind, (uint8_t)(w >> (8 * i))) * s;
+  p0 = (uint32_t)f_to_bf16(v[0]) | ((uint32_t)f_to_bf16(v[2]) << 16);
+  p1 = (uint32_t)f_to_bf16(v[1]) | ((uint32_t)f_to_bf16(v[3]) << 16);
 }
 
 template <int F, int MT>
@@ -160,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
   const int64_t tile = (int64_t)blockIdx.x * (kWarps >> L.logKS) + (warp >> L.logKS);
   const int64_t N = a.N, C = L.C;
   const int64_t groups4 = (C + 3) / 4;  // steps of the whole row
-  const int64_t nsteps = groups4 > ks ? (groups4 - ks + L.KS - 1) / L.KS : 0;
+  const int nsteps = (int)(groups4 > ks ? (groups4 - ks + L.KS - 1) / L.KS : 0);
   const float post = alpha ? *alpha : ((F == QNV4 && a.gs_w) ? nvfp4_dec(*a.gs_w) : 1.0f);
 
   for (int64_t b = blockIdx.y; b < a.out.batch(); b += gridDim.y) {
@@ -179,33 +180,31 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
     }
     const __nv_bfloat16* xb = (const __nv_bfloat16*)a.x.ptr + a.x.offset(b);
 
-    auto chunk_of = [&](int64_t step) { return (step * L.KS + ks) * 4 + q; };
-    auto sidx = [&](int64_t idx) -> int64_t { return a.w_blocked ? (idx >> 2) * 512 + (idx & 3) : idx; };
-    auto load = [&](int64_t step, Ld& l) {
-      const int64_t c = chunk_of(step);
-      if (c >= C) {  // past the row (ragged last step): zeros with a finite scale
+    // 32-bit chunk indices (C < 2^31, checked at launch): a step's addresses
+    // cost a multiply-add each instead of 64-bit index arithmetic.
+    const uint32_t cfirst = (uint32_t)(ks * 4 + q), cstep = (uint32_t)L.KS * 4, climit = (uint32_t)C;
+    auto chunk_of = [&](int step) { return cfirst + (uint32_t)step * cstep; };
+    auto soff = [&](uint32_t idx) -> uint32_t { return a.w_blocked ? (idx >> 2) * 512 + (idx & 3) : idx; };
+    auto load = [&](int step, Ld& l) {
+      const uint32_t c = chunk_of(step);
+      if (c >= climit) {  // past the row (ragged last step): zeros with a finite scale
         l.d[0] = l.d[1] = make_uint4(0, 0, 0, 0);
         l.s = F == QNV4 ? 0x38383838u : 0x7f7f7f7fu;  // 1.0 in E4M3 / UE8M0
         return;
       }
-      l.d[0] = ld_stream(wrow[0] + c * 16);
-      l.d[1] = ld_stream(wrow[1] + c * 16);
-      if (L.pre) {  // warm L2 for a later step: more bytes in flight than the registers hold
-        const int64_t cp = chunk_of(step + L.pre);
-        if (cp < C) {
-          prefetch_l2(wrow[0] + cp * 16);
-          prefetch_l2(wrow[1] + cp * 16);
-        }
-      }
+      l.d[0] = ld_stream(wrow[0] + (size_t)c * 16);
+      l.d[1] = ld_stream(wrow[1] + (size_t)c * 16);
       if constexpr (F == QNV4) {
-        const int64_t i0 = sidx(2 * c), i1 = sidx(2 * c + 1);
+        const uint32_t i0 = soff(2 * c), i1 = i0 + 1;  // 2c is even: 2c + 1 is the next byte in both layouts
         l.s = (uint32_t)__ldg(srow[0] + i0) | ((uint32_t)__ldg(srow[0] + i1) << 8) |
               ((uint32_t)__ldg(srow[1] + i0) << 16) | ((uint32_t)__ldg(srow[1] + i1) << 24);
       } else {
-        const int64_t i = sidx(F == QMX4 ? c : c >> 1);
+        const uint32_t i = soff(F == QMX4 ? c : c >> 1);
         l.s = (uint32_t)__ldg(srow[0] + i) | ((uint32_t)__ldg(srow[1] + i) << 16);
       }
     };
+    const __nv_bfloat16* xg = xb + g * a.x.ld;  // x row g; tile t adds 8t rows
+    const size_t xld8 = (size_t)a.x.ld * 8;
 
     float acc[NA][4];
 #pragma unroll
@@ -217,9 +216,9 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
     // two bf16 multiplies per pair (by 2^fix, then by s), needed only when a
     // UE8M0 scale times 2^fix would overflow (u > 254 - fix, or NaN); the warp
     // takes the one-multiply form when all its lanes can.
-    auto compute = [&](int64_t step, const Ld& l) {
-      const int64_t c = chunk_of(step);
-      const bool valid = c < C;
+    auto compute = [&](int step, const Ld& l) {
+      const uint32_t c = chunk_of(step);
+      const bool valid = c < climit;
       const uint32_t u0 = l.s & 0xffu, u1 = (l.s >> 16) & 0xffu;
       bool two = false;
       if constexpr (F != QNV4) two = !__all_sync(0xffffffffu, (u0 > u1 ? u0 : u1) <= (uint32_t)(254 - L.fix));
@@ -233,17 +232,31 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
             const uint32_t S = decltype(kTwo)::value ? ue8m0_bf2(u) : ue8m0_fix_bf2(u, L.fix);
             const uint32_t w4[4] = {l.d[r].x, l.d[r].y, l.d[r].z, l.d[r].w};
 #pragma unroll
-            for (int i = 0; i < 4; ++i) fp8_pairs<decltype(kTwo)::value>(w4[i], L, S, u, A[r][2 * i], A[r][2 * i + 1]);
+            for (int i = 0; i < 4; ++i) fp8_pairs<decltype(kTwo)::value>(w4[i], L, S, A[r][2 * i], A[r][2 * i + 1]);
           }
         };
-        if (two) decode(std::true_type{});
-        else decode(std::false_type{});
+        // one test per step for NaN / Inf codes (rare: they take the codec)
+        const uint32_t special = fp8_special(l.d[0].x, L) | fp8_special(l.d[0].y, L) | fp8_special(l.d[0].z, L) |
+                                 fp8_special(l.d[0].w, L) | fp8_special(l.d[1].x, L) | fp8_special(l.d[1].y, L) |
+                                 fp8_special(l.d[1].z, L) | fp8_special(l.d[1].w, L);
+        if (special) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const uint32_t w4[4] = {l.d[r].x, l.d[r].y, l.d[r].z, l.d[r].w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) fp8_pairs_codec(w4[i], L, r ? u1 : u0, A[r][2 * i], A[r][2 * i + 1]);
+          }
+        } else if (two) {
+          decode(std::true_type{});
+        } else {
+          decode(std::false_type{});
+        }
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
           const int m = 8 * t + g;
           uint4 xv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
           if (valid && m < L.M) {
-            const uint4* xp = reinterpret_cast<const uint4*>(xb + m * a.x.ld + c * 16);
+            const uint4* xp = reinterpret_cast<const uint4*>(xg + t * xld8 + (size_t)c * 16);
             xv[0] = __ldg(xp);
             xv[1] = __ldg(xp + 1);
           }
@@ -291,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
 #pragma unroll
           for (int i = 0; i < 4; ++i) xv[i] = make_uint4(0, 0, 0, 0);
           if (valid && m < L.M) {
-            const uint4* xp = reinterpret_cast<const uint4*>(xb + m * a.x.ld + c * 32);
+            const uint4* xp = reinterpret_cast<const uint4*>(xg + t * xld8 + (size_t)c * 32);
 #pragma unroll
             for (int i = 0; i < 4; ++i) xv[i] = __ldg(xp + i);
           }
@@ -314,10 +327,10 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
 #pragma unroll
     for (int p = 0; p < kDepth; ++p)
       if (p < nsteps) load(p, ring[p]);
-    for (int64_t s0 = 0; s0 < nsteps; s0 += kDepth) {
+    for (int s0 = 0; s0 < nsteps; s0 += kDepth) {
 #pragma unroll
       for (int p = 0; p < kDepth; ++p) {
-        const int64_t s = s0 + p;
+        const int s = s0 + p;
         if (s < nsteps) {
           compute(s, ring[p]);
           if (s + kDepth < nsteps) load(s + kDepth, ring[p]);
@@ -411,13 +424,9 @@ qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream) {
     }
   }
   if (F != QMX8) L.fix = 126;
-  static const int pre = [] {  // QQ_QMMA_PRE: prefetch distance in steps, for tuning runs
-    const char* e = getenv("QQ_QMMA_PRE");
-    return e ? atoi(e) : 8;
-  }();
-  L.pre = pre;
   const int64_t row_bytes = a.K * q.bits / 8;
-  if (row_bytes % 16 || !aligned16(a.w) || !aligned16(a.x)) return QQ_STATUS_NOT_SUPPORTED;
+  if (row_bytes % 16 || row_bytes / 16 >= (int64_t)1 << 31 || !aligned16(a.w) || !aligned16(a.x))
+    return QQ_STATUS_NOT_SUPPORTED;
   L.C = row_bytes / 16;
   switch (F) {
     case QNV4: launch<QNV4>(a, L, alpha, stream); break;
