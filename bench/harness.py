@@ -3,7 +3,8 @@
 Every bench_<family>.py builds rows with `Bench.row(...)` and calls
 `Bench.save(name)`. Timing: CUDA events, warm-up first, the median of many
 runs; inputs that fit in twice the L2 are timed one call at a time with the L2
-flushed before each (a write over a buffer twice the L2 size), larger ones in
+flushed before each (a write over a buffer twice the L2 size; the runs are
+queued behind a sleep kernel so that host overhead is not timed), larger ones in
 back-to-back batches (the cache cannot hold them anyway). Every figure is reported next to a peer
 measured in the same process on the same GPU: the device copy bandwidth
 (torch `copy_`), cuBLAS bf16/fp8 GEMMs or torch.compile of the same math.
@@ -71,6 +72,11 @@ class Timer:
             return statistics.median(times)
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
+        # Keep the GPU busy while the host queues every run: otherwise a call whose
+        # kernels are shorter than its Python/launch overhead would be timed with the
+        # GPU idling between the start event and its first kernel (host time, not
+        # kernel time; it made small shapes vary by 2x between runs).
+        torch.cuda._sleep(1_000_000 * self.iters)
         for s, e in zip(starts, ends):
             if self.flush:
                 self._flush_buf.fill_(1.0)

@@ -1553,8 +1553,14 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
         rows = 1
         for d in x.shape[:-1]:
             rows *= int(d)
-        if pw.values is None or rows <= 4:  # libqq's kQmvMaxM (cuda/ops.cuh)
-            w = pw.quantized        # small M: the weight-only kernel reads the packed form once
+        qa = pw.quantized
+        # small M: a weight-only kernel reads the packed form once. M <= 4 (qmv, every
+        # shape) or M <= 16 with whole 16-byte chunks per row (qmma, tensor cores):
+        # there it beats the bf16 GEMM on the prepared values (bench/results/qmm-h100.md;
+        # thresholds kQmvMaxM / kQmmaMaxM in cuda/ops.cuh, docs/api.md).
+        small = rows <= 4 or (rows <= 16 and (int(qa.shape[-1]) * qa.bits // 8) % 16 == 0)
+        if pw.values is None or small:
+            w = qa
         else:
             w_prepared = 1
             w = pw.values

@@ -401,6 +401,9 @@ qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream) {
     const char* e = getenv("QQ_QMMA");
     return e && e[0] == '0';
   }();
+  // mxfp8 at M = 1: qmv.cu's kernel is faster (177 vs 234 us at 16384^2 on
+  // the H100, bench/results/qmm-h100.md); from M = 2 this one is.
+  if (a.M == 1 && a.q.mode == QQ_MODE_MXFP8) return QQ_STATUS_NOT_SUPPORTED;
   if (off || a.M < 1 || a.M > kQmmaMaxM || a.x_packed || !a.w_packed || !a.transpose) return QQ_STATUS_NOT_SUPPORTED;
   if (a.x.dt != DType::BF16 || !a.q.fp()) return QQ_STATUS_NOT_SUPPORTED;
   const QSpec& q = a.q;

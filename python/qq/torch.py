@@ -1,0 +1,218 @@
+"""qq.torch: PyTorch training with quantized operands (imported on demand; needs torch).
+
+    import qq.torch as qqt
+    layer = qqt.QQLinear(4096, 4096, mode="mxfp8")        # or qqt.QQLinear.from_linear(linear)
+    model = qqt.convert_linear(model, mode="mxfp8")       # swap every nn.Linear in place
+    y = qqt.qq_linear(x, weight, bias, mode="mxfp8")      # the autograd function
+
+A linear layer y = x @ W^T + b runs three GEMMs per training step, each through libqq's
+qqmm with both operands quantized (docs/adapters.md has the table):
+
+  forward  y  = q(x) @ q(W)^T       contracts K: x in 1xG blocks along K, W in blocks along K
+  dgrad    dx = q(dy) @ q(W)        contracts N: dy in 1xG blocks along N, W in blocks along N
+  wgrad    dW = q(dy)^T @ q(x)      contracts T (tokens): dy and x in blocks along T
+
+G is 32 (mxfp8, mxfp4) or 16 (nvfp4, with per-tensor global scales from qq.amax). For mxfp8
+the weight is quantized once per step with 32x32 tiles (qq.quantize_moe): every element of
+a tile shares one scale, so the same quantized values serve the forward GEMM (blocks along
+K) and the dgrad GEMM (blocks along N) - the two operands are bit-identical up to the
+transpose. nvfp4 and mxfp4 have no 32x32 form: W is quantized along K for the forward and
+along N (qq.quantize_colwise) for dgrad, two different roundings of W. The wgrad operands
+are quantized along T with qq.quantize_colwise; T is padded with zero rows to a multiple
+of G (zeros add nothing and do not change a block's scale). Accumulation is fp32; outputs
+are x's dtype (y, dx) and W's dtype (dW); db = dy summed over tokens in torch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import qq
+
+__all__ = ["QQLinear", "QQLinearFunction", "convert_linear", "qq_linear", "MODES"]
+
+MODES = ("mxfp8", "nvfp4", "mxfp4")
+_GROUP = {"mxfp8": 32, "mxfp4": 32, "nvfp4": 16}
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, bias, mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"qq_linear: mode must be one of {MODES}; got {mode!r}")
+    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        raise TypeError("qq_linear: x and weight must be torch tensors")
+    if weight.dim() != 2:
+        raise ValueError(f"qq_linear: weight must be [out_features, in_features]; got shape {tuple(weight.shape)}")
+    if x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"qq_linear: x's last axis ({x.shape[-1] if x.dim() else None}) must equal weight's "
+                         f"in_features ({weight.shape[1]})")
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise TypeError(f"qq_linear: {name} must be float32, bfloat16 or float16; got {t.dtype}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"qq_linear: bias must have shape ({weight.shape[0]},); got {tuple(bias.shape)}")
+    if x.device != weight.device or (bias is not None and bias.device != weight.device):
+        raise ValueError(f"qq_linear: x, weight and bias must be on one device; got x on {x.device}, "
+                         f"weight on {weight.device}" + (f", bias on {bias.device}" if bias is not None else ""))
+    g = _GROUP[mode]
+    n, k = weight.shape
+    if k % g or n % g or (mode == "mxfp8" and (n % 32 or k % 32)):
+        raise ValueError(f"qq_linear: in_features ({k}) and out_features ({n}) must be multiples of {g} "
+                         f"for mode {mode!r} (both GEMM directions quantize along them); pad the layer")
+
+
+def _gs(t: torch.Tensor, mode: str):
+    """nvfp4's per-tensor global scale (amax, on t's device), else None."""
+    return qq.amax(t) if mode == "nvfp4" else None
+
+
+def _quantize_weight(w: torch.Tensor, mode: str):
+    """The weight operands of one step: (forward, dgrad), each a dict of qqmm arguments.
+
+    mxfp8: one 32x32 quantization of W (qq.quantize_moe) read in both orientations: the
+    [N, K] operand (blocks along K) and the [K, N] operand (blocks along N) hold the same
+    codes and scales. Other modes: qq.quantize (along K) and qq.quantize_colwise (along N).
+    """
+    if mode == "mxfp8":
+        # [1, K, N] view of W^T (stride 1 on dim 1): D1 = K -> data [1, K, N] column-major,
+        # i.e. W's codes row-major [N, K]; blocked scales [1, R128(N), C4(K/32)]
+        d1, s1 = qq.quantize_moe(w.t().unsqueeze(0), scaling="32x32", scale_layout="blocked")
+        # [1, N, K] = W: D1 = N -> data column-major [1, N, K], i.e. codes of W^T row-major [K, N]
+        d2, s2 = qq.quantize_moe(w.unsqueeze(0), scaling="32x32", scale_layout="blocked")
+        fwd = {"w": d1[0].t(), "scales": s1[0], "scale_layout": "blocked"}
+        bwd = {"w": d2[0].t(), "scales": s2[0], "scale_layout": "blocked"}
+        return fwd, bwd
+    gs = _gs(w, mode)
+    fwd = {"w": qq.quantize(w, mode=mode, global_scale=gs, scale_layout="blocked")}
+    bwd = {"w": qq.quantize_colwise(w, mode=mode, global_scale=gs, scale_layout="blocked")}
+    return fwd, bwd
+
+
+def _qqmm(a: torch.Tensor, wop: dict, mode: str, dtype, bias=None) -> torch.Tensor:
+    """a @ q(w)^T with a quantized on the fly (global scale from qq.amax for nvfp4)."""
+    w = wop["w"]
+    gw = w.global_scale if isinstance(w, qq.QuantizedArray) else None
+    return qq.qqmm(a, w, wop.get("scales"), mode=mode, global_scale_x=_gs(a, mode), global_scale_w=gw,
+                   scale_layout=wop.get("scale_layout", "linear"), bias=bias, dtype=dtype)
+
+
+def _pad_rows(t: torch.Tensor, g: int) -> torch.Tensor:
+    r = (-t.shape[0]) % g
+    return t if r == 0 else torch.cat([t, t.new_zeros((r, t.shape[1]))], dim=0)
+
+
+def _wgrad(dy: torch.Tensor, x: torch.Tensor, mode: str, dtype) -> torch.Tensor:
+    """dW [N, K] = q(dy)^T @ q(x), both quantized along the tokens T."""
+    g = _GROUP[mode]
+    dy, x = _pad_rows(dy, g), _pad_rows(x, g)
+    qdy = qq.quantize_colwise(dy, mode=mode, global_scale=_gs(dy, mode))   # dy^T [N, T], blocks along T
+    qx = qq.quantize_colwise(x, mode=mode, global_scale=_gs(x, mode))      # x^T  [K, T], blocks along T
+    return qq.qqmm(qdy, qx, mode=mode, dtype=dtype)
+
+
+class QQLinearFunction(torch.autograd.Function):
+    """y = x @ W^T + b with all three GEMMs on quantized operands (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, mode):
+        _check(x, weight, bias, mode)
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).contiguous()
+        wf, wd = _quantize_weight(weight.detach(), mode)
+        y = _qqmm(x2, wf, mode, x.dtype, bias=None if bias is None else bias.detach())
+        ctx.save_for_backward(x2)
+        ctx.wd, ctx.mode, ctx.shape = wd, mode, shape
+        ctx.wdtype, ctx.has_bias = weight.dtype, bias is not None
+        return y.reshape(*shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x2,) = ctx.saved_tensors
+        mode = ctx.mode
+        dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
+        if dy2.dtype != x2.dtype:
+            dy2 = dy2.to(x2.dtype)
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = _qqmm(dy2, ctx.wd, mode, x2.dtype).reshape(ctx.shape)
+        if ctx.needs_input_grad[1]:
+            dw = _wgrad(dy2, x2, mode, ctx.wdtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.float().sum(0).to(ctx.wdtype)
+        ctx.wd = None
+        return dx, dw, db, None
+
+
+def qq_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+              mode: str = "mxfp8") -> torch.Tensor:
+    """F.linear with quantized operands in the forward and both backward GEMMs."""
+    return QQLinearFunction.apply(x, weight, bias, mode)
+
+
+class QQLinear(nn.Linear):
+    """nn.Linear whose forward and backward GEMMs run through qq.qqmm (module docstring).
+
+    Same parameters and state dict as nn.Linear, plus `mode` ("mxfp8", "nvfp4" or
+    "mxfp4"); in_features and out_features must be multiples of the mode's block (32; 16
+    for nvfp4)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
+                 mode: str = "mxfp8"):
+        if mode not in MODES:
+            raise ValueError(f"QQLinear: mode must be one of {MODES}; got {mode!r}")
+        g = _GROUP[mode]
+        if in_features % g or out_features % g:
+            raise ValueError(f"QQLinear: in_features ({in_features}) and out_features ({out_features}) must "
+                             f"be multiples of {g} for mode {mode!r}")
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.mode = mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return qq_linear(x, self.weight, self.bias, self.mode)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", mode={self.mode!r}"
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, mode: str = "mxfp8") -> "QQLinear":
+        """A QQLinear sharing `linear`'s parameters (no copy)."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"QQLinear.from_linear: expected an nn.Linear; got {type(linear).__name__}")
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.mode = mode
+        if mode not in MODES:
+            raise ValueError(f"QQLinear.from_linear: mode must be one of {MODES}; got {mode!r}")
+        g = _GROUP[mode]
+        if new.in_features % g or new.out_features % g:
+            raise ValueError(f"QQLinear.from_linear: in_features ({new.in_features}) and out_features "
+                             f"({new.out_features}) must be multiples of {g} for mode {mode!r}")
+        return new
+
+
+def convert_linear(module: nn.Module, mode: str = "mxfp8", filter_fn=None) -> nn.Module:
+    """Replace every nn.Linear child of `module` (recursively; `module` itself if it is one)
+    by QQLinear.from_linear(child, mode), keeping its parameters. filter_fn(name, linear)
+    -> bool chooses which ones (default: all whose sizes fit the mode's block). Returns the
+    module (changed in place)."""
+    g = _GROUP.get(mode)
+    if g is None:
+        raise ValueError(f"convert_linear: mode must be one of {MODES}; got {mode!r}")
+
+    def want(name, lin):
+        if filter_fn is not None:
+            return filter_fn(name, lin)
+        return lin.in_features % g == 0 and lin.out_features % g == 0
+
+    if isinstance(module, nn.Linear) and not isinstance(module, QQLinear):
+        return QQLinear.from_linear(module, mode) if want("", module) else module
+    for name, child in list(module.named_modules()):
+        for cname, c in list(child.named_children()):
+            if isinstance(c, nn.Linear) and not isinstance(c, QQLinear):
+                full = f"{name}.{cname}" if name else cname
+                if want(full, c):
+                    setattr(child, cname, QQLinear.from_linear(c, mode))
+    return module
