@@ -8,7 +8,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL=16 PYTHONUNBUFFERED=1
 bash scripts/gpu_check.sh info build > "$OUT/logs/build.log" 2>&1 || { tail -30 "$OUT/logs/build.log"; exit 1; }
 timeout 300 python3 -m pytest -q -m gpu --timeout=250 tests -p no:cacheprovider --tb=short -rf > "$OUT/logs/pytest.log" 2>&1
 grep -E "^FAILED" "$OUT/logs/pytest.log" | sed -e 's/ - .*//' | head -30; tail -1 "$OUT/logs/pytest.log"
-for b in ${QQ_BENCHES:-qmm qqmm grouped quantize}; do
+for b in ${QQ_BENCHES:-qmm qqmm grouped linear quantize}; do
   QQ_BENCH_OUT="$OUT/results" timeout 200 python3 bench/bench_$b.py > "$OUT/logs/bench_$b.log" 2>&1
   echo "bench_$b rc=$?"
 done
