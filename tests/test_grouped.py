@@ -116,3 +116,60 @@ def test_grouped_qqmm_errors(device, rng):
     got = to_numpy(qq.grouped_qqmm(dev(x, device), dev(w, device), dev(np.array([0, 6], np.int32), device),
                                    dtype="float32"))
     assert got.shape == (6, 8) and np.isfinite(got).all()
+
+
+# ---------------------------------------------------------------------------
+# the weight-gradient form: dw[e] = q(x_e)^T @ q(dy_e), blocks along the tokens
+# ---------------------------------------------------------------------------
+
+def ref_wgrad_expert(xe, dye, cfg, gx, gdy):
+    """The definition: each expert's rows padded with zeros to the block, x_e^T and
+    dy_e^T quantized along T by the reference, float64 product."""
+    g = cfg.group_size
+    pad = (-xe.shape[0]) % g
+    xt = np.concatenate([xe.astype(F32), np.zeros((pad, xe.shape[1]), F32)]).T
+    dyt = np.concatenate([dye.astype(F32), np.zeros((pad, dye.shape[1]), F32)]).T
+    return R.qqmm(xt, dyt, cfg.mode, global_scale_x=gx, global_scale_w=gdy, rounding=cfg.rounding,
+                  fp8_format=cfg.fp8_format)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("cfg", CFGS, ids=str)
+def test_grouped_qqmm_wgrad(cfg, dtype, device, rng):
+    """Empty, single-token and ragged groups (5, 1, 34, 17 tokens: none a multiple of the
+    block), every fp mode, fp32 and bf16 results, nvfp4 with per-tensor global scales."""
+    k, n = 64, 48
+    t = sum(SIZES)
+    x = cast(rng.standard_normal((t, k)), BF16)
+    dy = cast(rng.standard_normal((t, n)), BF16)
+    gx = R.amax(x) if cfg.global_scale else None
+    gdy = R.amax(dy) if cfg.global_scale else None
+    got = qq.grouped_qqmm_wgrad(dev(x, device), dev(dy, device), dev(offsets_of(SIZES), device), cfg.mode,
+                                global_scale_x=dev(gx, device), global_scale_dy=dev(gdy, device),
+                                rounding=cfg.rounding, fp8_format=cfg.fp8_format, dtype=dtype)
+    got = to_numpy(got)
+    assert got.shape == (len(SIZES), k, n) and got.dtype == np.dtype(BF16 if dtype == "bfloat16" else F32)
+    r0 = 0
+    for e, s in enumerate(SIZES):
+        if s == 0:
+            assert not got[e].astype(F32).any(), f"expert {e} (empty) must be zero"
+        else:
+            assert_matmul_close(got[e], ref_wgrad_expert(x[r0:r0 + s], dy[r0:r0 + s], cfg, gx, gdy),
+                                f"wgrad expert {e} ({s} tokens)")
+        r0 += s
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grouped_qqmm_wgrad_errors(device, rng):
+    x = dev(cast(rng.standard_normal((10, 64)), BF16), device)
+    dy = dev(cast(rng.standard_normal((10, 32)), BF16), device)
+    good = dev(np.array([4, 10], np.int32), device)
+    raises(ValueError, "offsets", qq.grouped_qqmm_wgrad, x, dy, dev(np.array([4, 9], np.int32), device))
+    raises(ValueError, "offsets", qq.grouped_qqmm_wgrad, x, dy, dev(np.array([6, 4, 10], np.int32), device))
+    raises(ValueError, "offsets", qq.grouped_qqmm_wgrad, x, dy, dev(np.array([4, 10], np.int64), device))
+    raises(ValueError, "mode", qq.grouped_qqmm_wgrad, x, dy, good, mode="affine")
+    raises(ValueError, ("x", "dy"), qq.grouped_qqmm_wgrad, x, dev(cast(rng.standard_normal((9, 32)), BF16), device),
+           good)
+    raises(ValueError, "dtype", qq.grouped_qqmm_wgrad, x, dy, good, dtype="int8")
+    raises(ValueError, "global", qq.grouped_qqmm_wgrad, x, dy, good, global_scale_x=1.0)

@@ -24,6 +24,7 @@ def _preload_cublaslt():
 _CUBLASLT_PRELOAD = _preload_cublaslt()
 
 from . import _qq  # noqa: E402  (after the preload, which must come first)
+from ._wgrad import grouped_qqmm_wgrad  # noqa: E402
 from ._qq import (  # noqa: E402
     NotSupportedError,
     PreparedWeight,
@@ -75,6 +76,7 @@ __all__ = [
     "dequantize",
     "device_count",
     "grouped_qqmm",
+    "grouped_qqmm_wgrad",
     "prepare_weight",
     "qqmm",
     "quantize",
