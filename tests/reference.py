@@ -606,9 +606,10 @@ def _gs64(gs):
     return None if gs is None else float(np.asarray(gs, F32).reshape(()))
 
 
-def qqmm(x, w, mode="nvfp4", *, global_scale_x=None, global_scale_w=None, bias=None,
+def qqmm(x, w, mode="nvfp4", *, global_scale_x=None, global_scale_w=None, bias=None, c=None, beta=1.0,
          rounding="ceil", fp8_format="e4m3", group_size=None, bits=None) -> MatmulRef:
-    """y = alpha * q(x) @ q(w).T (+ bias); x, w float (quantized here) or RefQuantized."""
+    """y = alpha * q(x) @ q(w).T (+ bias) (+ beta * c); x, w float (quantized here) or
+    RefQuantized. c enters exactly (float64), as BLAS's C."""
     def dq(a, gs):
         if not isinstance(a, RefQuantized):
             a = quantize(a, group_size, bits, mode, global_scale=gs, rounding=rounding,
@@ -630,6 +631,8 @@ def qqmm(x, w, mode="nvfp4", *, global_scale_x=None, global_scale_w=None, bias=N
         s = np.matmul(np.abs(xq), np.swapaxes(np.abs(wq), -1, -2)) * abs(alpha)
     if bias is not None:
         y = y + np.asarray(bias).astype(F64)
+    if c is not None:
+        y = y + float(beta) * np.asarray(c).astype(F64)
     return MatmulRef(y, s)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 import qq
 import reference as R
-from helpers import (BF16, DEVICES, DTYPES, FpCfg, assert_matmul_close, cast, dtype_params, poison,
+from helpers import (BF16, DEVICES, DTYPES, FpCfg, assert_matmul_close, cast, dtype_params, poison, raises,
                      to_device, to_numpy)
 
 F32 = np.float32
@@ -450,3 +450,58 @@ def test_qqmm_batched_w(cfg, shared_x, device, rng):
     qw = qq.quantize(dev(w, device), global_scale=dev(gw, device), scale_layout="blocked", **kw)
     assert_matmul_close(qq.qqmm(dev(x, device), qw, global_scale_x=dev(gx, device), **kw), ref,
                         "qqmm batched stored w", dtype=BF16)
+
+
+# ---------------------------------------------------------------------------
+# beta * C
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("m", [1, 3, 70])
+@pytest.mark.parametrize("cfg", [FpCfg("nvfp4", global_scale=True), FpCfg("mxfp4"), FpCfg("mxfp8")], ids=str)
+def test_qqmm_beta_c(cfg, m, dtype, device, rng):
+    """y = alpha q(x) q(w)^T + bias + beta C on every route (M = 1, 3: weight-only kernels
+    on the GPU; 70: the GEMM), C of another dtype than out, and the in-place form out=C
+    (C's old values must be read before out is written)."""
+    n, k = 40, 256
+    x, w = randn(rng, (m, k), F32), randn(rng, (n, k), F32)
+    bias = randn(rng, (n,), F32)
+    c = randn(rng, (m, n), BF16)
+    gx = R.amax(x) if cfg.global_scale else None
+    gw = R.amax(w) if cfg.global_scale else None
+    kw = qq_kwargs(cfg)
+    qw = qq.quantize(dev(w, device), global_scale=dev(gw, device), scale_layout="blocked", **kw)
+    ref = R.qqmm(x, w, cfg.mode, global_scale_x=gx, global_scale_w=gw, bias=bias, c=c, beta=-0.75,
+                 rounding=cfg.rounding, fp8_format=cfg.fp8_format)
+    got = qq.qqmm(dev(x, device), qw, global_scale_x=dev(gx, device), bias=dev(bias, device), c=dev(c, device),
+                  beta=-0.75, dtype=dtype, **kw)
+    assert_matmul_close(got, ref, f"qqmm beta*C m={m}", dtype=np.dtype(BF16 if dtype == "bfloat16" else F32))
+    # in place: out = C
+    cbuf = dev(cast(c, BF16 if dtype == "bfloat16" else F32), device)
+    ref2 = R.qqmm(x, w, cfg.mode, global_scale_x=gx, global_scale_w=gw, bias=bias,
+                  c=to_numpy(cbuf).astype(F32), beta=2.0, rounding=cfg.rounding, fp8_format=cfg.fp8_format)
+    got2 = qq.qqmm(dev(x, device), qw, global_scale_x=dev(gx, device), bias=dev(bias, device), c=cbuf, beta=2.0,
+                   out=cbuf, **kw)
+    assert got2 is cbuf
+    assert_matmul_close(cbuf, ref2, f"qqmm out=C m={m}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_qqmm_beta_c_batched_and_errors(device, rng):
+    """C with a batch of x and with a batched w; wrong shape / dtype of C; beta = 0 ignores C."""
+    cfg = FpCfg("mxfp8")
+    x, w = randn(rng, (2, 5, 64), F32), randn(rng, (24, 64), F32)
+    c = randn(rng, (2, 5, 24), F32)
+    got = qq.qqmm(dev(x, device), dev(w, device), c=dev(c, device), beta=0.5, dtype="float32", **qq_kwargs(cfg))
+    assert_matmul_close(got, R.qqmm(x, w, "mxfp8", c=c, beta=0.5), "qqmm beta*C batch of x")
+    wb = randn(rng, (2, 24, 64), F32)
+    got = qq.qqmm(dev(x, device), dev(wb, device), c=dev(c, device), beta=0.5, dtype="float32", **qq_kwargs(cfg))
+    for b in range(2):
+        assert_matmul_close(to_numpy(got)[b], R.qqmm(x[b], wb[b], "mxfp8", c=c[b], beta=0.5), "batched w, C")
+    nan_c = np.full((2, 5, 24), np.nan, F32)
+    got = qq.qqmm(dev(x, device), dev(w, device), c=dev(nan_c, device), beta=0.0, dtype="float32", **qq_kwargs(cfg))
+    assert np.isfinite(to_numpy(got)).all(), "beta = 0 must not read C"
+    raises(ValueError, "c", qq.qqmm, dev(x, device), dev(w, device), c=dev(c[:, :4], device), **qq_kwargs(cfg))
+    raises(ValueError, "c", qq.qqmm, dev(x, device), dev(w, device), c=dev(c.astype(np.int32), device),
+           **qq_kwargs(cfg))

@@ -893,8 +893,15 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x
       SubTensor wss(w_scales ? w_scales : w, b, 0, true);
       SubTensor xs(x, xb ? b : 0, x->ndim ? x->shape[0] : 0, xb);
       SubTensor xss(x_scales ? x_scales : x, xb ? b : 0, x_scales && x_scales->ndim ? x_scales->shape[0] : 0, xb);
+      qqQqmmParams_t pb = *params;  // C, like out, one [M, N] matrix per entry
+      const bool has_c = params->c && params->beta != 0.0f;
+      if (has_c && (params->c->ndim != 3 || params->c->shape[0] != B))
+        return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: 'c' has shape %s; expected out's shape [B=%lld, M, N]",
+                         shape_str(params->c->ndim, params->c->shape).c_str(), (long long)B);
+      SubTensor cs(has_c ? params->c : out, b, 0, true);
+      pb.c = has_c ? &cs.t : nullptr;
       const qqStatus_t st = qqQqmm(handle, &xs.t, x_scales ? &xss.t : nullptr, &ws.t, w_scales ? &wss.t : nullptr,
-                                   params, global_scale_x, global_scale_w, bias, &os.t, stream);
+                                   &pb, global_scale_x, global_scale_w, bias, &os.t, stream);
       if (st != QQ_STATUS_SUCCESS) {
         const std::string msg = g_last_error;
         return set_error(st, "qqmm: batch entry %lld of 'w': %s", (long long)b, msg.c_str());
@@ -964,6 +971,14 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x
   for (int i = 0; i < x->ndim; ++i) oshape[i] = x->shape[i];
   oshape[x->ndim - 1] = a.N;
   QQ_TRY(output_mat(c, "out", out, x->ndim, oshape, -1, "[..., M, N]", &a.out));
+  if (params->c && params->beta != 0.0f) {  // beta * C: out's shape, a float, out's device
+    DType cdt;
+    QQ_TRY(check_tensor(c, "c", params->c, &cdt));
+    QQ_TRY(expect_float(c, "c", params->c, cdt));
+    QQ_TRY(expect_shape(c, "c", params->c, x->ndim, oshape, "out's shape"));
+    QQ_TRY(to_mat(c, "c", params->c, cdt, &a.c));
+    a.beta = params->beta;
+  }
   if (a.M * a.N * a.x.batch() == 0) return QQ_STATUS_SUCCESS;
   if (c.device < 0) return cpu::qqmm(a);
   return cuda::qqmm(handle, a, stream);
@@ -978,6 +993,9 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
   Ctx c{"grouped_qqmm"};
   if (!params || params->struct_size < sizeof(qqQqmmParams_t))
     return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: params is NULL or uninitialized; use qqQqmmParamsInit");
+  if (params->c && params->beta != 0.0f)
+    return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: params.c (beta * C) is not supported; add C to the "
+                     "result yourself, or leave params.c NULL / params.beta 0");
   DType dt;
   QQ_TRY(check_tensor(c, "x", x, &dt));
   if (x->ndim != 2)

@@ -112,6 +112,8 @@ struct MatmulArgs {
   const float* gs_w = nullptr;
   int64_t M = 0, N = 0, K = 0;
   QSpec q;
+  Mat c;             // qqmm: out += beta * c (same shape as out), ptr == nullptr: none
+  float beta = 0.0f;
 };
 
 // Quantization along the rows (the second-to-last axis) of x [B..., M, K]:

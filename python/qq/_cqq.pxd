@@ -107,6 +107,8 @@ cdef extern from "qq/qq.h" nogil:
         qqScaleLayout_t x_scale_layout
         qqScaleLayout_t w_scale_layout
         int w_prepared
+        const DLTensor* c
+        float beta
 
     qqStatus_t qqQqmmParamsInit(qqQqmmParams_t* params, qqMode_t mode)
 

@@ -1523,10 +1523,13 @@ cdef _View _out_view(_Call call, out, str dtype):
 
 
 def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
-         global_scale_x=None, global_scale_w=None, x_scales=None, bias=None,
+         global_scale_x=None, global_scale_w=None, x_scales=None, bias=None, c=None, beta=1.0,
          rounding="ceil", scale_layout="linear", fp8_format="e4m3", dtype=None, out=None,
          stream=None):
-    """y = alpha * q(x) @ q(w).T (+ bias), both operands quantized (nvfp4, mxfp4, mxfp8).
+    """y = alpha * q(x) @ q(w).T (+ bias) (+ beta * c), both operands quantized (nvfp4,
+    mxfp4, mxfp8). c: an array of y's shape (float, on x's device; may be `out` itself, to
+    accumulate in place); the product is formed in fp32 and y = product + beta * c rounded
+    once to y's dtype (torch.addmm's beta; cuBLASLt's C).
 
     x: float [..., M, K] (quantized on the fly with `rounding`), a QuantizedArray, or
     packed uint8 with x_scales (in scale_layout). w: float [N, K], a QuantizedArray, or
@@ -1535,7 +1538,7 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     float x, else bfloat16. Affine mode: use quantized_matmul.
     """
     cdef str func = "qqmm"
-    cdef _View vx, vxs, vw, vws, vgx, vgw, vbias, vo
+    cdef _View vx, vxs, vw, vws, vgx, vgw, vbias, vo, vc
     cdef qqQqmmParams_t qp
     cdef qqStatus_t st
     cdef DLTensor *tx
@@ -1624,6 +1627,9 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
         vgx = call.view(call.scalar(global_scale_x, "global_scale_x"), "global_scale_x")
         vgw = call.view(call.scalar(global_scale_w, "global_scale_w"), "global_scale_w")
         vbias = call.view(bias, "bias")
+        vc = call.view(c, "c")
+        qp.c = _t(vc)
+        qp.beta = float(beta) if c is not None else 0.0
         if out is None:
             if out_dtype is None:
                 x_dt = vx.dtype_name()

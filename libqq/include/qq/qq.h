@@ -284,7 +284,7 @@ QQ_API qqStatus_t qqUnswizzleScales(qqHandle_t handle, const DLTensor* blocked,
 QQ_API qqStatus_t qqAmax(qqHandle_t handle, const DLTensor* x, DLTensor* out,
                          void* stream);
 
-/* qqmm: out [..., M, N] = alpha * q(x) @ q(w)^T (+ bias[N]).
+/* qqmm: out [..., M, N] = alpha * q(x) @ q(w)^T (+ bias[N]) (+ beta * C).
  *  x: float [..., M, K] (quantized on the fly with params) or packed uint8
  *     [..., M, K*bits/8] with x_scales in params->x_scale_layout.
  *  w: float [N, K] (quantized on the fly) or packed [N, K*bits/8] with
@@ -306,6 +306,12 @@ typedef struct {
   qqScaleLayout_t x_scale_layout; /* layout of x_scales when x is pre-quantized */
   qqScaleLayout_t w_scale_layout; /* layout of w_scales when w is pre-quantized */
   int w_prepared;                 /* 1: w holds q(w)'s values (see above); 0 by default */
+  /* beta * C (qqQqmm only): C has out's shape, float32/float16/bfloat16, on
+   * out's device; it may be out itself (accumulate in place). The product
+   * (+ bias) is formed in fp32, then out = product + beta * C is rounded once
+   * to out's dtype. C is not read when beta == 0 or c is NULL (defaults). */
+  const DLTensor* c;
+  float beta;
 } qqQqmmParams_t;
 
 QQ_API qqStatus_t qqQqmmParamsInit(qqQqmmParams_t* params, qqMode_t mode);

@@ -7,6 +7,7 @@
 // that the compiler vectorizes them without -ffast-math.
 #include <string.h>
 
+#include <cmath>
 #include <vector>
 
 #include "../codec.h"
@@ -106,6 +107,13 @@ qqStatus_t qqmm(const MatmulArgs& a) {
     else
       qdq_rows(a.x, b, a.q, a.gs_x, xd.data());
     gemm_nt(xd.data(), M, wd.data(), N, K, alpha, bias.empty() ? nullptr : bias.data(), c.data());
+    if (a.c.ptr) {  // + beta * C in fp32, then one rounding (C may alias out: read before the store)
+      std::vector<float> crow(N);
+      for (int64_t m = 0; m < M; ++m) {
+        load_row((const char*)a.c.ptr + (a.c.offset(b) + m * a.c.ld) * dtype_size(a.c.dt), a.c.dt, N, crow.data());
+        for (int64_t n = 0; n < N; ++n) c[m * N + n] = std::fma(a.beta, crow[n], c[m * N + n]);
+      }
+    }
     store_out(a.out, b, c.data(), M, N);
   }
   return QQ_STATUS_SUCCESS;

@@ -27,6 +27,7 @@ namespace cuda {
 // All fields int64 so that memcmp orders keys without padding bytes.
 struct GemmKey {
   int64_t M, N, K, lda, ldb, ldd, ab, d, b_trans, bias, alpha_dev, align_a, align_b, align_d;
+  int64_t lt_ab, scale_mode;  // block-scaled GEMMs: cuBLASLt element type and scale kind; -1 otherwise
   bool operator<(const GemmKey& o) const { return memcmp(this, &o, sizeof(GemmKey)) < 0; }
 };
 
@@ -68,11 +69,21 @@ int64_t alignment(const void* p, int64_t ld, int es) {
 // Builds the plan for `k`; plan->ok says whether cuBLASLt has an algorithm.
 GemmPlan* make_plan(cublasLtHandle_t lt, const GemmKey& k) {
   GemmPlan* plan = new GemmPlan;
-  const cudaDataType_t ab = cuda_type((DType)k.ab), d = cuda_type((DType)k.d);
+  const cudaDataType_t ab = k.lt_ab >= 0 ? (cudaDataType_t)k.lt_ab : cuda_type((DType)k.ab),
+                       d = cuda_type((DType)k.d);
   QQ_LT(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = k.b_trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
   QQ_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   QQ_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120800
+  if (k.scale_mode >= 0) {  // block-scaled: cuBLASLt's A is our B (w), its B our A (x)
+    const cublasLtMatmulMatrixScale_t sm = (cublasLtMatmulMatrixScale_t)k.scale_mode;
+    QQ_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &sm, sizeof(sm)));
+    QQ_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &sm, sizeof(sm)));
+  }
+#else
+  if (k.scale_mode >= 0) return plan;  // this cuBLASLt has no block-scaled GEMM: refused
+#endif
   if (k.bias) {
     const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
     const cudaDataType_t bt = CUDA_R_32F;
@@ -151,6 +162,15 @@ qqStatus_t run(qqContext* c, const GemmKey& key, const Gemm& g, void* D, cudaStr
       cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)) !=
           CUBLAS_STATUS_SUCCESS)
     return set_error(QQ_STATUS_CUBLAS_ERROR, "gemm: setting the bias pointer failed");
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120800
+  // the scale pointers change per call; the lock above keeps the descriptor ours until enqueued
+  if (g.scale_mode >= 0 &&
+      (cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.b_scale,
+                                      sizeof(g.b_scale)) != CUBLAS_STATUS_SUCCESS ||
+       cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.a_scale,
+                                      sizeof(g.a_scale)) != CUBLAS_STATUS_SUCCESS))
+    return set_error(QQ_STATUS_CUBLAS_ERROR, "gemm: setting the block scale pointers failed");
+#endif
   void* ws = nullptr;
   if (plan->workspace) QQ_TRY(scratch.get("gemm", plan->workspace, &ws));
   static const float kZero[2] = {0.0f, 0.0f};
@@ -167,8 +187,7 @@ qqStatus_t run(qqContext* c, const GemmKey& key, const Gemm& g, void* D, cudaStr
 
 }  // namespace
 
-qqStatus_t gemm(qqContext* c, const Gemm& g, cudaStream_t st) {
-  Scratch scratch(c, st);
+static GemmKey key_of(const Gemm& g) {
   GemmKey k{};
   k.M = g.M;
   k.N = g.N;
@@ -181,10 +200,31 @@ qqStatus_t gemm(qqContext* c, const Gemm& g, cudaStream_t st) {
   k.b_trans = g.b_trans;
   k.bias = g.bias != nullptr;
   k.alpha_dev = g.alpha_dev != nullptr;
+  k.lt_ab = g.lt_ab;
+  k.scale_mode = g.scale_mode;
+  k.align_d = alignment(g.D, g.ldd, dtype_size(g.d));
+  return k;
+}
+
+qqStatus_t gemm_blockscaled(qqContext* c, const Gemm& g, cudaStream_t st) {
+  Scratch scratch(c, st);
+  GemmKey k = key_of(g);
+  // packed rows: alignment of the start and the pitch in bytes
+  const int bits = g.lt_ab == (int)CUDA_R_4F_E2M1 ? 4 : 8;
+  k.align_a = alignment(g.A, g.lda * bits / 8, 1);
+  k.align_b = alignment(g.B, g.ldb * bits / 8, 1);
+  bool refused = true;
+  QQ_TRY(run(c, k, g, g.D, st, scratch, &refused));
+  return refused ? QQ_STATUS_NOT_SUPPORTED : QQ_STATUS_SUCCESS;
+}
+
+qqStatus_t gemm(qqContext* c, const Gemm& g, cudaStream_t st) {
+  Scratch scratch(c, st);
+  GemmKey k = key_of(g);
+  k.lt_ab = k.scale_mode = -1;
   const int es = dtype_size(g.ab);
   k.align_a = alignment(g.A, g.lda, es);
   k.align_b = alignment(g.B, g.ldb, es);
-  k.align_d = alignment(g.D, g.ldd, dtype_size(g.d));
   bool refused = true;
   if (g.d != DType::F16) QQ_TRY(run(c, k, g, g.D, st, scratch, &refused));  // D written directly
   if (!refused) return QQ_STATUS_SUCCESS;

@@ -50,8 +50,20 @@ struct Gemm {
   const float* bias = nullptr;
   float alpha = 1.0f;
   const float* alpha_dev = nullptr;
+  // Block-scaled operands (Blackwell; gemm_blockscaled only): A and B packed in
+  // cuBLASLt type `lt_ab` (CUDA_R_4F_E2M1 / CUDA_R_8F_E4M3 / _E5M2), lda/ldb in
+  // elements, with blocked scales a_scale / b_scale of kind `scale_mode`
+  // (cublasLtMatmulMatrixScale_t); b_trans must be true (TN).
+  int lt_ab = -1, scale_mode = -1;
+  const void* a_scale = nullptr;
+  const void* b_scale = nullptr;
 };
 qqStatus_t gemm(qqContext* c, const Gemm& g, cudaStream_t stream);
+// The block-scaled GEMM through the same plan cache (descriptors and algorithm
+// per shape, types, scale kind and alignment; a refusal is cached too).
+// NOT_SUPPORTED without a message when cuBLASLt has no algorithm: the caller
+// falls back to the exact path.
+qqStatus_t gemm_blockscaled(qqContext* c, const Gemm& g, cudaStream_t stream);
 void destroy_plans(qqContext* c);
 
 // Element-wise helpers of gemm.cu (fp32 [n] <- any float [n]; any <- fp32).

@@ -205,74 +205,35 @@ bool blockscaled_arch(int cc) {
 
 #if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120800
 #define QQ_HAVE_BLOCKSCALED 1
-// The block-scaled GEMM on packed operands with blocked scales. Returns
+// The block-scaled GEMM on packed operands with blocked scales, through
+// gemm.cu's plan cache (descriptors and algorithm built once per shape,
+// format, output type and alignment; a refusal is remembered too). Returns
 // NOT_SUPPORTED (no message) when cuBLASLt has no algorithm, so the caller
-// falls back to the exact path. Plans are not cached here yet: the
-// descriptors are cheap next to a GEMM that needs this hardware, and the
-// path cannot be timed on our GPUs.
+// falls back to the exact path.
 qqStatus_t blockscaled_gemm(qqContext* c, const MatmulArgs& a, const uint8_t* xd, const uint8_t* xs,
                             const uint8_t* wd, const uint8_t* ws_, const float* alpha_dev, const float* bias,
                             int64_t Mtot, cudaStream_t st, Scratch& scratch) {
-  const int64_t N = a.N, K = a.K;
-  const cudaDataType_t et = a.q.bits == 4 ? CUDA_R_4F_E2M1 : (a.q.elem == ELEM_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2);
-  const cudaDataType_t dt = a.out.dt == DType::F32 ? CUDA_R_32F : (a.out.dt == DType::F16 ? CUDA_R_16F : CUDA_R_16BF);
-  const cublasLtMatmulMatrixScale_t sm =
-      a.q.mode == QQ_MODE_NVFP4 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  qqStatus_t ret = QQ_STATUS_NOT_SUPPORTED;
-  bool ok = cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS;
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  auto set = [&](cublasLtMatmulDescAttributes_t attr, const void* v, size_t n) {
-    ok = ok && cublasLtMatmulDescSetAttribute(desc, attr, v, n) == CUBLAS_STATUS_SUCCESS;
-  };
-  set(CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
-  set(CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
-  set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &sm, sizeof(sm));
-  set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &sm, sizeof(sm));
-  set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws_, sizeof(ws_));  // cuBLASLt's A is our w
-  set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof(xs));
-  if (alpha_dev) {
-    const cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
-    set(CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof(pm));
-  }
-  if (bias) {
-    const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
-    const cudaDataType_t bt = CUDA_R_32F;
-    set(CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep));
-    set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt));
-    set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
-  }
-  ok = ok && cublasLtMatrixLayoutCreate(&la, et, K, N, K) == CUBLAS_STATUS_SUCCESS;
-  ok = ok && cublasLtMatrixLayoutCreate(&lb, et, K, Mtot, K) == CUBLAS_STATUS_SUCCESS;
-  ok = ok && cublasLtMatrixLayoutCreate(&ld, dt, N, Mtot, N) == CUBLAS_STATUS_SUCCESS;
-  ok = ok && cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS;
-  const size_t max_ws = 32u << 20;
-  if (ok)
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws, sizeof(max_ws));
-  cublasLtMatmulHeuristicResult_t res;
-  int n = 0;
-  ok = ok && cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, ld, ld, pref, 1, &res, &n) == CUBLAS_STATUS_SUCCESS &&
-       n > 0;
-  if (ok) {
-    void* ws = nullptr;
-    ret = res.workspaceSize ? scratch.get("qqmm", res.workspaceSize, &ws) : QQ_STATUS_SUCCESS;
-    if (ret == QQ_STATUS_SUCCESS) {
-      static const float kOne = 1.0f, kZero = 0.0f;
-      const void* alpha = alpha_dev ? (const void*)alpha_dev : (const void*)&kOne;
-      const void* beta = alpha_dev ? (const void*)(alpha_dev + 1) : (const void*)&kZero;
-      const cublasStatus_t s = cublasLtMatmul(c->lt, desc, alpha, wd, la, xd, lb, beta, a.out.ptr, ld, a.out.ptr, ld,
-                                              &res.algo, ws, res.workspaceSize, st);
-      ret = s == CUBLAS_STATUS_SUCCESS ? QQ_STATUS_SUCCESS : QQ_STATUS_NOT_SUPPORTED;
-    }
-  }
-  if (pref) cublasLtMatmulPreferenceDestroy(pref);
-  if (ld) cublasLtMatrixLayoutDestroy(ld);
-  if (lb) cublasLtMatrixLayoutDestroy(lb);
-  if (la) cublasLtMatrixLayoutDestroy(la);
-  if (desc) cublasLtMatmulDescDestroy(desc);
-  return ret;
+  (void)scratch;  // the plan's workspace comes from gemm's own scratch on this stream
+  Gemm g;
+  g.M = Mtot;
+  g.N = a.N;
+  g.K = a.K;
+  g.d = a.out.dt;
+  g.A = xd;
+  g.lda = a.K;
+  g.B = wd;
+  g.ldb = a.K;
+  g.b_trans = true;
+  g.D = a.out.ptr;
+  g.ldd = a.N;
+  g.bias = bias;
+  g.alpha_dev = alpha_dev;
+  g.lt_ab = (int)(a.q.bits == 4 ? CUDA_R_4F_E2M1 : (a.q.elem == ELEM_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2));
+  g.scale_mode = (int)(a.q.mode == QQ_MODE_NVFP4 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3
+                                                 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0);
+  g.a_scale = xs;
+  g.b_scale = ws_;
+  return gemm_blockscaled(c, g, st);
 }
 
 // Both operands packed with blocked scales, in scratch where they were not
@@ -345,9 +306,53 @@ qqStatus_t qqmm_blockscaled(qqContext* c, const MatmulArgs& a, const float* alph
 #define QQ_HAVE_BLOCKSCALED 0
 #endif
 
+// out = y + beta * C, one rounding to out's dtype; y is the fp32 product (+
+// bias), compact like out. Element-wise, so C may be out itself.
+__global__ void beta_c_kernel(const float* y, Mat cm, float beta, Mat out, int64_t total) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int64_t per = out.rows * out.cols, b = i / per, r = (i % per) / out.cols, col = i % out.cols;
+  const int64_t ci = cm.offset(b) + r * cm.ld + col;
+  const float cv = cm.dt == DType::F32 ? ((const float*)cm.ptr)[ci]
+                   : (cm.dt == DType::BF16 ? bf16_to_f(((const uint16_t*)cm.ptr)[ci])
+                                           : fp16_to_f(((const uint16_t*)cm.ptr)[ci]));
+  const float v = fmaf(beta, cv, y[i]);
+  const int64_t oi = out.offset(b) + r * out.ld + col;
+  if (out.dt == DType::F32) ((float*)out.ptr)[oi] = v;
+  else if (out.dt == DType::BF16) ((uint16_t*)out.ptr)[oi] = f_to_bf16(v);
+  else ((uint16_t*)out.ptr)[oi] = f_to_fp16(v);
+}
+
+qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream);
+
 }  // namespace
 
+// beta * C: every path (Blackwell's included) writes the product into an fp32
+// buffer, and one element-wise pass adds beta * C and rounds once to out's
+// dtype - exact to one rounding whatever out's dtype, and safe when C is out.
 qqStatus_t qqmm(qqHandle_t h, const MatmulArgs& a, void* stream) {
+  if (!a.c.ptr || a.beta == 0.0f) return qqmm_core(h, a, stream);
+  qqContext* c = nullptr;
+  QQ_TRY(resolve_handle("qqmm", h, a.out.device, &c));
+  return on_device(c->device, [&]() -> qqStatus_t {
+    cudaStream_t st = (cudaStream_t)stream;
+    Scratch scratch(c, st);
+    const int64_t total = a.out.batch() * a.out.rows * a.out.cols;
+    float* y = nullptr;
+    QQ_TRY(scratch.get("qqmm", (size_t)total * 4, &y));
+    MatmulArgs b = a;
+    b.c = Mat{};
+    b.beta = 0.0f;
+    b.out = compact_like(a.out, y, DType::F32, a.out.rows, a.out.cols);
+    QQ_TRY(qqmm_core(h, b, stream));
+    beta_c_kernel<<<(unsigned)((total + kThreads - 1) / kThreads), kThreads, 0, st>>>(y, a.c, a.beta, a.out, total);
+    return check_launch("qqmm");
+  });
+}
+
+namespace {
+
+qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
   qqContext* c = nullptr;
   QQ_TRY(resolve_handle("qqmm", h, a.out.device, &c));
   return on_device(c->device, [&]() -> qqStatus_t {
@@ -443,6 +448,8 @@ qqStatus_t qqmm(qqHandle_t h, const MatmulArgs& a, void* stream) {
     return gemm(c, g, st);
   });
 }
+
+}  // namespace
 
 }  // namespace cuda
 }  // namespace qq
