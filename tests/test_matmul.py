@@ -503,5 +503,5 @@ def test_qqmm_beta_c_batched_and_errors(device, rng):
     got = qq.qqmm(dev(x, device), dev(w, device), c=dev(nan_c, device), beta=0.0, dtype="float32", **qq_kwargs(cfg))
     assert np.isfinite(to_numpy(got)).all(), "beta = 0 must not read C"
     raises(ValueError, "c", qq.qqmm, dev(x, device), dev(w, device), c=dev(c[:, :4], device), **qq_kwargs(cfg))
-    raises(ValueError, "c", qq.qqmm, dev(x, device), dev(w, device), c=dev(c.astype(np.int32), device),
+    raises(TypeError, "c", qq.qqmm, dev(x, device), dev(w, device), c=dev(c.astype(np.int32), device),
            **qq_kwargs(cfg))

@@ -82,7 +82,9 @@ def test_forward_is_qqmm_and_weight_is_quantized_once(device):
     assert not torch.equal(wf.cpu(), w.cpu()), "the weight was not quantized"
     y = qqt.qq_linear(x, w, None, mode="mxfp8")
     ref = qq.qqmm(x, wf, mode="mxfp8", dtype="float32")  # wf is on the fp8 grid: q(wf) = wf
-    assert torch.equal(y.cpu(), ref.cpu())
+    # the same products; on the GPU the two calls take different kernels (packed w: the
+    # weight-only kernel; float w: dequantize + GEMM), so only the fp32 sum order differs
+    assert torch.allclose(y.cpu(), ref.cpu(), rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("device", DEVICES)

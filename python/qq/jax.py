@@ -50,8 +50,13 @@ def _weight_operands(w, mode):
         # one 32x32 quantization; linear scales [1, N/32, K/32] expanded per row here
         data, s = qq.quantize_moe(w[None], scaling="32x32")      # D1 = N: codes of W, logical [1, N, K]
         codes, s = xp.asarray(data)[0], xp.asarray(s)[0]
+        if xp is np:  # NumPy keeps quantize_moe's column-major layout; libqq wants unit stride along rows
+            codes = np.ascontiguousarray(codes)
         fwd = {"w": codes, "scales": xp.repeat(s, 32, axis=0)}                 # [N, K], [N, K/32]
-        bwd = {"w": xp.transpose(codes), "scales": xp.repeat(xp.transpose(s), 32, axis=0)}  # [K, N], [K, N/32]
+        codes_t = xp.transpose(codes)
+        if xp is np:
+            codes_t = np.ascontiguousarray(codes_t)
+        bwd = {"w": codes_t, "scales": xp.repeat(xp.transpose(s), 32, axis=0)}  # [K, N], [K, N/32]
         return fwd, bwd
     gs = _gs(w, mode)
     return ({"w": qq.quantize(w, mode=mode, global_scale=gs)},
