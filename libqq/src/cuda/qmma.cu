@@ -7,10 +7,12 @@
 // instructions per weight (decode to fp32, scale, one FMA per row of x) and
 // measured instruction bound at M=1 (ncu, H100, 16384^2 nvfp4: SM 76 %, DRAM
 // 29 %, 0.31 of copy bandwidth); for M = 16..64 its FMAs alone take longer
-// than reading the weights. Here a weight costs about 3 instructions: two are
-// decoded at once into a bf16 pair (shifts and masks), scaled with packed bf16
-// multiplies, and mma.sync m16n8k16 (bf16 in, fp32 accumulate) does the
-// multiply-adds, 8 rows of x per instruction for the price of one.
+// than reading the weights. Here a weight costs about 3-4 instructions: two
+// are decoded at once into a bf16 pair (shifts and masks), scaled with packed
+// bf16 multiplies, and mma.sync m16n8k16 (bf16 in, fp32 accumulate) does the
+// multiply-adds, 8 rows of x per instruction for the price of one. Measured:
+// ~0.46 of copy bandwidth at M = 1 (16384^2), now latency bound at 2 CTAs per
+// SM (bench/results/qmm-small-m-h100-notes.md has the profile and what next).
 //
 // Exactness: a decoded weight e * s is exact in bf16 (fp4 values have 2
 // significant bits, e4m3 4, times a power of two or an E4M3 scale of 4 bits:
