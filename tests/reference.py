@@ -416,7 +416,10 @@ def _quantize_affine(xg, bits):
     with np.errstate(all="ignore"):
         w_min = xs.min(axis=-1)
         w_max = np.maximum(xs.max(axis=-1), F32(0))  # MLX's GPU kernels start the max at 0
-        scale = np.maximum((w_max - w_min) / n, F32(1e-7)).astype(F32)
+        rng = (w_max - w_min).astype(F32)
+        # a group spanning more than FLT_MAX: range taken as w_max/n - w_min/n (finite)
+        rng_n = np.where(np.isfinite(rng), rng / n, w_max / n - w_min / n).astype(F32)
+        scale = np.maximum(rng_n, F32(1e-7)).astype(F32)
         side = np.abs(w_min) > np.abs(w_max)
         edge = np.where(side, w_min, w_max).astype(F32)
         scale = np.where(side, scale, -scale).astype(F32)
@@ -438,8 +441,27 @@ def _group_amax(xg):
     return finite, xs, np.max(np.abs(xs), axis=-1).astype(F32)
 
 
+#: The smallest nvfp4 global scale that is used (docs/errors.md): below it, 2688 * 512 / g
+#: (the element factor of the smallest E4M3 scale) overflows fp32.
+NVFP4_MIN_GLOBAL_SCALE = F32(1e-30)
+
+
+def effective_global_scale(global_scale):
+    """The global scale nvfp4 uses: g itself when finite and >= 1e-30, else None (factor 1).
+
+    0 (an all-zero tensor's amax), negative, NaN, +-Inf and tiny values all mean "no
+    global scale", the same in quantize, dequantize and qqmm, so a round trip stays exact."""
+    if global_scale is None:
+        return None
+    g = F32(np.asarray(global_scale, F32).reshape(()))
+    if not (np.isfinite(g) and g >= NVFP4_MIN_GLOBAL_SCALE):
+        return None
+    return g
+
+
 def _quantize_nvfp4(xg, global_scale):
     finite, xs, am = _group_amax(xg)
+    global_scale = effective_global_scale(global_scale)
     if global_scale is None:
         enc = F32(1)
     else:
@@ -562,8 +584,8 @@ def dequantize_f32(data, scales, biases=None, group_size=None, bits=None, mode="
                              fp8_format=fp8_format)
     with np.errstate(over="ignore", invalid="ignore"):
         v = exact.astype(F32)  # exact in fp32 (at most 6 significant bits) or overflow -> Inf
-        if mode == "nvfp4" and global_scale is not None:
-            factor = F32(np.asarray(global_scale, F32).reshape(())) / NVFP4_GS_DIVISOR
+        if mode == "nvfp4" and effective_global_scale(global_scale) is not None:
+            factor = effective_global_scale(global_scale) / NVFP4_GS_DIVISOR
             v = (v * factor).astype(F32)
     return v
 
@@ -603,7 +625,8 @@ class MatmulRef:
 
 
 def _gs64(gs):
-    return None if gs is None else float(np.asarray(gs, F32).reshape(()))
+    g = effective_global_scale(gs)
+    return None if g is None else float(g)
 
 
 def qqmm(x, w, mode="nvfp4", *, global_scale_x=None, global_scale_w=None, bias=None, c=None, beta=1.0,

@@ -11,6 +11,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <exception>
+#include <initializer_list>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -35,11 +38,32 @@ qqStatus_t set_error(qqStatus_t st, const char* fmt, ...) {
 
 namespace {
 
-#define QQ_TRY(expr)                          \
-  do {                                        \
-    qqStatus_t st_ = (expr);                  \
-    if (st_ != QQ_STATUS_SUCCESS) return st_; \
-  } while (0)
+// No C++ exception may cross the C ABI: every entry point runs its body
+// through guard(), which turns std::bad_alloc (a host allocation of the CPU
+// backend, a plan-cache insert) into QQ_STATUS_ALLOC_FAILED and anything else
+// into QQ_STATUS_INTERNAL_ERROR, with the message set.
+qqStatus_t fail_noexcept(qqStatus_t st, const char* op, const char* what) noexcept {
+  try {
+    set_error(st, "%s: %s", op, what);
+  } catch (...) {  // not even the message could be stored: the status still goes back
+  }
+  return st;
+}
+
+template <class F>
+qqStatus_t guard(const char* op, F&& body) noexcept {
+  try {
+    g_last_error.clear();
+    return body();
+  } catch (const std::bad_alloc&) {
+    return fail_noexcept(QQ_STATUS_ALLOC_FAILED, op, "out of host memory (std::bad_alloc); the problem is "
+                         "too large for this machine");
+  } catch (const std::exception& e) {
+    return fail_noexcept(QQ_STATUS_INTERNAL_ERROR, op, e.what());
+  } catch (...) {
+    return fail_noexcept(QQ_STATUS_INTERNAL_ERROR, op, "unknown C++ exception (a bug in libqq: please report it)");
+  }
+}
 
 const char* mode_name(qqMode_t m) {
   switch (m) {
@@ -97,16 +121,32 @@ struct Ctx {
   const char* device_arg = nullptr;
 };
 
+// Enum fields of caller-owned structs are read as plain ints: loading an
+// out-of-range value through the enum type is undefined behaviour in C++
+// (UBSan's -fsanitize=enum), and a hostile caller can store any int there.
+template <class E>
+int raw_enum(const E& e) {
+  static_assert(sizeof(E) == sizeof(int), "enums of qq.h are int-sized");
+  int v;
+  memcpy(&v, &e, sizeof v);
+  return v;
+}
+
 qqStatus_t check_device(Ctx& c, const char* name, const DLTensor* t) {
   int dev;
-  if (t->device.device_type == kDLCPU || t->device.device_type == kDLCUDAHost) {
+  const int type = raw_enum(t->device.device_type);
+  if (type == kDLCPU || type == kDLCUDAHost) {
     dev = -1;
-  } else if (t->device.device_type == kDLCUDA || t->device.device_type == kDLCUDAManaged) {
+  } else if (type == kDLCUDA || type == kDLCUDAManaged) {
     dev = t->device.device_id;
+    if (dev < 0)
+      return set_error(QQ_STATUS_INVALID_VALUE,
+                       "%s: argument '%s' is a CUDA tensor with device_id %d; a CUDA device id is >= 0", c.op,
+                       name, dev);
   } else {
     return set_error(QQ_STATUS_INVALID_VALUE,
                      "%s: argument '%s' is on DLPack device type %d; libqq takes CPU (1) and CUDA (2) "
-                     "tensors", c.op, name, (int)t->device.device_type);
+                     "tensors", c.op, name, type);
   }
   if (c.device == -2) {
     c.device = dev;
@@ -120,10 +160,54 @@ qqStatus_t check_device(Ctx& c, const char* name, const DLTensor* t) {
   return QQ_STATUS_SUCCESS;
 }
 
-int64_t numel(const DLTensor* t) {
+// Sizes are bounded so that no index, byte count or packed-shape product
+// (at most x 8 for bits, + 127 for the blocked padding) can overflow int64:
+// 2^56 elements (or bytes) per tensor is far beyond any memory.
+constexpr int64_t kMaxElems = int64_t(1) << 56;
+
+int64_t numel(const DLTensor* t) {  // only after check_tensor: cannot overflow
   int64_t n = 1;
   for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
   return n;
+}
+
+// The product of `n` extents, or -1 if it exceeds kMaxElems.
+int64_t bounded_product(int n, const int64_t* shape) {
+  int64_t p = 1;
+  for (int i = 0; i < n; ++i) {
+    if (shape[i] == 0) return 0;
+  }
+  for (int i = 0; i < n; ++i) {
+    if (shape[i] < 0 || shape[i] > kMaxElems || p > kMaxElems / shape[i]) return -1;
+    p *= shape[i];
+  }
+  return p;
+}
+
+int64_t stride_of(const DLTensor* t, int i) {
+  if (t->strides) return t->strides[i];
+  int64_t s = 1;
+  for (int j = i + 1; j < t->ndim; ++j) s *= t->shape[j];
+  return s;
+}
+
+// The bytes a non-empty tensor touches, [lo, hi) relative to data +
+// byte_offset; false if a stride times an extent is out of bounds.
+bool byte_extent(const DLTensor* t, int64_t* lo, int64_t* hi) {
+  const int64_t es = (t->dtype.bits * t->dtype.lanes + 7) / 8;
+  int64_t l = 0, h = 0;
+  for (int i = 0; i < t->ndim; ++i) {
+    if (t->shape[i] <= 1) continue;
+    const int64_t s = stride_of(t, i);
+    if (s > kMaxElems || s < -kMaxElems || (t->shape[i] - 1) > kMaxElems / (s < 0 ? -s : (s ? s : 1)))
+      return false;
+    const int64_t span = s * (t->shape[i] - 1);
+    if (span < 0) l += span; else h += span;
+    if (h > kMaxElems || l < -kMaxElems) return false;
+  }
+  *lo = l * es;
+  *hi = (h + 1) * es;
+  return true;
 }
 
 // Basic checks common to every tensor argument.
@@ -138,12 +222,72 @@ qqStatus_t check_tensor(Ctx& c, const char* name, const DLTensor* t, DType* dt) 
     if (t->shape[i] < 0)
       return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has a negative extent %lld in dim %d",
                        c.op, name, (long long)t->shape[i], i);
+  if (bounded_product(t->ndim, t->shape) < 0)
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has shape %s: more than 2^56 elements, "
+                     "beyond what libqq addresses", c.op, name, shape_str(t->ndim, t->shape).c_str());
   if (!parse_dtype(t->dtype, dt))
     return set_error(QQ_STATUS_INVALID_DTYPE, "%s: argument '%s' has dtype %s, which libqq does not take",
                      c.op, name, dtype_str(t->dtype).c_str());
-  if (!t->data && numel(t) > 0)
-    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has a NULL data pointer", c.op, name);
+  if (numel(t) > 0) {
+    if (!t->data)
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has a NULL data pointer", c.op, name);
+    int64_t lo, hi;
+    if (!byte_extent(t, &lo, &hi))
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has strides %s for shape %s that reach "
+                       "beyond 2^56 elements", c.op, name,
+                       shape_str(t->ndim, t->strides ? t->strides : t->shape).c_str(),
+                       shape_str(t->ndim, t->shape).c_str());
+    // Elements are read in place with their natural alignment (a misaligned
+    // fp32 load is undefined behaviour on the CPU and a fault on the GPU).
+    const int es = dtype_size(*dt);
+    if (((uintptr_t)t->data + t->byte_offset) % es != 0)
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' starts at an address that is not a multiple "
+                       "of its element size (%d bytes; byte_offset %llu); pass an aligned tensor (e.g. a copy)",
+                       c.op, name, es, (unsigned long long)t->byte_offset);
+  }
   return check_device(c, name, t);
+}
+
+// Outputs must not share memory with inputs or with each other: the kernels
+// read and write in an order that would corrupt either (swizzle in place
+// zeroes its input). Exact in-place is allowed only where an operation says
+// so (qqmm's out = C); see docs/errors.md.
+struct Arg {
+  const char* name;
+  const DLTensor* t;
+};
+
+bool same_view(const DLTensor* a, const DLTensor* b) {
+  if ((const char*)a->data + a->byte_offset != (const char*)b->data + b->byte_offset) return false;
+  if (a->ndim != b->ndim || a->dtype.bits != b->dtype.bits || a->dtype.code != b->dtype.code) return false;
+  for (int i = 0; i < a->ndim; ++i)
+    if (a->shape[i] != b->shape[i] || (a->shape[i] > 1 && stride_of(a, i) != stride_of(b, i))) return false;
+  return true;
+}
+
+bool overlap(const DLTensor* a, const DLTensor* b) {
+  if (!a || !b || numel(a) == 0 || numel(b) == 0) return false;
+  if (raw_enum(a->device.device_type) != raw_enum(b->device.device_type) ||
+      a->device.device_id != b->device.device_id)
+    return false;
+  int64_t alo, ahi, blo, bhi;
+  if (!byte_extent(a, &alo, &ahi) || !byte_extent(b, &blo, &bhi)) return true;
+  const intptr_t a0 = (intptr_t)a->data + (intptr_t)a->byte_offset, b0 = (intptr_t)b->data + (intptr_t)b->byte_offset;
+  return a0 + alo < b0 + bhi && b0 + blo < a0 + ahi;
+}
+
+qqStatus_t check_no_alias(Ctx& c, std::initializer_list<Arg> outs, std::initializer_list<Arg> ins) {
+  for (auto o = outs.begin(); o != outs.end(); ++o) {
+    for (const Arg& i : ins)
+      if (overlap(o->t, i.t))
+        return set_error(QQ_STATUS_INVALID_VALUE, "%s: output '%s' overlaps input '%s' in memory; pass a "
+                         "separate output buffer", c.op, o->name, i.name);
+    for (auto p = o + 1; p != outs.end(); ++p)
+      if (overlap(o->t, p->t))
+        return set_error(QQ_STATUS_INVALID_VALUE, "%s: outputs '%s' and '%s' overlap in memory; pass "
+                         "separate buffers", c.op, o->name, p->name);
+  }
+  return QQ_STATUS_SUCCESS;
 }
 
 qqStatus_t expect_float(Ctx& c, const char* name, const DLTensor* t, DType dt) {
@@ -161,12 +305,6 @@ qqStatus_t expect_bytes(Ctx& c, const char* name, const DLTensor* t, DType dt, c
   return QQ_STATUS_SUCCESS;
 }
 
-int64_t stride_of(const DLTensor* t, int i) {
-  if (t->strides) return t->strides[i];
-  int64_t s = 1;
-  for (int j = i + 1; j < t->ndim; ++j) s *= t->shape[j];
-  return s;
-}
 
 // View a tensor as a batched matrix [batch..., rows, cols] (a 1D tensor is
 // one row, a 0D tensor one element). The last axis needs stride 1; rows may
@@ -271,58 +409,60 @@ qqStatus_t resolve_params(Ctx& c, const qqQuantParams_t* p, QSpec* q) {
     return set_error(QQ_STATUS_INVALID_VALUE,
                      "%s: params.struct_size is %zu, expected %zu; initialize params with qqQuantParamsInit",
                      c.op, p->struct_size, sizeof(qqQuantParams_t));
+  const int mode = raw_enum(p->mode), rounding = raw_enum(p->rounding), layout = raw_enum(p->scale_layout),
+            fp8 = raw_enum(p->fp8_format);
   QSpec s{};
-  s.mode = p->mode;
-  switch (p->mode) {
+  switch (mode) {
     case QQ_MODE_AFFINE: s.group = 64; s.bits = 4; break;
     case QQ_MODE_NVFP4: s.group = 16; s.bits = 4; s.elem = ELEM_E2M1; break;
     case QQ_MODE_MXFP4: s.group = 32; s.bits = 4; s.elem = ELEM_E2M1; break;
     case QQ_MODE_MXFP8: s.group = 32; s.bits = 8; s.elem = ELEM_E4M3; break;
     default:
       return set_error(QQ_STATUS_INVALID_VALUE,
-                       "%s: unknown mode %d; expected affine, nvfp4, mxfp4 or mxfp8", c.op, (int)p->mode);
+                       "%s: unknown mode %d; expected affine, nvfp4, mxfp4 or mxfp8", c.op, mode);
   }
-  const char* mn = mode_name(p->mode);
+  s.mode = (qqMode_t)mode;
+  const char* mn = mode_name(s.mode);
   if (p->group_size != 0) {
-    bool ok = p->mode == QQ_MODE_AFFINE
+    bool ok = s.mode == QQ_MODE_AFFINE
                   ? (p->group_size == 32 || p->group_size == 64 || p->group_size == 128)
                   : p->group_size == s.group;
     if (!ok)
       return set_error(QQ_STATUS_INVALID_VALUE, "%s: group_size=%d is not supported for %s; expected %s", c.op,
-                       p->group_size, mn, p->mode == QQ_MODE_AFFINE ? "32, 64 or 128" :
+                       p->group_size, mn, s.mode == QQ_MODE_AFFINE ? "32, 64 or 128" :
                        (s.group == 16 ? "16" : "32"));
     s.group = p->group_size;
   }
   if (p->bits != 0) {
     const int b = p->bits;
-    bool ok = p->mode == QQ_MODE_AFFINE ? (b == 2 || b == 3 || b == 4 || b == 5 || b == 6 || b == 8)
+    bool ok = s.mode == QQ_MODE_AFFINE ? (b == 2 || b == 3 || b == 4 || b == 5 || b == 6 || b == 8)
                                         : b == s.bits;
     if (!ok)
       return set_error(QQ_STATUS_INVALID_VALUE, "%s: bits=%d is not supported for %s; expected %s", c.op, b, mn,
-                       p->mode == QQ_MODE_AFFINE ? "2, 3, 4, 5, 6 or 8" : (s.bits == 4 ? "4" : "8"));
+                       s.mode == QQ_MODE_AFFINE ? "2, 3, 4, 5, 6 or 8" : (s.bits == 4 ? "4" : "8"));
     s.bits = b;
   }
-  if (p->rounding != QQ_ROUNDING_CEIL && p->rounding != QQ_ROUNDING_FLOOR)
+  if (rounding != QQ_ROUNDING_CEIL && rounding != QQ_ROUNDING_FLOOR)
     return set_error(QQ_STATUS_INVALID_VALUE, "%s: unknown rounding %d; expected ceil or floor", c.op,
-                     (int)p->rounding);
-  if (p->rounding == QQ_ROUNDING_FLOOR && p->mode != QQ_MODE_MXFP4 && p->mode != QQ_MODE_MXFP8)
+                     rounding);
+  if (rounding == QQ_ROUNDING_FLOOR && s.mode != QQ_MODE_MXFP4 && s.mode != QQ_MODE_MXFP8)
     return set_error(QQ_STATUS_INVALID_VALUE,
                      "%s: rounding='floor' applies to the UE8M0 scales of mxfp4/mxfp8 only, not %s; use the "
                      "default rounding", c.op, mn);
-  s.floor_rounding = p->rounding == QQ_ROUNDING_FLOOR;
-  if (p->scale_layout != QQ_SCALE_LINEAR && p->scale_layout != QQ_SCALE_BLOCKED)
+  s.floor_rounding = rounding == QQ_ROUNDING_FLOOR;
+  if (layout != QQ_SCALE_LINEAR && layout != QQ_SCALE_BLOCKED)
     return set_error(QQ_STATUS_INVALID_VALUE, "%s: unknown scale_layout %d; expected linear or blocked", c.op,
-                     (int)p->scale_layout);
-  if (p->scale_layout == QQ_SCALE_BLOCKED && p->mode == QQ_MODE_AFFINE)
+                     layout);
+  if (layout == QQ_SCALE_BLOCKED && s.mode == QQ_MODE_AFFINE)
     return set_error(QQ_STATUS_INVALID_VALUE,
                      "%s: scale_layout='blocked' is for the fp modes (nvfp4, mxfp4, mxfp8); affine scales are "
                      "always linear", c.op);
-  s.blocked = p->scale_layout == QQ_SCALE_BLOCKED;
-  if (p->fp8_format != QQ_FP8_E4M3 && p->fp8_format != QQ_FP8_E5M2)
+  s.blocked = layout == QQ_SCALE_BLOCKED;
+  if (fp8 != QQ_FP8_E4M3 && fp8 != QQ_FP8_E5M2)
     return set_error(QQ_STATUS_INVALID_VALUE, "%s: unknown fp8_format %d; expected e4m3 or e5m2", c.op,
-                     (int)p->fp8_format);
-  if (p->fp8_format == QQ_FP8_E5M2) {
-    if (p->mode != QQ_MODE_MXFP8)
+                     fp8);
+  if (fp8 == QQ_FP8_E5M2) {
+    if (s.mode != QQ_MODE_MXFP8)
       return set_error(QQ_STATUS_INVALID_VALUE, "%s: fp8_format='e5m2' applies to mxfp8 only, not %s", c.op, mn);
     s.elem = ELEM_E5M2;
   }
@@ -350,11 +490,13 @@ void quantized_shapes(const QSpec& q, int nd, const int64_t* x, int64_t* data, i
   }
 }
 
-qqStatus_t check_k(Ctx& c, const char* name, int64_t k, const QSpec& q) {
+// `axis` names the quantized axis in the message: K for a row-wise
+// quantization, M for quantize_colwise, N for quantized_matmul's transpose=False.
+qqStatus_t check_k(Ctx& c, const char* name, const char* axis, int64_t k, const QSpec& q) {
   if (k <= 0 || k % q.group != 0)
     return set_error(QQ_STATUS_INVALID_VALUE,
-                     "%s: %s: K=%lld is not a positive multiple of group_size %d for %s; pad K or choose "
-                     "another group_size", c.op, name, (long long)k, q.group, mode_name(q.mode));
+                     "%s: argument '%s': %s=%lld is not a positive multiple of group_size %d for %s; pad %s or "
+                     "choose another group_size", c.op, name, axis, (long long)k, q.group, mode_name(q.mode), axis);
   return QQ_STATUS_SUCCESS;
 }
 
@@ -375,6 +517,17 @@ qqStatus_t global_scale_ptr(Ctx& c, const char* name, const DLTensor* t, const Q
     return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has %lld elements; expected one (a scalar)",
                      c.op, name, (long long)numel(t));
   *out = (const float*)((const char*)t->data + t->byte_offset);
+  // A host-resident global scale is checked here (it costs nothing). One on
+  // the GPU cannot be read without a synchronization: there the codec treats
+  // every value outside the valid range as "no global scale" (nvfp4_gs in
+  // codec.h), as it does for 0, the amax of an all-zero tensor.
+  if (c.device < 0) {
+    const float g = **out;
+    if (!(g == 0.0f || nvfp4_gs_valid(g)))
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' is %g; a global scale must be a positive "
+                       "finite number of at least %g (the tensor's amax, e.g. qq.amax(x)), or 0 / None for none",
+                       c.op, name, (double)g, (double)kNvfp4MinGlobalScale);
+  }
   return QQ_STATUS_SUCCESS;
 }
 
@@ -438,47 +591,52 @@ QQ_API const char* qqGetBuildInfo(void) { return QQ_BUILD_INFO; }
 QQ_API int qqGetDeviceCount(void) { return cuda::device_count(); }
 
 QQ_API qqStatus_t qqGetDeviceCapability(int device, int* major, int* minor) {
-  g_last_error.clear();
-  if (!major || !minor)
-    return set_error(QQ_STATUS_INVALID_VALUE, "qqGetDeviceCapability: major and minor must not be NULL");
-  return cuda::device_capability(device, major, minor);
+  return guard("qqGetDeviceCapability", [&]() -> qqStatus_t {
+    if (!major || !minor)
+      return set_error(QQ_STATUS_INVALID_VALUE, "qqGetDeviceCapability: major and minor must not be NULL");
+    return cuda::device_capability(device, major, minor);
+  });
 }
 
 QQ_API qqStatus_t qqCreate(qqHandle_t* handle, int device) {
-  g_last_error.clear();
-  if (!handle) return set_error(QQ_STATUS_INVALID_VALUE, "qqCreate: handle must not be NULL");
-  *handle = nullptr;
-  return cuda::create_handle(handle, device);
+  return guard("qqCreate", [&]() -> qqStatus_t {
+    if (!handle) return set_error(QQ_STATUS_INVALID_VALUE, "qqCreate: handle must not be NULL");
+    *handle = nullptr;
+    return cuda::create_handle(handle, device);
+  });
 }
 
 QQ_API qqStatus_t qqDestroy(qqHandle_t handle) {
-  g_last_error.clear();
-  if (!handle) return QQ_STATUS_SUCCESS;
-  return cuda::destroy_handle(handle);
+  return guard("qqDestroy", [&]() -> qqStatus_t {
+    if (!handle) return QQ_STATUS_SUCCESS;
+    return cuda::destroy_handle(handle);
+  });
 }
 
 QQ_API qqStatus_t qqDeviceAlloc(int device, size_t bytes, void** ptr, void* stream) {
-  g_last_error.clear();
-  if (!ptr) return set_error(QQ_STATUS_INVALID_VALUE, "qqDeviceAlloc: ptr must not be NULL");
-  *ptr = nullptr;
-  return cuda::device_alloc(device, bytes, ptr, stream);
+  return guard("qqDeviceAlloc", [&]() -> qqStatus_t {
+    if (!ptr) return set_error(QQ_STATUS_INVALID_VALUE, "qqDeviceAlloc: ptr must not be NULL");
+    *ptr = nullptr;
+    return cuda::device_alloc(device, bytes, ptr, stream);
+  });
 }
 
 QQ_API qqStatus_t qqDeviceFree(int device, void* ptr, void* stream) {
-  g_last_error.clear();
-  if (!ptr) return QQ_STATUS_SUCCESS;
-  return cuda::device_free(device, ptr, stream);
+  return guard("qqDeviceFree", [&]() -> qqStatus_t {
+    if (!ptr) return QQ_STATUS_SUCCESS;
+    return cuda::device_free(device, ptr, stream);
+  });
 }
 
 // ============================================================================
 // Parameters and shapes
 // ============================================================================
-QQ_API qqStatus_t qqQuantParamsInit(qqQuantParams_t* p, qqMode_t mode) {
-  g_last_error.clear();
-  if (!p) return set_error(QQ_STATUS_INVALID_VALUE, "qqQuantParamsInit: params must not be NULL");
+namespace qq {
+// The mode arrives as a plain int (raw_enum): an out-of-range value is an error, not UB.
+static qqStatus_t quant_params_init(qqQuantParams_t* p, int mode) {
   memset(p, 0, sizeof *p);
   p->struct_size = sizeof *p;
-  p->mode = mode;
+  memcpy(&p->mode, &mode, sizeof mode);
   Ctx c{"qqQuantParamsInit"};
   QSpec q;
   QQ_TRY(resolve_params(c, p, &q));
@@ -486,30 +644,47 @@ QQ_API qqStatus_t qqQuantParamsInit(qqQuantParams_t* p, qqMode_t mode) {
   p->bits = q.bits;
   return QQ_STATUS_SUCCESS;
 }
+}  // namespace qq
+
+QQ_API qqStatus_t qqQuantParamsInit(qqQuantParams_t* p, qqMode_t mode) {
+  return guard("qqQuantParamsInit", [&]() -> qqStatus_t {
+    if (!p) return set_error(QQ_STATUS_INVALID_VALUE, "qqQuantParamsInit: params must not be NULL");
+    return quant_params_init(p, raw_enum(mode));
+  });
+}
 
 QQ_API qqStatus_t qqQqmmParamsInit(qqQqmmParams_t* p, qqMode_t mode) {
-  g_last_error.clear();
-  if (!p) return set_error(QQ_STATUS_INVALID_VALUE, "qqQqmmParamsInit: params must not be NULL");
-  memset(p, 0, sizeof *p);
-  p->struct_size = sizeof *p;
-  return qqQuantParamsInit(&p->quant, mode);
+  return guard("qqQqmmParamsInit", [&]() -> qqStatus_t {
+    if (!p) return set_error(QQ_STATUS_INVALID_VALUE, "qqQqmmParamsInit: params must not be NULL");
+    memset(p, 0, sizeof *p);
+    p->struct_size = sizeof *p;
+    return quant_params_init(&p->quant, raw_enum(mode));
+  });
 }
 
 QQ_API qqStatus_t qqQuantizedShapes(const qqQuantParams_t* params, int x_ndim, const int64_t* x_shape,
                                     int64_t* data_shape, int64_t* scales_shape, int* scales_ndim) {
-  g_last_error.clear();
-  Ctx c{"quantized_shapes"};
-  QSpec q;
-  QQ_TRY(resolve_params(c, params, &q));
-  if (!x_shape || !data_shape || !scales_shape || !scales_ndim)
-    return set_error(QQ_STATUS_INVALID_VALUE, "quantized_shapes: no pointer argument may be NULL");
-  if (x_ndim < 1 || x_ndim > kMaxDims)
-    return set_error(QQ_STATUS_INVALID_VALUE,
-                     "quantize: argument 'x' has %d dimensions; expected [..., K] with 1 to %d dimensions", x_ndim,
-                     kMaxDims);
-  QQ_TRY(check_k(c, "x", x_shape[x_ndim - 1], q));
-  quantized_shapes(q, x_ndim, x_shape, data_shape, scales_shape, scales_ndim);
-  return QQ_STATUS_SUCCESS;
+  return guard("quantized_shapes", [&]() -> qqStatus_t {
+    Ctx c{"quantized_shapes"};
+    QSpec q;
+    QQ_TRY(resolve_params(c, params, &q));
+    if (!x_shape || !data_shape || !scales_shape || !scales_ndim)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantized_shapes: no pointer argument may be NULL");
+    if (x_ndim < 1 || x_ndim > kMaxDims)
+      return set_error(QQ_STATUS_INVALID_VALUE,
+                       "quantize: argument 'x' has %d dimensions; expected [..., K] with 1 to %d dimensions", x_ndim,
+                       kMaxDims);
+    for (int i = 0; i < x_ndim; ++i)
+      if (x_shape[i] < 0)
+        return set_error(QQ_STATUS_INVALID_VALUE, "quantized_shapes: x_shape[%d] is %lld; extents are >= 0", i,
+                         (long long)x_shape[i]);
+    if (bounded_product(x_ndim, x_shape) < 0)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantized_shapes: x_shape %s has more than 2^56 elements, "
+                       "beyond what libqq addresses", shape_str(x_ndim, x_shape).c_str());
+    QQ_TRY(check_k(c, "x", "K", x_shape[x_ndim - 1], q));
+    quantized_shapes(q, x_ndim, x_shape, data_shape, scales_shape, scales_ndim);
+    return QQ_STATUS_SUCCESS;
+  });
 }
 
 // ============================================================================
@@ -528,7 +703,7 @@ static qqStatus_t qqQuantize_validate(const DLTensor* x, const qqQuantParams_t* 
   QQ_TRY(expect_float(c, "x", x, xdt));
   if (x->ndim < 1)
     return set_error(QQ_STATUS_INVALID_VALUE, "quantize: argument 'x' is a scalar; expected shape [..., K]");
-  QQ_TRY(check_k(c, "x", x->shape[x->ndim - 1], a.q));
+  QQ_TRY(check_k(c, "x", "K", x->shape[x->ndim - 1], a.q));
   QQ_TRY(to_mat(c, "x", x, xdt, &a.x));
   int64_t dshape[kMaxDims], sshape[kMaxDims + 1];
   int snd;
@@ -547,179 +722,189 @@ static qqStatus_t qqQuantize_validate(const DLTensor* x, const qqQuantParams_t* 
                      mode_name(a.q.mode));
   }
   QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, a.q, &a.gs));
-  return QQ_STATUS_SUCCESS;
+  return check_no_alias(c, {{"data", data}, {"scales", scales}, {"biases", biases}},
+                        {{"x", x}, {"global_scale", global_scale}});
 }
 }  // namespace qq
 
 QQ_API qqStatus_t qqQuantize(qqHandle_t handle, const DLTensor* x, const qqQuantParams_t* params,
                              const DLTensor* global_scale, DLTensor* data, DLTensor* scales,
                              DLTensor* biases, void* stream) {
-  g_last_error.clear();
-  QuantizeArgs a{};
-  QQ_TRY(qqQuantize_validate(x, params, global_scale, data, scales, biases, &a));
-  if (a.x.rows * a.x.batch() == 0) return QQ_STATUS_SUCCESS;
-  if (a.x.device < 0) return cpu::quantize(a);
-  return cuda::quantize(handle, a, stream);
+  return guard("quantize", [&]() -> qqStatus_t {
+    QuantizeArgs a{};
+    QQ_TRY(qqQuantize_validate(x, params, global_scale, data, scales, biases, &a));
+    if (a.x.rows * a.x.batch() == 0) return QQ_STATUS_SUCCESS;
+    if (a.x.device < 0) return cpu::quantize(a);
+    return cuda::quantize(handle, a, stream);
+  });
 }
 
 QQ_API qqStatus_t qqQuantizeColwise(qqHandle_t handle, const DLTensor* x, const qqQuantParams_t* params,
                                     const DLTensor* global_scale, DLTensor* data_t, DLTensor* scales_t,
                                     DLTensor* biases_t, DLTensor* data, DLTensor* scales, DLTensor* biases,
                                     void* stream) {
-  g_last_error.clear();
-  ColwiseArgs a{};
-  if (data) {  // both orientations: validate the row-wise half exactly as qqQuantize does
-    QQ_TRY(qqQuantize_validate(x, params, global_scale, data, scales, biases, &a.row));
-    a.rowwise = true;
-  }
-  Ctx c{"quantize_colwise"};
-  QQ_TRY(resolve_params(c, params, &a.q));
-  DType xdt;
-  QQ_TRY(check_tensor(c, "x", x, &xdt));
-  QQ_TRY(expect_float(c, "x", x, xdt));
-  if (x->ndim < 2)
-    return set_error(QQ_STATUS_INVALID_VALUE, "quantize_colwise: argument 'x' has shape %s; expected [..., M, K]",
-                     shape_str(x->ndim, x->shape).c_str());
-  const int nd = x->ndim;
-  a.M = x->shape[nd - 2];
-  a.K = x->shape[nd - 1];
-  QQ_TRY(check_k(c, "x (along M, the second-to-last axis)", a.M, a.q));
-  QQ_TRY(to_mat(c, "x", x, xdt, &a.x));
-  int64_t tshape[kMaxDims], dshape[kMaxDims], sshape[kMaxDims + 1];
-  for (int i = 0; i < nd; ++i) tshape[i] = x->shape[i];
-  tshape[nd - 2] = a.K;
-  tshape[nd - 1] = a.M;
-  int snd;
-  quantized_shapes(a.q, nd, tshape, dshape, sshape, &snd);
-  QQ_TRY(output_mat(c, "data_t", data_t, nd, dshape, (int)DType::U8, "packed elements of x^T", &a.data_t));
-  const int sdt = a.q.fp() ? (int)DType::U8 : (int)xdt;
-  QQ_TRY(output_mat(c, "scales_t", scales_t, snd, sshape, sdt, "the scales of x^T", &a.scales_t));
-  if (a.q.mode == QQ_MODE_AFFINE) {
-    if (!biases_t)
-      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_colwise: argument 'biases_t' is required for affine");
-    QQ_TRY(output_mat(c, "biases_t", biases_t, snd, sshape, (int)xdt, "affine biases of x^T", &a.biases_t));
-  } else if (biases_t) {
-    return set_error(QQ_STATUS_INVALID_VALUE, "quantize_colwise: argument 'biases_t' must be NULL for mode %s",
-                     mode_name(a.q.mode));
-  }
-  a.scale_kind = a.q.blocked ? COL_SCALE_BLOCKED : COL_SCALE_T_LINEAR;
-  QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, a.q, &a.gs));
-  if (a.M * a.K * a.x.batch() == 0) return QQ_STATUS_SUCCESS;
-  if (c.device < 0) return cpu::quantize_colwise(a);
-  return cuda::quantize_colwise(handle, a, stream);
+  return guard("quantize_colwise", [&]() -> qqStatus_t {
+    ColwiseArgs a{};
+    if (data) {  // both orientations: validate the row-wise half exactly as qqQuantize does
+      QQ_TRY(qqQuantize_validate(x, params, global_scale, data, scales, biases, &a.row));
+      a.rowwise = true;
+    }
+    Ctx c{"quantize_colwise"};
+    QQ_TRY(resolve_params(c, params, &a.q));
+    DType xdt;
+    QQ_TRY(check_tensor(c, "x", x, &xdt));
+    QQ_TRY(expect_float(c, "x", x, xdt));
+    if (x->ndim < 2)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_colwise: argument 'x' has shape %s; expected [..., M, K]",
+                       shape_str(x->ndim, x->shape).c_str());
+    const int nd = x->ndim;
+    a.M = x->shape[nd - 2];
+    a.K = x->shape[nd - 1];
+    QQ_TRY(check_k(c, "x", "M", a.M, a.q));
+    QQ_TRY(to_mat(c, "x", x, xdt, &a.x));
+    int64_t tshape[kMaxDims], dshape[kMaxDims], sshape[kMaxDims + 1];
+    for (int i = 0; i < nd; ++i) tshape[i] = x->shape[i];
+    tshape[nd - 2] = a.K;
+    tshape[nd - 1] = a.M;
+    int snd;
+    quantized_shapes(a.q, nd, tshape, dshape, sshape, &snd);
+    QQ_TRY(output_mat(c, "data_t", data_t, nd, dshape, (int)DType::U8, "packed elements of x^T", &a.data_t));
+    const int sdt = a.q.fp() ? (int)DType::U8 : (int)xdt;
+    QQ_TRY(output_mat(c, "scales_t", scales_t, snd, sshape, sdt, "the scales of x^T", &a.scales_t));
+    if (a.q.mode == QQ_MODE_AFFINE) {
+      if (!biases_t)
+        return set_error(QQ_STATUS_INVALID_VALUE, "quantize_colwise: argument 'biases_t' is required for affine");
+      QQ_TRY(output_mat(c, "biases_t", biases_t, snd, sshape, (int)xdt, "affine biases of x^T", &a.biases_t));
+    } else if (biases_t) {
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_colwise: argument 'biases_t' must be NULL for mode %s",
+                       mode_name(a.q.mode));
+    }
+    a.scale_kind = a.q.blocked ? COL_SCALE_BLOCKED : COL_SCALE_T_LINEAR;
+    QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, a.q, &a.gs));
+    QQ_TRY(check_no_alias(c, {{"data_t", data_t}, {"scales_t", scales_t}, {"biases_t", biases_t}, {"data", data},
+                              {"scales", scales}, {"biases", biases}}, {{"x", x}, {"global_scale", global_scale}}));
+    if (a.M * a.K * a.x.batch() == 0) return QQ_STATUS_SUCCESS;
+    if (c.device < 0) return cpu::quantize_colwise(a);
+    return cuda::quantize_colwise(handle, a, stream);
+  });
 }
 
 QQ_API qqStatus_t qqQuantizeMoe(qqHandle_t handle, const DLTensor* x, const qqQuantParams_t* params,
                                 qqMoeScaling_t scaling, DLTensor* data, DLTensor* scales, void* stream) {
-  g_last_error.clear();
-  Ctx c{"quantize_moe"};
-  ColwiseArgs a{};
-  QQ_TRY(resolve_params(c, params, &a.q));
-  if (a.q.mode != QQ_MODE_MXFP8)
-    return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: mode %s is not supported; MoE weight scaling "
-                     "(32x1 / 32x32) is defined for mxfp8 only", mode_name(a.q.mode));
-  if (scaling != QQ_MOE_32X1 && scaling != QQ_MOE_32X32)
-    return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: unknown scaling %d; expected 32x1 or 32x32",
-                     (int)scaling);
-  a.tile32 = scaling == QQ_MOE_32X32;
-  DType xdt;
-  QQ_TRY(check_tensor(c, "x", x, &xdt));
-  QQ_TRY(expect_float(c, "x", x, xdt));
-  if (x->ndim != 3)
-    return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'x' has shape %s; expected [E, D1, D2]",
-                     shape_str(x->ndim, x->shape).c_str());
-  const int64_t E = x->shape[0], D1 = x->shape[1], D2 = x->shape[2];
-  if (D1 % 32 || D2 % 32 || D1 == 0 || D2 == 0)
-    return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'x' has shape %s; D1 and D2 must be "
-                     "positive multiples of 32", shape_str(3, x->shape).c_str());
-  a.M = D1;
-  a.K = D2;
-  // Row-major [E, D1, D2], or the transposed view (stride 1 on D1): then the
-  // physical rows are the D2 columns and the quantization is along them.
-  const int64_t s0 = stride_of(x, 0), s1 = stride_of(x, 1), s2 = stride_of(x, 2);
-  Mat m;
-  m.dt = xdt;
-  m.device = c.device;
-  m.ptr = (char*)x->data + x->byte_offset;
-  m.nb = 1;
-  m.bshape[0] = E;
-  m.bstride[0] = E == 1 ? 0 : s0;
-  if (s2 == 1 && s1 >= D2) {
-    m.rows = D1; m.cols = D2; m.ld = s1;
-  } else if (s1 == 1 && s2 >= D1) {
-    m.rows = D2; m.cols = D1; m.ld = s2;
-    a.x_colmajor = true;
-  } else {
-    return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'x' has strides %s for shape %s; expected "
-                     "stride 1 on dim 2 (row-major) or on dim 1 (a transposed view); pass a contiguous tensor",
-                     shape_str(3, x->strides ? x->strides : x->shape).c_str(), shape_str(3, x->shape).c_str());
-  }
-  a.x = m;
-  // data: [E, D1, D2] with strides (D1*D2, 1, D1)
-  DType ddt;
-  qqStatus_t st = check_tensor(c, "data", data, &ddt);
-  if (st) return st == QQ_STATUS_INVALID_DTYPE ? QQ_STATUS_INVALID_VALUE : st;
-  const int64_t dsh[3] = {E, D1, D2};
-  QQ_TRY(expect_shape(c, "data", data, 3, dsh, "[E, D1, D2]"));
-  if (ddt != DType::U8 || !data->strides || data->strides[1] != 1 || (D2 > 1 && data->strides[2] != D1) ||
-      (E > 1 && data->strides[0] != D1 * D2))
-    return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'data' must be uint8 [E, D1, D2] "
-                     "column-major per expert, strides (D1*D2, 1, D1) (e.g. an [E, D2, D1] buffer transposed)");
-  a.data_t.ptr = (char*)data->data + data->byte_offset;
-  a.data_t.dt = DType::U8;
-  a.data_t.device = c.device;
-  a.data_t.rows = D2;
-  a.data_t.cols = D1;
-  a.data_t.ld = D1;
-  int64_t ssh[3];
-  const char* why;
-  if (a.q.blocked) {
-    ssh[0] = E; ssh[1] = roundup(D2, 128); ssh[2] = roundup(D1 / 32, 4);
-    why = "blocked: [E, roundup(D2,128), roundup(D1/32,4)]";
-    a.scale_kind = COL_SCALE_BLOCKED;
-  } else {
-    ssh[0] = E; ssh[1] = D1 / 32; ssh[2] = a.tile32 ? D2 / 32 : D2;
-    why = a.tile32 ? "32x32 scales: [E, D1/32, D2/32]" : "32x1 scales: [E, D1/32, D2]";
-    a.scale_kind = COL_SCALE_D1_LINEAR;
-  }
-  QQ_TRY(output_mat(c, "scales", scales, 3, ssh, (int)DType::U8, why, &a.scales_t));
-  if (c.device < 0) return cpu::quantize_colwise(a);
-  return cuda::quantize_colwise(handle, a, stream);
+  return guard("quantize_moe", [&]() -> qqStatus_t {
+    Ctx c{"quantize_moe"};
+    ColwiseArgs a{};
+    QQ_TRY(resolve_params(c, params, &a.q));
+    if (a.q.mode != QQ_MODE_MXFP8)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: mode %s is not supported; MoE weight scaling "
+                       "(32x1 / 32x32) is defined for mxfp8 only", mode_name(a.q.mode));
+    const int sc = raw_enum(scaling);
+    if (sc != QQ_MOE_32X1 && sc != QQ_MOE_32X32)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: unknown scaling %d; expected 32x1 or 32x32", sc);
+    a.tile32 = sc == QQ_MOE_32X32;
+    DType xdt;
+    QQ_TRY(check_tensor(c, "x", x, &xdt));
+    QQ_TRY(expect_float(c, "x", x, xdt));
+    if (x->ndim != 3)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'x' has shape %s; expected [E, D1, D2]",
+                       shape_str(x->ndim, x->shape).c_str());
+    const int64_t E = x->shape[0], D1 = x->shape[1], D2 = x->shape[2];
+    if (D1 % 32 || D2 % 32 || D1 == 0 || D2 == 0)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'x' has shape %s; D1 and D2 must be "
+                       "positive multiples of 32", shape_str(3, x->shape).c_str());
+    a.M = D1;
+    a.K = D2;
+    // Row-major [E, D1, D2], or the transposed view (stride 1 on D1): then the
+    // physical rows are the D2 columns and the quantization is along them.
+    const int64_t s0 = stride_of(x, 0), s1 = stride_of(x, 1), s2 = stride_of(x, 2);
+    Mat m;
+    m.dt = xdt;
+    m.device = c.device;
+    m.ptr = (char*)x->data + x->byte_offset;
+    m.nb = 1;
+    m.bshape[0] = E;
+    m.bstride[0] = E == 1 ? 0 : s0;
+    if (s2 == 1 && s1 >= D2) {
+      m.rows = D1; m.cols = D2; m.ld = s1;
+    } else if (s1 == 1 && s2 >= D1) {
+      m.rows = D2; m.cols = D1; m.ld = s2;
+      a.x_colmajor = true;
+    } else {
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'x' has strides %s for shape %s; expected "
+                       "stride 1 on dim 2 (row-major) or on dim 1 (a transposed view); pass a contiguous tensor",
+                       shape_str(3, x->strides ? x->strides : x->shape).c_str(), shape_str(3, x->shape).c_str());
+    }
+    a.x = m;
+    // data: [E, D1, D2] with strides (D1*D2, 1, D1)
+    DType ddt;
+    qqStatus_t st = check_tensor(c, "data", data, &ddt);
+    if (st) return st == QQ_STATUS_INVALID_DTYPE ? QQ_STATUS_INVALID_VALUE : st;
+    const int64_t dsh[3] = {E, D1, D2};
+    QQ_TRY(expect_shape(c, "data", data, 3, dsh, "[E, D1, D2]"));
+    if (ddt != DType::U8 || !data->strides || data->strides[1] != 1 || (D2 > 1 && data->strides[2] != D1) ||
+        (E > 1 && data->strides[0] != D1 * D2))
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'data' must be uint8 [E, D1, D2] "
+                       "column-major per expert, strides (D1*D2, 1, D1) (e.g. an [E, D2, D1] buffer transposed)");
+    a.data_t.ptr = (char*)data->data + data->byte_offset;
+    a.data_t.dt = DType::U8;
+    a.data_t.device = c.device;
+    a.data_t.rows = D2;
+    a.data_t.cols = D1;
+    a.data_t.ld = D1;
+    int64_t ssh[3];
+    const char* why;
+    if (a.q.blocked) {
+      ssh[0] = E; ssh[1] = roundup(D2, 128); ssh[2] = roundup(D1 / 32, 4);
+      why = "blocked: [E, roundup(D2,128), roundup(D1/32,4)]";
+      a.scale_kind = COL_SCALE_BLOCKED;
+    } else {
+      ssh[0] = E; ssh[1] = D1 / 32; ssh[2] = a.tile32 ? D2 / 32 : D2;
+      why = a.tile32 ? "32x32 scales: [E, D1/32, D2/32]" : "32x1 scales: [E, D1/32, D2]";
+      a.scale_kind = COL_SCALE_D1_LINEAR;
+    }
+    QQ_TRY(output_mat(c, "scales", scales, 3, ssh, (int)DType::U8, why, &a.scales_t));
+    QQ_TRY(check_no_alias(c, {{"data", data}, {"scales", scales}}, {{"x", x}}));
+    if (c.device < 0) return cpu::quantize_colwise(a);
+    return cuda::quantize_colwise(handle, a, stream);
+  });
 }
 
 QQ_API qqStatus_t qqDequantize(qqHandle_t handle, const DLTensor* w, const DLTensor* scales,
                                const DLTensor* biases, const qqQuantParams_t* params,
                                const DLTensor* global_scale, DLTensor* out, void* stream) {
-  g_last_error.clear();
-  Ctx c{"dequantize"};
-  DequantizeArgs a{};
-  QQ_TRY(resolve_params(c, params, &a.q));
-  DType wdt;
-  QQ_TRY(check_tensor(c, "w", w, &wdt));
-  QQ_TRY(expect_bytes(c, "w", w, wdt, "packed quantized data"));
-  if (w->ndim < 1)
-    return set_error(QQ_STATUS_INVALID_VALUE, "dequantize: argument 'w' is a scalar; expected [..., K*bits/8]");
-  const int64_t kp = w->shape[w->ndim - 1];
-  if ((kp * 8) % a.q.bits != 0)
-    return set_error(QQ_STATUS_INVALID_VALUE, "dequantize: argument 'w' has %lld bytes per row, not a whole "
-                     "number of %d-bit elements", (long long)kp, a.q.bits);
-  int64_t fshape[kMaxDims];
-  for (int i = 0; i < w->ndim; ++i) fshape[i] = w->shape[i];
-  fshape[w->ndim - 1] = kp * 8 / a.q.bits;
-  QQ_TRY(check_k(c, "w", fshape[w->ndim - 1], a.q));
-  QQ_TRY(to_mat(c, "w", w, wdt, &a.data));
-  QQ_TRY(input_scales(c, "scales", scales, a.q, w->ndim, fshape, DType::U8, false, &a.scales));
-  if (a.q.mode == QQ_MODE_AFFINE) {
-    QQ_TRY(input_scales(c, "biases", biases, a.q, w->ndim, fshape, a.scales.dt, true, &a.biases));
-  } else if (biases) {
-    return set_error(QQ_STATUS_INVALID_VALUE, "dequantize: argument 'biases' must be None for mode %s",
-                     mode_name(a.q.mode));
-  }
-  QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, a.q, &a.gs));
-  QQ_TRY(output_mat(c, "out", out, w->ndim, fshape, -1, "the dequantized shape [..., K]", &a.out));
-  if (a.data.rows * a.data.batch() == 0) return QQ_STATUS_SUCCESS;
-  if (c.device < 0) return cpu::dequantize(a);
-  return cuda::dequantize(handle, a, stream);
+  return guard("dequantize", [&]() -> qqStatus_t {
+    Ctx c{"dequantize"};
+    DequantizeArgs a{};
+    QQ_TRY(resolve_params(c, params, &a.q));
+    DType wdt;
+    QQ_TRY(check_tensor(c, "w", w, &wdt));
+    QQ_TRY(expect_bytes(c, "w", w, wdt, "packed quantized data"));
+    if (w->ndim < 1)
+      return set_error(QQ_STATUS_INVALID_VALUE, "dequantize: argument 'w' is a scalar; expected [..., K*bits/8]");
+    const int64_t kp = w->shape[w->ndim - 1];
+    if ((kp * 8) % a.q.bits != 0)
+      return set_error(QQ_STATUS_INVALID_VALUE, "dequantize: argument 'w' has %lld bytes per row, not a whole "
+                       "number of %d-bit elements", (long long)kp, a.q.bits);
+    int64_t fshape[kMaxDims];
+    for (int i = 0; i < w->ndim; ++i) fshape[i] = w->shape[i];
+    fshape[w->ndim - 1] = kp * 8 / a.q.bits;
+    QQ_TRY(check_k(c, "w", "K", fshape[w->ndim - 1], a.q));
+    QQ_TRY(to_mat(c, "w", w, wdt, &a.data));
+    QQ_TRY(input_scales(c, "scales", scales, a.q, w->ndim, fshape, DType::U8, false, &a.scales));
+    if (a.q.mode == QQ_MODE_AFFINE) {
+      QQ_TRY(input_scales(c, "biases", biases, a.q, w->ndim, fshape, a.scales.dt, true, &a.biases));
+    } else if (biases) {
+      return set_error(QQ_STATUS_INVALID_VALUE, "dequantize: argument 'biases' must be None for mode %s",
+                       mode_name(a.q.mode));
+    }
+    QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, a.q, &a.gs));
+    QQ_TRY(output_mat(c, "out", out, w->ndim, fshape, -1, "the dequantized shape [..., K]", &a.out));
+    QQ_TRY(check_no_alias(c, {{"out", out}},
+                          {{"w", w}, {"scales", scales}, {"biases", biases}, {"global_scale", global_scale}}));
+    if (a.data.rows * a.data.batch() == 0) return QQ_STATUS_SUCCESS;
+    if (c.device < 0) return cpu::dequantize(a);
+    return cuda::dequantize(handle, a, stream);
+  });
 }
 
 // ============================================================================
@@ -727,33 +912,35 @@ QQ_API qqStatus_t qqDequantize(qqHandle_t handle, const DLTensor* w, const DLTen
 // ============================================================================
 static qqStatus_t swizzle_common(const char* op, qqHandle_t handle, const DLTensor* lin, const DLTensor* blk,
                                  bool to_blocked, void* stream) {
-  g_last_error.clear();
-  Ctx c{op};
-  DType ldt, bdt;
-  const char* lname = to_blocked ? "scales" : "out";
-  const char* bname = to_blocked ? "out" : "scales";
-  QQ_TRY(check_tensor(c, to_blocked ? lname : bname, to_blocked ? lin : blk, to_blocked ? &ldt : &bdt));
-  QQ_TRY(check_tensor(c, to_blocked ? bname : lname, to_blocked ? blk : lin, to_blocked ? &bdt : &ldt));
-  QQ_TRY(expect_bytes(c, lname, lin, ldt, "scale bytes"));
-  QQ_TRY(expect_bytes(c, bname, blk, bdt, "scale bytes"));
-  if (lin->ndim < 1)
-    return set_error(QQ_STATUS_INVALID_VALUE, "%s: the linear scales must have at least one dimension", op);
-  int64_t bshape[kMaxDims + 1];
-  const int nd = lin->ndim;
-  int o = 0;
-  for (int i = 0; i + 2 < nd; ++i) bshape[o++] = lin->shape[i];
-  bshape[o++] = roundup(nd >= 2 ? lin->shape[nd - 2] : 1, 128);
-  bshape[o++] = roundup(lin->shape[nd - 1], 4);
-  QQ_TRY(expect_shape(c, bname, blk, o, bshape, "blocked layout: [batch..., roundup(rows,128), roundup(cols,4)]"));
-  QQ_TRY(expect_compact(c, bname, blk));
-  if (!to_blocked) QQ_TRY(expect_compact(c, lname, lin));
-  Mat l, b;
-  QQ_TRY(to_mat(c, lname, lin, ldt, &l));
-  QQ_TRY(to_mat(c, bname, blk, bdt, &b));
-  if (nd == 1) b.nb = 0;
-  if (l.batch() * l.rows == 0 && b.batch() == 0) return QQ_STATUS_SUCCESS;
-  if (c.device < 0) return cpu::swizzle(l, b, to_blocked);
-  return cuda::swizzle(handle, l, b, to_blocked, stream);
+  return guard(op, [&]() -> qqStatus_t {
+    Ctx c{op};
+    DType ldt, bdt;
+    const char* lname = to_blocked ? "scales" : "out";
+    const char* bname = to_blocked ? "out" : "scales";
+    QQ_TRY(check_tensor(c, to_blocked ? lname : bname, to_blocked ? lin : blk, to_blocked ? &ldt : &bdt));
+    QQ_TRY(check_tensor(c, to_blocked ? bname : lname, to_blocked ? blk : lin, to_blocked ? &bdt : &ldt));
+    QQ_TRY(expect_bytes(c, lname, lin, ldt, "scale bytes"));
+    QQ_TRY(expect_bytes(c, bname, blk, bdt, "scale bytes"));
+    if (lin->ndim < 1)
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: the linear scales must have at least one dimension", op);
+    int64_t bshape[kMaxDims + 1];
+    const int nd = lin->ndim;
+    int o = 0;
+    for (int i = 0; i + 2 < nd; ++i) bshape[o++] = lin->shape[i];
+    bshape[o++] = roundup(nd >= 2 ? lin->shape[nd - 2] : 1, 128);
+    bshape[o++] = roundup(lin->shape[nd - 1], 4);
+    QQ_TRY(expect_shape(c, bname, blk, o, bshape, "blocked layout: [batch..., roundup(rows,128), roundup(cols,4)]"));
+    QQ_TRY(expect_compact(c, bname, blk));
+    if (!to_blocked) QQ_TRY(expect_compact(c, lname, lin));
+    Mat l, b;
+    QQ_TRY(to_mat(c, lname, lin, ldt, &l));
+    QQ_TRY(to_mat(c, bname, blk, bdt, &b));
+    if (nd == 1) b.nb = 0;
+    QQ_TRY(to_blocked ? check_no_alias(c, {{bname, blk}}, {{lname, lin}}) : check_no_alias(c, {{lname, lin}}, {{bname, blk}}));
+    if (l.batch() * l.rows == 0 && b.batch() == 0) return QQ_STATUS_SUCCESS;
+    if (c.device < 0) return cpu::swizzle(l, b, to_blocked);
+    return cuda::swizzle(handle, l, b, to_blocked, stream);
+  });
 }
 
 QQ_API qqStatus_t qqSwizzleScales(qqHandle_t handle, const DLTensor* linear, DLTensor* blocked, void* stream) {
@@ -764,20 +951,22 @@ QQ_API qqStatus_t qqUnswizzleScales(qqHandle_t handle, const DLTensor* blocked, 
 }
 
 QQ_API qqStatus_t qqAmax(qqHandle_t handle, const DLTensor* x, DLTensor* out, void* stream) {
-  g_last_error.clear();
-  Ctx c{"amax"};
-  DType dt, odt;
-  QQ_TRY(check_tensor(c, "x", x, &dt));
-  QQ_TRY(expect_float(c, "x", x, dt));
-  const qqStatus_t ost = check_tensor(c, "out", out, &odt);
-  if (ost) return ost == QQ_STATUS_INVALID_DTYPE ? QQ_STATUS_INVALID_VALUE : ost;
-  if (odt != DType::F32 || numel(out) != 1)
-    return set_error(QQ_STATUS_INVALID_VALUE, "amax: argument 'out' must be a float32 tensor of one element");
-  Mat m;
-  QQ_TRY(to_mat(c, "x", x, dt, &m));
-  float* o = (float*)((char*)out->data + out->byte_offset);
-  if (c.device < 0) return cpu::amax(m, o);
-  return cuda::amax(handle, m, o, stream);
+  return guard("amax", [&]() -> qqStatus_t {
+    Ctx c{"amax"};
+    DType dt, odt;
+    QQ_TRY(check_tensor(c, "x", x, &dt));
+    QQ_TRY(expect_float(c, "x", x, dt));
+    const qqStatus_t ost = check_tensor(c, "out", out, &odt);
+    if (ost) return ost == QQ_STATUS_INVALID_DTYPE ? QQ_STATUS_INVALID_VALUE : ost;
+    if (odt != DType::F32 || numel(out) != 1)
+      return set_error(QQ_STATUS_INVALID_VALUE, "amax: argument 'out' must be a float32 tensor of one element");
+    Mat m;
+    QQ_TRY(to_mat(c, "x", x, dt, &m));
+    QQ_TRY(check_no_alias(c, {{"out", out}}, {{"x", x}}));
+    float* o = (float*)((char*)out->data + out->byte_offset);
+    if (c.device < 0) return cpu::amax(m, o);
+    return cuda::amax(handle, m, o, stream);
+  });
 }
 
 // ============================================================================
@@ -870,54 +1059,50 @@ struct SubTensor {
 }  // namespace
 }  // namespace qq
 
-QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x_scales, const DLTensor* w,
-                         const DLTensor* w_scales, const qqQqmmParams_t* params, const DLTensor* global_scale_x,
-                         const DLTensor* global_scale_w, const DLTensor* bias, DLTensor* out, void* stream) {
-  g_last_error.clear();
-  Ctx c{"qqmm"};
-  if (!params || params->struct_size < sizeof(qqQqmmParams_t))
-    return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: params is NULL or uninitialized; use qqQqmmParamsInit");
-  if (w && w->ndim == 3 && x && out) {
-    // A batched weight [B, N, K] with x [B, M, K] (or [M, K], shared): one qqmm per entry.
-    const int64_t B = w->shape[0];
-    const bool xb = x->ndim == 3;
-    if ((x->ndim != 2 && !xb) || (xb && x->shape[0] != B) || out->ndim != 3 || out->shape[0] != B ||
-        (w_scales && (w_scales->ndim != 3 || w_scales->shape[0] != B)) ||
-        (x_scales && xb && (x_scales->ndim != 3 || x_scales->shape[0] != B)))
-      return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: with a batched 'w' %s, 'x' must be [B=%lld, M, K] or "
-                       "[M, K], 'out' [B, M, N] and the scales one matrix per entry; got x %s, out %s",
-                       shape_str(w->ndim, w->shape).c_str(), (long long)B, shape_str(x->ndim, x->shape).c_str(),
-                       shape_str(out->ndim, out->shape).c_str());
-    for (int64_t b = 0; b < B; ++b) {
-      SubTensor ws(w, b, 0, true), os(out, b, 0, true);
-      SubTensor wss(w_scales ? w_scales : w, b, 0, true);
-      SubTensor xs(x, xb ? b : 0, x->ndim ? x->shape[0] : 0, xb);
-      SubTensor xss(x_scales ? x_scales : x, xb ? b : 0, x_scales && x_scales->ndim ? x_scales->shape[0] : 0, xb);
-      qqQqmmParams_t pb = *params;  // C, like out, one [M, N] matrix per entry
-      const bool has_c = params->c && params->beta != 0.0f;
-      if (has_c && (params->c->ndim != 3 || params->c->shape[0] != B))
-        return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: 'c' has shape %s; expected out's shape [B=%lld, M, N]",
-                         shape_str(params->c->ndim, params->c->shape).c_str(), (long long)B);
-      SubTensor cs(has_c ? params->c : out, b, 0, true);
-      pb.c = has_c ? &cs.t : nullptr;
-      const qqStatus_t st = qqQqmm(handle, &xs.t, x_scales ? &xss.t : nullptr, &ws.t, w_scales ? &wss.t : nullptr,
-                                   &pb, global_scale_x, global_scale_w, bias, &os.t, stream);
-      if (st != QQ_STATUS_SUCCESS) {
-        const std::string msg = g_last_error;
-        return set_error(st, "qqmm: batch entry %lld of 'w': %s", (long long)b, msg.c_str());
-      }
-    }
-    return QQ_STATUS_SUCCESS;
-  }
+namespace qq {
+namespace {
+
+// qqQqmmParams_t grows at its end (struct_size says how much the caller
+// knows): a caller built against an older qq.h passes a shorter struct, and
+// the fields it lacks take their defaults (all zero: no C, beta 0).
+qqStatus_t read_qqmm_params(Ctx& c, const qqQqmmParams_t* params, qqQqmmParams_t* p) {
+  constexpr size_t kOldest = offsetof(qqQqmmParams_t, c);  // the 0.1.0 layout before beta * C
+  if (!params || params->struct_size < kOldest)
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: params is NULL or uninitialized; use qqQqmmParamsInit", c.op);
+  memset(p, 0, sizeof *p);
+  memcpy(p, params, params->struct_size < sizeof *p ? params->struct_size : sizeof *p);
+  p->struct_size = sizeof *p;
+  return QQ_STATUS_SUCCESS;
+}
+
+// Enough of a tensor to read its shape: not NULL, a dimension count in
+// range, a shape pointer. (check_tensor does the rest where it is used.)
+qqStatus_t check_header(Ctx& c, const char* name, const DLTensor* t) {
+  if (!t) return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' is NULL", c.op, name);
+  if (t->ndim < 0 || t->ndim > kMaxDims)
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has %d dimensions; libqq takes 0 to %d", c.op,
+                     name, t->ndim, kMaxDims);
+  if (t->ndim > 0 && !t->shape)
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has a NULL shape", c.op, name);
+  return QQ_STATUS_SUCCESS;
+}
+
+// One qqmm with a 2D (or unbatched) w: validation, then the backend when
+// `run`. The batched and grouped forms call it per entry, and with run =
+// false to validate an empty batch.
+qqStatus_t qqmm_single(Ctx& c, qqHandle_t handle, const DLTensor* x, const DLTensor* x_scales, const DLTensor* w,
+                       const DLTensor* w_scales, const qqQqmmParams_t& p, const DLTensor* global_scale_x,
+                       const DLTensor* global_scale_w, const DLTensor* bias, DLTensor* out, void* stream,
+                       bool run) {
   MatmulArgs a{};
-  qqQuantParams_t qp = params->quant;
+  qqQuantParams_t qp = p.quant;
   qp.scale_layout = QQ_SCALE_LINEAR;
   QQ_TRY(resolve_params(c, &qp, &a.q));
   if (a.q.mode == QQ_MODE_AFFINE)
     return set_error(QQ_STATUS_INVALID_VALUE,
                      "qqmm: mode affine is not supported (qqmm quantizes both operands with fp formats); use "
                      "quantized_matmul for affine weights, or mode nvfp4, mxfp4 or mxfp8");
-  if (params->w_prepared && w && w->dtype.code == kDLUInt)
+  if (p.w_prepared && w && w->dtype.code == kDLUInt)
     return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: w_prepared is set but 'w' is packed uint8; a prepared w "
                      "is a float tensor of q(w)'s values (qq.prepare_weight), or clear w_prepared");
   for (int which = 0; which < 2; ++which) {
@@ -925,7 +1110,7 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x
     const char* snm = which ? "scales" : "x_scales";
     const DLTensor* t = which ? w : x;
     const DLTensor* st = which ? w_scales : x_scales;
-    const qqScaleLayout_t lay = which ? params->w_scale_layout : params->x_scale_layout;
+    const int lay = raw_enum(which ? p.w_scale_layout : p.x_scale_layout);
     DType dt;
     QQ_TRY(check_tensor(c, nm, t, &dt));
     if (t->ndim < 1 || (which && t->ndim != 2))
@@ -945,15 +1130,15 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x
         return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: unknown scale layout %d for '%s'", (int)lay, snm);
       QSpec sq = a.q;
       sq.blocked = lay == QQ_SCALE_BLOCKED;
-      QQ_TRY(check_k(c, nm, fshape[t->ndim - 1], a.q));
+      QQ_TRY(check_k(c, nm, "K", fshape[t->ndim - 1], a.q));
       QQ_TRY(input_scales(c, snm, st, sq, t->ndim, fshape, DType::U8, false, &sm));
       if (sq.blocked) blocked_batch_strides(&sm);
       (which ? a.w_packed : a.x_packed) = true;
       (which ? a.w_blocked : a.x_blocked) = sq.blocked;
     } else {
       QQ_TRY(expect_float(c, nm, t, dt));
-      QQ_TRY(check_k(c, nm, fshape[t->ndim - 1], a.q));
-      if (which && params->w_prepared) a.w_prepared = true;
+      QQ_TRY(check_k(c, nm, "K", fshape[t->ndim - 1], a.q));
+      if (which && p.w_prepared) a.w_prepared = true;
       if (st)
         return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: argument '%s' is given but '%s' is a float tensor (it "
                          "is quantized on the fly); pass packed uint8 data with its scales, or drop '%s'",
@@ -971,17 +1156,87 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x
   for (int i = 0; i < x->ndim; ++i) oshape[i] = x->shape[i];
   oshape[x->ndim - 1] = a.N;
   QQ_TRY(output_mat(c, "out", out, x->ndim, oshape, -1, "[..., M, N]", &a.out));
-  if (params->c && params->beta != 0.0f) {  // beta * C: out's shape, a float, out's device
+  if (p.c && p.beta != 0.0f) {  // beta * C: out's shape, a float, out's device
     DType cdt;
-    QQ_TRY(check_tensor(c, "c", params->c, &cdt));
-    QQ_TRY(expect_float(c, "c", params->c, cdt));
-    QQ_TRY(expect_shape(c, "c", params->c, x->ndim, oshape, "out's shape"));
-    QQ_TRY(to_mat(c, "c", params->c, cdt, &a.c));
-    a.beta = params->beta;
+    QQ_TRY(check_tensor(c, "c", p.c, &cdt));
+    QQ_TRY(expect_float(c, "c", p.c, cdt));
+    QQ_TRY(expect_shape(c, "c", p.c, x->ndim, oshape, "out's shape"));
+    QQ_TRY(to_mat(c, "c", p.c, cdt, &a.c));
+    a.beta = p.beta;
   }
+  if (!run) return QQ_STATUS_SUCCESS;  // validation only (an empty batch): nothing is read or written
+  QQ_TRY(check_no_alias(c, {{"out", out}}, {{"x", x}, {"x_scales", x_scales}, {"w", w}, {"w_scales", w_scales},
+                                           {"global_scale_x", global_scale_x}, {"global_scale_w", global_scale_w},
+                                           {"bias", bias}}));
+  // C may be out itself (accumulate in place: every backend reads C and
+  // writes out element by element), but not a different view of its memory.
+  if (a.beta != 0.0f && overlap(out, p.c) && !same_view(out, p.c))
+    return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: 'c' overlaps 'out' without being the same tensor; pass "
+                     "out=c exactly (in place) or separate buffers");
   if (a.M * a.N * a.x.batch() == 0) return QQ_STATUS_SUCCESS;
   if (c.device < 0) return cpu::qqmm(a);
   return cuda::qqmm(handle, a, stream);
+}
+
+}  // namespace
+}  // namespace qq
+
+QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x_scales, const DLTensor* w,
+                         const DLTensor* w_scales, const qqQqmmParams_t* params, const DLTensor* global_scale_x,
+                         const DLTensor* global_scale_w, const DLTensor* bias, DLTensor* out, void* stream) {
+  return guard("qqmm", [&]() -> qqStatus_t {
+    Ctx c{"qqmm"};
+    qqQqmmParams_t p;
+    QQ_TRY(read_qqmm_params(c, params, &p));
+    // Every tensor whose shape the batch split reads is checked first.
+    QQ_TRY(check_header(c, "x", x));
+    QQ_TRY(check_header(c, "w", w));
+    QQ_TRY(check_header(c, "out", out));
+    if (x_scales) QQ_TRY(check_header(c, "x_scales", x_scales));
+    if (w_scales) QQ_TRY(check_header(c, "w_scales", w_scales));
+    const bool has_c = p.c && p.beta != 0.0f;
+    if (has_c) QQ_TRY(check_header(c, "c", p.c));
+    if (w->ndim != 3)
+      return qqmm_single(c, handle, x, x_scales, w, w_scales, p, global_scale_x, global_scale_w, bias, out, stream,
+                         true);
+    // A batched weight [B, N, K] with x [B, M, K] (or [M, K], shared): one qqmm per entry.
+    const int64_t B = w->shape[0];
+    const bool xb = x->ndim == 3;
+    if ((x->ndim != 2 && !xb) || (xb && x->shape[0] != B) || out->ndim != 3 || out->shape[0] != B ||
+        (w_scales && (w_scales->ndim != 3 || w_scales->shape[0] != B)) ||
+        (x_scales && xb && (x_scales->ndim != 3 || x_scales->shape[0] != B)))
+      return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: with a batched 'w' %s, 'x' must be [B=%lld, M, K] or "
+                       "[M, K], 'out' [B, M, N] and the scales one matrix per entry; got x %s, out %s",
+                       shape_str(w->ndim, w->shape).c_str(), (long long)B, shape_str(x->ndim, x->shape).c_str(),
+                       shape_str(out->ndim, out->shape).c_str());
+    if (has_c && (p.c->ndim != 3 || p.c->shape[0] != B))
+      return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: 'c' has shape %s; expected out's shape [B=%lld, M, N]",
+                       shape_str(p.c->ndim, p.c->shape).c_str(), (long long)B);
+    // An empty batch still validates every argument (as entry 0 would be).
+    for (int64_t b = 0; b < (B ? B : 1); ++b) {
+      SubTensor ws(w, b, 0, true), os(out, b, 0, true);
+      SubTensor wss(w_scales ? w_scales : w, b, 0, true);
+      SubTensor xs(x, xb ? b : 0, x->ndim ? x->shape[0] : 0, xb);
+      SubTensor xss(x_scales ? x_scales : x, xb ? b : 0, x_scales && x_scales->ndim ? x_scales->shape[0] : 0, xb);
+      qqQqmmParams_t pb = p;  // C, like out, one [M, N] matrix per entry
+      SubTensor cs(has_c ? p.c : out, b, 0, true);
+      pb.c = has_c ? &cs.t : nullptr;
+      if (B == 0) {  // the entry is virtual: a stand-in address (never read) for a NULL data pointer
+        static double stand_in;
+        for (SubTensor* v : {&ws, &os, &wss, &xs, &xss, &cs})
+          if (!v->t.data) v->t.data = &stand_in;
+      }
+      const qqStatus_t st = qqmm_single(c, handle, &xs.t, x_scales ? &xss.t : nullptr, &ws.t,
+                                        w_scales ? &wss.t : nullptr, pb, global_scale_x, global_scale_w, bias,
+                                        &os.t, stream, B > 0);
+      if (st != QQ_STATUS_SUCCESS) {
+        const std::string msg = g_last_error;
+        return B ? set_error(st, "qqmm: batch entry %lld of 'w': %s", (long long)b, msg.c_str())
+                 : set_error(st, "qqmm: (an empty batch, checked as one entry) %s", msg.c_str());
+      }
+    }
+    return QQ_STATUS_SUCCESS;
+  });
 }
 
 
@@ -989,177 +1244,203 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
                                 const DLTensor* offsets, const DLTensor* w, const DLTensor* w_scales,
                                 const qqQqmmParams_t* params, const DLTensor* global_scale_x,
                                 const DLTensor* global_scale_w, DLTensor* out, void* stream) {
-  g_last_error.clear();
-  Ctx c{"grouped_qqmm"};
-  if (!params || params->struct_size < sizeof(qqQqmmParams_t))
-    return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: params is NULL or uninitialized; use qqQqmmParamsInit");
-  if (params->c && params->beta != 0.0f)
-    return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: params.c (beta * C) is not supported; add C to the "
-                     "result yourself, or leave params.c NULL / params.beta 0");
-  DType dt;
-  QQ_TRY(check_tensor(c, "x", x, &dt));
-  if (x->ndim != 2)
-    return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'x' has shape %s; expected [T, K] (tokens "
-                     "sorted by expert)", shape_str(x->ndim, x->shape).c_str());
-  if (dt == DType::U8 && params->x_scale_layout != QQ_SCALE_LINEAR)
-    return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: a packed 'x' needs linear x_scales (blocked scales "
-                     "pad each 128 rows and cannot be split at the group boundaries); pass linear scales or a "
-                     "float x");
-  QQ_TRY(check_tensor(c, "offsets", offsets, &dt));
-  if (dt != DType::I32 || offsets->ndim != 1)
-    return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'offsets' must be int32 [E] (cumulative "
-                     "group ends); got %s %s", dtype_str(offsets->dtype).c_str(),
-                     shape_str(offsets->ndim, offsets->shape).c_str());
-  const int64_t E = offsets->shape[0], T = x->shape[0];
-  QQ_TRY(check_tensor(c, "w", w, &dt));
-  if (w->ndim != 3 || w->shape[0] != E)
-    return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'w' has shape %s; expected [E=%lld, N, K] "
-                     "(or packed [E, N, K*bits/8])", shape_str(w->ndim, w->shape).c_str(), (long long)E);
-  if (w_scales) {
-    QQ_TRY(check_tensor(c, "scales", w_scales, &dt));
-    if (w_scales->ndim != 3 || w_scales->shape[0] != E)
-      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'scales' has shape %s; expected one "
-                       "scale matrix per expert, [E=%lld, ...]", shape_str(w_scales->ndim, w_scales->shape).c_str(),
-                       (long long)E);
-  }
-  if (global_scale_w) {
-    QQ_TRY(check_tensor(c, "global_scale_w", global_scale_w, &dt));
-    if (dt != DType::F32 || numel(global_scale_w) != E || global_scale_w->ndim != 1)
-      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'global_scale_w' must be float32 [E=%lld] "
-                       "(one global scale per expert); got %s %s", (long long)E,
-                       dtype_str(global_scale_w->dtype).c_str(),
-                       shape_str(global_scale_w->ndim, global_scale_w->shape).c_str());
-  }
-  QQ_TRY(check_tensor(c, "out", out, &dt));
-  if (out->ndim != 2 || out->shape[0] != T)
-    return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'out' has shape %s; expected [T=%lld, N]",
-                     shape_str(out->ndim, out->shape).c_str(), (long long)T);
-  // The group ends, on the host.
-  std::vector<int32_t> ends(E);
-  if (E > 0) {
-    const void* src = (const char*)offsets->data + offsets->byte_offset;
-    if (stride_of(offsets, 0) != 1 && E > 1)
-      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'offsets' must be contiguous");
-    if (c.device < 0) memcpy(ends.data(), src, E * sizeof(int32_t));
-    else QQ_TRY(cuda::copy_to_host(c.device, src, E * sizeof(int32_t), ends.data(), stream));
-  }
-  int32_t prev = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    if (ends[e] < prev || ends[e] > T)
-      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'offsets' must be non-decreasing group "
-                       "ends within [0, T=%lld]; offsets[%lld] = %d after %d", (long long)T, (long long)e,
-                       (int)ends[e], (int)prev);
-    prev = ends[e];
-  }
-  if (prev != T)
-    return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: the last entry of 'offsets' (%d) must equal T = %lld "
-                     "(every token belongs to one expert)", (int)prev, (long long)T);
-  prev = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = prev, n = ends[e] - prev;
-    prev = ends[e];
-    if (n == 0) continue;  // empty group
-    SubTensor xs(x, r0, n, false), os(out, r0, n, false), ws(w, e, 0, true);
-    SubTensor xss(x_scales ? x_scales : x, r0, n, false);
-    SubTensor wss(w_scales ? w_scales : w, e, 0, true);
-    SubTensor gws(global_scale_w ? global_scale_w : offsets, e, 0, true);
-    const qqStatus_t st = qqQqmm(handle, &xs.t, x_scales ? &xss.t : nullptr, &ws.t, w_scales ? &wss.t : nullptr,
-                                 params, global_scale_x, global_scale_w ? &gws.t : nullptr, nullptr, &os.t, stream);
-    if (st != QQ_STATUS_SUCCESS) {
-      const std::string msg = g_last_error;
-      return set_error(st, "grouped_qqmm: expert %lld: %s", (long long)e, msg.c_str());
+  return guard("grouped_qqmm", [&]() -> qqStatus_t {
+    Ctx c{"grouped_qqmm"};
+    qqQqmmParams_t p;
+    QQ_TRY(read_qqmm_params(c, params, &p));
+    if (p.c && p.beta != 0.0f)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: params.c (beta * C) is not supported; add C to the "
+                       "result yourself, or leave params.c NULL / params.beta 0");
+    DType dt;
+    QQ_TRY(check_tensor(c, "x", x, &dt));
+    if (x->ndim != 2)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'x' has shape %s; expected [T, K] (tokens "
+                       "sorted by expert)", shape_str(x->ndim, x->shape).c_str());
+    const bool x_packed = dt == DType::U8;
+    if (x_packed && raw_enum(p.x_scale_layout) != QQ_SCALE_LINEAR)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: a packed 'x' needs linear x_scales (blocked scales "
+                       "pad each 128 rows and cannot be split at the group boundaries); pass linear scales or a "
+                       "float x");
+    QQ_TRY(check_tensor(c, "offsets", offsets, &dt));
+    if (dt != DType::I32 || offsets->ndim != 1)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'offsets' must be int32 [E] (cumulative "
+                       "group ends); got %s %s", dtype_str(offsets->dtype).c_str(),
+                       shape_str(offsets->ndim, offsets->shape).c_str());
+    const int64_t E = offsets->shape[0], T = x->shape[0];
+    // Each expert reads rows [offsets[e-1], offsets[e]) of x_scales: it must
+    // have x's T rows (the per-expert views cannot see past their slice).
+    if (x_scales) {
+      QQ_TRY(check_tensor(c, "x_scales", x_scales, &dt));
+      if (!x_packed)
+        return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'x_scales' is given but 'x' is a float "
+                         "tensor (it is quantized on the fly); pass packed uint8 x with its scales, or drop "
+                         "'x_scales'");
+      if (x_scales->ndim != 2 || x_scales->shape[0] != T)
+        return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'x_scales' has shape %s; expected [T=%lld, "
+                         "K/group] (linear, one row per token of 'x')", shape_str(x_scales->ndim,
+                         x_scales->shape).c_str(), (long long)T);
+    } else if (x_packed) {
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'x_scales' is required when 'x' is packed "
+                       "uint8 data");
     }
-  }
-  return QQ_STATUS_SUCCESS;
+    QQ_TRY(check_tensor(c, "w", w, &dt));
+    if (w->ndim != 3 || w->shape[0] != E)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'w' has shape %s; expected [E=%lld, N, K] "
+                       "(or packed [E, N, K*bits/8])", shape_str(w->ndim, w->shape).c_str(), (long long)E);
+    if (w_scales) {
+      QQ_TRY(check_tensor(c, "scales", w_scales, &dt));
+      if (w_scales->ndim != 3 || w_scales->shape[0] != E)
+        return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'scales' has shape %s; expected one "
+                         "scale matrix per expert, [E=%lld, ...]", shape_str(w_scales->ndim, w_scales->shape).c_str(),
+                         (long long)E);
+    }
+    if (global_scale_w) {
+      QQ_TRY(check_tensor(c, "global_scale_w", global_scale_w, &dt));
+      if (dt != DType::F32 || numel(global_scale_w) != E || global_scale_w->ndim != 1)
+        return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'global_scale_w' must be float32 [E=%lld] "
+                         "(one global scale per expert); got %s %s", (long long)E,
+                         dtype_str(global_scale_w->dtype).c_str(),
+                         shape_str(global_scale_w->ndim, global_scale_w->shape).c_str());
+    }
+    QQ_TRY(check_tensor(c, "out", out, &dt));
+    if (out->ndim != 2 || out->shape[0] != T)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'out' has shape %s; expected [T=%lld, N]",
+                       shape_str(out->ndim, out->shape).c_str(), (long long)T);
+    QQ_TRY(check_no_alias(c, {{"out", out}}, {{"x", x}, {"x_scales", x_scales}, {"offsets", offsets}, {"w", w},
+                                             {"scales", w_scales}, {"global_scale_x", global_scale_x},
+                                             {"global_scale_w", global_scale_w}}));
+    // The group ends, on the host.
+    std::vector<int32_t> ends(E);
+    if (E > 0) {
+      const void* src = (const char*)offsets->data + offsets->byte_offset;
+      if (stride_of(offsets, 0) != 1 && E > 1)
+        return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'offsets' must be contiguous");
+      if (c.device < 0) memcpy(ends.data(), src, E * sizeof(int32_t));
+      else QQ_TRY(cuda::copy_to_host(c.device, src, E * sizeof(int32_t), ends.data(), stream));
+    }
+    int32_t prev = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      if (ends[e] < prev || ends[e] > T)
+        return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'offsets' must be non-decreasing group "
+                         "ends within [0, T=%lld]; offsets[%lld] = %d after %d", (long long)T, (long long)e,
+                         (int)ends[e], (int)prev);
+      prev = ends[e];
+    }
+    if (prev != T)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: the last entry of 'offsets' (%d) must equal T = %lld "
+                       "(every token belongs to one expert)", (int)prev, (long long)T);
+    prev = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = prev, n = ends[e] - prev;
+      prev = ends[e];
+      if (n == 0) continue;  // empty group
+      SubTensor xs(x, r0, n, false), os(out, r0, n, false), ws(w, e, 0, true);
+      SubTensor xss(x_scales ? x_scales : x, r0, n, false);
+      SubTensor wss(w_scales ? w_scales : w, e, 0, true);
+      SubTensor gws(global_scale_w ? global_scale_w : offsets, e, 0, true);
+      Ctx ce{"qqmm"};
+      const qqStatus_t st = qqmm_single(ce, handle, &xs.t, x_scales ? &xss.t : nullptr, &ws.t,
+                                        w_scales ? &wss.t : nullptr, p, global_scale_x,
+                                        global_scale_w ? &gws.t : nullptr, nullptr, &os.t, stream, true);
+      if (st != QQ_STATUS_SUCCESS) {
+        const std::string msg = g_last_error;
+        return set_error(st, "grouped_qqmm: expert %lld: %s", (long long)e, msg.c_str());
+      }
+    }
+    return QQ_STATUS_SUCCESS;
+  });
 }
 
 QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x, const DLTensor* w,
                                     const DLTensor* scales, const DLTensor* biases, const qqQuantParams_t* params,
                                     int transpose, const DLTensor* global_scale, const DLTensor* bias,
                                     DLTensor* out, void* stream) {
-  g_last_error.clear();
-  Ctx c{"quantized_matmul"};
-  MatmulArgs a{};
-  QQ_TRY(resolve_params(c, params, &a.q));
-  a.transpose = transpose != 0;
-  a.x_packed = false;
-  a.w_packed = true;
-  if (!a.transpose && a.q.blocked)
-    return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: blocked scales need transpose=True (groups "
-                     "along K); use linear scales with transpose=False");
-  DType xdt, wdt;
-  QQ_TRY(check_tensor(c, "x", x, &xdt));
-  QQ_TRY(expect_float(c, "x", x, xdt));
-  QQ_TRY(check_tensor(c, "w", w, &wdt));
-  QQ_TRY(expect_bytes(c, "w", w, wdt, "packed quantized weights"));
-  if (x->ndim < 1 || w->ndim < 2)
-    return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: 'x' must be [..., M, K] and 'w' [..., N, "
-                     "K*bits/8] (transpose) or [..., K, N*bits/8]; got x %s, w %s",
-                     shape_str(x->ndim, x->shape).c_str(), shape_str(w->ndim, w->shape).c_str());
-  QQ_TRY(to_mat(c, "x", x, xdt, &a.x));
-  QQ_TRY(to_mat(c, "w", w, wdt, &a.w));
-  a.K = x->shape[x->ndim - 1];
-  a.M = x->ndim >= 2 ? x->shape[x->ndim - 2] : 1;
-  const int64_t wr = w->shape[w->ndim - 2], wc = w->shape[w->ndim - 1];
-  if ((wc * 8) % a.q.bits)
-    return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: argument 'w' has %lld bytes per row, not a "
-                     "whole number of %d-bit elements", (long long)wc, a.q.bits);
-  const int64_t wcols = wc * 8 / a.q.bits;  // logical columns of w
-  if (a.transpose) {
-    a.N = wr;
-    if (wcols != a.K)
-      return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: 'x' has K=%lld but 'w' (transpose=True, [N, "
-                       "K*bits/8]) holds %lld columns", (long long)a.K, (long long)wcols);
-  } else {
-    a.N = wcols;
-    if (wr != a.K)
-      return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: 'x' has K=%lld but 'w' (transpose=False, "
-                       "[K, N*bits/8]) has %lld rows", (long long)a.K, (long long)wr);
-  }
-  QQ_TRY(check_k(c, a.transpose ? "w (along K)" : "w (along N)", wcols, a.q));
-  int64_t fshape[kMaxDims];
-  for (int i = 0; i < w->ndim; ++i) fshape[i] = w->shape[i];
-  fshape[w->ndim - 1] = wcols;
-  QQ_TRY(input_scales(c, "scales", scales, a.q, w->ndim, fshape, DType::U8, false, &a.w_scales));
-  if (a.q.blocked) blocked_batch_strides(&a.w_scales);
-  a.w_blocked = a.q.blocked;
-  if (a.q.mode == QQ_MODE_AFFINE) {
-    QQ_TRY(input_scales(c, "biases", biases, a.q, w->ndim, fshape, a.w_scales.dt, true, &a.w_biases));
-  } else if (biases) {
-    return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: argument 'biases' must be None for mode %s",
-                     mode_name(a.q.mode));
-  }
-  QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, a.q, &a.gs_w));
-  QQ_TRY(bias_mat(c, bias, a.N, &a.bias));
-  int nb;
-  int64_t bshape[kMaxDims];
-  QQ_TRY(broadcast_batch(c, &a.x, &a.w, &nb, bshape));
-  align_batch(&a.x, nb, bshape);
-  align_batch(&a.w, nb, bshape);
-  align_batch(&a.w_scales, nb, bshape);
-  if (a.w_biases.ptr) align_batch(&a.w_biases, nb, bshape);
-  int64_t oshape[kMaxDims];
-  int ond = 0;
-  for (int i = 0; i < nb; ++i) oshape[ond++] = bshape[i];
-  if (x->ndim >= 2) oshape[ond++] = a.M;
-  oshape[ond++] = a.N;
-  QQ_TRY(output_mat(c, "out", out, ond, oshape, -1, "[broadcast batch..., M, N]", &a.out));
-  // The output Mat indexes batches like x and w do: out is compact.
-  a.out.nb = nb;
-  {
-    int64_t st = a.M * a.N;
-    for (int i = nb - 1; i >= 0; --i) {
-      a.out.bshape[i] = bshape[i];
-      a.out.bstride[i] = st;
-      st *= bshape[i];
+  return guard("quantized_matmul", [&]() -> qqStatus_t {
+    Ctx c{"quantized_matmul"};
+    MatmulArgs a{};
+    QQ_TRY(resolve_params(c, params, &a.q));
+    a.transpose = transpose != 0;
+    a.x_packed = false;
+    a.w_packed = true;
+    if (!a.transpose && a.q.blocked)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: blocked scales need transpose=True (groups "
+                       "along K); use linear scales with transpose=False");
+    DType xdt, wdt;
+    QQ_TRY(check_tensor(c, "x", x, &xdt));
+    QQ_TRY(expect_float(c, "x", x, xdt));
+    QQ_TRY(check_tensor(c, "w", w, &wdt));
+    QQ_TRY(expect_bytes(c, "w", w, wdt, "packed quantized weights"));
+    if (x->ndim < 1 || w->ndim < 2)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: 'x' must be [..., M, K] and 'w' [..., N, "
+                       "K*bits/8] (transpose) or [..., K, N*bits/8]; got x %s, w %s",
+                       shape_str(x->ndim, x->shape).c_str(), shape_str(w->ndim, w->shape).c_str());
+    QQ_TRY(to_mat(c, "x", x, xdt, &a.x));
+    QQ_TRY(to_mat(c, "w", w, wdt, &a.w));
+    a.K = x->shape[x->ndim - 1];
+    a.M = x->ndim >= 2 ? x->shape[x->ndim - 2] : 1;
+    const int64_t wr = w->shape[w->ndim - 2], wc = w->shape[w->ndim - 1];
+    if ((wc * 8) % a.q.bits)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: argument 'w' has %lld bytes per row, not a "
+                       "whole number of %d-bit elements", (long long)wc, a.q.bits);
+    const int64_t wcols = wc * 8 / a.q.bits;  // logical columns of w
+    if (a.transpose) {
+      a.N = wr;
+      if (wcols != a.K)
+        return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: 'x' has K=%lld but 'w' (transpose=True, [N, "
+                         "K*bits/8]) holds %lld columns", (long long)a.K, (long long)wcols);
+    } else {
+      a.N = wcols;
+      if (wr != a.K)
+        return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: 'x' has K=%lld but 'w' (transpose=False, "
+                         "[K, N*bits/8]) has %lld rows", (long long)a.K, (long long)wr);
     }
-    a.out.rows = a.M;
-    a.out.cols = a.N;
-    a.out.ld = a.N;
-  }
-  if (a.M * a.N * a.out.batch() == 0) return QQ_STATUS_SUCCESS;
-  if (c.device < 0) return cpu::quantized_matmul(a);
-  return cuda::quantized_matmul(handle, a, stream);
+    QQ_TRY(check_k(c, "w", a.transpose ? "K" : "N", wcols, a.q));
+    int64_t fshape[kMaxDims];
+    for (int i = 0; i < w->ndim; ++i) fshape[i] = w->shape[i];
+    fshape[w->ndim - 1] = wcols;
+    QQ_TRY(input_scales(c, "scales", scales, a.q, w->ndim, fshape, DType::U8, false, &a.w_scales));
+    if (a.q.blocked) blocked_batch_strides(&a.w_scales);
+    a.w_blocked = a.q.blocked;
+    if (a.q.mode == QQ_MODE_AFFINE) {
+      QQ_TRY(input_scales(c, "biases", biases, a.q, w->ndim, fshape, a.w_scales.dt, true, &a.w_biases));
+    } else if (biases) {
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: argument 'biases' must be None for mode %s",
+                       mode_name(a.q.mode));
+    }
+    QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, a.q, &a.gs_w));
+    QQ_TRY(bias_mat(c, bias, a.N, &a.bias));
+    int nb;
+    int64_t bshape[kMaxDims];
+    QQ_TRY(broadcast_batch(c, &a.x, &a.w, &nb, bshape));
+    align_batch(&a.x, nb, bshape);
+    align_batch(&a.w, nb, bshape);
+    align_batch(&a.w_scales, nb, bshape);
+    if (a.w_biases.ptr) align_batch(&a.w_biases, nb, bshape);
+    int64_t oshape[kMaxDims];
+    int ond = 0;
+    for (int i = 0; i < nb; ++i) oshape[ond++] = bshape[i];
+    if (x->ndim >= 2) oshape[ond++] = a.M;
+    oshape[ond++] = a.N;
+    QQ_TRY(output_mat(c, "out", out, ond, oshape, -1, "[broadcast batch..., M, N]", &a.out));
+    QQ_TRY(check_no_alias(c, {{"out", out}}, {{"x", x}, {"w", w}, {"scales", scales}, {"biases", biases},
+                                             {"global_scale", global_scale}, {"bias", bias}}));
+    // The output Mat indexes batches like x and w do: out is compact.
+    a.out.nb = nb;
+    {
+      int64_t st = a.M * a.N;
+      for (int i = nb - 1; i >= 0; --i) {
+        a.out.bshape[i] = bshape[i];
+        a.out.bstride[i] = st;
+        st *= bshape[i];
+      }
+      a.out.rows = a.M;
+      a.out.cols = a.N;
+      a.out.ld = a.N;
+    }
+    if (a.M * a.N * a.out.batch() == 0) return QQ_STATUS_SUCCESS;
+    if (c.device < 0) return cpu::quantized_matmul(a);
+    return cuda::quantized_matmul(handle, a, stream);
+  });
 }
 
 }  // extern "C"

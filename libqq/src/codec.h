@@ -396,7 +396,19 @@ QQ_HD uint8_t elem_nan_code(int kind) { return kind == ELEM_E2M1 ? 0 : 0x7f; }
 // s = E4M3_rn_satfinite((amax / 6) * enc); a non-finite amax gives 0x7F (NaN);
 // amax == 0 gives 0. Elements: E2M1(x * (enc / float(s))), in exactly this
 // order (MLX's CUDA kernel does the same; keep it for bit-exactness).
-QQ_HD float nvfp4_enc(float global_scale) { return 2688.0f / global_scale; }
+//
+// The global scale g is the tensor's amax. It is used only when it is a
+// finite number >= 1e-30: below that, enc / (the smallest E4M3 scale, 2^-9)
+// = 2688 * 512 / g overflows fp32 and a zero element would encode as
+// 0 * inf = NaN. Any other value - 0 (the amax of an all-zero tensor),
+// negative, NaN, +-Inf, tiny - means "no global scale" (factor 1) in every
+// backend, in quantize, dequantize and the matmuls alike, so a round trip
+// with the same g stays exact (docs/errors.md). The API refuses such values
+// where it can read them without a synchronization (host tensors), 0 apart.
+constexpr float kNvfp4MinGlobalScale = 1e-30f;
+QQ_HD bool nvfp4_gs_valid(float g) { return g >= kNvfp4MinGlobalScale && g <= 3.40282347e38f; }
+QQ_HD float nvfp4_gs(float g) { return nvfp4_gs_valid(g) ? g : 2688.0f; }
+QQ_HD float nvfp4_enc(float global_scale) { return 2688.0f / nvfp4_gs(global_scale); }
 QQ_HD uint8_t nvfp4_scale(float amax, float enc) {
   if (!is_finite_f(amax)) return 0x7f;
   if (amax == 0.0f) return 0;
@@ -409,7 +421,7 @@ QQ_HD float nvfp4_elem_factor(uint8_t s, float enc) {
   return enc / e4m3_decode(s);
 }
 // Dequantize factor of the global scale: global_scale / 2688.
-QQ_HD float nvfp4_dec(float global_scale) { return global_scale / 2688.0f; }
+QQ_HD float nvfp4_dec(float global_scale) { return nvfp4_gs(global_scale) / 2688.0f; }
 
 // MX (mxfp4, mxfp8): UE8M0 byte by rounding rule; elements x * 2^(127-b).
 QQ_HD uint8_t mx_scale(float amax, int kind, int floor_rounding) {
@@ -420,7 +432,11 @@ QQ_HD uint8_t mx_scale(float amax, int kind, int floor_rounding) {
 // wmin = min(w), wmax = max(0, max(w)), both over a finite group.
 QQ_HD void affine_params(float wmin, float wmax, int bits, float* scale_out, float* bias_out) {
   const float n = (float)((1 << bits) - 1);
-  float scale = (wmax - wmin) / n;
+  // A group spanning more than FLT_MAX (wmax - wmin = inf) takes the range
+  // as wmax/n - wmin/n: finite, so the group decodes to finite values
+  // instead of 0 * inf = NaN. Every finite range keeps MLX's formula.
+  const float range = wmax - wmin;
+  float scale = is_finite_f(range) ? range / n : wmax / n - wmin / n;
   if (!(scale >= 1e-7f)) scale = 1e-7f;
   float edge;
   if (abs_f(wmin) > abs_f(wmax)) {

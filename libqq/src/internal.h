@@ -69,6 +69,13 @@ struct QSpec {
   QQ_HD int64_t packed_cols(int64_t k) const { return k * bits / 8; }
 };
 
+// Returns from the enclosing function when `expr` is not QQ_STATUS_SUCCESS.
+#define QQ_TRY(expr)                          \
+  do {                                        \
+    qqStatus_t st_ = (expr);                  \
+    if (st_ != QQ_STATUS_SUCCESS) return st_; \
+  } while (0)
+
 // Thread-local error message (api.cpp). Returns `st` so that callers can
 // write `return set_error(QQ_STATUS_INVALID_VALUE, "...", ...)`.
 qqStatus_t set_error(qqStatus_t st, const char* fmt, ...)

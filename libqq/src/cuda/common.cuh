@@ -11,12 +11,6 @@
 
 #include "../internal.h"
 
-#define QQ_TRY(expr)                          \
-  do {                                        \
-    qqStatus_t st_ = (expr);                  \
-    if (st_ != QQ_STATUS_SUCCESS) return st_; \
-  } while (0)
-
 #define QQ_CUDA_TRY(call, what)                                                     \
   do {                                                                              \
     cudaError_t e_ = (call);                                                        \
