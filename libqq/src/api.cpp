@@ -226,8 +226,9 @@ qqStatus_t check_tensor(Ctx& c, const char* name, const DLTensor* t, DType* dt) 
     return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has shape %s: more than 2^56 elements, "
                      "beyond what libqq addresses", c.op, name, shape_str(t->ndim, t->shape).c_str());
   if (!parse_dtype(t->dtype, dt))
-    return set_error(QQ_STATUS_INVALID_DTYPE, "%s: argument '%s' has dtype %s, which libqq does not take",
-                     c.op, name, dtype_str(t->dtype).c_str());
+    return set_error(QQ_STATUS_INVALID_DTYPE, "%s: argument '%s' has dtype %s, which libqq does not take "
+                     "(values: float32, float16, bfloat16; packed data and scales: uint8 or a float8 dtype; "
+                     "group offsets: int32)", c.op, name, dtype_str(t->dtype).c_str());
   if (numel(t) > 0) {
     if (!t->data)
       return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has a NULL data pointer", c.op, name);
@@ -1232,7 +1233,8 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x
       if (st != QQ_STATUS_SUCCESS) {
         const std::string msg = g_last_error;
         return B ? set_error(st, "qqmm: batch entry %lld of 'w': %s", (long long)b, msg.c_str())
-                 : set_error(st, "qqmm: (an empty batch, checked as one entry) %s", msg.c_str());
+                 : set_error(st, "qqmm: (an empty batch, checked as one entry) %s",
+                               msg.c_str() + (msg.compare(0, 6, "qqmm: ") == 0 ? 6 : 0));
       }
     }
     return QQ_STATUS_SUCCESS;
@@ -1263,7 +1265,8 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
                        "float x");
     QQ_TRY(check_tensor(c, "offsets", offsets, &dt));
     if (dt != DType::I32 || offsets->ndim != 1)
-      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'offsets' must be int32 [E] (cumulative "
+      return set_error(dt != DType::I32 ? QQ_STATUS_INVALID_DTYPE : QQ_STATUS_INVALID_VALUE,
+                       "grouped_qqmm: argument 'offsets' must be int32 [E] (cumulative "
                        "group ends); got %s %s", dtype_str(offsets->dtype).c_str(),
                        shape_str(offsets->ndim, offsets->shape).c_str());
     const int64_t E = offsets->shape[0], T = x->shape[0];

@@ -150,10 +150,14 @@ cdef int _enum(str func, str arg, value, dict table) except -1:
 
 cdef int _int_arg(str func, str arg, value) except? -1:
     try:
-        return operator.index(value)
+        v = operator.index(value)
     except TypeError:
         raise TypeError(f"{func}: {arg}: expected an int or None, got "
                         f"{type(value).__name__} {value!r}") from None
+    if not -2**31 <= v < 2**31:
+        raise ValueError(f"{func}: {arg}: {v} is out of range (see docs/api.md for the values "
+                         f"each mode takes)")
+    return v
 
 
 cdef int _quant_params(str func, qqQuantParams_t* p, mode, group_size, bits, rounding,
@@ -790,11 +794,13 @@ cdef class _Call:
     cdef list views
     cdef list buffers           # _DeviceBuffers allocated for results in this call
     cdef bint torch_current     # torch tensors, work on torch's current stream (stream=None)
+    cdef list torch_outs        # torch tensors the caller passed as out=: versions bumped in finish()
 
     def __cinit__(self, str func, anchor, str anchor_name, stream):
         self.func = func
         self.views = []
         self.buffers = []
+        self.torch_outs = []
         if isinstance(anchor, QuantizedArray):
             anchor = anchor.data
         self.anchor = anchor
@@ -860,6 +866,14 @@ cdef class _Call:
         if obj is None:
             return None
         cdef str where = f"{self.func}: {name}"
+        if _framework_of(obj) == "torch" and (obj.is_conj() or obj.is_neg()):
+            # torch's lazy conjugate / negative views (t.conj().imag, t._neg_view()) share
+            # memory holding the un-negated values: read through DLPack they come out as +t.
+            if writable:
+                raise ValueError(f"{where}: the tensor has torch's conjugate or negative bit set "
+                                 f"(a lazy view); results written into it would read back "
+                                 f"negated. Pass a plain tensor (e.g. out.resolve_neg())")
+            obj = obj.resolve_conj().resolve_neg()
         cdef _View v = _View.__new__(_View)
         v.name = name
         self.views.append(v)        # first: whatever the import acquires is released with us
@@ -881,6 +895,20 @@ cdef class _Call:
         if writable and v.readonly:
             raise ValueError(f"{where}: the array is read-only; out= must be a writable array")
         return v
+
+    cdef _View out_view(self, obj, str name):
+        """A caller's out= array. Like torch's own out= ops: a tensor that requires grad is
+        refused while grad mode is on, and the version counter of a written tensor is bumped
+        (in finish()) so that autograd notices the overwrite instead of using stale values."""
+        if _framework_of(obj) == "torch":
+            torch = sys.modules["torch"]
+            if obj.requires_grad and torch.is_grad_enabled():
+                raise ValueError(f"{self.func}: {name}: out= tensors that require grad are not "
+                                 f"supported (qq's ops are not differentiable through out=, as "
+                                 f"torch's out= ops are not); pass a tensor without requires_grad "
+                                 f"or leave {name}=None")
+            self.torch_outs.append(obj)
+        return self.view(obj, name, True)
 
     cdef object scalar(self, value, str name):
         """A global scale: arrays pass through; a Python / NumPy real number becomes a
@@ -909,6 +937,18 @@ cdef class _Call:
     cdef tuple empty(self, tuple shape, str dtype, str name):
         """(result, view): a new compact array in the caller's framework and a writable
         view of it. `result` goes through self.result() before it is returned."""
+        try:
+            return self._empty(shape, dtype, name)
+        except MemoryError as e:
+            raise MemoryError(f"{self.func}: cannot allocate the result '{name}' of shape {shape} "
+                              f"({dtype}): {e}") from None
+        except RuntimeError as e:   # torch.OutOfMemoryError and friends
+            if "out of memory" not in str(e).lower():
+                raise
+            raise MemoryError(f"{self.func}: cannot allocate the result '{name}' of shape {shape} "
+                              f"({dtype}) on the GPU: {e}") from None
+
+    cdef tuple _empty(self, tuple shape, str dtype, str name):
         cdef _DeviceBuffer b
         if not self.on_gpu:
             if self.fw == "torch":
@@ -946,6 +986,10 @@ cdef class _Call:
 
     cdef finish(self):
         """After the C call succeeded, before the views are released."""
+        if self.torch_outs:
+            bump = sys.modules["torch"].autograd.graph.increment_version
+            for t in self.torch_outs:
+                bump(t)
         if self.fw == "jax" and self.on_gpu:
             _stream_synchronize(self.dev_id, self.stream)
             for b in self.buffers:
@@ -1021,9 +1065,10 @@ cdef object _cupy_empty(str func, tuple shape, str dtype, int dev_id):
 # Shapes (libqq computes them; Python only asks)
 # =========================================================================================
 
-cdef tuple _quantized_shapes(str func, const qqQuantParams_t* p, tuple x_shape):
+cdef tuple _quantized_shapes(str func, const qqQuantParams_t* p, tuple x_shape, str axis="K"):
     """(data_shape, scales_shape) of quantize(x) for x of shape x_shape, from
-    qqQuantizedShapes."""
+    qqQuantizedShapes. `axis` names the caller's quantized axis in a K/group error
+    (quantize_colwise quantizes along M)."""
     cdef int64_t xs[_MAX_NDIM]
     cdef int64_t ds[_MAX_NDIM]
     cdef int64_t ss[_MAX_NDIM + 1]
@@ -1037,7 +1082,13 @@ cdef tuple _quantized_shapes(str func, const qqQuantParams_t* p, tuple x_shape):
         xs[i] = x_shape[i]
     with nogil:
         st = qqQuantizedShapes(p, nd, xs, ds, ss, &sn)
-    _check(st)
+    try:
+        _check(st)
+    except ValueError as e:         # the message is about the caller's operation, not this helper
+        msg = str(e).replace("quantized_shapes:", f"{func}:", 1)
+        if axis != "K":
+            msg = msg.replace(" K=", f" {axis}=").replace("pad K", f"pad {axis}")
+        raise ValueError(msg) from None
     return tuple([ds[i] for i in range(nd)]), tuple([ss[i] for i in range(sn)])
 
 
@@ -1335,7 +1386,7 @@ def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_sca
         if len(xs) < 2:
             raise ValueError(f"{func}: argument 'x' has shape {xs}; expected [..., M, K]")
         t_shape = xs[:-2] + (xs[-1], xs[-2])
-        data_shape, scales_shape = _quantized_shapes(func, &p, t_shape)
+        data_shape, scales_shape = _quantized_shapes(func, &p, t_shape, "M")
         scale_dtype = vx.float_dtype() if p.mode == QQ_MODE_AFFINE else "uint8"
         data, vd = call.empty(data_shape, "uint8", "data_t")
         scales, vs = call.empty(scales_shape, scale_dtype, "scales_t")
@@ -1515,7 +1566,7 @@ def dequantize(w, scales=None, biases=None, group_size=None, bits=None, mode="af
 
 
 cdef _View _out_view(_Call call, out, str dtype):
-    cdef _View v = call.view(out, "out", True)
+    cdef _View v = call.out_view(out, "out")
     if dtype is not None and v.dtype_name() != dtype:
         raise ValueError(f"{call.func}: out has dtype {v.dtype_name() or 'unsupported'} but "
                          f"dtype={dtype!r} was asked for")
@@ -1629,7 +1680,11 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
         vbias = call.view(bias, "bias")
         vc = call.view(c, "c")
         qp.c = _t(vc)
-        qp.beta = float(beta) if c is not None else 0.0
+        try:
+            qp.beta = float(beta) if c is not None else 0.0
+        except (TypeError, ValueError):
+            raise TypeError(f"{func}: beta: expected a real number, got "
+                            f"{type(beta).__name__} {beta!r}") from None
         if out is None:
             if out_dtype is None:
                 x_dt = vx.dtype_name()
@@ -1834,12 +1889,14 @@ def swizzle_scales(scales, *, out=None, stream=None):
                 raise ValueError(f"{func}: scales: expected [..., R, C], got a 0-d array")
             # The blocked shape of linear scales [B..., R, C] is the blocked scales shape
             # of an x [B..., R, C*group]: ask qqQuantizedShapes (any fp mode) rather than
-            # repeat its padding rule here.
+            # repeat its padding rule here; C = 0 pads to 0 columns.
             _quant_params(func, &p, "mxfp8", None, None, "ceil", "blocked", "e4m3")
-            _, blocked = _quantized_shapes(func, &p, shape[:-1] + (shape[-1] * p.group_size,))
+            _, blocked = _quantized_shapes(func, &p, shape[:-1] + (max(shape[-1], 1) * p.group_size,))
+            if shape[-1] == 0:
+                blocked = blocked[:-1] + (0,)
             result, vo = call.empty(blocked, "uint8", "out")
         else:
-            vo = call.view(out, "out", True)
+            vo = call.out_view(out, "out")
         ts, to = _t(vs), _t(vo)
         s = call.cstream()
         with nogil:
@@ -1871,7 +1928,7 @@ def unswizzle_scales(scales, shape, *, out=None, stream=None):
         if out is None:
             result, vo = call.empty(linear_shape, "uint8", "out")
         else:
-            vo = call.view(out, "out", True)
+            vo = call.out_view(out, "out")
             if vo.shape != linear_shape:
                 raise ValueError(f"{func}: argument 'out' has shape {vo.shape}; expected the "
                                  f"linear shape {linear_shape} given as 'shape'")
@@ -1902,7 +1959,7 @@ def amax(x, *, out=None, stream=None):
         if out is None:
             result, vo = call.empty((), "float32", "out")
         else:
-            vo = call.view(out, "out", True)
+            vo = call.out_view(out, "out")
         tx, to = _t(vx), _t(vo)
         s = call.cstream()
         with nogil:
