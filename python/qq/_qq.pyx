@@ -921,11 +921,13 @@ cdef class _Call:
             return np.array(v, dtype=np.float32)
         if self.fw == "torch":
             torch = sys.modules["torch"]
-            return torch.tensor(v, dtype=torch.float32, device=torch.device("cuda", self.dev_id))
+            # a fill kernel with v as its argument: no host-to-device copy, so this also
+            # works inside a CUDA graph capture
+            return torch.full((), v, dtype=torch.float32, device=torch.device("cuda", self.dev_id))
         if self.fw == "cupy":
             cupy = sys.modules["cupy"]
             with cupy.cuda.Device(self.dev_id):
-                return cupy.array(v, dtype=cupy.float32)
+                return cupy.full((), v, dtype=cupy.float32)
         if self.fw == "jax":
             return _jax_put(np.array(v, dtype=np.float32), self.anchor)
         raise TypeError(f"{self.func}: {name}: a Python number can only be placed on the GPU "

@@ -119,6 +119,15 @@ qqStatus_t device_alloc(int device, size_t bytes, void** ptr, void* stream) {
 
 qqStatus_t copy_to_host(int device, const void* src, size_t bytes, void* dst, void* stream) {
   return on_device(device, [&]() -> qqStatus_t {
+    // A host read cannot happen inside a CUDA graph capture (the copy would
+    // be recorded, not run, and the synchronization is illegal there): say
+    // so instead of failing inside CUDA and invalidating the capture.
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    QQ_CUDA_TRY(cudaStreamIsCapturing((cudaStream_t)stream, &cs), "grouped_qqmm");
+    if (cs != cudaStreamCaptureStatusNone)
+      return set_error(QQ_STATUS_NOT_SUPPORTED, "grouped_qqmm: the group offsets are read on the host, which "
+                       "cannot be done while the stream is being captured into a CUDA graph; call it outside "
+                       "the capture (docs/api.md, CUDA graphs)");
     QQ_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream), "grouped_qqmm");
     QQ_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream), "grouped_qqmm");
     return QQ_STATUS_SUCCESS;

@@ -1,0 +1,125 @@
+"""CUDA graphs: every GPU op can be captured with torch.cuda.graph and replays to its eager
+result (docs/api.md, CUDA graphs). A call must not synchronize the host or allocate outside
+the stream's pool; grouped_qqmm, which reads its offsets on the host, raises a clear error
+under capture instead of breaking it.
+
+Each case runs the op eagerly twice (warm-up: cuBLASLt plans and pools), captures one call,
+replays the graph on fresh input values copied into the captured buffers, and compares
+bit for bit with an eager call on those values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import qq
+from helpers import try_import
+
+torch = try_import("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(torch is None or not torch.cuda.is_available(),
+                                 reason="needs torch with CUDA")]
+
+
+def _flat(res):
+    """The tensors of a result (a tensor, a QuantizedArray or a tuple of them)."""
+    if isinstance(res, qq.QuantizedArray):
+        return [t for t in (res.data, res.scales, res.biases) if t is not None]
+    if isinstance(res, (tuple, list)):
+        return [t for r in res for t in _flat(r)]
+    return [res]
+
+
+def _check_graph(fn, inputs):
+    """fn(*inputs) captured in a graph, replayed on new values of `inputs`, equals eager."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn(*inputs)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        captured = _flat(fn(*inputs))
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for t in inputs:
+        if t.dtype.is_floating_point:
+            t.copy_(torch.randn(t.shape, generator=gen, device="cuda", dtype=torch.float32).to(t.dtype))
+    for c in captured:
+        c.fill_(0) if c.dtype != torch.uint8 else c.fill_(0xAB)   # poison: replay must rewrite
+    g.replay()
+    torch.cuda.synchronize()
+    want = _flat(fn(*inputs))
+    assert len(want) == len(captured)
+    for got, exp in zip(captured, want):
+        assert got.shape == exp.shape and got.dtype == exp.dtype
+        assert torch.equal(got.reshape(-1).view(torch.uint8), exp.reshape(-1).view(torch.uint8))
+
+
+def _x(*shape, dtype=None):
+    return torch.randn(*shape, device="cuda", dtype=dtype or torch.bfloat16)
+
+
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp4", "mxfp8", "affine"])
+@pytest.mark.parametrize("layout", ["linear", "blocked"])
+def test_quantize_dequantize(mode, layout):
+    if mode == "affine" and layout == "blocked":
+        pytest.skip("affine scales are linear")
+    x = _x(64, 256)
+    gs = 1.5 if mode == "nvfp4" else None
+    _check_graph(lambda x: qq.quantize(x, mode=mode, scale_layout=layout, global_scale=gs), [x])
+    _check_graph(lambda x: qq.dequantize(qq.quantize(x, mode=mode, scale_layout=layout),
+                                         mode=mode, dtype="bfloat16"), [x])
+
+
+def test_quantize_device_global_scale():
+    x = _x(64, 256)
+    _check_graph(lambda x: qq.quantize(x, mode="nvfp4", global_scale=qq.amax(x)), [x])
+
+
+def test_amax_swizzle_colwise_moe():
+    x = _x(64, 256)
+    _check_graph(lambda x: qq.amax(x), [x])
+    _check_graph(lambda x: qq.swizzle_scales(qq.quantize(x, mode="mxfp8").scales), [x])
+    _check_graph(lambda x: qq.unswizzle_scales(qq.quantize(x, mode="mxfp8", scale_layout="blocked").scales,
+                                               (64, 8)), [x])
+    _check_graph(lambda x: qq.quantize_colwise(x, mode="mxfp8", rowwise=True), [x])
+    w = _x(4, 64, 128)
+    _check_graph(lambda w: qq.quantize_moe(w, "32x32"), [w])
+
+
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp8"])
+@pytest.mark.parametrize("m", [1, 4, 16, 64, 300])
+def test_quantized_matmul(mode, m):
+    w = qq.quantize(_x(512, 1024), mode=mode)
+    x = _x(m, 1024)
+    _check_graph(lambda x: qq.quantized_matmul(x, w, mode=mode), [x])
+
+
+def test_quantized_matmul_affine():
+    w = qq.quantize(_x(512, 1024), mode="affine", group_size=64, bits=4)
+    x = _x(1, 1024)
+    _check_graph(lambda x: qq.quantized_matmul(x, w), [x])
+
+
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp4", "mxfp8"])
+@pytest.mark.parametrize("m", [1, 16, 300])
+def test_qqmm_prepared_and_stored(mode, m):
+    wf = _x(512, 1024)
+    pw = qq.prepare_weight(wf, mode=mode)
+    stored = qq.quantize(wf, mode=mode, scale_layout="blocked")
+    x = _x(m, 1024)
+    gs = 2.0 if mode == "nvfp4" else None
+    _check_graph(lambda x: qq.qqmm(x, pw, global_scale_x=gs), [x])
+    _check_graph(lambda x: qq.qqmm(x, stored, mode=mode, global_scale_x=gs), [x])
+
+
+def test_grouped_qqmm_under_capture_raises():
+    x = _x(64, 256)
+    w = _x(2, 128, 256)
+    ends = torch.tensor([30, 64], dtype=torch.int32, device="cuda")
+    qq.grouped_qqmm(x, w, ends, mode="mxfp8")          # eager works
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        with pytest.raises(qq.NotSupportedError, match="graph"):
+            qq.grouped_qqmm(x, w, ends, mode="mxfp8")
