@@ -1,0 +1,532 @@
+"""Seeded fuzz test over every public op of `qq` on NumPy (CPU) arrays.
+
+Each test draws a fixed number of random calls from a fixed seed (reproducible in CI; set
+QQ_FUZZ_SEED=<int> to explore other seeds and QQ_FUZZ_SCALE=<float> to run more or fewer
+calls). A call is a valid request (random shapes including 0-size, 1, ragged and
+non-multiples of 128; float32 / float16 / bfloat16; every mode, group_size, bits, rounding,
+scale_layout, fp8_format; strided, transposed, negative-stride, offset and read-only views)
+with at most one mutation (a wrong dtype, shape, enum string, int, out= buffer, aliasing,
+None where an array is required, ...). The property, per call:
+
+* the call returns a result equal to tests/reference.py's (bit for bit for quantize,
+  quantize_colwise, quantize_moe, dequantize, swizzle/unswizzle_scales, amax; within
+  reference.matmul_mismatch's fp32-accumulation bound for qqmm, grouped_qqmm,
+  quantized_matmul and prepare_weight + qqmm), computed on a contiguous copy of the inputs
+  taken before the call; or
+* it raises ValueError / TypeError / qq.QQError (or a subclass) whose message names the
+  function (``quantize:``, ``qqmm:``, ...) and the offending argument.
+
+Mutations that must be refused ("raise") fail when accepted; unusual layouts that libqq
+may take or refuse ("either") must give the reference's answer when taken. Anything else -
+another exception type, a crash, a message naming neither the function nor the argument,
+a wrong result, a valid request refused - is a failure. Each test collects every distinct
+failure (deduplicated by op, mutation, kind of failure and message shape) and reports them
+all with a reproducer.
+
+Known defects (docs: the brief of this test) are recognised by narrow signatures in KNOWN
+and reported as known instead of failing; each also has an explicit reproducer below,
+marked xfail(strict=False), which turns XPASS once it is fixed. QQ_FUZZ_KNOWN=fail makes
+the fuzz tests fail on known defects too.
+
+The property can fail: test_fuzz_catches_planted_bugs runs the same checker against
+planted bugs - a reference with one flipped bit (quantize, dequantize, swizzle, amax), a
+matmul reference off by 1 % in one element, an op that raises RuntimeError, a message
+without the argument name, a message without the function name, an invalid call that is
+accepted - and asserts that each one is reported. During development the fuzz tests were
+also run against a wrong reference (R.quantize with rounding "floor" in place of "ceil"
+for mx modes, and quantized_matmul's reference with transpose inverted); both made the
+quantize / quantized_matmul fuzz tests fail with "wrong-result" reports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import time
+import traceback
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import qq
+import reference as R
+from helpers import as_bytes, assert_bits_equal, assert_quantized_equal, cast, to_numpy
+from test_colwise import ref_moe
+
+F32 = np.float32
+BF16 = R.BF16
+FLOATS = (np.dtype(np.float32), np.dtype(np.float16), BF16)
+FP_MODES = ("nvfp4", "mxfp4", "mxfp8")
+BAD_DTYPES = (np.int8, np.int32, np.int64, np.float64, np.complex64, np.bool_, np.uint8, np.int16)
+BAD_ENUMS = ("", "NVFP4", "bogus", "linear ", 4, None, b"ceil")
+BAD_INTS = (2 ** 31, 2 ** 63, -1, 0, 7, 1.5, "32", -(2 ** 31))
+ACCEPTED = (ValueError, TypeError, qq.QQError)
+
+SEED = int(os.environ.get("QQ_FUZZ_SEED", "20240611"))
+SCALE = float(os.environ.get("QQ_FUZZ_SCALE", "1"))
+STRICT_KNOWN = os.environ.get("QQ_FUZZ_KNOWN", "") == "fail"
+
+
+# ---------------------------------------------------------------------------
+# Known defects: (reason, predicate on a Failure). Narrow on purpose.
+# ---------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Failure:
+    op: str
+    kind: str       # the mutation ("valid" for none)
+    category: str   # accepted-invalid, raised-on-valid, wrong-exception, message-no-func, ...
+    exc: str
+    msg: str
+    desc: str
+    detail: str = ""
+
+    def signature(self):
+        shape = re.sub(r"\d+", "#", self.msg)[:90]
+        return (self.op, self.kind, self.category, self.exc, shape)
+
+    def __str__(self):
+        s = f"[{self.category}] {self.desc}  (mutation: {self.kind})"
+        if self.exc:
+            s += f"\n      -> {self.exc}: {self.msg[:300]}"
+        if self.detail:
+            s += f"\n      {self.detail[:600]}"
+        return s
+
+
+KNOWN = [
+    ("grouped_qqmm never checks that x_scales has T rows",
+     lambda f: f.op == "grouped_qqmm" and f.kind.startswith("x_scales_rows")
+     and f.category in ("accepted-invalid", "wrong-result")),
+    ("qqmm with a batched w of batch 0 returns without validating",
+     lambda f: f.op == "qqmm" and f.kind == "w_batch0" and f.category == "accepted-invalid"),
+    ("swizzle_scales(s, out=s) / in-place unswizzle / dequantize out overlapping data",
+     lambda f: f.kind.startswith("out_alias") and f.op in ("swizzle_scales", "unswizzle_scales", "dequantize")
+     and f.category in ("wrong-result", "accepted-invalid")),
+    ("misaligned (byte_offset=1) float inputs are accepted",
+     lambda f: f.kind.endswith("offset_misaligned") and f.category in ("accepted-invalid", "wrong-result")),
+    ("nvfp4 global_scale of 0, negative or tiny is accepted",
+     lambda f: f.kind in ("gs_zero", "gs_negative", "gs_tiny") and f.category == "accepted-invalid"),
+    ("swizzle_scales of an (R, 0) array talks about x, K and mxfp8",
+     lambda f: f.op == "swizzle_scales" and f.kind == "zero_cols"
+     and f.category in ("message-no-func", "message-no-arg", "forbidden-text")),
+    ("quantize_colwise reports K=<M> for the M axis",
+     lambda f: f.op == "quantize_colwise" and f.kind == "M_ragged"
+     and f.category in ("forbidden-text", "message-no-func")),
+    ("K/group errors from qq.quantize are prefixed quantized_shapes:",
+     lambda f: f.category == "message-no-func" and f.msg.startswith("quantized_shapes:")),
+    ("group_size=2**31 gives a bare OverflowError",
+     lambda f: f.category == "wrong-exception" and f.exc == "OverflowError"
+     and f.kind in ("group_size_bad", "bits_bad")),
+    ("beta='x' gives a bare float() error",
+     lambda f: f.op == "qqmm" and f.kind == "beta_bad" and f.category in ("message-no-func", "message-no-arg")),
+    ("int64 / float64 x get no hint of the accepted dtypes",
+     lambda f: f.kind.endswith("dtype_bad") and f.category == "missing-text"),
+]
+
+
+def known_reason(f: Failure):
+    for reason, pred in KNOWN:
+        if pred(f):
+            return reason
+    return None
+
+
+# ---------------------------------------------------------------------------
+# The checker
+# ---------------------------------------------------------------------------
+
+def _short(v):
+    if isinstance(v, np.ndarray):
+        tag = ""
+        if v.size and not v.flags.c_contiguous:
+            tag = f" strides={v.strides}"
+        if not v.flags.aligned:
+            tag += " misaligned"
+        if not v.flags.writeable:
+            tag += " readonly"
+        return f"<{v.dtype} {v.shape}{tag}>"
+    if isinstance(v, qq.QuantizedArray):
+        return f"QA({v.mode!r}, {v.shape}, {v.scale_layout})"
+    if isinstance(v, qq.PreparedWeight):
+        return f"PW({v.mode!r}, {v.shape})"
+    if isinstance(v, tuple) and any(isinstance(e, np.ndarray) for e in v):
+        return "(" + ", ".join(_short(e) for e in v) + ")"
+    r = repr(v)
+    return r if len(r) < 50 else r[:47] + "..."
+
+
+def _names_re(name):
+    return re.compile(r"(?<![A-Za-z0-9_])" + re.escape(name) + r"(?![A-Za-z0-9_])")
+
+
+class Fuzzer:
+    def __init__(self, seed, budget_s=None):
+        self.rng = np.random.default_rng(seed)
+        self.failures = {}
+        self.known = {}
+        self.calls = 0
+        self.outcomes = {}
+
+    # random helpers
+    def choice(self, seq):
+        return seq[int(self.rng.integers(len(seq)))]
+
+    def coin(self, p=0.5):
+        return bool(self.rng.random() < p)
+
+    def call(self, op, fn, args=(), kwargs=None, *, kind="valid", expect="ok", names=(),
+             check=None, forbid=(), require=(), func=None):
+        """Run fn(*args, **kwargs) and judge it.
+
+        expect: "ok" (must succeed and pass check), "raise" (must raise an accepted
+        exception naming the function and one of `names`), "either".
+        forbid / require: regexes the error message must not / must contain."""
+        kwargs = kwargs or {}
+        func = func or op
+        self.calls += 1
+        desc = f"qq.{op}(" + ", ".join([_short(a) for a in args] +
+                                       [f"{k}={_short(v)}" for k, v in kwargs.items()]) + ")"
+        try:
+            res = fn(*args, **kwargs)
+        except ACCEPTED as e:
+            msg = str(e)
+            self.outcomes[(op, "raised")] = self.outcomes.get((op, "raised"), 0) + 1
+            ex = type(e).__name__
+            if expect == "ok":
+                return self._fail(Failure(op, kind, "raised-on-valid", ex, msg, desc))
+            if not _names_re(func).search(msg):
+                return self._fail(Failure(op, kind, "message-no-func", ex, msg, desc,
+                                          f"message should name the function {func!r}"))
+            if names and not any(_names_re(n).search(msg) for n in names):
+                return self._fail(Failure(op, kind, "message-no-arg", ex, msg, desc,
+                                          f"message should name {' or '.join(names)}"))
+            for pat in forbid:
+                if re.search(pat, msg):
+                    return self._fail(Failure(op, kind, "forbidden-text", ex, msg, desc,
+                                              f"message must not match {pat!r}"))
+            for pat in require:
+                if not re.search(pat, msg):
+                    return self._fail(Failure(op, kind, "missing-text", ex, msg, desc,
+                                              f"message should match {pat!r}"))
+            return None
+        except Exception as e:  # noqa: BLE001 - the point of the test
+            return self._fail(Failure(op, kind, "wrong-exception", type(e).__name__, str(e), desc,
+                                      traceback.format_exc(limit=-2).strip().splitlines()[-1]))
+        self.outcomes[(op, "ok")] = self.outcomes.get((op, "ok"), 0) + 1
+        if expect == "raise":
+            return self._fail(Failure(op, kind, "accepted-invalid", "", "", desc,
+                                      f"should raise naming {' or '.join(names) or 'the argument'}"))
+        if check is not None:
+            try:
+                check(res)
+            except AssertionError as e:
+                return self._fail(Failure(op, kind, "wrong-result", "", "", desc, str(e)))
+            except Exception as e:  # noqa: BLE001 - a result the checker cannot even read
+                return self._fail(Failure(op, kind, "wrong-result", "", "", desc,
+                                          f"{type(e).__name__}: {e}"))
+        return res
+
+    def _fail(self, f: Failure):
+        reason = known_reason(f)
+        bucket = self.known if (reason and not STRICT_KNOWN) else self.failures
+        key = f.signature()
+        if key not in bucket:
+            bucket[key] = (reason, f)
+        return None
+
+    def report(self, name):
+        lines = []
+        if self.known:
+            lines.append(f"{name}: {len(self.known)} known defect signature(s) seen:")
+            for reason, f in self.known.values():
+                lines.append(f"  KNOWN ({reason}): {f}")
+        print("\n".join(lines + [f"{name}: {self.calls} calls, outcomes {self.outcomes}"]))
+        if self.failures:
+            body = "\n".join(f"  {i + 1}. {f}" for i, (_, f) in enumerate(self.failures.values()))
+            raise AssertionError(f"{name}: {len(self.failures)} distinct failure(s) in "
+                                 f"{self.calls} calls (seed {SEED}):\n{body}")
+
+
+# ---------------------------------------------------------------------------
+# Data and layouts
+# ---------------------------------------------------------------------------
+
+def rand_float(fz, shape, dtype, specials=False, scale=None):
+    rng = fz.rng
+    x = rng.standard_normal(shape).astype(F32)
+    if x.size and scale is None and fz.coin(0.3):
+        mags = {np.dtype(np.float16): [1e-6, 1e-3, 1e3, 2.0 ** -14]}.get(
+            np.dtype(dtype), [1e-30, 1e30, 1e-40, 1e-3, 1e3, 2.0 ** -120])
+        x = (x * F32(fz.choice(mags))).astype(F32)
+    elif scale is not None:
+        x = (x * F32(scale)).astype(F32)
+    if specials and x.size and fz.coin(0.3):
+        flat = x.reshape(-1)
+        for _ in range(int(rng.integers(1, 4))):
+            i = int(rng.integers(flat.size))
+            flat[i] = fz.choice([np.nan, np.inf, -np.inf, 0.0, -0.0, 3e38, 1e-45])
+        if fz.coin(0.3) and x.shape[-1] >= 16:  # an all-zero run
+            x[..., :16] = 0
+    return cast(x, dtype)
+
+
+def at_offset(a, off):
+    """A writable copy of `a` starting `off` bytes into a fresh buffer (misaligned if off
+    is not a multiple of the item size)."""
+    buf = np.zeros(a.nbytes + off + 64, np.uint8)
+    v = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+    v[...] = a
+    return v
+
+
+def relayout(fz, a, kinds=None):
+    """(view of a's values in another memory layout, kind, expectation)."""
+    kinds = kinds or ["row_strided", "batch_strided", "transposed", "negstride", "last_strided",
+                      "offset_aligned", "offset_misaligned", "readonly"]
+    kind = fz.choice(kinds)
+    if a.ndim == 0 or a.size == 0:
+        kind = "readonly"
+    if kind == "row_strided" and a.ndim >= 2:
+        big = np.zeros(a.shape[:-1] + (a.shape[-1] + int(fz.rng.integers(1, 9)),), a.dtype)
+        big[..., :a.shape[-1]] = a
+        return big[..., :a.shape[-1]], kind, "either"
+    if kind == "batch_strided" and a.ndim >= 2:
+        big = np.zeros((a.shape[0] * 2,) + a.shape[1:], a.dtype)
+        big[::2] = a
+        return big[::2], kind, "either"
+    if kind == "transposed" and a.ndim >= 2:
+        return np.asfortranarray(a), kind, "either"
+    if kind == "negstride" and a.ndim >= 1:
+        return np.ascontiguousarray(a[::-1])[::-1], kind, "either"
+    if kind == "last_strided" and a.ndim >= 1:
+        big = np.zeros(a.shape[:-1] + (a.shape[-1] * 2,), a.dtype)
+        big[..., ::2] = a
+        return big[..., ::2], kind, "either"
+    if kind == "offset_aligned":
+        return at_offset(a, a.dtype.itemsize * 3), kind, "ok"
+    if kind == "offset_misaligned" and a.dtype.itemsize > 1:
+        return at_offset(a, 1), kind, "raise"
+    b = a.copy()
+    b.setflags(write=False)
+    return b, "readonly", "ok"
+
+
+def readonly(a):
+    b = np.array(a)
+    b.setflags(write=False)
+    return b
+
+
+def poison(shape, dtype):
+    buf = np.empty(shape, dtype)
+    buf.reshape(-1).view(np.uint8)[...] = 0xAB
+    return buf
+
+
+def pick_dtype(fz):
+    return fz.choice(FLOATS)
+
+
+def dtype_arg(fz, dt):
+    """dt spelled as a string, a NumPy dtype or the scalar type."""
+    name = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", BF16: "bfloat16"}[np.dtype(dt)]
+    return fz.choice([name, np.dtype(dt), np.dtype(dt).type])
+
+
+def group_bits(fz, mode):
+    if mode == "affine":
+        return fz.choice(R.AFFINE_GROUPS), fz.choice(R.AFFINE_BITS)
+    return R.DEFAULTS[mode]
+
+
+def mode_kwargs(fz, mode, g, b, rounding=True, fp8=True):
+    """Keyword arguments for mode, with group_size / bits given explicitly or left out."""
+    kw = {"mode": mode}
+    if mode == "affine" or fz.coin(0.3):
+        kw["group_size"] = g
+    if mode == "affine" or fz.coin(0.3):
+        kw["bits"] = b
+    if rounding and mode in ("mxfp4", "mxfp8"):
+        kw["rounding"] = fz.choice(["ceil", "floor"])
+    if fp8 and mode == "mxfp8":
+        kw["fp8_format"] = fz.choice(["e4m3", "e5m2"])
+    return kw
+
+
+def batch_shape(fz, max_dims=2):
+    nd = int(fz.rng.integers(0, max_dims + 1))
+    return tuple(int(fz.choice([1, 2, 3, 0 if fz.coin(0.1) else 2])) for _ in range(nd))
+
+
+def rows(fz):
+    return int(fz.choice([1, 1, 2, 3, 5, 17, 33, 130, 0]))
+
+
+def gs_value(fz, x):
+    """A valid nvfp4 global scale for x: amax as () / (1,) array or a Python float."""
+    a = R.amax(x)
+    if not np.isfinite(a) or a <= 0:
+        a = np.array(1.0, F32)
+    form = fz.choice(["()", "(1,)", "float"])
+    if form == "()":
+        return a.astype(F32)
+    if form == "(1,)":
+        return a.reshape(1).astype(F32)
+    return float(a)
+
+
+def swizzle_ref(linear):
+    """reference.swizzle, also for 0-size scales (which it cannot reshape)."""
+    linear = np.asarray(linear)
+    if linear.size == 0:
+        return np.zeros(R.blocked_shape(linear.shape), linear.dtype)
+    return R.swizzle(linear)
+
+
+def quantize_ref(x, g, b, mode, gs=None, rounding="ceil", layout="linear", fp8_format="e4m3"):
+    """reference.quantize with the blocked layout made by swizzle_ref."""
+    ref = R.quantize(x, g, b, mode, global_scale=gs_ref(gs), rounding=rounding,
+                     scale_layout="linear", fp8_format=fp8_format)
+    if layout == "blocked":
+        ref = dataclasses.replace(ref, scales=swizzle_ref(ref.scales), scale_layout="blocked")
+    return ref
+
+
+def gs_ref(gs):
+    return None if gs is None else np.asarray(gs, F32).reshape(())
+
+
+# ---------------------------------------------------------------------------
+# Budget
+# ---------------------------------------------------------------------------
+
+def budget(n):
+    return max(1, int(n * SCALE))
+
+
+def run_budget(fz, n, one):
+    """Call one(fz) n times; one test case's own exceptions are failures of the test."""
+    for _ in range(budget(n)):
+        one(fz)
+
+
+# ---------------------------------------------------------------------------
+# quantize
+# ---------------------------------------------------------------------------
+
+QUANTIZE_MUTATIONS = ["valid"] * 8 + [
+    "layout", "x_dtype_bad", "K_ragged", "mode_bad", "rounding_bad", "scale_layout_bad",
+    "fp8_format_bad", "group_size_bad", "bits_bad", "gs_other_mode", "gs_dtype", "gs_shape",
+    "gs_zero", "gs_negative", "gs_tiny", "gs_nonfinite", "x_none", "x_list", "x_0d",
+    "blocked_affine", "fp8_not_mxfp8", "group_other_valid", "x_1d", "K_zero"]
+
+
+def fuzz_quantize_one(fz, op="quantize"):
+    mode = fz.choice(R.MODES)
+    g, b = group_bits(fz, mode)
+    dt = pick_dtype(fz)
+    mut = fz.choice(QUANTIZE_MUTATIONS)
+    shape = batch_shape(fz, 2) + (rows(fz), g * int(fz.choice([1, 1, 2, 3, 5])))
+    if mut == "x_1d":
+        shape = (g * int(fz.choice([1, 2, 4])),)
+    x = rand_float(fz, shape, dt, specials=True)
+    kw = mode_kwargs(fz, mode, g, b)
+    layout = "linear"
+    if mode != "affine" and fz.coin(0.4):
+        layout = kw["scale_layout"] = "blocked"
+    gs = None
+    if mode == "nvfp4" and fz.coin(0.5):
+        gs = kw["global_scale"] = gs_value(fz, x)
+    xa, expect, names, forbid, require = x, "ok", (), (), ()
+    if mut == "layout":
+        xa, kind, expect = relayout(fz, x)
+        mut = "layout:" + kind
+        names = ("x", "stride", "strides")
+    elif mut == "x_dtype_bad":
+        xa = np.zeros(shape, fz.choice(BAD_DTYPES))
+        expect, names = "raise", ("x",)
+        require = (r"float32|float16|bfloat16",)
+    elif mut == "K_ragged":
+        k = shape[-1] + int(fz.choice([1, 2, 8, 16, g // 2])) * (1 if fz.coin() else -1)
+        if k <= 0 or k % g == 0:
+            k = g + 1
+        xa = rand_float(fz, shape[:-1] + (k,), dt)
+        expect, names = "raise", ("x", "K", "group_size")
+    elif mut in ("mode_bad", "rounding_bad", "scale_layout_bad", "fp8_format_bad"):
+        arg = mut[:-4]
+        kw[arg] = fz.choice(BAD_ENUMS)
+        if arg == "mode":
+            kw.pop("group_size", None), kw.pop("bits", None)
+        expect, names = "raise", (arg,)
+    elif mut in ("group_size_bad", "bits_bad"):
+        arg = mut[:-4]
+        kw[arg] = fz.choice(BAD_INTS)
+        expect, names = "raise", (arg,)
+    elif mut == "group_other_valid":
+        # another group size / bits that the mode does not take
+        if mode == "affine":
+            kw["group_size"] = fz.choice([16, 256, 8])
+            names = ("group_size",)
+        else:
+            kw["group_size"] = 32 if mode == "nvfp4" else 16
+            names = ("group_size",)
+        expect = "raise"
+    elif mut == "gs_other_mode":
+        if mode != "nvfp4":
+            kw["global_scale"] = np.array(1.0, F32)
+            expect, names = "raise", ("global_scale",)
+    elif mut in ("gs_dtype", "gs_shape", "gs_zero", "gs_negative", "gs_tiny", "gs_nonfinite"):
+        if mode == "nvfp4":
+            bad = {"gs_dtype": lambda: np.array(1.0, fz.choice([np.float64, np.float16, np.int32, BF16])),
+                   "gs_shape": lambda: np.ones(fz.choice([(2,), (1, 1), (0,)]), F32),
+                   "gs_zero": lambda: fz.choice([0.0, np.array(0.0, F32), -0.0]),
+                   "gs_negative": lambda: fz.choice([-1.0, np.array(-3.5, F32)]),
+                   "gs_tiny": lambda: fz.choice([1e-45, np.array(1e-40, F32), 1e-38]),
+                   "gs_nonfinite": lambda: fz.choice([np.inf, np.nan, np.array(np.inf, F32),
+                                                      np.array(np.nan, F32), -np.inf])}[mut]()
+            kw["global_scale"] = bad
+            expect, names = "raise", ("global_scale",)
+    elif mut == "x_none":
+        xa, expect, names = None, "raise", ("x",)
+    elif mut == "x_list":
+        xa, expect, names = x.astype(F32).tolist(), "raise", ("x",)
+    elif mut == "x_0d":
+        xa, expect, names = np.array(1.0, dt), "raise", ("x",)
+    elif mut == "blocked_affine":
+        if mode == "affine":
+            kw["scale_layout"] = "blocked"
+            expect, names = "raise", ("scale_layout",)
+    elif mut == "fp8_not_mxfp8":
+        if mode != "mxfp8":
+            kw["fp8_format"] = "e5m2"
+            expect, names = "raise", ("fp8_format",)
+    elif mut == "K_zero":
+        xa = np.zeros(shape[:-1] + (0,), dt)
+        expect, names = "either", ("x", "K")
+
+    if expect == "raise":
+        # with several bad arguments any may be named; keep one cause by resetting others
+        fz.call(op, qq.quantize, (xa,), kw, kind=mut, expect="raise", names=names,
+                forbid=forbid, require=require)
+        return
+
+    def check(got):
+        xr = np.ascontiguousarray(np.asarray(xa)) if expect != "ok" or mut.startswith("layout") else x
+        if np.asarray(xr).size == 0 and np.asarray(xr).shape[-1] == 0:
+            return
+        ref = quantize_ref(x, g, b, mode, gs, kw.get("rounding", "ceil"), layout,
+                           kw.get("fp8_format", "e4m3"))
+        assert tuple(got.shape) == x.shape, f"shape {got.shape} != {x.shape}"
+        assert (got.group_size, got.bits, got.mode) == (g, b, mode), (got.group_size, got.bits, got.mode)
+        assert_quantized_equal(got, ref, x, what=op)
+
+    fz.call(op, qq.quantize, (xa,), kw, kind=mut, expect=expect, names=names, check=check)
+
+
+def test_fuzz_quantize():
+    fz = Fuzzer(SEED)
+    run_budget(fz, 500, fuzz_quantize_one)
+    fz.report("quantize")
