@@ -122,6 +122,9 @@ KNOWN = [
      and f.kind in ("group_size_bad", "bits_bad")),
     ("beta='x' gives a bare float() error",
      lambda f: f.op == "qqmm" and f.kind == "beta_bad" and f.category in ("message-no-func", "message-no-arg")),
+    ("outputs are allocated before validation (unswizzle_scales: NumPy's bare error)",
+     lambda f: f.op == "unswizzle_scales" and f.kind == "shape_neg" and f.category == "message-no-func"
+     and "negative dimensions" in f.msg),
     ("int64 / float64 x get no hint of the accepted dtypes",
      lambda f: f.kind.endswith("dtype_bad") and f.category == "missing-text"),
 ]
@@ -530,3 +533,393 @@ def test_fuzz_quantize():
     fz = Fuzzer(SEED)
     run_budget(fz, 500, fuzz_quantize_one)
     fz.report("quantize")
+
+
+# ---------------------------------------------------------------------------
+# out= buffers
+# ---------------------------------------------------------------------------
+
+def out_mutation(fz, shape, dtype, bad_dtypes=(np.float64, np.int32, np.uint8, np.int16)):
+    """(out, kind, expect) for an out= buffer that should hold shape/dtype."""
+    kind = fz.choice(["out_ok", "out_ok", "out_shape", "out_dtype", "out_readonly", "out_noncontig"])
+    if kind == "out_shape":
+        bad = tuple(shape[:-1]) + (shape[-1] + 1,) if len(shape) else (2,)
+        if fz.coin(0.3):
+            bad = (1,) + tuple(shape)
+        return poison(bad, dtype), kind, "raise"
+    if kind == "out_dtype":
+        bd = fz.choice([d for d in bad_dtypes if np.dtype(d) != np.dtype(dtype)])
+        return poison(shape, bd), kind, "raise"
+    if kind == "out_readonly":
+        return readonly(poison(shape, dtype)), kind, "raise"
+    if kind == "out_noncontig" and len(shape) >= 2 and shape[-1] > 1 and shape[-2] > 1:
+        return np.asfortranarray(poison(shape, dtype)), kind, "raise"
+    return poison(shape, dtype), "out_ok", "ok"
+
+
+def check_is_out(out, inner):
+    def check(got):
+        assert got is out, "out= must be returned"
+        inner(got)
+    return check
+
+
+# ---------------------------------------------------------------------------
+# dequantize
+# ---------------------------------------------------------------------------
+
+DEQ_MUTATIONS = ["valid"] * 8 + [
+    "data_layout", "scales_layout", "scales_shape", "scales_dtype", "biases_missing", "biases_extra",
+    "biases_dtype", "data_width", "data_dtype_bad", "out", "out", "out_alias", "dtype_bad", "mode_bad",
+    "fp8_format_bad", "scale_layout_bad", "blocked_affine", "gs_other_mode", "qa_contradict", "w_none",
+    "group_size_bad", "bits_bad", "data_1byte_views"]
+
+
+def fuzz_dequantize_one(fz):
+    rng = fz.rng
+    mode = fz.choice(R.MODES)
+    g, b = group_bits(fz, mode)
+    shape = batch_shape(fz, 2) + (rows(fz), g * int(fz.choice([1, 2, 3])))
+    k = shape[-1]
+    dshape = shape[:-1] + (k * b // 8,)
+    lshape = shape[:-1] + (k // g,)
+    data = rng.integers(0, 256, dshape, dtype=np.uint8)
+    biases = None
+    fp8 = fz.choice(["e4m3", "e5m2"]) if mode == "mxfp8" else "e4m3"
+    if mode == "affine":
+        sdt = pick_dtype(fz)
+        scales = rand_float(fz, lshape, sdt, scale=0.1)
+        biases = rand_float(fz, lshape, sdt, scale=1.0)
+    else:
+        scales = rng.integers(0, 256, lshape, dtype=np.uint8)
+        if fz.coin(0.7):  # mostly finite, moderate scales
+            lo, hi = (0x20, 0x60) if mode == "nvfp4" else (100, 150)
+            scales = rng.integers(lo, hi, lshape, dtype=np.uint8)
+    layout = "blocked" if mode != "affine" and fz.coin(0.4) else "linear"
+    scales_arg = swizzle_ref(scales) if layout == "blocked" else scales
+    gs = None
+    if mode == "nvfp4" and fz.coin(0.5):
+        gs = fz.choice([float(np.abs(rng.standard_normal()) * 100 + 0.1), np.array(3.0, F32),
+                        np.array([2688.0], F32)])
+    out_dt = fz.choice([None, *FLOATS])
+    kw = {"mode": mode}
+    if mode == "affine" or fz.coin(0.3):
+        kw["group_size"] = g
+    if mode == "affine" or fz.coin(0.3):
+        kw["bits"] = b
+    if mode == "mxfp8" and (fp8 != "e4m3" or fz.coin(0.3)):
+        kw["fp8_format"] = fp8
+    if layout == "blocked":
+        kw["scale_layout"] = "blocked"
+    if gs is not None:
+        kw["global_scale"] = gs
+    if out_dt is not None:
+        kw["dtype"] = dtype_arg(fz, out_dt)
+    res_dt = out_dt if out_dt is not None else BF16
+    ref = R.dequantize(data, scales, biases, g, b, mode, global_scale=gs_ref(gs), scale_layout="linear",
+                       fp8_format=fp8, dtype=res_dt)
+    mut = fz.choice(DEQ_MUTATIONS)
+    args = [data, scales_arg, biases]
+    expect, names = "ok", ()
+    if mut == "data_layout":
+        args[0], k2, expect = relayout(fz, data)
+        mut += ":" + k2
+        names = ("w", "data", "stride", "strides")
+    elif mut == "scales_layout":
+        args[1], k2, expect = relayout(fz, scales_arg)
+        mut += ":" + k2
+        names = ("scales", "stride", "strides")
+    elif mut == "scales_shape":
+        s = scales_arg
+        opts = [s[..., :-1], np.concatenate([s, s[..., :1]], -1), s[None], s[..., :1, :]]
+        if s.ndim >= 2 and s.shape[-2] > 1:
+            opts.append(s[..., 1:, :])
+        cand = fz.choice(opts)
+        if cand.shape == s.shape or cand.size == s.size == 0 and cand.ndim == s.ndim:
+            cand = s[None, None]
+        args[1] = np.ascontiguousarray(cand)
+        expect, names = "raise", ("scales",)
+    elif mut == "scales_dtype":
+        if mode == "affine":
+            args[1] = scales.astype(fz.choice([np.int32, np.float64, np.uint8]))
+        else:
+            args[1] = scales_arg.astype(fz.choice([F32, np.int32, np.uint16, np.float16]))
+        expect, names = "raise", ("scales",)
+    elif mut == "biases_missing" and mode == "affine":
+        args[2], expect, names = None, "raise", ("biases",)
+    elif mut == "biases_extra" and mode != "affine":
+        args[2], expect, names = np.zeros(lshape, F32), "raise", ("biases",)
+    elif mut == "biases_dtype" and mode == "affine":
+        other = fz.choice([d for d in (*FLOATS, np.dtype(np.int32)) if d != biases.dtype])
+        args[2], expect, names = biases.astype(other), "raise", ("biases", "scales")
+    elif mut == "data_width":
+        if dshape[-1] > 1:
+            args[0] = np.ascontiguousarray(data[..., :-1])
+        else:
+            args[0] = np.zeros(dshape[:-1] + (3,), np.uint8)
+        expect, names = "raise", ("w", "data", "scales")
+    elif mut == "data_dtype_bad":
+        args[0] = data.astype(fz.choice([F32, np.int32, np.float16, np.uint16]))
+        expect, names = "raise", ("w", "data")
+    elif mut == "data_1byte_views":
+        args[0] = data.view(fz.choice([np.int8, ml_dtypes.float8_e4m3fn]))
+        if mode != "affine":
+            args[1] = scales_arg.view(fz.choice([np.int8, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e8m0fnu]))
+    elif mut == "out":
+        out, k2, expect = out_mutation(fz, shape, res_dt, (np.float64, np.int32, np.uint8))
+        if k2 == "out_dtype" and out_dt is None:
+            expect = "raise"  # float64 / ints are never a dequantize output
+        mut = k2
+        kw["out"] = out
+        names = ("out", "dtype")
+    elif mut == "out_alias" and mode != "affine":
+        ob = int(np.prod(shape)) * res_dt.itemsize
+        db = data.nbytes
+        if ob and db:
+            buf = np.zeros(ob + db, np.uint8)
+            shift = int(rng.integers(0, ob + 1))
+            out = buf[:ob].view(res_dt).reshape(shape)
+            alias = buf[shift:shift + db].reshape(dshape)
+            alias[...] = data
+            args[0] = alias
+            kw["out"] = out
+            kw["dtype"] = dtype_arg(fz, res_dt)
+            expect, names = "either", ("out", "w", "overlap", "overlaps")
+            mut = f"out_alias_shift{'0' if shift == 0 else '' if shift < ob else '_end'}"
+    elif mut == "dtype_bad":
+        kw["dtype"] = fz.choice(["float64", "int8", np.int32, "bf16", np.complex64, 3, "torch.float64"])
+        expect, names = "raise", ("dtype",)
+    elif mut in ("mode_bad", "fp8_format_bad", "scale_layout_bad"):
+        arg = mut[:-4]
+        kw[arg] = fz.choice(BAD_ENUMS)
+        if arg == "mode":
+            kw.pop("group_size", None), kw.pop("bits", None), kw.pop("global_scale", None)
+        expect, names = "raise", (arg,)
+    elif mut == "blocked_affine" and mode == "affine":
+        kw["scale_layout"], expect, names = "blocked", "raise", ("scale_layout",)
+    elif mut == "gs_other_mode" and mode != "nvfp4":
+        kw["global_scale"], expect, names = np.array(1.0, F32), "raise", ("global_scale",)
+    elif mut in ("group_size_bad", "bits_bad"):
+        arg = mut[:-4]
+        kw[arg] = fz.choice(BAD_INTS)
+        expect, names = "raise", (arg,)
+    elif mut == "w_none":
+        args[0], expect, names = None, "raise", ("w",)
+    elif mut == "qa_contradict":
+        pass
+    else:
+        mut = "valid"
+
+    use_qa = mut in ("valid", "qa_contradict", "out_ok") and fz.coin(0.4)
+    if use_qa:
+        qkw = {k: v for k, v in kw.items() if k in ("mode", "group_size", "bits", "global_scale",
+                                                      "scale_layout", "fp8_format")}
+        qa = qq.QuantizedArray(args[0], args[1], args[2], **qkw)
+        args = [qa]
+        kw = {k: v for k, v in kw.items() if k in ("dtype", "out")}
+        if mut == "qa_contradict":
+            other = fz.choice([m for m in R.MODES if m != mode and m != "affine"])
+            kw["mode"], expect, names = other, "raise", ("mode",)
+    elif mut == "qa_contradict":
+        mut = "valid"
+    if args and not use_qa and args[2] is None:
+        args = args[:2]
+
+    def check(got):
+        if "out" in kw:
+            assert got is kw["out"], "out= must be returned"
+        assert_bits_equal(np.asarray(got), ref, "dequantize")
+
+    fz.call("dequantize", qq.dequantize, tuple(args), kw, kind=mut, expect=expect, names=names,
+            check=check)
+
+
+def test_fuzz_dequantize():
+    fz = Fuzzer(SEED + 1)
+    run_budget(fz, 500, fuzz_dequantize_one)
+    fz.report("dequantize")
+
+
+# ---------------------------------------------------------------------------
+# swizzle_scales / unswizzle_scales / amax
+# ---------------------------------------------------------------------------
+
+def lin_scales_shape(fz):
+    r = int(fz.choice([1, 2, 5, 31, 127, 128, 129, 256, 300]))
+    c = int(fz.choice([1, 2, 3, 4, 5, 8, 9]))
+    form = fz.choice(["1d", "2d", "2d", "3d", "4d"])
+    if form == "1d":
+        return (c,)
+    if form == "2d":
+        return (r, c)
+    if form == "3d":
+        return (int(fz.choice([1, 2, 3, 0])), r, c)
+    return (2, 1, r, c)
+
+
+def fuzz_swizzle_one(fz):
+    rng = fz.rng
+    lshape = lin_scales_shape(fz)
+    s = rng.integers(0, 256, lshape, dtype=np.uint8)
+    mut = fz.choice(["valid"] * 5 + ["one_byte_view", "layout", "dtype_bad", "out", "out", "out_alias_same",
+                                     "out_alias_partial", "zero_cols", "zero_rows", "0d", "none"])
+    arg, kw, expect, names, forbid = s, {}, "ok", (), ()
+    ref = swizzle_ref(s)
+    if mut == "one_byte_view":
+        arg = s.view(fz.choice([np.int8, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e8m0fnu]))
+    elif mut == "layout":
+        arg, k2, expect = relayout(fz, s)
+        mut, names = "layout:" + k2, ("scales", "stride", "strides")
+    elif mut == "dtype_bad":
+        arg, expect, names = s.astype(fz.choice([F32, np.int32, np.uint16, np.float16, BF16])), "raise", ("scales",)
+    elif mut == "out":
+        out, mut, expect = out_mutation(fz, ref.shape, np.uint8, (F32, np.int32, np.uint16))
+        kw["out"], names = out, ("out",)
+    elif mut == "out_alias_same":
+        if s.shape == ref.shape:
+            kw["out"], expect, names = s, "either", ("out", "scales", "overlap", "overlaps", "in place")
+        else:
+            mut = "valid"
+    elif mut == "out_alias_partial":
+        n = ref.size
+        buf = np.zeros(n + s.size, np.uint8)
+        shift = int(rng.integers(1, n + 1)) if n else 0
+        out = buf[:n].reshape(ref.shape)
+        arg = buf[shift:shift + s.size].reshape(s.shape)
+        arg[...] = s
+        kw["out"], expect, names = out, "either", ("out", "scales", "overlap", "overlaps")
+    elif mut == "zero_cols":
+        arg = np.zeros(lshape[:-1] + (0,), np.uint8)
+        ref = np.zeros(R.blocked_shape(arg.shape), np.uint8) if len(lshape) > 1 else None
+        expect, names = "either", ("scales", "C", "columns")
+        forbid = (r"\bx\b", r"\bK\b", r"mxfp8")
+    elif mut == "zero_rows" and len(lshape) >= 2:
+        arg = np.zeros(lshape[:-2] + (0, lshape[-1]), np.uint8)
+        ref = swizzle_ref(arg)
+        expect, names = "either", ("scales",)
+    elif mut == "0d":
+        arg, expect, names = np.array(3, np.uint8), "raise", ("scales",)
+    elif mut == "none":
+        arg, expect, names = None, "raise", ("scales",)
+    else:
+        mut = "valid"
+
+    def check(got):
+        if "out" in kw:
+            assert got is kw["out"], "out= must be returned"
+        assert ref is not None, f"accepted, shape {np.asarray(got).shape}"
+        assert_bits_equal(np.asarray(got).view(np.uint8), ref, "swizzle_scales")
+
+    fz.call("swizzle_scales", qq.swizzle_scales, (arg,), kw, kind=mut, expect=expect, names=names,
+            check=check, forbid=forbid)
+
+
+def fuzz_unswizzle_one(fz):
+    rng = fz.rng
+    lshape = lin_scales_shape(fz)
+    lin = rng.integers(0, 256, lshape, dtype=np.uint8)
+    blk = swizzle_ref(lin)
+    shape_arg = fz.choice([lshape, list(lshape), np.array(lshape, np.int64)])
+    mut = fz.choice(["valid"] * 5 + ["layout", "dtype_bad", "shape_rows", "shape_cols", "shape_neg",
+                                     "shape_type", "shape_ndim", "out", "out", "out_alias", "none"])
+    arg, kw, expect, names = blk, {}, "ok", ()
+    if mut == "layout":
+        arg, k2, expect = relayout(fz, blk)
+        mut, names = "layout:" + k2, ("scales", "stride", "strides")
+    elif mut == "dtype_bad":
+        arg, expect, names = blk.astype(fz.choice([F32, np.int32, np.float16])), "raise", ("scales",)
+    elif mut == "shape_rows":
+        bad = list(lshape)
+        if len(bad) >= 2:
+            bad[-2] = blk.shape[-2] + 1
+        else:
+            bad = [129, bad[0]]
+        shape_arg, expect, names = tuple(bad), "raise", ("shape", "scales")
+    elif mut == "shape_cols":
+        bad = list(lshape)
+        bad[-1] = blk.shape[-1] + int(fz.choice([1, 4]))
+        shape_arg, expect, names = tuple(bad), "raise", ("shape", "scales")
+    elif mut == "shape_neg":
+        bad = list(lshape)
+        bad[int(rng.integers(len(bad)))] = -1
+        shape_arg, expect, names = tuple(bad), "raise", ("shape",)
+    elif mut == "shape_type":
+        shape_arg = fz.choice([(1.5, 2), "12", None, (lshape[0], "a"), 7])
+        expect, names = "raise", ("shape",)
+    elif mut == "shape_ndim":
+        shape_arg, expect, names = (1,) + tuple(lshape), "either", ("shape", "scales")
+    elif mut == "out":
+        out, mut, expect = out_mutation(fz, lshape, np.uint8, (F32, np.int32, np.uint16))
+        kw["out"], names = out, ("out",)
+    elif mut == "out_alias":
+        arg = blk.copy()
+        kw["out"] = arg.reshape(-1)[:lin.size].reshape(lshape)
+        expect, names = "either", ("out", "scales", "overlap", "overlaps")
+    elif mut == "none":
+        arg, expect, names = None, "raise", ("scales",)
+    else:
+        mut = "valid"
+
+    want = lin.reshape(tuple(shape_arg)) if mut == "shape_ndim" else lin
+
+    def check(got):
+        if "out" in kw:
+            assert got is kw["out"], "out= must be returned"
+        assert_bits_equal(np.asarray(got).view(np.uint8), want, "unswizzle_scales")
+
+    fz.call("unswizzle_scales", qq.unswizzle_scales, (arg, shape_arg), kw, kind=mut, expect=expect,
+            names=names, check=check)
+
+
+def test_fuzz_swizzle_unswizzle():
+    fz = Fuzzer(SEED + 2)
+    run_budget(fz, 300, fuzz_swizzle_one)
+    run_budget(fz, 300, fuzz_unswizzle_one)
+    fz.report("swizzle/unswizzle")
+
+
+def fuzz_amax_one(fz):
+    dt = pick_dtype(fz)
+    nd = int(fz.rng.integers(0, 4))
+    shape = tuple(int(fz.choice([0, 1, 2, 3, 7, 64, 100])) for _ in range(nd))
+    x = rand_float(fz, shape, dt, specials=True)
+    mut = fz.choice(["valid"] * 5 + ["layout", "layout", "dtype_bad", "out", "out", "out_1", "none", "list"])
+    arg, kw, expect, names, require = x, {}, "ok", (), ()
+    if mut == "layout":
+        arg, k2, expect = relayout(fz, x)
+        mut, names = "layout:" + k2, ("x", "stride", "strides")
+    elif mut == "dtype_bad":
+        arg, expect, names = np.zeros(shape, fz.choice(BAD_DTYPES)), "raise", ("x",)
+        require = (r"float32|float16|bfloat16",)
+    elif mut == "out":
+        out, mut, expect = out_mutation(fz, (), F32, (np.float64, np.float16, np.int32))
+        if mut == "out_noncontig":
+            mut = "out_ok"
+        kw["out"], names = out, ("out",)
+    elif mut == "out_1":
+        kw["out"], expect, names = poison((1,), F32), "either", ("out",)
+    elif mut == "none":
+        arg, expect, names = None, "raise", ("x",)
+    elif mut == "list":
+        arg, expect, names = [1.0, -2.0], "raise", ("x",)
+    else:
+        mut = "valid"
+    want = R.amax(x)
+
+    def check(got):
+        if "out" in kw:
+            assert got is kw["out"], "out= must be returned"
+        got = np.asarray(got)
+        assert got.dtype == F32, got.dtype
+        if mut != "out_1":
+            assert got.shape == (), got.shape
+        assert_bits_equal(got.reshape(()), want, "amax")
+
+    fz.call("amax", qq.amax, (arg,), kw, kind=mut, expect=expect, names=names, check=check,
+            require=require)
+
+
+def test_fuzz_amax():
+    fz = Fuzzer(SEED + 3)
+    run_budget(fz, 300, fuzz_amax_one)
+    fz.report("amax")
