@@ -271,7 +271,7 @@ def rand_float(fz, shape, dtype, specials=False, scale=None):
         for _ in range(int(rng.integers(1, 4))):
             i = int(rng.integers(flat.size))
             flat[i] = fz.choice([np.nan, np.inf, -np.inf, 0.0, -0.0, 3e38, 1e-45])
-        if fz.coin(0.3) and x.shape[-1] >= 16:  # an all-zero run
+        if fz.coin(0.3) and x.ndim and x.shape[-1] >= 16:  # an all-zero run
             x[..., :16] = 0
     return cast(x, dtype)
 
@@ -544,7 +544,7 @@ def out_mutation(fz, shape, dtype, bad_dtypes=(np.float64, np.int32, np.uint8, n
     kind = fz.choice(["out_ok", "out_ok", "out_shape", "out_dtype", "out_readonly", "out_noncontig"])
     if kind == "out_shape":
         bad = tuple(shape[:-1]) + (shape[-1] + 1,) if len(shape) else (2,)
-        if fz.coin(0.3):
+        if fz.coin(0.3) and len(shape):
             bad = (1,) + tuple(shape)
         return poison(bad, dtype), kind, "raise"
     if kind == "out_dtype":
@@ -923,3 +923,639 @@ def test_fuzz_amax():
     fz = Fuzzer(SEED + 3)
     run_budget(fz, 300, fuzz_amax_one)
     fz.report("amax")
+
+
+# ---------------------------------------------------------------------------
+# quantize_colwise / quantize_moe
+# ---------------------------------------------------------------------------
+
+def fuzz_colwise_one(fz):
+    mode = fz.choice(R.MODES)
+    g, b = group_bits(fz, mode)
+    rowwise = fz.coin(0.3)
+    m = g * int(fz.choice([1, 2, 3]))
+    k = int(fz.choice([1, 3, 16, 40, 64, 96, 130])) if not rowwise else g * int(fz.choice([1, 2]))
+    dt = pick_dtype(fz)
+    shape = batch_shape(fz, 1) + (m, k)
+    x = rand_float(fz, shape, dt, specials=True)
+    kw = mode_kwargs(fz, mode, g, b)
+    layout = "blocked" if mode != "affine" and fz.coin(0.4) else "linear"
+    if layout == "blocked":
+        kw["scale_layout"] = layout
+    gs = None
+    if mode == "nvfp4" and fz.coin(0.5):
+        gs = kw["global_scale"] = gs_value(fz, x)
+    if rowwise:
+        kw["rowwise"] = True
+    mut = fz.choice(["valid"] * 5 + ["layout", "x_dtype_bad", "M_ragged", "x_1d", "mode_bad", "K_ragged_rowwise",
+                                     "gs_other_mode", "group_size_bad"])
+    arg, expect, names, forbid = x, "ok", (), ()
+    if mut == "layout":
+        arg, k2, expect = relayout(fz, x)
+        mut, names = "layout:" + k2, ("x", "stride", "strides")
+    elif mut == "x_dtype_bad":
+        arg, expect, names = np.zeros(shape, fz.choice(BAD_DTYPES)), "raise", ("x",)
+    elif mut == "M_ragged":
+        m2 = m + int(fz.choice([1, 8])) if fz.coin() else m - 1
+        arg = rand_float(fz, shape[:-2] + (m2, shape[-1]), dt)
+        expect, names = "raise", ("x", "M", "group_size")
+        forbid = (rf"\bK={m2}\b",)
+    elif mut == "x_1d":
+        arg, expect, names = rand_float(fz, (m,), dt), "raise", ("x",)
+    elif mut == "mode_bad":
+        kw = {"mode": fz.choice(BAD_ENUMS)}
+        expect, names = "raise", ("mode",)
+    elif mut == "K_ragged_rowwise":
+        kw["rowwise"] = True
+        if shape[-1] % g:
+            expect, names = "raise", ("x", "K", "group_size")
+        else:
+            arg = rand_float(fz, shape[:-1] + (shape[-1] + 1,), dt)
+            expect, names = "raise", ("x", "K", "group_size")
+    elif mut == "gs_other_mode" and mode != "nvfp4":
+        kw["global_scale"], expect, names = np.array(2.0, F32), "raise", ("global_scale",)
+    elif mut == "group_size_bad":
+        kw["group_size"], expect, names = fz.choice(BAD_INTS), "raise", ("group_size",)
+    else:
+        mut = "valid"
+    if expect == "raise":
+        fz.call("quantize_colwise", qq.quantize_colwise, (arg,), kw, kind=mut, expect="raise",
+                names=names, forbid=forbid)
+        return
+    rounding, fp8 = kw.get("rounding", "ceil"), kw.get("fp8_format", "e4m3")
+    xt = np.ascontiguousarray(np.swapaxes(x, -1, -2))
+
+    def check(got):
+        col = got
+        if rowwise:
+            assert isinstance(got, tuple) and len(got) == 2, type(got)
+            row, col = got
+            assert_quantized_equal(row, quantize_ref(x, g, b, mode, gs, rounding, layout, fp8), x,
+                                   what="quantize_colwise rowwise half")
+        assert tuple(col.shape) == xt.shape, (col.shape, xt.shape)
+        assert_quantized_equal(col, quantize_ref(xt, g, b, mode, gs, rounding, layout, fp8), xt,
+                               what="quantize_colwise")
+
+    fz.call("quantize_colwise", qq.quantize_colwise, (arg,), kw, kind=mut, expect=expect,
+            names=names, check=check)
+
+
+def test_fuzz_quantize_colwise():
+    fz = Fuzzer(SEED + 4)
+    run_budget(fz, 250, fuzz_colwise_one)
+    fz.report("quantize_colwise")
+
+
+def fuzz_moe_one(fz):
+    e = int(fz.choice([1, 2, 3, 0]))
+    d1 = int(fz.choice([32, 64, 96]))
+    d2 = int(fz.choice([32, 64, 160]))
+    dt = pick_dtype(fz)
+    w = rand_float(fz, (e, d1, d2), dt, scale=fz.choice([1.0, 1e-3, 100.0]))
+    scaling = fz.choice(["32x1", "32x32"])
+    kw = {}
+    rounding = fz.choice(["ceil", "floor"])
+    fp8 = fz.choice(["e4m3", "e5m2"])
+    layout = fz.choice(["linear", "blocked"])
+    if rounding != "ceil" or fz.coin(0.3):
+        kw["rounding"] = rounding
+    if fp8 != "e4m3" or fz.coin(0.3):
+        kw["fp8_format"] = fp8
+    if layout != "linear" or fz.coin(0.3):
+        kw["scale_layout"] = layout
+    arg = w if fz.coin() else np.ascontiguousarray(w.transpose(0, 2, 1)).transpose(0, 2, 1)
+    mut = fz.choice(["valid"] * 5 + ["layout", "w_dtype_bad", "D1_ragged", "D2_ragged", "w_2d",
+                                     "scaling_bad", "rounding_bad", "fp8_format_bad", "scale_layout_bad"])
+    expect, names = "ok", ()
+    if mut == "layout":
+        arg, k2, expect = relayout(fz, w)
+        mut, names = "layout:" + k2, ("w", "stride", "strides")
+    elif mut == "w_dtype_bad":
+        arg, expect, names = np.zeros(w.shape, fz.choice(BAD_DTYPES)), "raise", ("w",)
+    elif mut in ("D1_ragged", "D2_ragged"):
+        sh = [max(e, 1), d1, d2]
+        sh[1 if mut == "D1_ragged" else 2] += int(fz.choice([1, 16, -8]))
+        arg, expect, names = np.ones(sh, F32), "raise", ("w", "D1", "D2")
+    elif mut == "w_2d":
+        arg, expect, names = np.ones((d1, d2), F32), "raise", ("w",)
+    elif mut == "scaling_bad":
+        scaling, expect, names = fz.choice(["16x16", "32X1", "", None, 32]), "raise", ("scaling",)
+    elif mut.endswith("_bad"):
+        a = mut[:-4]
+        kw[a], expect, names = fz.choice(BAD_ENUMS), "raise", (a,)
+    else:
+        mut = "valid"
+
+    def check(got):
+        data, sc = got
+        d = as_bytes(data)
+        assert d.shape == (e, d1, d2), d.shape
+        if e == 0:
+            return
+        assert d.strides == (d1 * d2, 1, d1), d.strides
+        codes, scales = ref_moe(w, scaling, rounding, fp8, layout)
+        assert_bits_equal(d, codes, "quantize_moe data")
+        assert_bits_equal(as_bytes(sc), scales, "quantize_moe scales")
+
+    fz.call("quantize_moe", qq.quantize_moe, (arg, scaling), kw, kind=mut, expect=expect, names=names,
+            check=check)
+
+
+def test_fuzz_quantize_moe():
+    fz = Fuzzer(SEED + 5)
+    run_budget(fz, 120, fuzz_moe_one)
+    fz.report("quantize_moe")
+
+
+# ---------------------------------------------------------------------------
+# qqmm / prepare_weight
+# ---------------------------------------------------------------------------
+
+def fp_cfg(fz):
+    mode = fz.choice(FP_MODES)
+    rounding = fz.choice(["ceil", "floor"]) if mode != "nvfp4" else "ceil"
+    fp8 = fz.choice(["e4m3", "e5m2"]) if mode == "mxfp8" else "e4m3"
+    return mode, rounding, fp8
+
+
+def mm_data(fz, shape, dt):
+    return rand_float(fz, shape, dt, scale=fz.choice([1.0, 0.01, 30.0]))
+
+
+def operand(fz, a, form, mode, gs, rounding, fp8, layout):
+    """(what qqmm gets, RefQuantized) for a float operand a in `form`."""
+    ref = quantize_ref(a, None, None, mode, gs, rounding, layout, fp8)
+    if form == "float":
+        return a, ref
+    if form == "qa":
+        kw = {"mode": mode, "rounding": rounding, "scale_layout": layout}
+        if mode == "mxfp8":
+            kw["fp8_format"] = fp8
+        if gs is not None:
+            kw["global_scale"] = gs
+        return qq.quantize(a, **kw), ref
+    return ref.data, ref  # packed: the caller passes ref.scales
+
+
+def stack_refs(refs):
+    return R.MatmulRef(np.stack([r.value for r in refs]), np.stack([r.abs_sum for r in refs]))
+
+
+QQMM_MUTATIONS = ["valid"] * 10 + [
+    "x_layout", "w_layout", "x_dtype_bad", "w_dtype_bad", "affine", "mode_bad", "K_mismatch", "w_4d",
+    "w_batch_mismatch", "w_batch0", "bias_shape", "bias_dtype", "c_shape", "c_dtype", "beta_bad",
+    "gs_other_mode", "scales_missing", "x_scales_missing", "scales_shape", "scales_dtype", "rounding_bad",
+    "scale_layout_bad", "out", "out", "dtype_bad", "qa_mismatch", "qa_contradict", "out_alias_x",
+    "x_none", "w_none", "gs_zero"]
+
+
+def fuzz_qqmm_one(fz):
+    rng = fz.rng
+    mode, rounding, fp8 = fp_cfg(fz)
+    g = R.DEFAULTS[mode][0]
+    k = g * int(fz.choice([1, 2, 4, 5]))
+    n = int(fz.choice([1, 3, 8, 24, 130]))
+    m = int(fz.choice([1, 2, 4, 7, 17, 0]))
+    batched_w = fz.coin(0.2)
+    nb = int(fz.choice([1, 2, 3]))
+    if batched_w:
+        xshape = (m, k) if fz.coin(0.4) else (nb, m, k)
+        wshape = (nb, n, k)
+    else:
+        xshape = batch_shape(fz, 2) + (m, k) if fz.coin(0.85) else (k,)
+        wshape = (n, k)
+    xdt, wdt = pick_dtype(fz), pick_dtype(fz)
+    x, w = mm_data(fz, xshape, xdt), mm_data(fz, wshape, wdt)
+    gx = gw = None
+    if mode == "nvfp4" and fz.coin(0.5):
+        gx = gs_value(fz, x) if fz.coin(0.8) else None
+        gw = gs_value(fz, w) if fz.coin(0.8) else None
+    layout = fz.choice(["linear", "blocked"])
+    xform = fz.choice(["float", "float", "qa", "packed"])
+    wform = fz.choice(["float", "qa", "packed", "packed"])
+    if len(xshape) == 1 and xform == "packed":
+        xform = "float"
+    xa, rx = operand(fz, x, xform, mode, gx, rounding, fp8, layout)
+    wa, rw = operand(fz, w, wform, mode, gw, rounding, fp8, layout)
+    kw = {"mode": mode} if (xform != "qa" and wform != "qa") or fz.coin(0.5) else {}
+    if mode != "nvfp4" and (rounding != "ceil" or fz.coin(0.3)):
+        kw["rounding"] = rounding
+    if mode == "mxfp8" and (fp8 != "e4m3" or fz.coin(0.3)) and (xform != "qa" and wform != "qa"):
+        kw["fp8_format"] = fp8
+    if (xform == "packed" or wform == "packed") and (layout == "blocked" or fz.coin(0.3)):
+        kw["scale_layout"] = layout
+    if xform == "packed":
+        kw["x_scales"] = rx.scales
+    args = [xa, wa]
+    if wform == "packed":
+        args.append(rw.scales)
+    if xform != "qa" and gx is not None:
+        kw["global_scale_x"] = gx
+    if wform != "qa" and gw is not None:
+        kw["global_scale_w"] = gw
+    if wform == "qa" and xform == "packed" and layout == "linear" and "scale_layout" not in kw:
+        pass
+    bias = None
+    if fz.coin(0.3):
+        bias = kw["bias"] = mm_data(fz, (n,), pick_dtype(fz))
+    out_shape = R.qqmm(x, w, mode, rounding=rounding, fp8_format=fp8).value.shape
+    c, beta = None, 1.0
+    if fz.coin(0.25):
+        c = kw["c"] = mm_data(fz, out_shape, pick_dtype(fz))
+        if fz.coin(0.7):
+            beta = kw["beta"] = fz.choice([0.0, -0.75, 2.0, 1])
+    out_dt = xdt if xform == "float" else BF16
+    if fz.coin(0.3):
+        out_dt = pick_dtype(fz)
+        kw["dtype"] = dtype_arg(fz, out_dt)
+    mut = fz.choice(QQMM_MUTATIONS)
+    expect, names = "ok", ()
+    if mut == "x_layout" and xform == "float":
+        args[0], k2, expect = relayout(fz, x)
+        mut, names = "x_layout:" + k2, ("x", "stride", "strides")
+    elif mut == "w_layout" and wform != "qa":
+        args[1], k2, expect = relayout(fz, np.asarray(wa))
+        mut, names = "w_layout:" + k2, ("w", "stride", "strides")
+    elif mut == "x_dtype_bad" and xform == "float":
+        args[0], expect, names = np.zeros(xshape, fz.choice(BAD_DTYPES)), "raise", ("x",)
+        if args[0].dtype == np.uint8:
+            names = ("x", "x_scales")
+    elif mut == "w_dtype_bad" and wform == "float":
+        args[1], expect, names = np.zeros(wshape, fz.choice(BAD_DTYPES)), "raise", ("w",)
+        if args[1].dtype in (np.uint8, np.int8):
+            names = ("w", "scales")
+    elif mut == "affine":
+        kw["mode"], expect, names = "affine", "raise", ("mode",)
+    elif mut == "mode_bad":
+        kw["mode"], expect, names = fz.choice([e for e in BAD_ENUMS if e is not None]), "raise", ("mode",)
+    elif mut == "K_mismatch" and xform == "float" and wform == "float":
+        args[1], expect, names = mm_data(fz, wshape[:-1] + (k + g,), wdt), "raise", ("w", "x", "K")
+    elif mut == "w_4d" and wform == "float":
+        args[1], expect, names = np.ones((2, 2) + wshape[-2:], F32), "raise", ("w",)
+    elif mut == "w_batch_mismatch" and xform == "float" and wform == "float":
+        args[0] = mm_data(fz, (nb + 1, max(m, 1), k), xdt)
+        args[1] = mm_data(fz, (nb, n, k), wdt)
+        kw.pop("c", None), kw.pop("out", None)
+        expect, names = "raise", ("w", "x", "batch")
+    elif mut == "w_batch0" and xform == "float":
+        args[0] = mm_data(fz, (max(m, 1), k), xdt)
+        args[1] = np.zeros((0, n, k // 2), np.int32) if fz.coin() else np.zeros((0, n, k), F32)
+        args[2:] = []
+        for a in ("c", "bias", "global_scale_w", "x_scales"):
+            kw.pop(a, None)
+        expect, names = "raise", ("w",)
+        if args[1].dtype == F32:
+            expect = "either"  # an empty batch of a float w is a legal empty product
+    elif mut == "bias_shape":
+        kw["bias"], expect, names = np.ones(n + 1, F32), "raise", ("bias",)
+    elif mut == "bias_dtype":
+        kw["bias"], expect, names = np.ones(n, fz.choice([np.int32, np.float64, np.uint8])), "raise", ("bias",)
+    elif mut == "c_shape":
+        kw["c"], expect, names = np.ones(out_shape[:-1] + (n + 1,), F32), "raise", ("c",)
+        kw["beta"] = fz.choice([1.0, -2.0])
+    elif mut == "c_dtype":
+        kw["c"], expect, names = np.ones(out_shape, fz.choice([np.int32, np.float64])), "raise", ("c",)
+        kw["beta"] = 1.0
+    elif mut == "beta_bad":
+        kw["c"] = np.ones(out_shape, F32)
+        kw["beta"], expect, names = fz.choice(["x", None, [1.0], 1j]), "raise", ("beta",)
+    elif mut == "gs_other_mode" and mode != "nvfp4":
+        a = fz.choice(["global_scale_x", "global_scale_w"])
+        kw[a], expect, names = np.array(1.0, F32), "raise", (a, "global_scale")
+    elif mut == "gs_zero" and mode == "nvfp4" and xform == "float":
+        kw["global_scale_x"], expect, names = fz.choice([0.0, -1.0]), "raise", ("global_scale_x",)
+        mut = "gs_zero" if kw["global_scale_x"] == 0 else "gs_negative"
+    elif mut == "scales_missing" and wform == "packed":
+        args = args[:2]
+        expect, names = "raise", ("scales",)
+    elif mut == "x_scales_missing" and xform == "packed":
+        kw.pop("x_scales")
+        expect, names = "raise", ("x_scales",)
+    elif mut == "scales_shape" and wform == "packed":
+        args[2], expect, names = np.ascontiguousarray(args[2][..., :-1]), "raise", ("scales",)
+    elif mut == "scales_dtype" and wform == "packed":
+        args[2], expect, names = args[2].astype(fz.choice([F32, np.int32])), "raise", ("scales",)
+    elif mut == "rounding_bad":
+        kw["rounding"], expect, names = fz.choice(BAD_ENUMS), "raise", ("rounding",)
+    elif mut == "scale_layout_bad":
+        kw["scale_layout"], expect, names = fz.choice(BAD_ENUMS), "raise", ("scale_layout",)
+    elif mut == "out":
+        out, mut, expect = out_mutation(fz, out_shape, out_dt, (np.float64, np.int32, np.uint8))
+        if mut == "out_dtype" and "dtype" not in kw and out.dtype not in FLOATS:
+            expect = "raise"
+        kw["out"], names = out, ("out", "dtype")
+        if expect == "ok" and "dtype" not in kw:
+            out_dt = out.dtype
+        if expect == "ok" and c is not None and fz.coin(0.5):
+            kw["out"] = kw["c"] = cast(np.asarray(c).astype(F32), out.dtype)
+            c = kw["c"].copy()
+            mut = "out_is_c"
+    elif mut == "dtype_bad":
+        kw["dtype"], expect, names = fz.choice(["int8", "float64", np.int32, "half"]), "raise", ("dtype",)
+    elif mut == "qa_mismatch" and xform == "qa" and wform == "qa" and k % 32 == 0:
+        other = fz.choice([md for md in FP_MODES if md != mode])
+        args[1] = qq.quantize(w, mode=other)
+        kw.pop("global_scale_w", None)
+        expect, names = "raise", ("mode", "x", "w")
+    elif mut == "qa_contradict" and (xform == "qa" or wform == "qa"):
+        # (an explicit "nvfp4", qqmm's default, cannot be told from an omitted mode)
+        kw["mode"] = fz.choice([md for md in FP_MODES if md not in (mode, "nvfp4")] or ["mxfp4"])
+        expect, names = ("raise", ("mode",)) if kw["mode"] != mode else ("ok", ())
+    elif mut == "out_alias_x" and xform == "float" and x.ndim >= 2:
+        if out_shape == x.shape and out_dt == x.dtype and "dtype" not in kw:
+            kw["out"] = args[0] = x.copy()
+            expect, names = "either", ("out", "x", "overlap", "overlaps")
+        else:
+            mut = "valid"
+    elif mut == "x_none":
+        args[0], expect, names = None, "raise", ("x",)
+    elif mut == "w_none":
+        args[1], expect, names = None, "raise", ("w",)
+    else:
+        mut = "valid"
+    if expect == "raise":
+        fz.call("qqmm", qq.qqmm, tuple(args), kw, kind=mut, expect="raise", names=names)
+        return
+    rx, rw = to_linear(rx), to_linear(rw)
+    beta_ref = float(kw.get("beta", 1.0)) if kw.get("c") is not None else 0.0
+    c_ref = None if beta_ref == 0.0 or c is None else np.asarray(c).astype(F32)
+    if batched_w and x.ndim == 3:
+        ref = stack_refs([R.qqmm(_rq_index(rx, i), _rq_index(rw, i), mode, bias=bias,
+                                 c=None if c_ref is None else c_ref[i], beta=beta_ref)
+                          for i in range(nb)])
+    elif batched_w:
+        ref = stack_refs([R.qqmm(rx, _rq_index(rw, i), mode, bias=bias,
+                                 c=None if c_ref is None else c_ref[i], beta=beta_ref) for i in range(nb)])
+    else:
+        ref = R.qqmm(rx, rw, mode, bias=bias, c=c_ref, beta=beta_ref)
+    want_dt = out_dt
+    if mut == "w_batch0":
+        ref = R.MatmulRef(np.zeros((0, max(m, 1), n)), np.zeros((0, max(m, 1), n)))
+
+    def check(got):
+        if "out" in kw:
+            assert got is kw["out"], "out= must be returned"
+        got = np.asarray(got)
+        assert got.shape == ref.value.shape, (got.shape, ref.value.shape)
+        if got.size:
+            msg = R.matmul_mismatch(got, ref)
+            assert msg is None, f"qqmm: {msg}"
+        assert got.dtype == np.dtype(want_dt), f"dtype {got.dtype}, expected {np.dtype(want_dt)}"
+
+    fz.call("qqmm", qq.qqmm, tuple(args), kw, kind=mut, expect=expect, names=names, check=check)
+
+
+def to_linear(rq):
+    """The same RefQuantized with linear scales (the matmul references then never unswizzle,
+    which reference.py cannot do for 0-size scales)."""
+    return dataclasses.replace(rq, scales=rq.linear_scales, scale_layout="linear")
+
+
+def _rq_index(rq, i):
+    """Batch entry i of a RefQuantized (linear or blocked scales)."""
+    return dataclasses.replace(rq, data=rq.data[i], scales=rq.scales[i], codes=rq.codes[i],
+                               linear_scales=rq.linear_scales[i], loose_sign=rq.loose_sign[i],
+                               shape=rq.shape[1:])
+
+
+def test_fuzz_qqmm():
+    fz = Fuzzer(SEED + 6)
+    run_budget(fz, 350, fuzz_qqmm_one)
+    fz.report("qqmm")
+
+
+def fuzz_prepare_one(fz):
+    mode, rounding, fp8 = fp_cfg(fz)
+    g = R.DEFAULTS[mode][0]
+    n, k = int(fz.choice([1, 5, 24, 130])), g * int(fz.choice([1, 2, 4]))
+    w = mm_data(fz, (n, k), pick_dtype(fz))
+    gw = gs_value(fz, w) if mode == "nvfp4" and fz.coin(0.5) else None
+    kw = {"mode": mode}
+    if mode != "nvfp4":
+        kw["rounding"] = rounding
+    if mode == "mxfp8":
+        kw["fp8_format"] = fp8
+    if gw is not None:
+        kw["global_scale"] = gw
+    mut = fz.choice(["valid"] * 4 + ["affine", "w_3d", "w_dtype_bad", "mode_bad", "K_ragged", "from_qa"])
+    arg, expect, names = w, "ok", ()
+    if mut == "affine":
+        kw = {"mode": "affine"}
+        expect, names = "raise", ("mode",)
+    elif mut == "w_3d":
+        arg, expect, names = np.ones((2, n, k), F32), "raise", ("w",)
+    elif mut == "w_dtype_bad":
+        arg, expect, names = np.ones((n, k), fz.choice(BAD_DTYPES)), "raise", ("w",)
+    elif mut == "mode_bad":
+        kw["mode"], expect, names = fz.choice(BAD_ENUMS), "raise", ("mode",)
+    elif mut == "K_ragged":
+        arg, expect, names = np.ones((n, k + 1), F32), "raise", ("w", "K", "group_size")
+    elif mut == "from_qa":
+        arg = qq.quantize(w, scale_layout=fz.choice(["linear", "blocked"]), **kw)
+        kw = {}
+    else:
+        mut = "valid"
+    if expect == "raise":
+        fz.call("prepare_weight", qq.prepare_weight, (arg,), kw, kind=mut, expect="raise", names=names)
+        return
+    rq = quantize_ref(w, None, None, mode, gw, rounding, "blocked", fp8)
+    m = int(fz.choice([1, 3, 4, 5, 16, 17, 40]))
+    x = mm_data(fz, (m, k), pick_dtype(fz))
+    gx = gs_value(fz, x) if mode == "nvfp4" and fz.coin(0.5) else None
+
+    def check(pw):
+        assert isinstance(pw, qq.PreparedWeight), type(pw)
+        assert tuple(pw.shape) == (n, k), pw.shape
+        if mut != "from_qa":
+            assert_quantized_equal(pw.quantized, rq, w, what="prepare_weight.quantized")
+        if pw.values is not None:
+            want = R.dequantize(rq.data, rq.scales, None, rq.group_size, rq.bits, mode,
+                                scale_layout="blocked", fp8_format=fp8, dtype=BF16)
+            assert_bits_equal(np.asarray(pw.values), want, "prepare_weight.values")
+        qkw = {"mode": mode}
+        if mode != "nvfp4":
+            qkw["rounding"] = rounding
+        if gx is not None:
+            qkw["global_scale_x"] = gx
+        ref = R.qqmm(x, to_linear(rq), mode, global_scale_x=gs_ref(gx), rounding=rounding, fp8_format=fp8)
+        fz.call("qqmm", qq.qqmm, (x, pw), qkw, kind="prepared", check=lambda y: _mm_check(y, ref, x.dtype))
+
+    fz.call("prepare_weight", qq.prepare_weight, (arg,), kw, kind=mut, expect=expect, names=names,
+            check=check)
+
+
+def _mm_check(got, ref, dt):
+    got = np.asarray(got)
+    assert got.shape == ref.value.shape, (got.shape, ref.value.shape)
+    assert got.dtype == np.dtype(dt), (got.dtype, dt)
+    msg = R.matmul_mismatch(got, ref) if got.size else None
+    assert msg is None, msg
+
+
+def test_fuzz_prepare_weight():
+    fz = Fuzzer(SEED + 7)
+    run_budget(fz, 100, fuzz_prepare_one)
+    fz.report("prepare_weight")
+
+
+# ---------------------------------------------------------------------------
+# grouped_qqmm
+# ---------------------------------------------------------------------------
+
+def fuzz_grouped_one(fz):
+    rng = fz.rng
+    mode, rounding, fp8 = fp_cfg(fz)
+    g = R.DEFAULTS[mode][0]
+    e = int(fz.choice([1, 2, 3, 6]))
+    sizes = [int(fz.choice([0, 0, 1, 2, 5, 17, 33])) for _ in range(e)]
+    t = sum(sizes)
+    offsets = np.cumsum(sizes).astype(np.int32)
+    n = int(fz.choice([1, 8, 24, 40]))
+    moe = mode == "mxfp8" and fz.coin(0.25)
+    k = g * int(fz.choice([1, 2, 4])) if not moe else 32 * int(fz.choice([1, 2]))
+    if moe:
+        n = 32 * int(fz.choice([1, 2]))
+    xdt = pick_dtype(fz)
+    x = mm_data(fz, (t, k), xdt)
+    w = mm_data(fz, (e, n, k), pick_dtype(fz))
+    kw = {"mode": mode} if mode != "mxfp8" or fz.coin(0.5) else {}
+    if mode != "nvfp4" and (rounding != "ceil" or fz.coin(0.3)):
+        kw["rounding"] = rounding
+    if mode == "mxfp8" and (fp8 != "e4m3" or fz.coin(0.3)):
+        kw["fp8_format"] = fp8
+    gx = gw = None
+    wform = fz.choice(["float", "qa", "packed"]) if not moe else "moe"
+    xform = fz.choice(["float", "float", "qa", "packed"])
+    layout = fz.choice(["linear", "blocked"])
+    if mode == "nvfp4" and wform != "qa" and fz.coin(0.5):
+        gx = gs_value(fz, x) if fz.coin(0.8) else None
+        gw = np.array([R.amax(w[i]) if R.amax(w[i]) > 0 else 1.0 for i in range(e)], F32)
+        if gx is not None:
+            kw["global_scale_x"] = gx
+        kw["global_scale_w"] = gw
+    rx = quantize_ref(x, None, None, mode, gx, rounding, "linear", fp8)
+    args = [x, None, offsets]
+    if xform == "qa":
+        qkw = {"mode": mode, "rounding": rounding, "fp8_format": fp8}
+        if gx is not None:
+            qkw["global_scale"] = gx
+            kw.pop("global_scale_x", None)
+        args[0] = qq.quantize(x, **qkw)
+    elif xform == "packed":
+        args[0], kw["x_scales"] = rx.data, rx.scales
+    codes = blocked = None
+    if wform == "float":
+        args[1] = w
+    elif wform == "qa":
+        args[1] = qq.quantize(w, mode=mode, rounding=rounding, fp8_format=fp8, scale_layout=layout)
+        kw.pop("fp8_format", None)
+    elif wform == "packed":
+        per = [quantize_ref(w[i], None, None, mode, None if gw is None else gw[i], rounding, layout, fp8)
+               for i in range(e)]
+        args[1] = np.stack([r.data for r in per])
+        args.append(np.stack([r.scales for r in per]))
+        if layout == "blocked" or fz.coin(0.3):
+            kw["scale_layout"] = layout
+    else:  # quantize_moe weights [E, K, N]
+        scaling = fz.choice(["32x1", "32x32"])
+        wt = np.ascontiguousarray(w.transpose(0, 2, 1))
+        data, sc = qq.quantize_moe(wt, scaling, scale_layout="blocked", rounding=rounding, fp8_format=fp8)
+        codes, blocked = ref_moe(wt, scaling, rounding, fp8, layout="blocked")
+        args[1] = (data, sc)
+        kw.update(moe_scaling=scaling, scale_layout="blocked")
+    out_dt = xdt if xform == "float" else BF16
+    if fz.coin(0.3):
+        out_dt = pick_dtype(fz)
+        kw["dtype"] = dtype_arg(fz, out_dt)
+    mut = fz.choice(["valid"] * 8 + [
+        "offsets_int64", "offsets_f32", "offsets_decreasing", "offsets_last", "offsets_negative",
+        "offsets_len", "offsets_2d", "x_scales_rows_more", "x_scales_rows_fewer", "w_2d", "K_mismatch",
+        "x_dtype_bad", "out", "affine", "moe_scaling_bad", "x_layout", "offsets_none"])
+    expect, names = "ok", ()
+    if mut == "offsets_int64":
+        args[2], expect, names = offsets.astype(np.int64), "either", ("offsets",)
+    elif mut == "offsets_f32":
+        args[2], expect, names = offsets.astype(F32), "raise", ("offsets",)
+    elif mut == "offsets_decreasing" and e >= 2 and t > 0:
+        o = offsets.copy()
+        o[0] = t + 1 if e == 2 else t
+        o[1] = 0 if e > 2 else o[1]
+        args[2], expect, names = o, "raise", ("offsets",)
+    elif mut == "offsets_last":
+        o = offsets.copy()
+        o[-1] = t + int(fz.choice([1, -1 if t else 2, 100]))
+        args[2], expect, names = o, "raise", ("offsets",)
+    elif mut == "offsets_negative":
+        o = offsets.copy()
+        o[0] = -1
+        args[2], expect, names = o, "raise", ("offsets",)
+    elif mut == "offsets_len":
+        o = np.concatenate([offsets, [t]]).astype(np.int32) if fz.coin() else offsets[1:]
+        if len(o) == 0:
+            o = np.array([t, t], np.int32)
+        args[2], expect, names = o, "raise", ("offsets", "w", "E")
+    elif mut == "offsets_2d":
+        args[2], expect, names = offsets[None], "raise", ("offsets",)
+    elif mut == "offsets_none":
+        args[2], expect, names = None, "raise", ("offsets",)
+    elif mut.startswith("x_scales_rows") and xform == "packed" and t > 0:
+        s = kw["x_scales"]
+        big = np.concatenate([s, s[:1]])          # T + 1 rows in memory
+        kw["x_scales"] = big if mut.endswith("more") else big[:t - 1] if t > 1 else big[:0]
+        expect, names = "raise", ("x_scales",)
+    elif mut == "w_2d" and wform == "float":
+        args[1], expect, names = w[0], "raise", ("w",)
+    elif mut == "K_mismatch" and wform == "float" and xform == "float":
+        args[1], expect, names = mm_data(fz, (e, n, k + g), F32), "raise", ("w", "x", "K")
+    elif mut == "x_dtype_bad" and xform == "float":
+        args[0], expect, names = np.zeros((t, k), fz.choice(BAD_DTYPES)), "raise", ("x",)
+        if args[0].dtype in (np.uint8, np.int8):
+            names = ("x", "x_scales")
+    elif mut == "out":
+        out, mut, expect = out_mutation(fz, (t, n), out_dt, (np.float64, np.int32, np.uint8))
+        kw["out"], names = out, ("out", "dtype")
+        if expect == "ok" and "dtype" not in kw:
+            out_dt = out.dtype
+    elif mut == "affine" and not moe:
+        kw["mode"], expect, names = "affine", "raise", ("mode",)
+    elif mut == "moe_scaling_bad":
+        kw["moe_scaling"], expect, names = fz.choice(["16x16", "32X32", 1]), "raise", ("moe_scaling",)
+    elif mut == "x_layout" and xform == "float":
+        args[0], k2, expect = relayout(fz, x)
+        mut, names = "x_layout:" + k2, ("x", "stride", "strides")
+    else:
+        mut = "valid"
+    if expect == "raise":
+        fz.call("grouped_qqmm", qq.grouped_qqmm, tuple(args), kw, kind=mut, expect="raise", names=names)
+        return
+    vals, sums = np.zeros((t, n)), np.zeros((t, n))
+    r0 = 0
+    for i, sz in enumerate(sizes):
+        if sz:
+            xe = quantize_ref(x[r0:r0 + sz], None, None, mode, gx, rounding, "linear", fp8)
+            if moe:
+                s = R.unswizzle(blocked[i], (n, k // 32))
+                we = dataclasses.replace(quantize_ref(np.zeros((n, k), F32), None, None, "mxfp8", None,
+                                                      "ceil", "linear", fp8),
+                                         data=np.ascontiguousarray(codes[i].T), scales=s)
+            else:
+                we = quantize_ref(w[i], None, None, mode, None if gw is None else gw[i], rounding,
+                                  "linear", fp8)
+            r = R.qqmm(xe, we, mode)
+            vals[r0:r0 + sz], sums[r0:r0 + sz] = r.value, r.abs_sum
+        r0 += sz
+    ref = R.MatmulRef(vals, sums)
+
+    def check(got):
+        if "out" in kw:
+            assert got is kw["out"], "out= must be returned"
+        _mm_check(got, ref, out_dt)
+
+    fz.call("grouped_qqmm", qq.grouped_qqmm, tuple(args), kw, kind=mut, expect=expect, names=names,
+            check=check)
+
+
+def test_fuzz_grouped_qqmm():
+    fz = Fuzzer(SEED + 8)
+    run_budget(fz, 200, fuzz_grouped_one)
+    fz.report("grouped_qqmm")
