@@ -65,7 +65,7 @@ BAD_INTS = (2 ** 31, 2 ** 63, -1, 0, 7, 1.5, "32", -(2 ** 31))
 ACCEPTED = (ValueError, TypeError, qq.QQError)
 
 SEED = int(os.environ.get("QQ_FUZZ_SEED", "20240611"))
-SCALE = float(os.environ.get("QQ_FUZZ_SCALE", "1"))
+SCALE = float(os.environ.get("QQ_FUZZ_SCALE", "6"))
 STRICT_KNOWN = os.environ.get("QQ_FUZZ_KNOWN", "") == "fail"
 
 
@@ -127,7 +127,8 @@ KNOWN = [
      and "negative dimensions" in f.msg),
     # ---- found by this fuzzer (NEW at the time of writing; reported, not yet fixed) ----
     ("NEW: group_size=0 / bits=0 are accepted (taken as the mode's default; QuantizedArray records 0)",
-     lambda f: f.kind in ("group_size_bad", "bits_bad") and f.category == "accepted-invalid"),
+     lambda f: f.kind in ("group_size_bad", "bits_bad") and (
+         f.category == "accepted-invalid" or f.category == "message-no-arg" and "argument 'scales'" in f.msg)),
     ("NEW: nvfp4 global_scale of +-Inf or NaN is accepted",
      lambda f: f.kind == "gs_nonfinite" and f.category == "accepted-invalid"),
     ("NEW: an nvfp4 global_scale of shape (1, 1) is accepted (documented: () or (1,))",
@@ -143,7 +144,8 @@ KNOWN = [
     ("NEW: prepare_weight errors are prefixed 'quantize:'",
      lambda f: f.op == "prepare_weight" and f.category == "message-no-func" and f.msg.startswith("quantize:")),
     ("NEW: grouped_qqmm with T = 0 tokens does not check w's K against x's",
-     lambda f: f.op == "grouped_qqmm" and f.kind == "K_mismatch" and f.category == "accepted-invalid"),
+     lambda f: f.op == "grouped_qqmm" and f.category == "accepted-invalid"
+     and re.match(r"qq\.grouped_qqmm\(<\w+ \(0, ", f.desc) is not None),
     ("NEW: quantized_matmul with an empty batch of x (batch 0) is refused: out (0, M, N) 'expected (1, M, N)'",
      lambda f: f.op == "quantized_matmul" and f.category == "raised-on-valid"
      and re.search(r"argument 'out' has shape \(0, .*expected \(1, ", f.msg) is not None),
@@ -394,7 +396,7 @@ def rows(fz):
 def gs_value(fz, x):
     """A valid nvfp4 global scale for x: amax as () / (1,) array or a Python float."""
     a = R.amax(x)
-    if not np.isfinite(a) or a <= 0:
+    if not np.isfinite(a) or a < 2.0 ** -100:  # tiny global scales: the gs_tiny mutation
         a = np.array(1.0, F32)
     form = fz.choice(["()", "(1,)", "float"])
     if form == "()":
@@ -1201,7 +1203,7 @@ def fuzz_qqmm_one(fz):
         mut, names = "w_layout:" + k2, ("w", "stride", "strides")
     elif mut == "x_dtype_bad" and xform == "float":
         args[0], expect, names = np.zeros(xshape, fz.choice(BAD_DTYPES)), "raise", ("x",)
-        if args[0].dtype == np.uint8:
+        if args[0].dtype in (np.uint8, np.int8):  # 1-byte: read as packed data
             names = ("x", "x_scales")
     elif mut == "w_dtype_bad" and wform == "float":
         args[1], expect, names = np.zeros(wshape, fz.choice(BAD_DTYPES)), "raise", ("w",)
