@@ -1715,3 +1715,194 @@ def test_fuzz_quantized_matmul():
     fz = Fuzzer(SEED + 9)
     run_budget(fz, 350, fuzz_qmm_one)
     fz.report("quantized_matmul")
+
+
+# ---------------------------------------------------------------------------
+# The property can fail: planted bugs must be reported
+# ---------------------------------------------------------------------------
+
+def _flip_first_bit(a):
+    a = np.array(a, copy=True)
+    if a.size:
+        a.reshape(-1).view(np.uint8)[0] ^= 1
+    return a
+
+
+def _categories(fz):
+    return {f.category for _, f in fz.failures.values()}
+
+
+def test_fuzz_catches_planted_bugs(monkeypatch):
+    """Every kind of failure the fuzz tests look for is reported when planted:
+
+    * a reference with one flipped bit (reference.quantize's packed data and codes,
+      reference.dequantize's result, reference.swizzle's result, reference.amax's result)
+      and a matmul reference 1 % off in one element (reference.qqmm, and
+      reference.quantized_matmul) -> "wrong-result" from the corresponding fuzz loop;
+    * an op that raises RuntimeError -> "wrong-exception"; a message without the
+      argument's name -> "message-no-arg"; without the function's name ->
+      "message-no-func"; an invalid call that returns -> "accepted-invalid"; a valid call
+      that raises -> "raised-on-valid".
+    """
+    orig_q, orig_dq, orig_sw, orig_amax = R.quantize, R.dequantize, R.swizzle, R.amax
+    orig_qqmm, orig_qmm = R.qqmm, R.quantized_matmul
+
+    def bad_quantize(*a, **k):
+        r = orig_q(*a, **k)
+        if r.data.size:
+            codes = r.codes.copy()
+            codes.reshape(-1)[0] ^= 1
+            r = dataclasses.replace(r, codes=codes, data=R.pack(codes, r.bits))
+        return r
+
+    def off_by_1pct(ref):
+        v = np.array(ref.value, copy=True)
+        if v.size:
+            v.reshape(-1)[0] = v.reshape(-1)[0] * 1.01 + 1e-3
+        return dataclasses.replace(ref, value=v, alt_value=None if ref.alt_value is None else v)
+
+    plants = [
+        ("quantize", fuzz_quantize_one, "quantize", bad_quantize),
+        ("dequantize", fuzz_dequantize_one, "dequantize", lambda *a, **k: _flip_first_bit(orig_dq(*a, **k))),
+        ("swizzle", fuzz_swizzle_one, "swizzle", lambda *a, **k: _flip_first_bit(orig_sw(*a, **k))),
+        ("amax", fuzz_amax_one, "amax", lambda *a, **k: np.nextafter(orig_amax(*a, **k), F32(np.inf))),
+        ("qqmm", fuzz_qqmm_one, "qqmm", lambda *a, **k: off_by_1pct(orig_qqmm(*a, **k))),
+        ("quantized_matmul", fuzz_qmm_one, "quantized_matmul", lambda *a, **k: off_by_1pct(orig_qmm(*a, **k))),
+    ]
+    for name, one, attr, bad in plants:
+        with monkeypatch.context() as mp:
+            mp.setattr(R, attr, bad)
+            fz = Fuzzer(SEED + 100)
+            for _ in range(60):
+                one(fz)
+            assert "wrong-result" in _categories(fz), f"a planted wrong {name} reference went unnoticed"
+
+    fz = Fuzzer(0)
+    fz.strict = True
+
+    def raises(exc, msg):
+        def f(*a, **k):
+            raise exc(msg)
+        return f
+
+    fz.call("quantize", raises(RuntimeError, "quantize: x: boom"), (1,), expect="raise", names=("x",))
+    fz.call("quantize", raises(ValueError, "quantize: something is wrong"), (1,), expect="raise", names=("x",))
+    fz.call("quantize", raises(ValueError, "x is wrong"), (1,), expect="raise", names=("x",))
+    fz.call("quantize", lambda *a: None, (1,), kind="k1", expect="raise", names=("x",))
+    fz.call("quantize", raises(TypeError, "quantize: x: no"), (1,), kind="k2", expect="ok")
+    fz.call("quantize", lambda *a: 1, (1,), kind="k3", expect="ok", check=lambda r: None)
+    assert _categories(fz) == {"wrong-exception", "message-no-arg", "message-no-func", "accepted-invalid",
+                               "raised-on-valid"}, _categories(fz)
+    assert len(fz.failures) == 5
+
+
+# ---------------------------------------------------------------------------
+# Explicit reproducers of the defects the fuzz tests recognise (KNOWN); XPASS once fixed
+# ---------------------------------------------------------------------------
+
+def _overlap_dequantize():
+    x = np.linspace(-1, 1, 4 * 64, dtype=F32).reshape(4, 64)
+    q = R.quantize(x, mode="mxfp8")
+    buf = np.zeros(4 * 64 * 4 + q.data.nbytes, np.uint8)
+    out = buf[:4 * 64 * 4].view(F32).reshape(4, 64)
+    data = buf[100:100 + q.data.nbytes].reshape(q.data.shape)
+    data[...] = q.data
+    want = R.dequantize(q.data, q.scales, mode="mxfp8", dtype=F32)
+    return (data, q.scales), {"mode": "mxfp8", "dtype": "float32", "out": out}, want
+
+
+def _unswizzle_in_place():
+    lin = np.arange(300, dtype=np.uint8).reshape(100, 3)
+    blk = R.swizzle(lin)
+    return (blk, (100, 3)), {"out": blk.reshape(-1)[:300].reshape(100, 3)}, lin
+
+
+def _grouped_short_x_scales():
+    x = np.linspace(-1, 1, 5 * 32, dtype=F32).reshape(5, 32)
+    q = R.quantize(x, mode="mxfp8")
+    return (q.data, np.ones((1, 8, 32), F32), np.array([5], np.int32)), {"x_scales": q.scales[:4]}
+
+
+X64 = np.linspace(-1, 1, 4 * 64, dtype=F32).reshape(4, 64)
+S128 = (np.arange(512) % 251).astype(np.uint8).reshape(128, 4)
+
+# (id, reason, op, fn, args, kwargs, expect, names, want or None, forbid, require)
+REPRODUCERS = [
+    ("grouped-x-scales-rows", KNOWN[0][0], "grouped_qqmm", qq.grouped_qqmm, *_grouped_short_x_scales(),
+     "raise", ("x_scales",), None, (), ()),
+    ("qqmm-w-batch0", KNOWN[1][0], "qqmm", qq.qqmm, (np.zeros((4, 64), F32), np.zeros((0, 8, 32), np.int32)), {},
+     "raise", ("w",), None, (), ()),
+    ("swizzle-out-is-input", KNOWN[2][0], "swizzle_scales", qq.swizzle_scales, (S128,), {"out": S128.copy()},
+     "either", ("out",), R.swizzle(S128), (), ()),
+    ("unswizzle-in-place", KNOWN[2][0], "unswizzle_scales", qq.unswizzle_scales, *_unswizzle_in_place()[:2],
+     "either", ("out",), _unswizzle_in_place()[2], (), ()),
+    ("dequantize-out-overlaps-w", KNOWN[2][0], "dequantize", qq.dequantize, *_overlap_dequantize()[:2], "either",
+     ("out",), _overlap_dequantize()[2], (), ()),
+    ("misaligned-x", KNOWN[3][0], "amax", qq.amax, (at_offset(X64, 1),), {}, "raise", ("x",), None, (), ()),
+    ("nvfp4-gs-zero", KNOWN[4][0], "quantize", qq.quantize, (X64,), {"mode": "nvfp4", "global_scale": 0.0},
+     "raise", ("global_scale",), None, (), ()),
+    ("nvfp4-gs-negative", KNOWN[4][0], "quantize", qq.quantize, (X64,), {"mode": "nvfp4", "global_scale": -1.0},
+     "raise", ("global_scale",), None, (), ()),
+    ("nvfp4-gs-tiny", KNOWN[4][0], "quantize", qq.quantize, (X64,), {"mode": "nvfp4", "global_scale": 1e-40},
+     "raise", ("global_scale",), None, (), ()),
+    ("swizzle-zero-cols", KNOWN[5][0], "swizzle_scales", qq.swizzle_scales, (np.zeros((4, 0), np.uint8),), {},
+     "either", ("scales",), np.zeros((128, 0), np.uint8), (r"\bx\b", r"\bK\b", "mxfp8"), ()),
+    ("colwise-M-ragged", KNOWN[6][0], "quantize_colwise", qq.quantize_colwise, (np.ones((40, 32), F32),),
+     {"mode": "mxfp8"}, "raise", ("M", "x"), None, (r"\bK=40\b",), ()),
+    ("quantize-K-ragged-prefix", KNOWN[7][0], "quantize", qq.quantize, (np.ones((4, 96), F32),), {},
+     "raise", ("K", "group_size"), None, (), ()),
+    ("group-size-2-31", KNOWN[8][0], "quantize", qq.quantize, (X64,), {"group_size": 2 ** 31},
+     "raise", ("group_size",), None, (), ()),
+    ("beta-str", KNOWN[9][0], "qqmm", qq.qqmm, (X64, X64), {"c": np.zeros((4, 4), F32), "beta": "x"},
+     "raise", ("beta",), None, (), ()),
+    ("unswizzle-negative-shape", KNOWN[10][0], "unswizzle_scales", qq.unswizzle_scales, (S128, (-1, 4)), {},
+     "raise", ("shape",), None, (), ()),
+    ("group-size-0", KNOWN[11][0], "quantize", qq.quantize, (X64,), {"mode": "mxfp4", "group_size": 0},
+     "raise", ("group_size",), None, (), ()),
+    ("bits-0", KNOWN[11][0], "quantize", qq.quantize, (X64,), {"bits": 0}, "raise", ("bits",), None, (), ()),
+    ("nvfp4-gs-inf", KNOWN[12][0], "quantize", qq.quantize, (X64,), {"mode": "nvfp4", "global_scale": np.inf},
+     "raise", ("global_scale",), None, (), ()),
+    ("nvfp4-gs-nan", KNOWN[12][0], "quantize", qq.quantize, (X64,), {"mode": "nvfp4", "global_scale": np.nan},
+     "raise", ("global_scale",), None, (), ()),
+    ("nvfp4-gs-shape-1x1", KNOWN[13][0], "quantize", qq.quantize, (X64,),
+     {"mode": "nvfp4", "global_scale": np.ones((1, 1), F32)}, "raise", ("global_scale",), None, (), ()),
+    ("dequantize-bits-7", KNOWN[14][0], "dequantize", qq.dequantize,
+     (np.zeros((4, 32), np.uint8), np.ones((4, 1), F32), np.zeros((4, 1), F32)), {"group_size": 32, "bits": 7},
+     "raise", ("bits",), None, (), ()),
+    ("colwise-prefix", KNOWN[15][0], "quantize_colwise", qq.quantize_colwise, (np.ones((32, 32), np.float64),), {},
+     "raise", ("x",), None, (), ()),
+    ("moe-dtype-names-x", KNOWN[16][0], "quantize_moe", qq.quantize_moe, (np.ones((1, 32, 32), np.float64),), {},
+     "raise", ("w",), None, (), ()),
+    ("qqmm-w-none", KNOWN[17][0], "qqmm", qq.qqmm, (X64, None), {}, "raise", ("w",), None, (), ()),
+    ("prepare-weight-prefix", KNOWN[18][0], "prepare_weight", qq.prepare_weight, (np.ones((8, 32), np.float64),),
+     {}, "raise", ("w",), None, (), ()),
+    ("grouped-T0-K-mismatch", KNOWN[19][0], "grouped_qqmm", qq.grouped_qqmm,
+     (np.zeros((0, 64), F32), np.zeros((2, 8, 96), F32), np.array([0, 0], np.int32)), {},
+     "raise", ("K", "w", "x"), None, (), ()),
+    ("qmm-x-batch0", KNOWN[20][0], "quantized_matmul", qq.quantized_matmul,
+     (np.zeros((0, 2, 64), F32), *R.quantize(np.ones((8, 64), F32))), {"group_size": 64, "bits": 4},
+     "ok", (), np.zeros((0, 2, 8), F32), (), ()),
+    ("int64-x-no-dtype-hint", KNOWN[21][0], "quantize", qq.quantize, (np.zeros((4, 64), np.int64),), {},
+     "raise", ("x",), None, (), (r"float32|float16|bfloat16",)),
+]
+
+
+@pytest.mark.parametrize(
+    "op,fn,args,kwargs,expect,names,want,forbid,require",
+    [pytest.param(*r[2:], id=r[0], marks=pytest.mark.xfail(strict=False, reason=r[1])) for r in REPRODUCERS])
+def test_fuzz_known_defect(op, fn, args, kwargs, expect, names, want, forbid, require):
+    """One minimal reproducer per defect the fuzz tests recognise (see KNOWN); each is
+    expected to fail today (xfail, not strict: it passes once the defect is fixed)."""
+    fz = Fuzzer(0)
+    fz.strict = True
+    kwargs = dict(kwargs)
+    if "out" in kwargs and fn is qq.swizzle_scales:
+        args = (args[0].copy(),)
+        kwargs["out"] = args[0]  # out is the input itself
+    check = None
+    if want is not None:
+        def check(got):
+            assert_bits_equal(np.asarray(got), want, op)
+    fz.call(op, fn, args, kwargs, kind="reproducer", expect=expect, names=names, check=check,
+            forbid=forbid, require=require)
+    assert not fz.failures, "\n".join(str(f) for _, f in fz.failures.values())
