@@ -23,19 +23,18 @@ a wrong result, a valid request refused - is a failure. Each test collects every
 failure (deduplicated by op, mutation, kind of failure and message shape) and reports them
 all with a reproducer.
 
-Known defects (docs: the brief of this test) are recognised by narrow signatures in KNOWN
-and reported as known instead of failing; each also has an explicit reproducer below,
-marked xfail(strict=False), which turns XPASS once it is fixed. QQ_FUZZ_KNOWN=fail makes
-the fuzz tests fail on known defects too.
+Defects that are known (being fixed) or were found by this test are recognised by narrow
+signatures in KNOWN and printed as known instead of failing the fuzz tests; each also has a
+minimal reproducer in test_fuzz_known_defect, marked xfail(strict=False), which XPASSes
+once it is fixed. QQ_FUZZ_KNOWN=fail makes the fuzz tests fail on them too.
 
-The property can fail: test_fuzz_catches_planted_bugs runs the same checker against
-planted bugs - a reference with one flipped bit (quantize, dequantize, swizzle, amax), a
-matmul reference off by 1 % in one element, an op that raises RuntimeError, a message
-without the argument name, a message without the function name, an invalid call that is
-accepted - and asserts that each one is reported. During development the fuzz tests were
-also run against a wrong reference (R.quantize with rounding "floor" in place of "ceil"
-for mx modes, and quantized_matmul's reference with transpose inverted); both made the
-quantize / quantized_matmul fuzz tests fail with "wrong-result" reports.
+The property can fail: test_fuzz_catches_planted_bugs runs the same generators and
+checker against planted bugs - reference.quantize / dequantize / swizzle / amax with one
+flipped bit, reference.qqmm / quantized_matmul 1 % off in one element - and asserts that
+each is reported as "wrong-result"; and it feeds the checker an op raising RuntimeError, a
+message without the argument, a message without the function, an invalid call that
+returns and a valid call that raises, asserting each is reported. (With QQ_FUZZ_KNOWN=fail
+the fuzz tests themselves fail on the defects listed in KNOWN.)
 """
 
 from __future__ import annotations
