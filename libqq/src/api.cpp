@@ -874,6 +874,7 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x
                          const DLTensor* w_scales, const qqQqmmParams_t* params, const DLTensor* global_scale_x,
                          const DLTensor* global_scale_w, const DLTensor* bias, DLTensor* out, void* stream) {
   g_last_error.clear();
+  set_route(QQ_ROUTE_AUTO);
   Ctx c{"qqmm"};
   if (!params || params->struct_size < sizeof(qqQqmmParams_t))
     return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: params is NULL or uninitialized; use qqQqmmParamsInit");
@@ -979,8 +980,10 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x
     QQ_TRY(to_mat(c, "c", params->c, cdt, &a.c));
     a.beta = params->beta;
   }
+  QQ_TRY(check_route("qqmm", params->route, c.device));
+  a.route = params->route;
   if (a.M * a.N * a.x.batch() == 0) return QQ_STATUS_SUCCESS;
-  if (c.device < 0) return cpu::qqmm(a);
+  if (c.device < 0) return routed(cpu::qqmm(a), QQ_ROUTE_CPU);
   return cuda::qqmm(handle, a, stream);
 }
 
@@ -1078,6 +1081,7 @@ QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x, const 
                                     int transpose, const DLTensor* global_scale, const DLTensor* bias,
                                     DLTensor* out, void* stream) {
   g_last_error.clear();
+  set_route(QQ_ROUTE_AUTO);
   Ctx c{"quantized_matmul"};
   MatmulArgs a{};
   QQ_TRY(resolve_params(c, params, &a.q));
@@ -1158,7 +1162,7 @@ QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x, const 
     a.out.ld = a.N;
   }
   if (a.M * a.N * a.out.batch() == 0) return QQ_STATUS_SUCCESS;
-  if (c.device < 0) return cpu::quantized_matmul(a);
+  if (c.device < 0) return routed(cpu::quantized_matmul(a), QQ_ROUTE_CPU);
   return cuda::quantized_matmul(handle, a, stream);
 }
 
