@@ -1245,7 +1245,7 @@ def _blockscaled_device(w):
     if int(dev[0]) not in (kDLCUDA, kDLCUDAManaged):
         return False
     major, minor = device_capability(int(dev[1]))
-    return major * 10 + minor in (100, 103, 110, 120, 121)
+    return major in (10, 11, 12)    # as blockscaled_arch in libqq/src/cuda/qqmm.cu
 
 
 def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_format="e4m3",
