@@ -42,7 +42,8 @@ struct GemmPlan {
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
   cublasLtMatmulAlgo_t algo;
   size_t workspace = 0;
-  bool ok = false;  // false: refused or failed for this key (remembered, not asked again)
+  bool ok = false;      // false: refused or failed for this key (remembered, not asked again)
+  bool failed = false;  // cublasLtMatmul failed with the heuristic's algorithm (so ok = false)
   ~GemmPlan() {
     if (ld) cublasLtMatrixLayoutDestroy(ld);
     if (lb) cublasLtMatrixLayoutDestroy(lb);
@@ -201,6 +202,7 @@ qqStatus_t run(qqContext* c, const GemmKey& key, const Gemm& g, void* D, cudaStr
                                 plan->ld, &plan->algo, ws, plan->workspace, st);
   if (s != CUBLAS_STATUS_SUCCESS) {
     plan->ok = false;
+    plan->failed = true;
     (void)cudaGetLastError();  // a launch error behind the status must not leak into the next check
     return set_error(QQ_STATUS_CUBLAS_ERROR, "gemm: cublasLtMatmul (M=%lld N=%lld K=%lld) failed with status %d%s",
                      (long long)g.M, (long long)g.N, (long long)g.K, (int)s,
@@ -242,7 +244,14 @@ static GemmKey blockscaled_key(const Gemm& g) {
 qqStatus_t gemm_blockscaled_plan(qqContext* c, const Gemm& g, bool* ok) {
   const GemmKey k = blockscaled_key(g);
   std::lock_guard<std::mutex> lock(c->mu);
-  *ok = find_plan(c, k, g)->ok;
+  const GemmPlan* plan = find_plan(c, k, g);
+  *ok = plan->ok;
+  if (!plan->ok)
+    set_error(QQ_STATUS_NOT_SUPPORTED, "%s for M=%lld N=%lld K=%lld",
+              plan->failed ? "cublasLtMatmul failed earlier with the block-scaled algorithm cuBLASLt chose, so the "
+                             "shape is refused from now on"
+                           : "cuBLASLt has no block-scaled algorithm",
+              (long long)g.M, (long long)g.N, (long long)g.K);
   return QQ_STATUS_SUCCESS;
 }
 

@@ -66,8 +66,8 @@ qqStatus_t gemm(qqContext* c, const Gemm& g, cudaStream_t stream);
 // per shape, types, scale kind, bias type and alignment; a refusal is cached
 // too). gemm_blockscaled_plan only consults the cache (asking cuBLASLt's
 // heuristic the first time a key is seen, with g's scale and bias pointers
-// already set): *ok = false means refused, so the caller can skip the
-// operands' quantization. gemm_blockscaled runs it; NOT_SUPPORTED (with a
+// already set): *ok = false means refused (the message says why), so the
+// caller can skip the operands' quantization. gemm_blockscaled runs it; NOT_SUPPORTED (with a
 // message saying why) when refused or when cublasLtMatmul itself fails - the
 // plan is then marked bad, so later calls of that key are refused up front.
 qqStatus_t gemm_blockscaled_plan(qqContext* c, const Gemm& g, bool* ok);

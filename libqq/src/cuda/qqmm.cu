@@ -427,10 +427,11 @@ qqStatus_t qqmm_blockscaled(qqContext* c, const MatmulArgs& a, const float* alph
   g.b_scale = w.sc;
   bool ok = false;
   QQ_TRY(gemm_blockscaled_plan(c, g, &ok));
-  if (!ok)
-    return set_error(QQ_STATUS_NOT_SUPPORTED, "qqmm: the block-scaled route does not take this call: cuBLASLt has "
-                     "no block-scaled algorithm for M=%lld N=%lld K=%lld on this GPU (compute capability %d.%d)",
-                     (long long)Mtot, (long long)a.N, (long long)a.K, c->cc / 10, c->cc % 10);
+  if (!ok) {
+    const std::string msg = qqGetLastErrorMessage();
+    return set_error(QQ_STATUS_NOT_SUPPORTED, "qqmm: the block-scaled route does not take this call: %s on this GPU "
+                     "(compute capability %d.%d)", msg.c_str(), c->cc / 10, c->cc % 10);
+  }
   QQ_TRY(bs_operand_fill(c, x, a.q, a.K, st));
   QQ_TRY(bs_operand_fill(c, w, a.q, a.K, st));
   if (bias_lt) {
