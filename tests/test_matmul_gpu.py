@@ -5,9 +5,6 @@ checked against tests/reference.py as in test_matmul.py; the CPU cases live ther
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 
 import numpy as np
@@ -22,7 +19,6 @@ from test_matmul import ref_qqmm
 
 pytestmark = pytest.mark.gpu
 F32 = np.float32
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 CFGS = [FpCfg("nvfp4"), FpCfg("nvfp4", global_scale=True), FpCfg("mxfp4", "ceil"), FpCfg("mxfp4", "floor"),
         FpCfg("mxfp8", "ceil", "e4m3"), FpCfg("mxfp8", "floor", "e5m2")]
@@ -138,29 +134,25 @@ def test_qqmm_two_threads_two_streams(rng):
 
 
 def test_qqmm_forced_blockscaled_falls_back(rng):
-    """QQ_QQMM_FORCE_BLOCKSCALED=1 sends qqmm to the Blackwell cuBLASLt path on any GPU:
+    """The force_blockscaled test hook sends qqmm to the Blackwell cuBLASLt path on any GPU:
     the descriptors are built and, where cuBLASLt refuses (Hopper), the exact path answers
-    with the same result. On Blackwell this runs the hardware path itself."""
+    with the same result. On Blackwell this runs the hardware path itself. (Every refusal
+    path: tests/test_route.py.)"""
     torch_or_skip()
-    code = (
-        "import sys, numpy as np; sys.path.insert(0, %r)\n"
-        "import qq, reference as R\n"
-        "from helpers import assert_matmul_close, to_device, FpCfg\n"
-        "rng = np.random.default_rng(7)\n"
-        "for mode in ('nvfp4', 'mxfp4', 'mxfp8'):\n"
-        "    x = rng.standard_normal((40, 128)).astype(np.float32)\n"
-        "    w = rng.standard_normal((72, 128)).astype(np.float32)\n"
-        "    g = R.amax(x) if mode == 'nvfp4' else None\n"
-        "    gw = R.amax(w) if mode == 'nvfp4' else None\n"
-        "    qw = qq.quantize(to_device(w, 'cuda'), mode=mode, scale_layout='blocked',\n"
-        "                     global_scale=None if gw is None else to_device(np.asarray(gw), 'cuda'))\n"
-        "    got = qq.qqmm(to_device(x, 'cuda'), qw, mode=mode, dtype='float32',\n"
-        "                  global_scale_x=None if g is None else to_device(np.asarray(g), 'cuda'))\n"
-        "    assert_matmul_close(got, R.qqmm(x, w, mode, global_scale_x=g, global_scale_w=gw), mode)\n"
-        "print('ok')\n" % HERE)
-    env = dict(os.environ, QQ_QQMM_FORCE_BLOCKSCALED="1")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+    old = qq._qq._set_test_hook("force_blockscaled", 1)
+    try:
+        for mode in ("nvfp4", "mxfp4", "mxfp8"):
+            x = rng.standard_normal((40, 128)).astype(np.float32)
+            w = rng.standard_normal((72, 128)).astype(np.float32)
+            g = R.amax(x) if mode == "nvfp4" else None
+            gw = R.amax(w) if mode == "nvfp4" else None
+            qw = qq.quantize(to_device(w, "cuda"), mode=mode, scale_layout="blocked",
+                             global_scale=None if gw is None else to_device(np.asarray(gw), "cuda"))
+            got = qq.qqmm(to_device(x, "cuda"), qw, mode=mode, dtype="float32",
+                          global_scale_x=None if g is None else to_device(np.asarray(g), "cuda"))
+            assert_matmul_close(got, R.qqmm(x, w, mode, global_scale_x=g, global_scale_w=gw), mode)
+    finally:
+        qq._qq._set_test_hook("force_blockscaled", old)
 
 
 # ---------------------------------------------------------------------------

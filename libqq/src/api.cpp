@@ -1165,6 +1165,8 @@ qqStatus_t qqmm_single(Ctx& c, qqHandle_t handle, const DLTensor* x, const DLTen
     QQ_TRY(to_mat(c, "c", p.c, cdt, &a.c));
     a.beta = p.beta;
   }
+  QQ_TRY(check_route(c.op, raw_enum(p.route), c.device));
+  a.route = p.route;
   if (!run) return QQ_STATUS_SUCCESS;  // validation only (an empty batch): nothing is read or written
   QQ_TRY(check_no_alias(c, {{"out", out}}, {{"x", x}, {"x_scales", x_scales}, {"w", w}, {"w_scales", w_scales},
                                            {"global_scale_x", global_scale_x}, {"global_scale_w", global_scale_w},
@@ -1175,7 +1177,7 @@ qqStatus_t qqmm_single(Ctx& c, qqHandle_t handle, const DLTensor* x, const DLTen
     return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: 'c' overlaps 'out' without being the same tensor; pass "
                      "out=c exactly (in place) or separate buffers");
   if (a.M * a.N * a.x.batch() == 0) return QQ_STATUS_SUCCESS;
-  if (c.device < 0) return cpu::qqmm(a);
+  if (c.device < 0) return routed(cpu::qqmm(a), QQ_ROUTE_CPU);
   return cuda::qqmm(handle, a, stream);
 }
 
@@ -1186,6 +1188,7 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x
                          const DLTensor* w_scales, const qqQqmmParams_t* params, const DLTensor* global_scale_x,
                          const DLTensor* global_scale_w, const DLTensor* bias, DLTensor* out, void* stream) {
   return guard("qqmm", [&]() -> qqStatus_t {
+    set_route(QQ_ROUTE_AUTO);
     Ctx c{"qqmm"};
     qqQqmmParams_t p;
     QQ_TRY(read_qqmm_params(c, params, &p));
@@ -1359,6 +1362,7 @@ QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x, const 
                                     int transpose, const DLTensor* global_scale, const DLTensor* bias,
                                     DLTensor* out, void* stream) {
   return guard("quantized_matmul", [&]() -> qqStatus_t {
+    set_route(QQ_ROUTE_AUTO);
     Ctx c{"quantized_matmul"};
     MatmulArgs a{};
     QQ_TRY(resolve_params(c, params, &a.q));
@@ -1441,7 +1445,7 @@ QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x, const 
       a.out.ld = a.N;
     }
     if (a.M * a.N * a.out.batch() == 0) return QQ_STATUS_SUCCESS;
-    if (c.device < 0) return cpu::quantized_matmul(a);
+    if (c.device < 0) return routed(cpu::quantized_matmul(a), QQ_ROUTE_CPU);
     return cuda::quantized_matmul(handle, a, stream);
   });
 }

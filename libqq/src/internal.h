@@ -84,6 +84,41 @@ qqStatus_t set_error(qqStatus_t st, const char* fmt, ...)
 #endif
     ;
 
+// The route of the current thread's last product (route.cpp; read by
+// qqGetLastRoute). Each qqQqmm / qqQuantizedMatmul resets it to AUTO on entry;
+// the backend sets it once the product is enqueued.
+void set_route(qqRoute_t r);
+
+// Test hooks (route.cpp): switches only the test suite sets, through the
+// exported but undeclared-in-qq.h qqInternalSetTestHook (Python:
+// qq._qq._set_test_hook). Read on every call, so a test can flip them.
+enum TestHook {
+  // AUTO qqmm tries the block-scaled path on any GPU (on Hopper cuBLASLt
+  // refuses, which exercises the fallback) and route='blockscaled' is no
+  // longer an ARCH_MISMATCH there.
+  HOOK_FORCE_BLOCKSCALED = 0,
+  // The block-scaled cublasLtMatmul is treated as failed (not called): the
+  // plan must be marked bad and AUTO must fall back (Blackwell tests).
+  HOOK_FAIL_BLOCKSCALED_MATMUL = 1,
+  // Number of block-scaled heuristic queries made so far (read-only counter,
+  // so a test can see that a refusal is remembered).
+  HOOK_BLOCKSCALED_QUERIES = 2,
+  HOOK_COUNT
+};
+int test_hook(TestHook h);
+void test_hook_add(TestHook h, int delta);
+
+// The route a call on `device` (-1 = CPU) asked for, checked: INVALID_VALUE
+// for a value outside qqRoute_t, NOT_SUPPORTED for a route of the other
+// device kind (a GPU route with CPU tensors, 'cpu' with CUDA tensors).
+qqStatus_t check_route(const char* op, int route, int device);
+
+// `st`, recording route `r` for qqGetLastRoute when st is SUCCESS.
+inline qqStatus_t routed(qqStatus_t st, qqRoute_t r) {
+  if (st == QQ_STATUS_SUCCESS) set_route(r);
+  return st;
+}
+
 // ---- backend entry points -------------------------------------------------
 // Same signatures on both backends; `stream` is ignored by the CPU.
 // gs: pointer to the fp32 global scale (host memory for the CPU, device memory
@@ -121,6 +156,7 @@ struct MatmulArgs {
   QSpec q;
   Mat c;             // qqmm: out += beta * c (same shape as out), ptr == nullptr: none
   float beta = 0.0f;
+  qqRoute_t route = QQ_ROUTE_AUTO;  // qqmm: the route asked for (checked by check_route)
 };
 
 // Quantization along the rows (the second-to-last axis) of x [B..., M, K]:
@@ -180,5 +216,8 @@ qqStatus_t copy_to_host(int device, const void* src, size_t bytes, void* dst, vo
 }  // namespace cuda
 
 }  // namespace qq
+
+// route.cpp: exported for the test suite only (see there); not part of qq.h.
+extern "C" QQ_API qqStatus_t qqInternalSetTestHook(const char* name, int value, int* old);
 
 #endif  // QQ_INTERNAL_H_

@@ -1,5 +1,6 @@
 """python -m qq: what this libqq build is, which path each operation takes on the devices
-it sees, and a small accuracy / timing demo on a synthetic layer.
+it sees (for the matmuls: the route a tiny call took, qq.last_route()), and a small
+accuracy / timing demo on a synthetic layer.
 
     python -m qq                        # CPU demo, W 4096 x 4096, x 16 x 4096
     python -m qq --size 1024 --device cuda
@@ -84,6 +85,54 @@ def _probe_gpu(device: int) -> dict:
     return paths
 
 
+# Tiny matmuls whose route (qq.last_route()) `python -m qq` reports: (label, mode, M, packed w,
+# quantized_matmul instead of qqmm). K = 512, N = 256.
+ROUTE_PROBES = (
+    ("qqmm nvfp4", "nvfp4", 256, False, False),
+    ("qqmm mxfp8", "mxfp8", 256, False, False),
+    ("qqmm mxfp4", "mxfp4", 256, False, False),
+    ("qqmm nvfp4, packed w", "nvfp4", 1, True, False),
+    ("qqmm nvfp4, packed w", "nvfp4", 16, True, False),
+    ("qqmm mxfp8, packed w", "mxfp8", 256, True, False),
+    ("quantized_matmul nvfp4", "nvfp4", 1, True, True),
+    ("quantized_matmul nvfp4", "nvfp4", 256, True, True),
+)
+
+
+def _routes(device):
+    """[(label, route or error)] for ROUTE_PROBES on `device` ("cpu" or a CUDA id). On a GPU
+    with block-scaled tensor cores a qqmm that did not take that route is asked for it once
+    more, so the line says why (the refusal's message)."""
+    if device == "cpu":
+        empty = lambda shape, dtype="float32": np.zeros(shape, dtype=getattr(np, dtype, np.float32))  # noqa: E731
+    else:
+        empty = lambda shape, dtype="float32": _qq._device_empty(shape, dtype, device)  # noqa: E731
+    blackwell = device != "cpu" and _qq.device_capability(device)[0] in (10, 11, 12)
+    lines = []
+    for label, mode, m, packed, qmm in ROUTE_PROBES:
+        k, n = 512, 256
+        try:
+            w = empty((n, k))
+            if packed or qmm:
+                w = qq.quantize(w, mode=mode, scale_layout="linear")
+            if qmm:
+                x = empty((m, k), "bfloat16" if device != "cpu" else "float32")
+                qq.quantized_matmul(x, w)
+            else:
+                x = empty((m, k))
+                qq.qqmm(x, w, mode=mode)
+            route = qq.last_route()
+            if blackwell and not qmm and route != "blockscaled":
+                try:
+                    qq.qqmm(x, w, mode=mode, route="blockscaled")
+                except qq.NotSupportedError as e:
+                    route += f" (blockscaled: {e})"
+            lines.append((f"{label} (M={m})", route))
+        except Exception as e:  # noqa: BLE001 - report, do not stop the overview
+            lines.append((f"{label} (M={m})", f"error: {type(e).__name__}: {e}"))
+    return lines
+
+
 def _print_devices(info: dict) -> None:
     n = qq.device_count()
     print(f"\nCUDA devices: {n}")
@@ -102,6 +151,16 @@ def _print_devices(info: dict) -> None:
         print(f"  {name}")
         for op in OPS:
             print(f"    {op:<{width}}  {paths[op]}")
+    print("\nRoutes (qq.last_route() after a tiny call; docs/api.md \"Dispatch\", docs/blackwell.md):")
+    targets = [("cpu", "cpu")]
+    if n and info["cuda"]:
+        targets += [(f"cuda:{d}", d) for d in range(n)]
+    for name, device in targets:
+        lines = _routes(device)
+        width = max(len(label) for label, _ in lines)
+        print(f"  {name}")
+        for label, route in lines:
+            print(f"    {label:<{width}}  route {route}")
 
 
 class _Device:

@@ -101,6 +101,17 @@ cdef extern from "qq/qq.h" nogil:
     qqStatus_t qqAmax(qqHandle_t handle, const DLTensor* x, DLTensor* out,
                       void* stream)
 
+    ctypedef enum qqRoute_t:
+        QQ_ROUTE_AUTO
+        QQ_ROUTE_CPU
+        QQ_ROUTE_EXACT
+        QQ_ROUTE_BLOCKSCALED
+        QQ_ROUTE_QMMA
+        QQ_ROUTE_QMV
+
+    qqStatus_t qqGetLastRoute(qqRoute_t* route)
+    const char* qqGetRouteString(qqRoute_t route)
+
     ctypedef struct qqQqmmParams_t:
         size_t struct_size
         qqQuantParams_t quant
@@ -109,6 +120,7 @@ cdef extern from "qq/qq.h" nogil:
         int w_prepared
         const DLTensor* c
         float beta
+        qqRoute_t route
 
     qqStatus_t qqQqmmParamsInit(qqQqmmParams_t* params, qqMode_t mode)
 

@@ -122,6 +122,36 @@ def device_capability(int device=0):
     return (major, minor)
 
 
+def last_route():
+    """The route ('cpu', 'exact', 'blockscaled', 'qmma' or 'qmv') that the last qqmm or
+    quantized_matmul call on this thread took (for a batched w or grouped_qqmm: its last
+    product); None if no such call has computed a product yet, or the last one failed."""
+    cdef qqRoute_t r = QQ_ROUTE_AUTO
+    _check(qqGetLastRoute(&r))
+    if r == QQ_ROUTE_AUTO:
+        return None
+    return qqGetRouteString(r).decode("ascii")
+
+
+cdef extern from *:
+    # Exported by libqq for the test suite only; deliberately not in qq.h (route.cpp).
+    """
+    #ifdef __cplusplus
+    extern "C"
+    #endif
+    qqStatus_t qqInternalSetTestHook(const char* name, int value, int* old);
+    """
+    qqStatus_t qqInternalSetTestHook(const char* name, int value, int* old)
+
+
+def _set_test_hook(str name, int value):
+    """Tests only: set libqq's test hook `name` (route.cpp) to `value`; returns the
+    previous value. "blockscaled_queries" is a counter: `value` is added."""
+    cdef int old = 0
+    _check(qqInternalSetTestHook(name.encode("ascii"), value, &old))
+    return old
+
+
 # =========================================================================================
 # Parameters and dtypes
 # =========================================================================================
@@ -131,6 +161,9 @@ _MODES = {"affine": QQ_MODE_AFFINE, "nvfp4": QQ_MODE_NVFP4, "mxfp4": QQ_MODE_MXF
 _ROUNDINGS = {"ceil": QQ_ROUNDING_CEIL, "floor": QQ_ROUNDING_FLOOR}
 _LAYOUTS = {"linear": QQ_SCALE_LINEAR, "blocked": QQ_SCALE_BLOCKED}
 _FP8_FORMATS = {"e4m3": QQ_FP8_E4M3, "e5m2": QQ_FP8_E5M2}
+# qqmm's route= (qq.h qqRoute_t; the names are qqGetRouteString's).
+_ROUTES = {"auto": QQ_ROUTE_AUTO, "cpu": QQ_ROUTE_CPU, "exact": QQ_ROUTE_EXACT,
+           "blockscaled": QQ_ROUTE_BLOCKSCALED, "qmma": QQ_ROUTE_QMMA, "qmv": QQ_ROUTE_QMV}
 
 # Float dtypes libqq reads and writes; results are created in one of these or uint8.
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16")
@@ -1265,7 +1298,7 @@ def _blockscaled_device(w):
     if int(dev[0]) not in (kDLCUDA, kDLCUDAManaged):
         return False
     major, minor = device_capability(int(dev[1]))
-    return major * 10 + minor in (100, 103, 110, 120, 121)
+    return major in (10, 11, 12)    # as blockscaled_arch in libqq/src/cuda/qqmm.cu
 
 
 def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_format="e4m3",
@@ -1578,7 +1611,7 @@ cdef _View _out_view(_Call call, out, str dtype):
 def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
          global_scale_x=None, global_scale_w=None, x_scales=None, bias=None, c=None, beta=1.0,
          rounding="ceil", scale_layout="linear", fp8_format="e4m3", dtype=None, out=None,
-         stream=None):
+         stream=None, route="auto"):
     """y = alpha * q(x) @ q(w).T (+ bias) (+ beta * c), both operands quantized (nvfp4,
     mxfp4, mxfp8). c: an array of y's shape (float, on x's device; may be `out` itself, to
     accumulate in place); the product is formed in fp32 and y = product + beta * c rounded
@@ -1589,6 +1622,11 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     packed [N, K*bits/8] with scales in scale_layout. nvfp4 global scales give
     alpha = global_scale_x * global_scale_w / 2688**2. dtype default: x's dtype for a
     float x, else bfloat16. Affine mode: use quantized_matmul.
+
+    route: "auto" (libqq picks, falling back where a faster path refuses), or one of
+    "cpu", "exact", "blockscaled", "qmma", "qmv" to insist on that route: a call it does
+    not cover raises NotSupportedError saying why (docs/api.md, "Dispatch"). The route a
+    call took: qq.last_route().
     """
     cdef str func = "qqmm"
     cdef _View vx, vxs, vw, vws, vgx, vgw, vbias, vo, vc
@@ -1615,7 +1653,9 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
         # there it beats the bf16 GEMM on the prepared values (bench/results/qmm-h100.md;
         # thresholds kQmvMaxM / kQmmaMaxM in cuda/ops.cuh, docs/api.md).
         small = rows <= 4 or (rows <= 16 and (int(qa.shape[-1]) * qa.bits // 8) % 16 == 0)
-        if pw.values is None or small:
+        # these routes take the packed weight only
+        packed_route = route in ("blockscaled", "qmma", "qmv")
+        if pw.values is None or small or packed_route:
             w = qa
         else:
             w_prepared = 1
@@ -1669,6 +1709,7 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     qp.x_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", x_layout, _LAYOUTS)
     qp.w_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", w_layout, _LAYOUTS)
     qp.w_prepared = w_prepared
+    qp.route = <qqRoute_t>_enum(func, "route", route, _ROUTES)
     out_dtype = _dtype_arg(func, dtype)
     cdef _Call call = _Call(func, x, "x", stream)
     result = None

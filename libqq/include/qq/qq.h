@@ -284,6 +284,34 @@ QQ_API qqStatus_t qqUnswizzleScales(qqHandle_t handle, const DLTensor* blocked,
 QQ_API qqStatus_t qqAmax(qqHandle_t handle, const DLTensor* x, DLTensor* out,
                          void* stream);
 
+/* ---------------------------------------------------------------------------
+ * Routes: which implementation computed a product. qqGetLastRoute says which
+ * one the last qqQqmm / qqQuantizedMatmul call on this thread took (for a
+ * batched w or qqGroupedQqmm: the last product it ran). The GPU routes and
+ * when AUTO takes each are listed in docs/api.md ("Dispatch"); a Blackwell
+ * user confirms the block-scaled one with docs/blackwell.md.
+ * ------------------------------------------------------------------------- */
+typedef enum {
+  QQ_ROUTE_AUTO = 0,        /* request: libqq picks. Query: no product recorded yet */
+  QQ_ROUTE_CPU = 1,         /* the CPU backend (CPU tensors) */
+  QQ_ROUTE_EXACT = 2,       /* bf16 values of q(x), q(w) (exact) + cuBLASLt bf16 GEMM, fp32
+                               accumulation; quantized_matmul: dequantize w + cuBLASLt GEMM */
+  QQ_ROUTE_BLOCKSCALED = 3, /* cuBLASLt block-scaled fp4/fp8 GEMM (compute capability 10.x,
+                               11.0, 12.x; nvfp4 and mxfp8-e4m3 only) */
+  QQ_ROUTE_QMMA = 4,        /* weight-only tensor-core kernel on q(x) in bf16 (M <= 64, packed w) */
+  QQ_ROUTE_QMV = 5,         /* weight-only CUDA-core kernel (M <= 4, packed w) */
+} qqRoute_t;
+
+/* The route of the last qqQqmm / qqQuantizedMatmul call on this thread that
+ * computed a product; QQ_ROUTE_AUTO if none did (no call yet, the last one
+ * failed, or its output was empty). Each such call resets it first.
+ * INVALID_VALUE if route is NULL. */
+QQ_API qqStatus_t qqGetLastRoute(qqRoute_t* route);
+
+/* Static lowercase name of a route: "auto", "cpu", "exact", "blockscaled",
+ * "qmma", "qmv" (the strings qq.qqmm's route= takes); "unknown" otherwise. */
+QQ_API const char* qqGetRouteString(qqRoute_t route);
+
 /* qqmm: out [..., M, N] = alpha * q(x) @ q(w)^T (+ bias[N]) (+ beta * C).
  *  x: float [..., M, K] (quantized on the fly with params) or packed uint8
  *     [..., M, K*bits/8] with x_scales in params->x_scale_layout.
@@ -312,6 +340,12 @@ typedef struct {
    * to out's dtype. C is not read when beta == 0 or c is NULL (defaults). */
   const DLTensor* c;
   float beta;
+  /* Which implementation computes the product (see qqRoute_t below). AUTO
+   * (the default) lets libqq pick and fall back; any other value means "this
+   * route or fail": QQ_STATUS_ARCH_MISMATCH when the GPU lacks it,
+   * QQ_STATUS_NOT_SUPPORTED (with the reason) when the route does not cover
+   * the call (shape, mode, layout, build); never a silent fallback. */
+  qqRoute_t route;
 } qqQqmmParams_t;
 
 QQ_API qqStatus_t qqQqmmParamsInit(qqQqmmParams_t* params, qqMode_t mode);
@@ -333,7 +367,8 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x,
  *       accepted for fp modes with transpose, one blocked matrix per batch).
  *  bias: optional float [N] added to every row (any float dtype).
  *  out:  [broadcast batch..., M, N], float32/float16/bfloat16.
- *  Accumulation in fp32. */
+ *  Accumulation in fp32. It takes no route request; qqGetLastRoute reports
+ *  QQ_ROUTE_CPU, QMMA, QMV or EXACT (dequantize w, then a cuBLASLt GEMM). */
 /* Grouped qqmm (mixture of experts): tokens sorted by expert.
  *  x: float [T, K] or packed [T, K*bits/8] with x_scales linear [T, K/group].
  *  offsets: int32 [E], cumulative group ends (offsets[E-1] == T; rows

@@ -10,13 +10,19 @@
 // along cuBLASLt's rows, i.e. our columns: bias[N] - what we want.
 //
 // Plans: the descriptors and the heuristic's first algorithm are cached in
-// the handle per key (shape, leading dimensions, types, bias, alpha mode and
-// the pointers' alignment), so a repeated shape costs no heuristic query.
-// The cached descriptor's bias pointer is set per call under the handle's
-// mutex, which is held until cublasLtMatmul has enqueued the work.
+// the handle per key (shape, leading dimensions, types, bias type, alpha mode
+// and the pointers' alignment), so a repeated shape costs no heuristic query.
+// Every pointer attribute (bias, block scales) is set on the descriptor before
+// the heuristic is asked: cuBLASLt reads their values for the alignment it
+// may assume (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER) and rejects a
+// block-scaled descriptor without scale pointers. They are set again per call
+// under the handle's mutex, which is held until cublasLtMatmul has enqueued
+// the work. A key whose cublasLtMatmul failed is marked bad like a refused one.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <string.h>
+
+#include <string>
 
 #include "common.cuh"
 #include "ops.cuh"
@@ -26,7 +32,7 @@ namespace cuda {
 
 // All fields int64 so that memcmp orders keys without padding bytes.
 struct GemmKey {
-  int64_t M, N, K, lda, ldb, ldd, ab, d, b_trans, bias, alpha_dev, align_a, align_b, align_d;
+  int64_t M, N, K, lda, ldb, ldd, ab, d, b_trans, bias, alpha_dev, align_a, align_b, align_d;  // bias: 0 or 1 + DType
   int64_t lt_ab, scale_mode;  // block-scaled GEMMs: cuBLASLt element type and scale kind; -1 otherwise
   bool operator<(const GemmKey& o) const { return memcmp(this, &o, sizeof(GemmKey)) < 0; }
 };
@@ -36,7 +42,8 @@ struct GemmPlan {
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
   cublasLtMatmulAlgo_t algo;
   size_t workspace = 0;
-  bool ok = false;  // false: cuBLASLt has no algorithm for this key (remembered, not asked again)
+  bool ok = false;      // false: refused or failed for this key (remembered, not asked again)
+  bool failed = false;  // cublasLtMatmul failed with the heuristic's algorithm (so ok = false)
   ~GemmPlan() {
     if (ld) cublasLtMatrixLayoutDestroy(ld);
     if (lb) cublasLtMatrixLayoutDestroy(lb);
@@ -66,8 +73,23 @@ int64_t alignment(const void* p, int64_t ld, int es) {
     }                                       \
   } while (0)
 
-// Builds the plan for `k`; plan->ok says whether cuBLASLt has an algorithm.
-GemmPlan* make_plan(cublasLtHandle_t lt, const GemmKey& k) {
+// Sets the per-call pointers (bias, block scales) on plan's descriptor.
+cublasStatus_t set_pointers(GemmPlan* plan, const Gemm& g) {
+  cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+  if (g.bias) s = cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias));
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120800
+  // cuBLASLt's A is our B (w), its B our A (x)
+  if (s == CUBLAS_STATUS_SUCCESS && g.scale_mode >= 0)
+    s = cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.b_scale, sizeof(g.b_scale));
+  if (s == CUBLAS_STATUS_SUCCESS && g.scale_mode >= 0)
+    s = cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.a_scale, sizeof(g.a_scale));
+#endif
+  return s;
+}
+
+// Builds the plan for `k` (g: the call that first needs it, for its
+// pointers); plan->ok says whether cuBLASLt has an algorithm.
+GemmPlan* make_plan(cublasLtHandle_t lt, const GemmKey& k, const Gemm& g) {
   GemmPlan* plan = new GemmPlan;
   const cudaDataType_t ab = k.lt_ab >= 0 ? (cudaDataType_t)k.lt_ab : cuda_type((DType)k.ab),
                        d = cuda_type((DType)k.d);
@@ -86,7 +108,7 @@ GemmPlan* make_plan(cublasLtHandle_t lt, const GemmKey& k) {
 #endif
   if (k.bias) {
     const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
-    const cudaDataType_t bt = CUDA_R_32F;
+    const cudaDataType_t bt = cuda_type((DType)(k.bias - 1));
     QQ_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
     QQ_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
   }
@@ -99,6 +121,8 @@ GemmPlan* make_plan(cublasLtHandle_t lt, const GemmKey& k) {
   else QQ_LT(cublasLtMatrixLayoutCreate(&plan->la, ab, k.N, k.K, k.ldb));
   QQ_LT(cublasLtMatrixLayoutCreate(&plan->lb, ab, k.K, k.M, k.lda));
   QQ_LT(cublasLtMatrixLayoutCreate(&plan->ld, d, k.N, k.M, k.ldd));
+  QQ_LT(set_pointers(plan, g));
+  if (k.scale_mode >= 0) test_hook_add(HOOK_BLOCKSCALED_QUERIES, 1);
 
   cublasLtMatmulPreference_t pref = nullptr;
   QQ_LT(cublasLtMatmulPreferenceCreate(&pref));
@@ -143,45 +167,47 @@ __global__ void to_f32_kernel(const TI* src, int64_t n, float* dst) {
 
 unsigned grid_for(int64_t n) { return (unsigned)((n + 255) / 256); }
 
-// Runs the planned GEMM; `key` has been filled for g.
+// The plan of `key`, built on first use. Call with c->mu held.
+GemmPlan* find_plan(qqContext* c, const GemmKey& key, const Gemm& g) {
+  if (!c->plans) c->plans = new std::map<GemmKey, GemmPlan*>;
+  auto it = c->plans->find(key);
+  if (it != c->plans->end()) return it->second;
+  GemmPlan* plan = make_plan(c->lt, key, g);
+  (*c->plans)[key] = plan;
+  return plan;
+}
+
+// Runs the planned GEMM; `key` has been filled for g. A failing
+// cublasLtMatmul marks the plan bad (refused from then on) and returns
+// CUBLAS_ERROR with its status in the message.
 qqStatus_t run(qqContext* c, const GemmKey& key, const Gemm& g, void* D, cudaStream_t st, Scratch& scratch,
                bool* refused) {
   std::lock_guard<std::mutex> lock(c->mu);
-  if (!c->plans) c->plans = new std::map<GemmKey, GemmPlan*>;
-  auto it = c->plans->find(key);
-  GemmPlan* plan;
-  if (it == c->plans->end()) {
-    plan = make_plan(c->lt, key);
-    (*c->plans)[key] = plan;
-  } else {
-    plan = it->second;
-  }
+  GemmPlan* plan = find_plan(c, key, g);
   *refused = !plan->ok;
   if (!plan->ok) return QQ_STATUS_SUCCESS;
-  if (g.bias &&
-      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)) !=
-          CUBLAS_STATUS_SUCCESS)
-    return set_error(QQ_STATUS_CUBLAS_ERROR, "gemm: setting the bias pointer failed");
-#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120800
-  // the scale pointers change per call; the lock above keeps the descriptor ours until enqueued
-  if (g.scale_mode >= 0 &&
-      (cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.b_scale,
-                                      sizeof(g.b_scale)) != CUBLAS_STATUS_SUCCESS ||
-       cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.a_scale,
-                                      sizeof(g.a_scale)) != CUBLAS_STATUS_SUCCESS))
-    return set_error(QQ_STATUS_CUBLAS_ERROR, "gemm: setting the block scale pointers failed");
-#endif
+  // the pointers change per call; the lock above keeps the descriptor ours until enqueued
+  if (set_pointers(plan, g) != CUBLAS_STATUS_SUCCESS)
+    return set_error(QQ_STATUS_CUBLAS_ERROR, "gemm: setting the bias / block scale pointers failed");
   void* ws = nullptr;
   if (plan->workspace) QQ_TRY(scratch.get("gemm", plan->workspace, &ws));
   static const float kZero[2] = {0.0f, 0.0f};
   const void* alpha = g.alpha_dev ? (const void*)g.alpha_dev : (const void*)&g.alpha;
   // device pointer mode: beta is the second float of alpha_dev's pair
   const void* beta = g.alpha_dev ? (const void*)(g.alpha_dev + 1) : (const void*)kZero;
-  const cublasStatus_t s = cublasLtMatmul(c->lt, plan->desc, alpha, g.B, plan->la, g.A, plan->lb, beta, D,
-                                          plan->ld, D, plan->ld, &plan->algo, ws, plan->workspace, st);
-  if (s != CUBLAS_STATUS_SUCCESS)
-    return set_error(QQ_STATUS_CUBLAS_ERROR, "gemm: cublasLtMatmul (M=%lld N=%lld K=%lld) failed with status %d",
-                     (long long)g.M, (long long)g.N, (long long)g.K, (int)s);
+  const bool simulate = g.scale_mode >= 0 && test_hook(HOOK_FAIL_BLOCKSCALED_MATMUL);
+  const cublasStatus_t s =
+      simulate ? CUBLAS_STATUS_EXECUTION_FAILED
+               : cublasLtMatmul(c->lt, plan->desc, alpha, g.B, plan->la, g.A, plan->lb, beta, D, plan->ld, D,
+                                plan->ld, &plan->algo, ws, plan->workspace, st);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    plan->ok = false;
+    plan->failed = true;
+    (void)cudaGetLastError();  // a launch error behind the status must not leak into the next check
+    return set_error(QQ_STATUS_CUBLAS_ERROR, "gemm: cublasLtMatmul (M=%lld N=%lld K=%lld) failed with status %d%s",
+                     (long long)g.M, (long long)g.N, (long long)g.K, (int)s,
+                     simulate ? " (simulated by the fail_blockscaled_matmul test hook)" : "");
+  }
   return QQ_STATUS_SUCCESS;
 }
 
@@ -198,7 +224,7 @@ static GemmKey key_of(const Gemm& g) {
   k.ab = (int64_t)g.ab;
   k.d = (int64_t)g.d;
   k.b_trans = g.b_trans;
-  k.bias = g.bias != nullptr;
+  k.bias = g.bias ? 1 + (int64_t)g.bias_dt : 0;
   k.alpha_dev = g.alpha_dev != nullptr;
   k.lt_ab = g.lt_ab;
   k.scale_mode = g.scale_mode;
@@ -206,16 +232,42 @@ static GemmKey key_of(const Gemm& g) {
   return k;
 }
 
-qqStatus_t gemm_blockscaled(qqContext* c, const Gemm& g, cudaStream_t st) {
-  Scratch scratch(c, st);
+static GemmKey blockscaled_key(const Gemm& g) {
   GemmKey k = key_of(g);
   // packed rows: alignment of the start and the pitch in bytes
   const int bits = g.lt_ab == (int)CUDA_R_4F_E2M1 ? 4 : 8;
   k.align_a = alignment(g.A, g.lda * bits / 8, 1);
   k.align_b = alignment(g.B, g.ldb * bits / 8, 1);
+  return k;
+}
+
+qqStatus_t gemm_blockscaled_plan(qqContext* c, const Gemm& g, bool* ok) {
+  const GemmKey k = blockscaled_key(g);
+  std::lock_guard<std::mutex> lock(c->mu);
+  const GemmPlan* plan = find_plan(c, k, g);
+  *ok = plan->ok;
+  if (!plan->ok)
+    set_error(QQ_STATUS_NOT_SUPPORTED, "%s for M=%lld N=%lld K=%lld",
+              plan->failed ? "cublasLtMatmul failed earlier with the block-scaled algorithm cuBLASLt chose, so the "
+                             "shape is refused from now on"
+                           : "cuBLASLt has no block-scaled algorithm",
+              (long long)g.M, (long long)g.N, (long long)g.K);
+  return QQ_STATUS_SUCCESS;
+}
+
+qqStatus_t gemm_blockscaled(qqContext* c, const Gemm& g, cudaStream_t st) {
+  Scratch scratch(c, st);
   bool refused = true;
-  QQ_TRY(run(c, k, g, g.D, st, scratch, &refused));
-  return refused ? QQ_STATUS_NOT_SUPPORTED : QQ_STATUS_SUCCESS;
+  const qqStatus_t s = run(c, blockscaled_key(g), g, g.D, st, scratch, &refused);
+  if (s == QQ_STATUS_CUBLAS_ERROR) {  // the plan is marked bad now; say so and let the caller fall back
+    const std::string msg = qqGetLastErrorMessage();
+    return set_error(QQ_STATUS_NOT_SUPPORTED, "%s; this shape is refused from now on", msg.c_str());
+  }
+  QQ_TRY(s);
+  if (refused)
+    return set_error(QQ_STATUS_NOT_SUPPORTED, "cuBLASLt has no block-scaled algorithm for M=%lld N=%lld K=%lld "
+                     "on this GPU", (long long)g.M, (long long)g.N, (long long)g.K);
+  return QQ_STATUS_SUCCESS;
 }
 
 qqStatus_t gemm(qqContext* c, const Gemm& g, cudaStream_t st) {

@@ -34,9 +34,11 @@ qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream);
 //   (b_trans) or B for B [K, N],
 // with fp32 accumulation (CUBLAS_COMPUTE_32F, no TF32), A and B of type `ab`
 // (bf16, fp16 or fp32), D of `d` (bf16, fp16 or fp32). alpha is `alpha` or,
-// when alpha_dev is set, read on the device. bias is fp32 on the device.
-// Output types or bias combinations cuBLASLt refuses go through an fp32
-// scratch D and one conversion kernel, so the result is always rounded once.
+// when alpha_dev is set, read on the device. bias is on the device, of type
+// bias_dt (fp32 for gemm(); what the block-scaled table allows for
+// gemm_blockscaled, see qqmm.cu). In gemm(), output types or bias
+// combinations cuBLASLt refuses go through an fp32 scratch D and one
+// conversion kernel, so the result is always rounded once.
 struct Gemm {
   int64_t M = 0, N = 0, K = 0;
   DType ab = DType::BF16, d = DType::BF16;
@@ -47,7 +49,8 @@ struct Gemm {
   bool b_trans = true;
   void* D = nullptr;
   int64_t ldd = 0;
-  const float* bias = nullptr;
+  const void* bias = nullptr;
+  DType bias_dt = DType::F32;
   float alpha = 1.0f;
   const float* alpha_dev = nullptr;
   // Block-scaled operands (Blackwell; gemm_blockscaled only): A and B packed in
@@ -60,9 +63,14 @@ struct Gemm {
 };
 qqStatus_t gemm(qqContext* c, const Gemm& g, cudaStream_t stream);
 // The block-scaled GEMM through the same plan cache (descriptors and algorithm
-// per shape, types, scale kind and alignment; a refusal is cached too).
-// NOT_SUPPORTED without a message when cuBLASLt has no algorithm: the caller
-// falls back to the exact path.
+// per shape, types, scale kind, bias type and alignment; a refusal is cached
+// too). gemm_blockscaled_plan only consults the cache (asking cuBLASLt's
+// heuristic the first time a key is seen, with g's scale and bias pointers
+// already set): *ok = false means refused (the message says why), so the
+// caller can skip the operands' quantization. gemm_blockscaled runs it; NOT_SUPPORTED (with a
+// message saying why) when refused or when cublasLtMatmul itself fails - the
+// plan is then marked bad, so later calls of that key are refused up front.
+qqStatus_t gemm_blockscaled_plan(qqContext* c, const Gemm& g, bool* ok);
 qqStatus_t gemm_blockscaled(qqContext* c, const Gemm& g, cudaStream_t stream);
 void destroy_plans(qqContext* c);
 

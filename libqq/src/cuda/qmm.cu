@@ -45,11 +45,11 @@ qqStatus_t quantized_matmul(qqHandle_t h, const MatmulArgs& a, void* stream) {
     cudaStream_t st = (cudaStream_t)stream;
     if (a.M <= kQmmaMaxM) {  // bf16 x, fp modes: the tensor-core kernel
       const qqStatus_t s = qmma(a, nullptr, st);
-      if (s != QQ_STATUS_NOT_SUPPORTED) return s;
+      if (s != QQ_STATUS_NOT_SUPPORTED) return routed(s, QQ_ROUTE_QMMA);
     }
     if (a.M <= kQmvMaxM) {
       const qqStatus_t s = qmv(a, st);
-      if (s != QQ_STATUS_NOT_SUPPORTED) return s;
+      if (s != QQ_STATUS_NOT_SUPPORTED) return routed(s, QQ_ROUTE_QMV);
     }
     Scratch scratch(c, st);
     const int64_t M = a.M, N = a.N, K = a.K;
@@ -103,6 +103,7 @@ qqStatus_t quantized_matmul(qqHandle_t h, const MatmulArgs& a, void* stream) {
       QQ_TRY(gemm(c, g, st));
       if (fold) break;
     }
+    set_route(QQ_ROUTE_EXACT);  // dequantize + GEMM
     return QQ_STATUS_SUCCESS;
   });
 }

@@ -1,10 +1,14 @@
 // cuda/qqmm.cu - y = alpha * q(x) @ q(w)^T (+ bias), both operands quantized.
 //
-// Two paths (DESIGN.md section 5):
-// - Blackwell (sm_100/103/110/120/121, cuBLASLt >= 12.8): the block-scaled
-//   tensor cores through cuBLASLt - fp4/fp8 operands with their blocked
-//   scales (VEC16_UE4M3 for nvfp4, VEC32_UE8M0 for mx), alpha from the
-//   global scales on the device. If cuBLASLt refuses, the exact path runs.
+// Routes (qqRoute_t; DESIGN.md section 5, docs/api.md "Dispatch"), tried in
+// this order by AUTO, each falling through to the next when it refuses:
+// - BLOCKSCALED (compute capability 10.x/11.0/12.x, cuBLASLt >= 12.8): the
+//   block-scaled tensor cores through cuBLASLt - fp4/fp8 operands with their
+//   blocked scales (VEC16_UE4M3 for nvfp4, VEC32_UE8M0 for mxfp8-e4m3), alpha
+//   from the global scales on the device. What it refuses and why: the
+//   comment above blockscaled_arch.
+// - QMMA, QMV (weight-only kernels, small M) and EXACT, below.
+// A requested route (params.route) runs alone or fails with the reason.
 // - Everywhere else (Hopper, Ampere): the exact path. Quantized values are
 //   exact in bf16 (E2M1 x E4M3 needs 6 significant bits, E4M3/E5M2 x 2^k at
 //   most 4), so q(x) and q(w) are written as bf16 and a bf16 tensor-core GEMM
@@ -22,8 +26,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
-#include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+
+#include <string>
 
 #include "../codec.h"
 #include "common.cuh"
@@ -191,116 +197,260 @@ qqStatus_t operand_bf16(qqContext* c, const Mat& m, const Mat& scales, bool pack
 // ---------------------------------------------------------------------------
 // Blackwell: cuBLASLt block-scaled GEMM
 // ---------------------------------------------------------------------------
-// True on the architectures whose tensor cores take block-scaled fp4/fp8
-// through cuBLASLt: sm_100/103 (B200/B300), sm_110, sm_120/121 (RTX 50, DGX
-// Spark). QQ_QQMM_FORCE_BLOCKSCALED=1 makes any device try it (a test of the
-// descriptor setup and of the fallback on GPUs that refuse).
+// What cuBLASLt documents, and so what this path relies on (cuBLAS docs,
+// "cublasLtMatmul" > the block-scaled (FP8 / FP4) type tables, and "1D Block
+// Scaling Factors Layout"):
+//  - E2M1 operands with VEC16_UE4M3 scales (nvfp4); E4M3 operands with
+//    VEC32_UE8M0 scales (mxfp8). E5M2 is listed only against an E4M3 other
+//    operand, never E5M2 x E5M2, and E2M1 with VEC32_UE8M0 (mxfp4) is not
+//    listed at all: qqmm quantizes both operands alike, so mxfp4 and
+//    mxfp8-e5m2 take the exact path, decided here without asking cuBLASLt.
+//  - TN only: its A transposed (our w [N, K]), its B not (our x [M, K]).
+//  - Scales in the 128x4-tile blocked layout, each tensor 16-byte aligned.
+//  - Bias: the output type for bf16 / fp16 D; bf16 for fp32 D (no fp32
+//    bias, which every plain-GEMM bias here is).
+// The compute capabilities with block-scaled tensor cores through cuBLASLt:
+// 10.x (B200/B300), 11.0 (Thor), 12.x (RTX 50, DGX Spark). The
+// force_blockscaled test hook makes any GPU try (cuBLASLt refuses on Hopper:
+// a test of the descriptors and of every fallback).
 bool blockscaled_arch(int cc) {
-  static const bool force = [] {
-    const char* e = getenv("QQ_QQMM_FORCE_BLOCKSCALED");
-    return e && e[0] == '1';
-  }();
-  return force || cc == 100 || cc == 103 || cc == 110 || cc == 120 || cc == 121;
+  return cc / 10 == 10 || cc / 10 == 11 || cc / 10 == 12 || test_hook(HOOK_FORCE_BLOCKSCALED);
+}
+
+// The epilogue's bias type for output type `d` (see above).
+DType blockscaled_bias_type(DType d) { return d == DType::F16 ? DType::F16 : DType::BF16; }
+
+// x's batch entries (a batch folded into rows) lie rows * ld apart in order.
+bool foldable(const Mat& m) {
+  int64_t expect = m.rows * m.ld;
+  for (int i = m.nb - 1; i >= 0; --i) {
+    if (m.bshape[i] != 1 && m.bstride[i] != expect) return false;
+    expect *= m.bshape[i];
+  }
+  return true;
+}
+
+// bias [N] (any float dtype) -> `to` (bf16 / fp16), for the epilogue; called
+// only where that is exact (the same type).
+__global__ void bias_cast_kernel(Mat b, DType to, uint16_t* out, int64_t n) {
+  const int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+  if (i >= n) return;
+  const float v = b.dt == DType::F32 ? ((const float*)b.ptr)[i]
+                  : (b.dt == DType::BF16 ? bf16_to_f(((const uint16_t*)b.ptr)[i])
+                                         : fp16_to_f(((const uint16_t*)b.ptr)[i]));
+  out[i] = to == DType::BF16 ? f_to_bf16(v) : f_to_fp16(v);
+}
+
+// out[r, n] = y[r, n] + bias[n], rounded once to out's dtype; y fp32 compact
+// [rows, N], possibly out itself (fp32 out: in place, element-wise).
+__global__ void bias_add_kernel(const float* y, const float* bias, DType odt, void* out, int64_t N, int64_t total) {
+  const int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+  if (i >= total) return;
+  const float v = y[i] + bias[i % N];
+  if (odt == DType::F32) ((float*)out)[i] = v;
+  else if (odt == DType::BF16) ((uint16_t*)out)[i] = f_to_bf16(v);
+  else ((uint16_t*)out)[i] = f_to_fp16(v);
 }
 
 #if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120800
 #define QQ_HAVE_BLOCKSCALED 1
-// The block-scaled GEMM on packed operands with blocked scales, through
-// gemm.cu's plan cache (descriptors and algorithm built once per shape,
-// format, output type and alignment; a refusal is remembered too). Returns
-// NOT_SUPPORTED (no message) when cuBLASLt has no algorithm, so the caller
-// falls back to the exact path.
-qqStatus_t blockscaled_gemm(qqContext* c, const MatmulArgs& a, const uint8_t* xd, const uint8_t* xs,
-                            const uint8_t* wd, const uint8_t* ws_, const float* alpha_dev, const float* bias,
-                            int64_t Mtot, cudaStream_t st, Scratch& scratch) {
-  (void)scratch;  // the plan's workspace comes from gemm's own scratch on this stream
+
+// How one operand reaches the GEMM: its packed data and blocked scales, used
+// in place or produced into scratch.
+struct BsOperand {
+  const Mat* m;
+  const Mat* scales;
+  bool packed;
+  int blocked;
+  const float* gs;
+  int64_t rows;        // the GEMM rows this operand gives (x: its batch folded in)
+  const uint8_t* data = nullptr;
+  const uint8_t* sc = nullptr;
+  int64_t ld = 0;      // elements, for cuBLASLt
+  enum { kInPlace, kCopyScales, kSwizzle, kQuantize } how = kInPlace;
+};
+
+// Why `o` cannot be a block-scaled operand as it is (nullptr: it can). These
+// cases are routed to the exact path, which honours any strides; passing them
+// with ld = K would give wrong numbers.
+const char* bs_operand_refusal(const BsOperand& o, const char* name) {
+  const Mat& m = *o.m;
+  static thread_local char buf[256];
+  if (o.packed) {
+    if (o.blocked && m.batch() > 1)
+      return snprintf(buf, sizeof buf, "a batched packed '%s' with blocked scales (each entry is padded to 128 "
+                      "rows, so the entries are not one GEMM operand)", name), buf;
+    if (!foldable(m))
+      return snprintf(buf, sizeof buf, "the batch entries of the packed '%s' are not evenly spaced rows", name),
+             buf;
+    if (!o.blocked && !foldable(*o.scales))
+      return snprintf(buf, sizeof buf, "the batch entries of the linear scales of '%s' are not evenly spaced rows",
+                      name), buf;
+    return nullptr;
+  }
+  // float: quantized into scratch by the quantize kernel, which needs 16-byte rows
+  const int64_t es = dtype_size(m.dt);
+  bool aligned = (uintptr_t)m.ptr % 16 == 0 && (m.rows <= 1 || (m.ld * es) % 16 == 0);
+  for (int i = 0; i < m.nb; ++i) aligned = aligned && (m.bstride[i] * es) % 16 == 0;
+  if (!aligned)
+    return snprintf(buf, sizeof buf, "the float '%s' is not 16-byte aligned (start, row and batch strides), which "
+                    "quantizing it on the fly needs", name), buf;
+  if (!foldable(m))
+    return snprintf(buf, sizeof buf, "the batch entries of '%s' are not evenly spaced rows", name), buf;
+  return nullptr;
+}
+
+// Allocates the scratch `o` needs and says where its data and scales will be.
+qqStatus_t bs_operand_place(qqContext* c, BsOperand& o, const QSpec& q, int64_t K, Scratch& scratch) {
+  const int64_t c4 = roundup(K / q.group, 4), sbytes = roundup(o.rows, 128) * c4;
+  const Mat& m = *o.m;
+  if (o.packed) {
+    o.data = (const uint8_t*)m.ptr;
+    o.ld = m.ld * 8 / q.bits;  // the real row pitch: a row-strided view is fine
+    // blocked scales are compact (the API checks); cuBLASLt wants them 16-byte aligned
+    const bool aligned = (uintptr_t)o.scales->ptr % 16 == 0;
+    o.how = o.blocked ? (aligned ? BsOperand::kInPlace : BsOperand::kCopyScales) : BsOperand::kSwizzle;
+    if (o.how == BsOperand::kInPlace) {
+      o.sc = (const uint8_t*)o.scales->ptr;
+      return QQ_STATUS_SUCCESS;
+    }
+  } else {
+    uint8_t* d = nullptr;
+    QQ_TRY(scratch.get("qqmm", (size_t)(o.rows * q.packed_cols(K)), &d));
+    o.data = d;
+    o.ld = K;
+    o.how = BsOperand::kQuantize;
+  }
+  uint8_t* sc = nullptr;
+  QQ_TRY(scratch.get("qqmm", (size_t)sbytes, &sc));
+  o.sc = sc;
+  return QQ_STATUS_SUCCESS;
+}
+
+// Writes o's scratch (scales copied or swizzled; or data and scales quantized).
+qqStatus_t bs_operand_fill(qqContext* c, const BsOperand& o, const QSpec& q0, int64_t K, cudaStream_t st) {
+  const Mat& m = *o.m;
+  const int64_t c4 = roundup(K / q0.group, 4);
+  Mat sb{};  // the blocked scales of all o.rows rows, one matrix
+  sb.ptr = (void*)o.sc;
+  sb.dt = DType::U8;
+  sb.device = m.device;
+  sb.rows = roundup(o.rows, 128);
+  sb.cols = c4;
+  sb.ld = c4;
+  switch (o.how) {
+    case BsOperand::kInPlace: return QQ_STATUS_SUCCESS;
+    case BsOperand::kCopyScales:
+      QQ_CUDA_TRY(cudaMemcpyAsync((void*)o.sc, o.scales->ptr, (size_t)(sb.rows * c4), cudaMemcpyDeviceToDevice, st),
+                  "qqmm");
+      return QQ_STATUS_SUCCESS;
+    case BsOperand::kSwizzle: {  // linear scales, batch folded into rows (foldable: checked)
+      Mat lin = *o.scales;
+      lin.nb = 0;
+      lin.rows = o.rows;
+      if (o.rows <= 1) lin.ld = lin.cols;
+      return swizzle(c, lin, sb, true, st);
+    }
+    case BsOperand::kQuantize: {
+      QuantizeArgs qa{};
+      qa.x = m;
+      qa.x.nb = 0;  // folded (checked), rows o.rows at pitch m.ld
+      qa.x.rows = o.rows;
+      qa.data = compact_like(qa.x, (void*)o.data, DType::U8, o.rows, q0.packed_cols(K));
+      qa.scales = sb;
+      qa.gs = o.gs;
+      qa.q = q0;
+      qa.q.blocked = 1;
+      return quantize(c, qa, st);
+    }
+  }
+  return QQ_STATUS_SUCCESS;
+}
+
+// The block-scaled route: SUCCESS, or NOT_SUPPORTED with the reason in the
+// message (the caller falls back or reports it), or another error. Order:
+// everything that can refuse without work first (the documented
+// combinations, the operands' layout, then the plan cache - asking cuBLASLt
+// once per key), and only then the quantization and the GEMM.
+qqStatus_t qqmm_blockscaled(qqContext* c, const MatmulArgs& a, const float* alpha_dev, const float* bias_f32,
+                            int64_t Mtot, cudaStream_t st) {
+  const char* why = nullptr;
+  if (a.q.mode == QQ_MODE_MXFP4)
+    why = "mxfp4 (E2M1 elements with UE8M0 scales) is not among cuBLASLt's documented block-scaled combinations "
+          "(cuBLAS docs, 'cublasLtMatmul' type tables: E2M1 goes with VEC16_UE4M3 only)";
+  else if (a.q.elem == ELEM_E5M2)
+    why = "mxfp8 with e5m2 on both operands is not among cuBLASLt's documented block-scaled combinations (E5M2 is "
+          "listed only against E4M3)";
+  else if (a.w_prepared)
+    why = "a prepared w (q(w)'s float values) has no packed form; pass the QuantizedArray instead";
+  BsOperand x{&a.x, &a.x_scales, a.x_packed, a.x_blocked, a.gs_x, Mtot};
+  BsOperand w{&a.w, &a.w_scales, a.w_packed, a.w_blocked, a.gs_w, a.N};
+  if (!why) why = bs_operand_refusal(x, "x");
+  if (!why) why = bs_operand_refusal(w, "w");
+  if (why) return set_error(QQ_STATUS_NOT_SUPPORTED, "qqmm: the block-scaled route does not take this call: %s", why);
+
+  Scratch scratch(c, st);  // its own: freed (stream-ordered) before a fallback allocates
+  QQ_TRY(bs_operand_place(c, x, a.q, a.K, scratch));
+  QQ_TRY(bs_operand_place(c, w, a.q, a.K, scratch));
+  // Bias: in the epilogue where that is exact (the bias already has the type
+  // the table allows); otherwise the GEMM writes fp32 and one pass adds the
+  // fp32 bias and rounds once, as the exact path does.
+  const DType bt = blockscaled_bias_type(a.out.dt);
+  const bool bias_in_epilogue = a.bias.ptr && a.bias.dt == bt;
+  const bool bias_after = a.bias.ptr && !bias_in_epilogue;
+  uint16_t* bias_lt = nullptr;
+  if (bias_in_epilogue) QQ_TRY(scratch.get("qqmm", (size_t)a.N * 2, &bias_lt));
+  float* y = nullptr;  // fp32 product when the bias comes after (out itself when out is fp32)
+  if (bias_after) {
+    if (a.out.dt == DType::F32) y = (float*)a.out.ptr;
+    else QQ_TRY(scratch.get("qqmm", (size_t)(Mtot * a.N) * 4, &y));
+  }
   Gemm g;
   g.M = Mtot;
   g.N = a.N;
   g.K = a.K;
-  g.d = a.out.dt;
-  g.A = xd;
-  g.lda = a.K;
-  g.B = wd;
-  g.ldb = a.K;
+  g.d = bias_after ? DType::F32 : a.out.dt;
+  g.A = x.data;
+  g.lda = x.ld;
+  g.B = w.data;
+  g.ldb = w.ld;
   g.b_trans = true;
-  g.D = a.out.ptr;
+  g.D = bias_after ? (void*)y : a.out.ptr;
   g.ldd = a.N;
-  g.bias = bias;
+  g.bias = bias_lt;
+  g.bias_dt = bt;
   g.alpha_dev = alpha_dev;
-  g.lt_ab = (int)(a.q.bits == 4 ? CUDA_R_4F_E2M1 : (a.q.elem == ELEM_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2));
+  g.lt_ab = (int)(a.q.bits == 4 ? CUDA_R_4F_E2M1 : CUDA_R_8F_E4M3);
   g.scale_mode = (int)(a.q.mode == QQ_MODE_NVFP4 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3
                                                  : CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0);
-  g.a_scale = xs;
-  g.b_scale = ws_;
-  return gemm_blockscaled(c, g, st);
-}
-
-// Both operands packed with blocked scales, in scratch where they were not
-// already, then the block-scaled GEMM.
-qqStatus_t qqmm_blockscaled(qqContext* c, const MatmulArgs& a, const float* alpha_dev, const float* bias,
-                            int64_t Mtot, cudaStream_t st, Scratch& scratch) {
-  const int64_t K = a.K, N = a.N, ng = K / a.q.group;
-  const int64_t c4 = roundup(ng, 4), pk = a.q.packed_cols(K);
-  // x: quantized on the fly (or swizzled) into [Mtot, K] + blocked scales of Mtot rows
-  const uint8_t *xd, *xs, *wd, *ws;
-  auto prep = [&](const Mat& m, const Mat& scales, bool packed, int blocked, const float* gs, int64_t rows,
-                  const uint8_t** d_out, const uint8_t** s_out) -> qqStatus_t {
-    const bool compact = m.nb == 0 || m.batch() == 1;
-    if (packed && blocked && compact) {
-      *d_out = (const uint8_t*)m.ptr;
-      *s_out = (const uint8_t*)scales.ptr;
-      return QQ_STATUS_SUCCESS;
-    }
-    uint8_t *d = nullptr, *s = nullptr;
-    QQ_TRY(scratch.get("qqmm", (size_t)(roundup(rows, 128) * c4), &s));
-    Mat sb{};
-    sb.ptr = s;
-    sb.dt = DType::U8;
-    sb.device = m.device;
-    sb.rows = roundup(rows, 128);
-    sb.cols = c4;
-    sb.ld = c4;
-    if (packed) {  // linear scales, or batched x: a blocked matrix over all rows
-      if (blocked) return QQ_STATUS_NOT_SUPPORTED;  // batched blocked x: per-entry padding; use the exact path
-      Mat lin = scales;
-      lin.nb = 0;
-      lin.rows = rows;
-      lin.ld = lin.cols;
-      QQ_TRY(swizzle(c, lin, sb, true, st));
-      *d_out = (const uint8_t*)m.ptr;
-    } else {
-      QQ_TRY(scratch.get("qqmm", (size_t)(rows * pk), &d));
-      QuantizeArgs q{};
-      q.x = m;
-      q.data = compact_like(m, d, DType::U8, m.rows, pk);
-      q.scales = sb;
-      q.scales.nb = 0;
-      q.gs = gs;
-      q.q = a.q;
-      q.q.blocked = 1;
-      if (m.nb) {  // fold the batch into rows (x is quantized row by row)
-        q.x.nb = 0;
-        q.x.rows = rows;
-        q.data.nb = 0;
-        q.data.rows = rows;
-        bool flat = true;
-        int64_t expect = m.rows * m.ld;
-        for (int i = m.nb - 1; i >= 0; --i) {
-          flat = flat && (m.bshape[i] == 1 || m.bstride[i] == expect);
-          expect *= m.bshape[i];
-        }
-        if (!flat) return QQ_STATUS_NOT_SUPPORTED;
-      }
-      QQ_TRY(quantize(c, q, st));
-      *d_out = d;
-    }
-    *s_out = s;
-    return QQ_STATUS_SUCCESS;
-  };
-  QQ_TRY(prep(a.x, a.x_scales, a.x_packed, a.x_blocked, a.gs_x, Mtot, &xd, &xs));
-  QQ_TRY(prep(a.w, a.w_scales, a.w_packed, a.w_blocked, a.gs_w, N, &wd, &ws));
-  return blockscaled_gemm(c, a, xd, xs, wd, ws, alpha_dev, bias, Mtot, st, scratch);
+  g.a_scale = x.sc;
+  g.b_scale = w.sc;
+  bool ok = false;
+  QQ_TRY(gemm_blockscaled_plan(c, g, &ok));
+  if (!ok) {
+    const std::string msg = qqGetLastErrorMessage();
+    return set_error(QQ_STATUS_NOT_SUPPORTED, "qqmm: the block-scaled route does not take this call: %s on this GPU "
+                     "(compute capability %d.%d)", msg.c_str(), c->cc / 10, c->cc % 10);
+  }
+  QQ_TRY(bs_operand_fill(c, x, a.q, a.K, st));
+  QQ_TRY(bs_operand_fill(c, w, a.q, a.K, st));
+  if (bias_lt) {
+    bias_cast_kernel<<<(unsigned)((a.N + kThreads - 1) / kThreads), kThreads, 0, st>>>(a.bias, bt, bias_lt, a.N);
+    QQ_TRY(check_launch("qqmm"));
+  }
+  const qqStatus_t s = gemm_blockscaled(c, g, st);
+  if (s == QQ_STATUS_NOT_SUPPORTED) {
+    const std::string msg = qqGetLastErrorMessage();
+    return set_error(s, "qqmm: the block-scaled route failed: %s", msg.c_str());
+  }
+  QQ_TRY(s);
+  if (bias_after) {
+    const int64_t total = Mtot * a.N;
+    bias_add_kernel<<<(unsigned)((total + kThreads - 1) / kThreads), kThreads, 0, st>>>(y, bias_f32, a.out.dt,
+                                                                                        a.out.ptr, a.N, total);
+    QQ_TRY(check_launch("qqmm"));
+  }
+  return QQ_STATUS_SUCCESS;
 }
 #else
 #define QQ_HAVE_BLOCKSCALED 0
@@ -370,16 +520,38 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
       alpha_kernel<<<1, 1, 0, st>>>(a.gs_x, a.gs_w, alpha);
       QQ_TRY(check_launch("qqmm"));
     }
+    // The routes in AUTO's order; a requested one runs alone or fails saying why.
+    const qqRoute_t want = a.route;
+    const bool any = want == QQ_ROUTE_AUTO;
+    if (want == QQ_ROUTE_BLOCKSCALED && !blockscaled_arch(c->cc))
+      return set_error(QQ_STATUS_ARCH_MISMATCH, "qqmm: route 'blockscaled' needs block-scaled tensor cores "
+                       "through cuBLASLt (compute capability 10.x, 11.0 or 12.x); device %d is %d.%d; use route "
+                       "'auto' or 'exact'", c->device, c->cc / 10, c->cc % 10);
+    if (want == QQ_ROUTE_BLOCKSCALED || (any && blockscaled_arch(c->cc))) {
 #if QQ_HAVE_BLOCKSCALED
-    if (blockscaled_arch(c->cc) && !a.w_prepared) {
-      const qqStatus_t s = qqmm_blockscaled(c, a, alpha, bias, Mtot, st, scratch);
-      if (s != QQ_STATUS_NOT_SUPPORTED) return s;
-      set_error(QQ_STATUS_SUCCESS, "%s", "");  // refused: the exact path below
-    }
+      const qqStatus_t s = qqmm_blockscaled(c, a, alpha, bias, Mtot, st);
+#else
+      const qqStatus_t s = set_error(QQ_STATUS_NOT_SUPPORTED, "qqmm: the block-scaled route does not take this "
+                                     "call: this libqq was built against cuBLASLt older than 12.8, which has no "
+                                     "block-scaled GEMM; rebuild with CUDA 12.8 or newer");
 #endif
+      if (s == QQ_STATUS_SUCCESS) return routed(s, QQ_ROUTE_BLOCKSCALED);
+      if (s != QQ_STATUS_NOT_SUPPORTED || !any) return s;
+      set_error(QQ_STATUS_SUCCESS, "%s", "");  // refused: the next route below
+    }
+    // The weight-only routes take a float x and a packed w.
+    const bool wonly = a.w_packed && !a.x_packed;
+    if ((want == QQ_ROUTE_QMMA || want == QQ_ROUTE_QMV) && !wonly)
+      return set_error(QQ_STATUS_NOT_SUPPORTED, "qqmm: route '%s' needs a float x and a packed w (got %s x, %s "
+                       "w); use route 'auto' or 'exact'", qqGetRouteString(want), a.x_packed ? "a packed" : "a float",
+                       a.w_packed ? "a packed" : (a.w_prepared ? "a prepared" : "a float"));
+    if ((want == QQ_ROUTE_QMMA && Mtot > kQmmaMaxM) || (want == QQ_ROUTE_QMV && Mtot > kQmvMaxM))
+      return set_error(QQ_STATUS_NOT_SUPPORTED, "qqmm: route '%s' takes M <= %d rows (batch folded in); got %lld; "
+                       "use route 'auto' or 'exact'", qqGetRouteString(want),
+                       want == QQ_ROUTE_QMMA ? kQmmaMaxM : kQmvMaxM, (long long)Mtot);
     // Small and medium M, stored weight: the tensor-core weight-only kernel
     // on q(x) in bf16 (exact), alpha applied to its fp32 sums.
-    if (Mtot <= kQmmaMaxM && a.w_packed && !a.x_packed) {
+    if ((any || want == QQ_ROUTE_QMMA) && Mtot <= kQmmaMaxM && wonly) {
       __nv_bfloat16* xq = nullptr;
       QQ_TRY(scratch.get("qqmm", (size_t)(Mtot * K) * 2, &xq));
       QQ_TRY(qdq<__nv_bfloat16>(a.x, a.q, a.gs_x, nullptr, xq, st));
@@ -393,11 +565,15 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
       b.transpose = true;
       b.q.blocked = a.w_blocked;
       const qqStatus_t s = qmma(b, alpha, st);
-      if (s != QQ_STATUS_NOT_SUPPORTED) return s;
+      if (s != QQ_STATUS_NOT_SUPPORTED) return routed(s, QQ_ROUTE_QMMA);
+      if (!any)
+        return set_error(QQ_STATUS_NOT_SUPPORTED, "qqmm: route 'qmma' does not take this call: it needs w's rows "
+                         "to be whole 16-byte chunks (K * bits / 8 %% 16 == 0) on 16-byte aligned rows, and mxfp8 at "
+                         "M = 1 goes to qmv; use route 'auto'");
     }
     // Small M otherwise: the CUDA-core weight-only kernel on q(x) (fp32,
     // gx/2688 applied), w's global scale applied by qmv as dequantize does.
-    if (Mtot <= kQmvMaxM && a.w_packed && !a.x_packed) {
+    if ((any || want == QQ_ROUTE_QMV) && Mtot <= kQmvMaxM && wonly) {
       float* xq = nullptr;
       QQ_TRY(scratch.get("qqmm", (size_t)(Mtot * K) * 4, &xq));
       QQ_TRY(qdq<float>(a.x, a.q, a.gs_x, a.gs_x, xq, st));
@@ -411,7 +587,9 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
       b.transpose = true;
       b.q.blocked = a.w_blocked;
       const qqStatus_t s = qmv(b, st);
-      if (s != QQ_STATUS_NOT_SUPPORTED) return s;
+      if (s != QQ_STATUS_NOT_SUPPORTED) return routed(s, QQ_ROUTE_QMV);
+      if (!any)
+        return set_error(QQ_STATUS_NOT_SUPPORTED, "qqmm: route 'qmv' does not take this call; use route 'auto'");
     }
     __nv_bfloat16 *xb = nullptr, *wb = nullptr;
     int64_t ldw = K;
@@ -445,7 +623,7 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
     g.ldd = N;
     g.bias = bias;
     g.alpha_dev = alpha;
-    return gemm(c, g, st);
+    return routed(gemm(c, g, st), QQ_ROUTE_EXACT);
   });
 }
 
