@@ -173,6 +173,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20, help="eager steps per timed loop")
     ap.add_argument("--replays", type=int, default=50, help="graph replays per timed loop")
     ap.add_argument("--no-graph", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=200.0,
+                    help="start no new mode after this many seconds (the rows so far are kept)")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="2 tiny layers on the CPU, eager only: checks the code path, no meaningful numbers")
     args = ap.parse_args()
@@ -201,7 +203,8 @@ def main() -> None:
     notes: list[str] = []
     shape_note = (f"{n_layers} layers, hidden {cfg['hidden']}, qkv {cfg['qkv']}, intermediate {cfg['inter']}; "
                   f"eager: {args.warmup} warm-up steps, 3 loops of {args.iters}; "
-                  f"graphed: 3 loops of {args.replays} replays. value = us per decode step "
+                  + (f"graphed: 3 loops of {args.replays} replays. " if graphs else "no CUDA graphs. ")
+                  + f"value = us per decode step "
                   f"(each of the M sequences gets one token per step).")
     notes.append(shape_note)
 
@@ -257,6 +260,12 @@ def main() -> None:
     dead = False
     for mode in modes:
         if dead:
+            break
+        if time.perf_counter() - t_start > args.budget_s:
+            left = modes[modes.index(mode):]
+            print(f"time budget of {args.budget_s:.0f} s spent; not run: {', '.join(left)}", flush=True)
+            notes.append(f"Not run (time budget of {args.budget_s:.0f} s spent): {', '.join(left)}.")
+            save()
             break
         kw = MODES[mode]
         t_mode = time.perf_counter()

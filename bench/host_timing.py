@@ -35,9 +35,10 @@ def loop_us(fn, n: int, sync=None) -> float:
     return (time.perf_counter() - t0) * 1e6 / n
 
 
-def interleaved(fns: dict, n: int, reps: int, sync=None, warmup: int = 3) -> dict:
-    """Median us per call of each fn in fns (name -> callable), each timed as a loop of n
-    calls + one sync, the fns taking turns within every repeat."""
+def interleaved(fns: dict, n: int, reps: int, sync=None, warmup: int = 3, stat=statistics.median) -> dict:
+    """us per call of each fn in fns (name -> callable), each timed as a loop of n calls +
+    one sync, the fns taking turns within every repeat; stat (default the median) over the
+    repeats, or stat=None for the list of per-repeat times."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -47,7 +48,7 @@ def interleaved(fns: dict, n: int, reps: int, sync=None, warmup: int = 3) -> dic
     for _ in range(reps):
         for k, fn in fns.items():
             times[k].append(loop_us(fn, n, sync))
-    return {k: statistics.median(v) for k, v in times.items()}
+    return times if stat is None else {k: stat(v) for k, v in times.items()}
 
 
 def cpu_name() -> str:
