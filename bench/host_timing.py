@@ -71,7 +71,10 @@ class HostBench(Bench):
         out_dir = os.environ.get("QQ_BENCH_OUT") or os.path.join(HERE, "results")
         os.makedirs(out_dir, exist_ok=True)
         base = os.path.join(out_dir, f"{self.name}-{tag}")
-        doc = {"device": device, "date": datetime.date.today().isoformat(), "commit": git_commit(),
+        commit = git_commit()
+        if commit == "unknown":
+            commit = os.environ.get("QQ_COMMIT", commit)
+        doc = {"device": device, "date": datetime.date.today().isoformat(), "commit": commit,
                "rows": self.rows}
         with open(base + ".json", "w") as f:
             json.dump(doc, f, indent=1)
