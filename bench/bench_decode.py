@@ -206,7 +206,7 @@ def main() -> None:
                   f"eager: {args.warmup} warm-up steps, 3 loops of {args.iters}; "
                   + (f"graphed: 3 loops of {args.replays} replays. " if graphs else "no CUDA graphs. ")
                   + "value = us per decode step "
-                  f"(each of the M sequences gets one token per step).")
+                  "(each of the M sequences gets one token per step).")
     notes.append(shape_note)
 
     def save():
