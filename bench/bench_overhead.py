@@ -168,6 +168,7 @@ def run_cpu(quick: bool) -> None:
     bench = HostBench("overhead")
     n, reps = (500, 3) if quick else (3000, 9)
     errors = []
+    load0 = os.getloadavg() if hasattr(os, "getloadavg") else None
     for fw in ("numpy", "torch"):
         dtype = "float32" if fw == "numpy" else "bfloat16"
         errors += run_cases(bench, cases_cpu(fw), n, reps, None,
@@ -175,6 +176,9 @@ def run_cpu(quick: bool) -> None:
     summary(bench, f"per-call cost on {cpu_name()} (loop of {n} calls; torch threads {torch.get_num_threads()})")
     notes = [f"Host: {cpu_name()}, torch {torch.__version__}, numpy {np.__version__}, "
              f"torch.get_num_threads() = {torch.get_num_threads()}."]
+    if load0 is not None:
+        notes.append(f"1-minute load average {load0[0]:.1f} before the run, {os.getloadavg()[0]:.1f} after "
+                     f"(on {os.cpu_count()} cores: above that count, other processes took turns with this one).")
     if (os.cpu_count() or 0) <= 4:
         notes.append(f"This was a {os.cpu_count()}-core CI-class machine (shared, no GPU): the "
                      "absolute numbers are slower than a workstation's; the ratios are what to read.")
