@@ -46,10 +46,9 @@ HOW = ("Each value is the wall-clock time per call of a loop of N calls followed
        "(the targets bound it).")
 
 
-def cases_gpu():
+def cases_gpu(dev: str = "cuda"):
     """(variant, mode, shape, ours, peer name, peer fn, target) on CUDA bf16 tensors."""
     torch.manual_seed(0)
-    dev = "cuda"
     x = torch.randn((16, 4096), dtype=torch.bfloat16, device=dev)
     add = lambda: x + x  # noqa: E731
     out = []
