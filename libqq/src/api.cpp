@@ -514,9 +514,9 @@ qqStatus_t global_scale_ptr(Ctx& c, const char* name, const DLTensor* t, const Q
   if (dt != DType::F32)
     return set_error(QQ_STATUS_INVALID_DTYPE, "%s: argument '%s' has dtype %s; expected float32", c.op, name,
                      dtype_str(t->dtype).c_str());
-  if (numel(t) != 1)
-    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has %lld elements; expected one (a scalar)",
-                     c.op, name, (long long)numel(t));
+  if (numel(t) != 1 || t->ndim > 1)
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has shape %s; expected one element, shape () "
+                     "or (1,)", c.op, name, shape_str(t->ndim, t->shape).c_str());
   *out = (const float*)((const char*)t->data + t->byte_offset);
   // A host-resident global scale is checked here (it costs nothing). One on
   // the GPU cannot be read without a synchronization: there the codec treats
@@ -673,7 +673,7 @@ QQ_API qqStatus_t qqQuantizedShapes(const qqQuantParams_t* params, int x_ndim, c
       return set_error(QQ_STATUS_INVALID_VALUE, "quantized_shapes: no pointer argument may be NULL");
     if (x_ndim < 1 || x_ndim > kMaxDims)
       return set_error(QQ_STATUS_INVALID_VALUE,
-                       "quantize: argument 'x' has %d dimensions; expected [..., K] with 1 to %d dimensions", x_ndim,
+                       "quantized_shapes: argument 'x' has %d dimensions; expected [..., K] with 1 to %d", x_ndim,
                        kMaxDims);
     for (int i = 0; i < x_ndim; ++i)
       if (x_shape[i] < 0)
@@ -693,17 +693,18 @@ QQ_API qqStatus_t qqQuantizedShapes(const qqQuantParams_t* params, int x_ndim, c
 // ============================================================================
 namespace qq {
 // Validation of qqQuantize, shared with qqQuantizeColwise's row-wise half.
-static qqStatus_t qqQuantize_validate(const DLTensor* x, const qqQuantParams_t* params,
-                                      const DLTensor* global_scale, DLTensor* data, DLTensor* scales,
-                                      DLTensor* biases, QuantizeArgs* out) {
-  Ctx c{"quantize"};
+// `op` names the caller in messages (quantize_colwise validates its row-wise half here).
+static qqStatus_t quantize_validate(const char* op, const DLTensor* x, const qqQuantParams_t* params,
+                                    const DLTensor* global_scale, DLTensor* data, DLTensor* scales,
+                                    DLTensor* biases, QuantizeArgs* out) {
+  Ctx c{op};
   QuantizeArgs& a = *out;
   QQ_TRY(resolve_params(c, params, &a.q));
   DType xdt;
   QQ_TRY(check_tensor(c, "x", x, &xdt));
   QQ_TRY(expect_float(c, "x", x, xdt));
   if (x->ndim < 1)
-    return set_error(QQ_STATUS_INVALID_VALUE, "quantize: argument 'x' is a scalar; expected shape [..., K]");
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument 'x' is a scalar; expected shape [..., K]", op);
   QQ_TRY(check_k(c, "x", "K", x->shape[x->ndim - 1], a.q));
   QQ_TRY(to_mat(c, "x", x, xdt, &a.x));
   int64_t dshape[kMaxDims], sshape[kMaxDims + 1];
@@ -716,10 +717,10 @@ static qqStatus_t qqQuantize_validate(const DLTensor* x, const qqQuantParams_t* 
                                 : (a.q.fp() ? "one scale byte per group" : "affine scales have x's dtype"),
                     &a.scales));
   if (a.q.mode == QQ_MODE_AFFINE) {
-    if (!biases) return set_error(QQ_STATUS_INVALID_VALUE, "quantize: argument 'biases' is required for affine");
+    if (!biases) return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument 'biases' is required for affine", op);
     QQ_TRY(output_mat(c, "biases", biases, snd, sshape, (int)xdt, "affine biases have x's dtype", &a.biases));
   } else if (biases) {
-    return set_error(QQ_STATUS_INVALID_VALUE, "quantize: argument 'biases' must be NULL for mode %s",
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument 'biases' must be NULL for mode %s", op,
                      mode_name(a.q.mode));
   }
   QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, a.q, &a.gs));
@@ -733,7 +734,7 @@ QQ_API qqStatus_t qqQuantize(qqHandle_t handle, const DLTensor* x, const qqQuant
                              DLTensor* biases, void* stream) {
   return guard("quantize", [&]() -> qqStatus_t {
     QuantizeArgs a{};
-    QQ_TRY(qqQuantize_validate(x, params, global_scale, data, scales, biases, &a));
+    QQ_TRY(quantize_validate("quantize", x, params, global_scale, data, scales, biases, &a));
     if (a.x.rows * a.x.batch() == 0) return QQ_STATUS_SUCCESS;
     if (a.x.device < 0) return cpu::quantize(a);
     return cuda::quantize(handle, a, stream);
@@ -747,7 +748,7 @@ QQ_API qqStatus_t qqQuantizeColwise(qqHandle_t handle, const DLTensor* x, const 
   return guard("quantize_colwise", [&]() -> qqStatus_t {
     ColwiseArgs a{};
     if (data) {  // both orientations: validate the row-wise half exactly as qqQuantize does
-      QQ_TRY(qqQuantize_validate(x, params, global_scale, data, scales, biases, &a.row));
+      QQ_TRY(quantize_validate("quantize_colwise", x, params, global_scale, data, scales, biases, &a.row));
       a.rowwise = true;
     }
     Ctx c{"quantize_colwise"};
@@ -804,14 +805,14 @@ QQ_API qqStatus_t qqQuantizeMoe(qqHandle_t handle, const DLTensor* x, const qqQu
       return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: unknown scaling %d; expected 32x1 or 32x32", sc);
     a.tile32 = sc == QQ_MOE_32X32;
     DType xdt;
-    QQ_TRY(check_tensor(c, "x", x, &xdt));
-    QQ_TRY(expect_float(c, "x", x, xdt));
+    QQ_TRY(check_tensor(c, "w", x, &xdt));
+    QQ_TRY(expect_float(c, "w", x, xdt));
     if (x->ndim != 3)
-      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'x' has shape %s; expected [E, D1, D2]",
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'w' has shape %s; expected [E, D1, D2]",
                        shape_str(x->ndim, x->shape).c_str());
     const int64_t E = x->shape[0], D1 = x->shape[1], D2 = x->shape[2];
     if (D1 % 32 || D2 % 32 || D1 == 0 || D2 == 0)
-      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'x' has shape %s; D1 and D2 must be "
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'w' has shape %s; D1 and D2 must be "
                        "positive multiples of 32", shape_str(3, x->shape).c_str());
     a.M = D1;
     a.K = D2;
@@ -831,7 +832,7 @@ QQ_API qqStatus_t qqQuantizeMoe(qqHandle_t handle, const DLTensor* x, const qqQu
       m.rows = D2; m.cols = D1; m.ld = s2;
       a.x_colmajor = true;
     } else {
-      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'x' has strides %s for shape %s; expected "
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'w' has strides %s for shape %s; expected "
                        "stride 1 on dim 2 (row-major) or on dim 1 (a transposed view); pass a contiguous tensor",
                        shape_str(3, x->strides ? x->strides : x->shape).c_str(), shape_str(3, x->shape).c_str());
     }
@@ -864,7 +865,7 @@ QQ_API qqStatus_t qqQuantizeMoe(qqHandle_t handle, const DLTensor* x, const qqQu
       a.scale_kind = COL_SCALE_D1_LINEAR;
     }
     QQ_TRY(output_mat(c, "scales", scales, 3, ssh, (int)DType::U8, why, &a.scales_t));
-    QQ_TRY(check_no_alias(c, {{"data", data}, {"scales", scales}}, {{"x", x}}));
+    QQ_TRY(check_no_alias(c, {{"data", data}, {"scales", scales}}, {{"w", x}}));
     if (c.device < 0) return cpu::quantize_colwise(a);
     return cuda::quantize_colwise(handle, a, stream);
   });
@@ -987,7 +988,7 @@ qqStatus_t broadcast_batch(Ctx& c, Mat* x, Mat* w, int* nb, int64_t* bshape) {
       return set_error(QQ_STATUS_INVALID_VALUE,
                        "%s: batch dimension %d of 'x' (%lld) and 'w' (%lld) do not broadcast", c.op, i,
                        (long long)dx, (long long)dw);
-    bshape[i] = dx > dw ? dx : dw;
+    bshape[i] = dx == 1 ? dw : dx;  // NumPy: 1 broadcasts to the other extent, 0 included
   }
   *nb = n;
   return QQ_STATUS_SUCCESS;
@@ -1235,9 +1236,9 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x
                                         &os.t, stream, B > 0);
       if (st != QQ_STATUS_SUCCESS) {
         const std::string msg = g_last_error;
-        return B ? set_error(st, "qqmm: batch entry %lld of 'w': %s", (long long)b, msg.c_str())
-                 : set_error(st, "qqmm: (an empty batch, checked as one entry) %s",
-                               msg.c_str() + (msg.compare(0, 6, "qqmm: ") == 0 ? 6 : 0));
+        const char* inner = msg.c_str() + (msg.compare(0, 6, "qqmm: ") == 0 ? 6 : 0);
+        return B ? set_error(st, "qqmm: batch entry %lld of 'w': %s", (long long)b, inner)
+                 : set_error(st, "qqmm: (an empty batch, checked as one entry) %s", inner);
       }
     }
     return QQ_STATUS_SUCCESS;
@@ -1339,7 +1340,10 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
     for (int64_t e = 0; e < E; ++e) {
       const int64_t r0 = prev, n = ends[e] - prev;
       prev = ends[e];
-      if (n == 0) continue;  // empty group
+      // Empty groups are skipped, but when no group has a token (T = 0) the
+      // arguments are still validated, as expert 0 would see them.
+      const bool check_only = T == 0 && e == 0;
+      if (n == 0 && !check_only) continue;
       SubTensor xs(x, r0, n, false), os(out, r0, n, false), ws(w, e, 0, true);
       SubTensor xss(x_scales ? x_scales : x, r0, n, false);
       SubTensor wss(w_scales ? w_scales : w, e, 0, true);
@@ -1347,7 +1351,7 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
       Ctx ce{"qqmm"};
       const qqStatus_t st = qqmm_single(ce, handle, &xs.t, x_scales ? &xss.t : nullptr, &ws.t,
                                         w_scales ? &wss.t : nullptr, p, global_scale_x,
-                                        global_scale_w ? &gws.t : nullptr, nullptr, &os.t, stream, true);
+                                        global_scale_w ? &gws.t : nullptr, nullptr, &os.t, stream, !check_only);
       if (st != QQ_STATUS_SUCCESS) {
         const std::string msg = g_last_error;
         return set_error(st, "grouped_qqmm: expert %lld: %s", (long long)e, msg.c_str());

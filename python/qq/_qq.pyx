@@ -193,22 +193,54 @@ cdef int _int_arg(str func, str arg, value) except? -1:
     return v
 
 
+# Resolved and validated parameters per (mode, group_size, bits, rounding, scale_layout,
+# fp8_format): a call with parameters seen before costs one dict lookup and a copy.
+cdef dict _PARAMS_CACHE = {}
+
+
 cdef int _quant_params(str func, qqQuantParams_t* p, mode, group_size, bits, rounding,
                        scale_layout, fp8_format) except -1:
-    """Fill *p: the mode's defaults (qqQuantParamsInit), then every explicit parameter.
+    """Fill *p: the mode's defaults (qqQuantParamsInit), then every explicit parameter,
+    validated by libqq (so that a bad group_size or bits is named as such, not as a shape
+    error of whatever array is read first).
 
     After this, p.group_size and p.bits hold the effective values (None -> the default),
     which is what QuantizedArray records.
     """
+    key = (mode, group_size, bits, rounding, scale_layout, fp8_format)
+    cdef bytes cached
+    try:
+        cached = _PARAMS_CACHE.get(key)
+    except TypeError:               # an unhashable argument: no cache, the checks below name it
+        cached = None
+    if cached is not None:
+        memcpy(p, <const char*>cached, sizeof(qqQuantParams_t))
+        return 0
     cdef qqStatus_t st = qqQuantParamsInit(p, <qqMode_t>_enum(func, "mode", mode, _MODES))
     _check(st)
     if group_size is not None:
         p.group_size = _int_arg(func, "group_size", group_size)
+        if p.group_size <= 0:
+            raise ValueError(f"{func}: group_size: {p.group_size} is not a group size; pass None "
+                             f"for the mode's default ({mode!r}: docs/api.md)")
     if bits is not None:
         p.bits = _int_arg(func, "bits", bits)
+        if p.bits <= 0:
+            raise ValueError(f"{func}: bits: {p.bits} is not a bit width; pass None for the "
+                             f"mode's default ({mode!r}: docs/api.md)")
     p.rounding = <qqRounding_t>_enum(func, "rounding", rounding, _ROUNDINGS)
     p.scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", scale_layout, _LAYOUTS)
     p.fp8_format = <qqFp8Format_t>_enum(func, "fp8_format", fp8_format, _FP8_FORMATS)
+    # libqq validates the combination (qqQuantizedShapes of one group's worth of x).
+    cdef int64_t xs = p.group_size
+    cdef int64_t ds, ss[2]
+    cdef int sn = 0
+    st = qqQuantizedShapes(p, 1, &xs, &ds, ss, &sn)
+    if st != QQ_STATUS_SUCCESS:
+        msg = qqGetLastErrorMessage().decode("utf-8", "replace").replace("quantized_shapes:", f"{func}:", 1)
+        raise ValueError(msg)
+    if len(_PARAMS_CACHE) < 256:
+        _PARAMS_CACHE[key] = (<char*>p)[:sizeof(qqQuantParams_t)]
     return 0
 
 
@@ -1317,8 +1349,14 @@ def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_f
         if mode == "affine":
             raise ValueError(f"{func}: mode 'affine' has no qqmm; use qq.quantize and "
                              f"qq.quantized_matmul for affine weights")
-        qa = quantize(w, mode=mode, global_scale=global_scale, rounding=rounding,
-                      scale_layout="blocked", fp8_format=fp8_format, stream=stream)
+        try:
+            qa = quantize(w, mode=mode, global_scale=global_scale, rounding=rounding,
+                          scale_layout="blocked", fp8_format=fp8_format, stream=stream)
+        except (ValueError, TypeError) as e:    # name this function, not the one it calls
+            msg = str(e)
+            if msg.startswith("quantize:"):
+                msg = func + ":" + msg[len("quantize:"):].replace("argument 'x'", "argument 'w'")
+            raise type(e)(msg) from None
     if len(qa.shape) != 2:
         raise ValueError(f"{func}: w: qqmm weights are [N, K]; got shape {qa.shape}")
     values = None
@@ -1429,7 +1467,7 @@ def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_sca
         if p.mode == QQ_MODE_AFFINE:
             biases, vb = call.empty(scales_shape, scale_dtype, "biases_t")
         if rowwise:
-            rdata_shape, rscales_shape = _quantized_shapes("quantize", &p, xs)
+            rdata_shape, rscales_shape = _quantized_shapes(func, &p, xs)
             rdata, vrd = call.empty(rdata_shape, "uint8", "data")
             rscales, vrs = call.empty(rscales_shape, scale_dtype, "scales")
             if p.mode == QQ_MODE_AFFINE:
@@ -1642,6 +1680,10 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     cdef DLTensor *to
     cdef void* s
     cdef int w_prepared = 0
+    if w is None:
+        raise TypeError(f"{func}: w: expected a float array, a QuantizedArray, a PreparedWeight "
+                        f"or packed uint8 data; got None")
+    _enum(func, "scale_layout", scale_layout, _LAYOUTS)     # checked even where a QuantizedArray decides
     if isinstance(w, PreparedWeight):
         pw = w
         rows = 1
@@ -1964,6 +2006,9 @@ def unswizzle_scales(scales, shape, *, out=None, stream=None):
         linear_shape = tuple(operator.index(d) for d in shape)
     except TypeError:
         raise TypeError(f"{func}: shape: expected a sequence of ints, got {shape!r}") from None
+    if any(d < 0 for d in linear_shape):
+        raise ValueError(f"{func}: shape: {linear_shape} has a negative extent; expected the "
+                         f"linear scales' shape [..., R, C]")
     cdef _Call call = _Call(func, scales, "scales", stream)
     result = None
     try:

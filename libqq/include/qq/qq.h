@@ -242,7 +242,7 @@ QQ_API qqStatus_t qqQuantizeColwise(qqHandle_t handle, const DLTensor* x,
                                     DLTensor* scales, DLTensor* biases,
                                     void* stream);
 
-/* MoE expert weights: MXFP8 quantization of x [E, D1, D2] (row-major, or the
+/* MoE expert weights: MXFP8 quantization of w [E, D1, D2] (row-major, or the
  * transposed view with stride 1 on dim 1, e.g. w.transpose(-2, -1) of an
  * [E, D2, D1] tensor) along D1, with one scale per 32 consecutive D1
  * elements at each D2 index (QQ_MOE_32X1) or one per 32x32 tile
@@ -256,7 +256,7 @@ QQ_API qqStatus_t qqQuantizeColwise(qqHandle_t handle, const DLTensor* x,
  *          32x32 scale replicated over its 32 rows; padding zero. */
 typedef enum { QQ_MOE_32X1 = 0, QQ_MOE_32X32 = 1 } qqMoeScaling_t;
 
-QQ_API qqStatus_t qqQuantizeMoe(qqHandle_t handle, const DLTensor* x,
+QQ_API qqStatus_t qqQuantizeMoe(qqHandle_t handle, const DLTensor* w,
                                 const qqQuantParams_t* params,
                                 qqMoeScaling_t scaling, DLTensor* data,
                                 DLTensor* scales, void* stream);
