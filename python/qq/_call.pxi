@@ -1,0 +1,325 @@
+# _call.pxi - included by _qq.pyx (one extension module, one file per job).
+# Per-call state (_Call): the caller's framework, device and stream; views; results.
+
+# =========================================================================================
+# Per-call state: the caller's framework, device and stream; views; result allocation
+# =========================================================================================
+
+cdef str _framework_of(obj):
+    """'numpy', 'torch', 'cupy', 'jax' or 'other', from the type's module, importing
+    nothing (a framework that made `obj` is imported already)."""
+    if isinstance(obj, np.ndarray):
+        return "numpy"
+    root = (type(obj).__module__ or "").partition(".")[0]
+    if root == "torch" or root == "cupy":
+        return root
+    if root == "jax" or root == "jaxlib":
+        return "jax"
+    return "other"
+
+
+cdef class _Call:
+    """Everything one public call needs between parsing its arguments and returning.
+
+    Outputs come back in the framework of the call's first array argument (the *anchor*)
+    and on its device; CUDA work runs on `stream`:
+      - torch / CuPy: stream=None -> the framework's current stream on the anchor's device.
+      - JAX: stream=None -> we ask JAX for its arrays with __dlpack__(stream=None), which
+        makes JAX wait on the host until they are ready, run on the legacy default stream
+        (0), and wait on the host for that stream before returning. JAX on CUDA is thus
+        synchronous: its streams are private to XLA, and an input JAX may free as soon as
+        we release it must not still be read by queued work.
+      - other producers: the legacy default stream.
+    An explicit stream is used as is (also with JAX, which then waits on it for its
+    inputs).
+    """
+    cdef str func
+    cdef str fw
+    cdef object anchor
+    cdef int dev_type
+    cdef bint on_gpu            # results go to device memory (kDLCUDA, kDLCUDAManaged)
+    cdef int dev_id
+    cdef intptr_t stream        # what libqq runs on (ignored for CPU tensors)
+    cdef object dl_stream       # what CUDA producers get as __dlpack__(stream=...)
+    cdef list views
+    cdef list buffers           # _DeviceBuffers allocated for results in this call
+    cdef bint torch_current     # torch tensors, work on torch's current stream (stream=None)
+    cdef list torch_outs        # torch tensors the caller passed as out=: versions bumped in finish()
+
+    def __cinit__(self, str func, anchor, str anchor_name, stream):
+        self.func = func
+        self.views = []
+        self.buffers = []
+        self.torch_outs = []
+        if isinstance(anchor, QuantizedArray):
+            anchor = anchor.data
+        self.anchor = anchor
+        self.fw = _framework_of(anchor)
+        if isinstance(anchor, np.ndarray):
+            dev = (kDLCPU, 0)
+        elif isinstance(anchor, _DeviceBuffer):
+            dev = (kDLCUDA, (<_DeviceBuffer>anchor).device)
+        elif hasattr(anchor, "__dlpack_device__"):
+            dev = anchor.__dlpack_device__()
+        else:
+            raise TypeError(_not_an_array(func, anchor_name, anchor))
+        self.dev_type = int(dev[0])
+        self.dev_id = int(dev[1])
+        # As libqq dispatches: pinned host memory runs on the CPU backend, managed memory
+        # on the GPU backend.
+        if self.dev_type == kDLCPU or self.dev_type == kDLCUDAHost:
+            self.on_gpu = False
+        elif self.dev_type == kDLCUDA or self.dev_type == kDLCUDAManaged:
+            self.on_gpu = True
+        else:
+            raise NotSupportedError(
+                f"{func}: {anchor_name}: arrays on DLPack device type {self.dev_type} are not "
+                f"supported (qq runs on kDLCPU = {<int>kDLCPU}, kDLCUDA = {<int>kDLCUDA}, "
+                f"kDLCUDAHost = {<int>kDLCUDAHost} and kDLCUDAManaged = {<int>kDLCUDAManaged})")
+        self._resolve_stream(stream)
+
+    cdef _resolve_stream(self, stream):
+        cdef intptr_t s
+        if stream is not None:
+            s = _stream_arg(self.func, stream)      # validated even where it is ignored
+            if self.on_gpu:
+                self.stream = s
+                # DLPack reserves 0 (ambiguous); 1 names the legacy default stream.
+                self.dl_stream = s if s != 0 else 1
+            return
+        if not self.on_gpu:
+            self.stream = 0
+            self.dl_stream = None
+            self.torch_current = self.fw == "torch"
+            return
+        if self.fw == "torch":
+            torch = sys.modules["torch"]
+            s = torch.cuda.current_stream(self.dev_id).cuda_stream
+            self.torch_current = True
+        elif self.fw == "cupy":
+            cupy = sys.modules["cupy"]
+            with cupy.cuda.Device(self.dev_id):
+                s = cupy.cuda.get_current_stream().ptr
+        elif self.fw == "jax":
+            self.stream = 0
+            self.dl_stream = None       # producer-synchronised: JAX waits on the host
+            return
+        else:
+            s = 0
+        self.stream = s
+        self.dl_stream = s if s != 0 else 1
+
+    # --- views ---------------------------------------------------------------------------
+
+    cdef _View view(self, obj, str name, bint writable=False):
+        """A view of argument `obj` (None -> None), released with the call."""
+        if obj is None:
+            return None
+        cdef str where = f"{self.func}: {name}"
+        if _framework_of(obj) == "torch" and (obj.is_conj() or obj.is_neg()):
+            # torch's lazy conjugate / negative views (t.conj().imag, t._neg_view()) share
+            # memory holding the un-negated values: read through DLPack they come out as +t.
+            if writable:
+                raise ValueError(f"{where}: the tensor has torch's conjugate or negative bit set "
+                                 f"(a lazy view); results written into it would read back "
+                                 f"negated. Pass a plain tensor (e.g. out.resolve_neg())")
+            obj = obj.resolve_conj().resolve_neg()
+        cdef _View v = _View.__new__(_View)
+        v.name = name
+        self.views.append(v)        # first: whatever the import acquires is released with us
+        if isinstance(obj, np.ndarray):
+            _import_numpy(v, obj, where)
+        elif isinstance(obj, _DeviceBuffer):
+            _import_device_buffer(v, <_DeviceBuffer>obj, where)
+        elif self.torch_current and type(obj).__module__ == "torch" and _import_torch(v, obj, where):
+            pass
+        elif hasattr(obj, "__dlpack__"):
+            if writable and _framework_of(obj) == "jax":
+                raise ValueError(f"{where}: JAX arrays are immutable and cannot be written into; "
+                                 f"leave out=None to get a new array")
+            if not writable and _framework_of(obj) == "torch" and obj.requires_grad:
+                obj = obj.detach()      # torch refuses to export tensors that require grad
+            _import_dlpack(v, obj, self.dl_stream, where)
+        else:
+            raise TypeError(_not_an_array(self.func, name, obj))
+        if writable and v.readonly:
+            raise ValueError(f"{where}: the array is read-only; out= must be a writable array")
+        return v
+
+    cdef _View out_view(self, obj, str name):
+        """A caller's out= array. Like torch's own out= ops: a tensor that requires grad is
+        refused while grad mode is on, and the version counter of a written tensor is bumped
+        (in finish()) so that autograd notices the overwrite instead of using stale values."""
+        if _framework_of(obj) == "torch":
+            torch = sys.modules["torch"]
+            if obj.requires_grad and torch.is_grad_enabled():
+                raise ValueError(f"{self.func}: {name}: out= tensors that require grad are not "
+                                 f"supported (qq's ops are not differentiable through out=, as "
+                                 f"torch's out= ops are not); pass a tensor without requires_grad "
+                                 f"or leave {name}=None")
+            self.torch_outs.append(obj)
+        return self.view(obj, name, True)
+
+    cdef object scalar(self, value, str name):
+        """A global scale: arrays pass through; a Python / NumPy real number becomes a
+        float32 array of shape () on the anchor's device (NumPy for CPU callers, the
+        caller's framework on CUDA)."""
+        if value is None or not isinstance(value, numbers.Real) or isinstance(value, bool):
+            return value
+        v = float(value)
+        if not self.on_gpu:
+            return np.array(v, dtype=np.float32)
+        if self.fw == "torch":
+            torch = sys.modules["torch"]
+            # a fill kernel with v as its argument: no host-to-device copy, so this also
+            # works inside a CUDA graph capture
+            return torch.full((), v, dtype=torch.float32, device=torch.device("cuda", self.dev_id))
+        if self.fw == "cupy":
+            cupy = sys.modules["cupy"]
+            with cupy.cuda.Device(self.dev_id):
+                return cupy.full((), v, dtype=cupy.float32)
+        if self.fw == "jax":
+            return _jax_put(np.array(v, dtype=np.float32), self.anchor)
+        raise TypeError(f"{self.func}: {name}: a Python number can only be placed on the GPU "
+                        f"for torch, CuPy or JAX callers; pass a float32 device array of one "
+                        f"element instead")
+
+    # --- results -------------------------------------------------------------------------
+
+    cdef tuple empty(self, tuple shape, str dtype, str name):
+        """(result, view): a new compact array in the caller's framework and a writable
+        view of it. `result` goes through self.result() before it is returned."""
+        try:
+            return self._empty(shape, dtype, name)
+        except MemoryError as e:
+            raise MemoryError(f"{self.func}: cannot allocate the result '{name}' of shape {shape} "
+                              f"({dtype}): {e}") from None
+        except RuntimeError as e:   # torch.OutOfMemoryError and friends
+            if "out of memory" not in str(e).lower():
+                raise
+            raise MemoryError(f"{self.func}: cannot allocate the result '{name}' of shape {shape} "
+                              f"({dtype}) on the GPU: {e}") from None
+
+    cdef tuple _empty(self, tuple shape, str dtype, str name):
+        cdef _DeviceBuffer b
+        if not self.on_gpu:
+            if self.fw == "torch":
+                torch = sys.modules["torch"]
+                r = torch.empty(shape, dtype=getattr(torch, dtype))
+            else:
+                # NumPy, and JAX and unknown CPU producers: computed into NumPy (JAX arrays
+                # are immutable), converted by self.result().
+                r = np.empty(shape, dtype=_numpy_dtype(dtype))
+        elif self.fw == "torch":
+            torch = sys.modules["torch"]
+            r = torch.empty(shape, dtype=getattr(torch, dtype),
+                            device=torch.device("cuda", self.dev_id))
+        elif self.fw == "cupy":
+            r = _cupy_empty(self.func, shape, dtype, self.dev_id)
+        else:
+            b = _device_buffer(shape, dtype, self.dev_id, self.stream)
+            self.buffers.append(b)
+            r = b
+        return r, self.view(r, name, True)
+
+    cdef object result(self, obj):
+        """Hand a result made by empty() to the caller's framework."""
+        if obj is None or self.fw != "jax":
+            return obj
+        if isinstance(obj, np.ndarray):
+            return _jax_put(obj, self.anchor)
+        jnp = sys.modules["jax"].numpy
+        if hasattr(jnp, "from_dlpack"):
+            return jnp.from_dlpack(obj)
+        return sys.modules["jax"].dlpack.from_dlpack(obj.__dlpack__())
+
+    cdef void* cstream(self):
+        return <void*>self.stream
+
+    cdef finish(self):
+        """After the C call succeeded, before the views are released."""
+        if self.torch_outs:
+            bump = sys.modules["torch"].autograd.graph.increment_version
+            for t in self.torch_outs:
+                bump(t)
+        if self.fw == "jax" and self.on_gpu:
+            _stream_synchronize(self.dev_id, self.stream)
+            for b in self.buffers:
+                (<_DeviceBuffer>b).synced = True
+
+    cdef void release(self) noexcept:
+        for v in self.views:
+            _release_view(<_View>v)
+        self.views = []
+
+
+cdef str _not_an_array(str func, str name, obj):
+    what = "a QuantizedArray" if isinstance(obj, QuantizedArray) else type(obj).__name__
+    return (f"{func}: {name}: expected a NumPy array or an array with __dlpack__ (torch, CuPy, "
+            f"JAX), got {what}")
+
+
+cdef int _import_dlpack(_View v, obj, dl_stream, str where) except -1:
+    dev = obj.__dlpack_device__()
+    # Producers on a CUDA device get the consumer's stream; CPU producers must get None.
+    stream = dl_stream if _is_cuda_device(int(dev[0])) else None
+    try:
+        capsule = obj.__dlpack__(stream=stream, max_version=(QQ_DLPACK_MAJOR, QQ_DLPACK_MINOR))
+    except TypeError:
+        # A producer from before DLPack 1.0 has no max_version and returns a legacy capsule.
+        capsule = obj.__dlpack__(stream=stream)
+    _consume_capsule(v, capsule, where)
+    return 0
+
+
+cdef int _import_device_buffer(_View v, _DeviceBuffer b, str where) except -1:
+    # Our own buffers are viewed directly: no capsule, so no one-shot export is used up.
+    if b.ptr == NULL:
+        raise ValueError(f"{where}: this qq device buffer was already exported through DLPack; "
+                         f"use the array it was imported into")
+    v.owner = b
+    v.tensor.data = b.ptr
+    v.tensor.device.device_type = kDLCUDA
+    v.tensor.device.device_id = b.device
+    v.tensor.ndim = b.ndim
+    v.tensor.dtype = b.dl_dtype
+    v.tensor.shape = b.dims
+    v.tensor.strides = b.dims + b.ndim
+    v.tensor.byte_offset = 0
+    v.readonly = False
+    return 0
+
+
+cdef object _jax_put(np_array, anchor):
+    """A NumPy result as a JAX array on the anchor's device."""
+    jax = sys.modules["jax"]
+    try:
+        device = next(iter(anchor.devices()))
+    except Exception:
+        return jax.numpy.asarray(np_array)
+    return jax.device_put(np_array, device)
+
+
+cdef object _cupy_empty(str func, tuple shape, str dtype, int dev_id):
+    cupy = sys.modules["cupy"]
+    dt = _numpy_dtype(dtype)
+    with cupy.cuda.Device(dev_id):
+        try:
+            return cupy.empty(shape, dtype=dt)
+        except Exception as e:
+            if dtype != "bfloat16":
+                raise
+            raise TypeError(f"{func}: this CuPy cannot hold bfloat16 results ({e}); pass "
+                            f"dtype='float16' or dtype='float32', or an out= array") from None
+
+
+cdef inline DLTensor* _t(_View v):
+    return NULL if v is None else &v.tensor
+
+
+cdef _View _out_view(_Call call, out, str dtype):
+    cdef _View v = call.out_view(out, "out")
+    if dtype is not None and v.dtype_name() != dtype:
+        raise ValueError(f"{call.func}: out has dtype {v.dtype_name() or 'unsupported'} but "
+                         f"dtype={dtype!r} was asked for")
+    return v

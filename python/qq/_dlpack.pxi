@@ -1,0 +1,486 @@
+# _dlpack.pxi - included by _qq.pyx (one extension module, one file per job).
+# DLPack: _View (a DLTensor of someone else's memory for one call) and _DeviceBuffer
+# (device memory libqq allocated for a result, exported through DLPack). Declarations: _dlpack.pxd.
+
+# =========================================================================================
+# DLPack import: a _View is a DLTensor describing someone else's memory for one call
+# =========================================================================================
+
+cdef const char* _CAPSULE = b"dltensor"
+cdef const char* _CAPSULE_VERSIONED = b"dltensor_versioned"
+cdef const char* _CAPSULE_USED = b"used_dltensor"
+cdef const char* _CAPSULE_VERSIONED_USED = b"used_dltensor_versioned"
+
+cdef enum:
+    _MAX_NDIM = 64     # NumPy's limit; shapes are copied into stack arrays of this size
+
+
+cdef class _View:
+    """A DLTensor over an argument's memory, valid until _release_view.
+
+    Exactly one of these owns the memory's lifetime for the call:
+      - buf (NumPy arrays, via the buffer protocol; dims holds shape and strides),
+      - versioned / legacy (a consumed DLPack capsule's managed tensor, whose deleter we
+        call exactly once),
+      - owner (a _DeviceBuffer of ours).
+    """
+    cdef DLTensor tensor
+    cdef Py_buffer buf
+    cdef bint has_buf
+    cdef int64_t* dims
+    cdef DLManagedTensorVersioned* versioned
+    cdef DLManagedTensor* legacy
+    cdef object owner
+    cdef bint readonly
+    cdef str name
+
+    def __dealloc__(self):
+        # Safety net only: _Call.release() has normally released the view already.
+        _release_view(self)
+
+    @property
+    def shape(self):
+        return tuple([self.tensor.shape[i] for i in range(self.tensor.ndim)])
+
+    cdef str dtype_name(self):
+        """'float32', 'float16', 'bfloat16', 'uint8', or None for anything else."""
+        if self.tensor.dtype.lanes != 1:
+            return None
+        return _DL_TO_NAME.get((self.tensor.dtype.code, self.tensor.dtype.bits))
+
+    cdef str float_dtype(self):
+        """The view's float dtype, or float32 as a placeholder when it has none: the output
+        is then only allocated so that libqq can reject the input dtype with its message."""
+        name = self.dtype_name()
+        return name if name in _FLOAT_DTYPES else "float32"
+
+
+cdef void _release_view(_View v) noexcept:
+    """Give everything a view holds back to its producer. Never raises; idempotent."""
+    cdef DLManagedTensorVersioned* mv = v.versioned
+    cdef DLManagedTensor* ml = v.legacy
+    # Clear first, call after: whatever happens inside a deleter, it cannot run twice.
+    v.versioned = NULL
+    v.legacy = NULL
+    if mv != NULL and mv.deleter != NULL:
+        mv.deleter(mv)
+    if ml != NULL and ml.deleter != NULL:
+        ml.deleter(ml)
+    if v.has_buf:
+        v.has_buf = False
+        PyBuffer_Release(&v.buf)
+    if v.dims != NULL:
+        PyMem_Free(v.dims)
+        v.dims = NULL
+    v.owner = None
+
+
+cdef int _import_numpy(_View v, object arr, str where) except -1:
+    """NumPy path: pointer, shape and strides from the buffer protocol, dtype by name.
+
+    NumPy's own __dlpack__ refuses ml_dtypes' bfloat16 / float8 arrays, and its buffer
+    export cannot describe them in a format string either, so we request the buffer
+    without PyBUF_FORMAT and take the dtype from arr.dtype.
+    """
+    dt = arr.dtype
+    if not dt.isnative:
+        raise TypeError(f"{where}: byte-swapped (non-native) dtype {dt.str!r} is not supported; "
+                        f"convert it with .astype({dt.name!r})")
+    code_bits = _NUMPY_TO_DL.get(dt.name)
+    if code_bits is None:
+        code = _KIND_TO_DL.get(dt.kind)
+        if code is None:
+            raise TypeError(f"{where}: NumPy dtype {dt.name!r} has no DLPack equivalent; "
+                            f"libqq takes float32, float16, bfloat16, uint8 and float8 arrays")
+        code_bits = (code, dt.itemsize * 8)
+
+    PyObject_GetBuffer(arr, &v.buf, PyBUF_STRIDES)
+    v.has_buf = True                    # from here on _release_view releases the buffer
+    cdef int nd = v.buf.ndim
+    cdef Py_ssize_t itemsize = v.buf.itemsize
+    cdef int i
+    if nd > _MAX_NDIM:
+        raise ValueError(f"{where}: {nd} dimensions; at most {_MAX_NDIM} are supported")
+    v.dims = <int64_t*>PyMem_Malloc((2 * nd + 1) * sizeof(int64_t))
+    if v.dims == NULL:
+        raise MemoryError()
+    for i in range(nd):
+        v.dims[i] = v.buf.shape[i]
+        # DLPack strides count elements, the buffer protocol's count bytes.
+        if v.buf.strides[i] % itemsize != 0:
+            raise ValueError(f"{where}: stride {v.buf.strides[i]} bytes of axis {i} is not a "
+                             f"multiple of the item size {itemsize}; make the array contiguous "
+                             f"(numpy.ascontiguousarray)")
+        v.dims[nd + i] = v.buf.strides[i] // itemsize
+    v.tensor.data = v.buf.buf
+    v.tensor.device.device_type = kDLCPU
+    v.tensor.device.device_id = 0
+    v.tensor.ndim = nd
+    v.tensor.dtype.code = <int>code_bits[0]
+    v.tensor.dtype.bits = <int>code_bits[1]
+    v.tensor.dtype.lanes = 1
+    v.tensor.shape = v.dims
+    v.tensor.strides = v.dims + nd
+    v.tensor.byte_offset = 0
+    v.readonly = v.buf.readonly != 0
+    return 0
+
+
+cdef dict _TORCH_TO_DL = {}
+
+
+cdef bint _import_torch(_View v, object t, str where) except -1:
+    """Fast path for torch tensors when the call runs on torch's current stream (or on the
+    CPU): pointer, shape, strides and dtype read off the tensor, no DLPack capsule.
+
+    torch's __dlpack__ costs tens of microseconds per tensor on CUDA (stream queries and
+    synchronisation bookkeeping); with stream=None that synchronisation is a no-op by the
+    DLPack contract (producer and consumer share torch's current stream), so reading the
+    tensor directly is equivalent. Returns False (and touches nothing) for anything it does
+    not describe exactly (conjugate/negative views, other devices, unknown dtypes): the
+    DLPack path then handles or refuses it.
+    """
+    torch = sys.modules["torch"]
+    if not _TORCH_TO_DL:
+        for name, code_bits in (("float32", (kDLFloat, 32)), ("float16", (kDLFloat, 16)),
+                                ("bfloat16", (kDLBfloat, 16)), ("float64", (kDLFloat, 64)),
+                                ("uint8", (kDLUInt, 8)), ("int8", (kDLInt, 8)),
+                                ("int32", (kDLInt, 32)), ("int64", (kDLInt, 64)),
+                                ("float8_e4m3fn", (kDLFloat8_e4m3fn, 8)),
+                                ("float8_e5m2", (kDLFloat8_e5m2, 8)),
+                                ("float8_e8m0fnu", (kDLFloat8_e8m0fnu, 8))):
+            dt = getattr(torch, name, None)
+            if dt is not None:
+                _TORCH_TO_DL[dt] = code_bits
+    if not isinstance(t, torch.Tensor) or t.is_conj() or t.is_neg() or t.is_sparse:
+        return False
+    code_bits = _TORCH_TO_DL.get(t.dtype)
+    dev = t.device
+    if code_bits is None or dev.type not in ("cpu", "cuda"):
+        return False
+    shape = t.shape
+    strides = t.stride()
+    cdef int nd = len(shape)
+    cdef int i
+    if nd > _MAX_NDIM:
+        return False
+    v.dims = <int64_t*>PyMem_Malloc((2 * nd + 1) * sizeof(int64_t))
+    if v.dims == NULL:
+        raise MemoryError()
+    for i in range(nd):
+        v.dims[i] = shape[i]
+        v.dims[nd + i] = strides[i]
+    v.owner = t                         # keeps the tensor alive until the view is released
+    v.tensor.data = <void*><intptr_t>t.data_ptr()
+    if dev.type == "cuda":
+        v.tensor.device.device_type = kDLCUDA
+        v.tensor.device.device_id = dev.index if dev.index is not None else 0
+    else:
+        v.tensor.device.device_type = kDLCPU
+        v.tensor.device.device_id = 0
+    v.tensor.ndim = nd
+    v.tensor.dtype.code = <int>code_bits[0]
+    v.tensor.dtype.bits = <int>code_bits[1]
+    v.tensor.dtype.lanes = 1
+    v.tensor.shape = v.dims
+    v.tensor.strides = v.dims + nd
+    v.tensor.byte_offset = 0
+    v.readonly = False
+    return True
+
+
+cdef int _consume_capsule(_View v, object capsule, str where) except -1:
+    """Take ownership of the managed tensor in a DLPack capsule.
+
+    Protocol (DLPack python_spec): a consumer renames the capsule to "used_dltensor[_versioned]"
+    so that the capsule's destructor no longer frees the tensor, and then calls the
+    tensor's deleter itself once it is done with the memory.
+    """
+    cdef DLManagedTensorVersioned* mv
+    cdef DLManagedTensor* ml
+    if PyCapsule_IsValid(capsule, _CAPSULE_VERSIONED):
+        mv = <DLManagedTensorVersioned*>PyCapsule_GetPointer(capsule, _CAPSULE_VERSIONED)
+        PyCapsule_SetName(capsule, _CAPSULE_VERSIONED_USED)
+        # Ownership moved to us with the rename; record it at once so that every exit from
+        # here on (including the version error below) calls the deleter exactly once.
+        v.versioned = mv
+        if mv.version.major != QQ_DLPACK_MAJOR:
+            raise _DLPackError(
+                f"{where}: the producer exported a DLPack {mv.version.major}.{mv.version.minor} "
+                f"tensor; qq reads DLPack major version {QQ_DLPACK_MAJOR} (it asked for "
+                f"max_version=({QQ_DLPACK_MAJOR}, {QQ_DLPACK_MINOR}))")
+        v.tensor = mv.dl_tensor
+        v.readonly = (mv.flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0
+    elif PyCapsule_IsValid(capsule, _CAPSULE):
+        ml = <DLManagedTensor*>PyCapsule_GetPointer(capsule, _CAPSULE)
+        PyCapsule_SetName(capsule, _CAPSULE_USED)
+        v.legacy = ml
+        v.tensor = ml.dl_tensor
+        v.readonly = False          # pre-1.0 DLPack cannot say; assume writable
+    else:
+        raise _DLPackError(
+            f"{where}: __dlpack__ returned {capsule!r}, which is not an unconsumed DLPack capsule "
+            f"(a capsule named 'dltensor_versioned' or 'dltensor'; a capsule can be consumed "
+            f"only once)")
+    if v.tensor.ndim < 0 or v.tensor.ndim > _MAX_NDIM or (v.tensor.ndim > 0 and v.tensor.shape == NULL):
+        raise ValueError(f"{where}: malformed DLPack tensor (ndim={v.tensor.ndim})")
+    return 0
+
+
+class _DLPackError(BufferError, ValueError):
+    """A DLPack capsule we cannot read (unknown major version, or already consumed).
+
+    Both a BufferError (what the DLPack spec uses for exchange failures) and a ValueError
+    (what docs/api.md promises for bad arguments).
+    """
+
+
+# =========================================================================================
+# DLPack export: a _DeviceBuffer is device memory libqq allocated for a result
+# =========================================================================================
+
+cdef struct _Export:
+    # One allocation per export: the managed tensor handed to the consumer (versioned or
+    # legacy, whichever the consumer asked for), what the deleter needs to free the
+    # memory, and then shape[ndim] and strides[ndim] right after the struct.
+    DLManagedTensorVersioned versioned
+    DLManagedTensor legacy
+    void* ptr
+    int device
+    void* stream
+
+
+cdef void _export_free(_Export* e) noexcept nogil:
+    # Stream-ordered free on the stream the buffer was allocated and written on. A DLPack
+    # deleter has no way to report an error, so the status is dropped.
+    qqDeviceFree(e.device, e.ptr, e.stream)
+    free(e)
+
+
+cdef void _export_deleter_versioned(DLManagedTensorVersioned* m) noexcept nogil:
+    _export_free(<_Export*>m.manager_ctx)
+
+
+cdef void _export_deleter_legacy(DLManagedTensor* m) noexcept nogil:
+    _export_free(<_Export*>m.manager_ctx)
+
+
+cdef void _export_capsule_destructor(object capsule) noexcept:
+    # A capsule still carrying its original name was never consumed: it still owns the
+    # tensor. A "used_*" capsule was consumed and the consumer calls the deleter.
+    cdef DLManagedTensorVersioned* mv
+    cdef DLManagedTensor* ml
+    if PyCapsule_IsValid(capsule, _CAPSULE_VERSIONED):
+        mv = <DLManagedTensorVersioned*>PyCapsule_GetPointer(capsule, _CAPSULE_VERSIONED)
+        mv.deleter(mv)
+    elif PyCapsule_IsValid(capsule, _CAPSULE):
+        ml = <DLManagedTensor*>PyCapsule_GetPointer(capsule, _CAPSULE)
+        ml.deleter(ml)
+
+
+cdef class _DeviceBuffer:
+    """A compact row-major CUDA allocation made by libqq (qqDeviceAlloc), handed to the
+    caller's framework through DLPack. It is the result type for JAX on CUDA (JAX arrays
+    are immutable, so libqq cannot write into one) and for CUDA producers qq does not know.
+
+    It can be exported once: __dlpack__ moves the memory into the capsule, whose deleter
+    frees it (qqDeviceFree on the stream it was allocated on). Until then, or if it is
+    never exported, dropping the object frees the memory the same way.
+    """
+    cdef void* ptr
+    cdef int device
+    cdef intptr_t stream
+    cdef int ndim
+    cdef int64_t* dims          # shape[ndim], then strides[ndim] (elements)
+    cdef DLDataType dl_dtype
+    cdef bint synced            # the host has waited for `stream` since the last write
+    cdef readonly tuple shape
+    cdef readonly str dtype         # 'float32', 'float16', 'bfloat16' or 'uint8'
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            qqDeviceFree(self.device, self.ptr, <void*>self.stream)
+            self.ptr = NULL
+        if self.dims != NULL:
+            PyMem_Free(self.dims)
+            self.dims = NULL
+
+    def __repr__(self):
+        state = "exported" if self.ptr == NULL else "live"
+        return (f"<qq device buffer {self.dtype} {self.shape} on cuda:{self.device}, "
+                f"{state}; consume it with from_dlpack>")
+
+    def __dlpack_device__(self):
+        return (<int>kDLCUDA, self.device)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        if self.ptr == NULL:
+            raise BufferError("this qq device buffer was already exported through DLPack; "
+                              "it can be consumed only once")
+        if dl_device is not None and (int(dl_device[0]), int(dl_device[1])) != (<int>kDLCUDA, self.device):
+            raise BufferError(f"dl_device={tuple(dl_device)!r}: this buffer lives on "
+                              f"({<int>kDLCUDA}, {self.device}) (cuda:{self.device}) and qq does "
+                              f"not copy across devices")
+        if copy:
+            raise BufferError("copy=True: qq does not copy its results on export; "
+                              "copy after importing")
+        self._ready_for(stream)
+
+        cdef bint versioned = max_version is not None and int(max_version[0]) >= QQ_DLPACK_MAJOR
+        cdef int nd = self.ndim
+        cdef _Export* e = <_Export*>malloc(sizeof(_Export) + 2 * nd * sizeof(int64_t))
+        if e == NULL:
+            raise MemoryError()
+        # This block must never raise: it initializes everything the deleters and the
+        # capsule destructor use, before the capsule exists.
+        cdef int64_t* dims = <int64_t*>(<char*>e + sizeof(_Export))
+        cdef DLTensor* t
+        cdef void* payload
+        cdef const char* name
+        memset(e, 0, sizeof(_Export))
+        e.ptr = self.ptr
+        e.device = self.device
+        e.stream = <void*>self.stream
+        memcpy(dims, self.dims, 2 * nd * sizeof(int64_t))
+        if versioned:
+            e.versioned.version.major = QQ_DLPACK_MAJOR
+            e.versioned.version.minor = 0       # nothing we export needs more than 1.0
+            e.versioned.manager_ctx = e
+            e.versioned.deleter = _export_deleter_versioned
+            e.versioned.flags = 0               # writable, not a copy
+            t = &e.versioned.dl_tensor
+            payload = &e.versioned
+            name = _CAPSULE_VERSIONED
+        else:
+            e.legacy.manager_ctx = e
+            e.legacy.deleter = _export_deleter_legacy
+            t = &e.legacy.dl_tensor
+            payload = &e.legacy
+            name = _CAPSULE
+        t.data = self.ptr
+        t.device.device_type = kDLCUDA
+        t.device.device_id = self.device
+        t.ndim = nd
+        t.dtype = self.dl_dtype
+        t.shape = dims
+        t.strides = dims + nd
+        t.byte_offset = 0
+
+        try:
+            capsule = PyCapsule_New(payload, name, _export_capsule_destructor)
+        except BaseException:
+            free(e)
+            raise
+        # The capsule owns e, and through it the device memory: we must not free it now.
+        self.ptr = NULL
+        return capsule
+
+    cdef _ready_for(self, consumer_stream):
+        """Honour the consumer's stream (DLPack: the producer makes the data safe to use on
+        the stream the consumer names; None = the legacy default stream for CUDA, -1 = no
+        synchronization wanted)."""
+        if self.synced or consumer_stream == -1:
+            return
+        consumer = 0 if consumer_stream is None else int(consumer_stream)
+        if consumer == 1:
+            consumer = 0        # 1 is cudaStreamLegacy; 0 (ambiguous in DLPack) read alike
+        producer = 0 if self.stream == 1 else self.stream
+        if consumer == producer:
+            return              # same stream: ordered already
+        # Different streams: libqq's C ABI has no event API yet (see _stream_synchronize),
+        # so wait on the host for our stream, which is always safe.
+        _stream_synchronize(self.device, self.stream)
+        self.synced = True
+
+
+cdef _DeviceBuffer _device_buffer(tuple shape, str dtype, int device, intptr_t stream):
+    cdef _DeviceBuffer b = _DeviceBuffer.__new__(_DeviceBuffer)
+    cdef int nd = len(shape)
+    cdef int i
+    cdef qqStatus_t st
+    cdef void* ptr = NULL
+    cdef size_t nbytes
+    if nd > _MAX_NDIM:
+        raise ValueError(f"{nd} dimensions; at most {_MAX_NDIM} are supported")
+    code, bits = _DL_TO_NAME_CODES[dtype]
+    b.device = device
+    b.stream = stream
+    b.ndim = nd
+    b.shape = shape
+    b.dtype = dtype
+    b.dl_dtype.code = <int>code
+    b.dl_dtype.bits = <int>bits
+    b.dl_dtype.lanes = 1
+    b.dims = <int64_t*>PyMem_Malloc((2 * nd + 1) * sizeof(int64_t))
+    if b.dims == NULL:
+        raise MemoryError()
+    count = 1
+    for i in range(nd - 1, -1, -1):          # compact row-major strides, in elements
+        b.dims[i] = shape[i]
+        b.dims[nd + i] = count
+        count *= shape[i]
+    total = count * _ITEMSIZE[dtype]
+    # At least one byte: consumers may treat a NULL data pointer as an error.
+    nbytes = max(total, 1)
+    with nogil:
+        st = qqDeviceAlloc(device, nbytes, &ptr, <void*>stream)
+    _check(st)
+    b.ptr = ptr
+    return b
+
+
+def _device_empty(shape, dtype="float32", int device=0):
+    """An uninitialized libqq device buffer (used by `python -m qq` to probe the GPU paths
+    without a CUDA framework)."""
+    return _device_buffer(tuple(int(d) for d in shape), dtype, device, 0)
+
+
+_cuda_driver = None
+
+
+def _stream_synchronize(int device, intptr_t stream):
+    """Block the host until all work queued on `stream` of `device` has finished.
+
+    Stop-gap: qq.h has no stream or event API yet, so this calls the CUDA driver
+    (libcuda.so.1, present wherever a CUDA tensor exists) through ctypes, retaining the
+    device's primary context (the one the CUDA runtime, hence libqq, uses). Replace it
+    by a libqq call once the C ABI has one.
+    """
+    global _cuda_driver
+    import ctypes
+    if _cuda_driver is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        c_int, c_void_p, POINTER = ctypes.c_int, ctypes.c_void_p, ctypes.POINTER
+        for fname, argtypes in (
+                ("cuInit", [ctypes.c_uint]),
+                ("cuDeviceGet", [POINTER(c_int), c_int]),
+                ("cuDevicePrimaryCtxRetain", [POINTER(c_void_p), c_int]),
+                ("cuDevicePrimaryCtxRelease_v2", [c_int]),
+                ("cuCtxPushCurrent_v2", [c_void_p]),
+                ("cuCtxPopCurrent_v2", [POINTER(c_void_p)]),
+                ("cuStreamSynchronize", [c_void_p])):
+            fn = getattr(lib, fname)
+            fn.argtypes = argtypes
+            fn.restype = c_int
+        _cuda_driver = lib
+    lib = _cuda_driver
+
+    def cu(result, what):
+        if result != 0:
+            raise QQError(f"{what} failed with CUresult {result} while waiting for CUDA stream "
+                          f"{stream:#x} on device {device}")
+
+    dev = ctypes.c_int(0)
+    ctx = ctypes.c_void_p(0)
+    popped = ctypes.c_void_p(0)
+    cu(lib.cuInit(0), "cuInit")
+    cu(lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+    cu(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    try:
+        cu(lib.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
+        try:
+            cu(lib.cuStreamSynchronize(ctypes.c_void_p(stream)), "cuStreamSynchronize")
+        finally:
+            lib.cuCtxPopCurrent_v2(ctypes.byref(popped))
+    finally:
+        lib.cuDevicePrimaryCtxRelease_v2(dev)

@@ -1,0 +1,115 @@
+# _errors.pxi - included by _qq.pyx (one extension module, one file per job).
+# Errors (the status -> exception map) and library information.
+
+# =========================================================================================
+# Errors and library information
+# =========================================================================================
+
+class QQError(RuntimeError):
+    """A CUDA, cuBLASLt or internal failure inside libqq (the message is libqq's)."""
+
+
+class NotSupportedError(NotImplementedError):
+    """A valid request that this build, backend or GPU cannot run (yet)."""
+
+
+cdef int _check(qqStatus_t status) except -1:
+    """Raise the exception that docs/api.md assigns to `status`, with libqq's message.
+
+    Must be called on the thread that made the failing call, before any other libqq call:
+    the message is thread-local and overwritten by the next call.
+    """
+    if status == QQ_STATUS_SUCCESS:
+        return 0
+    cdef const char* c_msg = qqGetLastErrorMessage()
+    msg = c_msg.decode("utf-8", "replace") if c_msg != NULL else ""
+    if not msg:
+        msg = qqGetStatusString(status).decode("ascii", "replace")
+    if status == QQ_STATUS_INVALID_DTYPE:
+        raise TypeError(msg)
+    if status == QQ_STATUS_INVALID_VALUE:
+        raise ValueError(msg)
+    if status == QQ_STATUS_NOT_SUPPORTED or status == QQ_STATUS_ARCH_MISMATCH:
+        raise NotSupportedError(msg)
+    raise QQError(msg)
+
+
+cdef str _version_string(int v):
+    # QQ_VERSION = major * 10000 + minor * 100 + patch (qq.h).
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+
+
+# The version of the libqq actually loaded (not of the header we were compiled against).
+__version__ = _version_string(qqGetVersion())
+
+if qqGetVersion() // 10000 != QQ_VERSION_MAJOR:
+    raise ImportError(
+        f"qq._qq was compiled against libqq {_version_string(QQ_VERSION)} but loaded libqq "
+        f"{__version__}: the major versions differ, so the C ABI does not match; reinstall qq")
+
+
+def build_info():
+    """How the loaded libqq was built: a dict with version (str), cuda (bool),
+    cuda_version (str), archs (list of str) and cublaslt (int, 0 if none); any further
+    keys libqq reports are kept as strings."""
+    raw = qqGetBuildInfo().decode("utf-8", "replace")
+    kv = {}
+    for item in raw.split(";"):         # "key=value;key=value"; archs are joined by ','
+        key, sep, value = item.partition("=")
+        if sep:
+            kv[key.strip()] = value.strip()
+    info = dict(kv)
+    info["version"] = kv.get("version", __version__)
+    info["cuda"] = kv.get("cuda", "OFF").upper() in ("ON", "1", "TRUE", "YES")
+    info["cuda_version"] = kv.get("cuda_version", "")
+    info["archs"] = [a.strip() for a in kv.get("archs", "").split(",") if a.strip()]
+    try:
+        info["cublaslt"] = int(kv.get("cublaslt", "0") or 0)
+    except ValueError:
+        info["cublaslt"] = 0
+    return info
+
+
+def device_count():
+    """Number of CUDA devices libqq sees (0 in a CPU-only build or without a driver)."""
+    return qqGetDeviceCount()
+
+
+def device_capability(int device=0):
+    """Compute capability of CUDA device `device` as (major, minor), e.g. (9, 0)."""
+    cdef int major = 0, minor = 0
+    cdef qqStatus_t st
+    with nogil:
+        st = qqGetDeviceCapability(device, &major, &minor)
+    _check(st)
+    return (major, minor)
+
+
+def last_route():
+    """The route ('cpu', 'exact', 'blockscaled', 'qmma' or 'qmv') that the last qqmm or
+    quantized_matmul call on this thread took (for a batched w or grouped_qqmm: its last
+    product); None if no such call has computed a product yet, or the last one failed."""
+    cdef qqRoute_t r = QQ_ROUTE_AUTO
+    _check(qqGetLastRoute(&r))
+    if r == QQ_ROUTE_AUTO:
+        return None
+    return qqGetRouteString(r).decode("ascii")
+
+
+cdef extern from *:
+    # Exported by libqq for the test suite only; deliberately not in qq.h (route.cpp).
+    """
+    #ifdef __cplusplus
+    extern "C"
+    #endif
+    qqStatus_t qqInternalSetTestHook(const char* name, int value, int* old);
+    """
+    qqStatus_t qqInternalSetTestHook(const char* name, int value, int* old)
+
+
+def _set_test_hook(str name, int value):
+    """Tests only: set libqq's test hook `name` (route.cpp) to `value`; returns the
+    previous value. "blockscaled_queries" is a counter: `value` is added."""
+    cdef int old = 0
+    _check(qqInternalSetTestHook(name.encode("ascii"), value, &old))
+    return old

@@ -1,0 +1,106 @@
+# _ops_layout.pxi - included by _qq.pyx (one extension module, one file per job).
+# Operations: swizzle_scales, unswizzle_scales, amax.
+
+def swizzle_scales(scales, *, out=None, stream=None):
+    """Linear fp scales [B..., R, C] (uint8 or 1-byte float8) -> the blocked layout
+    [B..., roundup(R, 128), roundup(C, 4)], zero-padded (a 1-D input counts as R = 1)."""
+    cdef str func = "swizzle_scales"
+    cdef _View vs, vo
+    cdef qqQuantParams_t p
+    cdef qqStatus_t st
+    cdef DLTensor *ts
+    cdef DLTensor *to
+    cdef void* s
+    cdef _Call call = _Call(func, scales, "scales", stream)
+    result = None
+    try:
+        vs = call.view(scales, "scales")
+        if out is None:
+            shape = vs.shape
+            if len(shape) == 0:
+                raise ValueError(f"{func}: scales: expected [..., R, C], got a 0-d array")
+            # The blocked shape of linear scales [B..., R, C] is the blocked scales shape
+            # of an x [B..., R, C*group]: ask qqQuantizedShapes (any fp mode) rather than
+            # repeat its padding rule here; C = 0 pads to 0 columns.
+            _quant_params(func, &p, "mxfp8", None, None, "ceil", "blocked", "e4m3")
+            _, blocked = _quantized_shapes(func, &p, shape[:-1] + (max(shape[-1], 1) * p.group_size,))
+            if shape[-1] == 0:
+                blocked = blocked[:-1] + (0,)
+            result, vo = call.empty(blocked, "uint8", "out")
+        else:
+            vo = call.out_view(out, "out")
+        ts, to = _t(vs), _t(vo)
+        s = call.cstream()
+        with nogil:
+            st = qqSwizzleScales(NULL, ts, to, s)
+        _check(st)
+        call.finish()
+    finally:
+        call.release()
+    return out if out is not None else call.result(result)
+
+
+def unswizzle_scales(scales, shape, *, out=None, stream=None):
+    """Blocked fp scales -> linear scales of `shape` ([B..., R, C]; the padding is
+    dropped)."""
+    cdef str func = "unswizzle_scales"
+    cdef _View vs, vo
+    cdef qqStatus_t st
+    cdef DLTensor *ts
+    cdef DLTensor *to
+    cdef void* s
+    try:
+        linear_shape = tuple(operator.index(d) for d in shape)
+    except TypeError:
+        raise TypeError(f"{func}: shape: expected a sequence of ints, got {shape!r}") from None
+    if any(d < 0 for d in linear_shape):
+        raise ValueError(f"{func}: shape: {linear_shape} has a negative extent; expected the "
+                         f"linear scales' shape [..., R, C]")
+    cdef _Call call = _Call(func, scales, "scales", stream)
+    result = None
+    try:
+        vs = call.view(scales, "scales")
+        if out is None:
+            result, vo = call.empty(linear_shape, "uint8", "out")
+        else:
+            vo = call.out_view(out, "out")
+            if vo.shape != linear_shape:
+                raise ValueError(f"{func}: argument 'out' has shape {vo.shape}; expected the "
+                                 f"linear shape {linear_shape} given as 'shape'")
+        ts, to = _t(vs), _t(vo)
+        s = call.cstream()
+        with nogil:
+            st = qqUnswizzleScales(NULL, ts, to, s)
+        _check(st)
+        call.finish()
+    finally:
+        call.release()
+    return out if out is not None else call.result(result)
+
+
+def amax(x, *, out=None, stream=None):
+    """max |x| over all of x as a float32 array of shape () in x's framework, computed on
+    x's device without a host round trip (NaN if any NaN; 0 for an empty x)."""
+    cdef str func = "amax"
+    cdef _View vx, vo
+    cdef qqStatus_t st
+    cdef DLTensor *tx
+    cdef DLTensor *to
+    cdef void* s
+    cdef _Call call = _Call(func, x, "x", stream)
+    result = None
+    try:
+        vx = call.view(x, "x")
+        if out is None:
+            result, vo = call.empty((), "float32", "out")
+        else:
+            vo = call.out_view(out, "out")
+        tx, to = _t(vx), _t(vo)
+        s = call.cstream()
+        with nogil:
+            st = qqAmax(NULL, tx, to, s)
+        _check(st)
+        call.finish()
+    finally:
+        call.release()
+    return out if out is not None else call.result(result)

@@ -1,0 +1,309 @@
+# _ops_matmul.pxi - included by _qq.pyx (one extension module, one file per job).
+# Operations: qqmm, grouped_qqmm, quantized_matmul.
+
+def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
+         global_scale_x=None, global_scale_w=None, x_scales=None, bias=None, c=None, beta=1.0,
+         rounding="ceil", scale_layout="linear", fp8_format="e4m3", dtype=None, out=None,
+         stream=None, route="auto"):
+    """y = alpha * q(x) @ q(w).T (+ bias) (+ beta * c), both operands quantized (nvfp4,
+    mxfp4, mxfp8). c: an array of y's shape (float, on x's device; may be `out` itself, to
+    accumulate in place); the product is formed in fp32 and y = product + beta * c rounded
+    once to y's dtype (torch.addmm's beta; cuBLASLt's C).
+
+    x: float [..., M, K] (quantized on the fly with `rounding`), a QuantizedArray, or
+    packed uint8 with x_scales (in scale_layout). w: float [N, K], a QuantizedArray, or
+    packed [N, K*bits/8] with scales in scale_layout. nvfp4 global scales give
+    alpha = global_scale_x * global_scale_w / 2688**2. dtype default: x's dtype for a
+    float x, else bfloat16. Affine mode: use quantized_matmul.
+
+    route: "auto" (libqq picks, falling back where a faster path refuses), or one of
+    "cpu", "exact", "blockscaled", "qmma", "qmv" to insist on that route: a call it does
+    not cover raises NotSupportedError saying why (docs/api.md, "Dispatch"). The route a
+    call took: qq.last_route().
+    """
+    cdef str func = "qqmm"
+    cdef _View vx, vxs, vw, vws, vgx, vgw, vbias, vo, vc
+    cdef qqQqmmParams_t qp
+    cdef qqStatus_t st
+    cdef DLTensor *tx
+    cdef DLTensor *txs
+    cdef DLTensor *tw
+    cdef DLTensor *tws
+    cdef DLTensor *tgx
+    cdef DLTensor *tgw
+    cdef DLTensor *tbias
+    cdef DLTensor *to
+    cdef void* s
+    cdef int w_prepared = 0
+    if w is None:
+        raise TypeError(f"{func}: w: expected a float array, a QuantizedArray, a PreparedWeight "
+                        f"or packed uint8 data; got None")
+    _enum(func, "scale_layout", scale_layout, _LAYOUTS)     # checked even where a QuantizedArray decides
+    if isinstance(w, PreparedWeight):
+        pw = w
+        rows = 1
+        for d in x.shape[:-1]:
+            rows *= int(d)
+        qa = pw.quantized
+        # small M: a weight-only kernel reads the packed form once. M <= 4 (qmv, every
+        # shape) or M <= 16 with whole 16-byte chunks per row (qmma, tensor cores):
+        # there it beats the bf16 GEMM on the prepared values (bench/results/qmm-h100.md;
+        # thresholds kQmvMaxM / kQmmaMaxM in cuda/ops.cuh, docs/api.md).
+        small = rows <= 4 or (rows <= 16 and (int(qa.shape[-1]) * qa.bits // 8) % 16 == 0)
+        # these routes take the packed weight only
+        packed_route = route in ("blockscaled", "qmma", "qmv")
+        if pw.values is None or small or packed_route:
+            w = qa
+        else:
+            w_prepared = 1
+            w = pw.values
+            mode_ = _take(func, "mode", mode, "nvfp4", pw.quantized.mode, "w")
+            global_scale_w = _take_array(func, "global_scale_w", global_scale_w, pw.global_scale,
+                                         "w", "global_scale")
+            fp8_format = _take(func, "fp8_format", fp8_format, "e4m3", pw.quantized.fp8_format, "w")
+            mode = mode_
+    x_layout = scale_layout
+    w_layout = scale_layout
+    x_is_q = isinstance(x, QuantizedArray)
+    w_is_q = isinstance(w, QuantizedArray)
+    if x_is_q and w_is_q:
+        for field in ("mode", "group_size", "bits", "fp8_format"):
+            if getattr(x, field) != getattr(w, field):
+                raise ValueError(f"{func}: x.{field}={getattr(x, field)!r} and "
+                                 f"w.{field}={getattr(w, field)!r} differ; both operands "
+                                 f"must be quantized alike")
+    if w_is_q:
+        qa = w
+        scales = _take_array(func, "scales", scales, qa.scales, "w", "scales")
+        global_scale_w = _take_array(func, "global_scale_w", global_scale_w, qa.global_scale,
+                                     "w", "global_scale")
+        mode_ = _take(func, "mode", mode, "nvfp4", qa.mode, "w")
+        group_size_ = _take(func, "group_size", group_size, None, qa.group_size, "w")
+        bits_ = _take(func, "bits", bits, None, qa.bits, "w")
+        fp8_format_ = _take(func, "fp8_format", fp8_format, "e4m3", qa.fp8_format, "w")
+        w_layout = _take(func, "scale_layout", scale_layout, "linear", qa.scale_layout, "w")
+        w = qa.data
+    if x_is_q:
+        qa = x
+        x_scales = _take_array(func, "x_scales", x_scales, qa.scales, "x", "scales")
+        global_scale_x = _take_array(func, "global_scale_x", global_scale_x, qa.global_scale,
+                                     "x", "global_scale")
+        mode_ = _take(func, "mode", mode, "nvfp4", qa.mode, "x")
+        group_size_ = _take(func, "group_size", group_size, None, qa.group_size, "x")
+        bits_ = _take(func, "bits", bits, None, qa.bits, "x")
+        fp8_format_ = _take(func, "fp8_format", fp8_format, "e4m3", qa.fp8_format, "x")
+        x_layout = qa.scale_layout      # x's own; scale_layout describes w's scales
+        x = qa.data
+    if x_is_q or w_is_q:
+        mode, group_size, bits, fp8_format = mode_, group_size_, bits_, fp8_format_
+    if mode == "affine":
+        raise ValueError(f"{func}: mode 'affine' has no quantized-activation GEMM; use "
+                         f"qq.quantized_matmul (weight-only) for affine weights")
+    cdef qqMode_t cmode = <qqMode_t>_enum(func, "mode", mode, _MODES)
+    st = qqQqmmParamsInit(&qp, cmode)
+    _check(st)
+    _quant_params(func, &qp.quant, mode, group_size, bits, rounding, "linear", fp8_format)
+    qp.x_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", x_layout, _LAYOUTS)
+    qp.w_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", w_layout, _LAYOUTS)
+    qp.w_prepared = w_prepared
+    qp.route = <qqRoute_t>_enum(func, "route", route, _ROUTES)
+    out_dtype = _dtype_arg(func, dtype)
+    cdef _Call call = _Call(func, x, "x", stream)
+    result = None
+    try:
+        vx = call.view(x, "x")
+        vxs = call.view(x_scales, "x_scales")
+        vw = call.view(w, "w")
+        vws = call.view(scales, "scales")
+        vgx = call.view(call.scalar(global_scale_x, "global_scale_x"), "global_scale_x")
+        vgw = call.view(call.scalar(global_scale_w, "global_scale_w"), "global_scale_w")
+        vbias = call.view(bias, "bias")
+        vc = call.view(c, "c")
+        qp.c = _t(vc)
+        try:
+            qp.beta = float(beta) if c is not None else 0.0
+        except (TypeError, ValueError):
+            raise TypeError(f"{func}: beta: expected a real number, got "
+                            f"{type(beta).__name__} {beta!r}") from None
+        if out is None:
+            if out_dtype is None:
+                x_dt = vx.dtype_name()
+                out_dtype = x_dt if (not x_is_q and x_dt in _FLOAT_DTYPES) else "bfloat16"
+            w_shape = vw.shape
+            n = w_shape[-2] if len(w_shape) >= 2 else 0
+            result, vo = call.empty(_matmul_shape(func, vx.shape, w_shape, n), out_dtype, "out")
+        else:
+            vo = _out_view(call, out, out_dtype)
+        tx, txs, tw, tws = _t(vx), _t(vxs), _t(vw), _t(vws)
+        tgx, tgw, tbias, to = _t(vgx), _t(vgw), _t(vbias), _t(vo)
+        s = call.cstream()
+        with nogil:
+            st = qqQqmm(NULL, tx, txs, tw, tws, &qp, tgx, tgw, tbias, to, s)
+        _check(st)
+        call.finish()
+    finally:
+        call.release()
+    return out if out is not None else call.result(result)
+
+
+def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="mxfp8", *,
+                 global_scale_x=None, global_scale_w=None, x_scales=None, rounding="ceil",
+                 scale_layout="linear", fp8_format="e4m3", moe_scaling=None, dtype=None, out=None,
+                 stream=None):
+    """Grouped qqmm for mixture-of-experts layers: tokens x [T, K] sorted by expert,
+    offsets int32 [E] (cumulative group ends, last = T; empty groups are legal), weights
+    w [E, N, K] -> y [T, N] with y[rows of e] = alpha_e * q(x rows) @ q(w[e]).T.
+
+    w: float [E, N, K] (quantized on the fly), a QuantizedArray of [E, N, K] (qq.quantize,
+    linear or blocked scales), packed [E, N, K*bits/8] with `scales`, or - with
+    moe_scaling="32x1" / "32x32" - the (data, scales) of qq.quantize_moe on the [E, K, N]
+    weight (D1 = K, the contracted axis; scale_layout="blocked" required). x: float [T, K], a
+    QuantizedArray or packed [T, K*bits/8] with linear x_scales. nvfp4: global_scale_x is a
+    scalar, global_scale_w float32 [E]. The offsets are read on the host (one wait on the
+    stream); each expert then runs as a qqmm.
+    """
+    cdef str func = "grouped_qqmm"
+    cdef _View vx, vxs, voff, vw, vws, vgx, vgw, vo
+    cdef qqQqmmParams_t qp
+    cdef qqStatus_t st
+    cdef DLTensor *tx
+    cdef DLTensor *txs
+    cdef DLTensor *toff
+    cdef DLTensor *tw
+    cdef DLTensor *tws
+    cdef DLTensor *tgx
+    cdef DLTensor *tgw
+    cdef DLTensor *to
+    cdef void* s
+    x_layout = "linear"
+    w_layout = scale_layout
+    if moe_scaling is not None:
+        if moe_scaling not in ("32x1", "32x32"):
+            raise ValueError(f"{func}: moe_scaling must be None, '32x1' or '32x32'; got {moe_scaling!r}")
+        if scale_layout != "blocked":
+            raise ValueError(f"{func}: scale_layout: quantize_moe weights are taken with their blocked "
+                             f"scales (qq.quantize_moe(..., scale_layout='blocked')); got {scale_layout!r}")
+        if isinstance(w, tuple):
+            w, scales = w
+        w = _swap_last_two(w)   # [E, D1=K, D2=N] column-major per expert = [E, N, K] row-major
+        mode = "mxfp8"
+    if isinstance(w, QuantizedArray):
+        qa = w
+        scales = _take_array(func, "scales", scales, qa.scales, "w", "scales")
+        global_scale_w = _take_array(func, "global_scale_w", global_scale_w, qa.global_scale,
+                                     "w", "global_scale")
+        mode = _take(func, "mode", mode, "mxfp8", qa.mode, "w")
+        group_size = _take(func, "group_size", group_size, None, qa.group_size, "w")
+        bits = _take(func, "bits", bits, None, qa.bits, "w")
+        fp8_format = _take(func, "fp8_format", fp8_format, "e4m3", qa.fp8_format, "w")
+        w_layout = _take(func, "scale_layout", scale_layout, "linear", qa.scale_layout, "w")
+        w = qa.data
+    x_is_q = isinstance(x, QuantizedArray)
+    if x_is_q:
+        qa = x
+        x_scales = _take_array(func, "x_scales", x_scales, qa.scales, "x", "scales")
+        global_scale_x = _take_array(func, "global_scale_x", global_scale_x, qa.global_scale,
+                                     "x", "global_scale")
+        x_layout = qa.scale_layout
+        x = qa.data
+    if mode == "affine":
+        raise ValueError(f"{func}: mode 'affine' has no quantized-activation GEMM; use nvfp4, "
+                         f"mxfp4 or mxfp8")
+    cdef qqMode_t cmode = <qqMode_t>_enum(func, "mode", mode, _MODES)
+    st = qqQqmmParamsInit(&qp, cmode)
+    _check(st)
+    _quant_params(func, &qp.quant, mode, group_size, bits, rounding, "linear", fp8_format)
+    qp.x_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", x_layout, _LAYOUTS)
+    qp.w_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", w_layout, _LAYOUTS)
+    out_dtype = _dtype_arg(func, dtype)
+    cdef _Call call = _Call(func, x, "x", stream)
+    result = None
+    try:
+        vx = call.view(x, "x")
+        vxs = call.view(x_scales, "x_scales")
+        voff = call.view(offsets, "offsets")
+        vw = call.view(w, "w")
+        vws = call.view(scales, "scales")
+        vgx = call.view(call.scalar(global_scale_x, "global_scale_x"), "global_scale_x")
+        vgw = call.view(global_scale_w, "global_scale_w")
+        if out is None:
+            if out_dtype is None:
+                x_dt = vx.dtype_name()
+                out_dtype = x_dt if (not x_is_q and x_dt in _FLOAT_DTYPES) else "bfloat16"
+            x_shape, w_shape = vx.shape, vw.shape
+            if len(x_shape) != 2 or len(w_shape) != 3:
+                raise ValueError(f"{func}: x must be [T, K] and w [E, N, K]; got x {tuple(x_shape)}, "
+                                 f"w {tuple(w_shape)}")
+            result, vo = call.empty((x_shape[0], w_shape[1]), out_dtype, "out")
+        else:
+            vo = _out_view(call, out, out_dtype)
+        tx, txs, toff, tw, tws = _t(vx), _t(vxs), _t(voff), _t(vw), _t(vws)
+        tgx, tgw, to = _t(vgx), _t(vgw), _t(vo)
+        s = call.cstream()
+        with nogil:
+            st = qqGroupedQqmm(NULL, tx, txs, toff, tw, tws, &qp, tgx, tgw, to, s)
+        _check(st)
+        call.finish()
+    finally:
+        call.release()
+    return out if out is not None else call.result(result)
+
+
+def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=None,
+                     bits=None, mode="affine", *, global_scale=None, bias=None,
+                     scale_layout="linear", fp8_format="e4m3", dtype=None, out=None,
+                     stream=None):
+    """Weight-only matmul: x @ W.T (transpose=True, w packed [..., N, K*bits/8]) or x @ W
+    (transpose=False, w packed [..., K, N*bits/8], groups along N as in MLX), with
+    W = dequantize(w, ...). x is float [..., M, K]; batch axes broadcast; bias [N] is
+    added; fp32 accumulation. dtype default: x's dtype.
+    """
+    cdef str func = "quantized_matmul"
+    cdef _View vx, vw, vs, vb, vg, vbias, vo
+    cdef qqQuantParams_t p
+    cdef qqStatus_t st
+    cdef DLTensor *tx
+    cdef DLTensor *tw
+    cdef DLTensor *ts
+    cdef DLTensor *tb
+    cdef DLTensor *tg
+    cdef DLTensor *tbias
+    cdef DLTensor *to
+    cdef void* s
+    cdef int ctranspose = 1 if transpose else 0
+    (w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format,
+     w_logical) = _unpack_weight(func, w, scales, biases, global_scale, mode, group_size,
+                                bits, scale_layout, fp8_format)
+    _quant_params(func, &p, mode, group_size, bits, "ceil", scale_layout, fp8_format)
+    out_dtype = _dtype_arg(func, dtype)
+    cdef _Call call = _Call(func, x, "x", stream)
+    result = None
+    try:
+        vx = call.view(x, "x")
+        vw = call.view(w, "w")
+        vs = call.view(scales, "scales")
+        vb = call.view(biases, "biases")
+        vg = call.view(call.scalar(global_scale, "global_scale"), "global_scale")
+        vbias = call.view(bias, "bias")
+        if out is None:
+            w_shape = vw.shape
+            if ctranspose:
+                n = w_shape[-2] if len(w_shape) >= 2 else 0         # w [..., N, K*bits/8]
+            elif w_logical is not None:
+                n = w_logical[-1]                                   # W [..., K, N]
+            else:
+                n = _unpacked_last(func, "w", &p, w_shape)
+            result, vo = call.empty(_matmul_shape(func, vx.shape, w_shape, n),
+                                    out_dtype or vx.float_dtype(), "out")
+        else:
+            vo = _out_view(call, out, out_dtype)
+        tx, tw, ts, tb = _t(vx), _t(vw), _t(vs), _t(vb)
+        tg, tbias, to = _t(vg), _t(vbias), _t(vo)
+        s = call.cstream()
+        with nogil:
+            st = qqQuantizedMatmul(NULL, tx, tw, ts, tb, &p, ctranspose, tg, tbias, to, s)
+        _check(st)
+        call.finish()
+    finally:
+        call.release()
+    return out if out is not None else call.result(result)

@@ -1,0 +1,268 @@
+# _ops_quantize.pxi - included by _qq.pyx (one extension module, one file per job).
+# Operations: quantize, quantize_colwise, quantize_moe, dequantize.
+
+# =========================================================================================
+# Operations
+# =========================================================================================
+
+def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
+             rounding="ceil", scale_layout="linear", fp8_format="e4m3", stream=None):
+    """Quantize x [..., K] along its last axis; returns a QuantizedArray.
+
+    mode: "affine" (default; group_size 64, bits 4), "nvfp4", "mxfp4" or "mxfp8".
+    global_scale (nvfp4 only): a float32 array of one element (conventionally qq.amax(x))
+    or a Python float. rounding ("ceil" | "floor"): UE8M0 scales of mxfp4/mxfp8.
+    scale_layout ("linear" | "blocked"; blocked for fp modes only). fp8_format ("e4m3" |
+    "e5m2"): mxfp8 elements. See docs/api.md.
+    """
+    cdef str func = "quantize"
+    cdef _View vx, vg, vd, vs, vb
+    cdef qqQuantParams_t p
+    cdef qqStatus_t st
+    cdef DLTensor *tx
+    cdef DLTensor *tg
+    cdef DLTensor *td
+    cdef DLTensor *ts
+    cdef DLTensor *tb
+    cdef void* s
+    _quant_params(func, &p, mode, group_size, bits, rounding, scale_layout, fp8_format)
+    cdef _Call call = _Call(func, x, "x", stream)
+    biases = None
+    try:
+        vx = call.view(x, "x")
+        global_scale = call.scalar(global_scale, "global_scale")
+        vg = call.view(global_scale, "global_scale")
+        data_shape, scales_shape = _quantized_shapes(func, &p, vx.shape)
+        # fp scales are E4M3 / UE8M0 bytes; affine scales and biases have x's dtype.
+        scale_dtype = vx.float_dtype() if p.mode == QQ_MODE_AFFINE else "uint8"
+        data, vd = call.empty(data_shape, "uint8", "data")
+        scales, vs = call.empty(scales_shape, scale_dtype, "scales")
+        vb = None
+        if p.mode == QQ_MODE_AFFINE:
+            biases, vb = call.empty(scales_shape, scale_dtype, "biases")
+        tx, tg, td, ts, tb = _t(vx), _t(vg), _t(vd), _t(vs), _t(vb)
+        s = call.cstream()
+        with nogil:
+            st = qqQuantize(NULL, tx, &p, tg, td, ts, tb, s)
+        _check(st)
+        call.finish()
+        x_shape = vx.shape
+    finally:
+        call.release()
+    return QuantizedArray(call.result(data), call.result(scales), call.result(biases),
+                          mode=mode, group_size=p.group_size, bits=p.bits,
+                          global_scale=global_scale, rounding=rounding,
+                          scale_layout=scale_layout, fp8_format=fp8_format, shape=x_shape)
+
+
+def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
+                     rounding="ceil", scale_layout="linear", fp8_format="e4m3", rowwise=False,
+                     stream=None):
+    """Quantize x [..., M, K] along its second-to-last axis (groups of rows of each column:
+    the operand of a backward-pass GEMM) without materializing x^T.
+
+    Returns the QuantizedArray of x^T [..., K, M] (exactly what quantize(x^T) gives).
+    rowwise=True also quantizes x along its last axis from the same read and returns the
+    pair (quantize(x), quantize_colwise(x)). Parameters as in quantize().
+    """
+    cdef str func = "quantize_colwise"
+    cdef _View vx, vg, vd, vs, vb, vrd, vrs, vrb
+    cdef qqQuantParams_t p
+    cdef qqStatus_t st
+    cdef DLTensor *tx
+    cdef DLTensor *tg
+    cdef DLTensor *td
+    cdef DLTensor *ts
+    cdef DLTensor *tb
+    cdef DLTensor *trd
+    cdef DLTensor *trs
+    cdef DLTensor *trb
+    cdef void* s
+    _quant_params(func, &p, mode, group_size, bits, rounding, scale_layout, fp8_format)
+    cdef _Call call = _Call(func, x, "x", stream)
+    biases = rdata = rscales = rbiases = None
+    try:
+        vx = call.view(x, "x")
+        global_scale = call.scalar(global_scale, "global_scale")
+        vg = call.view(global_scale, "global_scale")
+        xs = vx.shape
+        if len(xs) < 2:
+            raise ValueError(f"{func}: argument 'x' has shape {xs}; expected [..., M, K]")
+        t_shape = xs[:-2] + (xs[-1], xs[-2])
+        data_shape, scales_shape = _quantized_shapes(func, &p, t_shape, "M")
+        scale_dtype = vx.float_dtype() if p.mode == QQ_MODE_AFFINE else "uint8"
+        data, vd = call.empty(data_shape, "uint8", "data_t")
+        scales, vs = call.empty(scales_shape, scale_dtype, "scales_t")
+        vb = vrd = vrs = vrb = None
+        if p.mode == QQ_MODE_AFFINE:
+            biases, vb = call.empty(scales_shape, scale_dtype, "biases_t")
+        if rowwise:
+            rdata_shape, rscales_shape = _quantized_shapes(func, &p, xs)
+            rdata, vrd = call.empty(rdata_shape, "uint8", "data")
+            rscales, vrs = call.empty(rscales_shape, scale_dtype, "scales")
+            if p.mode == QQ_MODE_AFFINE:
+                rbiases, vrb = call.empty(rscales_shape, scale_dtype, "biases")
+        tx, tg, td, ts, tb = _t(vx), _t(vg), _t(vd), _t(vs), _t(vb)
+        trd, trs, trb = _t(vrd), _t(vrs), _t(vrb)
+        s = call.cstream()
+        with nogil:
+            st = qqQuantizeColwise(NULL, tx, &p, tg, td, ts, tb, trd, trs, trb, s)
+        _check(st)
+        call.finish()
+    finally:
+        call.release()
+    col = QuantizedArray(call.result(data), call.result(scales), call.result(biases),
+                         mode=mode, group_size=p.group_size, bits=p.bits,
+                         global_scale=global_scale, rounding=rounding,
+                         scale_layout=scale_layout, fp8_format=fp8_format, shape=t_shape)
+    if not rowwise:
+        return col
+    row = QuantizedArray(call.result(rdata), call.result(rscales), call.result(rbiases),
+                         mode=mode, group_size=p.group_size, bits=p.bits,
+                         global_scale=global_scale, rounding=rounding,
+                         scale_layout=scale_layout, fp8_format=fp8_format, shape=xs)
+    return row, col
+
+
+def _swap_last_two(a):
+    """A view of `a` with its last two axes swapped, in a's own framework."""
+    if hasattr(a, "transpose") and type(a).__module__.split(".")[0] in ("numpy", "cupy"):
+        return a.transpose(tuple(range(a.ndim - 2)) + (a.ndim - 1, a.ndim - 2))
+    if type(a).__module__.split(".")[0] == "torch":
+        return a.transpose(-2, -1)
+    jnp = sys.modules.get("jax.numpy")
+    if jnp is not None:
+        return jnp.swapaxes(a, -2, -1)
+    return a
+
+
+def quantize_moe(w, scaling="32x1", *, rounding="ceil", scale_layout="linear", fp8_format="e4m3",
+                 stream=None):
+    """MXFP8 quantization of MoE expert weights w [E, D1, D2] along D1 (DESIGN.md section 3).
+
+    scaling "32x1": one scale per 32 consecutive D1 elements at each D2 index; "32x32": one
+    per 32x32 tile, so one quantization serves the forward GEMM and the transposed backward
+    GEMM. w may be row-major or the transposed view of an [E, D2, D1] tensor (stride 1 on
+    dim 1). Returns (data, scales): data uint8 [E, D1, D2], column-major per expert (strides
+    (D1*D2, 1, D1)); scales linear [E, D1/32, D2] (32x1) or [E, D1/32, D2/32] (32x32), or
+    blocked [E, roundup(D2,128), roundup(D1/32,4)] (the 32x32 scale replicated on its rows).
+    rounding "ceil" (default) or "floor"; fp8_format "e4m3" or "e5m2".
+    """
+    cdef str func = "quantize_moe"
+    cdef _View vx, vd, vs
+    cdef qqQuantParams_t p
+    cdef qqStatus_t st
+    cdef DLTensor *tx
+    cdef DLTensor td
+    cdef DLTensor *ts
+    cdef int64_t dshape[3]
+    cdef int64_t dstrides[3]
+    cdef void* s
+    cdef qqMoeScaling_t sc
+    if scaling == "32x1":
+        sc = QQ_MOE_32X1
+    elif scaling == "32x32":
+        sc = QQ_MOE_32X32
+    else:
+        raise ValueError(f"{func}: scaling={scaling!r} is not supported; expected '32x1' or '32x32'")
+    _quant_params(func, &p, "mxfp8", None, None, rounding, scale_layout, fp8_format)
+    cdef _Call call = _Call(func, w, "w", stream)
+    try:
+        vx = call.view(w, "w")
+        ws = vx.shape
+        if len(ws) != 3 or ws[1] % 32 or ws[2] % 32:
+            raise ValueError(f"{func}: argument 'w' has shape {ws}; expected [E, D1, D2] with D1 "
+                             f"and D2 multiples of 32")
+        E, D1, D2 = ws
+        # data is written column-major per expert: allocate [E, D2, D1] and hand libqq
+        # the [E, D1, D2] view of it with strides (D1*D2, 1, D1).
+        data_t, vd = call.empty((E, D2, D1), "uint8", "data")
+        if p.scale_layout == QQ_SCALE_BLOCKED:
+            sshape = (E, -(-D2 // 128) * 128, -(-(D1 // 32) // 4) * 4)
+        else:
+            sshape = (E, D1 // 32, D2 // 32 if sc == QQ_MOE_32X32 else D2)
+        scales, vs = call.empty(sshape, "uint8", "scales")
+        td = vd.tensor
+        dshape[0], dshape[1], dshape[2] = E, D1, D2
+        dstrides[0], dstrides[1], dstrides[2] = D1 * D2, 1, D1
+        td.shape = dshape
+        td.strides = dstrides
+        tx, ts = _t(vx), _t(vs)
+        s = call.cstream()
+        with nogil:
+            st = qqQuantizeMoe(NULL, tx, &p, sc, &td, ts, s)
+        _check(st)
+        call.finish()
+    finally:
+        call.release()
+    return _swap_last_two(call.result(data_t)), call.result(scales)
+
+
+def _unpack_weight(func, w, scales, biases, global_scale, mode, group_size, bits,
+                   scale_layout, fp8_format):
+    """The packed weight `w` of dequantize / quantized_matmul and its parameters, taken
+    from a QuantizedArray when `w` is one (explicit arguments must agree with it), else as
+    given. Returns (w, scales, biases, global_scale, mode, group_size, bits, scale_layout,
+    fp8_format, logical_shape or None)."""
+    if not isinstance(w, QuantizedArray):
+        return (w, scales, biases, global_scale, mode, group_size, bits, scale_layout,
+                fp8_format, None)
+    qa = w
+    return (qa.data,
+            _take_array(func, "scales", scales, qa.scales, "w", "scales"),
+            _take_array(func, "biases", biases, qa.biases, "w", "biases"),
+            _take_array(func, "global_scale", global_scale, qa.global_scale, "w", "global_scale"),
+            _take(func, "mode", mode, "affine", qa.mode, "w"),
+            _take(func, "group_size", group_size, None, qa.group_size, "w"),
+            _take(func, "bits", bits, None, qa.bits, "w"),
+            _take(func, "scale_layout", scale_layout, "linear", qa.scale_layout, "w"),
+            _take(func, "fp8_format", fp8_format, "e4m3", qa.fp8_format, "w"),
+            qa.shape)
+
+
+def dequantize(w, scales=None, biases=None, group_size=None, bits=None, mode="affine", *,
+               global_scale=None, scale_layout="linear", fp8_format="e4m3", dtype=None,
+               out=None, stream=None):
+    """Dequantize packed w [..., K*bits/8] (or a QuantizedArray) to [..., K].
+
+    dtype: "bfloat16" (default), "float16" or "float32", or a NumPy / framework dtype.
+    out: a writable, compact array of the result's shape and dtype (returned).
+    """
+    cdef str func = "dequantize"
+    cdef _View vw, vs, vb, vg, vo
+    cdef qqQuantParams_t p
+    cdef qqStatus_t st
+    cdef DLTensor *tw
+    cdef DLTensor *ts
+    cdef DLTensor *tb
+    cdef DLTensor *tg
+    cdef DLTensor *to
+    cdef void* s
+    (w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format,
+     logical_shape) = _unpack_weight(func, w, scales, biases, global_scale, mode, group_size,
+                                bits, scale_layout, fp8_format)
+    _quant_params(func, &p, mode, group_size, bits, "ceil", scale_layout, fp8_format)
+    out_dtype = _dtype_arg(func, dtype)
+    cdef _Call call = _Call(func, w, "w", stream)
+    result = None
+    try:
+        vw = call.view(w, "w")
+        vs = call.view(scales, "scales")
+        vb = call.view(biases, "biases")
+        vg = call.view(call.scalar(global_scale, "global_scale"), "global_scale")
+        if out is None:
+            if logical_shape is None:
+                w_shape = vw.shape
+                logical_shape = w_shape[:-1] + (_unpacked_last(func, "w", &p, w_shape),)
+            result, vo = call.empty(tuple(logical_shape), out_dtype or "bfloat16", "out")
+        else:
+            vo = _out_view(call, out, out_dtype)
+        tw, ts, tb, tg, to = _t(vw), _t(vs), _t(vb), _t(vg), _t(vo)
+        s = call.cstream()
+        with nogil:
+            st = qqDequantize(NULL, tw, ts, tb, &p, tg, to, s)
+        _check(st)
+        call.finish()
+    finally:
+        call.release()
+    return out if out is not None else call.result(result)

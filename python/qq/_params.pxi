@@ -1,0 +1,140 @@
+# _params.pxi - included by _qq.pyx (one extension module, one file per job).
+# Parameters and dtypes: string arguments -> the C enums (validated once, cached).
+
+# =========================================================================================
+# Parameters and dtypes
+# =========================================================================================
+
+_MODES = {"affine": QQ_MODE_AFFINE, "nvfp4": QQ_MODE_NVFP4, "mxfp4": QQ_MODE_MXFP4,
+          "mxfp8": QQ_MODE_MXFP8}
+_ROUNDINGS = {"ceil": QQ_ROUNDING_CEIL, "floor": QQ_ROUNDING_FLOOR}
+_LAYOUTS = {"linear": QQ_SCALE_LINEAR, "blocked": QQ_SCALE_BLOCKED}
+_FP8_FORMATS = {"e4m3": QQ_FP8_E4M3, "e5m2": QQ_FP8_E5M2}
+# qqmm's route= (qq.h qqRoute_t; the names are qqGetRouteString's).
+_ROUTES = {"auto": QQ_ROUTE_AUTO, "cpu": QQ_ROUTE_CPU, "exact": QQ_ROUTE_EXACT,
+           "blockscaled": QQ_ROUTE_BLOCKSCALED, "qmma": QQ_ROUTE_QMMA, "qmv": QQ_ROUTE_QMV}
+
+# Float dtypes libqq reads and writes; results are created in one of these or uint8.
+_FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1}
+
+
+cdef int _enum(str func, str arg, value, dict table) except -1:
+    if not isinstance(value, str):
+        raise TypeError(f"{func}: {arg}: expected a string, one of {', '.join(map(repr, table))}; "
+                        f"got {type(value).__name__} {value!r}")
+    try:
+        return table[value]
+    except KeyError:
+        raise ValueError(f"{func}: {arg}: expected one of {', '.join(map(repr, table))}; "
+                         f"got {value!r}") from None
+
+
+cdef int _int_arg(str func, str arg, value) except? -1:
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{func}: {arg}: expected an int or None, got "
+                        f"{type(value).__name__} {value!r}") from None
+    if not -2**31 <= v < 2**31:
+        raise ValueError(f"{func}: {arg}: {v} is out of range (see docs/api.md for the values "
+                         f"each mode takes)")
+    return v
+
+
+# Resolved and validated parameters per (mode, group_size, bits, rounding, scale_layout,
+# fp8_format): a call with parameters seen before costs one dict lookup and a copy.
+cdef dict _PARAMS_CACHE = {}
+
+
+cdef int _quant_params(str func, qqQuantParams_t* p, mode, group_size, bits, rounding,
+                       scale_layout, fp8_format) except -1:
+    """Fill *p: the mode's defaults (qqQuantParamsInit), then every explicit parameter,
+    validated by libqq (so that a bad group_size or bits is named as such, not as a shape
+    error of whatever array is read first).
+
+    After this, p.group_size and p.bits hold the effective values (None -> the default),
+    which is what QuantizedArray records.
+    """
+    key = (mode, group_size, bits, rounding, scale_layout, fp8_format)
+    cdef bytes cached
+    try:
+        cached = _PARAMS_CACHE.get(key)
+    except TypeError:               # an unhashable argument: no cache, the checks below name it
+        cached = None
+    if cached is not None:
+        memcpy(p, <const char*>cached, sizeof(qqQuantParams_t))
+        return 0
+    cdef qqStatus_t st = qqQuantParamsInit(p, <qqMode_t>_enum(func, "mode", mode, _MODES))
+    _check(st)
+    if group_size is not None:
+        p.group_size = _int_arg(func, "group_size", group_size)
+        if p.group_size <= 0:
+            raise ValueError(f"{func}: group_size: {p.group_size} is not a group size; pass None "
+                             f"for the mode's default ({mode!r}: docs/api.md)")
+    if bits is not None:
+        p.bits = _int_arg(func, "bits", bits)
+        if p.bits <= 0:
+            raise ValueError(f"{func}: bits: {p.bits} is not a bit width; pass None for the "
+                             f"mode's default ({mode!r}: docs/api.md)")
+    p.rounding = <qqRounding_t>_enum(func, "rounding", rounding, _ROUNDINGS)
+    p.scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", scale_layout, _LAYOUTS)
+    p.fp8_format = <qqFp8Format_t>_enum(func, "fp8_format", fp8_format, _FP8_FORMATS)
+    # libqq validates the combination (qqQuantizedShapes of one group's worth of x).
+    cdef int64_t xs = p.group_size
+    cdef int64_t ds, ss[2]
+    cdef int sn = 0
+    st = qqQuantizedShapes(p, 1, &xs, &ds, ss, &sn)
+    if st != QQ_STATUS_SUCCESS:
+        msg = qqGetLastErrorMessage().decode("utf-8", "replace").replace("quantized_shapes:", f"{func}:", 1)
+        raise ValueError(msg)
+    if len(_PARAMS_CACHE) < 256:
+        _PARAMS_CACHE[key] = (<char*>p)[:sizeof(qqQuantParams_t)]
+    return 0
+
+
+cdef str _dtype_arg(str func, dtype):
+    """The `dtype=` argument as one of _FLOAT_DTYPES, or None when not given."""
+    if dtype is None:
+        return None
+    name = None
+    if isinstance(dtype, str):
+        name = dtype[6:] if dtype.startswith("torch.") else dtype
+    elif (type(dtype).__module__ or "").startswith("torch"):
+        name = str(dtype).rpartition(".")[2]        # torch.bfloat16 -> "bfloat16"
+    else:
+        try:                                         # NumPy, ml_dtypes, JAX and CuPy dtypes
+            name = np.dtype(dtype).name
+        except TypeError:
+            pass
+    if name not in _FLOAT_DTYPES:
+        raise TypeError(f"{func}: dtype: expected 'float32', 'float16' or 'bfloat16' (or the "
+                        f"matching NumPy / framework dtype), got {dtype!r}")
+    return name
+
+
+# NumPy dtype name -> DLPack (type code, bits). ml_dtypes' bfloat16 / float8 types are
+# NumPy "void"-kind dtypes, recognised by name only; every other dtype maps by its kind
+# so that libqq, not this table, decides what an operation accepts.
+_NUMPY_TO_DL = {
+    "float32": (kDLFloat, 32), "float16": (kDLFloat, 16), "bfloat16": (kDLBfloat, 16),
+    "uint8": (kDLUInt, 8), "int8": (kDLInt, 8), "int32": (kDLInt, 32),
+    "float8_e4m3fn": (kDLFloat8_e4m3fn, 8), "float8_e5m2": (kDLFloat8_e5m2, 8),
+    "float8_e8m0fnu": (kDLFloat8_e8m0fnu, 8), "float8_e4m3fnuz": (kDLFloat8_e4m3fnuz, 8),
+    "float8_e5m2fnuz": (kDLFloat8_e5m2fnuz, 8), "float8_e4m3b11fnuz": (kDLFloat8_e4m3b11fnuz, 8),
+    "float8_e3m4": (kDLFloat8_e3m4, 8), "float8_e4m3": (kDLFloat8_e4m3, 8),
+}
+_KIND_TO_DL = {"f": kDLFloat, "i": kDLInt, "u": kDLUInt, "b": kDLBool, "c": kDLComplex}
+
+# DLPack (type code, bits) -> the name we use for output dtypes (floats and uint8 only).
+_DL_TO_NAME = {(kDLFloat, 32): "float32", (kDLFloat, 16): "float16",
+               (kDLBfloat, 16): "bfloat16", (kDLUInt, 8): "uint8"}
+_DL_TO_NAME_CODES = {"float32": (kDLFloat, 32), "float16": (kDLFloat, 16),
+                     "bfloat16": (kDLBfloat, 16), "uint8": (kDLUInt, 8)}
+
+
+cdef object _numpy_dtype(str name):
+    if name == "bfloat16":
+        import ml_dtypes                            # a dependency of qq; NumPy has no bfloat16
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)

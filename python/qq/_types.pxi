@@ -1,0 +1,240 @@
+# _types.pxi - included by _qq.pyx (one extension module, one file per job).
+# Shapes (asked of libqq), QuantizedArray, PreparedWeight and prepare_weight.
+
+# =========================================================================================
+# Shapes (libqq computes them; Python only asks)
+# =========================================================================================
+
+cdef tuple _quantized_shapes(str func, const qqQuantParams_t* p, tuple x_shape, str axis="K"):
+    """(data_shape, scales_shape) of quantize(x) for x of shape x_shape, from
+    qqQuantizedShapes. `axis` names the caller's quantized axis in a K/group error
+    (quantize_colwise quantizes along M)."""
+    cdef int64_t xs[_MAX_NDIM]
+    cdef int64_t ds[_MAX_NDIM]
+    cdef int64_t ss[_MAX_NDIM + 1]
+    cdef int nd = len(x_shape)
+    cdef int sn = 0
+    cdef int i
+    cdef qqStatus_t st
+    if nd > _MAX_NDIM:
+        raise ValueError(f"{func}: {nd} dimensions; at most {_MAX_NDIM} are supported")
+    for i in range(nd):
+        xs[i] = x_shape[i]
+    with nogil:
+        st = qqQuantizedShapes(p, nd, xs, ds, ss, &sn)
+    try:
+        _check(st)
+    except ValueError as e:         # the message is about the caller's operation, not this helper
+        msg = str(e).replace("quantized_shapes:", f"{func}:", 1)
+        if axis != "K":
+            msg = msg.replace(" K=", f" {axis}=").replace("pad K", f"pad {axis}")
+        raise ValueError(msg) from None
+    return tuple([ds[i] for i in range(nd)]), tuple([ss[i] for i in range(sn)])
+
+
+cdef int64_t _unpacked_last(str func, str name, const qqQuantParams_t* p, tuple data_shape) except -1:
+    """The logical (float) length of packed data's last axis: the K whose quantized data
+    has data_shape's last axis, checked through qqQuantizedShapes."""
+    if len(data_shape) == 0:
+        raise ValueError(f"{func}: {name}: expected packed data with at least one axis, got a "
+                         f"0-d array")
+    if p.bits <= 0:
+        raise QQError(f"{func}: qqQuantParamsInit left bits={p.bits}; please report this bug")
+    nbytes = data_shape[-1]
+    if nbytes * 8 % p.bits != 0:
+        raise ValueError(f"{func}: {name}: the last axis holds {nbytes} bytes, which is not a "
+                         f"whole number of {p.bits}-bit values")
+    k = nbytes * 8 // p.bits
+    try:
+        ds, _ = _quantized_shapes(func, p, data_shape[:-1] + (k,))
+    except ValueError as e:
+        raise ValueError(f"{func}: {name}: packed data with {nbytes} bytes per row holds "
+                         f"K={k} values of {p.bits} bits, which no quantize call produces: "
+                         f"{e}") from None
+    if ds[-1] != nbytes:
+        raise ValueError(f"{func}: {name}: the last axis holds {nbytes} bytes, but K={k} "
+                         f"values of {p.bits} bits pack into {ds[-1]} bytes")
+    return k
+
+
+cdef tuple _matmul_shape(str func, tuple x_shape, tuple w_shape, int64_t n):
+    """[..., M, N] for x [..., M, K] and w [..., N or K, ...]: batch axes broadcast as in
+    NumPy; a 1-D x [K] gives [..., N]."""
+    if len(x_shape) < 1:
+        raise ValueError(f"{func}: x: expected [..., M, K], got a 0-d array")
+    if len(w_shape) < 2:
+        raise ValueError(f"{func}: w: expected at least 2 dimensions, got shape {w_shape}")
+    if len(x_shape) == 1:
+        return tuple(w_shape[:-2]) + (n,)
+    try:
+        batch = tuple(np.broadcast_shapes(x_shape[:-2], w_shape[:-2]))
+    except ValueError:
+        raise ValueError(f"{func}: the batch axes of x {x_shape[:-2]} and w {w_shape[:-2]} do "
+                         f"not broadcast") from None
+    return batch + (x_shape[-2], n)
+
+
+# =========================================================================================
+# QuantizedArray
+# =========================================================================================
+
+cdef object _take(str func, str arg, given, default, qa_value, str qa_name):
+    """An explicit argument next to a QuantizedArray must agree with it. An argument left
+    at its default (or None) takes the QuantizedArray's value."""
+    if given is None or given == default or given == qa_value:
+        return qa_value
+    raise ValueError(f"{func}: {arg}={given!r} contradicts {qa_name}.{arg}={qa_value!r}; "
+                     f"leave {arg} out to use the QuantizedArray's value")
+
+
+cdef object _take_array(str func, str arg, given, qa_value, str qa_name, str qa_field):
+    if given is None or given is qa_value:
+        return qa_value
+    raise ValueError(f"{func}: {arg} was given both as an argument and as {qa_name}.{qa_field} "
+                     f"(a QuantizedArray); pass it once")
+
+
+def _array_summary(a):
+    if a is None:
+        return "None"
+    mod = (type(a).__module__ or "").partition(".")[0]
+    shape = tuple(getattr(a, "shape", ()))
+    return f"<{mod} {getattr(a, 'dtype', '?')} {shape}>"
+
+
+class QuantizedArray:
+    """The result of qq.quantize: packed data, scales and (affine) biases with the
+    parameters that produced them.
+
+    Unpacks like MLX's result: ``data, scales = qq.quantize(w, mode="nvfp4")`` and
+    ``data, scales, biases = qq.quantize(w)`` (affine); len() is 2 or 3 accordingly.
+    Every qq function accepts it wherever it takes packed data and reads scales, biases,
+    mode, group_size, bits, global_scale, scale_layout and fp8_format from it.
+
+    Fields: data, scales, biases (None unless affine), mode, group_size, bits,
+    global_scale (an array or None), rounding, scale_layout, fp8_format, and shape (the
+    logical float shape, a tuple of ints).
+    """
+    __slots__ = ("data", "scales", "biases", "mode", "group_size", "bits", "global_scale",
+                 "rounding", "scale_layout", "fp8_format", "shape")
+
+    def __init__(self, data, scales, biases=None, *, mode="affine", group_size=None,
+                 bits=None, global_scale=None, rounding="ceil", scale_layout="linear",
+                 fp8_format="e4m3", shape=None):
+        cdef qqQuantParams_t p
+        func = "QuantizedArray"
+        _quant_params(func, &p, mode, group_size, bits, rounding, scale_layout, fp8_format)
+        if mode == "affine" and biases is None:
+            raise ValueError(f"{func}: biases: affine mode needs biases")
+        if mode != "affine" and biases is not None:
+            raise ValueError(f"{func}: biases: mode {mode!r} has no biases")
+        if global_scale is not None and mode != "nvfp4":
+            raise ValueError(f"{func}: global_scale: only nvfp4 has a global scale, got mode {mode!r}")
+        if shape is None:
+            data_shape = tuple(int(d) for d in data.shape)
+            shape = data_shape[:-1] + (_unpacked_last(func, "data", &p, data_shape),)
+        self.data = data
+        self.scales = scales
+        self.biases = biases
+        self.mode = mode
+        self.group_size = p.group_size
+        self.bits = p.bits
+        self.global_scale = global_scale
+        self.rounding = rounding
+        self.scale_layout = scale_layout
+        self.fp8_format = fp8_format
+        self.shape = tuple(int(d) for d in shape)
+
+    def __len__(self):
+        return 3 if self.mode == "affine" else 2
+
+    def __iter__(self):
+        yield self.data
+        yield self.scales
+        if self.mode == "affine":
+            yield self.biases
+
+    def __getitem__(self, index):
+        return tuple(self)[index]
+
+    def __repr__(self):
+        parts = [f"mode={self.mode!r}", f"shape={self.shape}", f"group_size={self.group_size}",
+                 f"bits={self.bits}", f"scale_layout={self.scale_layout!r}"]
+        if self.mode in ("mxfp4", "mxfp8"):
+            parts.append(f"rounding={self.rounding!r}")
+        if self.mode == "mxfp8":
+            parts.append(f"fp8_format={self.fp8_format!r}")
+        if self.mode == "nvfp4":
+            parts.append(f"global_scale={_array_summary(self.global_scale)}")
+        parts.append(f"data={_array_summary(self.data)}")
+        parts.append(f"scales={_array_summary(self.scales)}")
+        if self.mode == "affine":
+            parts.append(f"biases={_array_summary(self.biases)}")
+        return f"QuantizedArray({', '.join(parts)})"
+
+
+class PreparedWeight:
+    """A qqmm weight kept in the form the current device multiplies fastest (from
+    qq.prepare_weight): the QuantizedArray, plus - where qqmm dequantizes to bfloat16
+    (Hopper, Ampere, the CPU) - q(w)'s exact values in bfloat16 without the global scale,
+    so that no call dequantizes w again. qq.qqmm picks the form per call: the packed one
+    for small M (the weight-only kernel reads it once), the values otherwise.
+
+    Fields: quantized (QuantizedArray), values (bfloat16 [N, K] or None), mode,
+    global_scale, shape.
+    """
+    __slots__ = ("quantized", "values", "mode", "global_scale", "shape")
+
+    def __init__(self, quantized, values):
+        self.quantized = quantized
+        self.values = values
+        self.mode = quantized.mode
+        self.global_scale = quantized.global_scale
+        self.shape = quantized.shape
+
+    def __repr__(self):
+        return (f"PreparedWeight(mode={self.mode!r}, shape={self.shape}, "
+                f"values={_array_summary(self.values)}, quantized={self.quantized!r})")
+
+
+def _blockscaled_device(w):
+    """True when qqmm runs on block-scaled tensor cores for arrays like w (Blackwell)."""
+    dev = w.__dlpack_device__() if hasattr(w, "__dlpack_device__") else (kDLCPU, 0)
+    if int(dev[0]) not in (kDLCUDA, kDLCUDAManaged):
+        return False
+    major, minor = device_capability(int(dev[1]))
+    return major in (10, 11, 12)    # as blockscaled_arch in libqq/src/cuda/qqmm.cu
+
+
+def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_format="e4m3",
+                   stream=None):
+    """Quantize a qqmm weight once and keep what qqmm needs per call (a PreparedWeight).
+
+    w: float [N, K] (quantized here with mode, global_scale, rounding, fp8_format, blocked
+    scales) or a QuantizedArray. On GPUs without block-scaled tensor cores (and on the
+    CPU) the result also holds q(w)'s exact bfloat16 values, which costs 2 bytes per
+    element of memory and saves qqmm a dequantization of w per call.
+    """
+    func = "prepare_weight"
+    if isinstance(w, QuantizedArray):
+        qa = w
+    else:
+        if mode == "affine":
+            raise ValueError(f"{func}: mode 'affine' has no qqmm; use qq.quantize and "
+                             f"qq.quantized_matmul for affine weights")
+        try:
+            qa = quantize(w, mode=mode, global_scale=global_scale, rounding=rounding,
+                          scale_layout="blocked", fp8_format=fp8_format, stream=stream)
+        except (ValueError, TypeError) as e:    # name this function, not the one it calls
+            msg = str(e)
+            if msg.startswith("quantize:"):
+                msg = func + ":" + msg[len("quantize:"):].replace("argument 'x'", "argument 'w'")
+            raise type(e)(msg) from None
+    if len(qa.shape) != 2:
+        raise ValueError(f"{func}: w: qqmm weights are [N, K]; got shape {qa.shape}")
+    values = None
+    if not _blockscaled_device(qa.data):
+        values = dequantize(qa.data, qa.scales, group_size=qa.group_size, bits=qa.bits,
+                            mode=qa.mode, scale_layout=qa.scale_layout, fp8_format=qa.fp8_format,
+                            dtype="bfloat16", stream=stream)
+    return PreparedWeight(qa, values)
