@@ -622,6 +622,15 @@ QQ_API qqStatus_t qqDeviceAlloc(int device, size_t bytes, void** ptr, void* stre
   });
 }
 
+QQ_API qqStatus_t qqStreamSynchronize(int device, void* stream) {
+  return guard("qqStreamSynchronize", [&]() -> qqStatus_t {
+    if (device < 0)
+      return set_error(QQ_STATUS_INVALID_VALUE, "qqStreamSynchronize: device %d is not a CUDA device id (>= 0)",
+                       device);
+    return cuda::stream_synchronize(device, stream);
+  });
+}
+
 QQ_API qqStatus_t qqDeviceFree(int device, void* ptr, void* stream) {
   return guard("qqDeviceFree", [&]() -> qqStatus_t {
     if (!ptr) return QQ_STATUS_SUCCESS;

@@ -19,6 +19,7 @@ qqStatus_t create_handle(qqHandle_t*, int) { return no_cuda("qqCreate"); }
 qqStatus_t destroy_handle(qqHandle_t) { return no_cuda("qqDestroy"); }
 qqStatus_t device_alloc(int, size_t, void**, void*) { return no_cuda("qqDeviceAlloc"); }
 qqStatus_t device_free(int, void*, void*) { return no_cuda("qqDeviceFree"); }
+qqStatus_t stream_synchronize(int, void*) { return no_cuda("qqStreamSynchronize"); }
 qqStatus_t copy_to_host(int, const void*, size_t, void*, void*) { return no_cuda("grouped_qqmm"); }
 qqStatus_t quantize(qqHandle_t, const QuantizeArgs&, void*) { return no_cuda("quantize"); }
 qqStatus_t quantize_colwise(qqHandle_t, const ColwiseArgs&, void*) { return no_cuda("quantize_colwise"); }

@@ -210,6 +210,7 @@ qqStatus_t create_handle(qqHandle_t* h, int device);
 qqStatus_t destroy_handle(qqHandle_t h);
 qqStatus_t device_alloc(int device, size_t bytes, void** ptr, void* stream);
 qqStatus_t device_free(int device, void* ptr, void* stream);
+qqStatus_t stream_synchronize(int device, void* stream);
 // Copies `bytes` from device memory to the host after the work queued on
 // `stream` (waits for the stream).
 qqStatus_t copy_to_host(int device, const void* src, size_t bytes, void* dst, void* stream);

@@ -148,3 +148,4 @@ cdef extern from "qq/qq.h" nogil:
 
     qqStatus_t qqDeviceAlloc(int device, size_t bytes, void** ptr, void* stream)
     qqStatus_t qqDeviceFree(int device, void* ptr, void* stream)
+    qqStatus_t qqStreamSynchronize(int device, void* stream)

@@ -387,7 +387,7 @@ cdef class _DeviceBuffer:
         producer = 0 if self.stream == 1 else self.stream
         if consumer == producer:
             return              # same stream: ordered already
-        # Different streams: libqq's C ABI has no event API yet (see _stream_synchronize),
+        # Different streams: libqq's C ABI has no event API (qqStreamSynchronize only),
         # so wait on the host for our stream, which is always safe.
         _stream_synchronize(self.device, self.stream)
         self.synced = True
@@ -435,52 +435,9 @@ def _device_empty(shape, dtype="float32", int device=0):
     return _device_buffer(tuple(int(d) for d in shape), dtype, device, 0)
 
 
-_cuda_driver = None
-
-
 def _stream_synchronize(int device, intptr_t stream):
-    """Block the host until all work queued on `stream` of `device` has finished.
-
-    Stop-gap: qq.h has no stream or event API yet, so this calls the CUDA driver
-    (libcuda.so.1, present wherever a CUDA tensor exists) through ctypes, retaining the
-    device's primary context (the one the CUDA runtime, hence libqq, uses). Replace it
-    by a libqq call once the C ABI has one.
-    """
-    global _cuda_driver
-    import ctypes
-    if _cuda_driver is None:
-        lib = ctypes.CDLL("libcuda.so.1")
-        c_int, c_void_p, POINTER = ctypes.c_int, ctypes.c_void_p, ctypes.POINTER
-        for fname, argtypes in (
-                ("cuInit", [ctypes.c_uint]),
-                ("cuDeviceGet", [POINTER(c_int), c_int]),
-                ("cuDevicePrimaryCtxRetain", [POINTER(c_void_p), c_int]),
-                ("cuDevicePrimaryCtxRelease_v2", [c_int]),
-                ("cuCtxPushCurrent_v2", [c_void_p]),
-                ("cuCtxPopCurrent_v2", [POINTER(c_void_p)]),
-                ("cuStreamSynchronize", [c_void_p])):
-            fn = getattr(lib, fname)
-            fn.argtypes = argtypes
-            fn.restype = c_int
-        _cuda_driver = lib
-    lib = _cuda_driver
-
-    def cu(result, what):
-        if result != 0:
-            raise QQError(f"{what} failed with CUresult {result} while waiting for CUDA stream "
-                          f"{stream:#x} on device {device}")
-
-    dev = ctypes.c_int(0)
-    ctx = ctypes.c_void_p(0)
-    popped = ctypes.c_void_p(0)
-    cu(lib.cuInit(0), "cuInit")
-    cu(lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
-    cu(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-    try:
-        cu(lib.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
-        try:
-            cu(lib.cuStreamSynchronize(ctypes.c_void_p(stream)), "cuStreamSynchronize")
-        finally:
-            lib.cuCtxPopCurrent_v2(ctypes.byref(popped))
-    finally:
-        lib.cuDevicePrimaryCtxRelease_v2(dev)
+    """Block the host until all work queued on `stream` of `device` has finished."""
+    cdef qqStatus_t st
+    with nogil:
+        st = qqStreamSynchronize(device, <void*>stream)
+    _check(st)

@@ -405,6 +405,12 @@ QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x,
 QQ_API qqStatus_t qqDeviceAlloc(int device, size_t bytes, void** ptr, void* stream);
 QQ_API qqStatus_t qqDeviceFree(int device, void* ptr, void* stream);
 
+/* Block the calling host thread until the work queued on `stream` of CUDA
+ * device `device` has finished (cudaStreamSynchronize with the device
+ * current). For bindings whose framework cannot wait on another's stream.
+ * NOT_SUPPORTED in a CPU-only build; INVALID_VALUE for a bad device. */
+QQ_API qqStatus_t qqStreamSynchronize(int device, void* stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -134,6 +134,13 @@ qqStatus_t copy_to_host(int device, const void* src, size_t bytes, void* dst, vo
   });
 }
 
+qqStatus_t stream_synchronize(int device, void* stream) {
+  return on_device(device, [&]() -> qqStatus_t {
+    QQ_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream), "qqStreamSynchronize");
+    return QQ_STATUS_SUCCESS;
+  });
+}
+
 qqStatus_t device_free(int device, void* ptr, void* stream) {
   return on_device(device, [&]() -> qqStatus_t {
     QQ_CUDA_TRY(cudaFreeAsync(ptr, (cudaStream_t)stream), "qqDeviceFree");
