@@ -368,7 +368,7 @@ qqStatus_t expect_shape(Ctx& c, const char* name, const DLTensor* t, int ndim, c
 
 // Outputs (and blocked scales) must be compact row-major.
 qqStatus_t expect_compact(Ctx& c, const char* name, const DLTensor* t) {
-  if (!t->strides) return QQ_STATUS_SUCCESS;
+  if (!t->strides || numel(t) == 0) return QQ_STATUS_SUCCESS;  // empty: strides mean nothing (NumPy gives 0s)
   int64_t s = 1;
   for (int i = t->ndim - 1; i >= 0; --i) {
     if (t->shape[i] != 1 && t->strides[i] != s)
@@ -835,7 +835,7 @@ QQ_API qqStatus_t qqQuantizeMoe(qqHandle_t handle, const DLTensor* x, const qqQu
     m.nb = 1;
     m.bshape[0] = E;
     m.bstride[0] = E == 1 ? 0 : s0;
-    if (s2 == 1 && s1 >= D2) {
+    if ((s2 == 1 && s1 >= D2) || E == 0) {  // (an empty w has no layout: NumPy reports 0 strides)
       m.rows = D1; m.cols = D2; m.ld = s1;
     } else if (s1 == 1 && s2 >= D1) {
       m.rows = D2; m.cols = D1; m.ld = s2;
@@ -1062,6 +1062,13 @@ struct SubTensor {
       strides[i] = stride_of(src, i + off);
     }
     if (!drop) shape[0] = n;
+    if (numel(src) == 0) {  // an empty tensor's strides mean nothing (NumPy reports 0s): compact ones
+      int64_t st = 1;
+      for (int i = t.ndim - 1; i >= 0; --i) {
+        strides[i] = st;
+        st *= shape[i] > 1 ? shape[i] : 1;
+      }
+    }
     t.shape = shape;
     t.strides = strides;
   }

@@ -55,8 +55,12 @@ cdef class _Call:
             anchor = anchor.data
         self.anchor = anchor
         self.fw = _framework_of(anchor)
-        if isinstance(anchor, np.ndarray):
+        if isinstance(anchor, cnp.ndarray):
             dev = (kDLCPU, 0)
+        elif self.fw == "torch" and isinstance(anchor, sys.modules["torch"].Tensor):
+            # (torch's __dlpack_device__ asks is_pinned(), a call into the allocator; pinned
+            # host memory runs on the CPU backend like any CPU tensor)
+            dev = (kDLCUDA, anchor.get_device()) if anchor.is_cuda else (kDLCPU, 0)
         elif isinstance(anchor, _DeviceBuffer):
             dev = (kDLCUDA, (<_DeviceBuffer>anchor).device)
         elif hasattr(anchor, "__dlpack_device__"):
@@ -93,8 +97,7 @@ cdef class _Call:
             self.torch_current = self.fw == "torch"
             return
         if self.fw == "torch":
-            torch = sys.modules["torch"]
-            s = torch.cuda.current_stream(self.dev_id).cuda_stream
+            s = _torch_current_stream(self.dev_id)
             self.torch_current = True
         elif self.fw == "cupy":
             cupy = sys.modules["cupy"]
@@ -112,38 +115,43 @@ cdef class _Call:
     # --- views ---------------------------------------------------------------------------
 
     cdef _View view(self, obj, str name, bint writable=False):
-        """A view of argument `obj` (None -> None), released with the call."""
+        """A view of argument `obj` (None -> None), released with the call. The hot paths
+        (NumPy arrays, torch tensors on the current stream) build no strings and no
+        capsules; the "func: name" prefix of a message is made only when one is raised."""
         if obj is None:
             return None
-        cdef str where = f"{self.func}: {name}"
-        if _framework_of(obj) == "torch" and (obj.is_conj() or obj.is_neg()):
-            # torch's lazy conjugate / negative views (t.conj().imag, t._neg_view()) share
-            # memory holding the un-negated values: read through DLPack they come out as +t.
-            if writable:
-                raise ValueError(f"{where}: the tensor has torch's conjugate or negative bit set "
-                                 f"(a lazy view); results written into it would read back "
-                                 f"negated. Pass a plain tensor (e.g. out.resolve_neg())")
-            obj = obj.resolve_conj().resolve_neg()
         cdef _View v = _View.__new__(_View)
         v.name = name
         self.views.append(v)        # first: whatever the import acquires is released with us
-        if isinstance(obj, np.ndarray):
-            _import_numpy(v, obj, where)
+        if isinstance(obj, cnp.ndarray):
+            _import_numpy(v, obj, self.func, name)
         elif isinstance(obj, _DeviceBuffer):
-            _import_device_buffer(v, <_DeviceBuffer>obj, where)
-        elif self.torch_current and type(obj).__module__ == "torch" and _import_torch(v, obj, where):
-            pass
-        elif hasattr(obj, "__dlpack__"):
-            if writable and _framework_of(obj) == "jax":
-                raise ValueError(f"{where}: JAX arrays are immutable and cannot be written into; "
-                                 f"leave out=None to get a new array")
-            if not writable and _framework_of(obj) == "torch" and obj.requires_grad:
-                obj = obj.detach()      # torch refuses to export tensors that require grad
-            _import_dlpack(v, obj, self.dl_stream, where)
+            _import_device_buffer(v, <_DeviceBuffer>obj, f"{self.func}: {name}")
         else:
-            raise TypeError(_not_an_array(self.func, name, obj))
+            fw = _framework_of(obj)
+            if fw == "torch" and (obj.is_conj() or obj.is_neg()):
+                # torch's lazy conjugate / negative views (t.conj().imag, t._neg_view())
+                # share memory holding the un-negated values: read as is they come out as +t.
+                if writable:
+                    raise ValueError(f"{self.func}: {name}: the tensor has torch's conjugate or "
+                                     f"negative bit set (a lazy view); results written into it "
+                                     f"would read back negated. Pass a plain tensor (e.g. "
+                                     f"out.resolve_neg())")
+                obj = obj.resolve_conj().resolve_neg()
+            if fw == "torch" and self.torch_current and _import_torch(v, obj):
+                pass
+            elif hasattr(obj, "__dlpack__"):
+                if writable and fw == "jax":
+                    raise ValueError(f"{self.func}: {name}: JAX arrays are immutable and cannot be "
+                                     f"written into; leave out=None to get a new array")
+                if not writable and fw == "torch" and obj.requires_grad:
+                    obj = obj.detach()      # torch refuses to export tensors that require grad
+                _import_dlpack(v, obj, self.dl_stream, f"{self.func}: {name}")
+            else:
+                raise TypeError(_not_an_array(self.func, name, obj))
         if writable and v.readonly:
-            raise ValueError(f"{where}: the array is read-only; out= must be a writable array")
+            raise ValueError(f"{self.func}: {name}: the array is read-only; out= must be a "
+                             f"writable array")
         return v
 
     cdef _View out_view(self, obj, str name):
@@ -204,16 +212,13 @@ cdef class _Call:
         cdef _DeviceBuffer b
         if not self.on_gpu:
             if self.fw == "torch":
-                torch = sys.modules["torch"]
-                r = torch.empty(shape, dtype=getattr(torch, dtype))
+                r = _torch_empty(shape, dtype, -1)
             else:
                 # NumPy, and JAX and unknown CPU producers: computed into NumPy (JAX arrays
                 # are immutable), converted by self.result().
-                r = np.empty(shape, dtype=_numpy_dtype(dtype))
+                r = _numpy_empty(shape, dtype)
         elif self.fw == "torch":
-            torch = sys.modules["torch"]
-            r = torch.empty(shape, dtype=getattr(torch, dtype),
-                            device=torch.device("cuda", self.dev_id))
+            r = _torch_empty(shape, dtype, self.dev_id)
         elif self.fw == "cupy":
             r = _cupy_empty(self.func, shape, dtype, self.dev_id)
         else:
@@ -323,3 +328,58 @@ cdef _View _out_view(_Call call, out, str dtype):
         raise ValueError(f"{call.func}: out has dtype {v.dtype_name() or 'unsupported'} but "
                          f"dtype={dtype!r} was asked for")
     return v
+
+
+cdef dict _NP_TYPENUM = {}
+
+
+cdef object _numpy_empty(tuple shape, str dtype):
+    """np.empty(shape, dtype) through NumPy's C API (the type number cached per name)."""
+    cdef int typenum
+    t = _NP_TYPENUM.get(dtype)
+    if t is None:
+        t = _NP_TYPENUM[dtype] = _numpy_dtype(dtype).num
+    typenum = t
+    cdef int nd = len(shape)
+    cdef cnp.npy_intp dims[_MAX_NDIM]
+    cdef int i
+    if nd > _MAX_NDIM:
+        raise ValueError(f"{nd} dimensions; at most {_MAX_NDIM} are supported")
+    for i in range(nd):
+        dims[i] = shape[i]
+    return cnp.PyArray_EMPTY(nd, dims, typenum, 0)
+
+
+cdef dict _TORCH_DTYPES = {}
+cdef dict _TORCH_DEVICES = {}
+
+
+cdef object _torch_empty(tuple shape, str dtype, int dev_id):
+    """torch.empty on the CPU (dev_id < 0) or cuda:dev_id, with dtype and device objects
+    cached (each lookup of torch.<name> or torch.device(...) is a Python call)."""
+    torch = sys.modules["torch"]
+    dt = _TORCH_DTYPES.get(dtype)
+    if dt is None:
+        dt = _TORCH_DTYPES[dtype] = getattr(torch, dtype)
+    if dev_id < 0:
+        return torch.empty(shape, dtype=dt)
+    dev = _TORCH_DEVICES.get(dev_id)
+    if dev is None:
+        dev = _TORCH_DEVICES[dev_id] = torch.device("cuda", dev_id)
+    return torch.empty(shape, dtype=dt, device=dev)
+
+
+cdef object _torch_raw_stream = None
+
+
+cdef intptr_t _torch_current_stream(int dev_id) except? -1:
+    """torch's current CUDA stream on dev_id as a cudaStream_t value. torch's own
+    torch._C._cuda_getCurrentRawStream (what its generated code calls) skips building a
+    torch.cuda.Stream object; torch.cuda.current_stream() is the fallback."""
+    global _torch_raw_stream
+    torch = sys.modules["torch"]
+    if _torch_raw_stream is None:
+        _torch_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", False)
+    if _torch_raw_stream is not False:
+        return _torch_raw_stream(dev_id)
+    return torch.cuda.current_stream(dev_id).cuda_stream

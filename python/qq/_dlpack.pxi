@@ -13,21 +13,21 @@ cdef const char* _CAPSULE_VERSIONED_USED = b"used_dltensor_versioned"
 
 cdef enum:
     _MAX_NDIM = 64     # NumPy's limit; shapes are copied into stack arrays of this size
+    _INLINE_NDIM = 8   # libqq's limit (kMaxDims): shapes and strides up to this fit in the view
 
 
 cdef class _View:
     """A DLTensor over an argument's memory, valid until _release_view.
 
     Exactly one of these owns the memory's lifetime for the call:
-      - buf (NumPy arrays, via the buffer protocol; dims holds shape and strides),
+      - owner for a NumPy array (read through NumPy's C API; dims holds shape and strides),
       - versioned / legacy (a consumed DLPack capsule's managed tensor, whose deleter we
         call exactly once),
       - owner (a _DeviceBuffer of ours).
     """
     cdef DLTensor tensor
-    cdef Py_buffer buf
-    cdef bint has_buf
-    cdef int64_t* dims
+    cdef int64_t* dims          # shape then strides: inline_dims, or PyMem_Malloc'ed beyond 8 dims
+    cdef int64_t inline_dims[2 * _INLINE_NDIM + 1]
     cdef DLManagedTensorVersioned* versioned
     cdef DLManagedTensor* legacy
     cdef object owner
@@ -66,70 +66,93 @@ cdef void _release_view(_View v) noexcept:
         mv.deleter(mv)
     if ml != NULL and ml.deleter != NULL:
         ml.deleter(ml)
-    if v.has_buf:
-        v.has_buf = False
-        PyBuffer_Release(&v.buf)
     if v.dims != NULL:
-        PyMem_Free(v.dims)
+        if v.dims != v.inline_dims:
+            PyMem_Free(v.dims)
         v.dims = NULL
     v.owner = None
 
 
-cdef int _import_numpy(_View v, object arr, str where) except -1:
-    """NumPy path: pointer, shape and strides from the buffer protocol, dtype by name.
+cdef int64_t* _view_dims(_View v, int nd) except NULL:
+    """Room for nd extents and nd strides: inside the view up to 8 dims (no allocation)."""
+    if nd <= _INLINE_NDIM:
+        v.dims = v.inline_dims
+    else:
+        v.dims = <int64_t*>PyMem_Malloc((2 * nd + 1) * sizeof(int64_t))
+        if v.dims == NULL:
+            raise MemoryError()
+    return v.dims
 
-    NumPy's own __dlpack__ refuses ml_dtypes' bfloat16 / float8 arrays, and its buffer
-    export cannot describe them in a format string either, so we request the buffer
-    without PyBUF_FORMAT and take the dtype from arr.dtype.
-    """
-    dt = arr.dtype
-    if not dt.isnative:
-        raise TypeError(f"{where}: byte-swapped (non-native) dtype {dt.str!r} is not supported; "
-                        f"convert it with .astype({dt.name!r})")
+
+# NumPy type number -> DLPack (code, bits), filled on first sight of each type (ml_dtypes'
+# bfloat16 / float8 are user types, recognised by name; others map by kind and size).
+cdef dict _NP_TYPENUM_TO_DL = {}
+
+
+cdef tuple _numpy_code_bits(object dt, str func, str name):
+    # (dt as a Python object: kind and itemsize as NumPy's Python attributes, not C fields)
     code_bits = _NUMPY_TO_DL.get(dt.name)
     if code_bits is None:
         code = _KIND_TO_DL.get(dt.kind)
         if code is None:
-            raise TypeError(f"{where}: NumPy dtype {dt.name!r} has no DLPack equivalent; "
+            raise TypeError(f"{func}: {name}: NumPy dtype {dt.name!r} has no DLPack equivalent; "
                             f"libqq takes float32, float16, bfloat16, uint8 and float8 arrays")
         code_bits = (code, dt.itemsize * 8)
+    return code_bits
 
-    PyObject_GetBuffer(arr, &v.buf, PyBUF_STRIDES)
-    v.has_buf = True                    # from here on _release_view releases the buffer
-    cdef int nd = v.buf.ndim
-    cdef Py_ssize_t itemsize = v.buf.itemsize
+
+cdef int _import_numpy(_View v, cnp.ndarray arr, str func, str name) except -1:
+    """NumPy path: pointer, shape, strides and dtype read through NumPy's C API (no buffer
+    export, no DLPack capsule: a few dozen instructions). NumPy's own __dlpack__ refuses
+    ml_dtypes' bfloat16 / float8 arrays, which this path reads by type number. The array
+    is kept alive (v.owner) until the view is released."""
+    cdef cnp.dtype dt = arr.descr
+    cdef int typenum = dt.type_num
+    if not cnp.PyArray_ISNOTSWAPPED(arr):
+        raise TypeError(f"{func}: {name}: byte-swapped (non-native) dtype {dt.str!r} is not "
+                        f"supported; convert it with .astype({dt.name!r})")
+    code_bits = _NP_TYPENUM_TO_DL.get(typenum)
+    if code_bits is None:
+        code_bits = _numpy_code_bits(dt, func, name)
+        _NP_TYPENUM_TO_DL[typenum] = code_bits
+    cdef int nd = cnp.PyArray_NDIM(arr)
+    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(arr)
+    cdef cnp.npy_intp* shape = cnp.PyArray_DIMS(arr)
+    cdef cnp.npy_intp* strides = cnp.PyArray_STRIDES(arr)
     cdef int i
     if nd > _MAX_NDIM:
-        raise ValueError(f"{where}: {nd} dimensions; at most {_MAX_NDIM} are supported")
-    v.dims = <int64_t*>PyMem_Malloc((2 * nd + 1) * sizeof(int64_t))
-    if v.dims == NULL:
-        raise MemoryError()
+        raise ValueError(f"{func}: {name}: {nd} dimensions; at most {_MAX_NDIM} are supported")
+    cdef int64_t* dims = _view_dims(v, nd)
     for i in range(nd):
-        v.dims[i] = v.buf.shape[i]
-        # DLPack strides count elements, the buffer protocol's count bytes.
-        if v.buf.strides[i] % itemsize != 0:
-            raise ValueError(f"{where}: stride {v.buf.strides[i]} bytes of axis {i} is not a "
+        dims[i] = shape[i]
+        # DLPack strides count elements, NumPy's count bytes.
+        if strides[i] % itemsize != 0:
+            raise ValueError(f"{func}: {name}: stride {strides[i]} bytes of axis {i} is not a "
                              f"multiple of the item size {itemsize}; make the array contiguous "
                              f"(numpy.ascontiguousarray)")
-        v.dims[nd + i] = v.buf.strides[i] // itemsize
-    v.tensor.data = v.buf.buf
+        dims[nd + i] = strides[i] // itemsize
+    v.owner = arr
+    v.tensor.data = cnp.PyArray_DATA(arr)
     v.tensor.device.device_type = kDLCPU
     v.tensor.device.device_id = 0
     v.tensor.ndim = nd
     v.tensor.dtype.code = <int>code_bits[0]
     v.tensor.dtype.bits = <int>code_bits[1]
     v.tensor.dtype.lanes = 1
-    v.tensor.shape = v.dims
-    v.tensor.strides = v.dims + nd
+    v.tensor.shape = dims
+    v.tensor.strides = dims + nd
     v.tensor.byte_offset = 0
-    v.readonly = v.buf.readonly != 0
+    v.readonly = not cnp.PyArray_ISWRITEABLE(arr)
     return 0
 
 
 cdef dict _TORCH_TO_DL = {}
 
 
-cdef bint _import_torch(_View v, object t, str where) except -1:
+cdef object _torch_tensor_type = None
+
+
+cdef bint _import_torch(_View v, object t) except -1:
     """Fast path for torch tensors when the call runs on torch's current stream (or on the
     CPU): pointer, shape, strides and dtype read off the tensor, no DLPack capsule.
 
@@ -137,11 +160,13 @@ cdef bint _import_torch(_View v, object t, str where) except -1:
     synchronisation bookkeeping); with stream=None that synchronisation is a no-op by the
     DLPack contract (producer and consumer share torch's current stream), so reading the
     tensor directly is equivalent. Returns False (and touches nothing) for anything it does
-    not describe exactly (conjugate/negative views, other devices, unknown dtypes): the
-    DLPack path then handles or refuses it.
+    not describe exactly (sparse layouts, devices other than CPU and CUDA, unknown dtypes):
+    the DLPack path then handles or refuses it. Conjugate / negative views never get here
+    (_Call.view resolves them first).
     """
-    torch = sys.modules["torch"]
-    if not _TORCH_TO_DL:
+    global _torch_tensor_type
+    if _torch_tensor_type is None:
+        torch = sys.modules["torch"]
         for name, code_bits in (("float32", (kDLFloat, 32)), ("float16", (kDLFloat, 16)),
                                 ("bfloat16", (kDLBfloat, 16)), ("float64", (kDLFloat, 64)),
                                 ("uint8", (kDLUInt, 8)), ("int8", (kDLInt, 8)),
@@ -152,11 +177,19 @@ cdef bint _import_torch(_View v, object t, str where) except -1:
             dt = getattr(torch, name, None)
             if dt is not None:
                 _TORCH_TO_DL[dt] = code_bits
-    if not isinstance(t, torch.Tensor) or t.is_conj() or t.is_neg() or t.is_sparse:
+        _torch_tensor_type = torch.Tensor
+    if not isinstance(t, _torch_tensor_type) or t.is_sparse:
         return False
     code_bits = _TORCH_TO_DL.get(t.dtype)
-    dev = t.device
-    if code_bits is None or dev.type not in ("cpu", "cuda"):
+    if code_bits is None:
+        return False
+    cdef int dev_type, dev_id = 0
+    if t.is_cuda:
+        dev_type = kDLCUDA
+        dev_id = t.get_device()
+    elif t.is_cpu:
+        dev_type = kDLCPU
+    else:
         return False
     shape = t.shape
     strides = t.stride()
@@ -164,26 +197,20 @@ cdef bint _import_torch(_View v, object t, str where) except -1:
     cdef int i
     if nd > _MAX_NDIM:
         return False
-    v.dims = <int64_t*>PyMem_Malloc((2 * nd + 1) * sizeof(int64_t))
-    if v.dims == NULL:
-        raise MemoryError()
+    cdef int64_t* dims = _view_dims(v, nd)
     for i in range(nd):
-        v.dims[i] = shape[i]
-        v.dims[nd + i] = strides[i]
+        dims[i] = shape[i]
+        dims[nd + i] = strides[i]
     v.owner = t                         # keeps the tensor alive until the view is released
     v.tensor.data = <void*><intptr_t>t.data_ptr()
-    if dev.type == "cuda":
-        v.tensor.device.device_type = kDLCUDA
-        v.tensor.device.device_id = dev.index if dev.index is not None else 0
-    else:
-        v.tensor.device.device_type = kDLCPU
-        v.tensor.device.device_id = 0
+    v.tensor.device.device_type = <DLDeviceType>dev_type
+    v.tensor.device.device_id = dev_id
     v.tensor.ndim = nd
     v.tensor.dtype.code = <int>code_bits[0]
     v.tensor.dtype.bits = <int>code_bits[1]
     v.tensor.dtype.lanes = 1
-    v.tensor.shape = v.dims
-    v.tensor.strides = v.dims + nd
+    v.tensor.shape = dims
+    v.tensor.strides = dims + nd
     v.tensor.byte_offset = 0
     v.readonly = False
     return True

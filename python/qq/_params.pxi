@@ -82,7 +82,8 @@ cdef int _quant_params(str func, qqQuantParams_t* p, mode, group_size, bits, rou
     p.fp8_format = <qqFp8Format_t>_enum(func, "fp8_format", fp8_format, _FP8_FORMATS)
     # libqq validates the combination (qqQuantizedShapes of one group's worth of x).
     cdef int64_t xs = p.group_size
-    cdef int64_t ds, ss[2]
+    cdef int64_t ds
+    cdef int64_t ss[2]
     cdef int sn = 0
     st = qqQuantizedShapes(p, 1, &xs, &ds, ss, &sn)
     if st != QQ_STATUS_SUCCESS:

@@ -18,7 +18,6 @@ wrappers in _ops_quantize.pxi, _ops_matmul.pxi and _ops_layout.pxi. The Python A
 specified in docs/api.md.
 """
 
-from cpython.buffer cimport PyBUF_STRIDES, PyBuffer_Release, PyObject_GetBuffer
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.pycapsule cimport (PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_New,
                                 PyCapsule_SetName)
@@ -26,7 +25,7 @@ from libc.stdint cimport int64_t, intptr_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 
-from ._dlpack cimport (DLDataType, DLManagedTensor, DLManagedTensorVersioned, DLTensor,
+from ._dlpack cimport (DLDataType, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned, DLTensor,
                        DLPACK_FLAG_BITMASK_READ_ONLY, QQ_DLPACK_MAJOR, QQ_DLPACK_MINOR,
                        kDLBfloat, kDLBool, kDLComplex, kDLCPU, kDLCUDA, kDLCUDAHost,
                        kDLCUDAManaged, kDLFloat, kDLFloat8_e3m4, kDLFloat8_e4m3,
@@ -40,6 +39,10 @@ import operator
 import sys
 
 import numpy as np
+
+cimport numpy as cnp
+
+cnp.import_array()
 
 include "_errors.pxi"
 include "_params.pxi"
