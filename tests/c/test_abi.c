@@ -75,7 +75,7 @@ static int expect(qqStatus_t st, unsigned allowed, const char* needle) {
     return fail("got %s (message \"%s\")", stname(st), msg);
   if (st != QQ_STATUS_SUCCESS && msg[0] == '\0') return fail("got %s with an empty message", stname(st));
   if (needle && !strstr(msg, needle))
-    return fail("got %s but the message does not name '%s': \"%s\"", stname(st), needle, msg);
+    return fail("got %s but the message does not contain \"%s\": \"%s\"", stname(st), needle, msg);
   return pass("%s: \"%s\"", stname(st), msg);
 }
 
@@ -101,7 +101,7 @@ static int qqmm_call(DLTensor* x, DLTensor* w, DLTensor* out, const DLTensor* c,
 static int t_qqmm_w3d_null_shape(void) {
   int64_t xs[2] = {4, 64}, os[3] = {2, 4, 8};
   DLTensor x = tens(xbuf, F32, 2, xs), w = tens(wbuf, F32, 3, NULL), out = tens(obuf, F32, 3, os);
-  qqStatus_t st;
+  qqStatus_t st = QQ_STATUS_INTERNAL_ERROR;
   if (!qqmm_call(&x, &w, &out, NULL, &st)) return 0;
   return expect(st, ST(QQ_STATUS_INVALID_VALUE), "'w'");
 }
@@ -109,7 +109,7 @@ static int t_qqmm_w3d_null_shape(void) {
 static int t_qqmm_w3d_x_null_shape(void) {
   int64_t ws[3] = {2, 8, 64}, os[3] = {2, 4, 8};
   DLTensor x = tens(xbuf, F32, 3, NULL), w = tens(wbuf, F32, 3, ws), out = tens(obuf, F32, 3, os);
-  qqStatus_t st;
+  qqStatus_t st = QQ_STATUS_INTERNAL_ERROR;
   if (!qqmm_call(&x, &w, &out, NULL, &st)) return 0;
   return expect(st, ST(QQ_STATUS_INVALID_VALUE), "'x'");
 }
@@ -117,7 +117,7 @@ static int t_qqmm_w3d_x_null_shape(void) {
 static int t_qqmm_w3d_out_null_shape(void) {
   int64_t xs[2] = {4, 64}, ws[3] = {2, 8, 64};
   DLTensor x = tens(xbuf, F32, 2, xs), w = tens(wbuf, F32, 3, ws), out = tens(obuf, F32, 3, NULL);
-  qqStatus_t st;
+  qqStatus_t st = QQ_STATUS_INTERNAL_ERROR;
   if (!qqmm_call(&x, &w, &out, NULL, &st)) return 0;
   return expect(st, ST(QQ_STATUS_INVALID_VALUE), "'out'");
 }
@@ -126,7 +126,7 @@ static int t_qqmm_w3d_c_null_shape(void) {
   int64_t xs[2] = {4, 64}, ws[3] = {2, 8, 64}, os[3] = {2, 4, 8};
   DLTensor x = tens(xbuf, F32, 2, xs), w = tens(wbuf, F32, 3, ws), out = tens(obuf, F32, 3, os);
   DLTensor c = tens(cbuf, F32, 3, NULL);
-  qqStatus_t st;
+  qqStatus_t st = QQ_STATUS_INTERNAL_ERROR;
   if (!qqmm_call(&x, &w, &out, &c, &st)) return 0;
   return expect(st, ST(QQ_STATUS_INVALID_VALUE), "'c'");
 }
@@ -147,7 +147,7 @@ static int t_qqmm_2d_c_null_shape(void) {
   int64_t xs[2] = {4, 64}, ws[2] = {8, 64}, os[2] = {4, 8};
   DLTensor x = tens(xbuf, F32, 2, xs), w = tens(wbuf, F32, 2, ws), out = tens(obuf, F32, 2, os);
   DLTensor c = tens(cbuf, F32, 2, NULL);
-  qqStatus_t st;
+  qqStatus_t st = QQ_STATUS_INTERNAL_ERROR;
   if (!qqmm_call(&x, &w, &out, &c, &st)) return 0;
   return expect(st, ST(QQ_STATUS_INVALID_VALUE), "'c'");
 }
@@ -159,7 +159,7 @@ static int t_qqmm_batch0_int32_w(void) {
   static int32_t wi[1];
   int64_t xs[2] = {4, 64}, ws[3] = {0, 8, 32}, os[3] = {0, 4, 8};
   DLTensor x = tens(xbuf, F32, 2, xs), w = tens(wi, I32, 3, ws), out = tens(obuf, F32, 3, os);
-  qqStatus_t st;
+  qqStatus_t st = QQ_STATUS_INTERNAL_ERROR;
   if (!qqmm_call(&x, &w, &out, NULL, &st)) return 0;
   return expect(st, ST(QQ_STATUS_INVALID_DTYPE) | ST(QQ_STATUS_INVALID_VALUE), "'w'");
 }
@@ -173,7 +173,7 @@ static int t_qqmm_huge_k(void) {
   int64_t xs[2] = {1, P2(40)}, ws[2] = {8, P2(40)}, os[2] = {1, 8};
   float o[8];
   DLTensor x = tens(FAKE, F32, 2, xs), w = tens(FAKE, F32, 2, ws), out = tens(o, F32, 2, os);
-  qqStatus_t st;
+  qqStatus_t st = QQ_STATUS_INTERNAL_ERROR;
   if (!qqmm_call(&x, &w, &out, NULL, &st)) return 0;
   return expect(st, ST(QQ_STATUS_ALLOC_FAILED) | ST(QQ_STATUS_INVALID_VALUE), NULL);
 }
@@ -491,47 +491,62 @@ static int t_last_error_cleared(void) {
 struct check {
   const char* name;
   int (*fn)(void);
+  /* 1: a child killed by AddressSanitizer's out-of-memory report in
+   * operator new counts as a pass. Under ASan, operator new never throws
+   * std::bad_alloc (it reports and exits), so a libqq that catches bad_alloc
+   * (the right behaviour, which an unsanitized build checks) still dies
+   * there. A libqq that refuses the size up front passes either way. */
+  int tolerate_asan_oom;
 };
 static const struct check kChecks[] = {
-    {"valid_quantize_golden", t_valid_quantize_golden},
-    {"qqmm_w3d_null_shape", t_qqmm_w3d_null_shape},
-    {"qqmm_w3d_x_null_shape", t_qqmm_w3d_x_null_shape},
-    {"qqmm_w3d_out_null_shape", t_qqmm_w3d_out_null_shape},
-    {"qqmm_w3d_c_null_shape", t_qqmm_w3d_c_null_shape},
-    {"qqmm_w3d_scales_null_shape", t_qqmm_w3d_scales_null_shape},
-    {"qqmm_2d_c_null_shape", t_qqmm_2d_c_null_shape},
-    {"qqmm_batch0_int32_w", t_qqmm_batch0_int32_w},
-    {"qqmm_huge_k_2p40", t_qqmm_huge_k},
-    {"shapes_k_2p60_nvfp4", t_shapes_k_2p60_nvfp4},
-    {"shapes_k_2p60_mxfp8", t_shapes_k_2p60_mxfp8},
-    {"quantize_numel_overflow", t_quantize_numel_overflow},
-    {"enum_mode_99", t_enum_mode_99},
-    {"enum_mode_negative", t_enum_mode_negative},
-    {"enum_rounding_7", t_enum_rounding_7},
-    {"enum_scale_layout_5", t_enum_scale_layout_5},
-    {"enum_fp8_format_3", t_enum_fp8_format_3},
-    {"enum_qqmm_mode_99", t_enum_qqmm_mode_99},
-    {"enum_moe_scaling_9", t_enum_moe_scaling_9},
-    {"cuda_device_minus1", t_cuda_device_minus1},
-    {"cuda_device_minus1_mixed_cpu", t_cuda_device_minus1_mixed_cpu},
-    {"misaligned_f32_x", t_misaligned_f32_x},
-    {"misaligned_bf16_x", t_misaligned_bf16_x},
-    {"misaligned_global_scale", t_misaligned_global_scale},
-    {"misaligned_amax_out", t_misaligned_amax_out},
-    {"params_init_null", t_params_init_null},
-    {"quantize_null_params", t_quantize_null_params},
-    {"quantize_short_struct", t_quantize_short_struct},
-    {"shapes_null_params", t_shapes_null_params},
-    {"quantize_null_data", t_quantize_null_data},
-    {"qqmm_null_params", t_qqmm_null_params},
-    {"qqmm_short_struct", t_qqmm_short_struct},
-    {"qqmm_null_out", t_qqmm_null_out},
-    {"qqmm_w3d_null_out", t_qqmm_w3d_null_out},
-    {"amax_null_out", t_amax_null_out},
-    {"last_error_empty_after_success", t_last_error_cleared},
+    {"valid_quantize_golden", t_valid_quantize_golden, 0},
+    {"qqmm_w3d_null_shape", t_qqmm_w3d_null_shape, 0},
+    {"qqmm_w3d_x_null_shape", t_qqmm_w3d_x_null_shape, 0},
+    {"qqmm_w3d_out_null_shape", t_qqmm_w3d_out_null_shape, 0},
+    {"qqmm_w3d_c_null_shape", t_qqmm_w3d_c_null_shape, 0},
+    {"qqmm_w3d_scales_null_shape", t_qqmm_w3d_scales_null_shape, 0},
+    {"qqmm_2d_c_null_shape", t_qqmm_2d_c_null_shape, 0},
+    {"qqmm_batch0_int32_w", t_qqmm_batch0_int32_w, 0},
+    {"qqmm_huge_k_2p40", t_qqmm_huge_k, 1},
+    {"shapes_k_2p60_nvfp4", t_shapes_k_2p60_nvfp4, 0},
+    {"shapes_k_2p60_mxfp8", t_shapes_k_2p60_mxfp8, 0},
+    {"quantize_numel_overflow", t_quantize_numel_overflow, 0},
+    {"enum_mode_99", t_enum_mode_99, 0},
+    {"enum_mode_negative", t_enum_mode_negative, 0},
+    {"enum_rounding_7", t_enum_rounding_7, 0},
+    {"enum_scale_layout_5", t_enum_scale_layout_5, 0},
+    {"enum_fp8_format_3", t_enum_fp8_format_3, 0},
+    {"enum_qqmm_mode_99", t_enum_qqmm_mode_99, 0},
+    {"enum_moe_scaling_9", t_enum_moe_scaling_9, 0},
+    {"cuda_device_minus1", t_cuda_device_minus1, 0},
+    {"cuda_device_minus1_mixed_cpu", t_cuda_device_minus1_mixed_cpu, 0},
+    {"misaligned_f32_x", t_misaligned_f32_x, 0},
+    {"misaligned_bf16_x", t_misaligned_bf16_x, 0},
+    {"misaligned_global_scale", t_misaligned_global_scale, 0},
+    {"misaligned_amax_out", t_misaligned_amax_out, 0},
+    {"params_init_null", t_params_init_null, 0},
+    {"quantize_null_params", t_quantize_null_params, 0},
+    {"quantize_short_struct", t_quantize_short_struct, 0},
+    {"shapes_null_params", t_shapes_null_params, 0},
+    {"quantize_null_data", t_quantize_null_data, 0},
+    {"qqmm_null_params", t_qqmm_null_params, 0},
+    {"qqmm_short_struct", t_qqmm_short_struct, 0},
+    {"qqmm_null_out", t_qqmm_null_out, 0},
+    {"qqmm_w3d_null_out", t_qqmm_w3d_null_out, 0},
+    {"amax_null_out", t_amax_null_out, 0},
+    {"last_error_empty_after_success", t_last_error_cleared, 0},
 };
 
+static int is_asan_oom(const char* err) {
+  return strstr(err, "AddressSanitizer: allocation-size-too-big") || strstr(err, "AddressSanitizer: out-of-memory") ||
+         strstr(err, "AddressSanitizer: requested allocation size exceeds");
+}
+
+/* Runs one check in a child process; the child's stderr goes through a
+ * temporary file and is copied to ours afterwards (in order). */
 static int run_in_child(const struct check* c) {
+  static char err[1 << 16];
+  FILE* tmp = tmpfile();
   fflush(stdout);
   fflush(stderr);
   pid_t pid = fork();
@@ -540,6 +555,7 @@ static int run_in_child(const struct check* c) {
     exit(2);
   }
   if (pid == 0) {
+    if (tmp) dup2(fileno(tmp), 2);
     int ok = c->fn();
     printf("%s %s: %s\n", ok ? "ok  " : "FAIL", c->name, g_detail);
     fflush(stdout);
@@ -550,8 +566,23 @@ static int run_in_child(const struct check* c) {
     perror("waitpid");
     exit(2);
   }
+  size_t n = 0;
+  err[0] = '\0';
+  if (tmp) {
+    rewind(tmp);
+    n = fread(err, 1, sizeof err - 1, tmp);
+    err[n] = '\0';
+    fclose(tmp);
+    fputs(err, stderr);
+    fflush(stderr);
+  }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 1;
   if (WIFEXITED(status) && WEXITSTATUS(status) == CHILD_FAIL) return 0;
+  if (c->tolerate_asan_oom && is_asan_oom(err)) {
+    printf("ok   %s: tolerated: libqq attempted the allocation and AddressSanitizer's operator new aborted (it "
+           "never throws std::bad_alloc); an unsanitized build must return an error status here\n", c->name);
+    return 1;
+  }
   if (WIFSIGNALED(status))
     printf("FAIL %s: crashed (signal %d)\n", c->name, WTERMSIG(status));
   else
