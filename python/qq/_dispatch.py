@@ -25,8 +25,9 @@ _modules = sys.modules
 
 
 def _compiling() -> bool:
-    """True while torch.compile / torch.export traces; one dict lookup when torch is not
-    imported, plus torch.compiler.is_compiling() when it is."""
+    """True while torch.compile / torch.export traces: a dict lookup while torch is not
+    imported, then a call of torch.compiler.is_compiling (which Dynamo folds to True).
+    Nothing is cached: a global written here would be a guard Dynamo recompiles on."""
     t = _modules.get("torch")
     return t is not None and t.compiler.is_compiling()
 
