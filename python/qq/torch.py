@@ -194,7 +194,8 @@ def _(x2, weight, bias, mode):
 @torch.library.custom_op("qq::linear_backward", mutates_args=())
 def _linear_backward_op(dy2: torch.Tensor, x2: torch.Tensor, wd: list[torch.Tensor], mode: str,
                         need_dx: bool, need_dw: bool, wdtype: torch.dtype) -> list[torch.Tensor]:
-    dx, dw = _linear_backward(dy2, x2, wd, mode, need_dx, need_dw, wdtype)
+    # dy may arrive expanded (the gradient of .sum() has stride 0): libqq reads rows
+    dx, dw = _linear_backward(dy2.contiguous(), x2.contiguous(), wd, mode, need_dx, need_dw, wdtype)
     return [t for t in (dx, dw) if t is not None]
 
 
@@ -216,7 +217,7 @@ def _linear_setup(ctx, inputs, output):
 
 def _linear_grad(ctx, grads):
     x2, *wd = ctx.saved_tensors
-    dy2 = grads[0].to(x2.dtype)
+    dy2 = grads[0].to(x2.dtype).contiguous()
     need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     r = iter(_linear_backward_op(dy2, x2, wd, ctx.mode, need_dx, need_dw, ctx.wdtype))
     dx = next(r) if need_dx else None
