@@ -351,15 +351,23 @@ def test_dynamic_batch_one_compile():
 
 
 def test_errors_under_compile():
-    """Wrong arguments raise under compile too: an unknown mode or a stream at trace time
-    (ValueError), a libqq refusal (K not a multiple of the group) from the op."""
+    """Wrong arguments raise with qq's message under compile too: an unknown mode or a
+    stream at trace time (a ValueError; fullgraph=True reports it as Dynamo's Unsupported
+    caused by it), K not a multiple of the group from the fake implementation, rounding
+    'up' from libqq when the op runs (the ValueError itself)."""
     x = data(4, 64)
-    with pytest.raises(Exception, match="mode"):
+    with pytest.raises(ValueError, match="quantize: mode: expected one of"):
+        torch.compile(lambda x: qq.quantize(x, mode="fp6"), backend="eager")(x)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="mode: expected one of") as e:
         compiled(lambda x: qq.quantize(x, mode="fp6"))(x)
-    with pytest.raises(Exception, match="stream"):
+    assert "ValueError" in repr(e.value.__cause__)
+    with pytest.raises(Exception, match="amax: stream"):
         compiled(lambda x: qq.amax(x, stream=0))(x)
-    with pytest.raises(Exception, match="multiple of group_size"):
+    with pytest.raises(Exception, match="quantize: K=48 is not a positive multiple of group_size 32"):
         compiled(lambda x: qq.quantize(x, mode="mxfp8"))(data(4, 48))
+    with pytest.raises(ValueError, match="quantize: rounding: expected one of 'ceil', 'floor'"):
+        compiled(lambda x: qq.quantize(x, mode="mxfp8", rounding="up"))(x)
 
 
 # =========================================================================================

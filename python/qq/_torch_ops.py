@@ -51,14 +51,16 @@ def _roundup(v, m):
     return (v + m - 1) // m * m
 
 
-def _quantized_shapes(x_shape, group_size, bits, blocked):
+def _quantized_shapes(func, x_shape, group_size, bits, blocked, axis="K"):
     """(data_shape, scales_shape) of quantize(x), as qqQuantizedShapes computes them:
     data [..., K*bits/8]; linear scales [..., K/group]; blocked scales
-    [B..., roundup(M, 128), roundup(K/group, 4)] for x [B..., M, K] (1-D x: M = 1)."""
+    [B..., roundup(M, 128), roundup(K/group, 4)] for x [B..., M, K] (1-D x: M = 1).
+    K must be a multiple of the group (a guard on a dynamic K)."""
     x_shape = tuple(x_shape)
     k = x_shape[-1]
     torch._check_value(k % group_size == 0,
-                       lambda: f"qq: K={k} is not a multiple of group_size {group_size}; pad K")
+                       lambda: f"{func}: {axis}={k} is not a positive multiple of group_size "
+                               f"{group_size}; pad {axis} or choose another group_size")
     data = x_shape[:-1] + (k * bits // 8,)
     if not blocked:
         return data, x_shape[:-1] + (k // group_size,)
@@ -89,7 +91,7 @@ def _quantize_op(x: Tensor, global_scale: Optional[Tensor], mode: str, group_siz
 
 @_quantize_op.register_fake
 def _(x, global_scale, mode, group_size, bits, rounding, scale_layout, fp8_format):
-    ds, ss = _quantized_shapes(x.shape, group_size, bits, scale_layout == "blocked")
+    ds, ss = _quantized_shapes("quantize", x.shape, group_size, bits, scale_layout == "blocked")
     sdt = x.dtype if mode == "affine" else torch.uint8
     out = [x.new_empty(ds, dtype=torch.uint8), x.new_empty(ss, dtype=sdt)]
     if mode == "affine":
@@ -117,8 +119,9 @@ def _(x, global_scale, mode, group_size, bits, rounding, scale_layout, fp8_forma
                                              f"expected [..., M, K]")
     sdt = x.dtype if mode == "affine" else torch.uint8
     out = []
-    for shape in (xs[:-2] + (xs[-1], xs[-2]),) + ((xs,) if rowwise else ()):
-        ds, ss = _quantized_shapes(shape, group_size, bits, scale_layout == "blocked")
+    for shape, axis in ((xs[:-2] + (xs[-1], xs[-2]), "M"),) + (((xs, "K"),) if rowwise else ()):
+        ds, ss = _quantized_shapes("quantize_colwise", shape, group_size, bits,
+                                   scale_layout == "blocked", axis)
         out += [x.new_empty(ds, dtype=torch.uint8), x.new_empty(ss, dtype=sdt)]
         if mode == "affine":
             out.append(x.new_empty(ss, dtype=sdt))
