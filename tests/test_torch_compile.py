@@ -416,12 +416,24 @@ def test_qqlinear_bf16_dynamic_batch():
     assert cnt.frame_count == 1
 
 
-def test_qqlinear_no_input_grad():
-    """Frozen weights (requires_grad False): the backward op skips dW; x's grad matches."""
+def test_qqlinear_partial_grads_and_no_grad():
+    """Frozen first weight (the backward op skips its dW), an input without grad (skips
+    the first layer's dx), and a no_grad forward: all equal to eager."""
     model = mlp("mxfp8", "cpu")
     model[0].weight.requires_grad_(False)
     x = data(40, 64)
     assert_same(train_step(compiled(model), x), train_step(model, x))
+    torch._dynamo.reset()
+    cm = compiled(model)
+    grads = []
+    for m in (cm, model):
+        for p in model.parameters():
+            p.grad = None
+        m(x).sum().backward()
+        grads.append([p.grad for p in model.parameters() if p.requires_grad])
+    assert_same(grads[0], grads[1])
+    with torch.no_grad():
+        assert_same(cm(x), model(x))
 
 
 def test_inductor():
