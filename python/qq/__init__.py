@@ -31,12 +31,15 @@ from ._qq import (  # noqa: E402
     QQError,
     QuantizedArray,
     __version__,
-    amax,
-    dequantize,
     device_capability,
     device_count,
     grouped_qqmm,
     last_route,
+)
+# Python wrappers of the Cython functions that torch.compile can trace (qq/_dispatch.py).
+from ._dispatch import (  # noqa: E402
+    amax,
+    dequantize,
     prepare_weight,
     qqmm,
     quantize,

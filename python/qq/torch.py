@@ -25,10 +25,13 @@ are x's dtype (y, dx) and W's dtype (dW); db = dy summed over tokens in torch.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
 import qq
+from qq import _torch_ops  # noqa: F401  (registers qq's torch ops: torch.compile support)
 
 __all__ = ["QQLinear", "QQLinearFunction", "convert_linear", "qq_linear", "MODES"]
 
@@ -79,21 +82,23 @@ def _quantize_weight(w: torch.Tensor, mode: str):
         d1, s1 = qq.quantize_moe(w.t().unsqueeze(0), scaling="32x32", scale_layout="blocked")
         # [1, N, K] = W: D1 = N -> data column-major [1, N, K], i.e. codes of W^T row-major [K, N]
         d2, s2 = qq.quantize_moe(w.unsqueeze(0), scaling="32x32", scale_layout="blocked")
-        fwd = {"w": d1[0].t(), "scales": s1[0], "scale_layout": "blocked"}
-        bwd = {"w": d2[0].t(), "scales": s2[0], "scale_layout": "blocked"}
+        fwd = {"w": d1[0].t(), "scales": s1[0]}
+        bwd = {"w": d2[0].t(), "scales": s2[0]}
         return fwd, bwd
     gs = _gs(w, mode)
-    fwd = {"w": qq.quantize(w, mode=mode, global_scale=gs, scale_layout="blocked")}
-    bwd = {"w": qq.quantize_colwise(w, mode=mode, global_scale=gs, scale_layout="blocked")}
+    qf = qq.quantize(w, mode=mode, global_scale=gs, scale_layout="blocked")
+    qb = qq.quantize_colwise(w, mode=mode, global_scale=gs, scale_layout="blocked")
+    fwd = {"w": qf.data, "scales": qf.scales, "global_scale_w": gs}
+    bwd = {"w": qb.data, "scales": qb.scales, "global_scale_w": gs}
     return fwd, bwd
 
 
 def _qqmm(a: torch.Tensor, wop: dict, mode: str, dtype, bias=None) -> torch.Tensor:
-    """a @ q(w)^T with a quantized on the fly (global scale from qq.amax for nvfp4)."""
-    w = wop["w"]
-    gw = w.global_scale if isinstance(w, qq.QuantizedArray) else None
-    return qq.qqmm(a, w, wop.get("scales"), mode=mode, global_scale_x=_gs(a, mode), global_scale_w=gw,
-                   scale_layout=wop.get("scale_layout", "linear"), bias=bias, dtype=dtype)
+    """a @ q(w)^T with a quantized on the fly (global scale from qq.amax for nvfp4); wop
+    holds w's packed codes and blocked scales (and nvfp4's global scale)."""
+    return qq.qqmm(a, wop["w"], wop["scales"], mode=mode, global_scale_x=_gs(a, mode),
+                   global_scale_w=wop.get("global_scale_w"), scale_layout="blocked", bias=bias,
+                   dtype=dtype)
 
 
 def _pad_rows(t: torch.Tensor, g: int) -> torch.Tensor:
@@ -110,43 +115,132 @@ def _wgrad(dy: torch.Tensor, x: torch.Tensor, mode: str, dtype) -> torch.Tensor:
     return qq.qqmm(qdy, qx, mode=mode, dtype=dtype)
 
 
+# The two halves of a training step on 2-D x [T, K], shared by QQLinearFunction (eager)
+# and the qq::linear / qq::linear_backward custom ops (torch.compile). The dgrad weight
+# operand travels between them as tensors: [codes, blocked scales(, nvfp4 global scale)].
+
+def _linear_forward(x2, weight, bias, mode):
+    """(y [T, N] in x's dtype, the dgrad operand's tensors)."""
+    wf, wd = _quantize_weight(weight, mode)
+    y = _qqmm(x2, wf, mode, x2.dtype, bias=bias)
+    return y, [wd["w"], wd["scales"]] + ([wd["global_scale_w"]] if mode == "nvfp4" else [])
+
+
+def _linear_backward(dy2, x2, wd, mode, need_dx, need_dw, wdtype):
+    """(dx [T, K] or None, dW [N, K] or None) for dy [T, N] (in x's dtype)."""
+    dx = dw = None
+    if need_dx:
+        wop = {"w": wd[0], "scales": wd[1], "global_scale_w": wd[2] if mode == "nvfp4" else None}
+        dx = _qqmm(dy2, wop, mode, x2.dtype)
+    if need_dw:
+        dw = _wgrad(dy2, x2, mode, wdtype)
+    return dx, dw
+
+
 class QQLinearFunction(torch.autograd.Function):
-    """y = x @ W^T + b with all three GEMMs on quantized operands (module docstring)."""
+    """y = x @ W^T + b with all three GEMMs on quantized operands (module docstring).
+    Eager only: under torch.compile qq_linear runs the qq::linear custom op instead (the
+    same computation, with torch.library.register_autograd)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, mode):
         _check(x, weight, bias, mode)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).contiguous()
-        wf, wd = _quantize_weight(weight.detach(), mode)
-        y = _qqmm(x2, wf, mode, x.dtype, bias=None if bias is None else bias.detach())
-        ctx.save_for_backward(x2)
-        ctx.wd, ctx.mode, ctx.shape = wd, mode, shape
+        y, wd = _linear_forward(x2, weight.detach(), None if bias is None else bias.detach(), mode)
+        ctx.save_for_backward(x2, *wd)
+        ctx.mode, ctx.shape = mode, shape
         ctx.wdtype, ctx.has_bias = weight.dtype, bias is not None
         return y.reshape(*shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, dy):
-        (x2,) = ctx.saved_tensors
-        mode = ctx.mode
+        x2, *wd = ctx.saved_tensors
         dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
         if dy2.dtype != x2.dtype:
             dy2 = dy2.to(x2.dtype)
-        dx = dw = db = None
-        if ctx.needs_input_grad[0]:
-            dx = _qqmm(dy2, ctx.wd, mode, x2.dtype).reshape(ctx.shape)
-        if ctx.needs_input_grad[1]:
-            dw = _wgrad(dy2, x2, mode, ctx.wdtype)
+        dx, dw = _linear_backward(dy2, x2, wd, ctx.mode, ctx.needs_input_grad[0],
+                                  ctx.needs_input_grad[1], ctx.wdtype)
+        db = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.float().sum(0).to(ctx.wdtype)
-        ctx.wd = None
-        return dx, dw, db, None
+        return None if dx is None else dx.reshape(ctx.shape), dw, db, None
+
+
+# torch.compile: the two halves as custom ops (tensors in, tensors out; libqq runs in their
+# eager implementations, the fake ones give shapes), tied by register_autograd.
+
+@torch.library.custom_op("qq::linear", mutates_args=())
+def _linear_op(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+               mode: str) -> list[torch.Tensor]:
+    y, wd = _linear_forward(x2, weight, bias, mode)
+    return [y] + wd
+
+
+@_linear_op.register_fake
+def _(x2, weight, bias, mode):
+    (t, _), (n, k) = x2.shape, weight.shape
+    g = _GROUP[mode]
+    # dgrad operand: W^T [K, N] quantized along N; codes [K, N*bits/8], blocked scales
+    # [roundup(K, 128), roundup(N/g, 4)] (qqQuantizedShapes)
+    codes = x2.new_empty((k, n if mode == "mxfp8" else n // 2), dtype=torch.uint8)
+    scales = x2.new_empty(((k + 127) // 128 * 128, (n // g + 3) // 4 * 4), dtype=torch.uint8)
+    out = [x2.new_empty((t, n)), codes, scales]
+    if mode == "nvfp4":
+        out.append(x2.new_empty((), dtype=torch.float32))
+    return out
+
+
+@torch.library.custom_op("qq::linear_backward", mutates_args=())
+def _linear_backward_op(dy2: torch.Tensor, x2: torch.Tensor, wd: list[torch.Tensor], mode: str,
+                        need_dx: bool, need_dw: bool, wdtype: torch.dtype) -> list[torch.Tensor]:
+    # dy may arrive expanded (the gradient of .sum() has stride 0): libqq reads rows
+    dx, dw = _linear_backward(dy2.contiguous(), x2.contiguous(), wd, mode, need_dx, need_dw, wdtype)
+    return [t for t in (dx, dw) if t is not None]
+
+
+@_linear_backward_op.register_fake
+def _(dy2, x2, wd, mode, need_dx, need_dw, wdtype):
+    out = []
+    if need_dx:
+        out.append(x2.new_empty(x2.shape))
+    if need_dw:
+        out.append(x2.new_empty((dy2.shape[1], x2.shape[1]), dtype=wdtype))
+    return out
+
+
+def _linear_setup(ctx, inputs, output):
+    x2, weight, bias, mode = inputs
+    ctx.save_for_backward(x2, *output[1:])
+    ctx.mode, ctx.wdtype, ctx.has_bias = mode, weight.dtype, bias is not None
+
+
+def _linear_grad(ctx, grads):
+    x2, *wd = ctx.saved_tensors
+    dy2 = grads[0].to(x2.dtype).contiguous()
+    need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    r = iter(_linear_backward_op(dy2, x2, wd, ctx.mode, need_dx, need_dw, ctx.wdtype))
+    dx = next(r) if need_dx else None
+    dw = next(r) if need_dw else None
+    db = dy2.float().sum(0).to(ctx.wdtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
+    return dx, dw, db, None
+
+
+_linear_op.register_autograd(_linear_grad, setup_context=_linear_setup)
 
 
 def qq_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
               mode: str = "mxfp8") -> torch.Tensor:
-    """F.linear with quantized operands in the forward and both backward GEMMs."""
-    return QQLinearFunction.apply(x, weight, bias, mode)
+    """F.linear with quantized operands in the forward and both backward GEMMs.
+
+    Eager: QQLinearFunction. Under torch.compile: the qq::linear custom op (same results),
+    so that a compiled model traces without graph breaks, backward included."""
+    if not torch.compiler.is_compiling():
+        return QQLinearFunction.apply(x, weight, bias, mode)
+    _check(x, weight, bias, mode)
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    y = _linear_op(x2, weight, bias, mode)[0]
+    return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
 class QQLinear(nn.Linear):

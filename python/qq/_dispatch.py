@@ -1,0 +1,86 @@
+"""qq's public functions: the Cython ones, or their torch custom ops while torch.compile
+traces (docs/api.md, "torch.compile").
+
+torch.compile (Dynamo) cannot trace a Cython function: a call to one ends the graph. So
+each public function that has a torch op is a small Python function that Dynamo does trace:
+
+    if torch is imported and torch.compiler.is_compiling():   # False in eager: one check
+        return qq._torch_ops.<name>(...)                       # torch.ops.qq.<name>
+    return qq._qq.<name>(...)                                  # eager: unchanged
+
+Dynamo folds `torch.compiler.is_compiling()` to True, so the compiled graph holds the op
+and no trace of the check. `import qq` never imports torch: the check looks at
+sys.modules, and qq._torch_ops (which registers the ops) is imported by `import qq` when
+torch is already there, by qq.torch, or by the first traced call.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+from . import _qq
+
+_modules = sys.modules
+
+
+def _compiling() -> bool:
+    """True while torch.compile / torch.export traces: a dict lookup while torch is not
+    imported, then a call of torch.compiler.is_compiling (which Dynamo folds to True).
+    Nothing is cached: a global written here would be a guard Dynamo recompiles on."""
+    t = _modules.get("torch")
+    return t is not None and t.compiler.is_compiling()
+
+
+def _torch_ops():
+    from . import _torch_ops   # registers the ops on first import
+    return _torch_ops
+
+
+def _dispatching(name):
+    eager = getattr(_qq, name)
+
+    def f(*args, **kwargs):
+        if _compiling():
+            return getattr(_torch_ops(), name)(*args, **kwargs)
+        return eager(*args, **kwargs)
+
+    functools.update_wrapper(f, eager)
+    return f
+
+
+amax = _dispatching("amax")
+dequantize = _dispatching("dequantize")
+prepare_weight = _dispatching("prepare_weight")
+qqmm = _dispatching("qqmm")
+quantize = _dispatching("quantize")
+quantize_colwise = _dispatching("quantize_colwise")
+quantize_moe = _dispatching("quantize_moe")
+quantized_matmul = _dispatching("quantized_matmul")
+swizzle_scales = _dispatching("swizzle_scales")
+unswizzle_scales = _dispatching("unswizzle_scales")
+
+
+# QuantizedArray's sequence protocol in Python: Dynamo traces these (unpacking
+# `data, scales = qq.quantize(...)` inside a compiled function) but not the Cython methods
+# of _qq.QuantizedArray, which they replace with the same behaviour.
+def _qa_len(self):
+    return 3 if self.mode == "affine" else 2
+
+
+def _qa_iter(self):
+    if self.mode == "affine":
+        return iter((self.data, self.scales, self.biases))
+    return iter((self.data, self.scales))
+
+
+def _qa_getitem(self, index):
+    return tuple(self)[index]
+
+
+_qq.QuantizedArray.__len__ = _qa_len
+_qq.QuantizedArray.__iter__ = _qa_iter
+_qq.QuantizedArray.__getitem__ = _qa_getitem
+
+if "torch" in _modules:
+    _torch_ops()

@@ -1,0 +1,507 @@
+"""qq's operations as torch custom ops (torch.library), for torch.compile (docs/api.md).
+
+Imported on demand - by qq.torch, by `import qq` when torch is already imported, or by the
+first qq call traced by torch.compile - never by `import qq` alone: qq does not need torch.
+
+Each op takes and returns tensors only (a QuantizedArray is a Python object torch's
+dispatcher cannot carry). The eager implementation calls the qq function of the same name
+(qq._qq, the Cython layer); the fake implementation computes output shapes and dtypes in
+Python from the same rules qqQuantizedShapes states (libqq/include/qq/qq.h), on symbolic
+sizes when the batch axes are dynamic, without calling libqq.
+
+  qq::quantize(x, global_scale?, mode, group_size, bits, rounding, scale_layout,
+               fp8_format) -> [data, scales(, biases)]
+  qq::quantize_colwise(... , rowwise) -> [data_t, scales_t(, biases_t)(, data, scales(, biases))]
+  qq::dequantize(w, scales, biases?, global_scale?, mode, group_size, bits, scale_layout,
+                 fp8_format, dtype) -> Tensor
+  qq::amax(x) -> Tensor                        float32, shape ()
+  qq::qqmm(x, x_scales?, global_scale_x?, w, scales?, global_scale_w?, w_values?, bias?, c?,
+           beta, mode, group_size, bits, rounding, x_layout, w_layout, fp8_format, dtype)
+  qq::quantized_matmul(x, w, scales, biases?, global_scale?, bias?, transpose, n, mode,
+                       group_size, bits, scale_layout, fp8_format, dtype)
+  qq::swizzle_scales(scales) / qq::unswizzle_scales(scales, shape)
+  qq::quantize_moe(w, scaling, rounding, scale_layout, fp8_format) -> [data, scales]
+
+The public functions of this module (quantize, qqmm, ...) take qq's public signatures,
+turn QuantizedArray / PreparedWeight arguments into tensors, call the op and rebuild the
+QuantizedArray; qq's public functions call them while torch.compile traces (qq._dispatch).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _qq
+from ._qq import PreparedWeight, QuantizedArray
+
+# group_size and bits of each mode when not given (qqQuantParamsInit in libqq/src/api.cpp;
+# tests/test_torch_compile.py checks this table against qq.quantize).
+DEFAULTS = {"affine": (64, 4), "nvfp4": (16, 4), "mxfp4": (32, 4), "mxfp8": (32, 8)}
+_FLOATS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+# =========================================================================================
+# Shape rules (fake implementations). Sizes may be SymInts: only +, *, // and comparisons.
+# =========================================================================================
+
+def _roundup(v, m):
+    return (v + m - 1) // m * m
+
+
+def _quantized_shapes(func, x_shape, group_size, bits, blocked, axis="K"):
+    """(data_shape, scales_shape) of quantize(x), as qqQuantizedShapes computes them:
+    data [..., K*bits/8]; linear scales [..., K/group]; blocked scales
+    [B..., roundup(M, 128), roundup(K/group, 4)] for x [B..., M, K] (1-D x: M = 1).
+    K must be a multiple of the group (a guard on a dynamic K)."""
+    x_shape = tuple(x_shape)
+    k = x_shape[-1]
+    torch._check_value(k % group_size == 0,
+                       lambda: f"{func}: {axis}={k} is not a positive multiple of group_size "
+                               f"{group_size}; pad {axis} or choose another group_size")
+    data = x_shape[:-1] + (k * bits // 8,)
+    if not blocked:
+        return data, x_shape[:-1] + (k // group_size,)
+    m = x_shape[-2] if len(x_shape) >= 2 else 1
+    return data, x_shape[:-2] + (_roundup(m, 128), _roundup(k // group_size, 4))
+
+
+def _matmul_shape(x_shape, w_shape, n):
+    """[..., M, N] for x [..., M, K] and w [..., N or K, ...]; batch axes broadcast; a
+    1-D x [K] gives [..., N] (qqmm / quantized_matmul)."""
+    x_shape, w_shape = tuple(x_shape), tuple(w_shape)
+    if len(x_shape) == 1:
+        return w_shape[:-2] + (n,)
+    return tuple(torch.broadcast_shapes(x_shape[:-2], w_shape[:-2])) + (x_shape[-2], n)
+
+
+# =========================================================================================
+# The ops
+# =========================================================================================
+
+@torch.library.custom_op("qq::quantize", mutates_args=())
+def _quantize_op(x: Tensor, global_scale: Optional[Tensor], mode: str, group_size: int,
+                 bits: int, rounding: str, scale_layout: str, fp8_format: str) -> list[Tensor]:
+    qa = _qq.quantize(x, group_size, bits, mode, global_scale=global_scale, rounding=rounding,
+                      scale_layout=scale_layout, fp8_format=fp8_format)
+    return list(qa)
+
+
+@_quantize_op.register_fake
+def _(x, global_scale, mode, group_size, bits, rounding, scale_layout, fp8_format):
+    ds, ss = _quantized_shapes("quantize", x.shape, group_size, bits, scale_layout == "blocked")
+    sdt = x.dtype if mode == "affine" else torch.uint8
+    out = [x.new_empty(ds, dtype=torch.uint8), x.new_empty(ss, dtype=sdt)]
+    if mode == "affine":
+        out.append(x.new_empty(ss, dtype=sdt))
+    return out
+
+
+@torch.library.custom_op("qq::quantize_colwise", mutates_args=())
+def _quantize_colwise_op(x: Tensor, global_scale: Optional[Tensor], mode: str, group_size: int,
+                         bits: int, rounding: str, scale_layout: str, fp8_format: str,
+                         rowwise: bool) -> list[Tensor]:
+    r = _qq.quantize_colwise(x, group_size, bits, mode, global_scale=global_scale,
+                             rounding=rounding, scale_layout=scale_layout,
+                             fp8_format=fp8_format, rowwise=rowwise)
+    if rowwise:
+        row, col = r
+        return list(col) + list(row)
+    return list(r)
+
+
+@_quantize_colwise_op.register_fake
+def _(x, global_scale, mode, group_size, bits, rounding, scale_layout, fp8_format, rowwise):
+    xs = tuple(x.shape)
+    torch._check_value(len(xs) >= 2, lambda: f"quantize_colwise: argument 'x' has shape {xs}; "
+                                             f"expected [..., M, K]")
+    sdt = x.dtype if mode == "affine" else torch.uint8
+    out = []
+    for shape, axis in ((xs[:-2] + (xs[-1], xs[-2]), "M"),) + (((xs, "K"),) if rowwise else ()):
+        ds, ss = _quantized_shapes("quantize_colwise", shape, group_size, bits,
+                                   scale_layout == "blocked", axis)
+        out += [x.new_empty(ds, dtype=torch.uint8), x.new_empty(ss, dtype=sdt)]
+        if mode == "affine":
+            out.append(x.new_empty(ss, dtype=sdt))
+    return out
+
+
+@torch.library.custom_op("qq::dequantize", mutates_args=())
+def _dequantize_op(w: Tensor, scales: Tensor, biases: Optional[Tensor],
+                   global_scale: Optional[Tensor], mode: str, group_size: int, bits: int,
+                   scale_layout: str, fp8_format: str, dtype: torch.dtype) -> Tensor:
+    return _qq.dequantize(w, scales, biases, group_size, bits, mode, global_scale=global_scale,
+                          scale_layout=scale_layout, fp8_format=fp8_format, dtype=dtype)
+
+
+@_dequantize_op.register_fake
+def _(w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format, dtype):
+    return w.new_empty(tuple(w.shape[:-1]) + (w.shape[-1] * 8 // bits,), dtype=dtype)
+
+
+@torch.library.custom_op("qq::amax", mutates_args=())
+def _amax_op(x: Tensor) -> Tensor:
+    return _qq.amax(x)
+
+
+@_amax_op.register_fake
+def _(x):
+    return x.new_empty((), dtype=torch.float32)
+
+
+@torch.library.custom_op("qq::qqmm", mutates_args=())
+def _qqmm_op(x: Tensor, x_scales: Optional[Tensor], global_scale_x: Optional[Tensor],
+             w: Tensor, scales: Optional[Tensor], global_scale_w: Optional[Tensor],
+             w_values: Optional[Tensor], bias: Optional[Tensor], c: Optional[Tensor],
+             beta: float, mode: str, group_size: int, bits: int, rounding: str, x_layout: str,
+             w_layout: str, fp8_format: str, dtype: torch.dtype) -> Tensor:
+    # Packed operands travel as QuantizedArrays: each keeps its own scale layout, and a
+    # PreparedWeight (w_values given) lets qq.qqmm pick its form per call, at run time.
+    q = dict(mode=mode, group_size=group_size, bits=bits, fp8_format=fp8_format)
+    if x_scales is not None:
+        x = QuantizedArray(x, x_scales, global_scale=global_scale_x, scale_layout=x_layout,
+                           rounding=rounding, **q)
+        global_scale_x = None
+    if scales is not None:
+        w = QuantizedArray(w, scales, global_scale=global_scale_w, scale_layout=w_layout, **q)
+        global_scale_w = None
+        if w_values is not None:
+            w = PreparedWeight(w, w_values)
+    return _qq.qqmm(x, w, mode=mode, group_size=group_size, bits=bits,
+                    global_scale_x=global_scale_x, global_scale_w=global_scale_w, bias=bias,
+                    c=c, beta=beta, rounding=rounding, fp8_format=fp8_format, dtype=dtype)
+
+
+@_qqmm_op.register_fake
+def _(x, x_scales, global_scale_x, w, scales, global_scale_w, w_values, bias, c, beta, mode,
+      group_size, bits, rounding, x_layout, w_layout, fp8_format, dtype):
+    return x.new_empty(_matmul_shape(x.shape, w.shape, w.shape[-2]), dtype=dtype)
+
+
+@torch.library.custom_op("qq::quantized_matmul", mutates_args=())
+def _quantized_matmul_op(x: Tensor, w: Tensor, scales: Tensor, biases: Optional[Tensor],
+                         global_scale: Optional[Tensor], bias: Optional[Tensor], transpose: bool,
+                         n: int, mode: str, group_size: int, bits: int, scale_layout: str,
+                         fp8_format: str, dtype: torch.dtype) -> Tensor:
+    return _qq.quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode,
+                                global_scale=global_scale, bias=bias, scale_layout=scale_layout,
+                                fp8_format=fp8_format, dtype=dtype)
+
+
+@_quantized_matmul_op.register_fake
+def _(x, w, scales, biases, global_scale, bias, transpose, n, mode, group_size, bits,
+      scale_layout, fp8_format, dtype):
+    return x.new_empty(_matmul_shape(x.shape, w.shape, n), dtype=dtype)
+
+
+@torch.library.custom_op("qq::swizzle_scales", mutates_args=())
+def _swizzle_scales_op(scales: Tensor) -> Tensor:
+    return _qq.swizzle_scales(scales)
+
+
+@_swizzle_scales_op.register_fake
+def _(scales):
+    s = tuple(scales.shape)
+    torch._check_value(len(s) >= 1, lambda: "swizzle_scales: scales: expected [..., R, C], "
+                                            "got a 0-d array")
+    r = s[-2] if len(s) >= 2 else 1
+    return scales.new_empty(s[:-2] + (_roundup(r, 128), _roundup(s[-1], 4)), dtype=torch.uint8)
+
+
+@torch.library.custom_op("qq::unswizzle_scales", mutates_args=())
+def _unswizzle_scales_op(scales: Tensor, shape: list[int]) -> Tensor:
+    return _qq.unswizzle_scales(scales, shape)
+
+
+@_unswizzle_scales_op.register_fake
+def _(scales, shape):
+    return scales.new_empty(shape, dtype=torch.uint8)
+
+
+@torch.library.custom_op("qq::quantize_moe", mutates_args=())
+def _quantize_moe_op(w: Tensor, scaling: str, rounding: str, scale_layout: str,
+                     fp8_format: str) -> list[Tensor]:
+    return list(_qq.quantize_moe(w, scaling, rounding=rounding, scale_layout=scale_layout,
+                                 fp8_format=fp8_format))
+
+
+@_quantize_moe_op.register_fake
+def _(w, scaling, rounding, scale_layout, fp8_format):
+    e, d1, d2 = w.shape
+    # data [E, D1, D2] column-major per expert: the [E, D2, D1] buffer seen transposed.
+    data = w.new_empty((e, d2, d1), dtype=torch.uint8).transpose(-2, -1)
+    if scale_layout == "blocked":
+        s = (e, _roundup(d2, 128), _roundup(d1 // 32, 4))
+    else:
+        s = (e, d1 // 32, d2 // 32 if scaling == "32x32" else d2)
+    return [data, w.new_empty(s, dtype=torch.uint8)]
+
+
+# =========================================================================================
+# qq's public functions on torch tensors while torch.compile traces (qq._dispatch)
+# =========================================================================================
+
+def _params(func, mode, group_size, bits):
+    """(group_size, bits) with the mode's defaults filled in; an unknown mode raises as
+    libqq would (other invalid values raise from the op when it runs)."""
+    if not isinstance(mode, str) or mode not in DEFAULTS:
+        raise ValueError(f"{func}: mode: expected one of {', '.join(map(repr, DEFAULTS))}; "
+                         f"got {mode!r}")
+    g, b = DEFAULTS[mode]
+    return (g if group_size is None else int(group_size)), (b if bits is None else int(bits))
+
+
+def _dtype(func, dtype):
+    """The `dtype=` argument as a torch float dtype, or None."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    name = dtype if isinstance(dtype, str) else getattr(dtype, "name", str(dtype))
+    name = name[6:] if name.startswith("torch.") else name
+    if name not in _FLOATS:
+        raise TypeError(f"{func}: dtype: expected 'float32', 'float16' or 'bfloat16' (or the "
+                        f"matching torch dtype), got {dtype!r}")
+    return _FLOATS[name]
+
+
+def _scalar(value, like):
+    """A Python-float global scale as a float32 tensor of shape () on like's device."""
+    if value is None or isinstance(value, Tensor):
+        return value
+    return torch.full((), float(value), dtype=torch.float32, device=like.device)
+
+
+def _no_stream(func, stream):
+    if stream is not None:
+        raise ValueError(f"{func}: stream: under torch.compile qq runs on torch's current "
+                         f"stream; pass stream=None (use torch.cuda.stream(...) around the call)")
+
+
+def _take(func, arg, given, default, qa_value, qa_name):
+    """qq's rule next to a QuantizedArray: an argument left at its default (or None, or
+    equal) takes the QuantizedArray's value; any other value contradicts it."""
+    if given is None or given == default or given == qa_value:
+        return qa_value
+    raise ValueError(f"{func}: {arg}={given!r} contradicts {qa_name}.{arg}={qa_value!r}; "
+                     f"leave {arg} out to use the QuantizedArray's value")
+
+
+def _take_array(func, arg, given, qa_value, qa_name, qa_field):
+    if given is None or given is qa_value:
+        return qa_value
+    raise ValueError(f"{func}: {arg} was given both as an argument and as "
+                     f"{qa_name}.{qa_field} (a QuantizedArray); pass it once")
+
+
+def _qa(tensors, mode, group_size, bits, global_scale, rounding, scale_layout, fp8_format,
+        shape):
+    """A QuantizedArray from op outputs, built field by field: torch.compile cannot trace
+    QuantizedArray.__init__ (Cython), and the op has validated everything already."""
+    qa = object.__new__(QuantizedArray)
+    qa.data, qa.scales = tensors[0], tensors[1]
+    qa.biases = tensors[2] if mode == "affine" else None
+    qa.mode, qa.group_size, qa.bits = mode, group_size, bits
+    qa.global_scale, qa.rounding = global_scale, rounding
+    qa.scale_layout, qa.fp8_format = scale_layout, fp8_format
+    qa.shape = tuple(shape)
+    return qa
+
+
+def _finish(result, out):
+    """out= under torch.compile: the op's result copied into out (which is returned)."""
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
+
+
+def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
+             rounding="ceil", scale_layout="linear", fp8_format="e4m3", stream=None):
+    func = "quantize"
+    _no_stream(func, stream)
+    g, b = _params(func, mode, group_size, bits)
+    gs = _scalar(global_scale, x)
+    t = _quantize_op(x, gs, mode, g, b, rounding, scale_layout, fp8_format)
+    return _qa(t, mode, g, b, gs, rounding, scale_layout, fp8_format, x.shape)
+
+
+def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
+                     rounding="ceil", scale_layout="linear", fp8_format="e4m3", rowwise=False,
+                     stream=None):
+    func = "quantize_colwise"
+    _no_stream(func, stream)
+    g, b = _params(func, mode, group_size, bits)
+    gs = _scalar(global_scale, x)
+    t = _quantize_colwise_op(x, gs, mode, g, b, rounding, scale_layout, fp8_format, bool(rowwise))
+    xs = tuple(x.shape)
+    k = 3 if mode == "affine" else 2
+    col = _qa(t[:k], mode, g, b, gs, rounding, scale_layout, fp8_format,
+              xs[:-2] + (xs[-1], xs[-2]))
+    if not rowwise:
+        return col
+    return _qa(t[k:], mode, g, b, gs, rounding, scale_layout, fp8_format, xs), col
+
+
+def _unpack_weight(func, w, scales, biases, global_scale, mode, group_size, bits,
+                   scale_layout, fp8_format):
+    if not isinstance(w, QuantizedArray):
+        return (w, scales, biases, global_scale, mode, group_size, bits, scale_layout,
+                fp8_format, None)
+    qa = w
+    return (qa.data,
+            _take_array(func, "scales", scales, qa.scales, "w", "scales"),
+            _take_array(func, "biases", biases, qa.biases, "w", "biases"),
+            _take_array(func, "global_scale", global_scale, qa.global_scale, "w", "global_scale"),
+            _take(func, "mode", mode, "affine", qa.mode, "w"),
+            _take(func, "group_size", group_size, None, qa.group_size, "w"),
+            _take(func, "bits", bits, None, qa.bits, "w"),
+            _take(func, "scale_layout", scale_layout, "linear", qa.scale_layout, "w"),
+            _take(func, "fp8_format", fp8_format, "e4m3", qa.fp8_format, "w"),
+            qa.shape)
+
+
+def dequantize(w, scales=None, biases=None, group_size=None, bits=None, mode="affine", *,
+               global_scale=None, scale_layout="linear", fp8_format="e4m3", dtype=None,
+               out=None, stream=None):
+    func = "dequantize"
+    _no_stream(func, stream)
+    (w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format,
+     _) = _unpack_weight(func, w, scales, biases, global_scale, mode, group_size, bits,
+                         scale_layout, fp8_format)
+    g, b = _params(func, mode, group_size, bits)
+    dt = _dtype(func, dtype) or (out.dtype if out is not None else torch.bfloat16)
+    y = _dequantize_op(w, scales, biases, _scalar(global_scale, w), mode, g, b, scale_layout,
+                       fp8_format, dt)
+    return _finish(y, out)
+
+
+def amax(x, *, out=None, stream=None):
+    _no_stream("amax", stream)
+    return _finish(_amax_op(x), out)
+
+
+def _is_float(t):
+    return t.dtype in (torch.float32, torch.float16, torch.bfloat16)
+
+
+def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
+         global_scale_x=None, global_scale_w=None, x_scales=None, bias=None, c=None, beta=1.0,
+         rounding="ceil", scale_layout="linear", fp8_format="e4m3", dtype=None, out=None,
+         stream=None):
+    func = "qqmm"
+    _no_stream(func, stream)
+    w_values = None
+    if isinstance(w, PreparedWeight):
+        w_values = w.values          # None on Blackwell: the packed form serves every call
+        w = w.quantized
+    x_layout = w_layout = scale_layout
+    x_is_q, w_is_q = isinstance(x, QuantizedArray), isinstance(w, QuantizedArray)
+    if x_is_q and w_is_q:
+        for field in ("mode", "group_size", "bits", "fp8_format"):
+            if getattr(x, field) != getattr(w, field):
+                raise ValueError(f"{func}: x.{field}={getattr(x, field)!r} and "
+                                 f"w.{field}={getattr(w, field)!r} differ; both operands "
+                                 f"must be quantized alike")
+    mode_, group_size_, bits_, fp8_format_ = mode, group_size, bits, fp8_format
+    for qa, name, is_q in ((w, "w", w_is_q), (x, "x", x_is_q)):
+        if not is_q:
+            continue
+        mode_ = _take(func, "mode", mode, "nvfp4", qa.mode, name)
+        group_size_ = _take(func, "group_size", group_size, None, qa.group_size, name)
+        bits_ = _take(func, "bits", bits, None, qa.bits, name)
+        fp8_format_ = _take(func, "fp8_format", fp8_format, "e4m3", qa.fp8_format, name)
+    mode, group_size, bits, fp8_format = mode_, group_size_, bits_, fp8_format_
+    if w_is_q:
+        scales = _take_array(func, "scales", scales, w.scales, "w", "scales")
+        global_scale_w = _take_array(func, "global_scale_w", global_scale_w, w.global_scale,
+                                     "w", "global_scale")
+        w_layout = _take(func, "scale_layout", scale_layout, "linear", w.scale_layout, "w")
+        w = w.data
+    if x_is_q:
+        x_scales = _take_array(func, "x_scales", x_scales, x.scales, "x", "scales")
+        global_scale_x = _take_array(func, "global_scale_x", global_scale_x, x.global_scale,
+                                     "x", "global_scale")
+        x_layout = x.scale_layout
+        x = x.data
+    if mode == "affine":
+        raise ValueError(f"{func}: mode 'affine' has no quantized-activation GEMM; use "
+                         f"qq.quantized_matmul (weight-only) for affine weights")
+    g, b = _params(func, mode, group_size, bits)
+    dt = _dtype(func, dtype)
+    if dt is None:
+        dt = out.dtype if out is not None else (x.dtype if _is_float(x) and x_scales is None
+                                                else torch.bfloat16)
+    if w_values is not None and scales is None:
+        w_values = None
+    y = _qqmm_op(x, x_scales, _scalar(global_scale_x, x), w, scales, _scalar(global_scale_w, x),
+                 w_values, bias, c, float(beta) if c is not None else 0.0, mode, g, b,
+                 rounding, x_layout, w_layout, fp8_format, dt)
+    return _finish(y, out)
+
+
+def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=None,
+                     bits=None, mode="affine", *, global_scale=None, bias=None,
+                     scale_layout="linear", fp8_format="e4m3", dtype=None, out=None,
+                     stream=None):
+    func = "quantized_matmul"
+    _no_stream(func, stream)
+    (w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format,
+     logical) = _unpack_weight(func, w, scales, biases, global_scale, mode, group_size, bits,
+                               scale_layout, fp8_format)
+    g, b = _params(func, mode, group_size, bits)
+    if transpose:
+        n = w.shape[-2]                              # w [..., N, K*bits/8]
+    else:
+        n = logical[-1] if logical is not None else w.shape[-1] * 8 // b   # w [..., K, N*bits/8]
+    dt = _dtype(func, dtype) or (out.dtype if out is not None else x.dtype)
+    y = _quantized_matmul_op(x, w, scales, biases, _scalar(global_scale, x), bias,
+                             bool(transpose), n, mode, g, b, scale_layout, fp8_format, dt)
+    return _finish(y, out)
+
+
+def swizzle_scales(scales, *, out=None, stream=None):
+    _no_stream("swizzle_scales", stream)
+    return _finish(_swizzle_scales_op(scales), out)
+
+
+def unswizzle_scales(scales, shape, *, out=None, stream=None):
+    _no_stream("unswizzle_scales", stream)
+    return _finish(_unswizzle_scales_op(scales, list(shape)), out)
+
+
+def quantize_moe(w, scaling="32x1", *, rounding="ceil", scale_layout="linear", fp8_format="e4m3",
+                 stream=None):
+    _no_stream("quantize_moe", stream)
+    data, scales = _quantize_moe_op(w, scaling, rounding, scale_layout, fp8_format)
+    return data, scales
+
+
+@torch.compiler.assume_constant_result
+def _blockscaled_cuda(index: int) -> bool:
+    major, minor = _qq.device_capability(index)
+    return major * 10 + minor in (100, 103, 110, 120, 121)
+
+
+def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_format="e4m3",
+                   stream=None):
+    func = "prepare_weight"
+    if isinstance(w, QuantizedArray):
+        qa = w
+    else:
+        if mode == "affine":
+            raise ValueError(f"{func}: mode 'affine' has no qqmm; use qq.quantize and "
+                             f"qq.quantized_matmul for affine weights")
+        qa = quantize(w, mode=mode, global_scale=global_scale, rounding=rounding,
+                      scale_layout="blocked", fp8_format=fp8_format, stream=stream)
+    if len(qa.shape) != 2:
+        raise ValueError(f"{func}: w: qqmm weights are [N, K]; got shape {qa.shape}")
+    values = None
+    if not (qa.data.is_cuda and _blockscaled_cuda(qa.data.device.index or 0)):
+        values = dequantize(qa.data, qa.scales, group_size=qa.group_size, bits=qa.bits,
+                            mode=qa.mode, scale_layout=qa.scale_layout,
+                            fp8_format=qa.fp8_format, dtype="bfloat16", stream=stream)
+    pw = object.__new__(PreparedWeight)     # PreparedWeight.__init__ is Cython, as in _qa
+    pw.quantized, pw.values = qa, values
+    pw.mode, pw.global_scale, pw.shape = qa.mode, qa.global_scale, qa.shape
+    return pw

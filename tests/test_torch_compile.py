@@ -1,0 +1,456 @@
+"""torch.compile of qq calls and of qq.torch.QQLinear (docs/api.md, "torch.compile").
+
+Every compiled function runs with fullgraph=True (a graph break is an error) and must
+return exactly what the same function returns eagerly: libqq's CPU path is deterministic,
+so quantized codes, scales and GEMM outputs are compared bit for bit. Most cases compile
+with the "eager" / "aot_eager" backends (Dynamo + AOTAutograd with the fake
+implementations, no code generation); one test runs inductor. CUDA variants are marked gpu.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import qq  # noqa: E402
+import qq.torch as qqt  # noqa: E402
+from qq import _torch_ops  # noqa: E402
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+BACKENDS = ["eager", "aot_eager"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles from scratch (no cache limit reached across parametrizations)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def dev(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    return torch.device(device)
+
+
+def data(*shape, device="cpu", dtype=torch.float32, seed=0):
+    """Normal data whose rows span 2^-8 .. 2^8, so that the scales differ per group."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g)
+    x = x * torch.exp2(torch.randint(-8, 9, shape[:-1] + (1,), generator=g).float())
+    return x.to(device=device, dtype=dtype)
+
+
+def compiled(fn, backend="aot_eager", **kw):
+    return torch.compile(fn, fullgraph=True, backend=backend, **kw)
+
+
+def assert_same(got, want, path="result"):
+    """Bit-equal tensors (NaN payloads included), equal QuantizedArray / PreparedWeight
+    fields, recursively through tuples and lists."""
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"{path}: {type(got).__name__}, expected a tensor"
+        assert got.shape == want.shape and got.dtype == want.dtype, \
+            f"{path}: {got.dtype}{tuple(got.shape)} vs {want.dtype}{tuple(want.shape)}"
+        assert got.device == want.device, f"{path}: device {got.device} vs {want.device}"
+        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[got.element_size()]
+        a = got.detach().cpu().contiguous().view(bits)
+        b = want.detach().cpu().contiguous().view(bits)
+        assert torch.equal(a, b), f"{path}: values differ"
+    elif isinstance(want, qq.QuantizedArray):
+        assert type(got) is qq.QuantizedArray, f"{path}: {type(got).__name__}"
+        for f in ("mode", "group_size", "bits", "rounding", "scale_layout", "fp8_format", "shape"):
+            assert getattr(got, f) == getattr(want, f), f"{path}.{f}"
+            assert type(getattr(got, f)) is type(getattr(want, f)), f"{path}.{f}: type"
+        for f in ("data", "scales", "biases", "global_scale"):
+            assert_same(getattr(got, f), getattr(want, f), f"{path}.{f}")
+        assert len(got) == len(want)
+    elif isinstance(want, qq.PreparedWeight):
+        assert type(got) is qq.PreparedWeight, f"{path}: {type(got).__name__}"
+        assert got.mode == want.mode and got.shape == want.shape
+        assert_same(got.quantized, want.quantized, f"{path}.quantized")
+        assert_same(got.values, want.values, f"{path}.values")
+    elif isinstance(want, (tuple, list)):
+        assert type(got) is type(want) and len(got) == len(want), f"{path}: {got!r}"
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert_same(a, b, f"{path}[{i}]")
+    else:
+        assert got == want, f"{path}: {got!r} != {want!r}"
+
+
+def check(fn, *args, backend="aot_eager"):
+    """fn compiled with fullgraph=True returns what fn returns eagerly."""
+    want = fn(*args)
+    got = compiled(fn, backend)(*args)
+    assert_same(got, want)
+    return got
+
+
+# =========================================================================================
+# import, shape rules
+# =========================================================================================
+
+def test_import_qq_does_not_import_torch():
+    """qq works without torch: `import qq` must not import it (the ops register lazily)."""
+    code = "import qq, sys; assert 'torch' not in sys.modules, 'torch imported'; " \
+           "assert 'qq._torch_ops' not in sys.modules"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert r.returncode == 0, r.stderr
+
+
+def test_import_after_torch_registers_ops():
+    """torch first, then qq: the ops exist before any call (qq/_dispatch.py)."""
+    code = "import torch, qq; assert hasattr(torch.ops.qq, 'quantize'); " \
+           "assert 'qq._torch_ops' in __import__('sys').modules"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_defaults_table_matches_libqq():
+    """The fake implementations' group_size / bits defaults are qqQuantParamsInit's."""
+    for mode, (g, b) in _torch_ops.DEFAULTS.items():
+        qa = qq.quantize(np.ones((1, 128), np.float32), mode=mode)
+        assert (qa.group_size, qa.bits) == (g, b), mode
+
+
+@pytest.mark.parametrize("shape", [(128,), (3, 64), (2, 1, 192), (2, 64, 128), (2, 3, 130, 128)])
+@pytest.mark.parametrize("mode,layout", [("affine", "linear"), ("nvfp4", "blocked"),
+                                         ("mxfp4", "linear"), ("mxfp8", "blocked")])
+def test_fake_shapes_match_eager(mode, layout, shape):
+    """Every op's fake implementation gives the eager result's shapes, dtypes and strides
+    (torch.library.opcheck runs the op under FakeTensorMode and compares); 1-D x counts as
+    M = 1 for blocked scales, M = 130 pads to 256."""
+    x = data(*shape)
+    gs = qq.amax(x) if mode == "nvfp4" else None
+    g, b = _torch_ops.DEFAULTS[mode]
+    ops = torch.ops.qq
+    tests = ("test_schema", "test_faketensor")
+    torch.library.opcheck(ops.quantize, (x, gs, mode, g, b, "ceil", layout, "e4m3"), test_utils=tests)
+    if len(shape) >= 2 and shape[-2] % g == 0:
+        torch.library.opcheck(ops.quantize_colwise, (x, gs, mode, g, b, "ceil", layout, "e4m3", True),
+                              test_utils=tests)
+    qa = qq.quantize(x, mode=mode, global_scale=gs, scale_layout=layout)
+    torch.library.opcheck(ops.dequantize, (qa.data, qa.scales, qa.biases, gs, mode, g, b, layout,
+                                           "e4m3", torch.float16), test_utils=tests)
+    torch.library.opcheck(ops.amax, (x,), test_utils=tests)
+    if mode != "affine":
+        lin = qq.quantize(x, mode=mode, global_scale=gs).scales
+        torch.library.opcheck(ops.swizzle_scales, (lin,), test_utils=tests)
+        blk = qq.swizzle_scales(lin)
+        torch.library.opcheck(ops.unswizzle_scales, (blk, list(lin.shape)), test_utils=tests)
+
+
+def test_opcheck_matmuls_and_linear():
+    """opcheck of the GEMM ops, quantize_moe and qq.torch's linear ops, autograd
+    registration included (test_autograd_registration, test_aot_dispatch_dynamic)."""
+    x, w = data(5, 64), data(48, 64, seed=1)
+    qw = qq.quantize(w, mode="mxfp8", scale_layout="blocked")
+    torch.library.opcheck(torch.ops.qq.qqmm, (x, None, None, qw.data, qw.scales, None, None, None,
+                                              None, 0.0, "mxfp8", 32, 8, "ceil", "linear",
+                                              "blocked", "e4m3", torch.bfloat16))
+    aw = qq.quantize(w, mode="affine", group_size=32, bits=3)
+    torch.library.opcheck(torch.ops.qq.quantized_matmul,
+                          (x, aw.data, aw.scales, aw.biases, None, None, True, 48, "affine", 32, 3,
+                           "linear", "e4m3", torch.float32))
+    torch.library.opcheck(torch.ops.qq.quantize_moe, (data(2, 64, 96), "32x32", "ceil", "blocked", "e4m3"))
+    for mode in qqt.MODES:
+        xr = data(40, 64).requires_grad_()
+        wr = (data(96, 64, seed=2) / 16).requires_grad_()
+        br = data(96, seed=3).requires_grad_()
+        torch.library.opcheck(torch.ops.qq.linear, (xr, wr, br, mode))
+        dy, x2 = data(40, 96, seed=4), data(40, 64)
+        _, *wd = torch.ops.qq.linear(x2, wr.detach(), None, mode)
+        torch.library.opcheck(torch.ops.qq.linear_backward,
+                              (dy, x2, wd, mode, True, True, torch.float32))
+
+
+# =========================================================================================
+# plain qq calls on torch tensors
+# =========================================================================================
+
+CASES = [("affine", "linear"), ("nvfp4", "linear"), ("nvfp4", "blocked"), ("mxfp4", "blocked"),
+         ("mxfp8", "linear")]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode,layout", CASES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_quantize_dequantize_amax(device, mode, layout, backend):
+    """A QuantizedArray made, unpacked and returned inside the compiled function equals the
+    eager one field by field (nvfp4's global scale from qq.amax, a Python float too)."""
+    x = data(2, 40, 128, device=dev(device), dtype=torch.bfloat16)
+
+    def f(x):
+        gs = qq.amax(x) if mode == "nvfp4" else None
+        qa = qq.quantize(x, mode=mode, global_scale=gs, scale_layout=layout)
+        codes, scales, *biases = qa
+        y = qq.dequantize(qa, dtype=torch.float32)
+        y2 = qq.dequantize(codes, scales, *biases, mode=mode, global_scale=gs,
+                           scale_layout=layout, dtype="float16")
+        return qa, y, y2, len(qa), qa[1]
+
+    check(f, x, backend=backend)
+    if mode == "nvfp4":
+        check(lambda x: qq.quantize(x, mode="nvfp4", global_scale=448.0 * 6), x, backend=backend)
+
+
+@pytest.mark.parametrize("mode,layout", CASES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_quantize_colwise(device, mode, layout):
+    """quantize_colwise alone and rowwise=True (a pair of QuantizedArrays)."""
+    x = data(3, 64, 128, device=dev(device))
+    gs = qq.amax(x) if mode == "nvfp4" else None
+    check(lambda x, gs: qq.quantize_colwise(x, mode=mode, global_scale=gs, scale_layout=layout), x, gs)
+    check(lambda x, gs: qq.quantize_colwise(x, mode=mode, global_scale=gs, scale_layout=layout,
+                                            rowwise=True), x, gs)
+
+
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp4", "mxfp8"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_qqmm_float_and_quantized_operands(device, mode):
+    """qqmm with float operands (quantized inside), QuantizedArrays made inside and outside
+    the compiled function, raw packed w with scales, bias, c / beta, dtype and out=."""
+    d = dev(device)
+    x, w = data(2, 5, 64, device=d), data(48, 64, device=d, seed=1)
+    bias, c = data(48, device=d, seed=2), data(2, 5, 48, device=d, seed=3)
+    nv = mode == "nvfp4"
+    qw = qq.quantize(w, mode=mode, global_scale=qq.amax(w) if nv else None, scale_layout="blocked")
+
+    def f(x, w, qw, bias, c):
+        gx = qq.amax(x) if nv else None
+        gw = qq.amax(w) if nv else None
+        y1 = qq.qqmm(x, w, mode=mode, global_scale_x=gx, global_scale_w=gw, bias=bias)
+        qx = qq.quantize(x, mode=mode, global_scale=gx)
+        y2 = qq.qqmm(qx, qw, dtype=torch.float16)
+        y3 = qq.qqmm(x, qw.data, qw.scales, mode=mode, global_scale_x=gx,
+                     global_scale_w=qw.global_scale, scale_layout="blocked", c=c, beta=0.5)
+        qb = qq.quantize(x, mode=mode, global_scale=gx, scale_layout="blocked")
+        y4 = qq.qqmm(qb.data, qw, x_scales=qb.scales, global_scale_x=gx, scale_layout="blocked")
+        return y1, y2, y3, y4
+
+    check(f, x, w, qw, bias, c)
+
+    out = torch.zeros(2, 5, 48, device=d)
+
+    def g(x, qw, out):
+        return qq.qqmm(x, qw, global_scale_x=qq.amax(x) if nv else None, out=out)
+
+    want = g(x, qw, torch.zeros_like(out))
+    got = compiled(g)(x, qw, out)
+    assert got is out
+    assert_same(out, want)
+
+
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp8"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_qqmm_prepared_weight(device, mode):
+    """A PreparedWeight from outside the compiled function (rows <= 4: the packed form;
+    more rows: the bf16 values; qqmm picks per call at run time, as eagerly) and
+    prepare_weight inside it."""
+    d = dev(device)
+    w = data(64, 96, device=d, seed=1)
+    gw = qq.amax(w) if mode == "nvfp4" else None
+    pw = qq.prepare_weight(w, mode=mode, global_scale=gw)
+
+    def f(x, pw):
+        return qq.qqmm(x, pw, global_scale_x=qq.amax(x) if mode == "nvfp4" else None)
+
+    for rows in (3, 40):
+        check(f, data(rows, 96, device=d), pw)
+    check(lambda w, gw: qq.prepare_weight(w, mode=mode, global_scale=gw), w, gw)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_quantized_matmul(device):
+    """Weight-only matmul: affine (3 bits) both orientations, nvfp4 from a QuantizedArray,
+    bias and dtype."""
+    d = dev(device)
+    x = data(2, 6, 64, device=d, dtype=torch.bfloat16)
+    w = data(48, 64, device=d, seed=1, dtype=torch.bfloat16)
+    wt = data(64, 96, device=d, seed=2, dtype=torch.bfloat16)
+    bias = data(48, device=d, seed=3)
+    qa = qq.quantize(w, mode="affine", group_size=32, bits=3)
+    qt = qq.quantize(wt, mode="affine", group_size=32)
+    qn = qq.quantize(w, mode="nvfp4", global_scale=qq.amax(w))
+
+    def f(x, qa, qt, qn, bias):
+        return (qq.quantized_matmul(x, qa, bias=bias),
+                qq.quantized_matmul(x, qt, transpose=False, dtype=torch.float32),
+                qq.quantized_matmul(x, qt.data, qt.scales, qt.biases, False, 32, mode="affine"),
+                qq.quantized_matmul(x, qn))
+
+    check(f, x, qa, qt, qn, bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_swizzle_unswizzle_and_quantize_moe(device):
+    """Blocked <-> linear scales round trip for 1-D, odd and batched shapes (R = 130 pads
+    to 256, C = 5 to 8), and quantize_moe (column-major codes: the fake strides matter)."""
+    d = dev(device)
+    for shape in [(7,), (130, 5), (2, 3, 9)]:
+        s = torch.randint(0, 255, shape, dtype=torch.uint8, device=d)
+
+        def f(s):
+            b = qq.swizzle_scales(s)
+            return b, qq.unswizzle_scales(b, s.shape)
+
+        b, back = check(f, s)
+        assert torch.equal(back, s)
+    w = data(2, 64, 96, device=d)
+    for scaling, layout in [("32x1", "linear"), ("32x32", "blocked")]:
+        got = check(lambda w: qq.quantize_moe(w, scaling, scale_layout=layout), w)
+        assert got[0].stride() == (64 * 96, 1, 64)
+
+
+def test_no_graph_break_explain():
+    """torch._dynamo.explain: one graph, no break, for a function using every op."""
+    x, w = data(4, 64), data(32, 64, seed=1)
+
+    def f(x, w):
+        gs = qq.amax(x)
+        qa = qq.quantize(x, mode="nvfp4", global_scale=gs)
+        qc = qq.quantize_colwise(w, mode="mxfp8", scale_layout="blocked")
+        y = qq.qqmm(qa, qq.quantize(w, mode="nvfp4", global_scale=qq.amax(w)))
+        z = qq.quantized_matmul(x, qq.quantize(w, mode="mxfp4"))
+        s = qq.unswizzle_scales(qq.swizzle_scales(qa.scales), qa.scales.shape)
+        return y + z + qq.dequantize(qc, dtype=torch.float32).sum() + s.float().sum()
+
+    e = torch._dynamo.explain(f)(x, w)
+    assert e.graph_break_count == 0 and e.graph_count == 1, e.break_reasons
+    ops = {n.target for g in e.graphs for n in g.graph.nodes if n.op == "call_function"}
+    for name in ("amax", "quantize", "quantize_colwise", "qqmm", "quantized_matmul",
+                 "swizzle_scales", "unswizzle_scales", "dequantize"):
+        assert getattr(torch.ops.qq, name).default in ops, name
+
+
+def test_dynamic_batch_one_compile():
+    """mark_dynamic on the batch axis: one compile serves M = 3, 5 and 130 (the fake
+    implementations compute roundup(M, 128) on the symbol)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    cnt = CompileCounterWithBackend("aot_eager")
+    w = data(48, 64, seed=1)
+
+    def f(x, w):
+        qa = qq.quantize(x, mode="mxfp8", scale_layout="blocked")
+        return qa, qq.qqmm(qa, qq.quantize(w, mode="mxfp8", scale_layout="blocked")), \
+            qq.quantize_colwise(x.t().contiguous(), mode="nvfp4", global_scale=qq.amax(x))
+
+    cf = torch.compile(f, fullgraph=True, backend=cnt)
+    for m in (3, 5, 130):
+        x = data(m, 64, seed=m)
+        torch._dynamo.mark_dynamic(x, 0)
+        assert_same(cf(x, w), f(x, w), f"M={m}")
+    assert cnt.frame_count == 1
+
+
+def test_errors_under_compile():
+    """Wrong arguments raise with qq's message under compile too: an unknown mode or a
+    stream at trace time (a ValueError; fullgraph=True reports it as Dynamo's Unsupported
+    caused by it), K not a multiple of the group from the fake implementation, rounding
+    'up' from libqq when the op runs (the ValueError itself)."""
+    x = data(4, 64)
+    with pytest.raises(ValueError, match="quantize: mode: expected one of"):
+        torch.compile(lambda x: qq.quantize(x, mode="fp6"), backend="eager")(x)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="mode: expected one of") as e:
+        compiled(lambda x: qq.quantize(x, mode="fp6"))(x)
+    assert "ValueError" in repr(e.value.__cause__)
+    with pytest.raises(Exception, match="amax: stream"):
+        compiled(lambda x: qq.amax(x, stream=0))(x)
+    with pytest.raises(Exception, match="quantize: K=48 is not a positive multiple of group_size 32"):
+        compiled(lambda x: qq.quantize(x, mode="mxfp8"))(data(4, 48))
+    with pytest.raises(ValueError, match="quantize: rounding: expected one of 'ceil', 'floor'"):
+        compiled(lambda x: qq.quantize(x, mode="mxfp8", rounding="up"))(x)
+
+
+# =========================================================================================
+# qq.torch.QQLinear
+# =========================================================================================
+
+def mlp(mode, device, dtype=torch.float32):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32))
+    return qqt.convert_linear(m.to(device=device, dtype=dtype), mode=mode)
+
+
+def train_step(model, x, dynamic=False):
+    for p in model.parameters():
+        p.grad = None
+    x = x.detach().requires_grad_()
+    if dynamic:
+        torch._dynamo.mark_dynamic(x, 0)
+    y = model(x)
+    y.float().square().sum().backward()
+    return [y, x.grad] + [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("mode", qqt.MODES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_qqlinear_forward_backward(device, mode):
+    """A compiled two-layer QQLinear model: y, dx, dW and db bit-equal to eager (T = 80
+    is not a multiple of the wgrad block 32: the padded path)."""
+    d = dev(device)
+    model = mlp(mode, d)
+    x = data(2, 40, 64, device=d)
+    want = train_step(model, x)
+    got = train_step(compiled(model), x)
+    assert_same(got, want)
+
+
+def test_qqlinear_bf16_dynamic_batch():
+    """bf16 model, dynamic batch: one compile for T = 40 and 72, equal to eager."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    cnt = CompileCounterWithBackend("aot_eager")
+    model = mlp("nvfp4", "cpu", torch.bfloat16)
+    cm = torch.compile(model, fullgraph=True, backend=cnt)
+    for t in (40, 72):
+        x = data(t, 64, dtype=torch.bfloat16, seed=t)
+        assert_same(train_step(cm, x, dynamic=True), train_step(model, x), f"T={t}")
+    assert cnt.frame_count == 1
+
+
+def test_qqlinear_partial_grads_and_no_grad():
+    """Frozen first weight (the backward op skips its dW), an input without grad (skips
+    the first layer's dx), and a no_grad forward: all equal to eager."""
+    model = mlp("mxfp8", "cpu")
+    model[0].weight.requires_grad_(False)
+    x = data(40, 64)
+    assert_same(train_step(compiled(model), x), train_step(model, x))
+    torch._dynamo.reset()
+    cm = compiled(model)
+    grads = []
+    for m in (cm, model):
+        for p in model.parameters():
+            p.grad = None
+        m(x).sum().backward()
+        grads.append([p.grad for p in model.parameters() if p.requires_grad])
+    assert_same(grads[0], grads[1])
+    with torch.no_grad():
+        assert_same(cm(x), model(x))
+
+
+def test_inductor():
+    """inductor (C++ code generation on the CPU) around the ops: plain qq calls bit-equal;
+    the QQLinear model's y, dx and dW bit-equal, db within fp32 rounding (inductor sums the
+    tokens in another order)."""
+    x, w = data(8, 64), data(32, 64, seed=1)
+
+    def f(x, w):
+        qa = qq.quantize(x * 2, mode="nvfp4", global_scale=qq.amax(x * 2))
+        return qa, qq.qqmm(x, w, mode="mxfp8").relu()
+
+    check(f, x, w, backend="inductor")
+    model = mlp("mxfp8", "cpu")
+    x = data(2, 40, 64)
+    want = train_step(model, x)
+    got = train_step(compiled(model, "inductor"), x)
+    assert_same(got[:3] + got[4:5], want[:3] + want[4:5])
+    for a, b in zip(got[3::2], want[3::2]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
