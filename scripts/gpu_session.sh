@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The one device script: build for the present GPU, run the GPU tests, the
+# compute-sanitizer checks and the benchmarks, each step's log under $OUT.
+#   scripts/gpu_session.sh STEP...    (run in the repository root on the device)
+# Steps:
+#   build      pip install (no isolation, no deps: the device has no network) for sm_90a
+#   test       every GPU test (pytest -m gpu, 8 workers) + python -m qq
+#   memcheck   compute-sanitizer memcheck over every GPU test (8 workers)
+#   racecheck  racecheck + initcheck over the kernels that use shared memory
+#              (qmma, qmv, the quantize tile kernel, amax)
+#   bench      bench_overhead (GPU rows) and bench_decode; BENCHES="..." adds others
+# One file comes back: $OUT/session.tgz (logs/ and results/).
+set -uo pipefail
+OUT=${OUT:-/tmp/qq-out}
+LOG="$OUT/logs"; RES="$OUT/results"
+mkdir -p "$LOG" "$RES"
+export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=16
+rc=0
+pack() { tar czf "$OUT/session.tgz" -C "$OUT" logs results; }
+trap pack EXIT
+for step in "$@"; do
+  echo "=== $step $(date +%T)"
+  case $step in
+    build)
+      nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$LOG/info.log"
+      python3 -m pip install --no-build-isolation --no-deps -e . -C cmake.define.QQ_CUDA_ARCHS=${QQ_ARCHS:-90a} \
+        > "$LOG/build.log" 2>&1 || { tail -40 "$LOG/build.log"; exit 1; }
+      python3 -m qq > "$LOG/main.log" 2>&1 || rc=1
+      tail -25 "$LOG/main.log"
+      ;;
+    test)
+      timeout 560 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider --tb=short -rfE tests \
+        > "$LOG/pytest_gpu.log" 2>&1 || rc=1
+      grep -E "^(FAILED|ERROR)" "$LOG/pytest_gpu.log" | head -40; tail -2 "$LOG/pytest_gpu.log"
+      ;;
+    memcheck)
+      timeout 580 compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 \
+        --print-limit 20 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider --tb=line tests \
+        > "$LOG/memcheck.log" 2>&1 || rc=1
+      grep -E "ERROR SUMMARY|Invalid|FAILED" "$LOG/memcheck.log" | sort | uniq -c | head -20
+      tail -2 "$LOG/memcheck.log"
+      ;;
+    racecheck)
+      K='qmma or qmv or small or colwise or tile or amax or moe'
+      for tool in racecheck initcheck; do
+        timeout 280 compute-sanitizer --tool $tool --target-processes all --error-exitcode 9 --print-limit 20 \
+          python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider --tb=line -k "$K" \
+          tests/test_matmul_gpu.py tests/test_colwise.py tests/test_amax.py \
+          > "$LOG/$tool.log" 2>&1 || rc=1
+        echo "$tool:"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOG/$tool.log" | sort | uniq -c | head; tail -1 "$LOG/$tool.log"
+      done
+      ;;
+    bench)
+      QQ_BENCH_OUT="$RES" timeout 120 python3 bench/bench_overhead.py --gpu-only > "$LOG/bench_overhead.log" 2>&1 || rc=1
+      tail -15 "$LOG/bench_overhead.log"
+      QQ_BENCH_OUT="$RES" timeout 300 python3 bench/bench_decode.py > "$LOG/bench_decode.log" 2>&1 || rc=1
+      tail -30 "$LOG/bench_decode.log"
+      for b in ${BENCHES:-}; do
+        QQ_BENCH_OUT="$RES" timeout 240 python3 bench/bench_$b.py > "$LOG/bench_$b.log" 2>&1 || rc=1
+        tail -8 "$LOG/bench_$b.log"
+      done
+      ;;
+    *) echo "unknown step $step"; rc=1 ;;
+  esac
+done
+exit $rc
