@@ -6,8 +6,10 @@
 #   build      pip install (no isolation, no deps: the device has no network) for sm_90a
 #   test       every GPU test (pytest -m gpu, 8 workers) + python -m qq
 #   memcheck   compute-sanitizer memcheck over every GPU test (8 workers)
-#   racecheck  racecheck + initcheck over the kernels that use shared memory
-#              (qmma, qmv, the quantize tile kernel, amax)
+#   racecheck  racecheck + initcheck over the GPU tests of the kernels that use shared
+#              memory (qmma, qmv, the quantize tile kernel, amax): slow (torch's kernels
+#              are instrumented at start-up); `kernels` is the quick form
+#   kernels    racecheck + initcheck over scripts/sanitize_kernels.py (CuPy, no torch)
 #   bench      bench_overhead (GPU rows) and bench_decode; BENCHES="..." adds others
 # One file comes back: $OUT/session.tgz (logs/ and results/).
 set -uo pipefail
@@ -25,8 +27,10 @@ for step in "$@"; do
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$LOG/info.log"
       python3 -m pip install --no-build-isolation --no-deps -e . -C cmake.define.QQ_CUDA_ARCHS=${QQ_ARCHS:-90a} \
         > "$LOG/build.log" 2>&1 || { tail -40 "$LOG/build.log"; exit 1; }
-      python3 -m qq > "$LOG/main.log" 2>&1 || rc=1
-      tail -25 "$LOG/main.log"
+      if [ -z "${QUICK:-}" ]; then
+        python3 -m qq > "$LOG/main.log" 2>&1 || rc=1
+        tail -25 "$LOG/main.log"
+      fi
       ;;
     test)
       timeout 560 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider --tb=short -rfE tests \
@@ -41,13 +45,21 @@ for step in "$@"; do
       tail -2 "$LOG/memcheck.log"
       ;;
     racecheck)
-      K='qmma or qmv or small or colwise or tile or amax or moe'
+      # racecheck runs shared-memory kernels ~100x slower: one test family per kernel
+      K='qmma_shapes or qmma_code_space or qmm_m_sweep or colwise_fp_equals or test_moe or test_random'
       for tool in racecheck initcheck; do
-        timeout 280 compute-sanitizer --tool $tool --target-processes all --error-exitcode 9 --print-limit 20 \
-          python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider --tb=line -k "$K" \
+        timeout ${SAN_TIMEOUT:-270} compute-sanitizer --tool $tool --target-processes all --error-exitcode 9 \
+          --print-limit 20 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider --tb=line -k "$K" \
           tests/test_matmul_gpu.py tests/test_colwise.py tests/test_amax.py \
           > "$LOG/$tool.log" 2>&1 || rc=1
         echo "$tool:"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOG/$tool.log" | sort | uniq -c | head; tail -1 "$LOG/$tool.log"
+      done
+      ;;
+    kernels)
+      for tool in racecheck initcheck; do
+        timeout ${SAN_TIMEOUT:-90} compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 \
+          python3 scripts/sanitize_kernels.py > "$LOG/kernels-$tool.log" 2>&1 || rc=1
+        echo "$tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|mismatches' "$LOG/kernels-$tool.log" | tr '\n' ' ')"
       done
       ;;
     bench)

@@ -1,0 +1,81 @@
+"""A few small calls of every libqq kernel that uses shared memory (qmma's k-split
+reduction, qmv, the quantize tile kernel of quantize_colwise / quantize_moe, amax), for
+compute-sanitizer's racecheck and initcheck:
+
+    compute-sanitizer --tool racecheck python3 scripts/sanitize_kernels.py
+
+It imports CuPy (not torch, whose thousands of kernels make racecheck's start-up take
+minutes) and checks each result against the CPU backend, so a race that changes a value
+also fails here. Exit code 0 = every call matched.
+"""
+
+import sys
+
+import numpy as np
+
+import qq
+
+try:
+    import cupy as cp
+except ImportError:
+    sys.exit("needs CuPy")
+
+rng = np.random.default_rng(0)
+bad = 0
+
+
+def dev(a):
+    return cp.asarray(a)
+
+
+def same(name, got, want):
+    global bad
+    got = np.asarray(got.get() if hasattr(got, "get") else got)
+    want = np.asarray(want)
+    ok = got.shape == want.shape and np.array_equal(got.reshape(-1).view(np.uint8), want.reshape(-1).view(np.uint8))
+    if not ok:
+        close = np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=1e-2, atol=1e-2)
+        ok = close and name.startswith("mm")   # matmuls: CPU and GPU sum in another order
+    print(f"{name:40s} {'ok' if ok else 'MISMATCH'}")
+    bad += not ok
+
+
+for shape in [(64, 256), (160, 96)]:
+    x = rng.standard_normal(shape).astype(np.float32)
+    same(f"amax {shape}", qq.amax(dev(x)), qq.amax(x))
+    for mode in ["nvfp4", "mxfp8", "affine"]:
+        if shape[0] % 64 and mode == "affine":  # (affine groups of 32 rows still need M % 32)
+            continue
+        kw = {"mode": mode} if mode != "affine" else {"group_size": 32, "bits": 4}
+        r, c = qq.quantize_colwise(dev(x), rowwise=True, **kw)
+        rr, cc = qq.quantize_colwise(x, rowwise=True, **kw)
+        same(f"colwise {mode} {shape} data_t", c.data, cc.data)
+        same(f"colwise {mode} {shape} scales_t", c.scales, cc.scales)
+        same(f"colwise {mode} {shape} row data", r.data, rr.data)
+
+w3 = rng.standard_normal((2, 64, 96)).astype(np.float32)
+for scaling in ["32x1", "32x32"]:
+    d, s = qq.quantize_moe(dev(w3), scaling)
+    dd, ss = qq.quantize_moe(w3, scaling)
+    same(f"moe {scaling} data", d, dd)
+    same(f"moe {scaling} scales", s, ss)
+
+W = rng.standard_normal((256, 512)).astype(np.float32)
+for mode in ["nvfp4", "mxfp4", "mxfp8", "affine"]:
+    kw = {"mode": mode} if mode != "affine" else {"group_size": 64, "bits": 4}
+    wq = qq.quantize(W, **kw)
+    wq_d = qq.quantize(dev(W), **kw)
+    for m in [1, 3, 16, 64]:
+        x = rng.standard_normal((m, 512)).astype(np.float32)
+        xb = x.astype(np.float32)
+        if m <= 4:   # float32 x: the CUDA-core qmv kernel
+            got = qq.quantized_matmul(dev(xb), wq_d)
+            route = qq.last_route()
+            same(f"mm quantized_matmul {mode} M={m} ({route})", got, qq.quantized_matmul(xb, wq))
+        if mode != "affine":   # qqmm on a packed w: qmma on q(x) in bf16 (M <= 64)
+            got = qq.qqmm(dev(xb), wq_d)
+            route = qq.last_route()
+            same(f"mm qqmm {mode} M={m} ({route})", got, qq.qqmm(xb, wq))
+
+print("mismatches:", bad)
+sys.exit(1 if bad else 0)
