@@ -35,6 +35,10 @@ def gpu_tag() -> str:
 
 
 def git_commit() -> str:
+    # QQ_COMMIT first: the device machine's copy of the tree may carry a stale .git
+    # (a table of 2026-11-23 was stamped with an old commit that way).
+    if os.environ.get("QQ_COMMIT"):
+        return os.environ["QQ_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
                               text=True, timeout=10).stdout.strip() or "unknown"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one device script: build for the present GPU, run the GPU tests, the
 # compute-sanitizer checks and the benchmarks, each step's log under $OUT.
-#   scripts/gpu_session.sh STEP...    (run in the repository root on the device)
+#   QQ_COMMIT=<short hash> scripts/gpu_session.sh STEP...   (in the repository root on the
+#   device; QQ_COMMIT stamps the result tables: the device's .git may be stale)
 # Steps:
 #   build      pip install (no isolation, no deps: the device has no network) for sm_90a
 #   test       every GPU test (pytest -m gpu, 8 workers) + python -m qq
