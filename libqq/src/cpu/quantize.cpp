@@ -47,7 +47,9 @@ void parallel_for(int64_t n, int64_t cost, void (*fn)(void*, int64_t, int64_t), 
 // ---- row conversions ---------------------------------------------------------
 void load_row(const void* p, DType dt, int64_t n, float* out) {
   switch (dt) {
-    case DType::F32: memcpy(out, p, n * 4); break;
+    case DType::F32:
+      if (n > 0) memcpy(out, p, n * 4);  // (an empty row may have a NULL pointer: memcpy(NULL, 0) is UB)
+      break;
     case DType::F16: {
       const uint16_t* h = (const uint16_t*)p;
       for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_f(h[i]);
@@ -63,7 +65,9 @@ void load_row(const void* p, DType dt, int64_t n, float* out) {
 }
 void store_row(const float* in, int64_t n, DType dt, void* p) {
   switch (dt) {
-    case DType::F32: memcpy(p, in, n * 4); break;
+    case DType::F32:
+      if (n > 0) memcpy(p, in, n * 4);
+      break;
     case DType::F16: {
       uint16_t* h = (uint16_t*)p;
       for (int64_t i = 0; i < n; ++i) h[i] = f_to_fp16(in[i]);
