@@ -1,4 +1,4 @@
-"""The one benchmark harness of libqq (DESIGN.md section 6).
+"""The one benchmark harness of libqq (docs/benchmarks.md).
 
 Every bench_<family>.py builds rows with `Bench.row(...)` and calls
 `Bench.save(name)`. Timing: CUDA events, warm-up first, the median of many

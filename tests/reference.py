@@ -1,7 +1,7 @@
 """Independent NumPy reference of libqq's numerics.
 
-Written from DESIGN.md sections 1-3 (and the decisions recorded in tests/README.md where
-DESIGN.md is silent), never from libqq's sources, so that the test suite can compare
+Written from docs/formats.md (and the decisions recorded in tests/README.md where it is
+silent), never from libqq's sources, so that the test suite can compare
 libqq's answers bit for bit against a second, separately written implementation.
 
 Everything here is pure NumPy (+ ml_dtypes for bfloat16) and vectorized: quantizing a
@@ -9,7 +9,7 @@ Everything here is pure NumPy (+ ml_dtypes for bfloat16) and vectorized: quantiz
 
 Conventions
 -----------
-* All arithmetic that DESIGN.md specifies "in fp32" is done on np.float32 arrays with
+* All arithmetic that docs/formats.md specifies "in fp32" is done on np.float32 arrays with
   np.float32 scalars, so every operation is one IEEE fp32 operation (NumPy's float32
   +, -, *, / are correctly rounded).
 * Conversions to E2M1 / E4M3FN / E5M2 are done by table lookup on the exact float64
@@ -246,7 +246,7 @@ def ue8m0_value(byte) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------
-# Packing (DESIGN.md section 1)
+# Packing (docs/formats.md, Modes)
 # ---------------------------------------------------------------------------
 
 def pack(codes, bits: int) -> np.ndarray:
@@ -285,7 +285,7 @@ def unpack(data, bits: int, k: Optional[int] = None) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------
-# Blocked scale layout (DESIGN.md section 3)
+# Blocked scale layout (docs/formats.md, Scale layouts)
 # ---------------------------------------------------------------------------
 
 def roundup(a: int, b: int) -> int:

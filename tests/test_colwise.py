@@ -1,8 +1,8 @@
 """Quantization along the other axis (quantize_colwise) and the MoE 3D MXFP8 weights
-(quantize_moe): DESIGN.md section 3, issue "CUDA quantization kernels".
+(quantize_moe): docs/formats.md and docs/api.md (quantize_moe), issue "CUDA quantization kernels".
 
 quantize_colwise(x) must equal quantize(x^T) bit for bit (it is defined that way); the
-32x32 MoE scaling gets its own small reference below, written from DESIGN.md: one UE8M0
+32x32 MoE scaling gets its own small reference below, written from docs/api.md's quantize_moe rule: one UE8M0
 scale from the amax of each 32x32 tile, elements convert(x * 2^(127-b))."""
 
 import numpy as np
@@ -87,7 +87,7 @@ def test_colwise_edge_values_nan_inf_zero():
 # ---------------------------------------------------------------------------
 
 def ref_moe(w, scaling, rounding="ceil", fp8_format="e4m3", layout="linear"):
-    """Reference of quantize_moe from DESIGN.md: (codes [E, D1, D2], linear scales, blocked
+    """Reference of quantize_moe from docs/api.md: (codes [E, D1, D2], linear scales, blocked
     scales). 32x1 is quantize(w[e]^T); 32x32 shares one amax per 32x32 tile."""
     w32 = np.asarray(w).astype(F32)
     e, d1, d2 = w32.shape
@@ -121,7 +121,7 @@ def ref_moe(w, scaling, rounding="ceil", fp8_format="e4m3", layout="linear"):
 @pytest.mark.parametrize("shape", [(1, 64, 96), (3, 160, 64)], ids=lambda s: "x".join(map(str, s)))
 def test_moe(rng, shape, scaling, rounding, layout, transposed_view, device):
     """MoE weights [E, D1, D2]: data column-major per expert (strides (D1*D2, 1, D1)),
-    scales per DESIGN.md section 3; the transposed view of an [E, D2, D1] tensor is
+    scales per docs/api.md (quantize_moe); the transposed view of an [E, D2, D1] tensor is
     accepted as is and gives the same bytes."""
     w = random_data(rng, shape, np.float32, group_size=1)
     w[0, 5, 7] = np.nan

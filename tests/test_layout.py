@@ -1,4 +1,4 @@
-"""Blocked scale layout (DESIGN.md section 3, cuBLASLt's 1D block-scaling layout):
+"""Blocked scale layout (docs/formats.md, Scale layouts; cuBLASLt's 1D block-scaling layout):
 rows padded to 128, scale columns to 4, zero padding, and
 off(r, c) = (r/128)*128*C4 + (c/4)*512 + (r%32)*16 + ((r%128)/32)*4 + (c%4).
 qq.swizzle_scales / qq.unswizzle_scales convert; quantize(scale_layout="blocked") writes

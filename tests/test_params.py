@@ -1,4 +1,4 @@
-"""Parameter combinations DESIGN.md leaves open, as decided in docs/formats.md / qq.h:
+"""Parameter combinations the format specifications leave open, as decided in docs/formats.md / qq.h:
 `rounding` belongs to the UE8M0 modes and `fp8_format` to mxfp8; anything else is refused
 with a message naming the parameter instead of being silently ignored."""
 

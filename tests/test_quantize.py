@@ -1,4 +1,4 @@
-"""qq.quantize: bit for bit equal to the reference (DESIGN.md section 2) in every mode,
+"""qq.quantize: bit for bit equal to the reference (docs/formats.md, Scales) in every mode,
 rounding, scale layout and dtype, on random data spanning 1e-30..1e30 and on the edge
 cases that the rules single out: zeros, exact ties, saturation, subnormals, NaN/Inf."""
 
@@ -114,7 +114,7 @@ def _quantize_one(x, device="cpu", **kw):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_golden_scales(device):
-    """DESIGN.md's examples: mxfp8 amax 4.8046875 -> byte 121; mxfp4 amax 1 -> byte 125;
+    """Known answers: mxfp8 amax 4.8046875 -> byte 121; mxfp4 amax 1 -> byte 125;
     nvfp4 amax 1 -> scale 0x23 with 1.0 coded 7 (6); nvfp4 with global_scale 1 -> 0x7E."""
     x = np.zeros((1, 32), F32)
     x[0, 0] = 4.8046875

@@ -1,6 +1,6 @@
 """Self-tests of tests/reference.py: the reference must be right before it judges libqq.
 
-Each test checks the reference against a known answer (DESIGN.md's golden vectors, hand
+Each test checks the reference against a known answer (golden vectors of the formats' rules in docs/formats.md, hand
 computations) or against an independent oracle (ml_dtypes' RNE casts, exact rational
 arithmetic with fractions.Fraction, the torchao-style construction of the blocked
 layout). Nothing here imports qq.
@@ -36,7 +36,7 @@ def all_f32_between(lo, hi, n, rng):
 
 
 # ---------------------------------------------------------------------------
-# Golden vectors from DESIGN.md
+# Golden vectors of docs/formats.md's rules
 # ---------------------------------------------------------------------------
 
 def test_fp4_packing_golden():

@@ -3,7 +3,7 @@
  * The row 0.5, 1, 1.5, 2, 3, 4, 6, -0.5 (then zeros) has amax 6, so the
  * NVFP4 scale is E4M3(6 / 6) = 1.0 (byte 0x38) and the elements are their own
  * E2M1 codes 1..7 and 0x9; packed low nibble first, the first four bytes
- * read as the little-endian uint32 0x97654321 (DESIGN.md section 1).
+ * read as the little-endian uint32 0x97654321 (docs/formats.md, Modes: packing).
  * Exit status 0 on success. */
 #include <stdio.h>
 #include <string.h>

@@ -6,7 +6,7 @@
 // integer bit manipulation, so that the CPU and the GPU produce identical bits.
 // The CPU backend is the reference; the GPU must equal it.
 //
-// Numerics source: DESIGN.md section 2 (docs/formats.md is the built version).
+// Numerics contract: docs/formats.md (every rule below is stated there).
 #ifndef QQ_CODEC_H_
 #define QQ_CODEC_H_
 
@@ -42,7 +42,7 @@ QQ_HD float u2f(uint32_t u) {
 }
 QQ_HD bool is_finite_f(float f) { return (f2u(f) & 0x7f800000u) != 0x7f800000u; }
 QQ_HD float abs_f(float f) { return u2f(f2u(f) & 0x7fffffffu); }
-// max that propagates NaN (fmaxf would drop it: DESIGN.md wants NaN visible).
+// max that propagates NaN (fmaxf would drop it; docs/formats.md: NaN stays visible).
 QQ_HD float nanmax_f(float a, float b) {
   return (a != a) ? a : ((b != b) ? b : (a > b ? a : b));
 }
@@ -178,7 +178,7 @@ QQ_HD uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 #endif
 }
 // Eight E2M1 codes packed little-endian into a word (v[i] in bits 4i..4i+3),
-// the layout of an fp4 row (DESIGN.md section 1); equal to eight e2m1_encode.
+// the layout of an fp4 row (docs/formats.md, Modes: packing); equal to eight e2m1_encode.
 // Software path: byte permutes gather the codes of the even and the odd
 // elements (byte 0 of e2m1_abs_sum) into E and O, and the sign bits (byte 3
 // of each input, sign-replicated) into masks; w = E | O << 4 | signs. About
@@ -389,7 +389,7 @@ QQ_HD float elem_rcp(int kind) {  // 1 / elem_max(kind), rounded to fp32
   return kind == ELEM_E2M1 ? 1.0f / 6.0f : (kind == ELEM_E4M3 ? 1.0f / 448.0f : 1.0f / 57344.0f);
 }
 QQ_HD int elem_emax(int kind) { return kind == ELEM_E2M1 ? 2 : (kind == ELEM_E4M3 ? 8 : 15); }
-// Element code of a NaN group: 0x7F for fp8, 0 for fp4 (DESIGN.md section 2).
+// Element code of a NaN group: 0x7F for fp8, 0 for fp4 (docs/formats.md, Scales).
 QQ_HD uint8_t elem_nan_code(int kind) { return kind == ELEM_E2M1 ? 0 : 0x7f; }
 
 // NVFP4. enc = 2688 / global_scale (1 without one). Scale byte
@@ -428,7 +428,7 @@ QQ_HD uint8_t mx_scale(float amax, int kind, int floor_rounding) {
   return floor_rounding ? ue8m0_floor(amax, elem_emax(kind)) : ue8m0_ceil(amax, elem_max(kind), elem_rcp(kind));
 }
 
-// Affine (bit-exact with MLX's CUDA kernels; DESIGN.md section 2).
+// Affine (bit-exact with MLX's CUDA kernels; docs/formats.md, Affine).
 // wmin = min(w), wmax = max(0, max(w)), both over a finite group.
 QQ_HD void affine_params(float wmin, float wmax, int bits, float* scale_out, float* bias_out) {
   const float n = (float)((1 << bits) - 1);

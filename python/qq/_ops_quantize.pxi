@@ -138,7 +138,7 @@ def _swap_last_two(a):
 
 def quantize_moe(w, scaling="32x1", *, rounding="ceil", scale_layout="linear", fp8_format="e4m3",
                  stream=None):
-    """MXFP8 quantization of MoE expert weights w [E, D1, D2] along D1 (DESIGN.md section 3).
+    """MXFP8 quantization of MoE expert weights w [E, D1, D2] along D1 (docs/api.md, quantize_moe).
 
     scaling "32x1": one scale per 32 consecutive D1 elements at each D2 index; "32x32": one
     per 32x32 tile, so one quantization serves the forward GEMM and the transposed backward

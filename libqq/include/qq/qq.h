@@ -2,8 +2,8 @@
  * qq.h - the one public header of libqq.
  *
  * libqq: block-scaled low-precision matrix math (NVFP4, MXFP4, MXFP8, affine
- * integer) with a C ABI. Formats and numerics: docs/formats.md (from
- * DESIGN.md sections 1-3). Every function:
+ * integer) with a C ABI. Formats and numerics: docs/formats.md; errors and
+ * limits: docs/errors.md. Every function:
  *   - returns a qqStatus_t (QQ_STATUS_SUCCESS == 0); on failure a readable
  *     message naming the argument and the fix is kept per thread and returned
  *     by qqGetLastErrorMessage();

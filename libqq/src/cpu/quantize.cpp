@@ -275,7 +275,7 @@ void quantize_range(void* ctx, int64_t begin, int64_t end) {
 
 qqStatus_t quantize(const QuantizeArgs& a) {
   if (a.q.blocked) {
-    // Padding of the blocked layout is zero (DESIGN.md section 3): clear the
+    // Padding of the blocked layout is zero (docs/formats.md, Scale layouts): clear the
     // whole buffer first, then scatter the real scales.
     memset(a.scales.ptr, 0, (size_t)(a.x.batch() * a.scales.rows * a.scales.cols));
   }

@@ -1,6 +1,6 @@
 // cuda/qqmm.cu - y = alpha * q(x) @ q(w)^T (+ bias), both operands quantized.
 //
-// Routes (qqRoute_t; DESIGN.md section 5, docs/api.md "Dispatch"), tried in
+// Routes (qqRoute_t; docs/api.md, "How the matmuls run on the GPU"), tried in
 // this order by AUTO, each falling through to the next when it refuses:
 // - BLOCKSCALED (compute capability 10.x/11.0/12.x, cuBLASLt >= 12.8): the
 //   block-scaled tensor cores through cuBLASLt - fp4/fp8 operands with their

@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
     }
     sp[k] = sc;
     if (fp4) {
-      // a NaN group's codes are 0 (DESIGN.md section 2)
+      // a NaN group's codes are 0 (docs/formats.md, Scales)
 #pragma unroll
       for (int i = 0; i < G / 8; ++i) {
         float y[8];
@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeAr
       for (int i = 0; i < bits; ++i) dj[i] = (uint8_t)(acc >> (8 * i));
   }
   if ((chunk % kLanes) == 0) {
-    // stored scale and bias are rounded to x's dtype (DESIGN.md section 2)
+    // stored scale and bias are rounded to x's dtype (docs/formats.md, Affine)
     reinterpret_cast<T*>(a.scales.ptr)[row * ng + g] = store_cast<T>(scale);
     reinterpret_cast<T*>(a.biases.ptr)[row * ng + g] = store_cast<T>(bias);
   }
