@@ -11,8 +11,11 @@
 #              memory (qmma, qmv, the quantize tile kernel, amax): slow (torch's kernels
 #              are instrumented at start-up); `kernels` is the quick form
 #   kernels    racecheck + initcheck over scripts/sanitize_kernels.py (CuPy, no torch)
+#   profile    ncu (SpeedOfLight, Occupancy) of scripts/profile_quantize.py
+#   multi      the 2-GPU tests (tests/test_multi_gpu.py and the mixed-device errors)
 #   bench      bench_overhead (GPU rows) and bench_decode; BENCHES="..." adds others
-# One file comes back: $OUT/session.tgz (logs/ and results/).
+# One file comes back: $OUT/session.tgz (logs/ and results/). (Replaces gpu_check.sh,
+# gpu_final.sh and gpu_multi.sh, cited by results notes before 2026-11-23.)
 set -uo pipefail
 OUT=${OUT:-/tmp/qq-out}
 LOG="$OUT/logs"; RES="$OUT/results"
@@ -62,6 +65,18 @@ for step in "$@"; do
           python3 scripts/sanitize_kernels.py > "$LOG/kernels-$tool.log" 2>&1 || rc=1
         echo "$tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|mismatches' "$LOG/kernels-$tool.log" | tr '\n' ' ')"
       done
+      ;;
+    profile)
+      ncu --section SpeedOfLight --section Occupancy --section LaunchStats python3 scripts/profile_quantize.py \
+        > "$LOG/ncu.log" 2>&1 || rc=1
+      grep -E "quantize|dequantize|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Duration" \
+        "$LOG/ncu.log" | head -80
+      ;;
+    multi)
+      nvidia-smi --query-gpu=index,name --format=csv
+      python3 -m pytest -q -rs tests/test_multi_gpu.py tests/test_errors.py -k "device1 or mismatch or mixed" \
+        -p no:cacheprovider --tb=short > "$LOG/multi.log" 2>&1 || rc=1
+      tail -15 "$LOG/multi.log"
       ;;
     bench)
       QQ_BENCH_OUT="$RES" timeout 120 python3 bench/bench_overhead.py --gpu-only > "$LOG/bench_overhead.log" 2>&1 || rc=1

@@ -1,5 +1,5 @@
 """Tensors on a GPU other than device 0 (issue: qqmm on the GPU). Skipped unless two CUDA
-devices are visible (run on a 2-GPU machine by scripts/gpu_multi.sh).
+devices are visible (run on a 2-GPU machine by `scripts/gpu_session.sh build multi`).
 
 Every call gets its arrays on cuda:1 while torch's current device stays cuda:0: libqq must
 switch to the arrays' device for its kernels, scratch and cuBLASLt handle, and use the

@@ -210,14 +210,21 @@ bool byte_extent(const DLTensor* t, int64_t* lo, int64_t* hi) {
   return true;
 }
 
-// Basic checks common to every tensor argument.
-qqStatus_t check_tensor(Ctx& c, const char* name, const DLTensor* t, DType* dt) {
+// Enough of a tensor to read its shape: not NULL, a dimension count in
+// range, a shape pointer. (check_tensor does the rest where it is used.)
+qqStatus_t check_header(Ctx& c, const char* name, const DLTensor* t) {
   if (!t) return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' is NULL", c.op, name);
   if (t->ndim < 0 || t->ndim > kMaxDims)
-    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has %d dimensions; libqq takes 0 to %d",
-                     c.op, name, t->ndim, kMaxDims);
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has %d dimensions; libqq takes 0 to %d", c.op,
+                     name, t->ndim, kMaxDims);
   if (t->ndim > 0 && !t->shape)
     return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has a NULL shape", c.op, name);
+  return QQ_STATUS_SUCCESS;
+}
+
+// Basic checks common to every tensor argument.
+qqStatus_t check_tensor(Ctx& c, const char* name, const DLTensor* t, DType* dt) {
+  QQ_TRY(check_header(c, name, t));
   for (int i = 0; i < t->ndim; ++i)
     if (t->shape[i] < 0)
       return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has a negative extent %lld in dim %d",
@@ -1090,18 +1097,6 @@ qqStatus_t read_qqmm_params(Ctx& c, const qqQqmmParams_t* params, qqQqmmParams_t
   memset(p, 0, sizeof *p);
   memcpy(p, params, params->struct_size < sizeof *p ? params->struct_size : sizeof *p);
   p->struct_size = sizeof *p;
-  return QQ_STATUS_SUCCESS;
-}
-
-// Enough of a tensor to read its shape: not NULL, a dimension count in
-// range, a shape pointer. (check_tensor does the rest where it is used.)
-qqStatus_t check_header(Ctx& c, const char* name, const DLTensor* t) {
-  if (!t) return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' is NULL", c.op, name);
-  if (t->ndim < 0 || t->ndim > kMaxDims)
-    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has %d dimensions; libqq takes 0 to %d", c.op,
-                     name, t->ndim, kMaxDims);
-  if (t->ndim > 0 && !t->shape)
-    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has a NULL shape", c.op, name);
   return QQ_STATUS_SUCCESS;
 }
 
