@@ -139,3 +139,14 @@ cdef object _numpy_dtype(str name):
         import ml_dtypes                            # a dependency of qq; NumPy has no bfloat16
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
+
+
+def _mode_defaults():
+    """{mode: (group_size, bits)} of every mode, as qqQuantParamsInit fills them: the one
+    table the Python modules use (the torch.compile shape rules, qq.torch, qq.jax)."""
+    cdef qqQuantParams_t p
+    out = {}
+    for name, m in _MODES.items():
+        _check(qqQuantParamsInit(&p, <qqMode_t>m))
+        out[name] = (p.group_size, p.bits)
+    return out

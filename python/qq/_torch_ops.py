@@ -37,9 +37,9 @@ from torch import Tensor
 from . import _qq
 from ._qq import PreparedWeight, QuantizedArray
 
-# group_size and bits of each mode when not given (qqQuantParamsInit in libqq/src/api.cpp;
-# tests/test_torch_compile.py checks this table against qq.quantize).
-DEFAULTS = {"affine": (64, 4), "nvfp4": (16, 4), "mxfp4": (32, 4), "mxfp8": (32, 8)}
+# group_size and bits of each mode when not given, asked of libqq once (qqQuantParamsInit):
+# the fake implementations need them as Python ints at trace time.
+DEFAULTS = _qq._mode_defaults()
 _FLOATS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -479,8 +479,7 @@ def quantize_moe(w, scaling="32x1", *, rounding="ceil", scale_layout="linear", f
 
 @torch.compiler.assume_constant_result
 def _blockscaled_cuda(index: int) -> bool:
-    major, minor = _qq.device_capability(index)
-    return major * 10 + minor in (100, 103, 110, 120, 121)
+    return _qq._blockscaled_capability(index)
 
 
 def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_format="e4m3",

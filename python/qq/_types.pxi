@@ -202,8 +202,14 @@ def _blockscaled_device(w):
     dev = w.__dlpack_device__() if hasattr(w, "__dlpack_device__") else (kDLCPU, 0)
     if int(dev[0]) not in (kDLCUDA, kDLCUDAManaged):
         return False
-    major, minor = device_capability(int(dev[1]))
-    return major in (10, 11, 12)    # as blockscaled_arch in libqq/src/cuda/qqmm.cu
+    return _blockscaled_capability(int(dev[1]))
+
+
+def _blockscaled_capability(int device):
+    """True when CUDA device `device` has block-scaled tensor cores (compute capability
+    10.x, 11.x, 12.x: as blockscaled_arch in libqq/src/cuda/qqmm.cu)."""
+    major, minor = device_capability(device)
+    return major in (10, 11, 12)
 
 
 def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_format="e4m3",

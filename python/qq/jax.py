@@ -32,7 +32,7 @@ import qq
 __all__ = ["qq_linear", "MODES"]
 
 MODES = ("mxfp8", "nvfp4", "mxfp4")
-_GROUP = {"mxfp8": 32, "mxfp4": 32, "nvfp4": 16}
+_GROUP = {m: g for m, (g, _) in qq._qq._mode_defaults().items() if m != "affine"}  # libqq's defaults
 
 
 def _xp(a):

@@ -36,7 +36,7 @@ from qq import _torch_ops  # noqa: F401  (registers qq's torch ops: torch.compil
 __all__ = ["QQLinear", "QQLinearFunction", "convert_linear", "qq_linear", "MODES"]
 
 MODES = ("mxfp8", "nvfp4", "mxfp4")
-_GROUP = {"mxfp8": 32, "mxfp4": 32, "nvfp4": 16}
+_GROUP = {m: g for m, (g, _) in qq._qq._mode_defaults().items() if m in MODES}  # libqq's defaults
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias, mode: str) -> None:
