@@ -27,9 +27,14 @@ namespace cpu {
 void parallel_for(int64_t n, int64_t cost, void (*fn)(void*, int64_t, int64_t), void* ctx) {
   // Threads pay off above ~1M element-operations; below that one thread.
   const int64_t total = n * (cost > 0 ? cost : 1);
-  int hw = (int)std::thread::hardware_concurrency();
-  if (hw < 1) hw = 1;
-  int nt = (int)std::min<int64_t>(hw, std::max<int64_t>(1, total / (1 << 20)));
+  if (total < (int64_t(2) << 20) || n < 2) {
+    fn(ctx, 0, n);
+    return;
+  }
+  // hardware_concurrency() reads /sys/devices/system/cpu/online (three syscalls) on
+  // glibc: asked once, and only by calls large enough to use threads.
+  static const int hw = std::max(1, (int)std::thread::hardware_concurrency());
+  int nt = (int)std::min<int64_t>(hw, total / (1 << 20));
   nt = (int)std::min<int64_t>(nt, n);
   if (nt <= 1) {
     fn(ctx, 0, n);
