@@ -49,10 +49,9 @@ def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
         x_shape = vx.shape
     finally:
         call.release()
-    return QuantizedArray(call.result(data), call.result(scales), call.result(biases),
-                          mode=mode, group_size=p.group_size, bits=p.bits,
-                          global_scale=global_scale, rounding=rounding,
-                          scale_layout=scale_layout, fp8_format=fp8_format, shape=x_shape)
+    return _new_quantized_array(call.result(data), call.result(scales), call.result(biases),
+                                mode, &p, global_scale, rounding, scale_layout, fp8_format,
+                                x_shape)
 
 
 def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
@@ -111,16 +110,13 @@ def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_sca
         call.finish()
     finally:
         call.release()
-    col = QuantizedArray(call.result(data), call.result(scales), call.result(biases),
-                         mode=mode, group_size=p.group_size, bits=p.bits,
-                         global_scale=global_scale, rounding=rounding,
-                         scale_layout=scale_layout, fp8_format=fp8_format, shape=t_shape)
+    col = _new_quantized_array(call.result(data), call.result(scales), call.result(biases),
+                               mode, &p, global_scale, rounding, scale_layout, fp8_format,
+                               t_shape)
     if not rowwise:
         return col
-    row = QuantizedArray(call.result(rdata), call.result(rscales), call.result(rbiases),
-                         mode=mode, group_size=p.group_size, bits=p.bits,
-                         global_scale=global_scale, rounding=rounding,
-                         scale_layout=scale_layout, fp8_format=fp8_format, shape=xs)
+    row = _new_quantized_array(call.result(rdata), call.result(rscales), call.result(rbiases),
+                               mode, &p, global_scale, rounding, scale_layout, fp8_format, xs)
     return row, col
 
 
