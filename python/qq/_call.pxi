@@ -127,6 +127,8 @@ cdef class _Call:
             _import_numpy(v, obj, self.func, name)
         elif isinstance(obj, _DeviceBuffer):
             _import_device_buffer(v, <_DeviceBuffer>obj, f"{self.func}: {name}")
+        elif self.torch_current and _torch_tensor_type is not None and _import_torch(v, obj):
+            pass                    # a real-dtype, strided torch tensor on CPU or CUDA
         else:
             fw = _framework_of(obj)
             if fw == "torch" and (obj.is_conj() or obj.is_neg()):
@@ -213,12 +215,14 @@ cdef class _Call:
         if not self.on_gpu:
             if self.fw == "torch":
                 r = _torch_empty(shape, dtype, -1)
+                return r, self._result_view(r, shape, dtype, name)
             else:
                 # NumPy, and JAX and unknown CPU producers: computed into NumPy (JAX arrays
                 # are immutable), converted by self.result().
                 r = _numpy_empty(shape, dtype)
         elif self.fw == "torch":
             r = _torch_empty(shape, dtype, self.dev_id)
+            return r, self._result_view(r, shape, dtype, name)
         elif self.fw == "cupy":
             r = _cupy_empty(self.func, shape, dtype, self.dev_id)
         else:
@@ -226,6 +230,37 @@ cdef class _Call:
             self.buffers.append(b)
             r = b
         return r, self.view(r, name, True)
+
+    cdef _View _result_view(self, r, tuple shape, str dtype, str name):
+        """The view of a torch tensor that _empty just made: compact, of a known shape and
+        dtype, on the call's device, so only its pointer is asked of torch."""
+        cdef _View v = _View.__new__(_View)
+        v.name = name
+        self.views.append(v)
+        cdef int nd = len(shape)
+        cdef int i
+        cdef int64_t stride = 1
+        if nd > _MAX_NDIM:
+            raise ValueError(f"{self.func}: {nd} dimensions; at most {_MAX_NDIM} are supported")
+        cdef int64_t* dims = _view_dims(v, nd)
+        for i in range(nd - 1, -1, -1):
+            dims[i] = shape[i]
+            dims[nd + i] = stride
+            stride *= dims[i]
+        code, bits = _DL_TO_NAME_CODES[dtype]
+        v.owner = r
+        v.tensor.data = <void*><intptr_t>r.data_ptr()
+        v.tensor.device.device_type = kDLCUDA if self.on_gpu else kDLCPU
+        v.tensor.device.device_id = self.dev_id if self.on_gpu else 0
+        v.tensor.ndim = nd
+        v.tensor.dtype.code = <int>code
+        v.tensor.dtype.bits = <int>bits
+        v.tensor.dtype.lanes = 1
+        v.tensor.shape = dims
+        v.tensor.strides = dims + nd
+        v.tensor.byte_offset = 0
+        v.readonly = False
+        return v
 
     cdef object result(self, obj):
         """Hand a result made by empty() to the caller's framework."""

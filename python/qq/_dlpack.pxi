@@ -160,9 +160,8 @@ cdef bint _import_torch(_View v, object t) except -1:
     synchronisation bookkeeping); with stream=None that synchronisation is a no-op by the
     DLPack contract (producer and consumer share torch's current stream), so reading the
     tensor directly is equivalent. Returns False (and touches nothing) for anything it does
-    not describe exactly (sparse layouts, devices other than CPU and CUDA, unknown dtypes):
-    the DLPack path then handles or refuses it. Conjugate / negative views never get here
-    (_Call.view resolves them first).
+    not describe exactly (sparse layouts, devices other than CPU and CUDA, unknown dtypes,
+    negative views): the DLPack path then handles, resolves or refuses it.
     """
     global _torch_tensor_type
     if _torch_tensor_type is None:
@@ -178,10 +177,14 @@ cdef bint _import_torch(_View v, object t) except -1:
             if dt is not None:
                 _TORCH_TO_DL[dt] = code_bits
         _torch_tensor_type = torch.Tensor
-    if not isinstance(t, _torch_tensor_type) or t.is_sparse:
+    if not isinstance(t, _torch_tensor_type):
         return False
     code_bits = _TORCH_TO_DL.get(t.dtype)
     if code_bits is None:
+        return False
+    # Real dtypes only from here: torch's conjugate bit exists only on complex tensors, so
+    # the negative bit is the one lazy view left to refuse (checked here, not in view()).
+    if t.is_neg():
         return False
     cdef int dev_type, dev_id = 0
     if t.is_cuda:
@@ -191,8 +194,11 @@ cdef bint _import_torch(_View v, object t) except -1:
         dev_type = kDLCPU
     else:
         return False
+    try:
+        strides = t.stride()        # sparse and other non-strided layouts raise here
+    except RuntimeError:
+        return False
     shape = t.shape
-    strides = t.stride()
     cdef int nd = len(shape)
     cdef int i
     if nd > _MAX_NDIM:

@@ -66,6 +66,12 @@ cdef tuple _matmul_shape(str func, tuple x_shape, tuple w_shape, int64_t n):
         raise ValueError(f"{func}: w: expected at least 2 dimensions, got shape {w_shape}")
     if len(x_shape) == 1:
         return tuple(w_shape[:-2]) + (n,)
+    xb = x_shape[:-2]
+    wb = w_shape[:-2]
+    if len(wb) == 0 or xb == wb:        # the common cases, without NumPy's broadcast_shapes
+        return xb + (x_shape[-2], n)
+    if len(xb) == 0:
+        return wb + (x_shape[-2], n)
     try:
         batch = tuple(np.broadcast_shapes(x_shape[:-2], w_shape[:-2]))
     except ValueError:
