@@ -309,6 +309,32 @@ def test_swizzle_unswizzle_and_quantize_moe(device):
         assert got[0].stride() == (64 * 96, 1, 64)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])
+def test_grouped_qqmm_and_wgrad(device, mode):
+    """grouped_qqmm (float, QuantizedArray and quantize_moe weights; an empty and a ragged
+    group) and grouped_qqmm_wgrad are single ops in the graph: no break, the eager result."""
+    d = dev(device)
+    x = data(40, 64, device=d, seed=1)
+    w = data(3, 32, 64, device=d, seed=2)
+    dy = data(40, 32, device=d, seed=3)
+    offsets = torch.tensor([16, 16, 40], dtype=torch.int32, device=d)
+    kw = {}
+    if mode == "nvfp4":
+        kw = dict(global_scale_x=qq.amax(x), global_scale_w=torch.stack([qq.amax(w[e]) for e in range(3)]))
+    check(lambda x, w, o: qq.grouped_qqmm(x, w, o, mode=mode, **kw), x, w, offsets)
+    qw = qq.quantize(w, mode=mode, scale_layout="blocked",
+                     global_scale=None if mode == "mxfp8" else None)
+    if mode == "mxfp8":
+        check(lambda x, o: qq.grouped_qqmm(x, qw, o), x, offsets)
+        moe = qq.quantize_moe(w.transpose(1, 2).contiguous(), "32x1", scale_layout="blocked")
+        check(lambda x, o: qq.grouped_qqmm(x, moe, o, moe_scaling="32x1", scale_layout="blocked"),
+              x, offsets)
+        got = check(lambda x, dy, o: qq.grouped_qqmm_wgrad(x, dy, o), x, dy, offsets)
+        assert got.shape == (3, 64, 32) and got.dtype == torch.float32
+        assert torch.count_nonzero(got[1]) == 0        # the empty group
+
+
 def test_no_graph_break_explain():
     """torch._dynamo.explain: one graph, no break, for a function using every op."""
     x, w = data(4, 64), data(32, 64, seed=1)

@@ -24,7 +24,6 @@ def _preload_cublaslt():
 _CUBLASLT_PRELOAD = _preload_cublaslt()
 
 from . import _qq  # noqa: E402  (after the preload, which must come first)
-from ._wgrad import grouped_qqmm_wgrad  # noqa: E402
 from ._qq import (  # noqa: E402
     NotSupportedError,
     PreparedWeight,
@@ -33,13 +32,14 @@ from ._qq import (  # noqa: E402
     __version__,
     device_capability,
     device_count,
-    grouped_qqmm,
     last_route,
 )
 # Python wrappers of the Cython functions that torch.compile can trace (qq/_dispatch.py).
 from ._dispatch import (  # noqa: E402
     amax,
     dequantize,
+    grouped_qqmm,
+    grouped_qqmm_wgrad,
     prepare_weight,
     qqmm,
     quantize,

@@ -20,6 +20,7 @@ import functools
 import sys
 
 from . import _qq
+from ._wgrad import grouped_qqmm_wgrad as _grouped_qqmm_wgrad
 
 _modules = sys.modules
 
@@ -37,8 +38,8 @@ def _torch_ops():
     return _torch_ops
 
 
-def _dispatching(name):
-    eager = getattr(_qq, name)
+def _dispatching(name, eager=None):
+    eager = eager or getattr(_qq, name)
 
     def f(*args, **kwargs):
         if _compiling():
@@ -51,6 +52,8 @@ def _dispatching(name):
 
 amax = _dispatching("amax")
 dequantize = _dispatching("dequantize")
+grouped_qqmm = _dispatching("grouped_qqmm")
+grouped_qqmm_wgrad = _dispatching("grouped_qqmm_wgrad", _grouped_qqmm_wgrad)
 prepare_weight = _dispatching("prepare_weight")
 qqmm = _dispatching("qqmm")
 quantize = _dispatching("quantize")

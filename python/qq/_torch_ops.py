@@ -21,6 +21,11 @@ sizes when the batch axes are dynamic, without calling libqq.
                        group_size, bits, scale_layout, fp8_format, dtype)
   qq::swizzle_scales(scales) / qq::unswizzle_scales(scales, shape)
   qq::quantize_moe(w, scaling, rounding, scale_layout, fp8_format) -> [data, scales]
+  qq::grouped_qqmm(x, x_scales?, global_scale_x?, w, scales?, global_scale_w?, offsets, mode,
+                   group_size, bits, rounding, x_layout, w_layout, fp8_format, moe_scaling,
+                   dtype)                      the offsets are read on the host inside the op
+  qq::grouped_qqmm_wgrad(x, dy, offsets, global_scale_x?, global_scale_dy?, mode, rounding,
+                         fp8_format, dtype) -> [E, K, N]
 
 The public functions of this module (quantize, qqmm, ...) take qq's public signatures,
 turn QuantizedArray / PreparedWeight arguments into tensors, call the op and rebuild the
@@ -36,6 +41,7 @@ from torch import Tensor
 
 from . import _qq
 from ._qq import PreparedWeight, QuantizedArray
+from ._wgrad import grouped_qqmm_wgrad as _qq_wgrad
 
 # group_size and bits of each mode when not given, asked of libqq once (qqQuantParamsInit):
 # the fake implementations need them as Python ints at trace time.
@@ -237,6 +243,53 @@ def _(w, scaling, rounding, scale_layout, fp8_format):
     else:
         s = (e, d1 // 32, d2 // 32 if scaling == "32x32" else d2)
     return [data, w.new_empty(s, dtype=torch.uint8)]
+
+
+@torch.library.custom_op("qq::grouped_qqmm", mutates_args=())
+def _grouped_qqmm_op(x: Tensor, x_scales: Optional[Tensor], global_scale_x: Optional[Tensor],
+                     w: Tensor, scales: Optional[Tensor], global_scale_w: Optional[Tensor],
+                     offsets: Tensor, mode: str, group_size: int, bits: int, rounding: str,
+                     x_layout: str, w_layout: str, fp8_format: str, moe_scaling: str,
+                     dtype: torch.dtype) -> Tensor:
+    # The offsets are read on the host inside the op (as eagerly): the op is opaque to the
+    # compiler, so the graph holds one call and no break; it cannot run inside a CUDA graph.
+    q = dict(mode=mode, group_size=group_size, bits=bits, fp8_format=fp8_format)
+    if x_scales is not None:
+        x = QuantizedArray(x, x_scales, global_scale=global_scale_x, scale_layout=x_layout,
+                           rounding=rounding, **q)
+        global_scale_x = None
+    if moe_scaling:
+        # w is quantize_moe's data [E, K, N] (column-major per expert) with its scales
+        return _qq.grouped_qqmm(x, (w, scales), offsets, mode=mode, global_scale_x=global_scale_x,
+                                rounding=rounding, scale_layout=w_layout, fp8_format=fp8_format,
+                                moe_scaling=moe_scaling, dtype=dtype)
+    if scales is not None:
+        w = QuantizedArray(w, scales, global_scale=global_scale_w, scale_layout=w_layout, **q)
+        global_scale_w = None
+    return _qq.grouped_qqmm(x, w, offsets, mode=mode, group_size=group_size, bits=bits,
+                            global_scale_x=global_scale_x, global_scale_w=global_scale_w,
+                            rounding=rounding, fp8_format=fp8_format, dtype=dtype)
+
+
+@_grouped_qqmm_op.register_fake
+def _(x, x_scales, global_scale_x, w, scales, global_scale_w, offsets, mode, group_size, bits,
+      rounding, x_layout, w_layout, fp8_format, moe_scaling, dtype):
+    n = w.shape[-1] if moe_scaling else w.shape[1]      # moe data is [E, K, N]
+    return x.new_empty((x.shape[0], n), dtype=dtype)
+
+
+@torch.library.custom_op("qq::grouped_qqmm_wgrad", mutates_args=())
+def _grouped_qqmm_wgrad_op(x: Tensor, dy: Tensor, offsets: Tensor,
+                           global_scale_x: Optional[Tensor], global_scale_dy: Optional[Tensor],
+                           mode: str, rounding: str, fp8_format: str, dtype: str) -> Tensor:
+    return _qq_wgrad(x, dy, offsets, mode, global_scale_x=global_scale_x,
+                     global_scale_dy=global_scale_dy, rounding=rounding, fp8_format=fp8_format,
+                     dtype=dtype)
+
+
+@_grouped_qqmm_wgrad_op.register_fake
+def _(x, dy, offsets, global_scale_x, global_scale_dy, mode, rounding, fp8_format, dtype):
+    return x.new_empty((offsets.shape[0], x.shape[1], dy.shape[1]), dtype=getattr(torch, dtype))
 
 
 # =========================================================================================
@@ -475,6 +528,53 @@ def quantize_moe(w, scaling="32x1", *, rounding="ceil", scale_layout="linear", f
     _no_stream("quantize_moe", stream)
     data, scales = _quantize_moe_op(w, scaling, rounding, scale_layout, fp8_format)
     return data, scales
+
+
+def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="mxfp8", *,
+                 global_scale_x=None, global_scale_w=None, x_scales=None, rounding="ceil",
+                 scale_layout="linear", fp8_format="e4m3", moe_scaling=None, dtype=None, out=None,
+                 stream=None):
+    func = "grouped_qqmm"
+    _no_stream(func, stream)
+    x_layout, w_layout = "linear", scale_layout
+    if moe_scaling is not None:
+        if isinstance(w, tuple):
+            w, scales = w
+        mode = "mxfp8"
+    elif isinstance(w, QuantizedArray):
+        scales = _take_array(func, "scales", scales, w.scales, "w", "scales")
+        global_scale_w = _take_array(func, "global_scale_w", global_scale_w, w.global_scale,
+                                     "w", "global_scale")
+        mode = _take(func, "mode", mode, "mxfp8", w.mode, "w")
+        group_size = _take(func, "group_size", group_size, None, w.group_size, "w")
+        bits = _take(func, "bits", bits, None, w.bits, "w")
+        fp8_format = _take(func, "fp8_format", fp8_format, "e4m3", w.fp8_format, "w")
+        w_layout = _take(func, "scale_layout", scale_layout, "linear", w.scale_layout, "w")
+        w = w.data
+    if isinstance(x, QuantizedArray):
+        x_scales = _take_array(func, "x_scales", x_scales, x.scales, "x", "scales")
+        global_scale_x = _take_array(func, "global_scale_x", global_scale_x, x.global_scale,
+                                     "x", "global_scale")
+        x_layout = x.scale_layout
+        x = x.data
+    g, b = _params(func, mode, group_size, bits)
+    dt = _dtype(func, dtype)
+    if dt is None:
+        dt = out.dtype if out is not None else (x.dtype if _is_float(x) and x_scales is None
+                                                else torch.bfloat16)
+    y = _grouped_qqmm_op(x, x_scales, _scalar(global_scale_x, x), w, scales, global_scale_w,
+                         offsets, mode, g, b, rounding, x_layout, w_layout, fp8_format,
+                         moe_scaling or "", dt)
+    return _finish(y, out)
+
+
+def grouped_qqmm_wgrad(x, dy, offsets, mode="mxfp8", *, global_scale_x=None, global_scale_dy=None,
+                       rounding="ceil", fp8_format="e4m3", dtype="float32", stream=None):
+    _no_stream("grouped_qqmm_wgrad", stream)
+    name = _dtype("grouped_qqmm_wgrad", dtype)
+    name = str(name).rpartition(".")[2] if name is not None else "float32"
+    return _grouped_qqmm_wgrad_op(x, dy, offsets, _scalar(global_scale_x, x),
+                                  _scalar(global_scale_dy, x), mode, rounding, fp8_format, name)
 
 
 @torch.compiler.assume_constant_result
