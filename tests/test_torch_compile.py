@@ -480,3 +480,34 @@ def test_inductor():
     assert_same(got[:3] + got[4:5], want[:3] + want[4:5])
     for a, b in zip(got[3::2], want[3::2]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp8"])
+def test_reduce_overhead_cuda_graphs(mode):
+    """torch.compile(mode="reduce-overhead"): inductor captures the qq ops in a CUDA graph
+    and replays it; a decode-style step (quantized_matmul at M = 1, qqmm on a prepared
+    weight, a QQLinear forward) equals eager across replays with new inputs. A step that
+    holds grouped_qqmm (tagged cudagraph_unsafe) still runs and equals eager."""
+    d = dev("cuda")
+    w = data(256, 512, device=d, dtype=torch.bfloat16, seed=4)
+    qw = qq.quantize(w, mode=mode)
+    pw = qq.prepare_weight(w, mode=mode)
+    lin = qqt.convert_linear(torch.nn.Sequential(torch.nn.Linear(512, 128)).to(d, torch.bfloat16),
+                             mode=mode)
+
+    def step(x):
+        return qq.quantized_matmul(x, qw), qq.qqmm(x, pw), lin(x)
+
+    cstep = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        for seed in range(4):                       # the first calls record, later ones replay
+            x = data(1, 512, device=d, dtype=torch.bfloat16, seed=10 + seed)
+            got = [t.clone() for t in cstep(x)]
+            assert_same(got, list(step(x)), f"seed {seed}")
+    x = data(40, 64, device=d, seed=1)
+    we = data(3, 32, 64, device=d, seed=2)
+    offsets = torch.tensor([16, 16, 40], dtype=torch.int32, device=d)
+    g = torch.compile(lambda x: qq.grouped_qqmm(x * 2, we, offsets) + 1, mode="reduce-overhead")
+    for _ in range(3):
+        assert_same(g(x).clone(), qq.grouped_qqmm(x * 2, we, offsets) + 1)

@@ -245,7 +245,12 @@ def _(w, scaling, rounding, scale_layout, fp8_format):
     return [data, w.new_empty(s, dtype=torch.uint8)]
 
 
-@torch.library.custom_op("qq::grouped_qqmm", mutates_args=())
+# Ops that read device memory on the host cannot run inside a CUDA graph: tagged so that
+# torch.compile's CUDA graphs (mode="reduce-overhead") leave them out (torch >= 2.8).
+_HOST_SYNC_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+
+
+@torch.library.custom_op("qq::grouped_qqmm", mutates_args=(), tags=_HOST_SYNC_TAGS)
 def _grouped_qqmm_op(x: Tensor, x_scales: Optional[Tensor], global_scale_x: Optional[Tensor],
                      w: Tensor, scales: Optional[Tensor], global_scale_w: Optional[Tensor],
                      offsets: Tensor, mode: str, group_size: int, bits: int, rounding: str,
@@ -278,7 +283,7 @@ def _(x, x_scales, global_scale_x, w, scales, global_scale_w, offsets, mode, gro
     return x.new_empty((x.shape[0], n), dtype=dtype)
 
 
-@torch.library.custom_op("qq::grouped_qqmm_wgrad", mutates_args=())
+@torch.library.custom_op("qq::grouped_qqmm_wgrad", mutates_args=(), tags=_HOST_SYNC_TAGS)
 def _grouped_qqmm_wgrad_op(x: Tensor, dy: Tensor, offsets: Tensor,
                            global_scale_x: Optional[Tensor], global_scale_dy: Optional[Tensor],
                            mode: str, rounding: str, fp8_format: str, dtype: str) -> Tensor:
