@@ -1,6 +1,7 @@
 // internal.h - what the API layer hands the backends.
 //
-// The API layer (api.cpp) is the only place that reads DLTensors and checks
+// The API layer (the entry points of api_*.cpp, through the checks of
+// validate.cpp) is the only place that reads DLTensors and checks
 // arguments. Below it, the CPU backend (cpu/) and the CUDA backend (cuda/)
 // take these plain views (pointer, dtype, batch shape/strides, rows, cols,
 // row stride) and trust them.
@@ -76,7 +77,7 @@ struct QSpec {
     if (st_ != QQ_STATUS_SUCCESS) return st_; \
   } while (0)
 
-// Thread-local error message (api.cpp). Returns `st` so that callers can
+// Thread-local error message (validate.cpp). Returns `st` so that callers can
 // write `return set_error(QQ_STATUS_INVALID_VALUE, "...", ...)`.
 qqStatus_t set_error(qqStatus_t st, const char* fmt, ...)
 #if defined(__GNUC__)

@@ -17,7 +17,7 @@ std::atomic<int> g_hooks[HOOK_COUNT];
 
 void set_route(qqRoute_t r) { g_last_route = r; }
 
-// `route` arrives as a plain int (raw_enum in api.cpp): checked before it is an enum.
+// `route` arrives as a plain int (raw_enum in validate.h): checked before it is an enum.
 qqStatus_t check_route(const char* op, int route_value, int device) {
   if (route_value < (int)QQ_ROUTE_AUTO || route_value > (int)QQ_ROUTE_QMV)
     return set_error(QQ_STATUS_INVALID_VALUE, "%s: params.route is %d, not a qqRoute_t; expected QQ_ROUTE_AUTO (0) "

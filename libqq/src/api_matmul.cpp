@@ -1,0 +1,417 @@
+// api_matmul.cpp - the C entry points that multiply: qqQqmm (one product,
+// or one per entry of a batched w), qqGroupedQqmm (one per expert) and
+// qqQuantizedMatmul (float x times packed w).
+//
+// Each checks every argument through the validation layer (validate.h),
+// builds the views of internal.h and dispatches on the device: cpu/matmul.cpp
+// or the CUDA dispatch (cuda/qqmm.cu, cuda/qmm.cu). The batched and grouped
+// forms split their tensors into per-entry DLTensor views and validate each
+// entry exactly as a single qqmm would.
+#include <string.h>
+
+#include <string>
+#include <vector>
+
+#include "codec.h"
+#include "internal.h"
+#include "validate.h"
+
+namespace qq {
+namespace {
+
+// A DLTensor view of part of another: rows [r0, r0+n) of dim 0 (drop = false)
+// or entry r0 of dim 0 with that dim removed (drop = true). The view owns its
+// shape and strides.
+struct SubTensor {
+  DLTensor t;
+  int64_t shape[kMaxDims];
+  int64_t strides[kMaxDims];
+  SubTensor(const DLTensor* src, int64_t r0, int64_t n, bool drop) {
+    t = *src;
+    const int64_t es = (src->dtype.bits * src->dtype.lanes + 7) / 8;
+    const int64_t s0 = stride_of(src, 0);
+    t.byte_offset = src->byte_offset + (uint64_t)(r0 * s0 * es);
+    const int off = drop ? 1 : 0;
+    t.ndim = src->ndim - off;
+    for (int i = 0; i < t.ndim; ++i) {
+      shape[i] = src->shape[i + off];
+      strides[i] = stride_of(src, i + off);
+    }
+    if (!drop) shape[0] = n;
+    if (numel(src) == 0) {  // an empty tensor's strides mean nothing (NumPy reports 0s): compact ones
+      int64_t st = 1;
+      for (int i = t.ndim - 1; i >= 0; --i) {
+        strides[i] = st;
+        st *= shape[i] > 1 ? shape[i] : 1;
+      }
+    }
+    t.shape = shape;
+    t.strides = strides;
+  }
+};
+
+// One qqmm with a 2D (or unbatched) w: validation, then the backend when
+// `run`. The batched and grouped forms call it per entry, and with run =
+// false to validate an empty batch.
+qqStatus_t qqmm_single(Ctx& c, qqHandle_t handle, const DLTensor* x, const DLTensor* x_scales, const DLTensor* w,
+                       const DLTensor* w_scales, const qqQqmmParams_t& p, const DLTensor* global_scale_x,
+                       const DLTensor* global_scale_w, const DLTensor* bias, DLTensor* out, void* stream,
+                       bool run) {
+  MatmulArgs a{};
+  qqQuantParams_t qp = p.quant;
+  qp.scale_layout = QQ_SCALE_LINEAR;
+  QQ_TRY(resolve_params(c, &qp, &a.q));
+  if (a.q.mode == QQ_MODE_AFFINE)
+    return set_error(QQ_STATUS_INVALID_VALUE,
+                     "qqmm: mode affine is not supported (qqmm quantizes both operands with fp formats); use "
+                     "quantized_matmul for affine weights, or mode nvfp4, mxfp4 or mxfp8");
+  if (p.w_prepared && w && w->dtype.code == kDLUInt)
+    return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: w_prepared is set but 'w' is packed uint8; a prepared w "
+                     "is a float tensor of q(w)'s values (qq.prepare_weight), or clear w_prepared");
+  for (int which = 0; which < 2; ++which) {
+    const char* nm = which ? "w" : "x";
+    const char* snm = which ? "scales" : "x_scales";
+    const DLTensor* t = which ? w : x;
+    const DLTensor* st = which ? w_scales : x_scales;
+    const int lay = raw_enum(which ? p.w_scale_layout : p.x_scale_layout);
+    DType dt;
+    QQ_TRY(check_tensor(c, nm, t, &dt));
+    if (t->ndim < 1 || (which && t->ndim != 2))
+      return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: argument '%s' has shape %s; expected %s", nm,
+                       shape_str(t->ndim, t->shape).c_str(), which ? "[N, K] or [B, N, K]" : "[..., M, K]");
+    Mat& m = which ? a.w : a.x;
+    Mat& sm = which ? a.w_scales : a.x_scales;
+    QQ_TRY(to_mat(c, nm, t, dt, &m));
+    int64_t fshape[kMaxDims];
+    for (int i = 0; i < t->ndim; ++i) fshape[i] = t->shape[i];
+    if (dt == DType::U8) {
+      if ((fshape[t->ndim - 1] * 8) % a.q.bits)
+        return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: argument '%s' is packed but its row of %lld bytes is not "
+                         "a whole number of elements", nm, (long long)fshape[t->ndim - 1]);
+      fshape[t->ndim - 1] = fshape[t->ndim - 1] * 8 / a.q.bits;
+      if (lay != QQ_SCALE_LINEAR && lay != QQ_SCALE_BLOCKED)
+        return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: unknown scale layout %d for '%s'", (int)lay, snm);
+      QSpec sq = a.q;
+      sq.blocked = lay == QQ_SCALE_BLOCKED;
+      QQ_TRY(check_k(c, nm, "K", fshape[t->ndim - 1], a.q));
+      QQ_TRY(input_scales(c, snm, st, sq, t->ndim, fshape, DType::U8, false, &sm));
+      if (sq.blocked) blocked_batch_strides(&sm);
+      (which ? a.w_packed : a.x_packed) = true;
+      (which ? a.w_blocked : a.x_blocked) = sq.blocked;
+    } else {
+      QQ_TRY(expect_float(c, nm, t, dt));
+      QQ_TRY(check_k(c, nm, "K", fshape[t->ndim - 1], a.q));
+      if (which && p.w_prepared) a.w_prepared = true;
+      if (st)
+        return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: argument '%s' is given but '%s' is a float tensor (it "
+                         "is quantized on the fly); pass packed uint8 data with its scales, or drop '%s'",
+                         snm, nm, snm);
+    }
+    if (which) { a.N = fshape[0]; if (a.K != fshape[1])
+        return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: K of 'x' (%lld) and 'w' (%lld) differ", (long long)a.K,
+                         (long long)fshape[1]); }
+    else { a.K = fshape[t->ndim - 1]; a.M = t->ndim >= 2 ? fshape[t->ndim - 2] : 1; }
+  }
+  QQ_TRY(global_scale_ptr(c, "global_scale_x", global_scale_x, a.q, &a.gs_x));
+  QQ_TRY(global_scale_ptr(c, "global_scale_w", global_scale_w, a.q, &a.gs_w));
+  QQ_TRY(bias_mat(c, bias, a.N, &a.bias));
+  int64_t oshape[kMaxDims];
+  for (int i = 0; i < x->ndim; ++i) oshape[i] = x->shape[i];
+  oshape[x->ndim - 1] = a.N;
+  QQ_TRY(output_mat(c, "out", out, x->ndim, oshape, -1, "[..., M, N]", &a.out));
+  if (p.c && p.beta != 0.0f) {  // beta * C: out's shape, a float, out's device
+    DType cdt;
+    QQ_TRY(check_tensor(c, "c", p.c, &cdt));
+    QQ_TRY(expect_float(c, "c", p.c, cdt));
+    QQ_TRY(expect_shape(c, "c", p.c, x->ndim, oshape, "out's shape"));
+    QQ_TRY(to_mat(c, "c", p.c, cdt, &a.c));
+    a.beta = p.beta;
+  }
+  QQ_TRY(check_route(c.op, raw_enum(p.route), c.device));
+  a.route = p.route;
+  if (!run) return QQ_STATUS_SUCCESS;  // validation only (an empty batch): nothing is read or written
+  QQ_TRY(check_no_alias(c, {{"out", out}}, {{"x", x}, {"x_scales", x_scales}, {"w", w}, {"w_scales", w_scales},
+                                           {"global_scale_x", global_scale_x}, {"global_scale_w", global_scale_w},
+                                           {"bias", bias}}));
+  // C may be out itself (accumulate in place: every backend reads C and
+  // writes out element by element), but not a different view of its memory.
+  if (a.beta != 0.0f && overlap(out, p.c) && !same_view(out, p.c))
+    return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: 'c' overlaps 'out' without being the same tensor; pass "
+                     "out=c exactly (in place) or separate buffers");
+  if (a.M * a.N * a.x.batch() == 0) return QQ_STATUS_SUCCESS;
+  if (c.device < 0) return routed(cpu::qqmm(a), QQ_ROUTE_CPU);
+  return cuda::qqmm(handle, a, stream);
+}
+
+}  // namespace
+}  // namespace qq
+
+using namespace qq;
+
+extern "C" {
+
+QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x_scales, const DLTensor* w,
+                         const DLTensor* w_scales, const qqQqmmParams_t* params, const DLTensor* global_scale_x,
+                         const DLTensor* global_scale_w, const DLTensor* bias, DLTensor* out, void* stream) {
+  return guard("qqmm", [&]() -> qqStatus_t {
+    set_route(QQ_ROUTE_AUTO);
+    Ctx c{"qqmm"};
+    qqQqmmParams_t p;
+    QQ_TRY(read_qqmm_params(c, params, &p));
+    // Every tensor whose shape the batch split reads is checked first.
+    QQ_TRY(check_header(c, "x", x));
+    QQ_TRY(check_header(c, "w", w));
+    QQ_TRY(check_header(c, "out", out));
+    if (x_scales) QQ_TRY(check_header(c, "x_scales", x_scales));
+    if (w_scales) QQ_TRY(check_header(c, "w_scales", w_scales));
+    const bool has_c = p.c && p.beta != 0.0f;
+    if (has_c) QQ_TRY(check_header(c, "c", p.c));
+    if (w->ndim != 3)
+      return qqmm_single(c, handle, x, x_scales, w, w_scales, p, global_scale_x, global_scale_w, bias, out, stream,
+                         true);
+    // A batched weight [B, N, K] with x [B, M, K] (or [M, K], shared): one qqmm per entry.
+    const int64_t B = w->shape[0];
+    const bool xb = x->ndim == 3;
+    if ((x->ndim != 2 && !xb) || (xb && x->shape[0] != B) || out->ndim != 3 || out->shape[0] != B ||
+        (w_scales && (w_scales->ndim != 3 || w_scales->shape[0] != B)) ||
+        (x_scales && xb && (x_scales->ndim != 3 || x_scales->shape[0] != B)))
+      return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: with a batched 'w' %s, 'x' must be [B=%lld, M, K] or "
+                       "[M, K], 'out' [B, M, N] and the scales one matrix per entry; got x %s, out %s",
+                       shape_str(w->ndim, w->shape).c_str(), (long long)B, shape_str(x->ndim, x->shape).c_str(),
+                       shape_str(out->ndim, out->shape).c_str());
+    if (has_c && (p.c->ndim != 3 || p.c->shape[0] != B))
+      return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: 'c' has shape %s; expected out's shape [B=%lld, M, N]",
+                       shape_str(p.c->ndim, p.c->shape).c_str(), (long long)B);
+    // An empty batch still validates every argument (as entry 0 would be).
+    for (int64_t b = 0; b < (B ? B : 1); ++b) {
+      SubTensor ws(w, b, 0, true), os(out, b, 0, true);
+      SubTensor wss(w_scales ? w_scales : w, b, 0, true);
+      SubTensor xs(x, xb ? b : 0, x->ndim ? x->shape[0] : 0, xb);
+      SubTensor xss(x_scales ? x_scales : x, xb ? b : 0, x_scales && x_scales->ndim ? x_scales->shape[0] : 0, xb);
+      qqQqmmParams_t pb = p;  // C, like out, one [M, N] matrix per entry
+      SubTensor cs(has_c ? p.c : out, b, 0, true);
+      pb.c = has_c ? &cs.t : nullptr;
+      if (B == 0) {  // the entry is virtual: a stand-in address (never read) for a NULL data pointer
+        static double stand_in;
+        for (SubTensor* v : {&ws, &os, &wss, &xs, &xss, &cs})
+          if (!v->t.data) v->t.data = &stand_in;
+      }
+      const qqStatus_t st = qqmm_single(c, handle, &xs.t, x_scales ? &xss.t : nullptr, &ws.t,
+                                        w_scales ? &wss.t : nullptr, pb, global_scale_x, global_scale_w, bias,
+                                        &os.t, stream, B > 0);
+      if (st != QQ_STATUS_SUCCESS) {
+        const std::string msg = last_error();
+        const char* inner = msg.c_str() + (msg.compare(0, 6, "qqmm: ") == 0 ? 6 : 0);
+        return B ? set_error(st, "qqmm: batch entry %lld of 'w': %s", (long long)b, inner)
+                 : set_error(st, "qqmm: (an empty batch, checked as one entry) %s", inner);
+      }
+    }
+    return QQ_STATUS_SUCCESS;
+  });
+}
+
+
+QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x_scales,
+                                const DLTensor* offsets, const DLTensor* w, const DLTensor* w_scales,
+                                const qqQqmmParams_t* params, const DLTensor* global_scale_x,
+                                const DLTensor* global_scale_w, DLTensor* out, void* stream) {
+  return guard("grouped_qqmm", [&]() -> qqStatus_t {
+    Ctx c{"grouped_qqmm"};
+    qqQqmmParams_t p;
+    QQ_TRY(read_qqmm_params(c, params, &p));
+    if (p.c && p.beta != 0.0f)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: params.c (beta * C) is not supported; add C to the "
+                       "result yourself, or leave params.c NULL / params.beta 0");
+    DType dt;
+    QQ_TRY(check_tensor(c, "x", x, &dt));
+    if (x->ndim != 2)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'x' has shape %s; expected [T, K] (tokens "
+                       "sorted by expert)", shape_str(x->ndim, x->shape).c_str());
+    const bool x_packed = dt == DType::U8;
+    if (x_packed && raw_enum(p.x_scale_layout) != QQ_SCALE_LINEAR)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: a packed 'x' needs linear x_scales (blocked scales "
+                       "pad each 128 rows and cannot be split at the group boundaries); pass linear scales or a "
+                       "float x");
+    QQ_TRY(check_tensor(c, "offsets", offsets, &dt));
+    if (dt != DType::I32 || offsets->ndim != 1)
+      return set_error(dt != DType::I32 ? QQ_STATUS_INVALID_DTYPE : QQ_STATUS_INVALID_VALUE,
+                       "grouped_qqmm: argument 'offsets' must be int32 [E] (cumulative "
+                       "group ends); got %s %s", dtype_str(offsets->dtype).c_str(),
+                       shape_str(offsets->ndim, offsets->shape).c_str());
+    const int64_t E = offsets->shape[0], T = x->shape[0];
+    // Each expert reads rows [offsets[e-1], offsets[e]) of x_scales: it must
+    // have x's T rows (the per-expert views cannot see past their slice).
+    if (x_scales) {
+      QQ_TRY(check_tensor(c, "x_scales", x_scales, &dt));
+      if (!x_packed)
+        return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'x_scales' is given but 'x' is a float "
+                         "tensor (it is quantized on the fly); pass packed uint8 x with its scales, or drop "
+                         "'x_scales'");
+      if (x_scales->ndim != 2 || x_scales->shape[0] != T)
+        return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'x_scales' has shape %s; expected [T=%lld, "
+                         "K/group] (linear, one row per token of 'x')", shape_str(x_scales->ndim,
+                         x_scales->shape).c_str(), (long long)T);
+    } else if (x_packed) {
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'x_scales' is required when 'x' is packed "
+                       "uint8 data");
+    }
+    QQ_TRY(check_tensor(c, "w", w, &dt));
+    if (w->ndim != 3 || w->shape[0] != E)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'w' has shape %s; expected [E=%lld, N, K] "
+                       "(or packed [E, N, K*bits/8])", shape_str(w->ndim, w->shape).c_str(), (long long)E);
+    if (w_scales) {
+      QQ_TRY(check_tensor(c, "scales", w_scales, &dt));
+      if (w_scales->ndim != 3 || w_scales->shape[0] != E)
+        return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'scales' has shape %s; expected one "
+                         "scale matrix per expert, [E=%lld, ...]", shape_str(w_scales->ndim, w_scales->shape).c_str(),
+                         (long long)E);
+    }
+    if (global_scale_w) {
+      QQ_TRY(check_tensor(c, "global_scale_w", global_scale_w, &dt));
+      if (dt != DType::F32 || numel(global_scale_w) != E || global_scale_w->ndim != 1)
+        return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'global_scale_w' must be float32 [E=%lld] "
+                         "(one global scale per expert); got %s %s", (long long)E,
+                         dtype_str(global_scale_w->dtype).c_str(),
+                         shape_str(global_scale_w->ndim, global_scale_w->shape).c_str());
+    }
+    QQ_TRY(check_tensor(c, "out", out, &dt));
+    if (out->ndim != 2 || out->shape[0] != T)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'out' has shape %s; expected [T=%lld, N]",
+                       shape_str(out->ndim, out->shape).c_str(), (long long)T);
+    QQ_TRY(check_no_alias(c, {{"out", out}}, {{"x", x}, {"x_scales", x_scales}, {"offsets", offsets}, {"w", w},
+                                             {"scales", w_scales}, {"global_scale_x", global_scale_x},
+                                             {"global_scale_w", global_scale_w}}));
+    // The group ends, on the host.
+    std::vector<int32_t> ends(E);
+    if (E > 0) {
+      const void* src = (const char*)offsets->data + offsets->byte_offset;
+      if (stride_of(offsets, 0) != 1 && E > 1)
+        return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'offsets' must be contiguous");
+      if (c.device < 0) memcpy(ends.data(), src, E * sizeof(int32_t));
+      else QQ_TRY(cuda::copy_to_host(c.device, src, E * sizeof(int32_t), ends.data(), stream));
+    }
+    int32_t prev = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      if (ends[e] < prev || ends[e] > T)
+        return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'offsets' must be non-decreasing group "
+                         "ends within [0, T=%lld]; offsets[%lld] = %d after %d", (long long)T, (long long)e,
+                         (int)ends[e], (int)prev);
+      prev = ends[e];
+    }
+    if (prev != T)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: the last entry of 'offsets' (%d) must equal T = %lld "
+                       "(every token belongs to one expert)", (int)prev, (long long)T);
+    prev = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = prev, n = ends[e] - prev;
+      prev = ends[e];
+      // Empty groups are skipped, but when no group has a token (T = 0) the
+      // arguments are still validated, as expert 0 would see them.
+      const bool check_only = T == 0 && e == 0;
+      if (n == 0 && !check_only) continue;
+      SubTensor xs(x, r0, n, false), os(out, r0, n, false), ws(w, e, 0, true);
+      SubTensor xss(x_scales ? x_scales : x, r0, n, false);
+      SubTensor wss(w_scales ? w_scales : w, e, 0, true);
+      SubTensor gws(global_scale_w ? global_scale_w : offsets, e, 0, true);
+      Ctx ce{"qqmm"};
+      const qqStatus_t st = qqmm_single(ce, handle, &xs.t, x_scales ? &xss.t : nullptr, &ws.t,
+                                        w_scales ? &wss.t : nullptr, p, global_scale_x,
+                                        global_scale_w ? &gws.t : nullptr, nullptr, &os.t, stream, !check_only);
+      if (st != QQ_STATUS_SUCCESS) {
+        const std::string msg = last_error();
+        return set_error(st, "grouped_qqmm: expert %lld: %s", (long long)e, msg.c_str());
+      }
+    }
+    return QQ_STATUS_SUCCESS;
+  });
+}
+
+QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x, const DLTensor* w,
+                                    const DLTensor* scales, const DLTensor* biases, const qqQuantParams_t* params,
+                                    int transpose, const DLTensor* global_scale, const DLTensor* bias,
+                                    DLTensor* out, void* stream) {
+  return guard("quantized_matmul", [&]() -> qqStatus_t {
+    set_route(QQ_ROUTE_AUTO);
+    Ctx c{"quantized_matmul"};
+    MatmulArgs a{};
+    QQ_TRY(resolve_params(c, params, &a.q));
+    a.transpose = transpose != 0;
+    a.x_packed = false;
+    a.w_packed = true;
+    if (!a.transpose && a.q.blocked)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: blocked scales need transpose=True (groups "
+                       "along K); use linear scales with transpose=False");
+    DType xdt, wdt;
+    QQ_TRY(check_tensor(c, "x", x, &xdt));
+    QQ_TRY(expect_float(c, "x", x, xdt));
+    QQ_TRY(check_tensor(c, "w", w, &wdt));
+    QQ_TRY(expect_bytes(c, "w", w, wdt, "packed quantized weights"));
+    if (x->ndim < 1 || w->ndim < 2)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: 'x' must be [..., M, K] and 'w' [..., N, "
+                       "K*bits/8] (transpose) or [..., K, N*bits/8]; got x %s, w %s",
+                       shape_str(x->ndim, x->shape).c_str(), shape_str(w->ndim, w->shape).c_str());
+    QQ_TRY(to_mat(c, "x", x, xdt, &a.x));
+    QQ_TRY(to_mat(c, "w", w, wdt, &a.w));
+    a.K = x->shape[x->ndim - 1];
+    a.M = x->ndim >= 2 ? x->shape[x->ndim - 2] : 1;
+    const int64_t wr = w->shape[w->ndim - 2], wc = w->shape[w->ndim - 1];
+    if ((wc * 8) % a.q.bits)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: argument 'w' has %lld bytes per row, not a "
+                       "whole number of %d-bit elements", (long long)wc, a.q.bits);
+    const int64_t wcols = wc * 8 / a.q.bits;  // logical columns of w
+    if (a.transpose) {
+      a.N = wr;
+      if (wcols != a.K)
+        return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: 'x' has K=%lld but 'w' (transpose=True, [N, "
+                         "K*bits/8]) holds %lld columns", (long long)a.K, (long long)wcols);
+    } else {
+      a.N = wcols;
+      if (wr != a.K)
+        return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: 'x' has K=%lld but 'w' (transpose=False, "
+                         "[K, N*bits/8]) has %lld rows", (long long)a.K, (long long)wr);
+    }
+    QQ_TRY(check_k(c, "w", a.transpose ? "K" : "N", wcols, a.q));
+    int64_t fshape[kMaxDims];
+    for (int i = 0; i < w->ndim; ++i) fshape[i] = w->shape[i];
+    fshape[w->ndim - 1] = wcols;
+    QQ_TRY(input_scales(c, "scales", scales, a.q, w->ndim, fshape, DType::U8, false, &a.w_scales));
+    if (a.q.blocked) blocked_batch_strides(&a.w_scales);
+    a.w_blocked = a.q.blocked;
+    QQ_TRY(input_biases(c, biases, a.q, w->ndim, fshape, a.w_scales.dt, &a.w_biases));
+    QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, a.q, &a.gs_w));
+    QQ_TRY(bias_mat(c, bias, a.N, &a.bias));
+    int nb;
+    int64_t bshape[kMaxDims];
+    QQ_TRY(broadcast_batch(c, &a.x, &a.w, &nb, bshape));
+    align_batch(&a.x, nb, bshape);
+    align_batch(&a.w, nb, bshape);
+    align_batch(&a.w_scales, nb, bshape);
+    if (a.w_biases.ptr) align_batch(&a.w_biases, nb, bshape);
+    int64_t oshape[kMaxDims];
+    int ond = 0;
+    for (int i = 0; i < nb; ++i) oshape[ond++] = bshape[i];
+    if (x->ndim >= 2) oshape[ond++] = a.M;
+    oshape[ond++] = a.N;
+    QQ_TRY(output_mat(c, "out", out, ond, oshape, -1, "[broadcast batch..., M, N]", &a.out));
+    QQ_TRY(check_no_alias(c, {{"out", out}}, {{"x", x}, {"w", w}, {"scales", scales}, {"biases", biases},
+                                             {"global_scale", global_scale}, {"bias", bias}}));
+    // The output Mat indexes batches like x and w do: out is compact.
+    a.out.nb = nb;
+    {
+      int64_t st = a.M * a.N;
+      for (int i = nb - 1; i >= 0; --i) {
+        a.out.bshape[i] = bshape[i];
+        a.out.bstride[i] = st;
+        st *= bshape[i];
+      }
+      a.out.rows = a.M;
+      a.out.cols = a.N;
+      a.out.ld = a.N;
+    }
+    if (a.M * a.N * a.out.batch() == 0) return QQ_STATUS_SUCCESS;
+    if (c.device < 0) return routed(cpu::quantized_matmul(a), QQ_ROUTE_CPU);
+    return cuda::quantized_matmul(handle, a, stream);
+  });
+}
+
+}  // extern "C"

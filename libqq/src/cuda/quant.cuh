@@ -1,0 +1,116 @@
+// cuda/quant.cuh - what the quantization-family kernels share (quantize.cu,
+// dequantize.cu, colwise.cu, layout.cu, amax.cu): block sizes, element
+// loads/stores with the CPU's rounding, the row-wise launch shape, and the
+// alignment rule of their vector accesses.
+//
+// Indexing is 64-bit where it can exceed 2^31 (row and batch offsets); group
+// and column indices inside a row are 32-bit (the grid caps a row at 2^23
+// chunks). The global scale is read on the device; nothing here synchronizes
+// with the host.
+//
+// Bit-exactness: every value goes through the same codec.h functions as the
+// CPU backend (GPU-only fast forms there are proven equal by
+// scripts/check_e2m1.cpp); no fast-math, and the codecs contain no a*b+c a
+// compiler could contract into an FMA.
+#ifndef QQ_CUDA_QUANT_CUH_
+#define QQ_CUDA_QUANT_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "../codec.h"
+#include "../internal.h"
+
+namespace qq {
+namespace cuda {
+
+// Shape counts a row in chunks of kVec elements (one 16-byte load of 16-bit
+// data): a dequantize thread writes one chunk, a quantize thread takes
+// 32 / kVec of them (quantize.cu).
+constexpr int kVec = 8;
+constexpr int kThreads = 256;  // threads per block of the 1D launches and of the tile kernel
+
+template <typename T> __device__ __forceinline__ T store_cast(float v);
+template <> __device__ __forceinline__ float store_cast<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 store_cast<__nv_bfloat16>(float v) {
+  return __ushort_as_bfloat16(f_to_bf16(v));
+}
+template <> __device__ __forceinline__ __half store_cast<__half>(float v) { return __ushort_as_half(f_to_fp16(v)); }
+
+template <typename T> __device__ __forceinline__ float load_cast(const T* p);
+template <> __device__ __forceinline__ float load_cast<float>(const float* p) { return *p; }
+template <> __device__ __forceinline__ float load_cast<__nv_bfloat16>(const __nv_bfloat16* p) {
+  return bf16_to_f(__bfloat16_as_ushort(*p));
+}
+template <> __device__ __forceinline__ float load_cast<__half>(const __half* p) {
+  return fp16_to_f(__half_as_ushort(*p));
+}
+
+// Shape of one launch: rows of every batch entry (padded to 128 when the
+// scales are blocked), chunks of 8 elements per row.
+struct Shape {
+  int64_t chunks;    // K / 8
+  int64_t rows;      // real rows per batch entry (M)
+  int64_t prows;     // rows per batch entry the grid covers (M or roundup(M, 128))
+  int64_t total;     // batch * prows * chunks threads
+};
+
+// Row-wise kernels run on a 2D grid: blockIdx.x = row (over all batch entries,
+// padding rows included), blockIdx.y * kRowThreads + threadIdx.x = chunk of 8
+// elements. Index math stays in 32 bits (64-bit divisions cost more than the
+// encoding itself); only the final byte offsets are 64-bit.
+constexpr int kRowThreads = 128;
+struct RowPos {
+  int64_t b, r, chunk;
+  bool live;
+};
+__device__ __forceinline__ RowPos row_pos(const Shape& s) {
+  RowPos p;
+  const uint32_t row = blockIdx.x;
+  const uint32_t prows = (uint32_t)s.prows;
+  const uint32_t b = prows == gridDim.x ? 0u : row / prows;  // no division for one batch entry
+  p.b = b;
+  p.r = row - b * prows;
+  const uint32_t c = blockIdx.y * kRowThreads + threadIdx.x;
+  p.live = c < (uint32_t)s.chunks;
+  // Lanes past the end still join the shuffles (full-warp masks) on a clamped
+  // copy and write nothing; groups never straddle the end (chunks % lanes == 0).
+  p.chunk = p.live ? c : (uint32_t)s.chunks - 1;
+  return p;
+}
+
+inline dim3 row_grid(const Shape& s) {
+  return dim3((unsigned int)(s.total / s.chunks), (unsigned int)((s.chunks + kRowThreads - 1) / kRowThreads));
+}
+// The 2D grid's limits: rows (all batch entries) < 2^31, chunks per row < 65535 * 128.
+inline qqStatus_t check_row_grid(const char* op, const Shape& s) {
+  if (s.total / s.chunks >= (int64_t)1 << 31 || (s.chunks + kRowThreads - 1) / kRowThreads > 65535)
+    return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: %lld rows of %lld elements exceed the GPU grid (2^31 rows, "
+                     "8.3M elements per row); split the tensor", op, (long long)(s.total / s.chunks),
+                     (long long)(s.chunks * kVec));
+  return QQ_STATUS_SUCCESS;
+}
+
+// Vector loads and stores need aligned rows: start, row stride and batch
+// strides multiples of `align` bytes.
+inline bool aligned(const Mat& m, int align) {
+  const int es = dtype_size(m.dt);
+  bool ok = ((uintptr_t)m.ptr % align) == 0 && (m.ld * es) % align == 0;
+  for (int i = 0; i < m.nb; ++i) ok = ok && (m.bstride[i] * es) % align == 0;
+  return ok;
+}
+// For the kernels with no element-wise fallback, a misaligned argument is the caller's error.
+inline qqStatus_t check_aligned(const char* op, const char* name, const Mat& m, int align) {
+  if (!aligned(m, align))
+    return set_error(QQ_STATUS_INVALID_VALUE,
+                     "%s: on the GPU, argument '%s' must start on a %d-byte boundary and have row and batch "
+                     "strides that are multiples of %d bytes; pass a contiguous (freshly allocated) tensor", op,
+                     name, align, align);
+  return QQ_STATUS_SUCCESS;
+}
+
+}  // namespace cuda
+}  // namespace qq
+
+#endif  // QQ_CUDA_QUANT_CUH_
