@@ -230,3 +230,19 @@ def test_mixed_devices():
     raises(ValueError, ("device", "devices", "scales"), qq.dequantize, to_device(MX.data, "cuda"), MX.scales,
            mode="mxfp8")
     raises(ValueError, ("device", "devices", "global_scale"), qq.quantize, x, mode="nvfp4", global_scale=GS)
+
+
+def test_prepared_values_and_device_feature_errors():
+    """w_values (qqQqmmParams_t, from a PreparedWeight) must match w's logical shape; and the
+    device-feature query refuses a CPU-only build or a bad device clearly."""
+    w = np.random.default_rng(0).standard_normal((24, 64)).astype(np.float32)
+    pw = qq.prepare_weight(w, mode="nvfp4")
+    bad = qq.PreparedWeight(pw.quantized, np.zeros((24, 32), dtype=pw.values.dtype))
+    with pytest.raises(ValueError, match=r"qqmm: argument 'w_values' has shape \(24, 32\); expected \(24, 64\)"):
+        qq.qqmm(np.ones((2, 64), np.float32), bad)
+    if qq.device_count() == 0:
+        with pytest.raises((qq.NotSupportedError, ValueError), match="qqGetDeviceFeature"):
+            qq._qq._blockscaled_capability(0)
+    else:
+        with pytest.raises(ValueError, match="qqGetDeviceFeature"):
+            qq._qq._blockscaled_capability(qq.device_count() + 3)

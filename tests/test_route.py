@@ -590,3 +590,60 @@ def test_blackwell_failed_matmul_marks_the_plan_bad(rng):
         with pytest.raises(qq.NotSupportedError) as e:
             qq.qqmm(cuda(x2), cuda(randn(rng, (104, 384))), mode="nvfp4", route="blockscaled")
     assert "failed" in str(e.value), str(e.value)
+
+
+# ---------------------------------------------------------------------------
+# A prepared weight: libqq picks its form per call (qqQqmmParams_t.w_values)
+# ---------------------------------------------------------------------------
+
+def _marked_prepared(w, mode, scale, device):
+    """A PreparedWeight of w on `device` whose bf16 values are `scale` times q(w)'s: the
+    result says which form of w the call read (the packed one gives q(w)'s product, the
+    values `scale` times it)."""
+    pw = qq.prepare_weight(to_device(w, device), mode=mode)
+    if pw.values is None:
+        pytest.skip("no bf16 values on this device (block-scaled tensor cores)")
+    vals = cast(to_numpy(pw.values).astype(np.float32) * scale, BF16)
+    return qq.PreparedWeight(pw.quantized, to_device(vals, device))
+
+
+def _scaled(r, s):
+    """A MatmulRef of s times the product (exact for s = 2: every bound scales with it)."""
+    return dataclasses.replace(r, value=r.value * s, abs_sum=r.abs_sum * abs(s),
+                               alt_value=None if r.alt_value is None else r.alt_value * s,
+                               alt_abs_sum=None if r.alt_abs_sum is None else r.alt_abs_sum * abs(s))
+
+
+PREPARED_FORMS = [  # (M, mode, K, the form AUTO reads, the route)
+    (1, "nvfp4", 128, "packed", "qmma"), (4, "mxfp8", 128, "packed", "qmma"),
+    (16, "nvfp4", 128, "packed", "qmma"), (17, "nvfp4", 128, "values", "exact"),
+    (5, "nvfp4", 48, "values", "exact"), (4, "nvfp4", 48, "packed", "qmv"),
+    (64, "mxfp8", 128, "values", "exact"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,mode,k,form,route", PREPARED_FORMS)
+def test_prepared_weight_form_is_libqqs_choice(m, mode, k, form, route, rng):
+    """qqmm(x, PreparedWeight): libqq, not Python, picks the packed w (weight-only kernels,
+    M <= 4, or M <= 16 with 16-byte weight rows) or the bf16 values (the GEMM) per call
+    (kPackedOverValuesMaxM, cuda/ops.cuh); route='exact' always reads the values. Values
+    marked x2 show which form was read."""
+    need_hopper_like()
+    x, w = randn(rng, (m, k)), randn(rng, (40, k))
+    pw = _marked_prepared(w, mode, 2.0, "cuda")
+    want = ref(x, w, mode)
+    y = to_numpy(qq.qqmm(cuda(x), pw, dtype="float32"))
+    assert qq.last_route() == route
+    assert_matmul_close(y, _scaled(want, 2.0 if form == "values" else 1.0), f"qqmm {mode} M={m} ({form})")
+    y = to_numpy(qq.qqmm(cuda(x), pw, dtype="float32", route="exact"))
+    assert_matmul_close(y, _scaled(want, 2.0), f"qqmm {mode} M={m} route=exact (values)")
+
+
+@pytest.mark.parametrize("m", [1, 40])
+def test_prepared_weight_cpu_reads_values(m, rng):
+    """The CPU backend reads a prepared weight's values at every M (no dequantization)."""
+    x, w = randn(rng, (m, 64)), randn(rng, (24, 64))
+    pw = _marked_prepared(w, "nvfp4", 2.0, "cpu")
+    y = qq.qqmm(x, pw, dtype="float32")
+    assert_matmul_close(y, _scaled(ref(x, w, "nvfp4"), 2.0), f"cpu M={m}")

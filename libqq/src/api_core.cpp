@@ -60,6 +60,27 @@ QQ_API qqStatus_t qqGetDeviceCapability(int device, int* major, int* minor) {
   });
 }
 
+QQ_API qqStatus_t qqGetDeviceFeature(int device, qqDeviceFeature_t feature, int* has) {
+  return guard("qqGetDeviceFeature", [&]() -> qqStatus_t {
+    if (!has) return set_error(QQ_STATUS_INVALID_VALUE, "qqGetDeviceFeature: has must not be NULL");
+    *has = 0;
+    const int f = raw_enum(feature);
+    if (f != QQ_DEVICE_FEATURE_BLOCKSCALED)
+      return set_error(QQ_STATUS_INVALID_VALUE, "qqGetDeviceFeature: unknown feature %d; expected "
+                       "QQ_DEVICE_FEATURE_BLOCKSCALED (1)", f);
+    int major = 0, minor = 0;
+    const qqStatus_t st = cuda::device_capability(device, &major, &minor);
+    if (st != QQ_STATUS_SUCCESS) {  // its message names qqGetDeviceCapability: say who asked
+      const std::string msg = last_error();
+      const size_t colon = msg.find(": ");
+      return set_error(st, "qqGetDeviceFeature: %s", colon == std::string::npos ? msg.c_str()
+                                                                                 : msg.c_str() + colon + 2);
+    }
+    *has = blockscaled_cc(major * 10 + minor) ? 1 : 0;
+    return QQ_STATUS_SUCCESS;
+  });
+}
+
 QQ_API qqStatus_t qqCreate(qqHandle_t* handle, int device) {
   return guard("qqCreate", [&]() -> qqStatus_t {
     if (!handle) return set_error(QQ_STATUS_INVALID_VALUE, "qqCreate: handle must not be NULL");

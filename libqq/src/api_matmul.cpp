@@ -112,6 +112,18 @@ qqStatus_t qqmm_single(Ctx& c, qqHandle_t handle, const DLTensor* x, const DLTen
                          (long long)fshape[1]); }
     else { a.K = fshape[t->ndim - 1]; a.M = t->ndim >= 2 ? fshape[t->ndim - 2] : 1; }
   }
+  if (p.w_values) {  // q(w)'s values next to the packed w (qq.prepare_weight)
+    if (p.w_prepared || !a.w_packed)
+      return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: 'w_values' goes with a packed w (uint8 data and its "
+                       "scales); got %s; pass the packed weight as w, or drop w_values",
+                       p.w_prepared ? "w_prepared set as well" : "a float w");
+    DType vdt;
+    QQ_TRY(check_tensor(c, "w_values", p.w_values, &vdt));
+    QQ_TRY(expect_float(c, "w_values", p.w_values, vdt));
+    const int64_t vshape[2] = {a.N, a.K};
+    QQ_TRY(expect_shape(c, "w_values", p.w_values, 2, vshape, "[N, K], w's logical shape"));
+    QQ_TRY(to_mat(c, "w_values", p.w_values, vdt, &a.w_values));
+  }
   QQ_TRY(global_scale_ptr(c, "global_scale_x", global_scale_x, a.q, &a.gs_x));
   QQ_TRY(global_scale_ptr(c, "global_scale_w", global_scale_w, a.q, &a.gs_w));
   QQ_TRY(bias_mat(c, bias, a.N, &a.bias));
@@ -132,7 +144,7 @@ qqStatus_t qqmm_single(Ctx& c, qqHandle_t handle, const DLTensor* x, const DLTen
   if (!run) return QQ_STATUS_SUCCESS;  // validation only (an empty batch): nothing is read or written
   QQ_TRY(check_no_alias(c, {{"out", out}}, {{"x", x}, {"x_scales", x_scales}, {"w", w}, {"w_scales", w_scales},
                                            {"global_scale_x", global_scale_x}, {"global_scale_w", global_scale_w},
-                                           {"bias", bias}}));
+                                           {"bias", bias}, {"w_values", p.w_values}}));
   // C may be out itself (accumulate in place: every backend reads C and
   // writes out element by element), but not a different view of its memory.
   if (a.beta != 0.0f && overlap(out, p.c) && !same_view(out, p.c))
@@ -170,6 +182,9 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x, const DLTensor* x
       return qqmm_single(c, handle, x, x_scales, w, w_scales, p, global_scale_x, global_scale_w, bias, out, stream,
                          true);
     // A batched weight [B, N, K] with x [B, M, K] (or [M, K], shared): one qqmm per entry.
+    if (p.w_values)
+      return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: 'w_values' goes with a 2-D w [N, K]; got a batched w %s; "
+                       "drop w_values", shape_str(w->ndim, w->shape).c_str());
     const int64_t B = w->shape[0];
     const bool xb = x->ndim == 3;
     if ((x->ndim != 2 && !xb) || (xb && x->shape[0] != B) || out->ndim != 3 || out->shape[0] != B ||
@@ -222,6 +237,9 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
     if (p.c && p.beta != 0.0f)
       return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: params.c (beta * C) is not supported; add C to the "
                        "result yourself, or leave params.c NULL / params.beta 0");
+    if (p.w_values)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: params.w_values is not supported (it holds one "
+                       "2-D weight's values); leave it NULL");
     DType dt;
     QQ_TRY(check_tensor(c, "x", x, &dt));
     if (x->ndim != 2)

@@ -44,6 +44,38 @@ qqStatus_t quantize_validate(const char* op, const DLTensor* x, const qqQuantPar
   return check_no_alias(c, {{"data", data}, {"scales", scales}, {"biases", biases}},
                         {{"x", x}, {"global_scale", global_scale}});
 }
+// quantize_moe's scales shape (qqQuantizeMoe and qqQuantizeMoeShapes): the one home
+// of the rule; `why` describes it for messages.
+void moe_scales_shape(const QSpec& q, bool tile32, int64_t E, int64_t D1, int64_t D2, int64_t ssh[3],
+                      const char** why) {
+  ssh[0] = E;
+  if (q.blocked) {
+    ssh[1] = roundup(D2, 128);
+    ssh[2] = roundup(D1 / 32, 4);
+    *why = "blocked: [E, roundup(D2,128), roundup(D1/32,4)]";
+  } else {
+    ssh[1] = D1 / 32;
+    ssh[2] = tile32 ? D2 / 32 : D2;
+    *why = tile32 ? "32x32 scales: [E, D1/32, D2/32]" : "32x1 scales: [E, D1/32, D2]";
+  }
+}
+
+// quantize_moe's parameters and w shape (qqQuantizeMoe and qqQuantizeMoeShapes).
+qqStatus_t moe_check(Ctx& c, const qqQuantParams_t* params, qqMoeScaling_t scaling, const int64_t* shape,
+                     QSpec* q, bool* tile32) {
+  QQ_TRY(resolve_params(c, params, q));
+  if (q->mode != QQ_MODE_MXFP8)
+    return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: mode %s is not supported; MoE weight scaling "
+                     "(32x1 / 32x32) is defined for mxfp8 only", mode_name(q->mode));
+  const int sc = raw_enum(scaling);
+  if (sc != QQ_MOE_32X1 && sc != QQ_MOE_32X32)
+    return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: unknown scaling %d; expected 32x1 or 32x32", sc);
+  *tile32 = sc == QQ_MOE_32X32;
+  if (shape[0] < 0 || shape[1] % 32 || shape[2] % 32 || shape[1] <= 0 || shape[2] <= 0)
+    return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'w' has shape %s; D1 and D2 must be "
+                     "positive multiples of 32", shape_str(3, shape).c_str());
+  return QQ_STATUS_SUCCESS;
+}
 }  // namespace
 }  // namespace qq
 
@@ -118,24 +150,14 @@ QQ_API qqStatus_t qqQuantizeMoe(qqHandle_t handle, const DLTensor* x, const qqQu
   return guard("quantize_moe", [&]() -> qqStatus_t {
     Ctx c{"quantize_moe"};
     ColwiseArgs a{};
-    QQ_TRY(resolve_params(c, params, &a.q));
-    if (a.q.mode != QQ_MODE_MXFP8)
-      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: mode %s is not supported; MoE weight scaling "
-                       "(32x1 / 32x32) is defined for mxfp8 only", mode_name(a.q.mode));
-    const int sc = raw_enum(scaling);
-    if (sc != QQ_MOE_32X1 && sc != QQ_MOE_32X32)
-      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: unknown scaling %d; expected 32x1 or 32x32", sc);
-    a.tile32 = sc == QQ_MOE_32X32;
     DType xdt;
     QQ_TRY(check_tensor(c, "w", x, &xdt));
     QQ_TRY(expect_float(c, "w", x, xdt));
     if (x->ndim != 3)
       return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'w' has shape %s; expected [E, D1, D2]",
                        shape_str(x->ndim, x->shape).c_str());
+    QQ_TRY(moe_check(c, params, scaling, x->shape, &a.q, &a.tile32));
     const int64_t E = x->shape[0], D1 = x->shape[1], D2 = x->shape[2];
-    if (D1 % 32 || D2 % 32 || D1 == 0 || D2 == 0)
-      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'w' has shape %s; D1 and D2 must be "
-                       "positive multiples of 32", shape_str(3, x->shape).c_str());
     a.M = D1;
     a.K = D2;
     // Row-major [E, D1, D2], or the transposed view (stride 1 on D1): then the
@@ -177,15 +199,8 @@ QQ_API qqStatus_t qqQuantizeMoe(qqHandle_t handle, const DLTensor* x, const qqQu
     a.data_t.ld = D1;
     int64_t ssh[3];
     const char* why;
-    if (a.q.blocked) {
-      ssh[0] = E; ssh[1] = roundup(D2, 128); ssh[2] = roundup(D1 / 32, 4);
-      why = "blocked: [E, roundup(D2,128), roundup(D1/32,4)]";
-      a.scale_kind = COL_SCALE_BLOCKED;
-    } else {
-      ssh[0] = E; ssh[1] = D1 / 32; ssh[2] = a.tile32 ? D2 / 32 : D2;
-      why = a.tile32 ? "32x32 scales: [E, D1/32, D2/32]" : "32x1 scales: [E, D1/32, D2]";
-      a.scale_kind = COL_SCALE_D1_LINEAR;
-    }
+    moe_scales_shape(a.q, a.tile32, E, D1, D2, ssh, &why);
+    a.scale_kind = a.q.blocked ? COL_SCALE_BLOCKED : COL_SCALE_D1_LINEAR;
     QQ_TRY(output_mat(c, "scales", scales, 3, ssh, (int)DType::U8, why, &a.scales_t));
     QQ_TRY(check_no_alias(c, {{"data", data}, {"scales", scales}}, {{"w", x}}));
     if (c.device < 0) return cpu::quantize_colwise(a);
@@ -223,6 +238,21 @@ QQ_API qqStatus_t qqDequantize(qqHandle_t handle, const DLTensor* w, const DLTen
     if (a.data.rows * a.data.batch() == 0) return QQ_STATUS_SUCCESS;
     if (c.device < 0) return cpu::dequantize(a);
     return cuda::dequantize(handle, a, stream);
+  });
+}
+
+QQ_API qqStatus_t qqQuantizeMoeShapes(const qqQuantParams_t* params, qqMoeScaling_t scaling,
+                                     const int64_t* w_shape, int64_t* scales_shape) {
+  return guard("quantize_moe", [&]() -> qqStatus_t {
+    Ctx c{"quantize_moe"};
+    if (!w_shape || !scales_shape)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: w_shape and scales_shape must not be NULL");
+    QSpec q;
+    bool tile32 = false;
+    QQ_TRY(moe_check(c, params, scaling, w_shape, &q, &tile32));
+    const char* why;
+    moe_scales_shape(q, tile32, w_shape[0], w_shape[1], w_shape[2], scales_shape, &why);
+    return QQ_STATUS_SUCCESS;
   });
 }
 

@@ -149,6 +149,8 @@ struct MatmulArgs {
   Mat out;        // [B..., M, N] compact
   bool x_packed = false, w_packed = false;
   bool w_prepared = false;  // qqmm: w holds q(w)'s values (float), used as is
+  Mat w_values;             // qqmm: q(w)'s values next to a packed w (ptr == nullptr: none);
+                            // the backend picks the form per call
   bool transpose = true;
   int x_blocked = 0, w_blocked = 0;
   const float* gs_x = nullptr;
@@ -182,6 +184,11 @@ struct ColwiseArgs {
   const float* gs = nullptr;
   QSpec q;
 };
+
+// The compute capabilities (major * 10 + minor) with block-scaled tensor cores
+// through cuBLASLt: 10.x (B200/B300), 11.0 (Thor), 12.x (RTX 50, DGX Spark).
+// qqmm's block-scaled route and qqGetDeviceFeature both ask this.
+inline bool blockscaled_cc(int cc) { return cc / 10 == 10 || cc / 10 == 11 || cc / 10 == 12; }
 
 namespace cpu {
 qqStatus_t quantize_colwise(const ColwiseArgs& a);

@@ -31,6 +31,9 @@ cdef extern from "qq/qq.h" nogil:
     const char* qqGetBuildInfo()
     int qqGetDeviceCount()
     qqStatus_t qqGetDeviceCapability(int device, int* major, int* minor)
+    ctypedef enum qqDeviceFeature_t:
+        QQ_DEVICE_FEATURE_BLOCKSCALED
+    qqStatus_t qqGetDeviceFeature(int device, qqDeviceFeature_t feature, int* has)
 
     # Opaque in C (a pointer to an incomplete struct); this binding only ever passes NULL
     # (libqq's default handle per device), so its pointee needs no declaration.
@@ -86,6 +89,8 @@ cdef extern from "qq/qq.h" nogil:
     qqStatus_t qqQuantizeMoe(qqHandle_t handle, const DLTensor* x,
                              const qqQuantParams_t* params, qqMoeScaling_t scaling,
                              DLTensor* data, DLTensor* scales, void* stream)
+    qqStatus_t qqQuantizeMoeShapes(const qqQuantParams_t* params, qqMoeScaling_t scaling,
+                                   const int64_t* w_shape, int64_t* scales_shape)
 
     qqStatus_t qqDequantize(qqHandle_t handle, const DLTensor* data,
                             const DLTensor* scales, const DLTensor* biases,
@@ -121,6 +126,7 @@ cdef extern from "qq/qq.h" nogil:
         const DLTensor* c
         float beta
         qqRoute_t route
+        const DLTensor* w_values
 
     qqStatus_t qqQqmmParamsInit(qqQqmmParams_t* params, qqMode_t mode)
 

@@ -34,34 +34,17 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     cdef DLTensor *tbias
     cdef DLTensor *to
     cdef void* s
-    cdef int w_prepared = 0
+    cdef _View vwv
     if w is None:
         raise TypeError(f"{func}: w: expected a float array, a QuantizedArray, a PreparedWeight "
                         f"or packed uint8 data; got None")
     _enum(func, "scale_layout", scale_layout, _LAYOUTS)     # checked even where a QuantizedArray decides
+    w_values = None
     if isinstance(w, PreparedWeight):
-        pw = w
-        rows = 1
-        for d in x.shape[:-1]:
-            rows *= int(d)
-        qa = pw.quantized
-        # small M: a weight-only kernel reads the packed form once. M <= 4 (qmv, every
-        # shape) or M <= 16 with whole 16-byte chunks per row (qmma, tensor cores):
-        # there it beats the bf16 GEMM on the prepared values (bench/results/qmm-h100.md;
-        # thresholds kQmvMaxM / kQmmaMaxM in cuda/ops.cuh, docs/api.md).
-        small = rows <= 4 or (rows <= 16 and (int(qa.shape[-1]) * qa.bits // 8) % 16 == 0)
-        # these routes take the packed weight only
-        packed_route = route in ("blockscaled", "qmma", "qmv")
-        if pw.values is None or small or packed_route:
-            w = qa
-        else:
-            w_prepared = 1
-            w = pw.values
-            mode_ = _take(func, "mode", mode, "nvfp4", pw.quantized.mode, "w")
-            global_scale_w = _take_array(func, "global_scale_w", global_scale_w, pw.global_scale,
-                                         "w", "global_scale")
-            fp8_format = _take(func, "fp8_format", fp8_format, "e4m3", pw.quantized.fp8_format, "w")
-            mode = mode_
+        # Both forms go to libqq, which picks per call (the packed w for the weight-only
+        # routes at small M, the values for the GEMM: qqQqmmParams_t.w_values).
+        w_values = w.values
+        w = w.quantized
     x_layout = scale_layout
     w_layout = scale_layout
     x_is_q = isinstance(x, QuantizedArray)
@@ -105,7 +88,6 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     _quant_params(func, &qp.quant, mode, group_size, bits, rounding, "linear", fp8_format)
     qp.x_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", x_layout, _LAYOUTS)
     qp.w_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", w_layout, _LAYOUTS)
-    qp.w_prepared = w_prepared
     qp.route = <qqRoute_t>_enum(func, "route", route, _ROUTES)
     out_dtype = _dtype_arg(func, dtype)
     cdef _Call call = _Call(func, x, "x", stream)
@@ -120,6 +102,8 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
         vbias = call.view(bias, "bias")
         vc = call.view(c, "c")
         qp.c = _t(vc)
+        vwv = call.view(w_values, "w_values")
+        qp.w_values = _t(vwv)
         try:
             qp.beta = float(beta) if c is not None else 0.0
         except (TypeError, ValueError):

@@ -153,6 +153,8 @@ def quantize_moe(w, scaling="32x1", *, rounding="ceil", scale_layout="linear", f
     cdef DLTensor *ts
     cdef int64_t dshape[3]
     cdef int64_t dstrides[3]
+    cdef int64_t wshape[3]
+    cdef int64_t sshape[3]
     cdef void* s
     cdef qqMoeScaling_t sc
     if scaling == "32x1":
@@ -166,18 +168,15 @@ def quantize_moe(w, scaling="32x1", *, rounding="ceil", scale_layout="linear", f
     try:
         vx = call.view(w, "w")
         ws = vx.shape
-        if len(ws) != 3 or ws[1] % 32 or ws[2] % 32:
-            raise ValueError(f"{func}: argument 'w' has shape {ws}; expected [E, D1, D2] with D1 "
-                             f"and D2 multiples of 32")
+        if len(ws) != 3:
+            raise ValueError(f"{func}: argument 'w' has shape {ws}; expected [E, D1, D2]")
         E, D1, D2 = ws
+        wshape[0], wshape[1], wshape[2] = E, D1, D2
+        _check(qqQuantizeMoeShapes(&p, sc, wshape, sshape))     # checks D1, D2 too
         # data is written column-major per expert: allocate [E, D2, D1] and hand libqq
         # the [E, D1, D2] view of it with strides (D1*D2, 1, D1).
         data_t, vd = call.empty((E, D2, D1), "uint8", "data")
-        if p.scale_layout == QQ_SCALE_BLOCKED:
-            sshape = (E, -(-D2 // 128) * 128, -(-(D1 // 32) // 4) * 4)
-        else:
-            sshape = (E, D1 // 32, D2 // 32 if sc == QQ_MOE_32X32 else D2)
-        scales, vs = call.empty(sshape, "uint8", "scales")
+        scales, vs = call.empty((sshape[0], sshape[1], sshape[2]), "uint8", "scales")
         td = vd.tensor
         dshape[0], dshape[1], dshape[2] = E, D1, D2
         dstrides[0], dstrides[1], dstrides[2] = D1 * D2, 1, D1

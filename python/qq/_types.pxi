@@ -231,10 +231,14 @@ def _blockscaled_device(w):
 
 
 def _blockscaled_capability(int device):
-    """True when CUDA device `device` has block-scaled tensor cores (compute capability
-    10.x, 11.x, 12.x: as blockscaled_arch in libqq/src/cuda/qqmm.cu)."""
-    major, minor = device_capability(device)
-    return major in (10, 11, 12)
+    """True when CUDA device `device` has block-scaled tensor cores, as libqq decides it
+    (qqGetDeviceFeature)."""
+    cdef int has = 0
+    cdef qqStatus_t st
+    with nogil:
+        st = qqGetDeviceFeature(device, QQ_DEVICE_FEATURE_BLOCKSCALED, &has)
+    _check(st)
+    return has != 0
 
 
 def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_format="e4m3",

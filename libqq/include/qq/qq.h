@@ -134,6 +134,19 @@ QQ_API int qqGetDeviceCount(void);
  * QQ_STATUS_NOT_SUPPORTED in a CPU-only build; INVALID_VALUE for a bad id. */
 QQ_API qqStatus_t qqGetDeviceCapability(int device, int* major, int* minor);
 
+/* Device features libqq's dispatch depends on, answered as libqq decides them
+ * (a caller keeps no table of its own). (0.2) */
+typedef enum {
+  QQ_DEVICE_FEATURE_BLOCKSCALED = 1, /* block-scaled fp4/fp8 tensor cores through cuBLASLt
+                                        (compute capability 10.x, 11.0, 12.x): qqmm's
+                                        blockscaled route reads packed operands, so a
+                                        prepared weight needs no bf16 values there */
+} qqDeviceFeature_t;
+
+/* *has = 1 when `device` has `feature`, else 0. NOT_SUPPORTED in a CPU-only
+ * build; INVALID_VALUE for a bad device id, an unknown feature or has == NULL. */
+QQ_API qqStatus_t qqGetDeviceFeature(int device, qqDeviceFeature_t feature, int* has);
+
 /* ---------------------------------------------------------------------------
  * Handle: one per CUDA device. Holds the cuBLASLt handle, the GEMM plan cache
  * and the workspace. Thread-safe: calls from several threads through one
@@ -261,6 +274,14 @@ QQ_API qqStatus_t qqQuantizeMoe(qqHandle_t handle, const DLTensor* w,
                                 qqMoeScaling_t scaling, DLTensor* data,
                                 DLTensor* scales, void* stream);
 
+/* The scales shape qqQuantizeMoe takes for w of shape w_shape[0..3) = [E, D1,
+ * D2] (data has w's shape): scales_shape gets 3 entries. Checks the
+ * parameters and the shape as qqQuantizeMoe does. (0.2) */
+QQ_API qqStatus_t qqQuantizeMoeShapes(const qqQuantParams_t* params,
+                                      qqMoeScaling_t scaling,
+                                      const int64_t* w_shape,
+                                      int64_t* scales_shape);
+
 /* Dequantize data [..., K*bits/8] with its scales (and biases for affine)
  * into out [..., K] (float32, float16 or bfloat16; all math in fp32, one
  * rounding to out's dtype at the end). For BLOCKED scales the rows are
@@ -346,6 +367,13 @@ typedef struct {
    * QQ_STATUS_NOT_SUPPORTED (with the reason) when the route does not cover
    * the call (shape, mode, layout, build); never a silent fallback. */
   qqRoute_t route;
+  /* Optional (0.2): q(w)'s values in float [N, K] (bfloat16 holds them exactly:
+   * dequantize without the global scale) next to a packed 2-D w, as
+   * qq.prepare_weight keeps them. libqq then picks the form per call: the
+   * weight-only routes read the packed w at small M (it is 2-4x fewer bytes),
+   * the GEMM routes use these values instead of dequantizing w on every call.
+   * NULL (the default): w alone. Not with w_prepared. */
+  const DLTensor* w_values;
 } qqQqmmParams_t;
 
 QQ_API qqStatus_t qqQqmmParamsInit(qqQqmmParams_t* params, qqMode_t mode);

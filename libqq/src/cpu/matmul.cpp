@@ -93,11 +93,13 @@ qqStatus_t qqmm(const MatmulArgs& a) {
   // alpha = (gx / 2688) * (gw / 2688): the product of the two dequantize factors.
   const float alpha = (a.gs_x ? nvfp4_dec(*a.gs_x) : 1.0f) * (a.gs_w ? nvfp4_dec(*a.gs_w) : 1.0f);
   std::vector<float> wd(N * K), xd(M * K), c(M * N);
-  if (a.w_packed)
-    dequantize_rows(a.w, a.w_scales, nullptr, a.w_blocked, a.q, 1.0f, 0, 0, N, K, wd.data());
-  else if (a.w_prepared)  // q(w)'s values already
+  // q(w)'s values already (a prepared w, or w_values next to a packed w): no dequantization
+  const Mat* values = a.w_prepared ? &a.w : (a.w_values.ptr ? &a.w_values : nullptr);
+  if (values)
     for (int64_t n = 0; n < N; ++n)
-      load_row((const char*)a.w.ptr + n * a.w.ld * dtype_size(a.w.dt), a.w.dt, K, wd.data() + n * K);
+      load_row((const char*)values->ptr + n * values->ld * dtype_size(values->dt), values->dt, K, wd.data() + n * K);
+  else if (a.w_packed)
+    dequantize_rows(a.w, a.w_scales, nullptr, a.w_blocked, a.q, 1.0f, 0, 0, N, K, wd.data());
   else
     qdq_rows(a.w, 0, a.q, a.gs_w, wd.data());
   const std::vector<float> bias = bias_f32(a.bias, N);

@@ -27,6 +27,11 @@ qqStatus_t qmv(const MatmulArgs& a, cudaStream_t stream);
 // gx * gw / 2688^2), else by w's nvfp4 global factor. NOT_SUPPORTED (no
 // message) for anything else.
 constexpr int kQmmaMaxM = 64;
+// qqmm with both forms of w (packed + q(w)'s bf16 values, qq.prepare_weight): the packed
+// weight-only kernels win over the bf16 GEMM on the values for M <= 4 (qmv, any shape)
+// and M <= 16 with whole 16-byte chunks per row (qmma); above, the GEMM on the values
+// (bench/results/qmm-h100.md, qqmm-h100.md).
+constexpr int kPackedOverValuesMaxM = 16;
 qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream);
 
 // gemm.cu - one cuBLASLt GEMM, row-major:

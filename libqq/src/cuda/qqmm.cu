@@ -209,13 +209,10 @@ qqStatus_t operand_bf16(qqContext* c, const Mat& m, const Mat& scales, bool pack
 //  - Scales in the 128x4-tile blocked layout, each tensor 16-byte aligned.
 //  - Bias: the output type for bf16 / fp16 D; bf16 for fp32 D (no fp32
 //    bias, which every plain-GEMM bias here is).
-// The compute capabilities with block-scaled tensor cores through cuBLASLt:
-// 10.x (B200/B300), 11.0 (Thor), 12.x (RTX 50, DGX Spark). The
-// force_blockscaled test hook makes any GPU try (cuBLASLt refuses on Hopper:
-// a test of the descriptors and of every fallback).
-bool blockscaled_arch(int cc) {
-  return cc / 10 == 10 || cc / 10 == 11 || cc / 10 == 12 || test_hook(HOOK_FORCE_BLOCKSCALED);
-}
+// blockscaled_cc (internal.h) decides; the force_blockscaled test hook makes
+// any GPU try (cuBLASLt refuses on Hopper: a test of the descriptors and of
+// every fallback).
+bool blockscaled_arch(int cc) { return blockscaled_cc(cc) || test_hook(HOOK_FORCE_BLOCKSCALED); }
 
 // The epilogue's bias type for output type `d` (see above).
 DType blockscaled_bias_type(DType d) { return d == DType::F16 ? DType::F16 : DType::BF16; }
@@ -502,9 +499,35 @@ qqStatus_t qqmm(qqHandle_t h, const MatmulArgs& a, void* stream) {
 
 namespace {
 
+// With both forms of w (w_values next to the packed w): true when this call
+// runs on the values (the GEMM route), false when on the packed w (the
+// block-scaled and weight-only routes, which read only the packed form).
+bool use_w_values(const MatmulArgs& a, int64_t Mtot, int cc) {
+  switch (a.route) {
+    case QQ_ROUTE_EXACT: return true;
+    case QQ_ROUTE_AUTO: break;
+    default: return false;  // blockscaled, qmma, qmv
+  }
+  if (blockscaled_arch(cc)) return false;
+  const bool chunk16 = (a.K * a.q.bits / 8) % 16 == 0;
+  return !(Mtot <= kQmvMaxM || (Mtot <= kPackedOverValuesMaxM && chunk16));
+}
+
 qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
   qqContext* c = nullptr;
   QQ_TRY(resolve_handle("qqmm", h, a.out.device, &c));
+  if (a.w_values.ptr) {
+    MatmulArgs b = a;
+    b.w_values = Mat{};
+    if (use_w_values(a, a.x.batch() * a.M, c->cc)) {
+      b.w = a.w_values;
+      b.w_scales = Mat{};
+      b.w_packed = false;
+      b.w_blocked = 0;
+      b.w_prepared = true;
+    }
+    return qqmm_core(h, b, stream);
+  }
   return on_device(c->device, [&]() -> qqStatus_t {
     cudaStream_t st = (cudaStream_t)stream;
     Scratch scratch(c, st);
