@@ -1,4 +1,5 @@
-"""Benchmark of the quantization kernels (cuda/quantize.cu) on the current GPU.
+"""Benchmark of the quantization kernels (cuda/quantize.cu, colwise.cu, dequantize.cu) on the
+current GPU.
 
 For each shape and mode: qq.quantize on bf16 input with blocked scales (affine:
 linear, its only layout), reported as GB/s (bytes read + written) against the

@@ -230,8 +230,6 @@ void gather_scales(const Mat& scales, const Mat* biases, bool blocked, int64_t b
   load_row((const char*)biases->ptr + (biases->offset(b) + r * biases->ld) * eb, biases->dt, ng, bif);
 }
 
-float read_scalar(const float* p) { return p ? *p : 0.0f; }
-
 // Dequantize `rows` rows [r0, r0+rows) of batch b of a packed operand into
 // out (fp32, row length K, row stride K).
 void dequantize_rows(const Mat& data, const Mat& scales, const Mat* biases, bool blocked, const QSpec& q,

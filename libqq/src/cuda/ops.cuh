@@ -1,7 +1,10 @@
 // cuda/ops.cuh - entry points one CUDA file offers another.
 //
-// runtime.cu answers the public operations; it calls into the kernel
-// families declared here. All take the caller's stream and never
+// The backend entry points of internal.h live with their kernels
+// (quantize.cu, dequantize.cu, colwise.cu, layout.cu, amax.cu, qmm.cu,
+// qqmm.cu; devices, handles and memory in runtime.cu). The matmul
+// dispatchers qmm.cu and qqmm.cu call into the kernel families declared
+// here (qmv.cu, qmma.cu, gemm.cu). All take the caller's stream and never
 // synchronize with the host.
 #ifndef QQ_CUDA_OPS_CUH_
 #define QQ_CUDA_OPS_CUH_

@@ -1,4 +1,4 @@
-// cuda/qmv.cu - weight-only matmul for small M (M <= kQmvMaxM = 16):
+// cuda/qmv.cu - weight-only matmul for small M (M <= kQmvMaxM, ops.cuh):
 //   out[b, m, n] = sum_k x[b, m, k] * W[b][n, k] (+ bias[n]),  W = dequantize(w)
 // with fp32 accumulation and one rounding to the output dtype. Memory bound:
 // the packed weights are read exactly once, 16 bytes per load.

@@ -1,8 +1,8 @@
-// cuda/runtime.cu - device queries, handles, stream-ordered allocation, and
-// the CUDA entry points of the operations.
+// cuda/runtime.cu - device queries, handles, stream-ordered allocation and
+// the host copies of the CUDA backend.
 //
-// The operation kernels live one family per file under cuda/ (quantize.cu,
-// qmv.cu, qmm.cu, qqmm.cu, gemm.cu).
+// The operations are not here: each entry point of internal.h lives with its
+// kernels, one family per file under cuda/ (the list: ops.cuh).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
