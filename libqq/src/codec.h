@@ -428,6 +428,29 @@ QQ_HD uint8_t mx_scale(float amax, int kind, int floor_rounding) {
   return floor_rounding ? ue8m0_floor(amax, elem_emax(kind)) : ue8m0_ceil(amax, elem_max(kind), elem_rcp(kind));
 }
 
+// One fp group's scale, the one home of the per-group rule (quantize on both
+// backends, colwise, qqmm's on-the-fly x): the scale byte, the factor that
+// takes the group's values onto the element grid, and whether the group is a
+// NaN group (its codes are 0: docs/formats.md, Scales).
+struct FpGroupScale {
+  uint8_t code;
+  float factor;
+  bool nan_group;
+};
+QQ_HD FpGroupScale fp_group_scale(float amax, bool nvfp4, float enc, int kind, int floor_rounding) {
+  FpGroupScale s;
+  if (nvfp4) {
+    s.code = nvfp4_scale(amax, enc);
+    s.factor = nvfp4_elem_factor(s.code, enc);
+    s.nan_group = (s.code & 0x7f) == 0x7f;
+  } else {
+    s.code = mx_scale(amax, kind, floor_rounding);
+    s.nan_group = s.code == 0xff;
+    s.factor = s.nan_group ? 0.0f : ue8m0_inverse(s.code);
+  }
+  return s;
+}
+
 // Affine (bit-exact with MLX's CUDA kernels; docs/formats.md, Affine).
 // wmin = min(w), wmax = max(0, max(w)), both over a finite group.
 QQ_HD void affine_params(float wmin, float wmax, int bits, float* scale_out, float* bias_out) {

@@ -109,17 +109,10 @@ void quantize_row(const float* x, int64_t K, const QSpec& q, float enc, uint8_t*
       if (gamax) amax = gamax[gi];
       else
         for (int i = 0; i < g; ++i) amax = nanmax_f(amax, abs_f(v[i]));
-      uint8_t s;
-      float f;
-      if (q.mode == QQ_MODE_NVFP4) {
-        s = nvfp4_scale(amax, enc);
-        f = nvfp4_elem_factor(s, enc);
-      } else {
-        s = mx_scale(amax, q.elem, q.floor_rounding);
-        f = s == 0xff ? 0.0f : ue8m0_inverse(s);
-      }
-      sc[gi] = s;
-      const bool nan_group = (q.mode == QQ_MODE_NVFP4) ? (s & 0x7f) == 0x7f : s == 0xff;
+      const FpGroupScale gsc = fp_group_scale(amax, q.mode == QQ_MODE_NVFP4, enc, q.elem, q.floor_rounding);
+      const float f = gsc.factor;
+      const bool nan_group = gsc.nan_group;
+      sc[gi] = gsc.code;
       if (q.bits == 4) {
         uint8_t* d = data + gi * g / 2;
         for (int i = 0; i < g; i += 2) {

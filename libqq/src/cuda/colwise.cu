@@ -47,17 +47,10 @@ __device__ __forceinline__ uint8_t encode_group(const QSpec& q, float enc, float
   // 16; mx: 32; affine: 32, 64, 128): this keeps the build time in check.
   constexpr bool kFp = G <= 32, kAffine = G >= 32;
   if (kFp && q.fp()) {
-    float f;
-    bool nan_group;
-    if (q.mode == QQ_MODE_NVFP4) {
-      sc = nvfp4_scale(amax, enc);
-      f = nvfp4_elem_factor(sc, enc);
-      nan_group = (sc & 0x7f) == 0x7f;
-    } else {
-      sc = mx_scale(amax, q.elem, q.floor_rounding);
-      nan_group = sc == 0xff;
-      f = nan_group ? 0.0f : ue8m0_inverse(sc);
-    }
+    const FpGroupScale gsc = fp_group_scale(amax, q.mode == QQ_MODE_NVFP4, enc, q.elem, q.floor_rounding);
+    const float f = gsc.factor;
+    const bool nan_group = gsc.nan_group;
+    sc = gsc.code;
     if (G == 16 || bits == 4) {
 #pragma unroll
       for (int i = 0; i < G / 8; ++i) {

@@ -81,21 +81,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int i = 0; i < G; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
   const float amax = u2f(ab);
-  uint8_t sc;
-  float f, sdec;
-  bool nan_group;
-  if (G == 16) {  // nvfp4
-    const float enc = gs ? nvfp4_enc(*gs) : 1.0f;
-    sc = nvfp4_scale(amax, enc);
-    f = nvfp4_elem_factor(sc, enc);
-    nan_group = (sc & 0x7f) == 0x7f;
-    sdec = e4m3_decode(sc);
-  } else {
-    sc = mx_scale(amax, q.elem, q.floor_rounding);
-    nan_group = sc == 0xff;
-    f = nan_group ? 0.0f : ue8m0_inverse(sc);
-    sdec = ue8m0_decode(sc);
-  }
+  // nvfp4 is the only group of 16
+  const float enc = (G == 16 && gs) ? nvfp4_enc(*gs) : 1.0f;
+  const FpGroupScale gsc = fp_group_scale(amax, G == 16, enc, q.elem, q.floor_rounding);
+  const float f = gsc.factor;
+  const bool nan_group = gsc.nan_group;
+  float sdec = G == 16 ? e4m3_decode(gsc.code) : ue8m0_decode(gsc.code);
   if (gs_post) sdec = sdec * nvfp4_dec(*gs_post);  // fp32 route only; one extra rounding, within tolerance
 #pragma unroll
   for (int i = 0; i < G; i += 2) {

@@ -147,19 +147,11 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
 #pragma unroll
   for (int k = 0; k < kGroups; ++k) {
     const float amax = x.absmax(k * G, G);
-    uint8_t sc;
-    float f;
-    bool nan_group;
-    if (G == 16) {  // nvfp4 (the only group of 16)
-      sc = nvfp4_scale(amax, enc);
-      f = nvfp4_elem_factor(sc, enc);
-      nan_group = (sc & 0x7f) == 0x7f;
-    } else {
-      sc = mx_scale(amax, a.q.elem, a.q.floor_rounding);
-      nan_group = sc == 0xff;
-      f = nan_group ? 0.0f : ue8m0_inverse(sc);
-    }
-    sp[k] = sc;
+    // nvfp4 is the only group of 16
+    const FpGroupScale gsc = fp_group_scale(amax, G == 16, enc, a.q.elem, a.q.floor_rounding);
+    const float f = gsc.factor;
+    const bool nan_group = gsc.nan_group;
+    sp[k] = gsc.code;
     if (fp4) {
       // a NaN group's codes are 0 (docs/formats.md, Scales)
 #pragma unroll
