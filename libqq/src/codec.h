@@ -248,6 +248,17 @@ QQ_HD float e4m3_decode(uint8_t c) {
   return minifloat_decode(c, 4, 3, 7);
 #endif
 }
+// e4m3_decode by bit placement, for the weight-only kernels' scale loads (a
+// shift and one multiply, no conversion instruction): the 7 magnitude bits go
+// to fp32 bits 20..26, so E4M3's exponent field sits in fp32's, read with bias
+// 127 instead of 7: the value is 2^-120 of the right one and the multiply by
+// 2^120 restores it exactly. A subnormal (field 0) becomes an fp32 subnormal,
+// which the multiply also scales exactly. Equal to e4m3_decode for every
+// byte (tests/cpp/codec_proofs.cpp checks all 256).
+QQ_HD float e4m3_decode_bits(uint32_t b) {
+  if ((b & 0x7fu) == 0x7fu) return u2f(0x7fc00000u);
+  return u2f(((b & 0x7fu) << 20) | ((b & 0x80u) << 24)) * 0x1p120f;
+}
 QQ_HD float e5m2_decode(uint8_t c) {
   if ((c & 0x7c) == 0x7c) {  // exponent all ones: Inf or NaN (IEEE-like)
     if (c & 3) return u2f(0x7fc00000u);

@@ -107,8 +107,7 @@ __device__ __forceinline__ uint32_t ue8m0_bf2(uint32_t u) {
 // 448 * 2^117 < 2^127); 0x7F / 0xFF are NaN. The 2^117 with the fp4
 // decoder's 2^-126 leaves products 2^-9 too small, which the epilogue undoes.
 __device__ __forceinline__ uint32_t e4m3_fix_bf2(uint32_t b) {
-  const float f = ((b & 0x7fu) == 0x7fu) ? u2f(0x7fc00000u)
-                                         : (u2f(((b & 0x7fu) << 20) | ((b & 0x80u) << 24)) * 0x1p120f) * 0x1p117f;
+  const float f = e4m3_decode_bits(b) * 0x1p117f;  // NaN stays NaN
   return dup16(f_to_bf16(f));
 }
 

@@ -194,14 +194,8 @@ QQ_HD void decode8(uint64_t raw, Sc sc, const Launch& L, float* v) {
 }
 
 // ---- scales ----------------------------------------------------------------
-// E4M3 scale byte -> e4m3_decode(b), by the same bit placement as the fp8
-// elements (fp32 bits 20..26, factor 2^120); 0x7F / 0xFF are NaN.
-QQ_HD float e4m3_scale(uint32_t b) {
-  if ((b & 0x7fu) == 0x7fu) return u2f(0x7fc00000u);
-  return u2f(((b & 0x7fu) << 20) | ((b & 0x80u) << 24)) * 0x1p120f;
-}
 template <int F> QQ_HD float fp_scale(uint32_t b) {
-  return F == FP4NV ? e4m3_scale(b) : ue8m0_decode((uint8_t)b);
+  return F == FP4NV ? e4m3_decode_bits(b) : ue8m0_decode((uint8_t)b);
 }
 // Affine scale / bias of dtype size esz (4: fp32; 2: bf16 or fp16 by `bf`).
 __device__ __forceinline__ uint32_t load_sb(const uint8_t* p, int64_t i, int esz) {
