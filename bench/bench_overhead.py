@@ -45,7 +45,9 @@ import qq  # noqa: E402
 HOW = ("Each value is the wall-clock time per call of a loop of N calls followed by one "
        "synchronize (host cost included), ours and the peer interleaved in one process, median "
        "of the repeats (`min_us`, `peer_min_us`: the fastest repeat); `x_peer` = ours / peer "
-       "(the targets bound it).")
+       "(the targets bound it). `outputs_alloc_us`: allocating the call's results alone "
+       "(empty_like of each, timed in the same loops) - the framework allocator's share of "
+       "the call, which the peer `x + x` pays once.")
 
 
 def cases_gpu(dev: str = "cuda"):
@@ -102,12 +104,30 @@ def cases_cpu(framework: str):
     return out
 
 
+def _outputs(result) -> list:
+    """The arrays a call returned (a QuantizedArray's data / scales / biases, or the array)."""
+    if isinstance(result, qq.QuantizedArray):
+        return [a for a in (result.data, result.scales, result.biases) if a is not None]
+    return [result]
+
+
+def _alloc_fn(result):
+    """A function that allocates what the call allocated for its results, the same shapes
+    and dtypes, through the framework's own empty_like: the part of a call's host cost that
+    is the framework's allocator (torch's `x + x` pays it once, quantize twice)."""
+    outs = _outputs(result)
+    if isinstance(outs[0], np.ndarray):
+        return lambda: [np.empty_like(a) for a in outs]
+    return lambda: [torch.empty_like(a) for a in outs]
+
+
 def run_cases(bench: HostBench, cases, n: int, reps: int, sync, extra: dict) -> list[str]:
     errors = []
     for variant, mode, shape, ours, peer, peer_fn, target in cases:
         try:
-            ours()  # fail fast (and outside the timing) if the call is refused
-            runs = interleaved({"ours": ours, "peer": peer_fn}, n=n, reps=reps, sync=sync, stat=None)
+            alloc = _alloc_fn(ours())  # fail fast (and outside the timing) if the call is refused
+            runs = interleaved({"ours": ours, "peer": peer_fn, "alloc": alloc}, n=n, reps=reps,
+                               sync=sync, stat=None)
         except Exception as e:  # noqa: BLE001 - record and go on
             msg = f"{variant} {mode}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             errors.append(msg)
@@ -125,6 +145,7 @@ def run_cases(bench: HostBench, cases, n: int, reps: int, sync, extra: dict) -> 
                   x_peer=round(x_peer, 3), target_x=target, meets_target=bool(x_peer <= target),
                   min_us=round(min(runs["ours"]), 3), peer_min_us=round(min(runs["peer"]), 3),
                   x_peer_min=round(min(runs["ours"]) / min(runs["peer"]), 3),
+                  outputs_alloc_us=round(t["alloc"], 3),
                   calls_per_loop=n, repeats=reps, **extra)
     return errors
 
@@ -132,12 +153,12 @@ def run_cases(bench: HostBench, cases, n: int, reps: int, sync, extra: dict) -> 
 def summary(bench: HostBench, title: str) -> None:
     print(f"\n{title}")
     print(f"{'variant':>17} {'mode':>6} {'fw':>6} {'ours us':>9} {'peer':>11} {'peer us':>9} "
-          f"{'ours/peer':>9} {'(min)':>7} {'target':>7}  ok")
+          f"{'ours/peer':>9} {'(min)':>7} {'target':>7}  ok  {'alloc us':>8}")
     for r in bench.rows:
         print(f"{r['variant']:>17} {r['mode']:>6} {r.get('framework', ''):>6} {r['value']:9.2f} "
               f"{r['peer']:>11} {r['peer_value']:9.2f} {r['x_peer']:9.2f} {r['x_peer_min']:7.2f} "
               f"{'<=' + str(r['target_x']):>7}  "
-              f"{'yes' if r['meets_target'] else 'NO'}")
+              f"{'yes' if r['meets_target'] else 'NO':>3}  {r.get('outputs_alloc_us', 0):8.2f}")
 
 
 def save(bench, device, tag, errors, notes):
