@@ -29,7 +29,7 @@
 //            4 rows (a tile re-reads its strip of w, mostly from L2). x's dtype
 //            is a run-time value (Launch::xk).
 // Only the wide T kernels are compiled per x dtype (the main path); 55 kernels
-// in all (scripts/emulate_qmv.sh runs every one of them on the host).
+// in all.
 //
 // Numerics: every weight is exactly dequantize()'s value: the element decoded
 // (bit tricks below, equal to codec.h's decoders for every code, NaN included)
@@ -98,9 +98,11 @@ struct Launch {
 // bf16 is the element's value times 2^-126 (fp4: exponent field e, mantissa
 // m; e = 0 is a bf16 subnormal exactly as it is an E2M1 subnormal) or 2^-120
 // (E4M3) / 2^-112 (E5M2); one exact multiply by the inverse power of two
-// restores the value. scripts/check_qmv_decoders.sh compares them with
-// codec.h for every code on the host (0 mismatches).
-// (QQ_HD so that the host can check them against codec.h; see the test note above.)
+// restores the value. The GPU tests compare the kernels with the reference
+// (tests/test_matmul.py's qmv tests; test_qmma_code_space sends mxfp8 at M = 1,
+// every code and the extreme / NaN scales, here).
+// (QQ_HD so that a host program could check them against codec.h directly; a
+// host check that extracted this section from the file's text was removed.)
 QQ_HD float bf16lo(uint32_t p) { return u2f(p << 16); }
 QQ_HD float bf16hi(uint32_t p) { return u2f(p & 0xffff0000u); }
 // fused a * b + c, one rounding, on both sides (device: fma.rn.f32). One
