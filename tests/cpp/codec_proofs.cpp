@@ -21,7 +21,7 @@
 //      covers the guard too).
 // `codec_proofs --exhaustive` checks 1, 3 and 5 for all 2^32 fp32 bit
 // patterns (add_rd for every operand in [0, 256]) and 20M tuples for 2: the
-// proof, about 40 s, and 3 minutes for the GPU forms (software fmaf). Without
+// proof, about 1 minute of CPU time, and 6 for the GPU forms (software fmaf). Without
 // the flag it checks a sample in about a second: every pattern within a
 // window of ulps around each edge the forms are built on (the E2M1
 // thresholds, k + 0.5 and k + 0.5 +- 1e-3 for the affine rounding, the
