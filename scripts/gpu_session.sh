@@ -11,7 +11,7 @@
 #              memory (qmma, qmv, the quantize tile kernel, amax): slow (torch's kernels
 #              are instrumented at start-up); `kernels` is the quick form
 #   kernels    racecheck + initcheck over scripts/sanitize_kernels.py (CuPy, no torch)
-#   profile    ncu (SpeedOfLight, Occupancy) of scripts/profile_quantize.py
+#   profile    ncu (SpeedOfLight, Occupancy) of bench/tune/profile_quantize.py
 #   multi      the 2-GPU tests (tests/test_multi_gpu.py and the mixed-device errors)
 #   bench      bench_overhead (GPU rows) and bench_decode; BENCHES="..." adds others
 # One file comes back: $OUT/session.tgz (logs/ and results/). (Replaces gpu_check.sh,
@@ -67,7 +67,7 @@ for step in "$@"; do
       done
       ;;
     profile)
-      ncu --section SpeedOfLight --section Occupancy --section LaunchStats python3 scripts/profile_quantize.py \
+      ncu --section SpeedOfLight --section Occupancy --section LaunchStats python3 bench/tune/profile_quantize.py \
         > "$LOG/ncu.log" 2>&1 || rc=1
       grep -E "quantize|dequantize|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Duration" \
         "$LOG/ncu.log" | head -80

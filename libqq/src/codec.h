@@ -103,8 +103,9 @@ QQ_HD uint8_t encode_minifloat(float x, int mbits, int bias, int sign_shift,
 //   4 <= a <= 6  M = 2^24 + 8  ulp 2    bits = bits(2^24) + 4 + rne(a/2) 6, 7
 // (the offsets 2 and 8 are even multiples of the ulp, so they keep the tie
 // parity). With k = max(exponent(a), 0) in {0, 1, 2}, bits(M) = 0x4a800000 +
-// k * 0x800002. scripts/check_e2m1.cpp proves this equal, for all 2^32 inputs,
-// to the threshold form this replaced:
+// k * 0x800002. tests/cpp/codec_proofs.cpp proves this equal, for all 2^32 inputs
+// (its --exhaustive run; the test suite runs a sample of it), to the threshold form
+// this replaced:
 //   a <= 0.25 -> 0, < 0.75 -> 1, <= 1.25 -> 2, < 1.75 -> 3, <= 2.5 -> 4,
 //   < 3.5 -> 5, <= 5 -> 6, else 7.
 // About 6 instructions on the GPU (FMNMX x2, SHF, IMAD, FADD, LOP3) instead of
@@ -127,7 +128,7 @@ QQ_HD float e2m1_decode(uint8_t c) {
   // Built as fp32 bits, no int -> float conversion (a quarter-rate GPU op):
   // codes 2..7 are (m << 22) + 0x3f000000 (exponent field m / 2 + 126, one
   // mantissa bit m % 2), code 1 is 0.5, code 0 is 0; bit 3 is the sign.
-  // scripts/check_e2m1.cpp checks all 256 bytes against the former formula.
+  // tests/cpp/codec_proofs.cpp checks all 256 bytes against the former formula.
   const uint32_t m = c & 7u;
   const uint32_t mag = m >= 2 ? (m << 22) + 0x3f000000u : (m ? 0x3f000000u : 0u);
   return u2f(mag | ((uint32_t)(c & 8u) << 28));
@@ -271,7 +272,7 @@ QQ_HD float e5m2_decode(uint8_t c) {
 // x / c, correctly rounded, for the element maxima c = 6, 448, 57344 with
 // rc = 1/c rounded to fp32. On the GPU: q = x * rc, then one FMA correction
 // step q + (x - q*c) * rc (Markstein) - three instructions instead of a
-// division's reciprocal, refinement and slow-path check. scripts/check_e2m1.cpp
+// division's reciprocal, refinement and slow-path check. tests/cpp/codec_proofs.cpp
 // proves it equal to x / c for every finite |x| >= 2^-100 and these three c;
 // for smaller x (quotients near the subnormal range, where the correction can
 // be off by one ulp) and non-finite x the division itself runs.
@@ -504,7 +505,7 @@ QQ_HD float trunc_f(float v) {
 // The two steps of affine_encode, each with a host form (trunc, roundf and a
 // float -> int conversion) and a GPU form (magic-number adds: the host form's
 // FRND and F2I run in the GPU's quarter-rate conversion pipe, three per
-// element). scripts/check_e2m1.cpp proves the forms equal for all 2^32 fp32
+// element). tests/cpp/codec_proofs.cpp proves the forms equal for all 2^32 fp32
 // inputs (and every bit width), so the CPU and the GPU agree.
 // Is |t| within 1e-3 of a .5 boundary, or too large for the reciprocal path?
 QQ_HD bool affine_needs_div(float t) {

@@ -48,8 +48,7 @@ qqStatus_t amax(qqHandle_t h, const Mat& x, float* out, void* stream) {
     cudaStream_t st = (cudaStream_t)stream;
     QQ_CUDA_TRY(cudaMemsetAsync(out, 0, sizeof(float), st), "amax");
     if (total == 0) return QQ_STATUS_SUCCESS;
-    int sms = 132;  // TODO(sm_count): the per-device SM-count helper of runtime.cu
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device);
+    const int sms = sm_count(x.device);
     const int64_t want = (total + kThreads * 8 - 1) / (kThreads * 8);
     const unsigned int grid = (unsigned int)(want < (int64_t)sms * 8 ? want : (int64_t)sms * 8);
     switch (x.dt) {

@@ -85,6 +85,10 @@ class Scratch {
   int n_ = 0;
 };
 
+// Number of SMs of CUDA device `device` (runtime.cu), cached per device id:
+// for launch heuristics that size a grid to fill the device the call runs on.
+int sm_count(int device);
+
 // Status of the last launch (configuration errors surface here; faults inside
 // a kernel surface at the caller's next synchronization, as with any CUDA op).
 inline qqStatus_t check_launch(const char* op) {

@@ -35,7 +35,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <type_traits>
 
 #include "../codec.h"
@@ -377,11 +376,8 @@ void launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st) {
   // k-slices per row tile: the fewest (1..8) that give the grid a full wave of
   // warps (16 per SM: ~2 CTAs fit by registers), while every warp keeps at
   // least kDepth steps.
-  static const int64_t wave = [] {
-    int dev = 0, sms = 132;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    return (int64_t)sms * 16;
-  }();
+  // SMs of the device the call runs on (a.out.device, current here).
+  const int64_t wave = (int64_t)sm_count(a.out.device) * 16;
   const int64_t tiles = (a.N + 15) / 16, groups4 = (L.C + 3) / 4, batch = a.out.batch();
   int KS = 1;
   while (KS < kWarps && tiles * batch * KS < wave && groups4 / (2 * KS) >= kDepth) KS <<= 1;
@@ -398,14 +394,10 @@ void launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st) {
 }  // namespace
 
 qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream) {
-  static const bool off = [] {
-    const char* e = getenv("QQ_QMMA");
-    return e && e[0] == '0';
-  }();
   // mxfp8 at M = 1: qmv.cu's kernel is faster (177 vs 234 us at 16384^2 on
   // the H100, bench/results/qmm-h100.md); from M = 2 this one is.
   if (a.M == 1 && a.q.mode == QQ_MODE_MXFP8) return QQ_STATUS_NOT_SUPPORTED;
-  if (off || a.M < 1 || a.M > kQmmaMaxM || a.x_packed || !a.w_packed || !a.transpose) return QQ_STATUS_NOT_SUPPORTED;
+  if (a.M < 1 || a.M > kQmmaMaxM || a.x_packed || !a.w_packed || !a.transpose) return QQ_STATUS_NOT_SUPPORTED;
   if (a.x.dt != DType::BF16 || !a.q.fp()) return QQ_STATUS_NOT_SUPPORTED;
   const QSpec& q = a.q;
   QL L{};

@@ -29,7 +29,7 @@
 //            4 rows (a tile re-reads its strip of w, mostly from L2). x's dtype
 //            is a run-time value (Launch::xk).
 // Only the wide T kernels are compiled per x dtype (the main path); 55 kernels
-// in all (scripts/emulate_qmv.sh runs every one of them on the host).
+// in all.
 //
 // Numerics: every weight is exactly dequantize()'s value: the element decoded
 // (bit tricks below, equal to codec.h's decoders for every code, NaN included)
@@ -48,7 +48,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <type_traits>
 
 #include "../codec.h"
@@ -99,9 +98,11 @@ struct Launch {
 // bf16 is the element's value times 2^-126 (fp4: exponent field e, mantissa
 // m; e = 0 is a bf16 subnormal exactly as it is an E2M1 subnormal) or 2^-120
 // (E4M3) / 2^-112 (E5M2); one exact multiply by the inverse power of two
-// restores the value. scripts/check_qmv_decoders.sh compares them with
-// codec.h for every code on the host (0 mismatches).
-// (QQ_HD so that the host can check them against codec.h; see the test note above.)
+// restores the value. The GPU tests compare the kernels with the reference
+// (tests/test_matmul.py's qmv tests; test_qmma_code_space sends mxfp8 at M = 1,
+// every code and the extreme / NaN scales, here).
+// (QQ_HD so that a host program could check them against codec.h directly; a
+// host check that extracted this section from the file's text was removed.)
 QQ_HD float bf16lo(uint32_t p) { return u2f(p << 16); }
 QQ_HD float bf16hi(uint32_t p) { return u2f(p & 0xffff0000u); }
 // fused a * b + c, one rounding, on both sides (device: fma.rn.f32). One
@@ -591,6 +592,16 @@ int ilog2(int v) {
   return l;
 }
 
+// Pipelined steps per thread below which launch_t halves the threads per row.
+// 4 is what the H100 tuning runs settled on (sm_90a, M = 1, 16384^2): with
+// the software pipeline it moved nvfp4 from 163 to 131 us and mxfp8 from 209
+// to 178 us (bench/results/qmm-small-m-h100-notes.md; table of record
+// bench/results/qmm-h100.md). It was the QQ_QMV_STEPS environment variable
+// while tuning: a constant now, because it picks the grid and with it the
+// order of the sums, which no inherited environment should change. To tune it
+// again, edit it here and run bench/tune/qmv_tune.sh.
+constexpr int kQmvSteps = 4;
+
 template <typename XT, int F, int MT, bool kNarrow>
 void launch_t(const MatmulArgs& a, Launch L, cudaStream_t st) {
   constexpr int R = kNarrow ? 1 : t_rows<MT>();
@@ -598,22 +609,12 @@ void launch_t(const MatmulArgs& a, Launch L, cudaStream_t st) {
   // Threads per row: fewer threads per row means more pipelined steps per
   // thread (loads in flight for longer, less time in the reduction); more
   // means more threads in all. Halve T (from 256, down to a warp) while every
-  // thread would still get fewer than `steps` steps and the grid would still
-  // hold a full wave of threads (sm_count * 2048). steps is QQ_QMV_STEPS
-  // (default below, measured on the H100) for tuning runs.
-  static const int steps = [] {
-    const char* e = getenv("QQ_QMV_STEPS");
-    const int v = e ? atoi(e) : 0;
-    return v > 0 ? v : 4;
-  }();
-  static const int64_t wave = [] {
-    int dev = 0, sms = 132;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    return (int64_t)sms * 2048;
-  }();
+  // thread would still get fewer than kQmvSteps steps and the grid would still
+  // hold a full wave of threads (2048 per SM of the device the call runs on).
+  const int64_t wave = (int64_t)sm_count(a.out.device) * 2048;
   const int64_t groups = (a.N + R - 1) / R * a.out.batch();
   int T = kThreads;
-  while (T > 32 && (L.C < (int64_t)T * U || (L.C < (int64_t)T * U * steps && groups * (T / 2) >= wave))) T >>= 1;
+  while (T > 32 && (L.C < (int64_t)T * U || (L.C < (int64_t)T * U * kQmvSteps && groups * (T / 2) >= wave))) T >>= 1;
   L.T = T;
   L.logT = ilog2(T);
   L.G = kThreads / T;

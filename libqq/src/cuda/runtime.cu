@@ -6,6 +6,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <mutex>
 
 #include "../internal.h"
@@ -22,6 +23,30 @@ int device_count() {
     return 0;
   }
   return n;
+}
+
+// Asked once per device id and cached: the launch heuristics of qmv.cu and
+// qmma.cu call this on every product, and a process may drive several
+// devices of different sizes (a static in each launcher would keep the SM
+// count of whichever device ran first). Two threads racing on the first call
+// both query and store the same value, so a relaxed atomic is enough. Device
+// ids past the cache (or a failed query) are answered without caching; a
+// failed query answers 132, the H100 SXM the launch heuristics were tuned on.
+int sm_count(int device) {
+  constexpr int kCached = 64;  // as many as resolve_handle keeps default handles for
+  static std::atomic<int> cache[kCached];  // 0: not asked yet (zero-initialized static storage)
+  const bool cacheable = device >= 0 && device < kCached;
+  if (cacheable) {
+    const int v = cache[device].load(std::memory_order_relaxed);
+    if (v > 0) return v;
+  }
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) {
+    (void)cudaGetLastError();  // the heuristics only need a plausible size; the launch itself reports errors
+    return 132;
+  }
+  if (cacheable) cache[device].store(sms, std::memory_order_relaxed);
+  return sms;
 }
 
 static qqStatus_t check_device_id(const char* op, int device) {

@@ -1,35 +1,47 @@
-// check_e2m1.cpp - exhaustive proofs that codec.h's fast scalar paths give the
-// bits of the forms they replaced, over every fp32 bit pattern:
+// codec_proofs.cpp - proofs that codec.h's fast scalar paths give the bits of
+// the forms they replaced:
 //   1. e2m1_encode (branch-free, one fp32 magic-number add) against the
-//      threshold-compare encoder it replaced (the oracle below, verbatim), for
-//      all 2^32 inputs (NaN, Inf, subnormals and both zeros included);
-//      Also that byte 0 of e2m1_abs_sum is the code of |x| with bits 3..7
-//      zero (what e2m1x8_encode's byte gathers rely on), for all 2^32 inputs;
+//      threshold-compare encoder it replaced (the oracle below, verbatim),
+//      NaN, Inf, subnormals and both zeros included; also that byte 0 of
+//      e2m1_abs_sum is the code of |x| with bits 3..7 zero (what
+//      e2m1x8_encode's byte gathers rely on);
 //   2. e2m1x8_encode (byte-permute packing) against eight e2m1_encode, for
 //      random 8-tuples mixing all bit patterns, values within a few ulp of the
 //      rounding thresholds, zeros, Inf and NaN (the host emulates prmt.b32);
 //   3. affine_needs_div and affine_round_clamp (magic-number GPU forms)
 //      against the trunc/roundf/cast code they replaced (the oracles below),
-//      for all 2^32 inputs, the latter for every bit width 2, 3, 4, 5, 6, 8;
+//      the latter for every bit width 2, 3, 4, 5, 6, 8;
 //      The host's emulation of the GPU's round-down add (add_rd) is itself
-//      checked against the FPU in FE_DOWNWARD mode for every operand it gets
+//      checked against the FPU in FE_DOWNWARD mode for the operands it gets
 //      there (c in [0, 256], then + 2^23);
 //   4. e2m1_decode (built from bits) against its former formula, all 256 bytes;
 //   5. div_const (multiply by the reciprocal + one FMA correction, the GPU
-//      form) against the correctly rounded division x / c, for c = 6, 448,
-//      57344 and all 2^32 inputs (its guard sends tiny and non-finite x to the
-//      division; the check covers the guard too).
-// codec.h's GPU-only form of div_const is compiled on the host with
-// -DQQ_CODEC_GPU_FORMS (same IEEE fp32 multiply and fused multiply-add); run
-// both builds:
+//      form) against the correctly rounded division x / c, for c = 6, 448 and
+//      57344 (its guard sends tiny and non-finite x to the division; the check
+//      covers the guard too).
+// `codec_proofs --exhaustive` checks 1, 3 and 5 for all 2^32 fp32 bit
+// patterns (add_rd for every operand in [0, 256]) and 20M tuples for 2: the
+// proof, about 1 minute of CPU time, and 6 for the GPU forms (software fmaf). Without
+// the flag it checks a sample in about a second: every pattern within a
+// window of ulps around each edge the forms are built on (the E2M1
+// thresholds, k + 0.5 and k + 0.5 +- 1e-3 for the affine rounding, the
+// integers a code can be, 2^20, div_const's guard at 2^-100, zero, the
+// subnormal and normal boundaries, FLT_MAX, Inf and NaN, both signs), a
+// stride walk over all 2^32 patterns, random patterns, and 200k tuples.
+// codec.h's GPU-only forms are compiled on the host with -DQQ_CODEC_GPU_FORMS
+// (same IEEE fp32 multiply and fused multiply-add); both builds must pass.
+// tests/test_codec_proofs.py builds and runs both, sampled in the normal
+// suite and exhaustive with QQ_TEST_EXHAUSTIVE=1. By hand:
 //   for d in "" -DQQ_CODEC_GPU_FORMS; do
-//     g++ -O2 -std=c++17 $d -Ilibqq/src scripts/check_e2m1.cpp -o /tmp/check_e2m1 && /tmp/check_e2m1 || break
+//     c++ -O2 -std=c++17 -ffp-contract=off $d -Ilibqq/src tests/cpp/codec_proofs.cpp -o /tmp/codec_proofs &&
+//       /tmp/codec_proofs --exhaustive || break
 //   done
 // Never with -ffast-math (the codecs need IEEE round-to-nearest-even and no
-// flush-to-zero). About 40 s, and 3 minutes for the GPU forms (software fmaf).
+// flush-to-zero); -ffp-contract=off as the library itself is built.
 #include <cstdio>
 #include <cfenv>
 #include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 
 #include "codec.h"
@@ -77,18 +89,66 @@ inline float e2m1_decode_ref(uint8_t c) {
 bool same(float a, float b) {  // equal bits, or both NaN
   return qq::f2u(a) == qq::f2u(b) || (a != a && b != b);
 }
+
+uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+uint64_t rnd() {  // splitmix64
+  uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Calls f(u) for every u in [center - w, center + w] (clipped to [lo, hi]).
+template <typename F>
+void window(uint32_t center, uint32_t w, uint32_t lo, uint32_t hi, F&& f) {
+  const uint64_t a = center >= lo + (uint64_t)w ? center - w : lo;
+  const uint64_t b = (uint64_t)center + w <= hi ? center + w : hi;
+  for (uint64_t u = a; u <= b; ++u) f((uint32_t)u);
+}
+
+// The fp32 bit patterns checked by 1, 3 and 5: all of them (exhaustive), or
+// the sample described at the top (patterns may repeat; that costs time only).
+template <typename F>
+uint64_t for_inputs(bool exhaustive, F&& f) {
+  uint64_t n = 0;
+  auto g = [&](uint32_t u) { f(u); ++n; };
+  if (exhaustive) {
+    uint32_t u = 0;
+    do g(u); while (++u != 0);
+    return n;
+  }
+  for (const uint32_t sign : {0u, 0x80000000u}) {
+    // bit patterns (not values): zero / subnormals, smallest normal, Inf,
+    // NaN, the largest NaN; div_const's guard 2^-100 and FLT_MAX
+    for (const uint32_t b : {0x00000000u, 0x00800000u, 0x7f800000u, 0x7fc00000u, 0x7fffffffu})
+      window(sign | b, 1u << 14, sign, sign | 0x7fffffffu, g);
+    for (const float v : {0x1p-100f, 3.40282347e38f, 1048576.0f, 0.25f, 0.75f, 1.0f, 1.25f, 1.75f, 2.0f, 2.5f, 3.5f,
+                          4.0f, 5.0f, 6.0f, 448.0f, 57344.0f})
+      window(sign | qq::f2u(v), 1u << 14, sign, sign | 0x7fffffffu, g);
+    for (int k = 0; k <= 256; ++k)  // affine: the rounding ties, the 1e-3 bands, the codes themselves
+      for (const float v : {(float)k, k + 0.5f, k + 0.5f - 1e-3f, k + 0.5f + 1e-3f})
+        window(sign | qq::f2u(v), 512, sign, sign | 0x7fffffffu, g);
+  }
+  for (uint64_t u = 0; u < (1ull << 32); u += 4099) g((uint32_t)u);  // 4099: prime, so every bit position varies
+  for (int i = 0; i < (1 << 18); ++i) g((uint32_t)rnd());
+  return n;
+}
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bool exhaustive = argc > 1 && strcmp(argv[1], "--exhaustive") == 0;
+  if (argc > 1 && !exhaustive) {
+    fprintf(stderr, "usage: %s [--exhaustive]\n", argv[0]);
+    return 2;
+  }
 #if defined(QQ_CODEC_GPU_FORMS)
-  printf("GPU forms (QQ_CODEC_GPU_FORMS)\n");
+  printf("GPU forms (QQ_CODEC_GPU_FORMS), %s\n", exhaustive ? "exhaustive" : "sampled");
 #else
-  printf("host forms\n");
+  printf("host forms, %s\n", exhaustive ? "exhaustive" : "sampled");
 #endif
-  uint64_t bad = 0, bad_div = 0, bad_aff = 0, n = 0;
+  uint64_t bad = 0, bad_div = 0, bad_aff = 0;
   volatile float c6 = 6.0f, c448 = 448.0f, c57344 = 57344.0f;  // volatile: real divisions
-  uint32_t u = 0;
-  do {
+  const uint64_t n = for_inputs(exhaustive, [&](uint32_t u) {
     const float x = qq::u2f(u);
     const uint8_t want = e2m1_encode_ref(x), got = qq::e2m1_encode(x);
     const uint32_t byte0 = qq::e2m1_abs_sum(x) & 0xffu;
@@ -106,8 +166,7 @@ int main() {
       }
     }
     if (!aff_ok && bad_aff++ < 10) printf("affine MISMATCH 0x%08x (%g)\n", u, x);
-    ++n;
-  } while (++u != 0);
+  });
   printf("e2m1_encode: %llu inputs, %llu mismatches\n", (unsigned long long)n, (unsigned long long)bad);
   printf("affine_needs_div, affine_round_clamp (bits 2..8): %llu inputs, %llu mismatches\n",
          (unsigned long long)n, (unsigned long long)bad_aff);
@@ -122,30 +181,35 @@ int main() {
   if (bad_dec) return 1;
 
 #if defined(QQ_CODEC_GPU_FORMS)
-  uint64_t bad_rd = 0;
-  for (uint32_t v = 0; v <= 0x43800000u; ++v) {  // c in [0, 256]
+  uint64_t bad_rd = 0, n_rd = 0;
+  auto check_rd = [&](uint32_t v) {
     const float c = qq::u2f(v);
     fesetround(FE_DOWNWARD);
     const float s1 = add_fpu(c, 0.5f), s2 = add_fpu(s1, 8388608.0f);
     fesetround(FE_TONEAREST);
     const float e1 = qq::add_rd(c, 0.5f), e2 = qq::add_rd(e1, 8388608.0f);
     if ((qq::f2u(s1) != qq::f2u(e1) || qq::f2u(s2) != qq::f2u(e2)) && bad_rd++ < 10) printf("add_rd MISMATCH 0x%08x\n", v);
+    ++n_rd;
+  };
+  constexpr uint32_t kRdMax = 0x43800000u;  // c in [0, 256]
+  if (exhaustive) {
+    for (uint32_t v = 0; v <= kRdMax; ++v) check_rd(v);
+  } else {  // zero and the subnormals' start, every integer and half-integer, a stride walk
+    window(0, 1u << 14, 0, kRdMax, check_rd);
+    for (int k = 0; k <= 256; ++k)
+      for (const float v : {(float)k, k + 0.5f}) window(qq::f2u(v), 512, 0, kRdMax, check_rd);
+    for (uint32_t v = 0; v <= kRdMax; v += 4099) check_rd(v);
   }
-  printf("add_rd emulation vs FE_DOWNWARD: %u inputs, %llu mismatches\n", 0x43800001u, (unsigned long long)bad_rd);
+  printf("add_rd emulation vs FE_DOWNWARD: %llu inputs, %llu mismatches\n", (unsigned long long)n_rd,
+         (unsigned long long)bad_rd);
   if (bad_rd) return 1;
 #endif
 
   // e2m1x8_encode: random tuples
-  uint64_t st = 0x9e3779b97f4a7c15ull, bad8 = 0;
-  auto rnd = [&]() {  // splitmix64
-    uint64_t z = (st += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
+  uint64_t bad8 = 0;
   const float edges[] = {0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f, 3.5f, 4.0f, 5.0f, 6.0f, 8.0f};
   const uint32_t specials[] = {0x7f800000u, 0x7fc00000u, 0x7f800001u, 0x7fffffffu, 0x00000001u, 0x007fffffu, 0x7f7fffffu};
-  const uint64_t kTuples = 20000000;
+  const uint64_t kTuples = exhaustive ? 20000000 : 200000;
   for (uint64_t t = 0; t < kTuples; ++t) {
     float v[8];
     for (int i = 0; i < 8; ++i) {

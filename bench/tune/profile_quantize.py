@@ -1,5 +1,5 @@
 """One call of each row-wise quantize mode and the column-wise / 3D kernels on
-8192x5120 bf16, for `ncu` to profile (scripts/gpu_session.sh build profile)."""
+8192x5120 bf16, for `ncu` to profile (scripts/gpu_session.sh build profile). Writes nothing."""
 import torch
 
 import qq

@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# Device run for tuning the small-M kernels: a quick sm_90a-only build, the qmv tests,
-# a sweep of QQ_QMV_STEPS and an ncu profile of the M=1 kernels; logs under $OUT.
+# Device run for tuning the small-M weight-only kernels (cuda/qmv.cu, cuda/qmma.cu): a
+# timing sweep of the present build (bench/tune/qmv_sweep.py) and an ncu profile of the
+# M = 1 kernels; with QQ_SASS=1 also an opcode histogram of their SASS. Logs under $OUT
+# (nothing else is written). Run after `scripts/gpu_session.sh build` (an sm_90a build) in
+# the repository root on the device:
+#   OUT=/tmp/qq-out bench/tune/qmv_tune.sh
+# There are no run-time knobs: the tuned values are constants in the sources (kQmvSteps in
+# qmv.cu, the k-slice rule in qmma.cu's launch, kQmvMaxM / kQmmaMaxM in ops.cuh), so a
+# candidate value is a rebuild. Record what a change gained in
+# bench/results/qmm-small-m-h100-notes.md; the table of record is bench/bench_qmm.py's.
 set -uo pipefail
 OUT=${OUT:-/tmp/qq-out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=16
-python3 -m pip install --no-build-isolation --no-deps -e . -C cmake.define.QQ_CUDA_ARCHS=90a >"$OUT/build.log" 2>&1 \
-  || { tail -40 "$OUT/build.log"; exit 1; }
-timeout 240 python3 -m pytest -q -x -m gpu tests/test_matmul_gpu.py tests/test_matmul.py -k "${QQ_TEST_K:-qmm or quantized or qmv or qmma or qqmm}" \
-  -p no:cacheprovider --tb=short 2>&1 | tail -5
-# QQ_SWEEP_ENVS: space-separated settings, one sweep each (e.g. "QQ_QMMA=0 QQ_QMMA=1")
-for e in ${QQ_SWEEP_ENVS:-QQ_QMMA=0 QQ_QMMA=1}; do
-  env "$e" timeout 150 python3 scripts/qmv_sweep.py ${QQ_SWEEP_ARGS:-} 2>&1 | sed "s/^/$e /" | grep -E "GB/s|Error|error"
-done | tee "$OUT/sweep.log"
+export PYTHONUNBUFFERED=1
+# QQ_SWEEP_ARGS: qmv_sweep.py's arguments (--ms, --shapes, --modes)
+timeout 150 python3 bench/tune/qmv_sweep.py ${QQ_SWEEP_ARGS:-} 2>&1 | grep -E "GB/s|Error|error" | tee "$OUT/sweep.log"
 if [ -n "${QQ_NCU:-1}" ]; then
   ncu --kernel-name regex:qm --launch-count 6 --section SpeedOfLight --section Occupancy --section WarpStateStats \
-    --section SchedulerStats --section LaunchStats python3 scripts/qmv_sweep.py --profile --ms 1 \
+    --section SchedulerStats --section LaunchStats python3 bench/tune/qmv_sweep.py --profile --ms 1 \
     --shapes 16384x16384 --modes nvfp4,mxfp8,affine4 > "$OUT/ncu.log" 2>&1
   grep -E "qmv_t|qmma_k|Duration|Memory Throughput|DRAM Through|Compute \(SM\)|Achieved Occ|Registers Per|Issued Ipc|No Eligible|Stall|Warp Cycles Per Issued|Block Limit Reg|Grid Size|Threads  " \
     "$OUT/ncu.log" | head -120

@@ -1,8 +1,9 @@
-"""Small-M quantized_matmul timings for tuning qmv (scripts/gpu_qmv_tune.sh): GB/s as a
-fraction of the copy bandwidth measured in the same run. Not a results table: the tuned
-figures go through bench/bench_qmm.py.
+"""Small-M quantized_matmul timings for tuning qmv / qmma (bench/tune/qmv_tune.sh): GB/s as
+a fraction of the copy bandwidth measured in the same run, printed; nothing is written. Not
+a results table: the tuned figures go through bench/bench_qmm.py. It times the build as it
+is (the tuned values are constants in the sources; a candidate value is a rebuild).
 
-    python scripts/qmv_sweep.py [--ms 1,4] [--shapes 16384x16384,4096x14336] [--profile]
+    python bench/tune/qmv_sweep.py [--ms 1,4] [--shapes 16384x16384,4096x14336] [--profile]
 --profile: one call per mode (for ncu), no timing.
 """
 import argparse
@@ -11,7 +12,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench/harness.py
 from harness import Timer, copy_bandwidth  # noqa: E402
 
 import qq  # noqa: E402
