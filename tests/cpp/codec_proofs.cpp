@@ -18,7 +18,9 @@
 //   5. div_const (multiply by the reciprocal + one FMA correction, the GPU
 //      form) against the correctly rounded division x / c, for c = 6, 448 and
 //      57344 (its guard sends tiny and non-finite x to the division; the check
-//      covers the guard too).
+//      covers the guard too);
+//   6. e4m3_decode_bits (bit placement, the weight-only kernels' scale
+//      decode) against e4m3_decode, all 256 bytes.
 // `codec_proofs --exhaustive` checks 1, 3 and 5 for all 2^32 fp32 bit
 // patterns (add_rd for every operand in [0, 256]) and 20M tuples for 2: the
 // proof, about 1 minute of CPU time, and 6 for the GPU forms (software fmaf). Without
@@ -179,6 +181,15 @@ int main(int argc, char** argv) {
       printf("e2m1_decode MISMATCH %d\n", c);
   printf("e2m1_decode: 256 bytes, %llu mismatches\n", (unsigned long long)bad_dec);
   if (bad_dec) return 1;
+
+  // 6. e4m3_decode_bits (the weight-only kernels' bit-placement scale decode)
+  // against e4m3_decode, every byte (NaN bytes give the same canonical NaN).
+  uint64_t bad_e4 = 0;
+  for (int c = 0; c < 256; ++c)
+    if (qq::f2u(qq::e4m3_decode_bits((uint32_t)c)) != qq::f2u(qq::e4m3_decode((uint8_t)c)) && bad_e4++ < 10)
+      printf("e4m3_decode_bits MISMATCH %d\n", c);
+  printf("e4m3_decode_bits: 256 bytes, %llu mismatches\n", (unsigned long long)bad_e4);
+  if (bad_e4) return 1;
 
 #if defined(QQ_CODEC_GPU_FORMS)
   uint64_t bad_rd = 0, n_rd = 0;
