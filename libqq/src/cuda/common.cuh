@@ -3,13 +3,13 @@
 #ifndef QQ_CUDA_COMMON_CUH_
 #define QQ_CUDA_COMMON_CUH_
 
+#include "cublaslt_loader.h"  // cuBLASLt types (first: codec.h needs cuda_fp16.h); its functions through lt_api()
 #include <cuda_runtime.h>
 
 #include <map>
 #include <mutex>
 
 #include "../internal.h"
-#include "cublaslt_loader.h"  // cuBLASLt types; its functions through lt_api()
 
 #define QQ_CUDA_TRY(call, what)                                                     \
   do {                                                                              \

@@ -3,6 +3,7 @@
 //
 // The operation kernels live one family per file under cuda/ (quantize.cu,
 // qmv.cu, qmm.cu, qqmm.cu, gemm.cu).
+#include "cublaslt_loader.h"  // first, where cublasLt.h was: codec.h needs cuda_fp16.h
 #include <cuda_runtime.h>
 
 #include <stdlib.h>
