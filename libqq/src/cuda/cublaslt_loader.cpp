@@ -67,6 +67,10 @@ void load(Loaded& s) {
   struct link_map* lm = nullptr;
   if (dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name && *lm->l_name) s.path = lm->l_name;
   else s.path = name;
+  if (char* real = realpath(s.path.c_str(), nullptr)) {  // $ORIGIN/../../nvidia/... -> a plain path
+    s.path = real;
+    free(real);
+  }
   if (!missing.empty()) {
     s.error = "cuBLASLt (" + s.path + ") lacks functions libqq needs: " + missing +
               "; it is older than or different from the cuBLASLt " QQ_LT_STR(CUBLAS_VER_MAJOR) ".x libqq was built against" +
