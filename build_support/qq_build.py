@@ -2,9 +2,11 @@
 
 A CUDA build (nvcc found and QQ_CUDA != OFF) needs cuBLASLt: from the CUDA
 toolkit when it ships it, else from NVIDIA's `nvidia-cublas` wheel, which is
-then a build requirement (headers and library to link) and a runtime
-dependency (the library libqq loads). A CPU-only build needs neither, so a
-machine without nvcc never downloads the ~400 MB wheel.
+then a build requirement (its headers: libqq does not link cuBLASLt, it
+loads it at run time) and a runtime dependency (the library libqq loads;
+`import qq` still works without it, the GEMMs then say it is missing). A
+CPU-only build needs neither, so a machine without nvcc never downloads the
+~400 MB wheel.
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ BASE_DEPENDENCIES = ["numpy>=1.24", "ml_dtypes>=0.3"]
 
 
 def find_nvcc() -> str | None:
-    """The nvcc CMake would find: $CUDACXX, PATH, $CUDA_HOME/$CUDA_PATH, /usr/local/cuda."""
+    """The nvcc CMake would find: $CUDACXX, PATH, $CUDA_HOME/$CUDA_PATH, /usr/local/cuda.
+
+    Not cuda.pathfinder's find_nvidia_binary_utility("nvcc"): this must predict what CMake's
+    check_language(CUDA) will pick (so that the requirements match the build), and
+    pathfinder searches elsewhere (nvidia wheels, conda, CUDA_PATH / CUDA_HOME) and not the
+    PATH, which is where CMake looks first. Nor is pathfinder installed at this point."""
     if os.environ.get("QQ_CUDA", "AUTO").upper() == "OFF":
         return None
     cands = [os.environ.get("CUDACXX"), shutil.which("nvcc")]
@@ -52,7 +59,7 @@ def cuda_requirements() -> list[str]:
     if not nvcc:
         return []
     major = cuda_major(nvcc)
-    reqs = [f"cuda-pathfinder>=1.1"]
+    reqs = ["cuda-pathfinder>=1.1"]
     if major is None:
         return reqs
     if not toolkit_has_cublaslt(nvcc) or os.environ.get("QQ_CUBLAS_FROM_WHEEL") == "1":
@@ -68,5 +75,7 @@ def dynamic_metadata(field: str, settings: dict | None = None):
 
 
 def get_requires_for_dynamic_metadata(settings: dict | None = None) -> list[str]:
-    # Build requirements: the cuBLAS wheel's headers and library for linking.
-    return [r for r in cuda_requirements() if r.startswith("nvidia-cublas")]
+    # Build requirements of a CUDA build: the cuBLAS wheel's headers (libqq loads the
+    # library at run time, it does not link it) and cuda-pathfinder, through which
+    # build_support/find_cublas.py finds them.
+    return cuda_requirements()

@@ -29,5 +29,16 @@ qqStatus_t amax(qqHandle_t, const Mat&, float*, void*) { return no_cuda("amax");
 qqStatus_t qqmm(qqHandle_t, const MatmulArgs&, void*) { return no_cuda("qqmm"); }
 qqStatus_t quantized_matmul(qqHandle_t, const MatmulArgs&, void*) { return no_cuda("quantized_matmul"); }
 
+void cuda_info(qqCudaInfo_t* info) {
+  info->cuda_built = 0;
+  info->device_count = 0;
+  info->device_note = "this libqq was built without CUDA (CPU-only build: no nvcc was found, or QQ_CUDA=OFF); "
+                      "reinstall on a machine with the CUDA toolkit (nvcc) to get the GPU backend";
+  info->cublaslt_loaded = 0;
+  info->cublaslt_version = 0;
+  info->cublaslt_path = "";
+  info->cublaslt_note = "not used: CPU-only build";
+}
+
 }  // namespace cuda
 }  // namespace qq

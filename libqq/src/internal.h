@@ -222,6 +222,9 @@ qqStatus_t stream_synchronize(int device, void* stream);
 // Copies `bytes` from device memory to the host after the work queued on
 // `stream` (waits for the stream).
 qqStatus_t copy_to_host(int device, const void* src, size_t bytes, void* dst, void* stream);
+// Fills every field of `info` after struct_size (qqGetCudaInfo, cuda_info.cpp):
+// the strings are static.
+void cuda_info(qqCudaInfo_t* info);
 }  // namespace cuda
 
 }  // namespace qq

@@ -6,11 +6,15 @@ results in the caller's framework out. The API is documented in docs/api.md.
 
 
 def _preload_cublaslt():
-    """Load cuBLASLt from the nvidia-cublas wheel before libqq needs it.
+    """Load cuBLASLt (the nvidia-cublas wheel's, or wherever cuda.pathfinder finds it)
+    before libqq needs it.
 
-    libqq.so of a CUDA build links cuBLASLt and also carries an RPATH to the wheel, so
-    this is a second way to find it, not the only one: a failure is recorded (shown by
-    qq.build_info()["cublaslt_preload"] and `python -m qq`) and otherwise ignored. It is
+    libqq does not link cuBLASLt: its CUDA backend loads libcublasLt.so.<major> with dlopen
+    when it first makes a handle, and finds this already loaded copy by its soname. That
+    is one way; libqq's RUNPATH (the wheel's directory) and the system's library path are
+    the others. So a failure here is recorded (qq.build_info()["cublaslt_preload"],
+    `python -m qq`) and otherwise ignored, and `import qq` works without cuBLASLt: the
+    operations that need it then raise NotSupportedError saying so (qq.cuda_info()). It is
     tried before libqq is loaded, when we cannot yet know whether the build has CUDA.
     """
     try:
@@ -30,6 +34,7 @@ from ._qq import (  # noqa: E402
     QQError,
     QuantizedArray,
     __version__,
+    cuda_info,
     device_capability,
     device_count,
     last_route,
@@ -78,6 +83,7 @@ __all__ = [
     "__version__",
     "amax",
     "build_info",
+    "cuda_info",
     "dequantize",
     "device_capability",
     "device_count",

@@ -45,15 +45,25 @@ MODES = (
 )
 
 
+def _version(v: int) -> str:
+    """cuBLAS's major * 10000 + minor * 100 + patch as "13.1.0" ("-" for 0)."""
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v else "-"
+
+
 def _print_build() -> dict:
     info = qq.build_info()
+    cuda = qq.cuda_info()
     print(f"qq {qq.__version__}")
     print(f"  CUDA:           {'on' if info['cuda'] else 'off'}"
           + (f" (CUDA {info['cuda_version']})" if info["cuda"] else ""))
     if info["cuda"]:
         print(f"  architectures:  {', '.join(info['archs']) or '-'}")
-        print(f"  cuBLASLt:       {info['cublaslt'] or '-'}")
+        print(f"  CUDA driver:    {cuda['driver_version'] or 'none'}")
+        print(f"  cuBLASLt:       built against {_version(info['cublaslt'])}; "
+              + (f"loaded {cuda['cublaslt_version']} ({cuda['cublaslt_path']})" if cuda["cublaslt_loaded"]
+                 else f"not loaded: {cuda['cublaslt_note']}"))
     print(f"  cuBLASLt preload: {info['cublaslt_preload']}")
+    info["cuda_info"] = cuda
     return info
 
 
@@ -135,7 +145,8 @@ def _routes(device):
 
 def _print_devices(info: dict) -> None:
     n = qq.device_count()
-    print(f"\nCUDA devices: {n}")
+    note = info["cuda_info"]["device_note"] if "cuda_info" in info else ""
+    print(f"\nCUDA devices: {n}" + (f" - {note}" if not n and note else ""))
     for d in range(n):
         try:
             major, minor = _qq.device_capability(d)

@@ -155,3 +155,17 @@ cdef extern from "qq/qq.h" nogil:
     qqStatus_t qqDeviceAlloc(int device, size_t bytes, void** ptr, void* stream)
     qqStatus_t qqDeviceFree(int device, void* ptr, void* stream)
     qqStatus_t qqStreamSynchronize(int device, void* stream)
+
+    ctypedef struct qqCudaInfo_t:
+        size_t struct_size
+        int cuda_built
+        int device_count
+        const char* device_note
+        int driver_version
+        int runtime_version
+        int cublaslt_loaded
+        size_t cublaslt_version
+        const char* cublaslt_path
+        const char* cublaslt_note
+
+    qqStatus_t qqGetCudaInfo(qqCudaInfo_t* info)

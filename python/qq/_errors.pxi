@@ -75,6 +75,43 @@ def device_count():
     return qqGetDeviceCount()
 
 
+cdef str _cstr(const char* p):
+    return p.decode("utf-8", "replace") if p != NULL else ""
+
+
+cdef str _cuda_version_string(int v):
+    # cudaDriverGetVersion / cudaRuntimeGetVersion: major * 1000 + minor * 10.
+    return f"{v // 1000}.{v % 1000 // 10}" if v else ""
+
+
+def cuda_info():
+    """The CUDA backend at run time (qqGetCudaInfo): a dict with cuda_built (bool),
+    device_count (int), device_note ("" or why there is no device: CPU-only build, no
+    driver, no GPU), driver_version and runtime_version ("13.0", "" if none),
+    cublaslt_loaded (bool; asking loads cuBLASLt if libqq had not yet), cublaslt_version
+    ("13.1.0", "" if not loaded), cublaslt_path and cublaslt_note ("" or why it could not
+    be loaded, and how to get it)."""
+    cdef qqCudaInfo_t info
+    cdef qqStatus_t st
+    memset(&info, 0, sizeof(info))
+    info.struct_size = sizeof(info)
+    with nogil:
+        st = qqGetCudaInfo(&info)
+    _check(st)
+    v = info.cublaslt_version
+    return {
+        "cuda_built": bool(info.cuda_built),
+        "device_count": info.device_count,
+        "device_note": _cstr(info.device_note),
+        "driver_version": _cuda_version_string(info.driver_version),
+        "runtime_version": _cuda_version_string(info.runtime_version),
+        "cublaslt_loaded": bool(info.cublaslt_loaded),
+        "cublaslt_version": f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v else "",
+        "cublaslt_path": _cstr(info.cublaslt_path),
+        "cublaslt_note": _cstr(info.cublaslt_note),
+    }
+
+
 def device_capability(int device=0):
     """Compute capability of CUDA device `device` as (major, minor), e.g. (9, 0)."""
     cdef int major = 0, minor = 0

@@ -446,6 +446,29 @@ static int t_params_init_null(void) {
   return expect(qqQuantParamsInit(NULL, QQ_MODE_NVFP4), ST(QQ_STATUS_INVALID_VALUE), "params");
 }
 
+/* qqGetCudaInfo: NULL and a short struct_size refused; a full one filled,
+ * with the strings never NULL and a reason whenever there is no device. */
+static int t_cuda_info(void) {
+  if (qqGetCudaInfo(NULL) != QQ_STATUS_INVALID_VALUE) return fail("qqGetCudaInfo(NULL) was not refused");
+  qqCudaInfo_t info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof(size_t);
+  if (qqGetCudaInfo(&info) != QQ_STATUS_INVALID_VALUE) return fail("a short struct_size was not refused");
+  memset(&info, 0xab, sizeof info);
+  info.struct_size = sizeof info;
+  if (qqGetCudaInfo(&info) != QQ_STATUS_SUCCESS) return fail("qqGetCudaInfo failed: %s", qqGetLastErrorMessage());
+  if (qqGetLastErrorMessage()[0] != '\0') return fail("message after success: \"%s\"", qqGetLastErrorMessage());
+  if (info.struct_size != sizeof info) return fail("struct_size changed to %zu", info.struct_size);
+  if (!info.device_note || !info.cublaslt_path || !info.cublaslt_note) return fail("a NULL string");
+  if (info.device_count != qqGetDeviceCount())
+    return fail("device_count %d, qqGetDeviceCount %d", info.device_count, qqGetDeviceCount());
+  if (info.device_count == 0 && info.device_note[0] == '\0') return fail("no device and no reason");
+  if (!info.cuda_built && (info.device_count || info.cublaslt_loaded)) return fail("CPU-only build with CUDA state");
+  if (info.cublaslt_loaded != (info.cublaslt_note[0] == '\0')) return fail("cublaslt_loaded disagrees with the note");
+  return pass("cuda_built %d, %d device(s) (%s), cuBLASLt version %zu (%s)", info.cuda_built, info.device_count,
+              info.device_note, info.cublaslt_version, info.cublaslt_loaded ? info.cublaslt_path : info.cublaslt_note);
+}
+
 /* ======================================================================== */
 /* the error message after success, and a golden valid call                 */
 /* ======================================================================== */
@@ -500,6 +523,7 @@ struct check {
 };
 static const struct check kChecks[] = {
     {"valid_quantize_golden", t_valid_quantize_golden, 0},
+    {"cuda_info", t_cuda_info, 0},
     {"qqmm_w3d_null_shape", t_qqmm_w3d_null_shape, 0},
     {"qqmm_w3d_x_null_shape", t_qqmm_w3d_x_null_shape, 0},
     {"qqmm_w3d_out_null_shape", t_qqmm_w3d_out_null_shape, 0},

@@ -439,6 +439,37 @@ QQ_API qqStatus_t qqDeviceFree(int device, void* ptr, void* stream);
  * NOT_SUPPORTED in a CPU-only build; INVALID_VALUE for a bad device. */
 QQ_API qqStatus_t qqStreamSynchronize(int device, void* stream);
 
+/* ---------------------------------------------------------------------------
+ * The CUDA backend at run time: why there are no devices, and whether
+ * cuBLASLt could be loaded. libqq does not link cuBLASLt: it loads
+ * libcublasLt.so.<major> with dlopen the first time a handle is made (or
+ * here), from a copy already in the process, libqq's RUNPATH, LD_LIBRARY_PATH
+ * or the system's library path (QQ_CUBLASLT_LIBRARY, an environment variable,
+ * names a file to load instead). Without it the operations that need a
+ * cuBLASLt GEMM return NOT_SUPPORTED saying so; the others run on the GPU.
+ *
+ * Size-tagged: set struct_size = sizeof(qqCudaInfo_t) before the call; libqq
+ * fills the fields that fit in struct_size (later versions add fields at the
+ * end only). The strings are static: valid for the life of the process.
+ * INVALID_VALUE for NULL or a struct_size smaller than this first version.
+ * ------------------------------------------------------------------------- */
+typedef struct {
+  size_t struct_size;          /* sizeof(qqCudaInfo_t), set by the caller */
+  int cuda_built;              /* 1: this libqq has the CUDA backend; 0: CPU-only build */
+  int device_count;            /* as qqGetDeviceCount() */
+  const char* device_note;     /* "" when device_count > 0; else why none: CPU-only build,
+                                  no NVIDIA driver, no device, or the CUDA error */
+  int driver_version;          /* cudaDriverGetVersion(), e.g. 13000; 0 without a driver */
+  int runtime_version;         /* the CUDA runtime linked into libqq, e.g. 13000; 0 if none */
+  int cublaslt_loaded;         /* 1: cuBLASLt is loaded (loads it if that was not tried yet) */
+  size_t cublaslt_version;     /* cublasLtGetVersion() of the loaded library,
+                                  major * 10000 + minor * 100 + patch; 0 if not loaded */
+  const char* cublaslt_path;   /* the file it was loaded from ("" if not loaded) */
+  const char* cublaslt_note;   /* "" when loaded; else why not and how to get it */
+} qqCudaInfo_t;
+
+QQ_API qqStatus_t qqGetCudaInfo(qqCudaInfo_t* info);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

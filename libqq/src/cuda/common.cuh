@@ -3,7 +3,7 @@
 #ifndef QQ_CUDA_COMMON_CUH_
 #define QQ_CUDA_COMMON_CUH_
 
-#include <cublasLt.h>
+#include "cublaslt_loader.h"  // cuBLASLt types (first: codec.h needs cuda_fp16.h); its functions through lt_api()
 #include <cuda_runtime.h>
 
 #include <map>
@@ -36,7 +36,7 @@ struct GemmPlan;
 struct qqContext {
   int device = 0;
   int cc = 0;                      // compute capability, major * 10 + minor
-  cublasLtHandle_t lt = nullptr;
+  cublasLtHandle_t lt = nullptr;   // nullptr when cuBLASLt could not be loaded (cublaslt_loader.h)
   cudaMemPool_t pool = nullptr;
   std::mutex mu;                   // guards `plans` and the descriptors inside them
   std::map<qq::cuda::GemmKey, qq::cuda::GemmPlan*>* plans = nullptr;

@@ -45,10 +45,10 @@ struct GemmPlan {
   bool ok = false;      // false: refused or failed for this key (remembered, not asked again)
   bool failed = false;  // cublasLtMatmul failed with the heuristic's algorithm (so ok = false)
   ~GemmPlan() {
-    if (ld) cublasLtMatrixLayoutDestroy(ld);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (ld) lt_api().cublasLtMatrixLayoutDestroy(ld);
+    if (lb) lt_api().cublasLtMatrixLayoutDestroy(lb);
+    if (la) lt_api().cublasLtMatrixLayoutDestroy(la);
+    if (desc) lt_api().cublasLtMatmulDescDestroy(desc);
   }
 };
 
@@ -76,13 +76,13 @@ int64_t alignment(const void* p, int64_t ld, int es) {
 // Sets the per-call pointers (bias, block scales) on plan's descriptor.
 cublasStatus_t set_pointers(GemmPlan* plan, const Gemm& g) {
   cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
-  if (g.bias) s = cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias));
+  if (g.bias) s = lt_api().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias));
 #if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120800
   // cuBLASLt's A is our B (w), its B our A (x)
   if (s == CUBLAS_STATUS_SUCCESS && g.scale_mode >= 0)
-    s = cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.b_scale, sizeof(g.b_scale));
+    s = lt_api().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.b_scale, sizeof(g.b_scale));
   if (s == CUBLAS_STATUS_SUCCESS && g.scale_mode >= 0)
-    s = cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.a_scale, sizeof(g.a_scale));
+    s = lt_api().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.a_scale, sizeof(g.a_scale));
 #endif
   return s;
 }
@@ -93,15 +93,15 @@ GemmPlan* make_plan(cublasLtHandle_t lt, const GemmKey& k, const Gemm& g) {
   GemmPlan* plan = new GemmPlan;
   const cudaDataType_t ab = k.lt_ab >= 0 ? (cudaDataType_t)k.lt_ab : cuda_type((DType)k.ab),
                        d = cuda_type((DType)k.d);
-  QQ_LT(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  QQ_LT(lt_api().cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = k.b_trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
-  QQ_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  QQ_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  QQ_LT(lt_api().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  QQ_LT(lt_api().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
 #if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120800
   if (k.scale_mode >= 0) {  // block-scaled: cuBLASLt's A is our B (w), its B our A (x)
     const cublasLtMatmulMatrixScale_t sm = (cublasLtMatmulMatrixScale_t)k.scale_mode;
-    QQ_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &sm, sizeof(sm)));
-    QQ_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &sm, sizeof(sm)));
+    QQ_LT(lt_api().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &sm, sizeof(sm)));
+    QQ_LT(lt_api().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &sm, sizeof(sm)));
   }
 #else
   if (k.scale_mode >= 0) return plan;  // this cuBLASLt has no block-scaled GEMM: refused
@@ -109,35 +109,35 @@ GemmPlan* make_plan(cublasLtHandle_t lt, const GemmKey& k, const Gemm& g) {
   if (k.bias) {
     const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
     const cudaDataType_t bt = cuda_type((DType)(k.bias - 1));
-    QQ_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
-    QQ_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+    QQ_LT(lt_api().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
+    QQ_LT(lt_api().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
   }
   if (k.alpha_dev) {
     const cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
-    QQ_LT(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof(pm)));
+    QQ_LT(lt_api().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof(pm)));
   }
   // cuBLASLt's A = our B; its B = our A; its D = our D^T.
-  if (k.b_trans) QQ_LT(cublasLtMatrixLayoutCreate(&plan->la, ab, k.K, k.N, k.ldb));
-  else QQ_LT(cublasLtMatrixLayoutCreate(&plan->la, ab, k.N, k.K, k.ldb));
-  QQ_LT(cublasLtMatrixLayoutCreate(&plan->lb, ab, k.K, k.M, k.lda));
-  QQ_LT(cublasLtMatrixLayoutCreate(&plan->ld, d, k.N, k.M, k.ldd));
+  if (k.b_trans) QQ_LT(lt_api().cublasLtMatrixLayoutCreate(&plan->la, ab, k.K, k.N, k.ldb));
+  else QQ_LT(lt_api().cublasLtMatrixLayoutCreate(&plan->la, ab, k.N, k.K, k.ldb));
+  QQ_LT(lt_api().cublasLtMatrixLayoutCreate(&plan->lb, ab, k.K, k.M, k.lda));
+  QQ_LT(lt_api().cublasLtMatrixLayoutCreate(&plan->ld, d, k.N, k.M, k.ldd));
   QQ_LT(set_pointers(plan, g));
   if (k.scale_mode >= 0) test_hook_add(HOOK_BLOCKSCALED_QUERIES, 1);
 
   cublasLtMatmulPreference_t pref = nullptr;
-  QQ_LT(cublasLtMatmulPreferenceCreate(&pref));
+  QQ_LT(lt_api().cublasLtMatmulPreferenceCreate(&pref));
   const size_t ws = kMaxWorkspace;
   const uint32_t al_a = (uint32_t)k.align_b, al_b = (uint32_t)k.align_a, al_d = (uint32_t)k.align_d;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d));
+  lt_api().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  lt_api().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a));
+  lt_api().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
+  lt_api().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d));
+  lt_api().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d));
   cublasLtMatmulHeuristicResult_t res;
   int n = 0;
   const cublasStatus_t hs =
-      cublasLtMatmulAlgoGetHeuristic(lt, plan->desc, plan->la, plan->lb, plan->ld, plan->ld, pref, 1, &res, &n);
-  cublasLtMatmulPreferenceDestroy(pref);
+      lt_api().cublasLtMatmulAlgoGetHeuristic(lt, plan->desc, plan->la, plan->lb, plan->ld, plan->ld, pref, 1, &res, &n);
+  lt_api().cublasLtMatmulPreferenceDestroy(pref);
   if (hs == CUBLAS_STATUS_SUCCESS && n > 0) {
     plan->algo = res.algo;
     plan->workspace = res.workspaceSize;
@@ -198,7 +198,7 @@ qqStatus_t run(qqContext* c, const GemmKey& key, const Gemm& g, void* D, cudaStr
   const bool simulate = g.scale_mode >= 0 && test_hook(HOOK_FAIL_BLOCKSCALED_MATMUL);
   const cublasStatus_t s =
       simulate ? CUBLAS_STATUS_EXECUTION_FAILED
-               : cublasLtMatmul(c->lt, plan->desc, alpha, g.B, plan->la, g.A, plan->lb, beta, D, plan->ld, D,
+               : lt_api().cublasLtMatmul(c->lt, plan->desc, alpha, g.B, plan->la, g.A, plan->lb, beta, D, plan->ld, D,
                                 plan->ld, &plan->algo, ws, plan->workspace, st);
   if (s != CUBLAS_STATUS_SUCCESS) {
     plan->ok = false;
@@ -241,7 +241,18 @@ static GemmKey blockscaled_key(const Gemm& g) {
   return k;
 }
 
+// The GEMMs need cuBLASLt, which libqq loads at run time (cublaslt_loader.h):
+// NOT_SUPPORTED, saying why, when it could not be loaded.
+static qqStatus_t no_cublaslt(const char* op) {
+  return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: %s", op, cublaslt_error());
+}
+
 qqStatus_t gemm_blockscaled_plan(qqContext* c, const Gemm& g, bool* ok) {
+  if (!c->lt) {  // refused, with the reason, like a shape cuBLASLt has no algorithm for
+    *ok = false;
+    no_cublaslt("block-scaled GEMM");
+    return QQ_STATUS_SUCCESS;
+  }
   const GemmKey k = blockscaled_key(g);
   std::lock_guard<std::mutex> lock(c->mu);
   const GemmPlan* plan = find_plan(c, k, g);
@@ -256,6 +267,7 @@ qqStatus_t gemm_blockscaled_plan(qqContext* c, const Gemm& g, bool* ok) {
 }
 
 qqStatus_t gemm_blockscaled(qqContext* c, const Gemm& g, cudaStream_t st) {
+  if (!c->lt) return no_cublaslt("block-scaled GEMM");
   Scratch scratch(c, st);
   bool refused = true;
   const qqStatus_t s = run(c, blockscaled_key(g), g, g.D, st, scratch, &refused);
@@ -271,6 +283,7 @@ qqStatus_t gemm_blockscaled(qqContext* c, const Gemm& g, cudaStream_t st) {
 }
 
 qqStatus_t gemm(qqContext* c, const Gemm& g, cudaStream_t st) {
+  if (!c->lt) return no_cublaslt("GEMM");
   Scratch scratch(c, st);
   GemmKey k = key_of(g);
   k.lt_ab = k.scale_mode = -1;

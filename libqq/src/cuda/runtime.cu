@@ -3,11 +3,14 @@
 //
 // The operations are not here: each entry point of internal.h lives with its
 // kernels, one family per file under cuda/ (the list: ops.cuh).
-#include <cublasLt.h>
+#include "cublaslt_loader.h"  // first, where cublasLt.h was: codec.h needs cuda_fp16.h
 #include <cuda_runtime.h>
+
+#include <stdlib.h>
 
 #include <atomic>
 #include <mutex>
+#include <string>
 
 #include "../internal.h"
 #include "common.cuh"
@@ -49,6 +52,47 @@ int sm_count(int device) {
   return sms;
 }
 
+// Why cudaGetDeviceCount gave no device (qqGetCudaInfo's device_note).
+static std::string device_note(cudaError_t e, int n, int driver) {
+  const auto ver = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+  const char* vis = getenv("CUDA_VISIBLE_DEVICES");
+  const std::string visible =
+      vis ? std::string(" (CUDA_VISIBLE_DEVICES=\"") + vis + "\" hides the others)" : std::string();
+  if (e == cudaSuccess)
+    return n > 0 ? std::string() : "the NVIDIA driver (CUDA " + ver(driver) + ") sees no GPU" + visible;
+  if (driver == 0)
+    return std::string("no NVIDIA driver: libcuda.so.1 could not be loaded (") + cudaGetErrorName(e) +
+           "); install the NVIDIA driver, or in a container give it the GPUs (e.g. docker run --gpus all)";
+  if (e == cudaErrorInsufficientDriver)
+    return "the NVIDIA driver supports CUDA " + ver(driver) + ", older than the CUDA " + ver(CUDART_VERSION) +
+           " runtime libqq was built with; update the driver";
+  if (e == cudaErrorNoDevice) return "the NVIDIA driver (CUDA " + ver(driver) + ") sees no GPU" + visible;
+  return std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+}
+
+void cuda_info(qqCudaInfo_t* info) {
+  static std::once_flag once;
+  static std::string note;
+  static int count = 0, driver = 0, runtime = 0;
+  std::call_once(once, [] {
+    if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+    if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) runtime = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) count = 0;
+    (void)cudaGetLastError();
+    note = device_note(e, count, driver);
+  });
+  info->cuda_built = 1;
+  info->device_count = count;
+  info->device_note = note.c_str();
+  info->driver_version = driver;
+  info->runtime_version = runtime;
+  info->cublaslt_loaded = cublaslt_load() ? 1 : 0;
+  info->cublaslt_version = cublaslt_version();
+  info->cublaslt_path = cublaslt_path();
+  info->cublaslt_note = cublaslt_error();
+}
+
 static qqStatus_t check_device_id(const char* op, int device) {
   const int n = device_count();
   if (device < 0 || device >= n)
@@ -76,9 +120,13 @@ qqStatus_t create_handle(qqHandle_t* h, int device) {
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   c->cc = major * 10 + minor;
   st = on_device(device, [&]() -> qqStatus_t {
-    const cublasStatus_t cs = cublasLtCreate(&c->lt);
-    if (cs != CUBLAS_STATUS_SUCCESS)
-      return set_error(QQ_STATUS_CUBLAS_ERROR, "qqCreate: cublasLtCreate failed with status %d", (int)cs);
+    // Without cuBLASLt the handle has none (lt stays nullptr): the operations that need
+    // it say so (gemm.cu), the others run.
+    if (cublaslt_load()) {
+      const cublasStatus_t cs = lt_api().cublasLtCreate(&c->lt);
+      if (cs != CUBLAS_STATUS_SUCCESS)
+        return set_error(QQ_STATUS_CUBLAS_ERROR, "qqCreate: cublasLtCreate failed with status %d", (int)cs);
+    }
     cudaMemPoolProps props = {};
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
@@ -98,7 +146,7 @@ qqStatus_t create_handle(qqHandle_t* h, int device) {
 
 qqStatus_t destroy_handle(qqHandle_t h) {
   destroy_plans(h);
-  if (h->lt) cublasLtDestroy(h->lt);
+  if (h->lt) lt_api().cublasLtDestroy(h->lt);
   if (h->pool) cudaMemPoolDestroy(h->pool);
   delete h;
   return QQ_STATUS_SUCCESS;
