@@ -54,7 +54,7 @@ for step in "$@"; do
       for tool in racecheck initcheck; do
         timeout ${SAN_TIMEOUT:-270} compute-sanitizer --tool $tool --target-processes all --error-exitcode 9 \
           --print-limit 20 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider --tb=line -k "$K" \
-          tests/test_matmul_gpu.py tests/test_colwise.py tests/test_amax.py \
+          tests/test_qmma.py tests/test_qmm.py tests/test_colwise.py tests/test_amax.py \
           > "$LOG/$tool.log" 2>&1 || rc=1
         echo "$tool:"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOG/$tool.log" | sort | uniq -c | head; tail -1 "$LOG/$tool.log"
       done

@@ -60,6 +60,25 @@ QQ_API qqStatus_t qqGetDeviceCapability(int device, int* major, int* minor) {
   });
 }
 
+// The size of qqCudaInfo_t's first version (libqq 0.1): the smallest
+// struct_size accepted. Fields added later go after cublaslt_note; keep this.
+static constexpr size_t kCudaInfoFirstSize = offsetof(qqCudaInfo_t, cublaslt_note) + sizeof(const char*);
+
+QQ_API qqStatus_t qqGetCudaInfo(qqCudaInfo_t* info) {
+  return guard("qqGetCudaInfo", [&]() -> qqStatus_t {
+    if (!info) return set_error(QQ_STATUS_INVALID_VALUE, "qqGetCudaInfo: info must not be NULL");
+    if (info->struct_size < kCudaInfoFirstSize)
+      return set_error(QQ_STATUS_INVALID_VALUE, "qqGetCudaInfo: info->struct_size is %zu, expected at least %zu; "
+                       "set it to sizeof(qqCudaInfo_t)", info->struct_size, kCudaInfoFirstSize);
+    qqCudaInfo_t r = {};
+    r.struct_size = info->struct_size;
+    r.device_note = r.cublaslt_path = r.cublaslt_note = "";
+    cuda::cuda_info(&r);  // the backend's part: cuda/runtime.cu, or cuda_stub.cpp
+    memcpy(info, &r, info->struct_size < sizeof r ? info->struct_size : sizeof r);
+    return QQ_STATUS_SUCCESS;
+  });
+}
+
 QQ_API qqStatus_t qqGetDeviceFeature(int device, qqDeviceFeature_t feature, int* has) {
   return guard("qqGetDeviceFeature", [&]() -> qqStatus_t {
     if (!has) return set_error(QQ_STATUS_INVALID_VALUE, "qqGetDeviceFeature: has must not be NULL");

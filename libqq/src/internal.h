@@ -84,6 +84,9 @@ qqStatus_t set_error(qqStatus_t st, const char* fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+// Empties the thread's last-error message: a call that succeeds after a route
+// refused it (and said why) leaves no stale message.
+void clear_error() noexcept;
 
 // The route of the current thread's last product (route.cpp; read by
 // qqGetLastRoute). Each qqQqmm / qqQuantizedMatmul resets it to AUTO on entry;
@@ -222,7 +225,7 @@ qqStatus_t stream_synchronize(int device, void* stream);
 // Copies `bytes` from device memory to the host after the work queued on
 // `stream` (waits for the stream).
 qqStatus_t copy_to_host(int device, const void* src, size_t bytes, void* dst, void* stream);
-// Fills every field of `info` after struct_size (qqGetCudaInfo, cuda_info.cpp):
+// Fills every field of `info` after struct_size (qqGetCudaInfo, api_core.cpp):
 // the strings are static.
 void cuda_info(qqCudaInfo_t* info);
 }  // namespace cuda

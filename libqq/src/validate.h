@@ -22,7 +22,6 @@ namespace qq {
 // ---- the thread's last error (set_error is declared in internal.h) -------
 // The storage is one thread_local string in validate.cpp; these are its only
 // other readers and writers.
-void clear_error() noexcept;
 const std::string& last_error();
 
 // No C++ exception may cross the C ABI: every entry point runs its body

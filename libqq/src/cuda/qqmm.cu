@@ -551,7 +551,7 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
 #endif
       if (s == QQ_STATUS_SUCCESS) return routed(s, QQ_ROUTE_BLOCKSCALED);
       if (s != QQ_STATUS_NOT_SUPPORTED || !any) return s;
-      set_error(QQ_STATUS_SUCCESS, "%s", "");  // refused: the next route below
+      clear_error();  // refused (it said why): the next route below
     }
     // The weight-only routes take a float x and a packed w.
     const bool wonly = a.w_packed && !a.x_packed;

@@ -1,0 +1,91 @@
+"""The tensor-core weight-only kernel (cuda/qmma.cu: bf16 x, fp modes, M <= 64) through
+quantized_matmul: M tiles, K split, ragged chunks, blocked scales, the whole code space, batched
+weights with bias."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import qq
+import reference as R
+from helpers import BF16, assert_matmul_close, poison
+from matmul_cases import F32, randn, cuda, make_weight, run_qmm
+
+
+QMMA_WEIGHTS = ["nvfp4", "nvfp4-gs", "mxfp4", "mxfp8", "mxfp8-e5m2"]
+
+
+def _raw_weight(name, n, k, rng):
+    """Packed codes and scales drawn over whole code spaces (no quantizer involved):
+    subnormal and zero elements, both signs, fp8 NaN / Inf codes in row 0 only, and
+    extreme scales in rows 1-3 (UE8M0 0 = 2^-127, 254 = 2^127, 255 = NaN; E4M3 NaN)."""
+    import types
+    mode = name.split("-")[0]
+    fp8 = "e5m2" if name.endswith("e5m2") else "e4m3"
+    bits, g = (8, 32) if mode == "mxfp8" else (4, 16 if mode == "nvfp4" else 32)
+    codes = rng.integers(0, 1 << bits, size=(n, k), dtype=np.uint8)
+    if mode == "mxfp8":
+        special = (codes & 0x7f) >= (0x7f if fp8 == "e4m3" else 0x7c)
+        special[0] = False
+        codes[special] &= 0x3f  # finite everywhere but row 0
+    if mode == "nvfp4":
+        scales = rng.integers(0x08, 0x7f, size=(n, k // g), dtype=np.uint8)  # positive finite E4M3
+        scales[3, 0] = 0x7f
+    else:
+        scales = rng.integers(110, 140, size=(n, k // g), dtype=np.uint8)
+        scales[1, :] = 0
+        scales[2, 0] = 254
+        scales[3, 1] = 255
+    data = R.pack(codes, bits)
+    gs = np.asarray(3.0e3, F32) if name == "nvfp4-gs" else None
+    return types.SimpleNamespace(data=data, scales=scales, biases=None, group_size=g, bits=bits, mode=mode,
+                                 global_scale=gs, scale_layout="linear", fp8_format=fp8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nk", [(24, 4096), (200, 160), (130, 1056), (16, 16384)],
+                         ids=["ksplit", "ragged-chunks", "blocked", "k16384"])
+@pytest.mark.parametrize("m", [1, 8, 9, 16, 17, 33, 64])
+@pytest.mark.parametrize("name", QMMA_WEIGHTS)
+def test_qmma_shapes(name, m, nk, rng):
+    """M across every tile of the kernel (8, 16, 32, 64 rows of x), N not a multiple of
+    its 16-row tiles, K whose chunks do not fill the last step (160), K split over
+    several warps (few rows, long K), blocked scales (N = 130), a poisoned bf16 out."""
+    n, k = nk
+    x = randn(rng, (m, k), BF16)
+    ref_q = make_weight(name, (n, k), rng, layout="blocked" if n == 130 else "linear")
+    out = cuda(poison((m, n), BF16))
+    got = run_qmm(x, ref_q, out=out)
+    assert got is out
+    assert_matmul_close(out, R.quantized_matmul(x, ref_q), f"qmma {name} m={m} {nk}", dtype=BF16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("m", [1, 5, 40])
+@pytest.mark.parametrize("name", QMMA_WEIGHTS)
+def test_qmma_code_space(name, m, out_dtype, rng):
+    """Every element code, subnormals, NaN/Inf elements and scales at the ends of their
+    range; x with zeros and both signs. NaN/Inf rows must come out NaN/Inf exactly where
+    the float64 reference says so."""
+    n, k = 40, 256
+    ref_q = _raw_weight(name, n, k, rng)
+    x = randn(rng, (m, k), BF16)
+    x[:, ::7] = 0
+    got = run_qmm(x, ref_q, dtype=out_dtype)
+    assert_matmul_close(got, R.quantized_matmul(x, ref_q), f"qmma codes {name} m={m}", dtype=np.dtype(
+        BF16 if out_dtype == "bfloat16" else F32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [3, 24])
+def test_qmma_batched_bias(m, rng):
+    """A 3D weight [B, N, K] with a batch of x, bias, fp32 output."""
+    k, n = 512, 72
+    x = randn(rng, (2, m, k), BF16)
+    wf = randn(rng, (2, n, k), F32)
+    ref_q = R.quantize(wf, mode="mxfp8")
+    bias = randn(rng, (n,), F32)
+    got = run_qmm(x, ref_q, bias=bias, dtype="float32")
+    assert_matmul_close(got, R.quantized_matmul(x, ref_q, bias=bias), "qmma batched", dtype=F32)
