@@ -12,6 +12,7 @@
 #              are instrumented at start-up); `kernels` is the quick form
 #   kernels    racecheck + initcheck over scripts/sanitize_kernels.py (CuPy, no torch)
 #   profile    ncu (SpeedOfLight, Occupancy) of bench/tune/profile_quantize.py
+#   clink      C linking without Python on a CUDA build (tests/test_install.py)
 #   multi      the 2-GPU tests (tests/test_multi_gpu.py and the mixed-device errors)
 #   bench      bench_overhead (GPU rows) and bench_decode; BENCHES="..." adds others
 # One file comes back: $OUT/session.tgz (logs/ and results/). (Replaces gpu_check.sh,
@@ -71,6 +72,13 @@ for step in "$@"; do
         > "$LOG/ncu.log" 2>&1 || rc=1
       grep -E "quantize|dequantize|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Duration" \
         "$LOG/ncu.log" | head -80
+      ;;
+    clink)
+      # C linking without Python, CUDA build: plain CMake build + install, examples/c via
+      # find_package and pkg-config, run (tests/test_install.py)
+      QQ_TEST_INSTALL_CUDA=${QQ_ARCHS:-90a} timeout 500 python3 -m pytest -q -p no:cacheprovider --tb=short \
+        tests/test_install.py > "$LOG/clink.log" 2>&1 || rc=1
+      tail -3 "$LOG/clink.log"
       ;;
     multi)
       nvidia-smi --query-gpu=index,name --format=csv

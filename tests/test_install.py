@@ -1,6 +1,6 @@
 """C linking without Python: a plain CMake build of libqq (`cmake -S . -B build && cmake
---build build && cmake --install build --prefix P`, CPU-only here: CI has no cuBLAS to link
-a CUDA build against without the wheel), then examples/c built against the install tree,
+--build build && cmake --install build --prefix P`; CPU-only in CI, the CUDA backend with
+QQ_TEST_INSTALL_CUDA=<archs> on the device), then examples/c built against the install tree,
 once through find_package(qq) and once through pkg-config, and run. docs/build.md, "C
 linking without Python"."""
 
@@ -28,8 +28,12 @@ def prefix(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("install")
     env = dict(os.environ)
     env.pop("LD_LIBRARY_PATH", None)
-    run(["cmake", "-S", ROOT, "-B", str(tmp / "build"), "-DQQ_CUDA=OFF", "-DCMAKE_BUILD_TYPE=Release"], env=env)
-    run(["cmake", "--build", str(tmp / "build"), "--parallel", "2"], env=env)
+    # QQ_TEST_INSTALL_CUDA=<archs> builds the CUDA backend instead (scripts/gpu_session.sh
+    # clink, on the device: libqq then loads cuBLASLt at run time, nothing more to link)
+    cuda = os.environ.get("QQ_TEST_INSTALL_CUDA")
+    flags = ["-DQQ_CUDA=ON", f"-DQQ_CUDA_ARCHS={cuda}"] if cuda else ["-DQQ_CUDA=OFF"]
+    run(["cmake", "-S", ROOT, "-B", str(tmp / "build"), *flags, "-DCMAKE_BUILD_TYPE=Release"], env=env)
+    run(["cmake", "--build", str(tmp / "build"), "--parallel", str(os.cpu_count() or 2)], env=env)
     run(["cmake", "--install", str(tmp / "build"), "--prefix", str(tmp / "P")], env=env)
     return tmp / "P"
 
