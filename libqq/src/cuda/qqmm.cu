@@ -499,7 +499,10 @@ bool use_w_values(const MatmulArgs& a, int64_t Mtot, int cc) {
     case QQ_ROUTE_AUTO: break;
     default: return false;  // blockscaled, qmma, qmv
   }
-  if (blockscaled_arch(cc)) return false;
+  // The hardware's answer, not the force_blockscaled hook's: on a GPU without block-scaled
+  // tensor cores the values exist (qq.prepare_weight made them) and the GEMM on them is
+  // this call's fastest route, hook or not.
+  if (blockscaled_cc(cc)) return false;
   const bool chunk16 = (a.K * a.q.bits / 8) % 16 == 0;
   return !(Mtot <= kQmvMaxM || (Mtot <= kPackedOverValuesMaxM && chunk16));
 }
