@@ -490,6 +490,7 @@ def test_reduce_overhead_cuda_graphs(mode):
     weight, a QQLinear forward) equals eager across replays with new inputs. A step that
     holds grouped_qqmm (tagged cudagraph_unsafe) still runs and equals eager."""
     d = dev("cuda")
+    torch._dynamo.reset()       # a fresh CUDA graph tree: nothing recorded by earlier tests
     w = data(256, 512, device=d, dtype=torch.bfloat16, seed=4)
     qw = qq.quantize(w, mode=mode)
     pw = qq.prepare_weight(w, mode=mode)
@@ -511,3 +512,5 @@ def test_reduce_overhead_cuda_graphs(mode):
     g = torch.compile(lambda x: qq.grouped_qqmm(x * 2, we, offsets) + 1, mode="reduce-overhead")
     for _ in range(3):
         assert_same(g(x).clone(), qq.grouped_qqmm(x * 2, we, offsets) + 1)
+    del cstep, g
+    torch._dynamo.reset()
