@@ -61,13 +61,14 @@ void moe_scales_shape(const QSpec& q, bool tile32, int64_t E, int64_t D1, int64_
 }
 
 // quantize_moe's parameters and w shape (qqQuantizeMoe and qqQuantizeMoeShapes).
-qqStatus_t moe_check(Ctx& c, const qqQuantParams_t* params, qqMoeScaling_t scaling, const int64_t* shape,
-                     QSpec* q, bool* tile32) {
+// `sc` is the caller's qqMoeScaling_t read as an int (raw_enum at the entry point: an
+// out-of-range value must not be loaded as the enum type).
+qqStatus_t moe_check(Ctx& c, const qqQuantParams_t* params, int sc, const int64_t* shape, QSpec* q,
+                     bool* tile32) {
   QQ_TRY(resolve_params(c, params, q));
   if (q->mode != QQ_MODE_MXFP8)
     return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: mode %s is not supported; MoE weight scaling "
                      "(32x1 / 32x32) is defined for mxfp8 only", mode_name(q->mode));
-  const int sc = raw_enum(scaling);
   if (sc != QQ_MOE_32X1 && sc != QQ_MOE_32X32)
     return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: unknown scaling %d; expected 32x1 or 32x32", sc);
   *tile32 = sc == QQ_MOE_32X32;
@@ -156,7 +157,7 @@ QQ_API qqStatus_t qqQuantizeMoe(qqHandle_t handle, const DLTensor* x, const qqQu
     if (x->ndim != 3)
       return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'w' has shape %s; expected [E, D1, D2]",
                        shape_str(x->ndim, x->shape).c_str());
-    QQ_TRY(moe_check(c, params, scaling, x->shape, &a.q, &a.tile32));
+    QQ_TRY(moe_check(c, params, raw_enum(scaling), x->shape, &a.q, &a.tile32));
     const int64_t E = x->shape[0], D1 = x->shape[1], D2 = x->shape[2];
     a.M = D1;
     a.K = D2;
@@ -249,7 +250,7 @@ QQ_API qqStatus_t qqQuantizeMoeShapes(const qqQuantParams_t* params, qqMoeScalin
       return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: w_shape and scales_shape must not be NULL");
     QSpec q;
     bool tile32 = false;
-    QQ_TRY(moe_check(c, params, scaling, w_shape, &q, &tile32));
+    QQ_TRY(moe_check(c, params, raw_enum(scaling), w_shape, &q, &tile32));
     const char* why;
     moe_scales_shape(q, tile32, w_shape[0], w_shape[1], w_shape[2], scales_shape, &why);
     return QQ_STATUS_SUCCESS;
