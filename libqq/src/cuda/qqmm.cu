@@ -490,6 +490,21 @@ qqStatus_t qqmm(qqHandle_t h, const MatmulArgs& a, void* stream) {
 
 namespace {
 
+// qqmm as a weight-only product: q(x) (already in the float buffer xq, compact
+// [Mtot, K], batch folded into rows) times the packed w, as qmma / qmv take it.
+MatmulArgs weight_only_args(const MatmulArgs& a, void* xq, DType dt, int64_t Mtot) {
+  MatmulArgs b = a;
+  b.x = compact_like(a.x, xq, dt, Mtot, a.K);
+  b.x.nb = 0;
+  b.out.nb = 0;
+  b.out.rows = Mtot;
+  b.M = Mtot;
+  b.x_packed = false;
+  b.transpose = true;
+  b.q.blocked = a.w_blocked;
+  return b;
+}
+
 // With both forms of w (w_values next to the packed w): true when this call
 // runs on the values (the GEMM route), false when on the packed w (the
 // block-scaled and weight-only routes, which read only the packed form).
@@ -572,15 +587,7 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
       __nv_bfloat16* xq = nullptr;
       QQ_TRY(scratch.get("qqmm", (size_t)(Mtot * K) * 2, &xq));
       QQ_TRY(qdq<__nv_bfloat16>(a.x, a.q, a.gs_x, nullptr, xq, st));
-      MatmulArgs b = a;
-      b.x = compact_like(a.x, xq, DType::BF16, Mtot, K);
-      b.x.nb = 0;
-      b.out.nb = 0;
-      b.out.rows = Mtot;
-      b.M = Mtot;
-      b.x_packed = false;
-      b.transpose = true;
-      b.q.blocked = a.w_blocked;
+      const MatmulArgs b = weight_only_args(a, xq, DType::BF16, Mtot);
       const qqStatus_t s = qmma(b, alpha, st);
       if (s != QQ_STATUS_NOT_SUPPORTED) return routed(s, QQ_ROUTE_QMMA);
       if (!any)
@@ -594,15 +601,7 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
       float* xq = nullptr;
       QQ_TRY(scratch.get("qqmm", (size_t)(Mtot * K) * 4, &xq));
       QQ_TRY(qdq<float>(a.x, a.q, a.gs_x, a.gs_x, xq, st));
-      MatmulArgs b = a;
-      b.x = compact_like(a.x, xq, DType::F32, Mtot, K);
-      b.x.nb = 0;
-      b.out.nb = 0;
-      b.out.rows = Mtot;
-      b.M = Mtot;
-      b.x_packed = false;
-      b.transpose = true;
-      b.q.blocked = a.w_blocked;
+      const MatmulArgs b = weight_only_args(a, xq, DType::F32, Mtot);
       const qqStatus_t s = qmv(b, st);
       if (s != QQ_STATUS_NOT_SUPPORTED) return routed(s, QQ_ROUTE_QMV);
       if (!any)
