@@ -9,7 +9,7 @@ import pytest
 
 import qq
 import reference as R
-from helpers import BF16, assert_matmul_close, poison
+from helpers import BF16, assert_matmul_close, poison, to_numpy
 from matmul_cases import F32, randn, cuda, make_weight, run_qmm
 
 
@@ -89,3 +89,23 @@ def test_qmma_batched_bias(m, rng):
     bias = randn(rng, (n,), F32)
     got = run_qmm(x, ref_q, bias=bias, dtype="float32")
     assert_matmul_close(got, R.quantized_matmul(x, ref_q, bias=bias), "qmma batched", dtype=F32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [128 * 66 + 16, 128 * 132, 128 * 264 - 5], ids=["rows-8466", "rows-16896", "rows-33787"])
+@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("name", ["nvfp4-gs", "mxfp4", "mxfp8"])
+def test_qmmd_cluster_splits(name, m, n, rng):
+    """The decode kernel (M <= 16 on sm_90+) splits K over 1, 2, 4 or 8 CTAs of a cluster
+    depending on how many 128-row groups fill the device (N here gives 67, 132 and 264
+    groups on 132 SMs); every split must give the reference's result, and the same bits
+    on a second run (the ranks' partial sums are added in a fixed order)."""
+    k = 1024
+    x = randn(rng, (m, k), BF16)
+    ref_q = make_weight(name, (n, k), rng)
+    out = cuda(poison((m, n), BF16))
+    got = run_qmm(x, ref_q, out=out)
+    first = np.array(to_numpy(got), copy=True)
+    assert_matmul_close(out, R.quantized_matmul(x, ref_q), f"qmmd {name} m={m} n={n}", dtype=BF16)
+    second = to_numpy(run_qmm(x, ref_q))
+    assert np.array_equal(first.view(np.uint16), second.view(np.uint16)), "not bit-stable run to run"

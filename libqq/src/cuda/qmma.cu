@@ -35,6 +35,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cooperative_groups.h>
+
+#include <atomic>
+#include <cstdlib>
 #include <type_traits>
 
 #include "../codec.h"
@@ -147,6 +151,107 @@ __device__ __noinline__ void fp8_pairs_codec(uint32_t w, const QL& L, uint32_t u
   p1 = (uint32_t)f_to_bf16(v[1]) | ((uint32_t)f_to_bf16(v[3]) << 16);
 }
 
+// One step of one lane: decode its 16-byte chunks of weight rows g and g + 8
+// (l.d, scale bytes l.s), multiply by the matching elements of x and
+// accumulate. xload(t, xv) fills x row 8t + g's elements of this chunk (fp4: 4
+// units of 8 bf16 = 32 elements, fp8: 2 units = 16), zeros for rows past M.
+// Decoded weights: A[r][i] = pair i of row g + 8r, times its scale. kTwo: two
+// bf16 multiplies per pair (by 2^fix, then by s), needed only when a UE8M0
+// scale times 2^fix would overflow (u > 254 - fix, or NaN); the warp takes
+// the one-multiply form when all its lanes can.
+template <int F, int NT, int NA, typename XLoad>
+__device__ __forceinline__ void step_mma(const Ld& l, const QL& L, float (&acc)[NA][4], XLoad&& xload) {
+  const uint32_t u0 = l.s & 0xffu, u1 = (l.s >> 16) & 0xffu;
+  bool two = false;
+  if constexpr (F != QNV4) two = !__all_sync(0xffffffffu, (u0 > u1 ? u0 : u1) <= (uint32_t)(254 - L.fix));
+  if constexpr (F == QMX8) {
+    // 16 elements per row: words 0..3 -> pairs (2 per word); mma i takes word i
+    uint32_t A[2][8];
+    auto decode = [&](auto kTwo) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t u = r ? u1 : u0;
+        const uint32_t S = decltype(kTwo)::value ? ue8m0_bf2(u) : ue8m0_fix_bf2(u, L.fix);
+        const uint32_t w4[4] = {l.d[r].x, l.d[r].y, l.d[r].z, l.d[r].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) fp8_pairs<decltype(kTwo)::value>(w4[i], L, S, A[r][2 * i], A[r][2 * i + 1]);
+      }
+    };
+    // one test per step for NaN / Inf codes (rare: they take the codec)
+    const uint32_t special = fp8_special(l.d[0].x, L) | fp8_special(l.d[0].y, L) | fp8_special(l.d[0].z, L) |
+                             fp8_special(l.d[0].w, L) | fp8_special(l.d[1].x, L) | fp8_special(l.d[1].y, L) |
+                             fp8_special(l.d[1].z, L) | fp8_special(l.d[1].w, L);
+    if (special) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t w4[4] = {l.d[r].x, l.d[r].y, l.d[r].z, l.d[r].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) fp8_pairs_codec(w4[i], L, r ? u1 : u0, A[r][2 * i], A[r][2 * i + 1]);
+      }
+    } else if (two) {
+      decode(std::true_type{});
+    } else {
+      decode(std::false_type{});
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      uint4 xv[4];
+      xload(t, xv);
+      const uint32_t xw[8] = {xv[0].x, xv[0].y, xv[0].z, xv[0].w, xv[1].x, xv[1].y, xv[1].z, xv[1].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        // word i of w <-> x elements 4i..4i+3 = x words 2i, 2i+1
+        const uint32_t b0 = prmt(xw[2 * i], xw[2 * i + 1], 0x5410u);  // (x0, x2)
+        const uint32_t b1 = prmt(xw[2 * i], xw[2 * i + 1], 0x7632u);  // (x1, x3)
+        mma16816(acc[NT == 1 ? (i & 1) : t], A[0][2 * i], A[1][2 * i], A[0][2 * i + 1], A[1][2 * i + 1], b0, b1);
+      }
+    }
+  } else {
+    // 32 fp4 elements per row: words 0..3, 4 pairs each; mma i takes pairs 2i, 2i+1
+    uint32_t A[2][16];
+    auto decode = [&](auto kTwo) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t w4[4] = {l.d[r].x, l.d[r].y, l.d[r].z, l.d[r].w};
+        uint32_t S[2];  // nvfp4: words 0-1 have group 2c, words 2-3 group 2c+1
+        if constexpr (F == QNV4) {
+          S[0] = e4m3_fix_bf2((l.s >> (16 * r)) & 0xffu);
+          S[1] = e4m3_fix_bf2((l.s >> (16 * r + 8)) & 0xffu);
+        } else {
+          const uint32_t u = r ? u1 : u0;
+          S[0] = S[1] = decltype(kTwo)::value ? ue8m0_bf2(u) : ue8m0_fix_bf2(u, 126);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          uint32_t p[4] = {fp4_pair<0>(w4[i]), fp4_pair<1>(w4[i]), fp4_pair<2>(w4[i]), fp4_pair<3>(w4[i])};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            if (decltype(kTwo)::value) p[j] = bmul(p[j], 0x7e807e80u);  // 2^126
+            A[r][4 * i + j] = bmul(p[j], S[i >> 1]);
+          }
+        }
+      }
+    };
+    if (two) decode(std::true_type{});
+    else decode(std::false_type{});
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      uint4 xv[4];
+      xload(t, xv);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        // word i of w <-> x[8i .. 8i+8) = xv[i]; pair j = (x_j, x_j+4)
+        const uint32_t b0 = prmt(xv[i].x, xv[i].z, 0x5410u);  // (x0, x4)
+        const uint32_t b1 = prmt(xv[i].x, xv[i].z, 0x7632u);  // (x1, x5)
+        const uint32_t b2 = prmt(xv[i].y, xv[i].w, 0x5410u);  // (x2, x6)
+        const uint32_t b3 = prmt(xv[i].y, xv[i].w, 0x7632u);  // (x3, x7)
+        mma16816(acc[NT == 1 ? 0 : t], A[0][4 * i], A[1][4 * i], A[0][4 * i + 1], A[1][4 * i + 1], b0, b1);
+        mma16816(acc[NT == 1 ? 1 : t], A[0][4 * i + 2], A[1][4 * i + 2], A[0][4 * i + 3], A[1][4 * i + 3], b2, b3);
+      }
+    }
+  }
+}
+
 template <int F, int MT>
 __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, const QL L, const float* alpha) {
   constexpr int NT = MT / 8;  // n8 tiles of x rows
@@ -212,114 +317,19 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
 
-    // Decoded weights: A[r][i] = pair i of row g + 8r, times its scale. kTwo:
-    // two bf16 multiplies per pair (by 2^fix, then by s), needed only when a
-    // UE8M0 scale times 2^fix would overflow (u > 254 - fix, or NaN); the warp
-    // takes the one-multiply form when all its lanes can.
     auto compute = [&](int step, const Ld& l) {
       const uint32_t c = chunk_of(step);
       const bool valid = c < climit;
-      const uint32_t u0 = l.s & 0xffu, u1 = (l.s >> 16) & 0xffu;
-      bool two = false;
-      if constexpr (F != QNV4) two = !__all_sync(0xffffffffu, (u0 > u1 ? u0 : u1) <= (uint32_t)(254 - L.fix));
-      if constexpr (F == QMX8) {
-        // 16 elements per row: words 0..3 -> pairs (2 per word); mma i takes word i
-        uint32_t A[2][8];
-        auto decode = [&](auto kTwo) {
+      step_mma<F, NT, NA>(l, L, acc, [&](int t, uint4 (&xv)[4]) {
+        const int m = 8 * t + g;
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const uint32_t u = r ? u1 : u0;
-            const uint32_t S = decltype(kTwo)::value ? ue8m0_bf2(u) : ue8m0_fix_bf2(u, L.fix);
-            const uint32_t w4[4] = {l.d[r].x, l.d[r].y, l.d[r].z, l.d[r].w};
+        for (int i = 0; i < 4; ++i) xv[i] = make_uint4(0, 0, 0, 0);
+        if (valid && m < L.M) {
+          const uint4* xp = reinterpret_cast<const uint4*>(xg + t * xld8 + (size_t)c * (F == QMX8 ? 16 : 32));
 #pragma unroll
-            for (int i = 0; i < 4; ++i) fp8_pairs<decltype(kTwo)::value>(w4[i], L, S, A[r][2 * i], A[r][2 * i + 1]);
-          }
-        };
-        // one test per step for NaN / Inf codes (rare: they take the codec)
-        const uint32_t special = fp8_special(l.d[0].x, L) | fp8_special(l.d[0].y, L) | fp8_special(l.d[0].z, L) |
-                                 fp8_special(l.d[0].w, L) | fp8_special(l.d[1].x, L) | fp8_special(l.d[1].y, L) |
-                                 fp8_special(l.d[1].z, L) | fp8_special(l.d[1].w, L);
-        if (special) {
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const uint32_t w4[4] = {l.d[r].x, l.d[r].y, l.d[r].z, l.d[r].w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i) fp8_pairs_codec(w4[i], L, r ? u1 : u0, A[r][2 * i], A[r][2 * i + 1]);
-          }
-        } else if (two) {
-          decode(std::true_type{});
-        } else {
-          decode(std::false_type{});
+          for (int i = 0; i < (F == QMX8 ? 2 : 4); ++i) xv[i] = __ldg(xp + i);
         }
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          const int m = 8 * t + g;
-          uint4 xv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-          if (valid && m < L.M) {
-            const uint4* xp = reinterpret_cast<const uint4*>(xg + t * xld8 + (size_t)c * 16);
-            xv[0] = __ldg(xp);
-            xv[1] = __ldg(xp + 1);
-          }
-          const uint32_t xw[8] = {xv[0].x, xv[0].y, xv[0].z, xv[0].w, xv[1].x, xv[1].y, xv[1].z, xv[1].w};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            // word i of w <-> x elements 4i..4i+3 = x words 2i, 2i+1
-            const uint32_t b0 = prmt(xw[2 * i], xw[2 * i + 1], 0x5410u);  // (x0, x2)
-            const uint32_t b1 = prmt(xw[2 * i], xw[2 * i + 1], 0x7632u);  // (x1, x3)
-            mma16816(acc[NT == 1 ? (i & 1) : t], A[0][2 * i], A[1][2 * i], A[0][2 * i + 1], A[1][2 * i + 1], b0, b1);
-          }
-        }
-      } else {
-        // 32 fp4 elements per row: words 0..3, 4 pairs each; mma i takes pairs 2i, 2i+1
-        uint32_t A[2][16];
-        auto decode = [&](auto kTwo) {
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const uint32_t w4[4] = {l.d[r].x, l.d[r].y, l.d[r].z, l.d[r].w};
-            uint32_t S[2];  // nvfp4: words 0-1 have group 2c, words 2-3 group 2c+1
-            if constexpr (F == QNV4) {
-              S[0] = e4m3_fix_bf2((l.s >> (16 * r)) & 0xffu);
-              S[1] = e4m3_fix_bf2((l.s >> (16 * r + 8)) & 0xffu);
-            } else {
-              const uint32_t u = r ? u1 : u0;
-              S[0] = S[1] = decltype(kTwo)::value ? ue8m0_bf2(u) : ue8m0_fix_bf2(u, 126);
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              uint32_t p[4] = {fp4_pair<0>(w4[i]), fp4_pair<1>(w4[i]), fp4_pair<2>(w4[i]), fp4_pair<3>(w4[i])};
-#pragma unroll
-              for (int j = 0; j < 4; ++j) {
-                if (decltype(kTwo)::value) p[j] = bmul(p[j], 0x7e807e80u);  // 2^126
-                A[r][4 * i + j] = bmul(p[j], S[i >> 1]);
-              }
-            }
-          }
-        };
-        if (two) decode(std::true_type{});
-        else decode(std::false_type{});
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          const int m = 8 * t + g;
-          uint4 xv[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) xv[i] = make_uint4(0, 0, 0, 0);
-          if (valid && m < L.M) {
-            const uint4* xp = reinterpret_cast<const uint4*>(xg + t * xld8 + (size_t)c * 32);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) xv[i] = __ldg(xp + i);
-          }
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            // word i of w <-> x[8i .. 8i+8) = xv[i]; pair j = (x_j, x_j+4)
-            const uint32_t b0 = prmt(xv[i].x, xv[i].z, 0x5410u);  // (x0, x4)
-            const uint32_t b1 = prmt(xv[i].x, xv[i].z, 0x7632u);  // (x1, x5)
-            const uint32_t b2 = prmt(xv[i].y, xv[i].w, 0x5410u);  // (x2, x6)
-            const uint32_t b3 = prmt(xv[i].y, xv[i].w, 0x7632u);  // (x3, x7)
-            mma16816(acc[NT == 1 ? 0 : t], A[0][4 * i], A[1][4 * i], A[0][4 * i + 1], A[1][4 * i + 1], b0, b1);
-            mma16816(acc[NT == 1 ? 1 : t], A[0][4 * i + 2], A[1][4 * i + 2], A[0][4 * i + 3], A[1][4 * i + 3], b2, b3);
-          }
-        }
-      }
+      });
     };
 
     // -- the pipeline: kDepth steps of loads in flight --
@@ -363,6 +373,189 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
   }
 }
 
+// ---------------------------------------------------------------------------
+// The decode kernel (M <= 16, sm_90+): the same lanes, decode and mma as
+// qmma_kernel, fed so that the weights stream at the memory limit.
+//
+// Why another loop: qmma_kernel measured latency bound at ~0.5 of copy
+// bandwidth for M = 1..16 (ncu: DRAM 41 %, No Eligible 45 %). Each step
+// waited on its own x loads from L1/L2 (issued when the step starts, so the
+// register ring of weights never had more than about one step in flight),
+// and the ring lived in registers (128 per thread, 2 CTAs per SM). Here:
+// - x[:, K range] is copied into shared memory once per CTA (cp.async), so a
+//   step's x reads are shared-memory loads;
+// - each lane streams its weight chunks through a private kDStages-deep ring
+//   of shared memory filled by cp.async (16 B, L2 only): a lane reads back
+//   only what it copied, so no barrier is needed, just cp.async.wait_group;
+// - a CTA is 8 warps = 8 row tiles (128 rows) over one K range; K is split
+//   over the cs CTAs of a thread-block cluster, whose partial sums are added
+//   through distributed shared memory in rank order (deterministic: the split
+//   depends on N, K and the device's SM count, never on M; no workspace, no
+//   atomics, one launch, graph capturable).
+constexpr int kDStages = 4;
+constexpr int kDWarps = 8;  // row tiles per CTA
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+  uint4 r;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(a));
+  return r;
+}
+
+// x in shared memory: row m of the CTA's K range at m * xrow bytes, 16-byte
+// unit u (8 elements) at unit xswz(u). A step's four lanes q read chunks
+// 4j + q; for fp4 a chunk is 4 units, so without the swizzle lanes q and q + 2
+// would hit the same banks. xrow = 16 (mod 128) puts rows g and g + 1 in the
+// other half of the banks (rows.md of the plan: conflict-free LDS.128).
+template <int F> __device__ __forceinline__ uint32_t xswz(uint32_t u) {
+  return F == QMX8 ? u : u ^ (((u >> 3) & 1u) << 1);
+}
+
+struct QD {
+  int64_t steps;    // 4-chunk steps per weight row
+  int64_t sp;       // steps per CTA of a cluster (the K range of one rank)
+  uint32_t xrow;    // bytes per x row in shared memory
+  uint32_t x_off, red_off;  // offsets of the x area and the reduction area in shared memory
+};
+
+template <int F, int MT>
+__global__ void __launch_bounds__(kThreads, 2)
+    qmmd_kernel(const MatmulArgs a, const QL L, const QD D, const float* alpha) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int NT = MT / 8, NA = NT == 1 ? 2 : NT, S = kDStages;
+  constexpr int XU = F == QMX8 ? 2 : 4;  // 16-byte units of x per weight chunk
+  extern __shared__ __align__(128) uint8_t smem[];
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int rank = (int)blockIdx.x, cs = (int)gridDim.x;
+  const int64_t b = blockIdx.z;
+  const int64_t N = a.N, C = L.C;
+  const int64_t s0 = rank * D.sp;
+  const int nsteps = (int)(D.steps - s0 < D.sp ? (D.steps - s0 > 0 ? D.steps - s0 : 0) : D.sp);
+  const uint32_t xs = smem_u32(smem + D.x_off);
+  const uint32_t ring = smem_u32(smem) + (uint32_t)warp * (S * 1024u);
+
+  // -- x[b, 0..M, K range] -> shared memory (cp.async group 0); past K: zeros --
+  {
+    const __nv_bfloat16* xb = (const __nv_bfloat16*)a.x.ptr + a.x.offset(b);
+    const int64_t U = D.sp * 4 * XU, ubase = s0 * 4 * XU, Ku = a.K / 8;  // units per row: 8 elements each
+    for (int64_t e = tid; e < (int64_t)L.M * U; e += kThreads) {
+      const int64_t m = e / U, u = e - m * U;
+      const bool in = ubase + u < Ku;
+      const __nv_bfloat16* src = xb + m * a.x.ld + (in ? (ubase + u) * 8 : 0);
+      cp_async16(xs + (uint32_t)m * D.xrow + xswz<F>((uint32_t)u) * 16u, src, in ? 16u : 0u);
+    }
+    cp_commit();
+  }
+
+  // -- the weight ring: lane (g, q) copies chunk 4 * step + q of rows g, g + 8 --
+  const int64_t tile = (int64_t)blockIdx.y * kDWarps + warp;
+  const uint8_t* wrow[2];
+  const uint8_t* srow[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t n0 = tile * 16 + g + 8 * r;
+    const int64_t n = n0 < N ? n0 : N - 1;  // rows past N load row N-1 and store nothing
+    wrow[r] = (const uint8_t*)a.w.ptr + a.w.offset(b) + n * a.w.ld;
+    srow[r] = (const uint8_t*)a.w_scales.ptr + a.w_scales.offset(b) +
+              (a.w_blocked ? (n >> 7) * 128 * a.w_scales.cols + (n & 31) * 16 + ((n & 127) >> 5) * 4 : n * a.w_scales.ld);
+  }
+  auto soff = [&](uint32_t idx) -> uint32_t { return a.w_blocked ? (idx >> 2) * 512 + (idx & 3) : idx; };
+  uint32_t sring[S];
+  // Copies step j (of this rank) into stage p and its scale bytes into sring[p]; always commits a group.
+  auto issue = [&](int j, int p) {
+    const uint32_t c = (uint32_t)((s0 + j) * 4 + q);
+    const bool in = j < nsteps && c < (uint32_t)C;
+    const uint32_t dst = ring + (uint32_t)p * 1024u + (uint32_t)lane * 16u;
+    cp_async16(dst, wrow[0] + (in ? (size_t)c * 16 : 0), in ? 16u : 0u);
+    cp_async16(dst + 512u, wrow[1] + (in ? (size_t)c * 16 : 0), in ? 16u : 0u);
+    cp_commit();
+    if (!in) {
+      sring[p] = F == QNV4 ? 0x38383838u : 0x7f7f7f7fu;  // 1.0 in E4M3 / UE8M0: zero weights, finite scale
+    } else if constexpr (F == QNV4) {
+      const uint32_t i0 = soff(2 * c), i1 = i0 + 1;
+      sring[p] = (uint32_t)__ldg(srow[0] + i0) | ((uint32_t)__ldg(srow[0] + i1) << 8) |
+                 ((uint32_t)__ldg(srow[1] + i0) << 16) | ((uint32_t)__ldg(srow[1] + i1) << 24);
+    } else {
+      const uint32_t i = soff(F == QMX4 ? c : c >> 1);
+      sring[p] = (uint32_t)__ldg(srow[0] + i) | ((uint32_t)__ldg(srow[1] + i) << 16);
+    }
+  };
+#pragma unroll
+  for (int p = 0; p < S; ++p) issue(p, p);
+  cp_wait<S>();  // this thread's x copies have landed ...
+  __syncthreads();  // ... and everyone's
+
+  float acc[NA][4];
+#pragma unroll
+  for (int t = 0; t < NA; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
+
+  for (int j0 = 0; j0 < nsteps; j0 += S) {
+#pragma unroll
+    for (int p = 0; p < S; ++p) {
+      const int j = j0 + p;
+      if (j < nsteps) {
+        cp_wait<S - 1>();
+        Ld l;
+        const uint32_t slot = ring + (uint32_t)p * 1024u + (uint32_t)lane * 16u;
+        l.d[0] = lds128(slot);
+        l.d[1] = lds128(slot + 512u);
+        l.s = sring[p];
+        step_mma<F, NT, NA>(l, L, acc, [&](int t, uint4 (&xv)[4]) {
+          const int m = 8 * t + g;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) xv[i] = make_uint4(0, 0, 0, 0);
+          if (m < L.M) {
+            const uint32_t u0 = (uint32_t)(4 * j + q) * XU, row = xs + (uint32_t)m * D.xrow;
+#pragma unroll
+            for (int i = 0; i < XU; ++i) xv[i] = lds128(row + xswz<F>(u0 + i) * 16u);
+          }
+        });
+        issue(j + S, p);
+      }
+    }
+  }
+  cp_wait<0>();
+
+  if (NT == 1) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[0][i] += acc[NA - 1][i];
+  }
+  // -- partial sums of this rank -> shared memory; the cluster adds them in rank order --
+  float* red = (float*)(smem + D.red_off);  // [kDWarps][16 rows][MT]
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[(warp * 16 + g + 8 * (i >> 1)) * MT + 8 * t + 2 * q + (i & 1)] = acc[t][i];
+  cluster.sync();
+  const int E = kDWarps * 16 * L.M;
+  const int e0 = (int)((int64_t)E * rank / cs), e1 = (int)((int64_t)E * (rank + 1) / cs);
+  const float post = alpha ? *alpha : ((F == QNV4 && a.gs_w) ? nvfp4_dec(*a.gs_w) : 1.0f);
+  for (int e = e0 + tid; e < e1; e += kThreads) {
+    const int rl = e / L.M, m = e - rl * L.M;  // rl: row of the CTA's 128
+    const int64_t n = (int64_t)blockIdx.y * kDWarps * 16 + rl;
+    if (n >= N) continue;
+    const int idx = rl * MT + m;
+    float v = cluster.map_shared_rank(red, 0)[idx];
+    for (int k = 1; k < cs; ++k) v += cluster.map_shared_rank(red, k)[idx];
+    if (F == QNV4) v *= 512.0f;  // the 2^-9 of e4m3_fix_bf2 (exact)
+    store_out(a, b, m, n, v * post);
+  }
+  cluster.sync();  // the other ranks read this CTA's red: keep it alive until they are done
+#else
+  __trap();  // launched only on sm_90+ (qmma() checks)
+#endif
+}
+
 bool aligned16(const Mat& m) {
   const int es = dtype_size(m.dt);
   bool ok = ((uintptr_t)m.ptr % 16) == 0 && (m.ld * es) % 16 == 0;
@@ -391,12 +584,72 @@ void launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st) {
   else qmma_kernel<F, 64><<<grid, kThreads, 0, st>>>(a, L, alpha);
 }
 
+// The decode kernel's launch: cs CTAs per cluster split K; NOT_SUPPORTED when
+// the device is older than sm_90 or x's K range does not fit shared memory.
+template <int F, int MT>
+qqStatus_t launch_d(const MatmulArgs& a, const QL& L, const float* alpha, cudaStream_t st) {
+  constexpr int XU = F == QMX8 ? 2 : 4;
+  const int64_t steps = (L.C + 3) / 4, groups = (a.N + kDWarps * 16 - 1) / (kDWarps * 16), batch = a.out.batch();
+  if (batch > 65535 || groups > 65535) return QQ_STATUS_NOT_SUPPORTED;
+  const int64_t T = 2 * (int64_t)sm_count(a.out.device);  // CTAs resident at once (2 per SM)
+  const uint32_t ring = kDWarps * kDStages * 1024u;
+  const uint32_t red = kDWarps * 16 * MT * 4;
+  constexpr uint32_t kSmemMax = 110 * 1024;  // two CTAs per SM
+  // cs: the split of K over a cluster's CTAs with the fullest last wave
+  // (fewer ranks on ties: less x copied, shorter reduction), as long as x's
+  // K range fits.
+  int cs = 0;
+  double best = -1.0;
+  for (int c = 1; c <= 8; c *= 2) {
+    const int64_t sp = (steps + c - 1) / c;
+    const uint64_t xbytes = (uint64_t)a.M * ((((uint64_t)sp * 4 * XU * 16) + 127) / 128 * 128 + 16);
+    if (ring + xbytes + red > kSmemMax) continue;
+    const int64_t ctas = c * groups * batch, waves = (ctas + T - 1) / T;
+    const double eff = (double)ctas / (double)(waves * T);
+    if (eff > best + 1e-9) { best = eff; cs = c; }
+  }
+  if (const char* e = getenv("QQ_QMMD_CS")) cs = atoi(e);  // TUNING ONLY (removed before release)
+  if (cs == 0) return QQ_STATUS_NOT_SUPPORTED;
+  QD D{};
+  D.steps = steps;
+  D.sp = (steps + cs - 1) / cs;
+  D.xrow = (uint32_t)((((uint64_t)D.sp * 4 * XU * 16) + 127) / 128 * 128 + 16);
+  D.x_off = ring;
+  D.red_off = (uint32_t)(ring + ((uint64_t)a.M * D.xrow + 15) / 16 * 16);
+  const uint32_t smem = D.red_off + red;
+  auto kernel = qmmd_kernel<F, MT>;
+  // Opting in above 48 KB of dynamic shared memory, once per kernel and device.
+  static std::atomic<uint64_t> opted{0};
+  const int dev = a.out.device;
+  if (dev < 0 || dev >= 64 || !(opted.load(std::memory_order_relaxed) >> dev & 1)) {
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemMax) != cudaSuccess)
+      return check_launch("quantized_matmul");
+    if (dev >= 0 && dev < 64) opted.fetch_or(1ull << dev, std::memory_order_relaxed);
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3((unsigned)cs, (unsigned)groups, (unsigned)batch);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)cs;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  (void)cudaLaunchKernelEx(&cfg, kernel, a, L, D, alpha);
+  return check_launch("quantized_matmul");
+}
+
 }  // namespace
 
 qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream) {
-  // mxfp8 at M = 1: qmv.cu's kernel is faster (177 vs 234 us at 16384^2 on
-  // the H100, bench/results/qmm-h100.md); from M = 2 this one is.
-  if (a.M == 1 && a.q.mode == QQ_MODE_MXFP8) return QQ_STATUS_NOT_SUPPORTED;
+  // mxfp8 at M = 1 before sm_90 (no decode kernel): qmv.cu's kernel is faster
+  // (177 vs 234 us at 16384^2 on the H100, bench/results/qmm-h100.md); from
+  // M = 2 qmma_kernel is.
+  const bool decode = a.M <= 16 && device_cc(a.out.device) >= 90 && !getenv("QQ_QMMD_OFF");
+  if (a.M == 1 && a.q.mode == QQ_MODE_MXFP8 && !decode) return QQ_STATUS_NOT_SUPPORTED;
   if (a.M < 1 || a.M > kQmmaMaxM || a.x_packed || !a.w_packed || !a.transpose) return QQ_STATUS_NOT_SUPPORTED;
   if (a.x.dt != DType::BF16 || !a.q.fp()) return QQ_STATUS_NOT_SUPPORTED;
   const QSpec& q = a.q;
@@ -424,6 +677,17 @@ qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream) {
   if (row_bytes % 16 || row_bytes / 16 >= (int64_t)1 << 31 || !aligned16(a.w) || !aligned16(a.x))
     return QQ_STATUS_NOT_SUPPORTED;
   L.C = row_bytes / 16;
+  // M <= 16 on sm_90+: the decode kernel (QQ_QMMD=0 turns it off: TUNING ONLY)
+  if (decode) {
+    qqStatus_t s = QQ_STATUS_NOT_SUPPORTED;
+    const bool m8 = a.M <= 8;
+    switch (F) {
+      case QNV4: s = m8 ? launch_d<QNV4, 8>(a, L, alpha, stream) : launch_d<QNV4, 16>(a, L, alpha, stream); break;
+      case QMX4: s = m8 ? launch_d<QMX4, 8>(a, L, alpha, stream) : launch_d<QMX4, 16>(a, L, alpha, stream); break;
+      default: s = m8 ? launch_d<QMX8, 8>(a, L, alpha, stream) : launch_d<QMX8, 16>(a, L, alpha, stream); break;
+    }
+    if (s != QQ_STATUS_NOT_SUPPORTED) return s;
+  }
   switch (F) {
     case QNV4: launch<QNV4>(a, L, alpha, stream); break;
     case QMX4: launch<QMX4>(a, L, alpha, stream); break;
