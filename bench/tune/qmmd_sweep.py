@@ -19,7 +19,7 @@ from harness import Timer, copy_bandwidth  # noqa: E402
 SHAPES = [(16384, 16384), (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 MODES = [("nvfp4", {"mode": "nvfp4"}), ("mxfp4", {"mode": "mxfp4"}), ("mxfp8", {"mode": "mxfp8"})]
 MS = [int(m) for m in os.environ.get("SWEEP_MS", "1,4,16").split(",")]
-VARIANTS = os.environ.get("SWEEP_VARIANTS", "old,auto,1,2,4,8").split(",")
+VARIANTS = os.environ.get("SWEEP_VARIANTS", "old,auto,v1,v2,v3,v3c1,v3c4,v3c8").split(",")
 
 
 def nbytes(t):
@@ -27,12 +27,24 @@ def nbytes(t):
 
 
 def set_variant(v):
-    os.environ.pop("QQ_QMMD_OFF", None)
-    os.environ.pop("QQ_QMMD_CS", None)
+    """old | auto | [vN][cN]: QQ_QMMD_VAR=N (3: permuted weight layout), QQ_QMMD_CS=N."""
+    for k in ("QQ_QMMD_OFF", "QQ_QMMD_CS", "QQ_QMMD_VAR"):
+        os.environ.pop(k, None)
     if v == "old":
         os.environ["QQ_QMMD_OFF"] = "1"
-    elif v != "auto":
-        os.environ["QQ_QMMD_CS"] = v
+        return
+    import re
+    for key, val in re.findall(r"([vc])(\d+)", v):
+        os.environ["QQ_QMMD_VAR" if key == "v" else "QQ_QMMD_CS"] = val
+
+
+def permuted(qw):
+    """The data of qw with 16-byte chunks in the order the decode kernel's lanes read them:
+    [tile][step][r][g][q] (row 16 tile + 8 r + g, chunk 4 step + q)."""
+    d = qw.data
+    n, rb = d.shape
+    steps = rb // 64
+    return d.view(n // 16, 2, 8, steps, 4, 16).permute(0, 3, 1, 2, 4, 5).contiguous().view(n, rb)
 
 
 def main():
@@ -50,10 +62,18 @@ def main():
                 x = torch.randn((m, k), dtype=torch.bfloat16, device="cuda")
                 line = [f"{mode:6s} {n:5d}x{k:5d} M={m:2d}"]
                 ref = None
+                qp = None
                 for v in VARIANTS:
                     set_variant(v)
+                    w_in = qw
+                    if "v3" in v:
+                        if qp is None:
+                            qp = qq.QuantizedArray(permuted(qw), qw.scales, None, **{a: getattr(qw, a) for a in (
+                                "group_size", "bits", "mode", "global_scale", "scale_layout", "fp8_format")
+                                if getattr(qw, a, None) is not None}) if hasattr(qq, "QuantizedArray") else None
+                        w_in = qp
                     try:
-                        y = qq.quantized_matmul(x, qw)
+                        y = qq.quantized_matmul(x, w_in)
                         torch.cuda.synchronize()
                     except Exception as e:  # noqa: BLE001
                         line.append(f"{v}:ERR({type(e).__name__})")
@@ -61,7 +81,7 @@ def main():
                     if ref is None:
                         ref = y.float()
                     err = (y.float() - ref).abs().max().item() / (ref.abs().max().item() + 1e-30)
-                    us = timer(lambda: qq.quantized_matmul(x, qw), wb)
+                    us = timer(lambda: qq.quantized_matmul(x, w_in), wb)
                     frac = wb / (us * 1e-6) / 1e9 / copy
                     line.append(f"{v}:{us:7.1f}us {frac:.2f}" + ("" if err < 1e-2 else f" DIFF{err:.1e}"))
                     rows.append(dict(mode=mode, n=n, k=k, m=m, variant=v, us=us, frac=frac, rel_diff=err))

@@ -399,6 +399,14 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)_
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
+__device__ __forceinline__ void cp_async16_l2(uint32_t dst, const void* src, uint32_t src_bytes, int var) {
+  if (var == 1)
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+  else if (var == 2)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
@@ -421,6 +429,7 @@ struct QD {
   int64_t sp;       // steps per CTA of a cluster (the K range of one rank)
   uint32_t xrow;    // bytes per x row in shared memory
   uint32_t x_off, red_off;  // offsets of the x area and the reduction area in shared memory
+  int var;          // TUNING: 1/2 L2 prefetch hint 128B/256B, 3 permuted layout
 };
 
 template <int F, int MT>
@@ -474,8 +483,15 @@ __global__ void __launch_bounds__(kThreads, 2)
     const uint32_t c = (uint32_t)((s0 + j) * 4 + q);
     const bool in = j < nsteps && c < (uint32_t)C;
     const uint32_t dst = ring + (uint32_t)p * 1024u + (uint32_t)lane * 16u;
-    cp_async16(dst, wrow[0] + (in ? (size_t)c * 16 : 0), in ? 16u : 0u);
-    cp_async16(dst + 512u, wrow[1] + (in ? (size_t)c * 16 : 0), in ? 16u : 0u);
+    if (D.var == 3) {
+      const uint8_t* base = (const uint8_t*)a.w.ptr + a.w.offset(b) +
+                            ((((size_t)tile * D.steps + s0 + (in ? j : 0)) * 2) * 32 + lane) * 16;
+      cp_async16(dst, base, in ? 16u : 0u);
+      cp_async16(dst + 512u, base + 512, in ? 16u : 0u);
+    } else {
+      cp_async16_l2(dst, wrow[0] + (in ? (size_t)c * 16 : 0), in ? 16u : 0u, D.var);
+      cp_async16_l2(dst + 512u, wrow[1] + (in ? (size_t)c * 16 : 0), in ? 16u : 0u, D.var);
+    }
     cp_commit();
     if (!in) {
       sring[p] = F == QNV4 ? 0x38383838u : 0x7f7f7f7fu;  // 1.0 in E4M3 / UE8M0: zero weights, finite scale
@@ -611,6 +627,7 @@ qqStatus_t launch_d(const MatmulArgs& a, const QL& L, const float* alpha, cudaSt
   if (const char* e = getenv("QQ_QMMD_CS")) cs = atoi(e);  // TUNING ONLY (removed before release)
   if (cs == 0) return QQ_STATUS_NOT_SUPPORTED;
   QD D{};
+  if (const char* e = getenv("QQ_QMMD_VAR")) D.var = atoi(e);  // TUNING ONLY
   D.steps = steps;
   D.sp = (steps + cs - 1) / cs;
   D.xrow = (uint32_t)((((uint64_t)D.sp * 4 * XU * 16) + 127) / 128 * 128 + 16);
