@@ -114,6 +114,28 @@ __device__ __forceinline__ uint32_t e4m3_fix_bf2(uint32_t b) {
   return dup16(f_to_bf16(f));
 }
 
+// Two E4M3 scales (bytes of `pair`, low byte first) -> bf16x2 of s * 2^117
+// each (both halves equal), as e4m3_fix_bf2 but in 7 instructions on sm_89+:
+// the hardware's e4m3x2 -> f16x2 conversion (exact, every code: zero,
+// subnormals, NaN), then fp32 (exact) times 2^117 and one packing
+// conversion that duplicates the value (exact: 4 significant bits).
+__device__ __forceinline__ void e4m3x2_fix_bf2(uint32_t pair, uint32_t& s0, uint32_t& s1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n .reg .b16 p, lo, hi;\n .reg .b32 h;\n .reg .f32 f0, f1;\n"
+      " cvt.u16.u32 p, %2;\n"
+      " cvt.rn.f16x2.e4m3x2 h, p;\n"
+      " mov.b32 {lo, hi}, h;\n"
+      " cvt.f32.f16 f0, lo;\n cvt.f32.f16 f1, hi;\n"
+      " mul.f32 f0, f0, 0f7A000000;\n mul.f32 f1, f1, 0f7A000000;\n"  // 2^117
+      " cvt.rn.bf16x2.f32 %0, f0, f0;\n cvt.rn.bf16x2.f32 %1, f1, f1;\n}"
+      : "=r"(s0), "=r"(s1)
+      : "r"(pair));
+#else
+  s0 = e4m3_fix_bf2(pair & 0xffu);
+  s1 = e4m3_fix_bf2((pair >> 8) & 0xffu);
+#endif
+}
+
 // fp4 word (8 E2M1 codes) -> pair j = (e_j, e_j+4) as bf16 times 2^-126 (see
 // qmv.cu's fp4x8: magnitude to bf16 bits 6..8, sign to 15; E2M1 subnormals
 // land on bf16 subnormals).
@@ -154,12 +176,14 @@ __device__ __noinline__ void fp8_pairs_codec(uint32_t w, const QL& L, uint32_t u
 // One step of one lane: decode its 16-byte chunks of weight rows g and g + 8
 // (l.d, scale bytes l.s), multiply by the matching elements of x and
 // accumulate. xload(t, xv) fills x row 8t + g's elements of this chunk (fp4: 4
-// units of 8 bf16 = 32 elements, fp8: 2 units = 16), zeros for rows past M.
+// units of 8 bf16 = 32 elements, fp8: 2 units = 16), zeros for rows past M;
+// kPaired: each unit already in the order of the B registers (x_pairs), so
+// no permutes per step.
 // Decoded weights: A[r][i] = pair i of row g + 8r, times its scale. kTwo: two
 // bf16 multiplies per pair (by 2^fix, then by s), needed only when a UE8M0
 // scale times 2^fix would overflow (u > 254 - fix, or NaN); the warp takes
 // the one-multiply form when all its lanes can.
-template <int F, int NT, int NA, typename XLoad>
+template <int F, int NT, int NA, bool kPaired = false, typename XLoad>
 __device__ __forceinline__ void step_mma(const Ld& l, const QL& L, float (&acc)[NA][4], XLoad&& xload) {
   const uint32_t u0 = l.s & 0xffu, u1 = (l.s >> 16) & 0xffu;
   bool two = false;
@@ -201,52 +225,65 @@ __device__ __forceinline__ void step_mma(const Ld& l, const QL& L, float (&acc)[
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         // word i of w <-> x elements 4i..4i+3 = x words 2i, 2i+1
-        const uint32_t b0 = prmt(xw[2 * i], xw[2 * i + 1], 0x5410u);  // (x0, x2)
-        const uint32_t b1 = prmt(xw[2 * i], xw[2 * i + 1], 0x7632u);  // (x1, x3)
+        const uint32_t b0 = kPaired ? xw[2 * i] : prmt(xw[2 * i], xw[2 * i + 1], 0x5410u);      // (x0, x2)
+        const uint32_t b1 = kPaired ? xw[2 * i + 1] : prmt(xw[2 * i], xw[2 * i + 1], 0x7632u);  // (x1, x3)
         mma16816(acc[NT == 1 ? (i & 1) : t], A[0][2 * i], A[1][2 * i], A[0][2 * i + 1], A[1][2 * i + 1], b0, b1);
       }
     }
   } else {
     // 32 fp4 elements per row: words 0..3, 4 pairs each; mma i takes pairs 2i, 2i+1
-    uint32_t A[2][16];
-    auto decode = [&](auto kTwo) {
+    uint32_t S[2][2];  // [row r][group]: nvfp4 words 0-1 have group 2c, words 2-3 group 2c+1
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if constexpr (F == QNV4) {
+        e4m3x2_fix_bf2(l.s >> (16 * r), S[r][0], S[r][1]);
+      } else {
+        const uint32_t u = r ? u1 : u0;
+        S[r][0] = S[r][1] = two ? ue8m0_bf2(u) : ue8m0_fix_bf2(u, 126);
+      }
+    }
+    // Word i of rows g, g + 8 -> A registers a[r][j] = pair j (e_j, e_j+4) times its scale.
+    auto decode = [&](int i, uint32_t (&a)[2][4]) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const uint32_t w4[4] = {l.d[r].x, l.d[r].y, l.d[r].z, l.d[r].w};
-        uint32_t S[2];  // nvfp4: words 0-1 have group 2c, words 2-3 group 2c+1
-        if constexpr (F == QNV4) {
-          S[0] = e4m3_fix_bf2((l.s >> (16 * r)) & 0xffu);
-          S[1] = e4m3_fix_bf2((l.s >> (16 * r + 8)) & 0xffu);
-        } else {
-          const uint32_t u = r ? u1 : u0;
-          S[0] = S[1] = decltype(kTwo)::value ? ue8m0_bf2(u) : ue8m0_fix_bf2(u, 126);
-        }
+        const uint32_t w = i == 0 ? l.d[r].x : (i == 1 ? l.d[r].y : (i == 2 ? l.d[r].z : l.d[r].w));
+        uint32_t p[4] = {fp4_pair<0>(w), fp4_pair<1>(w), fp4_pair<2>(w), fp4_pair<3>(w)};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          uint32_t p[4] = {fp4_pair<0>(w4[i]), fp4_pair<1>(w4[i]), fp4_pair<2>(w4[i]), fp4_pair<3>(w4[i])};
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            if (decltype(kTwo)::value) p[j] = bmul(p[j], 0x7e807e80u);  // 2^126
-            A[r][4 * i + j] = bmul(p[j], S[i >> 1]);
-          }
+        for (int j = 0; j < 4; ++j) {
+          if (F != QNV4 && two) p[j] = bmul(p[j], 0x7e807e80u);  // 2^126
+          a[r][j] = bmul(p[j], S[r][i >> 1]);
         }
       }
     };
-    if (two) decode(std::true_type{});
-    else decode(std::false_type{});
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      uint4 xv[4];
-      xload(t, xv);
+    // word i of w <-> x[8i .. 8i+8); pair j = (x_j, x_j+4)
+    auto mma_word = [&](int t, const uint32_t (&a)[2][4], uint32_t b0, uint32_t b1, uint32_t b2, uint32_t b3) {
+      mma16816(acc[NT == 1 ? 0 : t], a[0][0], a[1][0], a[0][1], a[1][1], b0, b1);
+      mma16816(acc[NT == 1 ? 1 : t], a[0][2], a[1][2], a[0][3], a[1][3], b2, b3);
+    };
+    if constexpr (kPaired) {
+      // one word at a time (fewer live registers); x's unit i straight from xload
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        // word i of w <-> x[8i .. 8i+8) = xv[i]; pair j = (x_j, x_j+4)
-        const uint32_t b0 = prmt(xv[i].x, xv[i].z, 0x5410u);  // (x0, x4)
-        const uint32_t b1 = prmt(xv[i].x, xv[i].z, 0x7632u);  // (x1, x5)
-        const uint32_t b2 = prmt(xv[i].y, xv[i].w, 0x5410u);  // (x2, x6)
-        const uint32_t b3 = prmt(xv[i].y, xv[i].w, 0x7632u);  // (x3, x7)
-        mma16816(acc[NT == 1 ? 0 : t], A[0][4 * i], A[1][4 * i], A[0][4 * i + 1], A[1][4 * i + 1], b0, b1);
-        mma16816(acc[NT == 1 ? 1 : t], A[0][4 * i + 2], A[1][4 * i + 2], A[0][4 * i + 3], A[1][4 * i + 3], b2, b3);
+        uint32_t a[2][4];
+        decode(i, a);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          const uint4 xv = xload(t, i);
+          mma_word(t, a, xv.x, xv.y, xv.z, xv.w);
+        }
+      }
+    } else {
+      uint32_t A[4][2][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) decode(i, A[i]);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        uint4 xv[4];
+        xload(t, xv);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          mma_word(t, A[i], prmt(xv[i].x, xv[i].z, 0x5410u), prmt(xv[i].x, xv[i].z, 0x7632u),
+                   prmt(xv[i].y, xv[i].w, 0x5410u), prmt(xv[i].y, xv[i].w, 0x7632u));
       }
     }
   }
@@ -424,6 +461,16 @@ template <int F> __device__ __forceinline__ uint32_t xswz(uint32_t u) {
   return F == QMX8 ? u : u ^ (((u >> 3) & 1u) << 1);
 }
 
+// A 16-byte unit of x (8 bf16) in the order step_mma's B registers take it:
+// fp4 words pair (x_j, x_j+4), fp8 words pair (x_j, x_j+2) within each half.
+template <int F> __device__ __forceinline__ uint4 x_pairs(uint4 v) {
+  if (F == QMX8)
+    return make_uint4(prmt(v.x, v.y, 0x5410u), prmt(v.x, v.y, 0x7632u), prmt(v.z, v.w, 0x5410u),
+                      prmt(v.z, v.w, 0x7632u));
+  return make_uint4(prmt(v.x, v.z, 0x5410u), prmt(v.x, v.z, 0x7632u), prmt(v.y, v.w, 0x5410u),
+                    prmt(v.y, v.w, 0x7632u));
+}
+
 struct QD {
   int64_t steps;    // 4-chunk steps per weight row
   int64_t sp;       // steps per CTA of a cluster (the K range of one rank)
@@ -433,7 +480,7 @@ struct QD {
 };
 
 template <int F, int MT>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, 3)
     qmmd_kernel(const MatmulArgs a, const QL L, const QD D, const float* alpha) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int NT = MT / 8, NA = NT == 1 ? 2 : NT, S = kDStages;
@@ -450,19 +497,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int nsteps = (int)(D.steps - s0 < D.sp ? (D.steps - s0 > 0 ? D.steps - s0 : 0) : D.sp);
   const uint32_t xs = smem_u32(smem + D.x_off);
   const uint32_t ring = smem_u32(smem) + (uint32_t)warp * (S * 1024u);
-
-  // -- x[b, 0..M, K range] -> shared memory (cp.async group 0); past K: zeros --
-  {
-    const __nv_bfloat16* xb = (const __nv_bfloat16*)a.x.ptr + a.x.offset(b);
-    const int64_t U = D.sp * 4 * XU, ubase = s0 * 4 * XU, Ku = a.K / 8;  // units per row: 8 elements each
-    for (int64_t e = tid; e < (int64_t)L.M * U; e += kThreads) {
-      const int64_t m = e / U, u = e - m * U;
-      const bool in = ubase + u < Ku;
-      const __nv_bfloat16* src = xb + m * a.x.ld + (in ? (ubase + u) * 8 : 0);
-      cp_async16(xs + (uint32_t)m * D.xrow + xswz<F>((uint32_t)u) * 16u, src, in ? 16u : 0u);
-    }
-    cp_commit();
-  }
 
   // -- the weight ring: lane (g, q) copies chunk 4 * step + q of rows g, g + 8 --
   const int64_t tile = (int64_t)blockIdx.y * kDWarps + warp;
@@ -496,9 +530,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (!in) {
       sring[p] = F == QNV4 ? 0x38383838u : 0x7f7f7f7fu;  // 1.0 in E4M3 / UE8M0: zero weights, finite scale
     } else if constexpr (F == QNV4) {
-      const uint32_t i0 = soff(2 * c), i1 = i0 + 1;
-      sring[p] = (uint32_t)__ldg(srow[0] + i0) | ((uint32_t)__ldg(srow[0] + i1) << 8) |
-                 ((uint32_t)__ldg(srow[1] + i0) << 16) | ((uint32_t)__ldg(srow[1] + i1) << 24);
+      // groups 2c and 2c + 1 are adjacent bytes at an even offset in both layouts
+      const uint32_t i0 = soff(2 * c);
+      sring[p] = (uint32_t)__ldg(reinterpret_cast<const uint16_t*>(srow[0] + i0)) |
+                 ((uint32_t)__ldg(reinterpret_cast<const uint16_t*>(srow[1] + i0)) << 16);
     } else {
       const uint32_t i = soff(F == QMX4 ? c : c >> 1);
       sring[p] = (uint32_t)__ldg(srow[0] + i) | ((uint32_t)__ldg(srow[1] + i) << 16);
@@ -506,8 +541,20 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
 #pragma unroll
   for (int p = 0; p < S; ++p) issue(p, p);
-  cp_wait<S>();  // this thread's x copies have landed ...
-  __syncthreads();  // ... and everyone's
+  // -- x[b, 0..M, K range] -> shared memory in B-register order (x_pairs); past K: zeros.
+  // Plain loads while the first weight stages are in flight. --
+  {
+    const __nv_bfloat16* xb = (const __nv_bfloat16*)a.x.ptr + a.x.offset(b);
+    const int64_t U = D.sp * 4 * XU, ubase = s0 * 4 * XU, Ku = a.K / 8;  // units of 8 elements
+    for (int64_t e = tid; e < (int64_t)L.M * U; e += kThreads) {
+      const int64_t m = e / U, u = e - m * U;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (ubase + u < Ku) v = x_pairs<F>(__ldg(reinterpret_cast<const uint4*>(xb + m * a.x.ld + (ubase + u) * 8)));
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(xs + (uint32_t)m * D.xrow + xswz<F>((uint32_t)u) * 16u),
+                   "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+    }
+  }
+  __syncthreads();
 
   float acc[NA][4];
 #pragma unroll
@@ -526,16 +573,20 @@ __global__ void __launch_bounds__(kThreads, 2)
         l.d[0] = lds128(slot);
         l.d[1] = lds128(slot + 512u);
         l.s = sring[p];
-        step_mma<F, NT, NA>(l, L, acc, [&](int t, uint4 (&xv)[4]) {
-          const int m = 8 * t + g;
-#pragma unroll
-          for (int i = 0; i < 4; ++i) xv[i] = make_uint4(0, 0, 0, 0);
-          if (m < L.M) {
-            const uint32_t u0 = (uint32_t)(4 * j + q) * XU, row = xs + (uint32_t)m * D.xrow;
-#pragma unroll
-            for (int i = 0; i < XU; ++i) xv[i] = lds128(row + xswz<F>(u0 + i) * 16u);
-          }
-        });
+        const uint32_t u0 = (uint32_t)(4 * j + q) * XU;  // this chunk's first unit of x
+        if constexpr (F == QMX8) {
+          step_mma<F, NT, NA, true>(l, L, acc, [&](int t, uint4 (&xv)[4]) {
+            const int m = 8 * t + g;
+            const uint32_t row = xs + (uint32_t)m * D.xrow;
+            xv[0] = m < L.M ? lds128(row + xswz<F>(u0) * 16u) : make_uint4(0, 0, 0, 0);
+            xv[1] = m < L.M ? lds128(row + xswz<F>(u0 + 1) * 16u) : make_uint4(0, 0, 0, 0);
+          });
+        } else {
+          step_mma<F, NT, NA, true>(l, L, acc, [&](int t, int i) {
+            const int m = 8 * t + g;
+            return m < L.M ? lds128(xs + (uint32_t)m * D.xrow + xswz<F>(u0 + i) * 16u) : make_uint4(0, 0, 0, 0);
+          });
+        }
         issue(j + S, p);
       }
     }
@@ -607,10 +658,10 @@ qqStatus_t launch_d(const MatmulArgs& a, const QL& L, const float* alpha, cudaSt
   constexpr int XU = F == QMX8 ? 2 : 4;
   const int64_t steps = (L.C + 3) / 4, groups = (a.N + kDWarps * 16 - 1) / (kDWarps * 16), batch = a.out.batch();
   if (batch > 65535 || groups > 65535) return QQ_STATUS_NOT_SUPPORTED;
-  const int64_t T = 2 * (int64_t)sm_count(a.out.device);  // CTAs resident at once (2 per SM)
+  const int64_t T = 3 * (int64_t)sm_count(a.out.device);  // CTAs resident at once (3 per SM)
   const uint32_t ring = kDWarps * kDStages * 1024u;
   const uint32_t red = kDWarps * 16 * MT * 4;
-  constexpr uint32_t kSmemMax = 110 * 1024;  // two CTAs per SM
+  constexpr uint32_t kSmemMax = 72 * 1024;  // three CTAs per SM
   // cs: the split of K over a cluster's CTAs with the fullest last wave
   // (fewer ranks on ties: less x copied, shorter reduction), as long as x's
   // K range fits.
