@@ -138,10 +138,20 @@ __device__ __forceinline__ void e4m3x2_fix_bf2(uint32_t pair, uint32_t& s0, uint
 
 // fp4 word (8 E2M1 codes) -> pair j = (e_j, e_j+4) as bf16 times 2^-126 (see
 // qmv.cu's fp4x8: magnitude to bf16 bits 6..8, sign to 15; E2M1 subnormals
-// land on bf16 subnormals).
-template <int j> __device__ __forceinline__ uint32_t fp4_pair(uint32_t w) {
-  const uint32_t mag = (j < 2 ? (w << (6 - 4 * j)) : (w >> (4 * j - 6))) & 0x01c001c0u;
-  return mag | ((w << (12 - 4 * j)) & 0x80008000u);
+// land on bf16 subnormals). Pairs 2 and 3 are pairs 0 and 1 of w8 = w >> 8
+// (the masks never reach the bits that shift brings down), so every other
+// shift is a left shift, written as a multiply: ptxas can issue those as
+// IMAD.SHL on the FMA pipe, which leaves the integer ALU pipe (the busiest:
+// ncu, H100, 62 % of peak at M = 1) the masks alone.
+template <uint32_t B> __device__ __forceinline__ uint32_t imul(uint32_t a) {  // opaque to the front end: stays an IMAD
+  uint32_t d;
+  asm("mul.lo.u32 %0, %1, %2;" : "=r"(d) : "r"(a), "n"(B));
+  return d;
+}
+template <int j> __device__ __forceinline__ uint32_t fp4_pair(uint32_t w, uint32_t w8) {
+  const uint32_t v = j < 2 ? w : w8;
+  constexpr uint32_t kMag = 1u << (6 - 4 * (j & 1)), kSign = 1u << (12 - 4 * (j & 1));
+  return (imul<kMag>(v) & 0x01c001c0u) | (imul<kSign>(v) & 0x80008000u);
 }
 
 // fp8 word (4 codes) -> pairs (e0, e2), (e1, e3) times the scale, exact in
@@ -247,7 +257,8 @@ __device__ __forceinline__ void step_mma(const Ld& l, const QL& L, float (&acc)[
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const uint32_t w = i == 0 ? l.d[r].x : (i == 1 ? l.d[r].y : (i == 2 ? l.d[r].z : l.d[r].w));
-        uint32_t p[4] = {fp4_pair<0>(w), fp4_pair<1>(w), fp4_pair<2>(w), fp4_pair<3>(w)};
+        const uint32_t w8 = w >> 8;
+        uint32_t p[4] = {fp4_pair<0>(w, w8), fp4_pair<1>(w, w8), fp4_pair<2>(w, w8), fp4_pair<3>(w, w8)};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           if (F != QNV4 && two) p[j] = bmul(p[j], 0x7e807e80u);  // 2^126
@@ -436,14 +447,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)_
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
-__device__ __forceinline__ void cp_async16_l2(uint32_t dst, const void* src, uint32_t src_bytes, int var) {
-  if (var == 1)
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-  else if (var == 2)
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-  else
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
@@ -476,7 +479,6 @@ struct QD {
   int64_t sp;       // steps per CTA of a cluster (the K range of one rank)
   uint32_t xrow;    // bytes per x row in shared memory
   uint32_t x_off, red_off;  // offsets of the x area and the reduction area in shared memory
-  int var;          // TUNING: 1/2 L2 prefetch hint 128B/256B, 3 permuted layout
 };
 
 template <int F, int MT>
@@ -517,15 +519,8 @@ __global__ void __launch_bounds__(kThreads, 3)
     const uint32_t c = (uint32_t)((s0 + j) * 4 + q);
     const bool in = j < nsteps && c < (uint32_t)C;
     const uint32_t dst = ring + (uint32_t)p * 1024u + (uint32_t)lane * 16u;
-    if (D.var == 3) {
-      const uint8_t* base = (const uint8_t*)a.w.ptr + a.w.offset(b) +
-                            ((((size_t)tile * D.steps + s0 + (in ? j : 0)) * 2) * 32 + lane) * 16;
-      cp_async16(dst, base, in ? 16u : 0u);
-      cp_async16(dst + 512u, base + 512, in ? 16u : 0u);
-    } else {
-      cp_async16_l2(dst, wrow[0] + (in ? (size_t)c * 16 : 0), in ? 16u : 0u, D.var);
-      cp_async16_l2(dst + 512u, wrow[1] + (in ? (size_t)c * 16 : 0), in ? 16u : 0u, D.var);
-    }
+    cp_async16(dst, wrow[0] + (in ? (size_t)c * 16 : 0), in ? 16u : 0u);
+    cp_async16(dst + 512u, wrow[1] + (in ? (size_t)c * 16 : 0), in ? 16u : 0u);
     cp_commit();
     if (!in) {
       sring[p] = F == QNV4 ? 0x38383838u : 0x7f7f7f7fu;  // 1.0 in E4M3 / UE8M0: zero weights, finite scale
@@ -546,15 +541,26 @@ __global__ void __launch_bounds__(kThreads, 3)
   {
     const __nv_bfloat16* xb = (const __nv_bfloat16*)a.x.ptr + a.x.offset(b);
     const int64_t U = D.sp * 4 * XU, ubase = s0 * 4 * XU, Ku = a.K / 8;  // units of 8 elements
-    for (int64_t e = tid; e < (int64_t)L.M * U; e += kThreads) {
+    for (int64_t e = tid; e < (int64_t)(L.M + 1) * U; e += kThreads) {  // row M: zeros
       const int64_t m = e / U, u = e - m * U;
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (ubase + u < Ku) v = x_pairs<F>(__ldg(reinterpret_cast<const uint4*>(xb + m * a.x.ld + (ubase + u) * 8)));
+      if (m < L.M && ubase + u < Ku) v = x_pairs<F>(__ldg(reinterpret_cast<const uint4*>(xb + m * a.x.ld + (ubase + u) * 8)));
       asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(xs + (uint32_t)m * D.xrow + xswz<F>((uint32_t)u) * 16u),
                    "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
     }
   }
   __syncthreads();
+
+  // Lane (g, q) reads x row m = 8t + g (rows past M: row M, all zeros, so the
+  // loads need no predicate) at unit 4 * XU * j + XU * q + i, swizzled.
+  uint32_t xl[NT], xo[4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const int m = 8 * t + g;
+    xl[t] = xs + (uint32_t)(m < L.M ? m : L.M) * D.xrow + (uint32_t)(q * XU) * 16u;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) xo[i] = (uint32_t)(F == QMX8 ? i : (i ^ ((q >> 1) << 1))) * 16u;
 
   float acc[NA][4];
 #pragma unroll
@@ -573,19 +579,14 @@ __global__ void __launch_bounds__(kThreads, 3)
         l.d[0] = lds128(slot);
         l.d[1] = lds128(slot + 512u);
         l.s = sring[p];
-        const uint32_t u0 = (uint32_t)(4 * j + q) * XU;  // this chunk's first unit of x
+        const uint32_t xj = (uint32_t)j * (4 * XU * 16);  // this step's x bytes start here in every row
         if constexpr (F == QMX8) {
           step_mma<F, NT, NA, true>(l, L, acc, [&](int t, uint4 (&xv)[4]) {
-            const int m = 8 * t + g;
-            const uint32_t row = xs + (uint32_t)m * D.xrow;
-            xv[0] = m < L.M ? lds128(row + xswz<F>(u0) * 16u) : make_uint4(0, 0, 0, 0);
-            xv[1] = m < L.M ? lds128(row + xswz<F>(u0 + 1) * 16u) : make_uint4(0, 0, 0, 0);
+            xv[0] = lds128(xl[t] + xj + xo[0]);
+            xv[1] = lds128(xl[t] + xj + xo[1]);
           });
         } else {
-          step_mma<F, NT, NA, true>(l, L, acc, [&](int t, int i) {
-            const int m = 8 * t + g;
-            return m < L.M ? lds128(xs + (uint32_t)m * D.xrow + xswz<F>(u0 + i) * 16u) : make_uint4(0, 0, 0, 0);
-          });
+          step_mma<F, NT, NA, true>(l, L, acc, [&](int t, int i) { return lds128(xl[t] + xj + xo[i]); });
         }
         issue(j + S, p);
       }
@@ -669,7 +670,7 @@ qqStatus_t launch_d(const MatmulArgs& a, const QL& L, const float* alpha, cudaSt
   double best = -1.0;
   for (int c = 1; c <= 8; c *= 2) {
     const int64_t sp = (steps + c - 1) / c;
-    const uint64_t xbytes = (uint64_t)a.M * ((((uint64_t)sp * 4 * XU * 16) + 127) / 128 * 128 + 16);
+    const uint64_t xbytes = (uint64_t)(a.M + 1) * ((((uint64_t)sp * 4 * XU * 16) + 127) / 128 * 128 + 16);
     if (ring + xbytes + red > kSmemMax) continue;
     const int64_t ctas = c * groups * batch, waves = (ctas + T - 1) / T;
     const double eff = (double)ctas / (double)(waves * T);
@@ -678,12 +679,11 @@ qqStatus_t launch_d(const MatmulArgs& a, const QL& L, const float* alpha, cudaSt
   if (const char* e = getenv("QQ_QMMD_CS")) cs = atoi(e);  // TUNING ONLY (removed before release)
   if (cs == 0) return QQ_STATUS_NOT_SUPPORTED;
   QD D{};
-  if (const char* e = getenv("QQ_QMMD_VAR")) D.var = atoi(e);  // TUNING ONLY
   D.steps = steps;
   D.sp = (steps + cs - 1) / cs;
   D.xrow = (uint32_t)((((uint64_t)D.sp * 4 * XU * 16) + 127) / 128 * 128 + 16);
   D.x_off = ring;
-  D.red_off = (uint32_t)(ring + ((uint64_t)a.M * D.xrow + 15) / 16 * 16);
+  D.red_off = (uint32_t)(ring + ((uint64_t)(a.M + 1) * D.xrow + 15) / 16 * 16);
   const uint32_t smem = D.red_off + red;
   auto kernel = qmmd_kernel<F, MT>;
   // Opting in above 48 KB of dynamic shared memory, once per kernel and device.
