@@ -88,8 +88,6 @@ class Scratch {
 // Number of SMs of CUDA device `device` (runtime.cu), cached per device id:
 // for launch heuristics that size a grid to fill the device the call runs on.
 int sm_count(int device);
-// Compute capability of CUDA device `device` as 10 * major + minor (90: sm_90), cached likewise.
-int device_cc(int device);
 
 // Status of the last launch (configuration errors surface here; faults inside
 // a kernel surface at the caller's next synchronization, as with any CUDA op).

@@ -11,8 +11,10 @@
 // are decoded at once into a bf16 pair (shifts and masks), scaled with packed
 // bf16 multiplies, and mma.sync m16n8k16 (bf16 in, fp32 accumulate) does the
 // multiply-adds, 8 rows of x per instruction for the price of one. Measured:
-// ~0.46 of copy bandwidth at M = 1 (16384^2), now latency bound at 2 CTAs per
-// SM (bench/results/qmm-small-m-h100-notes.md has the profile and what next).
+// ~0.6 of copy bandwidth at M = 1 (16384^2, fp4 modes), bound by the integer
+// ALU pipe (62 % of its peak: masks and shifts of the decode); streaming the
+// weights through shared memory or in another layout did not help
+// (bench/results/qmm-decode-h100-notes.md).
 //
 // Exactness: a decoded weight e * s is exact in bf16 (fp4 values have 2
 // significant bits, e4m3 4, times a power of two or an E4M3 scale of 4 bits:
@@ -35,10 +37,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <cooperative_groups.h>
-
-#include <atomic>
-#include <cstdlib>
 #include <type_traits>
 
 #include "../codec.h"
@@ -138,20 +136,10 @@ __device__ __forceinline__ void e4m3x2_fix_bf2(uint32_t pair, uint32_t& s0, uint
 
 // fp4 word (8 E2M1 codes) -> pair j = (e_j, e_j+4) as bf16 times 2^-126 (see
 // qmv.cu's fp4x8: magnitude to bf16 bits 6..8, sign to 15; E2M1 subnormals
-// land on bf16 subnormals). Pairs 2 and 3 are pairs 0 and 1 of w8 = w >> 8
-// (the masks never reach the bits that shift brings down), so every other
-// shift is a left shift, written as a multiply: ptxas can issue those as
-// IMAD.SHL on the FMA pipe, which leaves the integer ALU pipe (the busiest:
-// ncu, H100, 62 % of peak at M = 1) the masks alone.
-template <uint32_t B> __device__ __forceinline__ uint32_t imul(uint32_t a) {  // opaque to the front end: stays an IMAD
-  uint32_t d;
-  asm("mul.lo.u32 %0, %1, %2;" : "=r"(d) : "r"(a), "n"(B));
-  return d;
-}
-template <int j> __device__ __forceinline__ uint32_t fp4_pair(uint32_t w, uint32_t w8) {
-  const uint32_t v = j < 2 ? w : w8;
-  constexpr uint32_t kMag = 1u << (6 - 4 * (j & 1)), kSign = 1u << (12 - 4 * (j & 1));
-  return (imul<kMag>(v) & 0x01c001c0u) | (imul<kSign>(v) & 0x80008000u);
+// land on bf16 subnormals).
+template <int j> __device__ __forceinline__ uint32_t fp4_pair(uint32_t w) {
+  const uint32_t mag = (j < 2 ? (w << (6 - 4 * j)) : (w >> (4 * j - 6))) & 0x01c001c0u;
+  return mag | ((w << (12 - 4 * j)) & 0x80008000u);
 }
 
 // fp8 word (4 codes) -> pairs (e0, e2), (e1, e3) times the scale, exact in
@@ -186,14 +174,12 @@ __device__ __noinline__ void fp8_pairs_codec(uint32_t w, const QL& L, uint32_t u
 // One step of one lane: decode its 16-byte chunks of weight rows g and g + 8
 // (l.d, scale bytes l.s), multiply by the matching elements of x and
 // accumulate. xload(t, xv) fills x row 8t + g's elements of this chunk (fp4: 4
-// units of 8 bf16 = 32 elements, fp8: 2 units = 16), zeros for rows past M;
-// kPaired: each unit already in the order of the B registers (x_pairs), so
-// no permutes per step.
+// units of 8 bf16 = 32 elements, fp8: 2 units = 16), zeros for rows past M.
 // Decoded weights: A[r][i] = pair i of row g + 8r, times its scale. kTwo: two
 // bf16 multiplies per pair (by 2^fix, then by s), needed only when a UE8M0
 // scale times 2^fix would overflow (u > 254 - fix, or NaN); the warp takes
 // the one-multiply form when all its lanes can.
-template <int F, int NT, int NA, bool kPaired = false, typename XLoad>
+template <int F, int NT, int NA, typename XLoad>
 __device__ __forceinline__ void step_mma(const Ld& l, const QL& L, float (&acc)[NA][4], XLoad&& xload) {
   const uint32_t u0 = l.s & 0xffu, u1 = (l.s >> 16) & 0xffu;
   bool two = false;
@@ -235,8 +221,8 @@ __device__ __forceinline__ void step_mma(const Ld& l, const QL& L, float (&acc)[
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         // word i of w <-> x elements 4i..4i+3 = x words 2i, 2i+1
-        const uint32_t b0 = kPaired ? xw[2 * i] : prmt(xw[2 * i], xw[2 * i + 1], 0x5410u);      // (x0, x2)
-        const uint32_t b1 = kPaired ? xw[2 * i + 1] : prmt(xw[2 * i], xw[2 * i + 1], 0x7632u);  // (x1, x3)
+        const uint32_t b0 = prmt(xw[2 * i], xw[2 * i + 1], 0x5410u);  // (x0, x2)
+        const uint32_t b1 = prmt(xw[2 * i], xw[2 * i + 1], 0x7632u);  // (x1, x3)
         mma16816(acc[NT == 1 ? (i & 1) : t], A[0][2 * i], A[1][2 * i], A[0][2 * i + 1], A[1][2 * i + 1], b0, b1);
       }
     }
@@ -257,8 +243,7 @@ __device__ __forceinline__ void step_mma(const Ld& l, const QL& L, float (&acc)[
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const uint32_t w = i == 0 ? l.d[r].x : (i == 1 ? l.d[r].y : (i == 2 ? l.d[r].z : l.d[r].w));
-        const uint32_t w8 = w >> 8;
-        uint32_t p[4] = {fp4_pair<0>(w, w8), fp4_pair<1>(w, w8), fp4_pair<2>(w, w8), fp4_pair<3>(w, w8)};
+        uint32_t p[4] = {fp4_pair<0>(w), fp4_pair<1>(w), fp4_pair<2>(w), fp4_pair<3>(w)};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           if (F != QNV4 && two) p[j] = bmul(p[j], 0x7e807e80u);  // 2^126
@@ -271,31 +256,17 @@ __device__ __forceinline__ void step_mma(const Ld& l, const QL& L, float (&acc)[
       mma16816(acc[NT == 1 ? 0 : t], a[0][0], a[1][0], a[0][1], a[1][1], b0, b1);
       mma16816(acc[NT == 1 ? 1 : t], a[0][2], a[1][2], a[0][3], a[1][3], b2, b3);
     };
-    if constexpr (kPaired) {
-      // one word at a time (fewer live registers); x's unit i straight from xload
+    uint32_t A[4][2][4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        uint32_t a[2][4];
-        decode(i, a);
+    for (int i = 0; i < 4; ++i) decode(i, A[i]);
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          const uint4 xv = xload(t, i);
-          mma_word(t, a, xv.x, xv.y, xv.z, xv.w);
-        }
-      }
-    } else {
-      uint32_t A[4][2][4];
+    for (int t = 0; t < NT; ++t) {
+      uint4 xv[4];
+      xload(t, xv);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) decode(i, A[i]);
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        uint4 xv[4];
-        xload(t, xv);
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          mma_word(t, A[i], prmt(xv[i].x, xv[i].z, 0x5410u), prmt(xv[i].x, xv[i].z, 0x7632u),
-                   prmt(xv[i].y, xv[i].w, 0x5410u), prmt(xv[i].y, xv[i].w, 0x7632u));
-      }
+      for (int i = 0; i < 4; ++i)
+        mma_word(t, A[i], prmt(xv[i].x, xv[i].z, 0x5410u), prmt(xv[i].x, xv[i].z, 0x7632u),
+                 prmt(xv[i].y, xv[i].w, 0x5410u), prmt(xv[i].y, xv[i].w, 0x7632u));
     }
   }
 }
@@ -348,9 +319,11 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
       l.d[0] = ld_stream(wrow[0] + (size_t)c * 16);
       l.d[1] = ld_stream(wrow[1] + (size_t)c * 16);
       if constexpr (F == QNV4) {
-        const uint32_t i0 = soff(2 * c), i1 = i0 + 1;  // 2c is even: 2c + 1 is the next byte in both layouts
-        l.s = (uint32_t)__ldg(srow[0] + i0) | ((uint32_t)__ldg(srow[0] + i1) << 8) |
-              ((uint32_t)__ldg(srow[1] + i0) << 16) | ((uint32_t)__ldg(srow[1] + i1) << 24);
+        // groups 2c and 2c + 1: adjacent bytes at an even offset in both layouts (rows hold K / 16 bytes, K a
+        // multiple of 32 here; blocked rows are 4-byte groups), so one 16-bit load per row
+        const uint32_t i0 = soff(2 * c);
+        l.s = (uint32_t)__ldg(reinterpret_cast<const uint16_t*>(srow[0] + i0)) |
+              ((uint32_t)__ldg(reinterpret_cast<const uint16_t*>(srow[1] + i0)) << 16);
       } else {
         const uint32_t i = soff(F == QMX4 ? c : c >> 1);
         l.s = (uint32_t)__ldg(srow[0] + i) | ((uint32_t)__ldg(srow[1] + i) << 16);
@@ -421,213 +394,11 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
   }
 }
 
-// ---------------------------------------------------------------------------
-// The decode kernel (M <= 16, sm_90+): the same lanes, decode and mma as
-// qmma_kernel, fed so that the weights stream at the memory limit.
-//
-// Why another loop: qmma_kernel measured latency bound at ~0.5 of copy
-// bandwidth for M = 1..16 (ncu: DRAM 41 %, No Eligible 45 %). Each step
-// waited on its own x loads from L1/L2 (issued when the step starts, so the
-// register ring of weights never had more than about one step in flight),
-// and the ring lived in registers (128 per thread, 2 CTAs per SM). Here:
-// - x[:, K range] is copied into shared memory once per CTA (cp.async), so a
-//   step's x reads are shared-memory loads;
-// - each lane streams its weight chunks through a private kDStages-deep ring
-//   of shared memory filled by cp.async (16 B, L2 only): a lane reads back
-//   only what it copied, so no barrier is needed, just cp.async.wait_group;
-// - a CTA is 8 warps = 8 row tiles (128 rows) over one K range; K is split
-//   over the cs CTAs of a thread-block cluster, whose partial sums are added
-//   through distributed shared memory in rank order (deterministic: the split
-//   depends on N, K and the device's SM count, never on M; no workspace, no
-//   atomics, one launch, graph capturable).
-constexpr int kDStages = 4;
-constexpr int kDWarps = 8;  // row tiles per CTA
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-__device__ __forceinline__ uint4 lds128(uint32_t a) {
-  uint4 r;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(a));
-  return r;
-}
-
-// x in shared memory: row m of the CTA's K range at m * xrow bytes, 16-byte
-// unit u (8 elements) at unit xswz(u). A step's four lanes q read chunks
-// 4j + q; for fp4 a chunk is 4 units, so without the swizzle lanes q and q + 2
-// would hit the same banks. xrow = 16 (mod 128) puts rows g and g + 1 in the
-// other half of the banks (rows.md of the plan: conflict-free LDS.128).
-template <int F> __device__ __forceinline__ uint32_t xswz(uint32_t u) {
-  return F == QMX8 ? u : u ^ (((u >> 3) & 1u) << 1);
-}
-
-// A 16-byte unit of x (8 bf16) in the order step_mma's B registers take it:
-// fp4 words pair (x_j, x_j+4), fp8 words pair (x_j, x_j+2) within each half.
-template <int F> __device__ __forceinline__ uint4 x_pairs(uint4 v) {
-  if (F == QMX8)
-    return make_uint4(prmt(v.x, v.y, 0x5410u), prmt(v.x, v.y, 0x7632u), prmt(v.z, v.w, 0x5410u),
-                      prmt(v.z, v.w, 0x7632u));
-  return make_uint4(prmt(v.x, v.z, 0x5410u), prmt(v.x, v.z, 0x7632u), prmt(v.y, v.w, 0x5410u),
-                    prmt(v.y, v.w, 0x7632u));
-}
-
-struct QD {
-  int64_t steps;    // 4-chunk steps per weight row
-  int64_t sp;       // steps per CTA of a cluster (the K range of one rank)
-  uint32_t xrow;    // bytes per x row in shared memory
-  uint32_t x_off, red_off;  // offsets of the x area and the reduction area in shared memory
-};
-
-template <int F, int MT>
-__global__ void __launch_bounds__(kThreads, 3)
-    qmmd_kernel(const MatmulArgs a, const QL L, const QD D, const float* alpha) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int NT = MT / 8, NA = NT == 1 ? 2 : NT, S = kDStages;
-  constexpr int XU = F == QMX8 ? 2 : 4;  // 16-byte units of x per weight chunk
-  extern __shared__ __align__(128) uint8_t smem[];
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, q = lane & 3;
-  const int rank = (int)blockIdx.x, cs = (int)gridDim.x;
-  const int64_t b = blockIdx.z;
-  const int64_t N = a.N, C = L.C;
-  const int64_t s0 = rank * D.sp;
-  const int nsteps = (int)(D.steps - s0 < D.sp ? (D.steps - s0 > 0 ? D.steps - s0 : 0) : D.sp);
-  const uint32_t xs = smem_u32(smem + D.x_off);
-  const uint32_t ring = smem_u32(smem) + (uint32_t)warp * (S * 1024u);
-
-  // -- the weight ring: lane (g, q) copies chunk 4 * step + q of rows g, g + 8 --
-  const int64_t tile = (int64_t)blockIdx.y * kDWarps + warp;
-  const uint8_t* wrow[2];
-  const uint8_t* srow[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t n0 = tile * 16 + g + 8 * r;
-    const int64_t n = n0 < N ? n0 : N - 1;  // rows past N load row N-1 and store nothing
-    wrow[r] = (const uint8_t*)a.w.ptr + a.w.offset(b) + n * a.w.ld;
-    srow[r] = (const uint8_t*)a.w_scales.ptr + a.w_scales.offset(b) +
-              (a.w_blocked ? (n >> 7) * 128 * a.w_scales.cols + (n & 31) * 16 + ((n & 127) >> 5) * 4 : n * a.w_scales.ld);
-  }
-  auto soff = [&](uint32_t idx) -> uint32_t { return a.w_blocked ? (idx >> 2) * 512 + (idx & 3) : idx; };
-  uint32_t sring[S];
-  // Copies step j (of this rank) into stage p and its scale bytes into sring[p]; always commits a group.
-  auto issue = [&](int j, int p) {
-    const uint32_t c = (uint32_t)((s0 + j) * 4 + q);
-    const bool in = j < nsteps && c < (uint32_t)C;
-    const uint32_t dst = ring + (uint32_t)p * 1024u + (uint32_t)lane * 16u;
-    cp_async16(dst, wrow[0] + (in ? (size_t)c * 16 : 0), in ? 16u : 0u);
-    cp_async16(dst + 512u, wrow[1] + (in ? (size_t)c * 16 : 0), in ? 16u : 0u);
-    cp_commit();
-    if (!in) {
-      sring[p] = F == QNV4 ? 0x38383838u : 0x7f7f7f7fu;  // 1.0 in E4M3 / UE8M0: zero weights, finite scale
-    } else if constexpr (F == QNV4) {
-      // groups 2c and 2c + 1 are adjacent bytes at an even offset in both layouts
-      const uint32_t i0 = soff(2 * c);
-      sring[p] = (uint32_t)__ldg(reinterpret_cast<const uint16_t*>(srow[0] + i0)) |
-                 ((uint32_t)__ldg(reinterpret_cast<const uint16_t*>(srow[1] + i0)) << 16);
-    } else {
-      const uint32_t i = soff(F == QMX4 ? c : c >> 1);
-      sring[p] = (uint32_t)__ldg(srow[0] + i) | ((uint32_t)__ldg(srow[1] + i) << 16);
-    }
-  };
-#pragma unroll
-  for (int p = 0; p < S; ++p) issue(p, p);
-  // -- x[b, 0..M, K range] -> shared memory in B-register order (x_pairs); past K: zeros.
-  // Plain loads while the first weight stages are in flight. --
-  {
-    const __nv_bfloat16* xb = (const __nv_bfloat16*)a.x.ptr + a.x.offset(b);
-    const int64_t U = D.sp * 4 * XU, ubase = s0 * 4 * XU, Ku = a.K / 8;  // units of 8 elements
-    for (int64_t e = tid; e < (int64_t)(L.M + 1) * U; e += kThreads) {  // row M: zeros
-      const int64_t m = e / U, u = e - m * U;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (m < L.M && ubase + u < Ku) v = x_pairs<F>(__ldg(reinterpret_cast<const uint4*>(xb + m * a.x.ld + (ubase + u) * 8)));
-      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(xs + (uint32_t)m * D.xrow + xswz<F>((uint32_t)u) * 16u),
-                   "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-    }
-  }
-  __syncthreads();
-
-  // Lane (g, q) reads x row m = 8t + g (rows past M: row M, all zeros, so the
-  // loads need no predicate) at unit 4 * XU * j + XU * q + i, swizzled.
-  uint32_t xl[NT], xo[4];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const int m = 8 * t + g;
-    xl[t] = xs + (uint32_t)(m < L.M ? m : L.M) * D.xrow + (uint32_t)(q * XU) * 16u;
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) xo[i] = (uint32_t)(F == QMX8 ? i : (i ^ ((q >> 1) << 1))) * 16u;
-
-  float acc[NA][4];
-#pragma unroll
-  for (int t = 0; t < NA; ++t)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
-
-  for (int j0 = 0; j0 < nsteps; j0 += S) {
-#pragma unroll
-    for (int p = 0; p < S; ++p) {
-      const int j = j0 + p;
-      if (j < nsteps) {
-        cp_wait<S - 1>();
-        Ld l;
-        const uint32_t slot = ring + (uint32_t)p * 1024u + (uint32_t)lane * 16u;
-        l.d[0] = lds128(slot);
-        l.d[1] = lds128(slot + 512u);
-        l.s = sring[p];
-        const uint32_t xj = (uint32_t)j * (4 * XU * 16);  // this step's x bytes start here in every row
-        if constexpr (F == QMX8) {
-          step_mma<F, NT, NA, true>(l, L, acc, [&](int t, uint4 (&xv)[4]) {
-            xv[0] = lds128(xl[t] + xj + xo[0]);
-            xv[1] = lds128(xl[t] + xj + xo[1]);
-          });
-        } else {
-          step_mma<F, NT, NA, true>(l, L, acc, [&](int t, int i) { return lds128(xl[t] + xj + xo[i]); });
-        }
-        issue(j + S, p);
-      }
-    }
-  }
-  cp_wait<0>();
-
-  if (NT == 1) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[0][i] += acc[NA - 1][i];
-  }
-  // -- partial sums of this rank -> shared memory; the cluster adds them in rank order --
-  float* red = (float*)(smem + D.red_off);  // [kDWarps][16 rows][MT]
-#pragma unroll
-  for (int t = 0; t < NT; ++t)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) red[(warp * 16 + g + 8 * (i >> 1)) * MT + 8 * t + 2 * q + (i & 1)] = acc[t][i];
-  cluster.sync();
-  const int E = kDWarps * 16 * L.M;
-  const int e0 = (int)((int64_t)E * rank / cs), e1 = (int)((int64_t)E * (rank + 1) / cs);
-  const float post = alpha ? *alpha : ((F == QNV4 && a.gs_w) ? nvfp4_dec(*a.gs_w) : 1.0f);
-  for (int e = e0 + tid; e < e1; e += kThreads) {
-    const int rl = e / L.M, m = e - rl * L.M;  // rl: row of the CTA's 128
-    const int64_t n = (int64_t)blockIdx.y * kDWarps * 16 + rl;
-    if (n >= N) continue;
-    const int idx = rl * MT + m;
-    float v = cluster.map_shared_rank(red, 0)[idx];
-    for (int k = 1; k < cs; ++k) v += cluster.map_shared_rank(red, k)[idx];
-    if (F == QNV4) v *= 512.0f;  // the 2^-9 of e4m3_fix_bf2 (exact)
-    store_out(a, b, m, n, v * post);
-  }
-  cluster.sync();  // the other ranks read this CTA's red: keep it alive until they are done
-#else
-  __trap();  // launched only on sm_90+ (qmma() checks)
-#endif
-}
-
-bool aligned16(const Mat& m) {
+// Base, rows and batch entries of m all `bytes`-aligned.
+bool aligned(const Mat& m, int bytes) {
   const int es = dtype_size(m.dt);
-  bool ok = ((uintptr_t)m.ptr % 16) == 0 && (m.ld * es) % 16 == 0;
-  for (int i = 0; i < m.nb; ++i) ok = ok && (m.bstride[i] * es) % 16 == 0;
+  bool ok = ((uintptr_t)m.ptr % bytes) == 0 && (m.ld * es) % bytes == 0;
+  for (int i = 0; i < m.nb; ++i) ok = ok && (m.bstride[i] * es) % bytes == 0;
   return ok;
 }
 
@@ -652,72 +423,12 @@ void launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st) {
   else qmma_kernel<F, 64><<<grid, kThreads, 0, st>>>(a, L, alpha);
 }
 
-// The decode kernel's launch: cs CTAs per cluster split K; NOT_SUPPORTED when
-// the device is older than sm_90 or x's K range does not fit shared memory.
-template <int F, int MT>
-qqStatus_t launch_d(const MatmulArgs& a, const QL& L, const float* alpha, cudaStream_t st) {
-  constexpr int XU = F == QMX8 ? 2 : 4;
-  const int64_t steps = (L.C + 3) / 4, groups = (a.N + kDWarps * 16 - 1) / (kDWarps * 16), batch = a.out.batch();
-  if (batch > 65535 || groups > 65535) return QQ_STATUS_NOT_SUPPORTED;
-  const int64_t T = 3 * (int64_t)sm_count(a.out.device);  // CTAs resident at once (3 per SM)
-  const uint32_t ring = kDWarps * kDStages * 1024u;
-  const uint32_t red = kDWarps * 16 * MT * 4;
-  constexpr uint32_t kSmemMax = 72 * 1024;  // three CTAs per SM
-  // cs: the split of K over a cluster's CTAs with the fullest last wave
-  // (fewer ranks on ties: less x copied, shorter reduction), as long as x's
-  // K range fits.
-  int cs = 0;
-  double best = -1.0;
-  for (int c = 1; c <= 8; c *= 2) {
-    const int64_t sp = (steps + c - 1) / c;
-    const uint64_t xbytes = (uint64_t)(a.M + 1) * ((((uint64_t)sp * 4 * XU * 16) + 127) / 128 * 128 + 16);
-    if (ring + xbytes + red > kSmemMax) continue;
-    const int64_t ctas = c * groups * batch, waves = (ctas + T - 1) / T;
-    const double eff = (double)ctas / (double)(waves * T);
-    if (eff > best + 1e-9) { best = eff; cs = c; }
-  }
-  if (const char* e = getenv("QQ_QMMD_CS")) cs = atoi(e);  // TUNING ONLY (removed before release)
-  if (cs == 0) return QQ_STATUS_NOT_SUPPORTED;
-  QD D{};
-  D.steps = steps;
-  D.sp = (steps + cs - 1) / cs;
-  D.xrow = (uint32_t)((((uint64_t)D.sp * 4 * XU * 16) + 127) / 128 * 128 + 16);
-  D.x_off = ring;
-  D.red_off = (uint32_t)(ring + ((uint64_t)(a.M + 1) * D.xrow + 15) / 16 * 16);
-  const uint32_t smem = D.red_off + red;
-  auto kernel = qmmd_kernel<F, MT>;
-  // Opting in above 48 KB of dynamic shared memory, once per kernel and device.
-  static std::atomic<uint64_t> opted{0};
-  const int dev = a.out.device;
-  if (dev < 0 || dev >= 64 || !(opted.load(std::memory_order_relaxed) >> dev & 1)) {
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemMax) != cudaSuccess)
-      return check_launch("quantized_matmul");
-    if (dev >= 0 && dev < 64) opted.fetch_or(1ull << dev, std::memory_order_relaxed);
-  }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3((unsigned)cs, (unsigned)groups, (unsigned)batch);
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (unsigned)cs;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  (void)cudaLaunchKernelEx(&cfg, kernel, a, L, D, alpha);
-  return check_launch("quantized_matmul");
-}
-
 }  // namespace
 
 qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream) {
-  // mxfp8 at M = 1 before sm_90 (no decode kernel): qmv.cu's kernel is faster
-  // (177 vs 234 us at 16384^2 on the H100, bench/results/qmm-h100.md); from
-  // M = 2 qmma_kernel is.
-  const bool decode = a.M <= 16 && device_cc(a.out.device) >= 90 && !getenv("QQ_QMMD_OFF");
-  if (a.M == 1 && a.q.mode == QQ_MODE_MXFP8 && !decode) return QQ_STATUS_NOT_SUPPORTED;
+  // mxfp8 at M = 1: qmv.cu's kernel is faster (177 vs 234 us at 16384^2 on
+  // the H100, bench/results/qmm-h100.md); from M = 2 this one is.
+  if (a.M == 1 && a.q.mode == QQ_MODE_MXFP8) return QQ_STATUS_NOT_SUPPORTED;
   if (a.M < 1 || a.M > kQmmaMaxM || a.x_packed || !a.w_packed || !a.transpose) return QQ_STATUS_NOT_SUPPORTED;
   if (a.x.dt != DType::BF16 || !a.q.fp()) return QQ_STATUS_NOT_SUPPORTED;
   const QSpec& q = a.q;
@@ -742,20 +453,11 @@ qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream) {
   }
   if (F != QMX8) L.fix = 126;
   const int64_t row_bytes = a.K * q.bits / 8;
-  if (row_bytes % 16 || row_bytes / 16 >= (int64_t)1 << 31 || !aligned16(a.w) || !aligned16(a.x))
+  // nvfp4 scales are read two bytes at a time (one load per row and chunk)
+  if (row_bytes % 16 || row_bytes / 16 >= (int64_t)1 << 31 || !aligned(a.w, 16) || !aligned(a.x, 16) ||
+      (F == QNV4 && !aligned(a.w_scales, 2)))
     return QQ_STATUS_NOT_SUPPORTED;
   L.C = row_bytes / 16;
-  // M <= 16 on sm_90+: the decode kernel (QQ_QMMD=0 turns it off: TUNING ONLY)
-  if (decode) {
-    qqStatus_t s = QQ_STATUS_NOT_SUPPORTED;
-    const bool m8 = a.M <= 8;
-    switch (F) {
-      case QNV4: s = m8 ? launch_d<QNV4, 8>(a, L, alpha, stream) : launch_d<QNV4, 16>(a, L, alpha, stream); break;
-      case QMX4: s = m8 ? launch_d<QMX4, 8>(a, L, alpha, stream) : launch_d<QMX4, 16>(a, L, alpha, stream); break;
-      default: s = m8 ? launch_d<QMX8, 8>(a, L, alpha, stream) : launch_d<QMX8, 16>(a, L, alpha, stream); break;
-    }
-    if (s != QQ_STATUS_NOT_SUPPORTED) return s;
-  }
   switch (F) {
     case QNV4: launch<QNV4>(a, L, alpha, stream); break;
     case QMX4: launch<QMX4>(a, L, alpha, stream); break;

@@ -28,41 +28,28 @@ int device_count() {
   return n;
 }
 
-// Device attributes the launch heuristics ask on every product (qmv.cu,
-// qmma.cu), asked once per device id and cached: a process may drive several
-// devices of different sizes (a static in each launcher would keep the answer
-// of whichever device ran first). Two threads racing on the first call both
-// query and store the same value, so a relaxed atomic is enough. Device ids
-// past the cache (or a failed query) are answered without caching, with
-// `fallback`: the launches themselves report real errors.
-template <cudaDeviceAttr kAttr>
-static int cached_attr(int device, int fallback) {
+// Asked once per device id and cached: the launch heuristics of qmv.cu and
+// qmma.cu call this on every product, and a process may drive several
+// devices of different sizes (a static in each launcher would keep the SM
+// count of whichever device ran first). Two threads racing on the first call
+// both query and store the same value, so a relaxed atomic is enough. Device
+// ids past the cache (or a failed query) are answered without caching; a
+// failed query answers 132, the H100 SXM the launch heuristics were tuned on.
+int sm_count(int device) {
   constexpr int kCached = 64;  // as many as resolve_handle keeps default handles for
-  static std::atomic<int> cache[kCached];  // value + 1; 0: not asked yet (zero-initialized static storage)
+  static std::atomic<int> cache[kCached];  // 0: not asked yet (zero-initialized static storage)
   const bool cacheable = device >= 0 && device < kCached;
   if (cacheable) {
     const int v = cache[device].load(std::memory_order_relaxed);
-    if (v > 0) return v - 1;
+    if (v > 0) return v;
   }
-  int v = 0;
-  if (cudaDeviceGetAttribute(&v, kAttr, device) != cudaSuccess || v < 0) {
-    (void)cudaGetLastError();
-    return fallback;
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) {
+    (void)cudaGetLastError();  // the heuristics only need a plausible size; the launch itself reports errors
+    return 132;
   }
-  if (cacheable) cache[device].store(v + 1, std::memory_order_relaxed);
-  return v;
-}
-
-// A failed query answers 132, the H100 SXM the heuristics were tuned on.
-int sm_count(int device) {
-  const int n = cached_attr<cudaDevAttrMultiProcessorCount>(device, 132);
-  return n > 0 ? n : 132;
-}
-
-// 10 * major + minor; a failed query answers 0 (no sm_90 kernels are tried).
-int device_cc(int device) {
-  const int major = cached_attr<cudaDevAttrComputeCapabilityMajor>(device, 0);
-  return major ? 10 * major + cached_attr<cudaDevAttrComputeCapabilityMinor>(device, 0) : 0;
+  if (cacheable) cache[device].store(sms, std::memory_order_relaxed);
+  return sms;
 }
 
 // Why cudaGetDeviceCount gave no device (qqGetCudaInfo's device_note).

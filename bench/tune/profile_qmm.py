@@ -1,5 +1,6 @@
-"""One quantized_matmul point, for ncu: MODE, N, K, M from the environment (defaults nvfp4,
-16384, 16384, 1). Run under `ncu --kernel-name regex:qmm ...`."""
+"""One quantized_matmul point, for ncu (bench/results/qmm-decode-h100-notes.md): MODE, N, K, M
+from the environment (defaults nvfp4, 16384, 16384, 1). Run under
+`ncu --kernel-name regex:qmm ...`."""
 import os
 
 import torch
