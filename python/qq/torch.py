@@ -1,6 +1,8 @@
-"""qq.torch: PyTorch training with quantized operands (imported on demand; needs torch).
+"""qq.torch: PyTorch training and inference with quantized operands (imported on demand;
+needs torch).
 
     import qq.torch as qqt
+    report = qqt.quantize_(model, mode="nvfp4")           # inference: nn.Linear -> QuantizedLinear
     layer = qqt.QQLinear(4096, 4096, mode="mxfp8")        # or qqt.QQLinear.from_linear(linear)
     model = qqt.convert_linear(model, mode="mxfp8")       # swap every nn.Linear in place
     y = qqt.qq_linear(x, weight, bias, mode="mxfp8")      # the autograd function
@@ -25,7 +27,9 @@ are x's dtype (y, dx) and W's dtype (dW); db = dy summed over tokens in torch.
 
 from __future__ import annotations
 
-from typing import Optional
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -33,9 +37,11 @@ from torch import nn
 import qq
 from qq import _torch_ops  # noqa: F401  (registers qq's torch ops: torch.compile support)
 
-__all__ = ["QQLinear", "QQLinearFunction", "convert_linear", "qq_linear", "MODES"]
+__all__ = ["QQLinear", "QQLinearFunction", "convert_linear", "qq_linear", "MODES",
+           "QuantizedLinear", "QuantizeReport", "quantize_", "INFERENCE_MODES"]
 
 MODES = ("mxfp8", "nvfp4", "mxfp4")
+_log = logging.getLogger("qq.torch")
 _GROUP = {m: g for m, (g, _) in qq._qq._mode_defaults().items() if m in MODES}  # libqq's defaults
 
 
@@ -299,7 +305,12 @@ def convert_linear(module: nn.Module, mode: str = "mxfp8", filter_fn=None) -> nn
     def want(name, lin):
         if filter_fn is not None:
             return filter_fn(name, lin)
-        return lin.in_features % g == 0 and lin.out_features % g == 0
+        if lin.in_features % g == 0 and lin.out_features % g == 0:
+            return True
+        # not silent: a layer left in bf16 changes the model's speed and numerics
+        _log.warning("convert_linear: %s (in_features=%d, out_features=%d) left as nn.Linear: both must be "
+                     "multiples of %d for mode %r", name or "<module>", lin.in_features, lin.out_features, g, mode)
+        return False
 
     if isinstance(module, nn.Linear) and not isinstance(module, QQLinear):
         return QQLinear.from_linear(module, mode) if want("", module) else module
@@ -310,3 +321,183 @@ def convert_linear(module: nn.Module, mode: str = "mxfp8", filter_fn=None) -> nn
                 if want(full, c):
                     setattr(child, cname, QQLinear.from_linear(c, mode))
     return module
+
+
+# ---------------------------------------------------------------------------
+# Inference: QuantizedLinear and quantize_ (docs/adapters.md, "Inference")
+# ---------------------------------------------------------------------------
+
+
+INFERENCE_MODES = ("nvfp4", "mxfp4", "mxfp8", "affine")
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _inference_params(func: str, mode: str, group_size, bits, weight_only: bool):
+    """(group_size, bits) of `mode` with the caller's overrides; ValueError naming func."""
+    defaults = qq._qq._mode_defaults()
+    if mode not in INFERENCE_MODES:
+        raise ValueError(f"{func}: mode must be one of {INFERENCE_MODES}; got {mode!r}")
+    if mode == "affine" and not weight_only:
+        raise ValueError(f"{func}: mode 'affine' runs weight-only (qqmm has no affine form); "
+                         f"pass weight_only=True or an fp mode")
+    g, b = defaults[mode]
+    return (g if group_size is None else int(group_size)), (b if bits is None else int(bits))
+
+
+class QuantizedLinear(nn.Module):
+    """Inference linear layer holding a packed quantized weight: y = x @ W^T + bias with W
+    = dequantize(weight), through qq.quantized_matmul (weight_only=True: x stays in its
+    dtype) or qq.qqmm (weight_only=False: x is quantized per call too, fp modes only).
+
+    The state is the packed weight as plain tensors (buffers): `weight` (uint8
+    [out, in*bits/8]), `weight_scales` ([out, in/group_size]: uint8 for fp modes, the
+    weight's float dtype for affine), `weight_biases` (affine only), `weight_global_scale`
+    (nvfp4: float32 [], the weight's amax) and `bias`. So `state_dict()` round-trips
+    through torch.save / torch.load(weights_only=True) and safetensors, and the layout is
+    the MLX-compatible one docs/formats.md defines. weight_only=False keeps, in eager mode,
+    qq.prepare_weight's form of the weight as a cache next to it (rebuilt when the buffers
+    change; not part of the state)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, mode: str = "nvfp4",
+                 group_size: Optional[int] = None, bits: Optional[int] = None, weight_only: bool = True,
+                 device=None, dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        g, b = _inference_params("QuantizedLinear", mode, group_size, bits, weight_only)
+        if in_features % g:
+            raise ValueError(f"QuantizedLinear: in_features ({in_features}) must be a multiple of group_size "
+                             f"({g}) for mode {mode!r}")
+        if dtype not in _FLOATS:
+            raise TypeError(f"QuantizedLinear: dtype must be float32, bfloat16 or float16; got {dtype}")
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.mode, self.group_size, self.bits, self.weight_only = mode, g, b, bool(weight_only)
+        fp = mode != "affine"
+        self.register_buffer("weight", torch.zeros(out_features, in_features * b // 8, dtype=torch.uint8,
+                                                   device=device))
+        self.register_buffer("weight_scales", torch.zeros(out_features, in_features // g,
+                                                          dtype=torch.uint8 if fp else dtype, device=device))
+        self.register_buffer("weight_biases", None if fp else torch.zeros(out_features, in_features // g,
+                                                                            dtype=dtype, device=device))
+        self.register_buffer("weight_global_scale",
+                             torch.ones((), dtype=torch.float32, device=device) if mode == "nvfp4" else None)
+        self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
+        self._prepared = None  # (key, qq.PreparedWeight): weight_only=False, eager
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, mode: str = "nvfp4", *, group_size: Optional[int] = None,
+                    bits: Optional[int] = None, weight_only: bool = True) -> "QuantizedLinear":
+        """Quantize `linear`'s weight (qq.quantize, linear scales; nvfp4 with the weight's
+        amax as global scale) into a new QuantizedLinear on the same device, with its bias
+        (and dtype) kept."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"QuantizedLinear.from_linear: expected an nn.Linear; got {type(linear).__name__}")
+        w = linear.weight.detach()
+        if w.dtype not in _FLOATS:
+            raise TypeError(f"QuantizedLinear.from_linear: weight must be float32, bfloat16 or float16; got {w.dtype}")
+        new = cls(linear.in_features, linear.out_features, linear.bias is not None, mode=mode,
+                  group_size=group_size, bits=bits, weight_only=weight_only, device=w.device, dtype=w.dtype)
+        gs = qq.amax(w) if mode == "nvfp4" else None
+        q = qq.quantize(w, new.group_size, new.bits, mode, global_scale=gs)
+        with torch.no_grad():
+            new.weight.copy_(q.data)
+            new.weight_scales.copy_(q.scales)
+            if q.biases is not None:
+                new.weight_biases.copy_(q.biases)
+            if gs is not None:
+                new.weight_global_scale.copy_(gs.reshape(()))
+            if linear.bias is not None:
+                new.bias.copy_(linear.bias.detach())
+        return new
+
+    def _apply(self, fn, recurse=True):
+        # .to(dtype) / .half() cast every float buffer; nvfp4's global scale stays float32
+        # (libqq reads it as float32), taken from its value before the cast.
+        gs = self.weight_global_scale
+        out = super()._apply(fn, recurse)
+        if gs is not None and self.weight_global_scale.dtype != torch.float32:
+            self.weight_global_scale = gs.to(device=self.weight_global_scale.device, dtype=torch.float32)
+        self._prepared = None
+        return out
+
+    def _prepared_weight(self):
+        """qq.prepare_weight's form of the weight, cached while the buffers are unchanged."""
+        key = tuple((t.data_ptr(), t._version) for t in (self.weight, self.weight_scales, self.weight_global_scale)
+                    if t is not None)
+        if self._prepared is None or self._prepared[0] != key:
+            q = qq.QuantizedArray(self.weight, self.weight_scales, None, mode=self.mode, group_size=self.group_size,
+                                  bits=self.bits, global_scale=self.weight_global_scale)
+            self._prepared = (key, qq.prepare_weight(q))
+        return self._prepared[1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"QuantizedLinear: x's last axis ({x.shape[-1]}) must equal in_features "
+                             f"({self.in_features})")
+        x2 = x.reshape(-1, self.in_features)
+        if self.weight_only:
+            y = qq.quantized_matmul(x2, self.weight, self.weight_scales, self.weight_biases,
+                                    group_size=self.group_size, bits=self.bits, mode=self.mode,
+                                    global_scale=self.weight_global_scale, bias=self.bias)
+        else:
+            gsx = qq.amax(x2) if self.mode == "nvfp4" else None
+            if torch.compiler.is_compiling():  # packed form: the prepared cache is eager state
+                y = qq.qqmm(x2, self.weight, self.weight_scales, self.group_size, self.bits, self.mode,
+                            global_scale_x=gsx, global_scale_w=self.weight_global_scale, bias=self.bias)
+            else:
+                y = qq.qqmm(x2, self._prepared_weight(), global_scale_x=gsx, bias=self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"mode={self.mode!r}, group_size={self.group_size}, bits={self.bits}, weight_only={self.weight_only}")
+
+
+@dataclass
+class QuantizeReport:
+    """What quantize_ did: `converted` [(name, in_features, out_features)], `skipped`
+    [(name, reason)]."""
+    converted: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"qq.torch.quantize_: {len(self.converted)} linear layers converted, {len(self.skipped)} skipped"]
+        lines += [f"  skipped {name}: {why}" for name, why in self.skipped]
+        return "\n".join(lines)
+
+
+def quantize_(model: nn.Module, mode: str = "nvfp4", *, weight_only: bool = True,
+              filter_fn: Optional[Callable[[nn.Module, str], bool]] = None, group_size: Optional[int] = None,
+              bits: Optional[int] = None) -> QuantizeReport:
+    """Replace, in place, every nn.Linear of `model` (recursively; not `model` itself) by a
+    QuantizedLinear holding its weight quantized in `mode` (nvfp4, mxfp4, mxfp8, affine with
+    `bits`), run weight-only (qq.quantized_matmul) or with x quantized too
+    (weight_only=False: qq.qqmm). `filter_fn(module, fqn) -> bool` (torchao's signature)
+    picks layers; layers whose in_features is not a multiple of the group size, or whose
+    weight is not float, are skipped. Returns a QuantizeReport and logs it (logger
+    "qq.torch": one INFO line, one WARNING per skipped layer)."""
+    g, b = _inference_params("quantize_", mode, group_size, bits, weight_only)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"quantize_: model must be an nn.Module; got {type(model).__name__}")
+    report = QuantizeReport()
+    for parent_name, parent in list(model.named_modules()):
+        for cname, child in list(parent.named_children()):
+            if not isinstance(child, nn.Linear) or isinstance(child, QQLinear):
+                continue
+            fqn = f"{parent_name}.{cname}" if parent_name else cname
+            if filter_fn is not None and not filter_fn(child, fqn):
+                report.skipped.append((fqn, "filter_fn returned False"))
+                continue
+            if child.in_features % g:
+                report.skipped.append((fqn, f"in_features ({child.in_features}) is not a multiple of group_size "
+                                            f"{g} for mode {mode!r}"))
+                continue
+            if child.weight.dtype not in _FLOATS:
+                report.skipped.append((fqn, f"weight dtype {child.weight.dtype} is not float32/bfloat16/float16"))
+                continue
+            setattr(parent, cname, QuantizedLinear.from_linear(child, mode, group_size=g, bits=b,
+                                                               weight_only=weight_only))
+            report.converted.append((fqn, child.in_features, child.out_features))
+    _log.info("quantize_(mode=%r, weight_only=%s): %d linear layers converted, %d skipped", mode, weight_only,
+              len(report.converted), len(report.skipped))
+    for name, why in report.skipped:
+        _log.warning("quantize_: %s left as nn.Linear: %s", name, why)
+    return report

@@ -1,0 +1,209 @@
+"""qq.torch inference: QuantizedLinear and quantize_ (docs/adapters.md, "Inference").
+
+The module's weight must be the reference quantizer's bytes, and its output the reference
+product on those bytes (tests/reference.py, float64) within fp32-accumulation error; the
+state dict must round-trip through torch.save / torch.load(weights_only=True); the report
+must name every skipped layer with its reason; torch.compile (CPU and GPU) and CUDA graphs
+must give the eager bits.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import types
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+qqt = pytest.importorskip("qq.torch")
+from torch import nn  # noqa: E402
+
+import qq  # noqa: E402
+import reference as R  # noqa: E402
+from helpers import BF16, raises  # noqa: E402
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+# (mode, extra kwargs): every weight format quantize_ offers
+MODES = [("nvfp4", {}), ("mxfp4", {}), ("mxfp8", {}), ("affine", {"bits": 4}), ("affine", {"bits": 8})]
+IDS = ["nvfp4", "mxfp4", "mxfp8", "affine4", "affine8"]
+
+
+def dev(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    return torch.device(device)
+
+
+def np_of(t):
+    t = t.detach().cpu()
+    return t.float().numpy().astype(BF16) if t.dtype == torch.bfloat16 else t.numpy()
+
+
+def ref_weight(layer: "qqt.QuantizedLinear"):
+    """The layer's buffers as a reference RefQuantized-like object."""
+    return types.SimpleNamespace(
+        data=np_of(layer.weight), scales=np_of(layer.weight_scales),
+        biases=None if layer.weight_biases is None else np_of(layer.weight_biases),
+        group_size=layer.group_size, bits=layer.bits, mode=layer.mode,
+        global_scale=None if layer.weight_global_scale is None else np_of(layer.weight_global_scale).reshape(1),
+        scale_layout="linear", fp8_format="e4m3")
+
+
+def make_model(dtype, device, k=64, bias=True):
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(k, 64, bias=bias), nn.GELU(), nn.Linear(64, 32, bias=bias)).to(device, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("mode,kw", MODES, ids=IDS)
+def test_weight_only_matches_reference(mode, kw, bias, dtype, device):
+    d = dev(device)
+    model = make_model(dtype, d, bias=bias)
+    w_float = [np_of(m.weight) for m in model if isinstance(m, nn.Linear)]
+    report = qqt.quantize_(model, mode=mode, **kw)
+    assert [c[0] for c in report.converted] == ["0", "2"] and report.skipped == []
+    layers = [m for m in model if isinstance(m, qqt.QuantizedLinear)]
+    assert len(layers) == 2
+    for layer, wf in zip(layers, w_float):
+        assert layer.weight.device.type == d.type
+        gs = R.amax(wf) if mode == "nvfp4" else None
+        ref_q = R.quantize(wf, layer.group_size, layer.bits, mode, global_scale=gs)
+        np.testing.assert_array_equal(np_of(layer.weight), ref_q.data)
+        np.testing.assert_array_equal(np_of(layer.weight_scales).view(np.uint8) if mode != "affine"
+                                      else np_of(layer.weight_scales), ref_q.scales)
+    x = torch.randn(2, 3, 64, dtype=dtype, device=d)
+    h = layers[0](x)
+    assert h.shape == (2, 3, 64) and h.dtype == dtype
+    b = None if layers[0].bias is None else np_of(layers[0].bias)
+    msg = R.matmul_mismatch(np_of(h), R.quantized_matmul(np_of(x), ref_weight(layers[0]), bias=b))
+    assert msg is None, msg
+    y = model(x)  # the whole model runs
+    assert y.shape == (2, 3, 32) and torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp4", "mxfp8"])
+def test_both_quantized_matches_reference(mode, device):
+    d = dev(device)
+    model = make_model(torch.bfloat16, d)
+    wf = np_of(model[0].weight)
+    qqt.quantize_(model, mode=mode, weight_only=False)
+    layer = model[0]
+    assert not layer.weight_only
+    x = torch.randn(5, 64, dtype=torch.bfloat16, device=d)
+    y = layer(x)
+    xs = np_of(x)
+    gx = R.amax(xs) if mode == "nvfp4" else None
+    gw = R.amax(wf) if mode == "nvfp4" else None
+    ref = R.qqmm(xs, wf, mode, global_scale_x=gx, global_scale_w=gw, bias=np_of(layer.bias))
+    msg = R.matmul_mismatch(np_of(y), ref)
+    assert msg is None, msg
+    assert torch.equal(layer(x), y)  # the prepared-weight cache gives the same bits
+
+
+def test_report_and_log(caplog):
+    model = nn.ModuleDict({"a": nn.Linear(64, 16), "odd": nn.Linear(100, 16), "keep": nn.Linear(32, 16),
+                           "ints": nn.Linear(32, 16)})
+    model["ints"].weight = nn.Parameter(torch.zeros(16, 32, dtype=torch.int32), requires_grad=False)
+    with caplog.at_level(logging.INFO, logger="qq.torch"):
+        report = qqt.quantize_(model, mode="mxfp8", filter_fn=lambda m, fqn: fqn != "keep")
+    assert [c[0] for c in report.converted] == ["a"]
+    reasons = dict(report.skipped)
+    assert set(reasons) == {"odd", "keep", "ints"}
+    assert "in_features (100)" in reasons["odd"] and "32" in reasons["odd"]
+    assert "filter_fn" in reasons["keep"]
+    assert "int32" in reasons["ints"]
+    assert isinstance(model["a"], qqt.QuantizedLinear) and type(model["odd"]) is nn.Linear
+    text = caplog.text
+    assert "1 linear layers converted, 3 skipped" in text and "odd left as nn.Linear" in text
+    assert "skipped odd" in str(report)
+
+
+def test_convert_linear_warns_on_skip(caplog):
+    model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 100))
+    with caplog.at_level(logging.WARNING, logger="qq.torch"):
+        qqt.convert_linear(model, mode="mxfp8")
+    assert isinstance(model[0], qqt.QQLinear) and type(model[1]) is nn.Linear
+    assert "1 (in_features=32, out_features=100) left as nn.Linear" in caplog.text
+
+
+@pytest.mark.parametrize("mode,kw", MODES, ids=IDS)
+def test_state_dict_round_trip(mode, kw, tmp_path):
+    model = make_model(torch.bfloat16, "cpu")
+    qqt.quantize_(model, mode=mode, **kw)
+    sd = model.state_dict()
+    assert all(isinstance(v, torch.Tensor) for v in sd.values())
+    path = tmp_path / "m.pt"
+    torch.save(sd, path)
+    loaded = torch.load(path, weights_only=True)
+    fresh = make_model(torch.bfloat16, "cpu")
+    with torch.no_grad():  # different float weights: every byte must come from the file
+        for p in fresh.parameters():
+            p.mul_(-3.0)
+    qqt.quantize_(fresh, mode=mode, **kw)
+    fresh.load_state_dict(loaded)
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    assert torch.equal(fresh(x), model(x))
+    for k, v in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[k], v), k
+
+
+def test_dtype_cast_keeps_global_scale_float32():
+    layer = qqt.QuantizedLinear.from_linear(nn.Linear(32, 16), "nvfp4")
+    gs = layer.weight_global_scale.clone()
+    layer.to(torch.float16)
+    assert layer.weight_global_scale.dtype == torch.float32 and torch.equal(layer.weight_global_scale, gs)
+    assert layer.bias.dtype == torch.float16 and layer.weight.dtype == torch.uint8
+    y = layer(torch.randn(2, 32, dtype=torch.float16))
+    assert y.dtype == torch.float16
+
+
+def test_bad_input():
+    raises(ValueError, ["quantize_", "mode"], qqt.quantize_, nn.Linear(32, 16), mode="int4")
+    raises(ValueError, ["quantize_", "weight_only"], qqt.quantize_, nn.Linear(32, 16), mode="affine",
+           weight_only=False)
+    raises(TypeError, ["quantize_", "model"], qqt.quantize_, "not a model")
+    raises(ValueError, ["QuantizedLinear", "in_features"], qqt.QuantizedLinear, 100, 16, mode="nvfp4")
+    raises(TypeError, ["from_linear"], qqt.QuantizedLinear.from_linear, nn.ReLU())
+    layer = qqt.QuantizedLinear.from_linear(nn.Linear(32, 16), "mxfp8")
+    raises(ValueError, ["QuantizedLinear", "in_features"], layer, torch.randn(2, 64))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("weight_only", [True, False])
+def test_torch_compile(weight_only, device):
+    d = dev(device)
+    model = make_model(torch.bfloat16, d)
+    qqt.quantize_(model, mode="nvfp4", weight_only=weight_only)
+    x = torch.randn(3, 64, dtype=torch.bfloat16, device=d)
+    eager = model(x)
+    compiled = torch.compile(model, fullgraph=True)
+    assert torch.equal(compiled(x), eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp8"])
+def test_cuda_graph(mode):
+    d = dev("cuda")
+    model = make_model(torch.bfloat16, d)
+    qqt.quantize_(model, mode=mode)
+    x = torch.randn(1, 64, dtype=torch.bfloat16, device=d)
+    eager = model(x)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            model(x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = model(x)
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, model(x))
+    assert not torch.equal(y, eager)  # the replay read the new x
