@@ -38,7 +38,7 @@ import qq
 from qq import _torch_ops  # noqa: F401  (registers qq's torch ops: torch.compile support)
 
 __all__ = ["QQLinear", "QQLinearFunction", "convert_linear", "qq_linear", "MODES",
-           "QuantizedLinear", "QuantizeReport", "quantize_", "INFERENCE_MODES"]
+           "QuantizedLinear", "QuantizeReport", "quantize_", "INFERENCE_MODES", "save_quantized", "load_quantized"]
 
 MODES = ("mxfp8", "nvfp4", "mxfp4")
 _log = logging.getLogger("qq.torch")
@@ -500,4 +500,77 @@ def quantize_(model: nn.Module, mode: str = "nvfp4", *, weight_only: bool = True
               len(report.converted), len(report.skipped))
     for name, why in report.skipped:
         _log.warning("quantize_: %s left as nn.Linear: %s", name, why)
+    return report
+
+
+def _layer_config(m: "QuantizedLinear") -> dict:
+    return {"in_features": m.in_features, "out_features": m.out_features, "bias": m.bias is not None,
+            "mode": m.mode, "group_size": m.group_size, "bits": m.bits, "weight_only": m.weight_only,
+            "dtype": str(m.weight_scales.dtype if m.mode == "affine" else
+                         (m.bias.dtype if m.bias is not None else torch.bfloat16)).replace("torch.", "")}
+
+
+def save_quantized(model: nn.Module, path, metadata: Optional[dict] = None) -> None:
+    """Write `model`'s state dict (after quantize_) to the safetensors file `path`, with
+    what load_quantized needs to rebuild its QuantizedLinear layers. The file is also a
+    qq.checkpoint file: qq.checkpoint.load reads each layer's weight as a QuantizedArray
+    (docs/checkpoints.md)."""
+    import json
+    from . import checkpoint as ck
+    try:
+        from safetensors.torch import save_file
+    except ImportError as e:
+        raise ImportError("save_quantized: needs the safetensors package: pip install safetensors") from e
+    layers = {fqn: m for fqn, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    meta = {"qq.format": ck.FORMAT, "qq.torch.layers": json.dumps({f: _layer_config(m) for f, m in layers.items()})}
+    for fqn, m in layers.items():
+        info = {"mode": m.mode, "group_size": m.group_size, "bits": m.bits, "rounding": "ceil",
+                "scale_layout": "linear", "fp8_format": "e4m3", "shape": [m.out_features, m.in_features]}
+        meta[ck._META_PREFIX + (f"{fqn}.weight" if fqn else "weight")] = json.dumps(info, sort_keys=True)
+    for k, v in (metadata or {}).items():
+        if not isinstance(k, str) or not isinstance(v, str) or k.startswith("qq."):
+            raise ValueError(f"save_quantized: metadata: str keys not starting with 'qq.' and str values; got {k!r}")
+        meta[k] = v
+    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path), metadata=meta)
+
+
+def load_quantized(model: nn.Module, path, *, strict: bool = True) -> QuantizeReport:
+    """Load a file written by save_quantized into `model`, which has the architecture the
+    file was saved from (its nn.Linear layers still float, e.g. freshly constructed): the
+    layers the file holds quantized become QuantizedLinear with the saved mode, on the
+    device of the layer they replace, then the state dict is loaded (strict by default).
+    Returns the report of the replaced layers."""
+    import json
+    try:
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+    except ImportError as e:
+        raise ImportError("load_quantized: needs the safetensors package: pip install safetensors") from e
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    if "qq.torch.layers" not in meta:
+        raise ValueError(f"load_quantized: {path}: no 'qq.torch.layers' metadata: not written by "
+                         f"qq.torch.save_quantized")
+    report = QuantizeReport()
+    device = None
+    for fqn, cfg in json.loads(meta["qq.torch.layers"]).items():
+        parent_name, _, cname = fqn.rpartition(".")
+        try:
+            parent = model.get_submodule(parent_name) if parent_name else model
+            child = getattr(parent, cname)
+        except AttributeError as e:
+            raise ValueError(f"load_quantized: {path}: the file has a quantized layer {fqn!r} that the model "
+                             f"lacks; build the model the file was saved from") from e
+        if not isinstance(child, (nn.Linear, QuantizedLinear)) or \
+                (child.in_features, child.out_features) != (cfg["in_features"], cfg["out_features"]):
+            raise ValueError(f"load_quantized: {path}: layer {fqn!r} is {child!r}, the file holds a "
+                             f"{cfg['in_features']} -> {cfg['out_features']} linear layer")
+        dev = child.weight.device if child.weight.device.type != "meta" else torch.device("cpu")
+        device = device or dev
+        setattr(parent, cname, QuantizedLinear(cfg["in_features"], cfg["out_features"], cfg["bias"],
+                                               mode=cfg["mode"], group_size=cfg["group_size"], bits=cfg["bits"],
+                                               weight_only=cfg["weight_only"], device=dev,
+                                               dtype=getattr(torch, cfg["dtype"])))
+        report.converted.append((fqn, cfg["in_features"], cfg["out_features"]))
+    model.load_state_dict(load_file(str(path), device=str(device or "cpu")), strict=strict)
     return report
