@@ -135,3 +135,187 @@ def load(path) -> dict:
         if k not in used:
             result[k] = a
     return result
+
+
+# ---------------------------------------------------------------------------
+# Public layouts (docs/checkpoints.md has each one's names, shapes and scale convention)
+# ---------------------------------------------------------------------------
+
+# safetensors dtype strings -> NumPy dtypes of the same bytes. float8 block scales (F8_E4M3,
+# F8_E8M0) come back as uint8 bytes, which is how libqq reads them; F4 likewise (two codes per
+# byte, low nibble first).
+_RAW_DTYPES = {"U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16, "U32": np.uint32,
+               "I32": np.int32, "U64": np.uint64, "I64": np.int64, "F16": np.float16, "F32": np.float32,
+               "F64": np.float64, "BOOL": np.bool_, "F8_E4M3": np.uint8, "F8_E5M2": np.uint8,
+               "F8_E8M0": np.uint8, "F4": np.uint8}
+
+
+def read_raw(path) -> tuple:
+    """(metadata, {name: (dtype string, NumPy array)}) of a safetensors file, float8 / float4
+    tensors as their bytes (uint8; F4 with its last axis halved). safetensors' own NumPy
+    reader has no float8 types (it raises on the F8_E4M3 scales ModelOpt and
+    compressed-tensors store), so this reads the format directly: an 8-byte little-endian
+    header length, a JSON header {name: {dtype, shape, data_offsets}} with an optional
+    __metadata__, then the data."""
+    func = "qq.checkpoint.read_raw"
+    import ml_dtypes
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 8:
+        raise ValueError(f"{func}: {path}: not a safetensors file (shorter than its header length)")
+    n = int.from_bytes(raw[:8], "little")
+    try:
+        header = json.loads(raw[8:8 + n])
+    except ValueError as e:
+        raise ValueError(f"{func}: {path}: not a safetensors file (its header is not JSON)") from e
+    meta = header.pop("__metadata__", None) or {}
+    data = memoryview(raw)[8 + n:]
+    out = {}
+    for name, info in header.items():
+        dt, shape, (b0, b1) = info["dtype"], list(info["shape"]), info["data_offsets"]
+        npdt = ml_dtypes.bfloat16 if dt == "BF16" else _RAW_DTYPES.get(dt)
+        if npdt is None:
+            raise ValueError(f"{func}: {path}: tensor {name!r} has dtype {dt}, which qq does not read")
+        if dt == "F4":
+            shape[-1] = (shape[-1] + 1) // 2
+        out[name] = (dt, np.frombuffer(data[b0:b1], dtype=npdt).reshape(shape))
+    return meta, out
+
+
+def _need(tensors, key, func, hint):
+    if key not in tensors:
+        raise ValueError(f"{func}: the tensor {key!r} is missing ({hint})")
+    v = tensors[key]
+    return v[1] if isinstance(v, tuple) else np.asarray(v)
+
+
+def _bytes(a, func, key, what):
+    a = np.asarray(a)
+    if a.dtype.itemsize != 1:
+        raise ValueError(f"{func}: {key!r} must hold {what} as one byte each (U8 / F8); got {a.dtype}")
+    return a.view(np.uint8)
+
+
+def _f32_scalar(a, func, key):
+    a = np.asarray(a, dtype=np.float32).reshape(-1)
+    if a.size == 0:
+        raise ValueError(f"{func}: {key!r} is empty")
+    return a
+
+
+def from_modelopt(tensors: Mapping[str, Any], prefix: str) -> "_qq.QuantizedArray":
+    """NVIDIA ModelOpt NVFP4 linear `prefix` ({prefix}.weight U8 [N, K/2], .weight_scale E4M3
+    [N, K/16], .weight_scale_2 F32 = amax / 2688) -> nvfp4 QuantizedArray with global_scale
+    2688 * weight_scale_2 (libqq's factor is global_scale / 2688). Several fused shards'
+    weight_scale_2 values: the largest, as vLLM does."""
+    func = "qq.checkpoint.from_modelopt"
+    data = _bytes(_need(tensors, f"{prefix}.weight", func, "packed E2M1"), func, f"{prefix}.weight", "packed codes")
+    scales = _bytes(_need(tensors, f"{prefix}.weight_scale", func, "E4M3 block scales"), func,
+                    f"{prefix}.weight_scale", "E4M3 scales")
+    s2 = _f32_scalar(_need(tensors, f"{prefix}.weight_scale_2", func, "per-tensor scale"), func,
+                     f"{prefix}.weight_scale_2")
+    gs = np.asarray([np.float32(2688.0) * s2.max()], dtype=np.float32)
+    return _qq.QuantizedArray(data, scales, None, mode="nvfp4", global_scale=gs)
+
+
+def from_compressed_tensors(tensors: Mapping[str, Any], prefix: str) -> "_qq.QuantizedArray":
+    """llm-compressor / compressed-tensors linear `prefix`: "nvfp4-pack-quantized"
+    ({prefix}.weight_packed U8, .weight_scale E4M3, .weight_global_scale F32 = 2688 / amax)
+    -> nvfp4 with global_scale 2688 / weight_global_scale; "mxfp4-pack-quantized" (no global
+    scale, .weight_scale U8 E8M0) -> mxfp4."""
+    func = "qq.checkpoint.from_compressed_tensors"
+    data = _bytes(_need(tensors, f"{prefix}.weight_packed", func, "packed E2M1"), func,
+                  f"{prefix}.weight_packed", "packed codes")
+    scales = _bytes(_need(tensors, f"{prefix}.weight_scale", func, "block scales"), func,
+                    f"{prefix}.weight_scale", "block scales")
+    key = f"{prefix}.weight_global_scale"
+    if key not in tensors:  # mxfp4-pack-quantized
+        return _qq.QuantizedArray(data, scales, None, mode="mxfp4")
+    gsd = _f32_scalar(_need(tensors, key, func, ""), func, key)
+    gs = np.asarray([np.float32(2688.0) / gsd.max()], dtype=np.float32)
+    return _qq.QuantizedArray(data, scales, None, mode="nvfp4", global_scale=gs)
+
+
+def from_gpt_oss(tensors: Mapping[str, Any], prefix: str) -> "_qq.QuantizedArray":
+    """gpt-oss MXFP4 expert weights `prefix` (e.g. model.layers.0.mlp.experts.gate_up_proj:
+    {prefix}_blocks U8 [E, N, K/32, 16], {prefix}_scales U8 E8M0 [E, N, K/32]; the original
+    checkpoint's {prefix}.blocks / .scales too) -> mxfp4 QuantizedArray [E, N, K], no byte
+    changed. The bias ({prefix}_bias) is a plain tensor of the file."""
+    func = "qq.checkpoint.from_gpt_oss"
+    sep = "_" if f"{prefix}_blocks" in tensors else "."
+    blocks = _bytes(_need(tensors, f"{prefix}{sep}blocks", func, "packed E2M1 blocks"), func,
+                    f"{prefix}{sep}blocks", "packed codes")
+    scales = _bytes(_need(tensors, f"{prefix}{sep}scales", func, "E8M0 scales"), func,
+                    f"{prefix}{sep}scales", "E8M0 scales")
+    if blocks.ndim < 2 or blocks.shape[-1] != 16:
+        raise ValueError(f"{func}: {prefix}{sep}blocks must be [..., K/32, 16]; got {blocks.shape}")
+    data = blocks.reshape(*blocks.shape[:-2], blocks.shape[-2] * 16)
+    return _qq.QuantizedArray(data, scales, None, mode="mxfp4")
+
+
+def from_mlx(tensors: Mapping[str, Any], prefix: str, *, mode: str = "affine", group_size: Optional[int] = None,
+             bits: Optional[int] = None) -> "_qq.QuantizedArray":
+    """MLX (mlx-lm / mlx-community) QuantizedLinear `prefix` ({prefix}.weight U32
+    [N, K*bits/32], .scales, .biases for affine, .global_scale for nvfp4 if present) with
+    the model config's quantization mode / group_size / bits -> QuantizedArray. MLX's
+    uint32 words read as little-endian bytes are libqq's packed rows."""
+    func = "qq.checkpoint.from_mlx"
+    w = np.asarray(_need(tensors, f"{prefix}.weight", func, "packed uint32 words"))
+    if w.dtype != np.uint32:
+        raise ValueError(f"{func}: {prefix}.weight must be uint32 (MLX's packed words); got {w.dtype}")
+    data = w.astype("<u4", copy=False).view(np.uint8)
+    scales = np.asarray(_need(tensors, f"{prefix}.scales", func, "scales"))
+    bkey = f"{prefix}.biases"
+    biases = _need(tensors, bkey, func, "") if bkey in tensors else None
+    if mode == "affine" and biases is None:
+        raise ValueError(f"{func}: {prefix}.biases is missing (mode 'affine'); pass the model's quantization mode")
+    gs = None
+    if mode == "nvfp4" and f"{prefix}.global_scale" in tensors:
+        gs = _f32_scalar(_need(tensors, f"{prefix}.global_scale", func, ""), func, f"{prefix}.global_scale")
+    if mode != "affine":
+        scales = _bytes(scales, func, f"{prefix}.scales", "fp scales")
+    return _qq.QuantizedArray(data, scales, biases if mode == "affine" else None, mode=mode,
+                              group_size=group_size, bits=bits, global_scale=gs)
+
+
+_LAYOUTS = {
+    # layout: (suffix that marks one quantized tensor, its weight name's suffix, loader)
+    "modelopt": (".weight_scale_2", ".weight", from_modelopt),
+    "compressed-tensors": (".weight_packed", ".weight", from_compressed_tensors),
+    "gpt-oss": ("_blocks", "", from_gpt_oss),
+    "mlx": (".scales", ".weight", from_mlx),
+}
+
+
+def load_layout(path, layout: str, **kwargs) -> dict:
+    """Read a safetensors file in a public layout ("modelopt", "compressed-tensors",
+    "gpt-oss", "mlx"; kwargs go to the layout's from_* function, e.g. mode / group_size /
+    bits for "mlx") -> {name: QuantizedArray or NumPy array}: each quantized weight under
+    its weight's name ({prefix}.weight; gpt-oss: the expert prefix), every other tensor as
+    is (fp8 / fp4 ones as bytes)."""
+    func = "qq.checkpoint.load_layout"
+    if layout not in _LAYOUTS:
+        raise ValueError(f"{func}: layout must be one of {sorted(_LAYOUTS)}; got {layout!r}")
+    marker, wsuffix, loader = _LAYOUTS[layout]
+    _, tensors = read_raw(path)
+    prefixes = [k[:-len(marker)] for k in tensors if k.endswith(marker)]
+    if layout == "gpt-oss":
+        prefixes += [k[:-len(".blocks")] for k in tensors if k.endswith(".blocks")]
+    result, used = {}, set()
+    for p in sorted(prefixes):
+        before = set(tensors)
+        result[p + wsuffix] = loader(tensors, p, **kwargs)
+        used.update(k for k in before if k == p + wsuffix or (k.startswith(p) and k[len(p):] in _PART_NAMES[layout]))
+    for k, (_, a) in tensors.items():
+        if k not in used and k not in result:
+            result[k] = a
+    return result
+
+
+# the tensors of one quantized weight, per layout (what load_layout does not pass through)
+_PART_NAMES = {
+    "modelopt": {".weight", ".weight_scale", ".weight_scale_2"},
+    "compressed-tensors": {".weight_packed", ".weight_scale", ".weight_global_scale"},
+    "gpt-oss": {"_blocks", "_scales", ".blocks", ".scales"},
+    "mlx": {".weight", ".scales", ".biases", ".global_scale"},
+}

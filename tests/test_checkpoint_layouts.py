@@ -1,0 +1,184 @@
+"""Loaders of public checkpoint layouts (qq.checkpoint.from_* / load_layout,
+docs/checkpoints.md): small files written here byte by byte in each layout (a writer of the
+safetensors format independent of qq and of the safetensors package, so float8 dtype strings
+appear as real exporters write them), loaded with qq, and qq.dequantize of the result checked
+against each format's documented decode formula computed in NumPy. Includes the worked
+examples of docs/checkpoints.md."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import qq
+import qq.checkpoint as ck
+import reference as R
+from helpers import raises
+
+E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float64)
+
+
+def write_raw(path, tensors, metadata=None):
+    """tensors: {name: (dtype string, np.ndarray of the bytes' type, shape or None)}."""
+    header, blobs, off = {}, [], 0
+    for name, (dt, arr, shape) in tensors.items():
+        b = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": dt, "shape": list(arr.shape if shape is None else shape),
+                        "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    if metadata:
+        header["__metadata__"] = metadata
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h + b"".join(blobs))
+
+
+def e4m3_value(b):
+    return R.decode(np.asarray(b, np.uint8), R.elem_format("mxfp8", "e4m3")).astype(np.float64)
+
+
+def fp4_decode(packed):
+    lo, hi = packed & 0xF, packed >> 4
+    codes = np.stack([lo, hi], axis=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+    return E2M1[codes]
+
+
+def dq32(q):
+    return np.asarray(qq.dequantize(q, dtype="float32"), np.float64)
+
+
+def rand_nvfp4(rng, n, k):
+    packed = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    scales = rng.integers(0x08, 0x7f, (n, k // 16), dtype=np.uint8)  # positive finite E4M3
+    return packed, scales
+
+
+def test_modelopt(tmp_path, rng):
+    n, k = 24, 64
+    packed, scales = rand_nvfp4(rng, n, k)
+    s2 = np.float32(0.25)  # amax / 2688 (a power of two: 2688 * s2 / 2688 is exact)
+    path = tmp_path / "model.safetensors"
+    write_raw(path, {"layers.0.proj.weight": ("U8", packed, None),
+                     "layers.0.proj.weight_scale": ("F8_E4M3", scales, None),
+                     "layers.0.proj.weight_scale_2": ("F32", np.array(s2), None),
+                     "layers.0.proj.input_scale": ("F32", np.array(np.float32(0.5)), None),
+                     "norm.weight": ("F32", np.ones(8, np.float32), None)})
+    got = ck.load_layout(path, "modelopt")
+    q = got["layers.0.proj.weight"]
+    assert q.mode == "nvfp4" and q.shape == (n, k)
+    assert float(np.asarray(q.global_scale).reshape(-1)[0]) == 2688 * 0.25
+    expect = fp4_decode(packed) * np.repeat(e4m3_value(scales), 16, axis=1) * float(s2)
+    np.testing.assert_array_equal(dq32(q), expect)
+    assert set(got) == {"layers.0.proj.weight", "layers.0.proj.input_scale", "norm.weight"}
+
+
+def test_modelopt_worked_example(tmp_path):
+    """docs/checkpoints.md: W = [1, -2, 3, 6, 0.5, 0 x 11]."""
+    packed = np.array([[0xC2, 0x75, 0x01, 0, 0, 0, 0, 0]], np.uint8)
+    q = ck.from_modelopt({"p.weight": packed, "p.weight_scale": np.array([[0x40]], np.uint8),
+                          "p.weight_scale_2": np.array(0.5, np.float32)}, "p")
+    np.testing.assert_array_equal(dq32(q)[0], [1, -2, 3, 6, 0.5] + [0] * 11)
+
+
+def test_compressed_tensors(tmp_path, rng):
+    n, k = 16, 32
+    packed, scales = rand_nvfp4(rng, n, k)
+    path = tmp_path / "ct.safetensors"
+    write_raw(path, {"m.q_proj.weight_packed": ("U8", packed, None),
+                     "m.q_proj.weight_scale": ("F8_E4M3", scales, None),
+                     "m.q_proj.weight_global_scale": ("F32", np.array([2.0], np.float32), None),
+                     "m.q_proj.input_global_scale": ("F32", np.array([4.0], np.float32), None)})
+    q = ck.load_layout(path, "compressed-tensors")["m.q_proj.weight"]
+    assert q.mode == "nvfp4"
+    expect = fp4_decode(packed) * np.repeat(e4m3_value(scales), 16, axis=1) / 2.0  # scale / global_scale
+    np.testing.assert_array_equal(dq32(q), expect)
+    # mxfp4-pack-quantized: E8M0 scales, no global scale
+    e8 = rng.integers(120, 135, (n, k // 32), dtype=np.uint8)
+    q = ck.from_compressed_tensors({"p.weight_packed": packed, "p.weight_scale": e8}, "p")
+    assert q.mode == "mxfp4"
+    np.testing.assert_array_equal(dq32(q), fp4_decode(packed) * np.repeat(2.0 ** (e8.astype(float) - 127), 32, 1))
+
+
+def test_gpt_oss(tmp_path, rng):
+    e, n, k = 3, 8, 64
+    blocks = rng.integers(0, 256, (e, n, k // 32, 16), dtype=np.uint8)
+    scales = rng.integers(118, 136, (e, n, k // 32), dtype=np.uint8)
+    pre = "model.layers.0.mlp.experts.gate_up_proj"
+    path = tmp_path / "oss.safetensors"
+    write_raw(path, {f"{pre}_blocks": ("U8", blocks, None), f"{pre}_scales": ("U8", scales, None),
+                     f"{pre}_bias": ("F32", np.zeros((e, n), np.float32), None)})
+    got = ck.load_layout(path, "gpt-oss")
+    q = got[pre]
+    assert q.mode == "mxfp4" and q.shape == (e, n, k)
+    # the reference decoding: lut[low nibble] at even, lut[high] at odd, ldexp(., scale - 127)
+    vals = fp4_decode(blocks.reshape(e, n, k // 2))
+    expect = vals * np.repeat(2.0 ** (scales.astype(np.float64) - 127), 32, axis=-1)
+    np.testing.assert_array_equal(dq32(q), expect)
+    assert f"{pre}_bias" in got and f"{pre}_blocks" not in got
+    # docs/checkpoints.md worked example, the original checkpoint's names
+    b = np.zeros((1, 1, 1, 16), np.uint8)
+    b[0, 0, 0, :4] = [0x21, 0x43, 0x65, 0x97]
+    q = ck.from_gpt_oss({"mlp1_weight.blocks": b, "mlp1_weight.scales": np.array([[[128]]], np.uint8)}, "mlp1_weight")
+    np.testing.assert_array_equal(dq32(q)[0, 0, :8], [1, 2, 3, 4, 6, 8, 12, -1])
+
+
+@pytest.mark.parametrize("mode,g,bits", [("affine", 64, 4), ("affine", 32, 8), ("mxfp4", 32, 4), ("nvfp4", 16, 4),
+                                         ("mxfp8", 32, 8)])
+def test_mlx(mode, g, bits, tmp_path, rng):
+    n, k = 8, 128
+    nbytes = k * bits // 8
+    raw = rng.integers(0, 256, (n, nbytes), dtype=np.uint8)
+    words = raw.view("<u4")  # MLX's uint32 words: little-endian bytes of the packed row
+    t = {"model.o_proj.weight": ("U32", words, None)}
+    if mode == "affine":
+        sc = rng.uniform(0.01, 0.1, (n, k // g)).astype(np.float32)
+        bi = rng.uniform(-1, 1, (n, k // g)).astype(np.float32)
+        t["model.o_proj.scales"] = ("F32", sc, None)
+        t["model.o_proj.biases"] = ("F32", bi, None)
+        codes = R.unpack(raw, bits, k).astype(np.float64)
+        expect = codes * np.repeat(sc, g, 1).astype(np.float64) + np.repeat(bi, g, 1)
+    else:
+        if mode == "nvfp4":
+            sc = rng.integers(0x08, 0x7f, (n, k // g), dtype=np.uint8)
+            t["model.o_proj.global_scale"] = ("F32", np.array([1344.0], np.float32), None)
+            sv = e4m3_value(sc) * 0.5
+        else:
+            sc = rng.integers(118, 136, (n, k // g), dtype=np.uint8)
+            sv = 2.0 ** (sc.astype(np.float64) - 127)
+        t["model.o_proj.scales"] = ("U8", sc, None)
+        if mode == "mxfp8":
+            raw[(raw & 0x7f) == 0x7f] = 0x11  # no NaN codes in this test
+            t["model.o_proj.weight"] = ("U32", raw.view("<u4"), None)
+            vals = e4m3_value(raw)
+        else:
+            vals = fp4_decode(raw)
+        expect = vals * np.repeat(sv, g, 1)
+    path = tmp_path / "mlx.safetensors"
+    write_raw(path, t)
+    q = ck.load_layout(path, "mlx", mode=mode, group_size=g, bits=bits)["model.o_proj.weight"]
+    assert q.mode == mode and q.shape == (n, k)
+    got = dq32(q)
+    if mode == "affine":  # scale * q + bias in fp32 (one fma) against float64
+        np.testing.assert_allclose(got, expect, rtol=2e-7, atol=2e-7)
+    else:
+        np.testing.assert_array_equal(got, expect)
+
+
+def test_errors(tmp_path, rng):
+    packed, scales = rand_nvfp4(rng, 4, 32)
+    raises(ValueError, ["qq.checkpoint.from_modelopt", "p.weight_scale_2"], ck.from_modelopt,
+           {"p.weight": packed, "p.weight_scale": scales}, "p")
+    raises(ValueError, ["qq.checkpoint.from_modelopt", "p.weight_scale"], ck.from_modelopt,
+           {"p.weight": packed, "p.weight_scale": scales.astype(np.float32), "p.weight_scale_2": np.float32(1)}, "p")
+    raises(ValueError, ["qq.checkpoint.from_mlx", "uint32"], ck.from_mlx,
+           {"p.weight": packed, "p.scales": scales}, "p", mode="nvfp4")
+    raises(ValueError, ["qq.checkpoint.from_mlx", "p.biases"], ck.from_mlx,
+           {"p.weight": packed.view("<u4"), "p.scales": scales.astype(np.float32)}, "p")
+    raises(ValueError, ["qq.checkpoint.load_layout", "layout"], ck.load_layout, tmp_path / "x", "gguf")
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x04\x00\x00\x00\x00\x00\x00\x00{no}")
+    raises(ValueError, ["qq.checkpoint.read_raw", "JSON"], ck.read_raw, bad)
