@@ -136,3 +136,15 @@ def test_torch_model_save_load(tmp_path):
     assert torch.equal(y, model[0](x))
     # a model of another architecture
     raises(ValueError, ["load_quantized", "3"], qqt.load_quantized, nn.Sequential(nn.Linear(64, 64)), path)
+
+
+def test_example_runs():
+    """examples/python/quantized_model.py (the README's end-to-end example) runs on the CPU."""
+    pytest.importorskip("torch")
+    import pathlib
+    import subprocess
+    import sys
+    ex = pathlib.Path(__file__).resolve().parents[1] / "examples" / "python" / "quantized_model.py"
+    r = subprocess.run([sys.executable, str(ex), "cpu"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "same outputs" in r.stdout
