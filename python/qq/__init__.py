@@ -54,6 +54,7 @@ from ._dispatch import (  # noqa: E402
     swizzle_scales,
     unswizzle_scales,
 )
+from . import checkpoint  # noqa: E402  (safetensors files; imports safetensors only when used)
 
 
 def build_info():
@@ -82,6 +83,7 @@ __all__ = [
     "QuantizedArray",
     "__version__",
     "amax",
+    "checkpoint",
     "build_info",
     "cuda_info",
     "dequantize",
