@@ -4,6 +4,7 @@ accuracy / timing demo on a synthetic layer.
 
     python -m qq                        # CPU demo, W 4096 x 4096, x 16 x 4096
     python -m qq --size 1024 --device cuda
+    python -m qq bench [--quick] [--json PATH] [--plot PATH]   # the main benchmarks (qq/_bench.py)
 
 The demo quantizes one random float32 "layer" W (seeded, normal * 0.02) in every mode and
 reports, per mode: the SQNR of dequantize(quantize(W)) against W, and the relative error
@@ -290,6 +291,10 @@ def _demo(size: int, batch: int, device: str, seed: int) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        from . import _bench
+        return _bench.main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m qq", description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=int, default=4096, help="W is size x size (default 4096)")
     ap.add_argument("--batch", type=int, default=16, help="rows of x (default 16)")
