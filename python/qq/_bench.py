@@ -132,7 +132,7 @@ def _plot(rows, path) -> bool:
     labels = [f"{r['op']}\n{r['variant']}" for r in rows]
     xs = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(max(6, len(rows) * 1.1), 4))
-    ax.bar(xs - 0.2, [r["ratio"] for r in rows], 0.4, label="libqq / peer")
+    ax.bar(xs, [r["ratio"] for r in rows], 0.6, label="libqq / peer")
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xticks(xs)
     ax.set_xticklabels(labels, fontsize=7)
