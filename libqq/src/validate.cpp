@@ -65,6 +65,7 @@ std::string shape_str(int ndim, const int64_t* shape) {
 }
 
 std::string dtype_str(DLDataType t) {
+  if (t.code == kDLFloat4_e2m1fn && t.bits == 4 && t.lanes == 2) return "float4_e2m1fn_x2";
   if (t.lanes != 1) return "vector dtype (lanes=" + std::to_string(t.lanes) + ")";
   switch (t.code) {
     case kDLFloat: return "float" + std::to_string(t.bits);
@@ -83,6 +84,9 @@ namespace {
 
 // DLPack dtype -> DType; returns false for dtypes libqq never takes.
 bool parse_dtype(DLDataType t, DType* out) {
+  // Packed fp4 as a framework's own dtype (torch.float4_e2m1fn_x2: two E2M1 codes per byte,
+  // low nibble first, the shape counting bytes): the bytes of libqq's packed layout.
+  if (t.code == kDLFloat4_e2m1fn && t.bits == 4 && t.lanes == 2) { *out = DType::U8; return true; }
   if (t.lanes != 1) return false;
   if (t.code == kDLFloat && t.bits == 32) { *out = DType::F32; return true; }
   if (t.code == kDLFloat && t.bits == 16) { *out = DType::F16; return true; }
@@ -199,7 +203,8 @@ qqStatus_t check_tensor(Ctx& c, const char* name, const DLTensor* t, DType* dt) 
                      "beyond what libqq addresses", c.op, name, shape_str(t->ndim, t->shape).c_str());
   if (!parse_dtype(t->dtype, dt))
     return set_error(QQ_STATUS_INVALID_DTYPE, "%s: argument '%s' has dtype %s, which libqq does not take "
-                     "(values: float32, float16, bfloat16; packed data and scales: uint8 or a float8 dtype; "
+                     "(values: float32, float16, bfloat16; packed data and scales: uint8, a float8 dtype or "
+                     "float4_e2m1fn_x2; "
                      "group offsets: int32)", c.op, name, dtype_str(t->dtype).c_str());
   if (numel(t) > 0) {
     if (!t->data)
