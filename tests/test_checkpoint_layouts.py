@@ -182,3 +182,86 @@ def test_errors(tmp_path, rng):
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x04\x00\x00\x00\x00\x00\x00\x00{no}")
     raises(ValueError, ["qq.checkpoint.read_raw", "JSON"], ck.read_raw, bad)
+
+
+def _model_dir(tmp_path, config, shards, hf_quant=None):
+    """A model directory: config.json, shards {file: tensors} and their index."""
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config))
+    if hf_quant is not None:
+        (d / "hf_quant_config.json").write_text(json.dumps(hf_quant))
+    weight_map = {}
+    for fname, tensors in shards.items():
+        write_raw(d / fname, tensors)
+        weight_map.update({k: fname for k in tensors})
+    if len(shards) > 1:
+        (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return d
+
+
+def test_load_pretrained_modelopt_sharded(tmp_path, rng):
+    p1, s1 = rand_nvfp4(rng, 16, 32)
+    p2, s2 = rand_nvfp4(rng, 32, 64)
+    d = _model_dir(tmp_path, {"architectures": ["X"]}, {
+        "model-00001-of-00002.safetensors": {"a.weight": ("U8", p1, None), "a.weight_scale": ("F8_E4M3", s1, None),
+                                             "a.weight_scale_2": ("F32", np.array(np.float32(0.5)), None)},
+        "model-00002-of-00002.safetensors": {"b.weight": ("U8", p2, None), "b.weight_scale": ("F8_E4M3", s2, None),
+                                             "b.weight_scale_2": ("F32", np.array(np.float32(2.0)), None),
+                                             "lm_head.weight": ("F32", np.ones((4, 4), np.float32), None)}},
+        hf_quant={"quantization": {"quant_algo": "NVFP4", "group_size": 16}})
+    got = ck.load_pretrained(d)
+    assert set(got) == {"a.weight", "b.weight", "lm_head.weight"}
+    np.testing.assert_array_equal(dq32(got["b.weight"]),
+                                  fp4_decode(p2) * np.repeat(e4m3_value(s2), 16, axis=1) * 2.0)
+    assert got["a.weight"].shape == (16, 32)
+
+
+def test_load_pretrained_compressed_tensors_and_gpt_oss(tmp_path, rng):
+    p, s = rand_nvfp4(rng, 16, 32)
+    d = _model_dir(tmp_path, {"quantization_config": {"quant_method": "compressed-tensors",
+                                                      "format": "nvfp4-pack-quantized"}},
+                   {"model.safetensors": {"q.weight_packed": ("U8", p, None), "q.weight_scale": ("F8_E4M3", s, None),
+                                          "q.weight_global_scale": ("F32", np.array([4.0], np.float32), None)}})
+    q = ck.load_pretrained(d)["q.weight"]
+    np.testing.assert_array_equal(dq32(q), fp4_decode(p) * np.repeat(e4m3_value(s), 16, axis=1) / 4.0)
+    blocks = rng.integers(0, 256, (2, 4, 1, 16), dtype=np.uint8)
+    sc = rng.integers(120, 130, (2, 4, 1), dtype=np.uint8)
+    d2 = tmp_path / "oss"
+    d2.mkdir()
+    (d2 / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "mxfp4"}}))
+    write_raw(d2 / "model.safetensors", {"e.down_proj_blocks": ("U8", blocks, None),
+                                         "e.down_proj_scales": ("U8", sc, None)})
+    q = ck.load_pretrained(d2)["e.down_proj"]
+    assert q.mode == "mxfp4" and q.shape == (2, 4, 32)
+
+
+def test_load_pretrained_mlx_per_module_override(tmp_path, rng):
+    """mlx-lm's config: defaults plus a per-module entry (here one layer in 8 bits)."""
+    n, k = 4, 64
+    raw4 = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    raw8 = rng.integers(0, 256, (n, k), dtype=np.uint8)
+    sc = np.full((n, k // 64), 0.5, np.float32)
+    bi = np.zeros((n, k // 64), np.float32)
+    cfg = {"quantization": {"group_size": 64, "bits": 4, "model.down": {"group_size": 64, "bits": 8}}}
+    d = _model_dir(tmp_path, cfg, {"model.safetensors": {
+        "model.up.weight": ("U32", raw4.view("<u4"), None), "model.up.scales": ("F32", sc, None),
+        "model.up.biases": ("F32", bi, None),
+        "model.down.weight": ("U32", raw8.view("<u4"), None), "model.down.scales": ("F32", sc, None),
+        "model.down.biases": ("F32", bi, None), "model.norm": ("F32", np.ones(4, np.float32), None)}})
+    got = ck.load_pretrained(d)
+    assert set(got) == {"model.up.weight", "model.down.weight", "model.norm"}
+    assert got["model.up.weight"].bits == 4 and got["model.down.weight"].bits == 8
+    np.testing.assert_array_equal(dq32(got["model.down.weight"]), raw8.astype(np.float64) * 0.5)
+    np.testing.assert_array_equal(dq32(got["model.up.weight"]), R.unpack(raw4, 4, k).astype(np.float64) * 0.5)
+
+
+def test_load_pretrained_errors(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    raises(ValueError, ["qq.checkpoint.load_pretrained", "config.json"], ck.load_pretrained, d)
+    (d / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "gptq"}}))
+    raises(ValueError, ["qq.checkpoint.load_pretrained", "gptq"], ck.load_pretrained, d)
+    (d / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "compressed-tensors",
+                                                                       "format": "int-quantized"}}))
+    raises(ValueError, ["qq.checkpoint.load_pretrained", "int-quantized"], ck.load_pretrained, d)

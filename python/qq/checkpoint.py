@@ -319,3 +319,85 @@ _PART_NAMES = {
     "gpt-oss": {"_blocks", "_scales", ".blocks", ".scales"},
     "mlx": {".weight", ".scales", ".biases", ".global_scale"},
 }
+
+
+def _detect_layout(cfg: dict, hf_quant: Optional[dict]) -> tuple:
+    """(layout, kwargs for its loader) from a model directory's config.json and
+    hf_quant_config.json (docs/checkpoints.md, "Model directories")."""
+    func = "qq.checkpoint.load_pretrained"
+    if hf_quant is not None and str(hf_quant.get("quantization", {}).get("quant_algo", "")).upper() == "NVFP4":
+        return "modelopt", {}
+    qc = cfg.get("quantization_config") or {}
+    method = str(qc.get("quant_method", "")).lower()
+    if method == "modelopt":
+        if str(qc.get("quant_algo", "")).upper() != "NVFP4":
+            raise ValueError(f"{func}: a ModelOpt checkpoint with quant_algo {qc.get('quant_algo')!r}; "
+                             f"qq loads NVFP4 only")
+        return "modelopt", {}
+    if method == "compressed-tensors":
+        fmt = qc.get("format")
+        if fmt not in ("nvfp4-pack-quantized", "mxfp4-pack-quantized"):
+            raise ValueError(f"{func}: a compressed-tensors checkpoint in format {fmt!r}; qq loads "
+                             f"nvfp4-pack-quantized and mxfp4-pack-quantized")
+        return "compressed-tensors", {}
+    if method == "mxfp4":
+        return "gpt-oss", {}
+    q = cfg.get("quantization")
+    if isinstance(q, dict) and "bits" in q and "group_size" in q:
+        return "mlx", {"mode": q.get("mode", "affine"), "group_size": int(q["group_size"]), "bits": int(q["bits"])}
+    raise ValueError(f"{func}: config.json names no quantization qq reads (quantization_config.quant_method "
+                     f"{method or None!r}, no MLX 'quantization' entry); pass a layout to load_layout instead")
+
+
+def load_pretrained(directory) -> dict:
+    """Every tensor of a quantized model directory (config.json, optional
+    hf_quant_config.json, model.safetensors or shards listed in
+    model.safetensors.index.json): the layout comes from the config (ModelOpt NVFP4,
+    compressed-tensors nvfp4/mxfp4-pack-quantized, gpt-oss mxfp4, MLX with per-module
+    overrides of mode / group_size / bits), each quantized weight becomes a QuantizedArray
+    as load_layout gives it, every other tensor an array."""
+    import os
+    func = "qq.checkpoint.load_pretrained"
+    d = os.fspath(directory)
+
+    def read_json(name):
+        p = os.path.join(d, name)
+        if not os.path.exists(p):
+            return None
+        with open(p) as f:
+            return json.load(f)
+
+    cfg = read_json("config.json")
+    if cfg is None:
+        raise ValueError(f"{func}: {d}: no config.json; pass a model directory, or load one file with load_layout")
+    layout, kwargs = _detect_layout(cfg, read_json("hf_quant_config.json"))
+    index = read_json("model.safetensors.index.json")
+    if index is not None:
+        files = sorted(set(index.get("weight_map", {}).values()))
+    else:
+        files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+    if not files:
+        raise ValueError(f"{func}: {d}: no .safetensors files")
+    overrides = cfg.get("quantization") if layout == "mlx" else None
+    result: dict = {}
+    for fname in files:
+        path = os.path.join(d, fname)
+        if layout == "mlx" and isinstance(overrides, dict) and any(isinstance(v, dict) for v in overrides.values()):
+            _, tensors = read_raw(path)
+            part = {}
+            for key in [k for k in tensors if k.endswith(".scales")]:
+                p = key[:-len(".scales")]
+                kw = dict(kwargs)
+                o = overrides.get(p)
+                if isinstance(o, dict):
+                    kw.update({k: o[k] for k in ("mode", "group_size", "bits") if k in o})
+                part[p + ".weight"] = from_mlx(tensors, p, **kw)
+            used = {p[:-len(".weight")] + s for p in part for s in _PART_NAMES["mlx"]}
+            part.update({k: a for k, (_, a) in tensors.items() if k not in used})
+        else:
+            part = load_layout(path, layout, **kwargs)
+        dup = set(part) & set(result)
+        if dup:
+            raise ValueError(f"{func}: {d}: {sorted(dup)[0]!r} appears in two files")
+        result.update(part)
+    return result
