@@ -132,6 +132,15 @@ def poison(shape, dtype) -> np.ndarray:
 # Devices and frameworks
 # ---------------------------------------------------------------------------
 
+def torch_device(device):
+    """torch.device(device) for a test parametrized over "cpu" / "cuda"; skips "cuda" when
+    torch has no CUDA (a CPU-only torch beside a CUDA libqq)."""
+    import torch
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    return torch.device(device)
+
+
 def try_import(name):
     try:
         return importlib.import_module(name)

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 qqt = pytest.importorskip("qq.torch")
 import qq  # noqa: E402
-from helpers import raises  # noqa: E402
+from helpers import raises, torch_device  # noqa: E402
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -32,10 +32,7 @@ def sqnr(got: torch.Tensor, ref: torch.Tensor) -> float:
     return math.inf if err == 0 else 10 * math.log10(ref.pow(2).sum().item() / err)
 
 
-def dev(device):
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("torch without CUDA")
-    return torch.device(device)
+dev = torch_device
 
 
 @pytest.mark.parametrize("device", DEVICES)

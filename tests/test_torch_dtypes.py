@@ -9,16 +9,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import qq  # noqa: E402
-from helpers import raises  # noqa: E402
+from helpers import raises, torch_device  # noqa: E402
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 SCALE_DTYPE = {"nvfp4": "float8_e4m3fn", "mxfp4": "float8_e8m0fnu", "mxfp8": "float8_e8m0fnu"}
 
 
-def dev(device):
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("torch without CUDA")
-    return torch.device(device)
+dev = torch_device
 
 
 @pytest.mark.parametrize("device", DEVICES)

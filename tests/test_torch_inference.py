@@ -22,7 +22,7 @@ from torch import nn  # noqa: E402
 
 import qq  # noqa: E402
 import reference as R  # noqa: E402
-from helpers import BF16, raises  # noqa: E402
+from helpers import BF16, raises, torch_device  # noqa: E402
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 # (mode, extra kwargs): every weight format quantize_ offers
@@ -30,10 +30,7 @@ MODES = [("nvfp4", {}), ("mxfp4", {}), ("mxfp8", {}), ("affine", {"bits": 4}), (
 IDS = ["nvfp4", "mxfp4", "mxfp8", "affine4", "affine8"]
 
 
-def dev(device):
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("torch without CUDA")
-    return torch.device(device)
+dev = torch_device
 
 
 def np_of(t):
