@@ -20,7 +20,10 @@ def amax(x, device="cpu", **kw):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", dtype_params())
-@pytest.mark.parametrize("shape", [(1,), (7,), (64, 256), (3, 5, 33), (300, 1024), (1 << 20,)],
+# (1 << 17,) and one more: the last size one block reduces alone (a plain store, no
+# memset) and the first that takes many blocks and atomicMax (cuda/amax.cu)
+@pytest.mark.parametrize("shape", [(1,), (7,), (64, 256), (3, 5, 33), (300, 1024), (1 << 20,),
+                                   (1 << 17,), ((1 << 17) + 1,)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_random(shape, dtype, device, rng):
     """Exact max |x| (float32 of the input value), position anywhere, negative or positive."""
@@ -68,9 +71,10 @@ def test_subnormal(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_out_buffer(device, rng):
-    """out= (float32, one element) is written and returned."""
-    x = random_data(rng, (16, 64), BF16, 64)
+@pytest.mark.parametrize("shape", [(16, 64), (512, 512)])     # one block / many blocks
+def test_out_buffer(device, shape, rng):
+    """out= (float32, one element, poisoned) is written and returned."""
+    x = random_data(rng, shape, BF16, 64)
     out = to_device(poison((), F32), device)
     got = qq.amax(to_device(x, device), out=out)
     assert got is out

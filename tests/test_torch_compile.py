@@ -400,9 +400,9 @@ def test_errors_under_compile():
 # qq.torch.QQLinear
 # =========================================================================================
 
-def mlp(mode, device, dtype=torch.float32):
+def mlp(mode, device, dtype=torch.float32, act=torch.nn.GELU):
     torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32))
+    m = torch.nn.Sequential(torch.nn.Linear(64, 96), act(), torch.nn.Linear(96, 32))
     return qqt.convert_linear(m.to(device=device, dtype=dtype), mode=mode)
 
 
@@ -473,7 +473,10 @@ def test_inductor():
         return qa, qq.qqmm(x, w, mode="mxfp8").relu()
 
     check(f, x, w, backend="inductor")
-    model = mlp("mxfp8", "cpu")
+    # ReLU, not GELU: inductor's vectorized erf may differ from eager's in the last bit on
+    # some CPUs (seen with AVX-512), and the second layer quantizes that difference into a
+    # visible one; ReLU is exact in both, so the qq ops are what this compares.
+    model = mlp("mxfp8", "cpu", act=torch.nn.ReLU)
     x = data(2, 40, 64)
     want = train_step(model, x)
     got = train_step(compiled(model, "inductor"), x)

@@ -41,25 +41,39 @@ cdef class _Call:
     cdef int dev_id
     cdef intptr_t stream        # what libqq runs on (ignored for CPU tensors)
     cdef object dl_stream       # what CUDA producers get as __dlpack__(stream=...)
-    cdef list views
-    cdef list buffers           # _DeviceBuffers allocated for results in this call
+    cdef _View views            # the views opened in this call, a chain through _View.next
+    cdef list buffers           # _DeviceBuffers allocated for results (None until the first)
     cdef bint torch_current     # torch tensors, work on torch's current stream (stream=None)
-    cdef list torch_outs        # torch tensors the caller passed as out=: versions bumped in finish()
+    cdef list torch_outs        # torch tensors passed as out= (None until the first): versions bumped in finish()
 
-    def __cinit__(self, str func, anchor, str anchor_name, stream):
+    cdef int init(self, str func, anchor, str anchor_name, stream) except -1:
+        """Called once, by _new_call."""
         self.func = func
-        self.views = []
-        self.buffers = []
-        self.torch_outs = []
         if isinstance(anchor, QuantizedArray):
             anchor = anchor.data
         self.anchor = anchor
+        if isinstance(anchor, cnp.ndarray):     # the hot cases first, without tuples
+            self.fw = "numpy"
+            self.dev_type = kDLCPU
+            self.dev_id = 0
+            self.on_gpu = False
+            self._resolve_stream(stream)
+            return 0
         self.fw = _framework_of(anchor)
-        if isinstance(anchor, cnp.ndarray):
-            dev = (kDLCPU, 0)
-        elif self.fw == "torch" and isinstance(anchor, sys.modules["torch"].Tensor):
+        if self.fw == "torch" and _torch_tensor_type is not None and isinstance(anchor, _torch_tensor_type):
             # (torch's __dlpack_device__ asks is_pinned(), a call into the allocator; pinned
             # host memory runs on the CPU backend like any CPU tensor)
+            if anchor.is_cuda:
+                self.dev_type = kDLCUDA
+                self.dev_id = anchor.get_device()
+                self.on_gpu = True
+            else:
+                self.dev_type = kDLCPU
+                self.dev_id = 0
+                self.on_gpu = False
+            self._resolve_stream(stream)
+            return 0
+        if self.fw == "torch" and isinstance(anchor, sys.modules["torch"].Tensor):
             dev = (kDLCUDA, anchor.get_device()) if anchor.is_cuda else (kDLCPU, 0)
         elif isinstance(anchor, _DeviceBuffer):
             dev = (kDLCUDA, (<_DeviceBuffer>anchor).device)
@@ -81,6 +95,7 @@ cdef class _Call:
                 f"supported (qq runs on kDLCPU = {<int>kDLCPU}, kDLCUDA = {<int>kDLCUDA}, "
                 f"kDLCUDAHost = {<int>kDLCUDAHost} and kDLCUDAManaged = {<int>kDLCUDAManaged})")
         self._resolve_stream(stream)
+        return 0
 
     cdef _resolve_stream(self, stream):
         cdef intptr_t s
@@ -120,9 +135,7 @@ cdef class _Call:
         capsules; the "func: name" prefix of a message is made only when one is raised."""
         if obj is None:
             return None
-        cdef _View v = _View.__new__(_View)
-        v.name = name
-        self.views.append(v)        # first: whatever the import acquires is released with us
+        cdef _View v = self._new_view(name)     # first: whatever the import acquires is released with us
         if isinstance(obj, cnp.ndarray):
             _import_numpy(v, obj, self.func, name)
         elif isinstance(obj, _DeviceBuffer):
@@ -167,6 +180,8 @@ cdef class _Call:
                                  f"supported (qq's ops are not differentiable through out=, as "
                                  f"torch's out= ops are not); pass a tensor without requires_grad "
                                  f"or leave {name}=None")
+            if self.torch_outs is None:
+                self.torch_outs = []
             self.torch_outs.append(obj)
         return self.view(obj, name, True)
 
@@ -220,6 +235,7 @@ cdef class _Call:
                 # NumPy, and JAX and unknown CPU producers: computed into NumPy (JAX arrays
                 # are immutable), converted by self.result().
                 r = _numpy_empty(shape, dtype)
+                return r, self._result_view(r, shape, dtype, name)
         elif self.fw == "torch":
             r = _torch_empty(shape, dtype, self.dev_id)
             return r, self._result_view(r, shape, dtype, name)
@@ -227,16 +243,16 @@ cdef class _Call:
             r = _cupy_empty(self.func, shape, dtype, self.dev_id)
         else:
             b = _device_buffer(shape, dtype, self.dev_id, self.stream)
+            if self.buffers is None:
+                self.buffers = []
             self.buffers.append(b)
             r = b
         return r, self.view(r, name, True)
 
     cdef _View _result_view(self, r, tuple shape, str dtype, str name):
-        """The view of a torch tensor that _empty just made: compact, of a known shape and
-        dtype, on the call's device, so only its pointer is asked of torch."""
-        cdef _View v = _View.__new__(_View)
-        v.name = name
-        self.views.append(v)
+        """The view of a NumPy array or torch tensor that _empty just made: compact, of a
+        known shape and dtype, on the call's device, so only its pointer is asked for."""
+        cdef _View v = self._new_view(name)
         cdef int nd = len(shape)
         cdef int i
         cdef int64_t stride = 1
@@ -249,7 +265,10 @@ cdef class _Call:
             stride *= dims[i]
         code, bits = _DL_TO_NAME_CODES[dtype]
         v.owner = r
-        v.tensor.data = <void*><intptr_t>r.data_ptr()
+        if isinstance(r, cnp.ndarray):
+            v.tensor.data = cnp.PyArray_DATA(<cnp.ndarray>r)
+        else:
+            v.tensor.data = <void*><intptr_t>r.data_ptr()
         v.tensor.device.device_type = kDLCUDA if self.on_gpu else kDLCPU
         v.tensor.device.device_id = self.dev_id if self.on_gpu else 0
         v.tensor.ndim = nd
@@ -284,13 +303,36 @@ cdef class _Call:
                 bump(t)
         if self.fw == "jax" and self.on_gpu:
             _stream_synchronize(self.dev_id, self.stream)
-            for b in self.buffers:
-                (<_DeviceBuffer>b).synced = True
+            if self.buffers is not None:
+                for b in self.buffers:
+                    (<_DeviceBuffer>b).synced = True
+
+    cdef _View _new_view(self, str name):
+        """A new empty view, chained to this call so that release() gives it back."""
+        cdef _View v = _View.__new__(_View)
+        v.name = name
+        v.next = self.views
+        self.views = v
+        return v
 
     cdef void release(self) noexcept:
-        for v in self.views:
-            _release_view(<_View>v)
-        self.views = []
+        cdef _View v = self.views
+        self.views = None
+        cdef _View nxt
+        while v is not None:
+            _release_view(v)
+            nxt = v.next
+            v.next = None
+            v = nxt
+
+
+cdef inline _Call _new_call(str func, anchor, str anchor_name, stream):
+    """The per-call state of one public call on `anchor` (its first array argument).
+    (A cdef factory: constructing a cdef class through its Python constructor parses a
+    tuple of arguments; this is a plain C call.)"""
+    cdef _Call c = _Call.__new__(_Call)
+    c.init(func, anchor, anchor_name, stream)
+    return c
 
 
 cdef str _not_an_array(str func, str name, obj):

@@ -34,16 +34,28 @@ def _compiling() -> bool:
 
 
 def _torch_ops():
-    from . import _torch_ops   # registers the ops on first import
+    from . import _torch_ops   # registers the ops on first import (and sets _is_compiling)
     return _torch_ops
+
+
+# torch.compiler.is_compiling, set when qq._torch_ops is imported (in eager code, never while
+# Dynamo traces): a global that does not change once set, so Dynamo's guard on it holds.
+# Reading it saves every eager call the lookups of torch and torch.compiler.
+_is_compiling = None
 
 
 def _dispatching(name, eager=None):
     eager = eager or getattr(_qq, name)
 
     def f(*args, **kwargs):
-        if _compiling():
-            return getattr(_torch_ops(), name)(*args, **kwargs)
+        c = _is_compiling
+        if c is not None:
+            if c():
+                return getattr(_torch_ops(), name)(*args, **kwargs)
+        elif "torch" in _modules:       # torch imported after qq
+            if _compiling():
+                return getattr(_torch_ops(), name)(*args, **kwargs)
+            _torch_ops()                # eager: register the ops now, which sets _is_compiling
         return eager(*args, **kwargs)
 
     functools.update_wrapper(f, eager)

@@ -33,6 +33,7 @@ cdef class _View:
     cdef object owner
     cdef bint readonly
     cdef str name
+    cdef _View next             # the call's previous view (_Call.release walks the chain)
 
     def __dealloc__(self):
         # Safety net only: _Call.release() has normally released the view already.
@@ -40,7 +41,12 @@ cdef class _View:
 
     @property
     def shape(self):
-        return tuple([self.tensor.shape[i] for i in range(self.tensor.ndim)])
+        return self.pyshape()
+
+    cdef tuple pyshape(self):
+        """The shape as a tuple of ints (a C call from the op wrappers, not a property
+        lookup)."""
+        return _int_tuple(self.tensor.shape, self.tensor.ndim)
 
     cdef str dtype_name(self):
         """'float32', 'float16', 'bfloat16', 'uint8', or None for anything else."""
@@ -53,6 +59,17 @@ cdef class _View:
         is then only allocated so that libqq can reject the input dtype with its message."""
         name = self.dtype_name()
         return name if name in _FLOAT_DTYPES else "float32"
+
+
+cdef tuple _int_tuple(const int64_t* values, int n):
+    """A tuple of n Python ints, built in place (no intermediate list)."""
+    cdef tuple t = PyTuple_New(n)
+    cdef int i
+    for i in range(n):
+        o = PyLong_FromLongLong(values[i])
+        Py_INCREF(o)                # PyTuple_SET_ITEM steals a reference; `o` keeps its own
+        PyTuple_SET_ITEM(t, i, o)
+    return t
 
 
 cdef void _release_view(_View v) noexcept:

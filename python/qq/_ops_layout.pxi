@@ -11,12 +11,12 @@ def swizzle_scales(scales, *, out=None, stream=None):
     cdef DLTensor *ts
     cdef DLTensor *to
     cdef void* s
-    cdef _Call call = _Call(func, scales, "scales", stream)
+    cdef _Call call = _new_call(func, scales, "scales", stream)
     result = None
     try:
         vs = call.view(scales, "scales")
         if out is None:
-            shape = vs.shape
+            shape = vs.pyshape()
             if len(shape) == 0:
                 raise ValueError(f"{func}: scales: expected [..., R, C], got a 0-d array")
             # The blocked shape of linear scales [B..., R, C] is the blocked scales shape
@@ -56,7 +56,7 @@ def unswizzle_scales(scales, shape, *, out=None, stream=None):
     if any(d < 0 for d in linear_shape):
         raise ValueError(f"{func}: shape: {linear_shape} has a negative extent; expected the "
                          f"linear scales' shape [..., R, C]")
-    cdef _Call call = _Call(func, scales, "scales", stream)
+    cdef _Call call = _new_call(func, scales, "scales", stream)
     result = None
     try:
         vs = call.view(scales, "scales")
@@ -64,8 +64,8 @@ def unswizzle_scales(scales, shape, *, out=None, stream=None):
             result, vo = call.empty(linear_shape, "uint8", "out")
         else:
             vo = call.out_view(out, "out")
-            if vo.shape != linear_shape:
-                raise ValueError(f"{func}: argument 'out' has shape {vo.shape}; expected the "
+            if vo.pyshape() != linear_shape:
+                raise ValueError(f"{func}: argument 'out' has shape {vo.pyshape()}; expected the "
                                  f"linear shape {linear_shape} given as 'shape'")
         ts, to = _t(vs), _t(vo)
         s = call.cstream()
@@ -87,7 +87,7 @@ def amax(x, *, out=None, stream=None):
     cdef DLTensor *tx
     cdef DLTensor *to
     cdef void* s
-    cdef _Call call = _Call(func, x, "x", stream)
+    cdef _Call call = _new_call(func, x, "x", stream)
     result = None
     try:
         vx = call.view(x, "x")

@@ -90,7 +90,7 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     qp.w_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", w_layout, _LAYOUTS)
     qp.route = <qqRoute_t>_enum(func, "route", route, _ROUTES)
     out_dtype = _dtype_arg(func, dtype)
-    cdef _Call call = _Call(func, x, "x", stream)
+    cdef _Call call = _new_call(func, x, "x", stream)
     result = None
     try:
         vx = call.view(x, "x")
@@ -113,9 +113,9 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
             if out_dtype is None:
                 x_dt = vx.dtype_name()
                 out_dtype = x_dt if (not x_is_q and x_dt in _FLOAT_DTYPES) else "bfloat16"
-            w_shape = vw.shape
+            w_shape = vw.pyshape()
             n = w_shape[-2] if len(w_shape) >= 2 else 0
-            result, vo = call.empty(_matmul_shape(func, vx.shape, w_shape, n), out_dtype, "out")
+            result, vo = call.empty(_matmul_shape(func, vx.pyshape(), w_shape, n), out_dtype, "out")
         else:
             vo = _out_view(call, out, out_dtype)
         tx, txs, tw, tws = _t(vx), _t(vxs), _t(vw), _t(vws)
@@ -200,7 +200,7 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
     qp.x_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", x_layout, _LAYOUTS)
     qp.w_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", w_layout, _LAYOUTS)
     out_dtype = _dtype_arg(func, dtype)
-    cdef _Call call = _Call(func, x, "x", stream)
+    cdef _Call call = _new_call(func, x, "x", stream)
     result = None
     try:
         vx = call.view(x, "x")
@@ -214,7 +214,7 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
             if out_dtype is None:
                 x_dt = vx.dtype_name()
                 out_dtype = x_dt if (not x_is_q and x_dt in _FLOAT_DTYPES) else "bfloat16"
-            x_shape, w_shape = vx.shape, vw.shape
+            x_shape, w_shape = vx.pyshape(), vw.pyshape()
             if len(x_shape) != 2 or len(w_shape) != 3:
                 raise ValueError(f"{func}: x must be [T, K] and w [E, N, K]; got x {tuple(x_shape)}, "
                                  f"w {tuple(w_shape)}")
@@ -260,7 +260,7 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
                                 bits, scale_layout, fp8_format)
     _quant_params(func, &p, mode, group_size, bits, "ceil", scale_layout, fp8_format)
     out_dtype = _dtype_arg(func, dtype)
-    cdef _Call call = _Call(func, x, "x", stream)
+    cdef _Call call = _new_call(func, x, "x", stream)
     result = None
     try:
         vx = call.view(x, "x")
@@ -270,14 +270,14 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
         vg = call.view(call.scalar(global_scale, "global_scale"), "global_scale")
         vbias = call.view(bias, "bias")
         if out is None:
-            w_shape = vw.shape
+            w_shape = vw.pyshape()
             if ctranspose:
                 n = w_shape[-2] if len(w_shape) >= 2 else 0         # w [..., N, K*bits/8]
             elif w_logical is not None:
                 n = w_logical[-1]                                   # W [..., K, N]
             else:
                 n = _unpacked_last(func, "w", &p, w_shape)
-            result, vo = call.empty(_matmul_shape(func, vx.shape, w_shape, n),
+            result, vo = call.empty(_matmul_shape(func, vx.pyshape(), w_shape, n),
                                     out_dtype or vx.float_dtype(), "out")
         else:
             vo = _out_view(call, out, out_dtype)

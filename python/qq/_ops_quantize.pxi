@@ -26,13 +26,14 @@ def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
     cdef DLTensor *tb
     cdef void* s
     _quant_params(func, &p, mode, group_size, bits, rounding, scale_layout, fp8_format)
-    cdef _Call call = _Call(func, x, "x", stream)
+    cdef _Call call = _new_call(func, x, "x", stream)
     biases = None
     try:
         vx = call.view(x, "x")
         global_scale = call.scalar(global_scale, "global_scale")
         vg = call.view(global_scale, "global_scale")
-        data_shape, scales_shape = _quantized_shapes(func, &p, vx.shape)
+        x_shape = vx.pyshape()
+        data_shape, scales_shape = _quantized_shapes(func, &p, x_shape)
         # fp scales are E4M3 / UE8M0 bytes; affine scales and biases have x's dtype.
         scale_dtype = vx.float_dtype() if p.mode == QQ_MODE_AFFINE else "uint8"
         data, vd = call.empty(data_shape, "uint8", "data")
@@ -46,7 +47,6 @@ def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
             st = qqQuantize(NULL, tx, &p, tg, td, ts, tb, s)
         _check(st)
         call.finish()
-        x_shape = vx.shape
     finally:
         call.release()
     return _new_quantized_array(call.result(data), call.result(scales), call.result(biases),
@@ -78,13 +78,13 @@ def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_sca
     cdef DLTensor *trb
     cdef void* s
     _quant_params(func, &p, mode, group_size, bits, rounding, scale_layout, fp8_format)
-    cdef _Call call = _Call(func, x, "x", stream)
+    cdef _Call call = _new_call(func, x, "x", stream)
     biases = rdata = rscales = rbiases = None
     try:
         vx = call.view(x, "x")
         global_scale = call.scalar(global_scale, "global_scale")
         vg = call.view(global_scale, "global_scale")
-        xs = vx.shape
+        xs = vx.pyshape()
         if len(xs) < 2:
             raise ValueError(f"{func}: argument 'x' has shape {xs}; expected [..., M, K]")
         t_shape = xs[:-2] + (xs[-1], xs[-2])
@@ -164,10 +164,10 @@ def quantize_moe(w, scaling="32x1", *, rounding="ceil", scale_layout="linear", f
     else:
         raise ValueError(f"{func}: scaling={scaling!r} is not supported; expected '32x1' or '32x32'")
     _quant_params(func, &p, "mxfp8", None, None, rounding, scale_layout, fp8_format)
-    cdef _Call call = _Call(func, w, "w", stream)
+    cdef _Call call = _new_call(func, w, "w", stream)
     try:
         vx = call.view(w, "w")
-        ws = vx.shape
+        ws = vx.pyshape()
         if len(ws) != 3:
             raise ValueError(f"{func}: argument 'w' has shape {ws}; expected [E, D1, D2]")
         E, D1, D2 = ws
@@ -238,7 +238,7 @@ def dequantize(w, scales=None, biases=None, group_size=None, bits=None, mode="af
                                 bits, scale_layout, fp8_format)
     _quant_params(func, &p, mode, group_size, bits, "ceil", scale_layout, fp8_format)
     out_dtype = _dtype_arg(func, dtype)
-    cdef _Call call = _Call(func, w, "w", stream)
+    cdef _Call call = _new_call(func, w, "w", stream)
     result = None
     try:
         vw = call.view(w, "w")
@@ -247,7 +247,7 @@ def dequantize(w, scales=None, biases=None, group_size=None, bits=None, mode="af
         vg = call.view(call.scalar(global_scale, "global_scale"), "global_scale")
         if out is None:
             if logical_shape is None:
-                w_shape = vw.shape
+                w_shape = vw.pyshape()
                 logical_shape = w_shape[:-1] + (_unpacked_last(func, "w", &p, w_shape),)
             result, vo = call.empty(tuple(logical_shape), out_dtype or "bfloat16", "out")
         else:

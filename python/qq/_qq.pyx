@@ -18,7 +18,11 @@ wrappers in _ops_quantize.pxi, _ops_matmul.pxi and _ops_layout.pxi. The Python A
 specified in docs/api.md.
 """
 
+from cpython.long cimport PyLong_FromLongLong
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.pycapsule cimport (PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_New,
                                 PyCapsule_SetName)
 from libc.stdint cimport int64_t, intptr_t, uint64_t
@@ -33,6 +37,19 @@ from ._dlpack cimport (DLDataType, DLDeviceType, DLManagedTensor, DLManagedTenso
                        kDLFloat8_e5m2, kDLFloat8_e5m2fnuz, kDLFloat8_e8m0fnu, kDLInt,
                        kDLUInt)
 from ._cqq cimport *
+
+
+cdef extern from "structmember.h":
+    ctypedef struct PyMemberDef:
+        int type
+        Py_ssize_t offset
+    enum: T_OBJECT_EX
+
+
+cdef extern from "Python.h":
+    ctypedef struct PyMemberDescrObject:      # a __slots__ entry's descriptor
+        PyMemberDef* d_member
+    object PyType_GenericAlloc(type t, Py_ssize_t nitems)
 
 import numbers
 import operator

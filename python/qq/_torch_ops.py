@@ -609,3 +609,13 @@ def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_f
     pw.quantized, pw.values = qa, values
     pw.mode, pw.global_scale, pw.shape = qa.mode, qa.global_scale, qa.shape
     return pw
+
+
+def _cache_compile_check():
+    """qq._dispatch's fast eager check: torch.compiler.is_compiling, looked up once (here,
+    when the ops are registered, outside any traced code)."""
+    from . import _dispatch
+    _dispatch._is_compiling = torch.compiler.is_compiling
+
+
+_cache_compile_check()

@@ -29,7 +29,7 @@ cdef tuple _quantized_shapes(str func, const qqQuantParams_t* p, tuple x_shape, 
         if axis != "K":
             msg = msg.replace(" K=", f" {axis}=").replace("pad K", f"pad {axis}")
         raise ValueError(msg) from None
-    return tuple([ds[i] for i in range(nd)]), tuple([ss[i] for i in range(sn)])
+    return _int_tuple(ds, nd), _int_tuple(ss, sn)
 
 
 cdef int64_t _unpacked_last(str func, str name, const qqQuantParams_t* p, tuple data_shape) except -1:
@@ -179,22 +179,61 @@ class QuantizedArray:
         return f"QuantizedArray({', '.join(parts)})"
 
 
+# QuantizedArray stays a plain Python class (torch.compile traces code that builds one, and
+# cannot trace a Cython type). Its __slots__ are fixed offsets in the object; the results
+# of every quantize call are stored there directly (11 generic setattr calls were ~2k
+# instructions, more than the rest of a small NumPy quantize's Python side).
+cdef Py_ssize_t _QA_SLOT[11]
+cdef bint _qa_slots_known = False
+
+
+cdef _qa_slot_offsets():
+    global _qa_slots_known
+    if QuantizedArray.__slots__ != ("data", "scales", "biases", "mode", "group_size", "bits",
+                                    "global_scale", "rounding", "scale_layout", "fp8_format",
+                                    "shape"):   # the order _new_quantized_array writes
+        return
+    for i, name in enumerate(QuantizedArray.__slots__):
+        d = QuantizedArray.__dict__[name]
+        if type(d).__name__ != "member_descriptor" or (<PyMemberDescrObject*>d).d_member.type != T_OBJECT_EX:
+            return
+        _QA_SLOT[i] = (<PyMemberDescrObject*>d).d_member.offset
+    _qa_slots_known = True
+
+
+_qa_slot_offsets()
+
+
+cdef inline void _qa_set(object qa, int slot, object value) noexcept:
+    """Store `value` in an empty slot of a new QuantizedArray (the slot holds no reference)."""
+    Py_INCREF(value)
+    (<PyObject**>((<char*><PyObject*>qa) + _QA_SLOT[slot]))[0] = <PyObject*>value
+
+
 cdef object _new_quantized_array(data, scales, biases, str mode, const qqQuantParams_t* p,
                                   global_scale, rounding, scale_layout, fp8_format, tuple shape):
     """A QuantizedArray from an operation that has validated everything already: the fields
     are set directly (QuantizedArray() would resolve the parameters again; 1.5 us a call)."""
-    qa = QuantizedArray.__new__(QuantizedArray)
-    qa.data = data
-    qa.scales = scales
-    qa.biases = biases
-    qa.mode = mode
-    qa.group_size = p.group_size
-    qa.bits = p.bits
-    qa.global_scale = global_scale
-    qa.rounding = rounding
-    qa.scale_layout = scale_layout
-    qa.fp8_format = fp8_format
-    qa.shape = shape
+    if not _qa_slots_known:
+        qa = QuantizedArray.__new__(QuantizedArray)
+        (qa.data, qa.scales, qa.biases, qa.mode, qa.group_size, qa.bits, qa.global_scale,
+         qa.rounding, qa.scale_layout, qa.fp8_format, qa.shape) = (
+            data, scales, biases, mode, p.group_size, p.bits, global_scale, rounding,
+            scale_layout, fp8_format, shape)
+        return qa
+    qa = PyType_GenericAlloc(QuantizedArray, 0)    # what object.__new__ does, without the lookups
+    # the order of QuantizedArray.__slots__
+    _qa_set(qa, 0, data)
+    _qa_set(qa, 1, scales)
+    _qa_set(qa, 2, biases)
+    _qa_set(qa, 3, mode)
+    _qa_set(qa, 4, p.group_size)
+    _qa_set(qa, 5, p.bits)
+    _qa_set(qa, 6, global_scale)
+    _qa_set(qa, 7, rounding)
+    _qa_set(qa, 8, scale_layout)
+    _qa_set(qa, 9, fp8_format)
+    _qa_set(qa, 10, shape)
     return qa
 
 

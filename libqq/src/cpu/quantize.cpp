@@ -166,11 +166,35 @@ void quantize_row(const float* x, int64_t K, const QSpec& q, float enc, uint8_t*
 
 // ---- one row: dequantize -------------------------------------------------------
 // scale(g) gives the group's scale byte (fp) or scf/bif (affine, fp32 values).
+namespace {
+// Every byte's decoded value(s), from the codecs of codec.h (built once): a table lookup
+// per byte instead of a decode per element, the same values. kFp4[b] = the two e2m1
+// values of byte b (low nibble first); kFp8[kind][b] = the e4m3 / e5m2 value of b.
+struct DecodeTables {
+  float fp4[256][2];
+  float fp8[3][256];
+  DecodeTables() {
+    for (int b = 0; b < 256; ++b) {
+      fp4[b][0] = e2m1_decode((uint8_t)(b & 0xf));
+      fp4[b][1] = e2m1_decode((uint8_t)(b >> 4));
+      fp8[ELEM_E2M1][b] = 0.0f;  // unused: e2m1 elements are packed two to a byte
+      fp8[ELEM_E4M3][b] = e4m3_decode((uint8_t)b);
+      fp8[ELEM_E5M2][b] = e5m2_decode((uint8_t)b);
+    }
+  }
+};
+const DecodeTables& decode_tables() {
+  static const DecodeTables t;
+  return t;
+}
+}  // namespace
+
 void dequantize_row(const uint8_t* data, int64_t K, const QSpec& q, const uint8_t* sc, const float* scf,
                     const float* bif, float gdec, float* out) {
   const int g = q.group;
   const int64_t ng = K / g;
   if (q.fp()) {
+    const DecodeTables& t = decode_tables();
     for (int64_t gi = 0; gi < ng; ++gi) {
       const uint8_t s = sc[gi];
       const float f = q.mode == QQ_MODE_NVFP4 ? e4m3_decode(s) : ue8m0_decode(s);
@@ -178,12 +202,13 @@ void dequantize_row(const uint8_t* data, int64_t K, const QSpec& q, const uint8_
       if (q.bits == 4) {
         const uint8_t* d = data + gi * g / 2;
         for (int i = 0; i < g; i += 2) {
-          o[i] = e2m1_decode(d[i / 2] & 0xf) * f;
-          o[i + 1] = e2m1_decode(d[i / 2] >> 4) * f;
+          o[i] = t.fp4[d[i / 2]][0] * f;
+          o[i + 1] = t.fp4[d[i / 2]][1] * f;
         }
       } else {
         const uint8_t* d = data + gi * g;
-        for (int i = 0; i < g; ++i) o[i] = elem_decode(q.elem, d[i]) * f;
+        const float* lut = t.fp8[q.elem];
+        for (int i = 0; i < g; ++i) o[i] = lut[d[i]] * f;
       }
       if (q.mode == QQ_MODE_NVFP4 && gdec != 1.0f)
         for (int i = 0; i < g; ++i) o[i] = o[i] * gdec;

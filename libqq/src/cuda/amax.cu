@@ -36,9 +36,21 @@ __global__ void amax_kernel(Mat x, int64_t total, unsigned int* out) {
     m = threadIdx.x < (blockDim.x >> 5) ? warp_max[threadIdx.x] : 0.0f;
 #pragma unroll
     for (int o = 16; o; o >>= 1) m = nanmax_f(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (threadIdx.x == 0) atomicMax(out, f2u(m) & 0x7fffffffu);  // |NaN| keeps NaN bits
+    // |NaN| keeps NaN bits. A grid of one block owns *out: a plain store, so
+    // that no memset launch has to clear it first.
+    if (threadIdx.x == 0) {
+      if (gridDim.x == 1) *out = f2u(m) & 0x7fffffffu;
+      else atomicMax(out, f2u(m) & 0x7fffffffu);
+    }
   }
 }
+
+// Up to this many elements one block of kSmallThreads reduces all of x: one
+// launch instead of a memset and a launch (the host cost of small calls, such
+// as the global scale of a decode step's activations, is mostly launches);
+// 128K bf16 elements are 256 KB, read by one SM in a few microseconds.
+constexpr int64_t kSmallTotal = int64_t(1) << 17;
+constexpr int kSmallThreads = 1024;
 
 }  // namespace
 
@@ -46,15 +58,19 @@ qqStatus_t amax(qqHandle_t h, const Mat& x, float* out, void* stream) {
   const int64_t total = x.batch() * x.rows * x.cols;
   return on_device(x.device, [&]() -> qqStatus_t {
     cudaStream_t st = (cudaStream_t)stream;
-    QQ_CUDA_TRY(cudaMemsetAsync(out, 0, sizeof(float), st), "amax");
-    if (total == 0) return QQ_STATUS_SUCCESS;
-    const int sms = sm_count(x.device);
-    const int64_t want = (total + kThreads * 8 - 1) / (kThreads * 8);
-    const unsigned int grid = (unsigned int)(want < (int64_t)sms * 8 ? want : (int64_t)sms * 8);
+    unsigned int grid = 1;
+    int threads = kSmallThreads;
+    if (total > kSmallTotal) {  // many blocks, combined by atomicMax into a cleared *out
+      QQ_CUDA_TRY(cudaMemsetAsync(out, 0, sizeof(float), st), "amax");
+      const int sms = sm_count(x.device);
+      const int64_t want = (total + kThreads * 8 - 1) / (kThreads * 8);
+      grid = (unsigned int)(want < (int64_t)sms * 8 ? want : (int64_t)sms * 8);
+      threads = kThreads;
+    }
     switch (x.dt) {
-      case DType::F32: amax_kernel<float><<<grid, kThreads, 0, st>>>(x, total, (unsigned int*)out); break;
-      case DType::F16: amax_kernel<__half><<<grid, kThreads, 0, st>>>(x, total, (unsigned int*)out); break;
-      default: amax_kernel<__nv_bfloat16><<<grid, kThreads, 0, st>>>(x, total, (unsigned int*)out); break;
+      case DType::F32: amax_kernel<float><<<grid, threads, 0, st>>>(x, total, (unsigned int*)out); break;
+      case DType::F16: amax_kernel<__half><<<grid, threads, 0, st>>>(x, total, (unsigned int*)out); break;
+      default: amax_kernel<__nv_bfloat16><<<grid, threads, 0, st>>>(x, total, (unsigned int*)out); break;
     }
     return check_launch("amax");
   });

@@ -36,6 +36,9 @@ constexpr int kQmmaMaxM = 64;
 // (bench/results/qmm-h100.md, qqmm-h100.md).
 constexpr int kPackedOverValuesMaxM = 16;
 qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream);
+// Whether qmma takes call `a` (the same checks, no launch): qqmm asks before it
+// quantizes x for it.
+bool qmma_takes(const MatmulArgs& a);
 
 // gemm.cu - one cuBLASLt GEMM, row-major:
 //   D[M, N] = alpha * A[M, K] @ op(B) (+ bias[N]),  op(B) = B^T for B [N, K]

@@ -425,39 +425,55 @@ void launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st) {
 
 }  // namespace
 
-qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream) {
+namespace {
+// The kernel's format and layout for call `a` (*F, *L), or false when qmma
+// does not take it.
+bool plan(const MatmulArgs& a, int* F, QL* L) {
   // mxfp8 at M = 1: qmv.cu's kernel is faster (177 vs 234 us at 16384^2 on
   // the H100, bench/results/qmm-h100.md); from M = 2 this one is.
-  if (a.M == 1 && a.q.mode == QQ_MODE_MXFP8) return QQ_STATUS_NOT_SUPPORTED;
-  if (a.M < 1 || a.M > kQmmaMaxM || a.x_packed || !a.w_packed || !a.transpose) return QQ_STATUS_NOT_SUPPORTED;
-  if (a.x.dt != DType::BF16 || !a.q.fp()) return QQ_STATUS_NOT_SUPPORTED;
+  if (a.M == 1 && a.q.mode == QQ_MODE_MXFP8) return false;
+  if (a.M < 1 || a.M > kQmmaMaxM || a.x_packed || !a.w_packed || !a.transpose) return false;
+  if (a.x.dt != DType::BF16 || !a.q.fp()) return false;
   const QSpec& q = a.q;
-  QL L{};
-  L.M = (int)a.M;
-  int F;
-  if (q.mode == QQ_MODE_NVFP4 && q.group == 16) F = QNV4;
-  else if (q.mode == QQ_MODE_MXFP4 && q.group == 32) F = QMX4;
-  else if (q.mode == QQ_MODE_MXFP8 && q.group == 32) F = QMX8;
-  else return QQ_STATUS_NOT_SUPPORTED;
-  if (F == QMX8) {
-    L.f8_kind = q.elem;
+  *L = QL{};
+  L->M = (int)a.M;
+  if (q.mode == QQ_MODE_NVFP4 && q.group == 16) *F = QNV4;
+  else if (q.mode == QQ_MODE_MXFP4 && q.group == 32) *F = QMX4;
+  else if (q.mode == QQ_MODE_MXFP8 && q.group == 32) *F = QMX8;
+  else return false;
+  if (*F == QMX8) {
+    L->f8_kind = q.elem;
     if (q.elem == ELEM_E4M3) {
-      L.f8_shl = 4; L.f8_shr = 4; L.f8_mag = 0x07f007f0u; L.fix2 = 0x7b807b80u; L.fix = 120;
-      L.f8_nan_mask = 0x7f7f7f7fu; L.f8_nan_add = 0x01010101u;
+      L->f8_shl = 4; L->f8_shr = 4; L->f8_mag = 0x07f007f0u; L->fix2 = 0x7b807b80u; L->fix = 120;
+      L->f8_nan_mask = 0x7f7f7f7fu; L->f8_nan_add = 0x01010101u;
     } else if (q.elem == ELEM_E5M2) {
-      L.f8_shl = 5; L.f8_shr = 3; L.f8_mag = 0x0fe00fe0u; L.fix2 = 0x77807780u; L.fix = 112;
-      L.f8_nan_mask = 0x7c7c7c7cu; L.f8_nan_add = 0x04040404u;
+      L->f8_shl = 5; L->f8_shr = 3; L->f8_mag = 0x0fe00fe0u; L->fix2 = 0x77807780u; L->fix = 112;
+      L->f8_nan_mask = 0x7c7c7c7cu; L->f8_nan_add = 0x04040404u;
     } else {
-      return QQ_STATUS_NOT_SUPPORTED;
+      return false;
     }
   }
-  if (F != QMX8) L.fix = 126;
+  if (*F != QMX8) L->fix = 126;
   const int64_t row_bytes = a.K * q.bits / 8;
   // nvfp4 scales are read two bytes at a time (one load per row and chunk)
   if (row_bytes % 16 || row_bytes / 16 >= (int64_t)1 << 31 || !aligned(a.w, 16) || !aligned(a.x, 16) ||
-      (F == QNV4 && !aligned(a.w_scales, 2)))
-    return QQ_STATUS_NOT_SUPPORTED;
-  L.C = row_bytes / 16;
+      (*F == QNV4 && !aligned(a.w_scales, 2)))
+    return false;
+  L->C = row_bytes / 16;
+  return true;
+}
+}  // namespace
+
+bool qmma_takes(const MatmulArgs& a) {
+  int F;
+  QL L;
+  return plan(a, &F, &L);
+}
+
+qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream) {
+  int F;
+  QL L;
+  if (!plan(a, &F, &L)) return QQ_STATUS_NOT_SUPPORTED;
   switch (F) {
     case QNV4: launch<QNV4>(a, L, alpha, stream); break;
     case QMX4: launch<QMX4>(a, L, alpha, stream); break;

@@ -586,10 +586,11 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
     if ((any || want == QQ_ROUTE_QMMA) && Mtot <= kQmmaMaxM && wonly) {
       __nv_bfloat16* xq = nullptr;
       QQ_TRY(scratch.get("qqmm", (size_t)(Mtot * K) * 2, &xq));
-      QQ_TRY(qdq<__nv_bfloat16>(a.x, a.q, a.gs_x, nullptr, xq, st));
       const MatmulArgs b = weight_only_args(a, xq, DType::BF16, Mtot);
-      const qqStatus_t s = qmma(b, alpha, st);
-      if (s != QQ_STATUS_NOT_SUPPORTED) return routed(s, QQ_ROUTE_QMMA);
+      if (qmma_takes(b)) {  // asked first: x is quantized only for the route that runs
+        QQ_TRY(qdq<__nv_bfloat16>(a.x, a.q, a.gs_x, nullptr, xq, st));
+        return routed(qmma(b, alpha, st), QQ_ROUTE_QMMA);
+      }
       if (!any)
         return set_error(QQ_STATUS_NOT_SUPPORTED, "qqmm: route 'qmma' does not take this call: it needs w's rows "
                          "to be whole 16-byte chunks (K * bits / 8 %% 16 == 0) on 16-byte aligned rows, and mxfp8 at "
