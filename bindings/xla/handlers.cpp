@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <atomic>
 #include <exception>
 #include <initializer_list>
 #include <new>
@@ -451,6 +452,10 @@ struct OpDef {
   bool (*fold)(const Call&, const std::vector<bool>& batched, int base_rank);
 };
 
+// How many vmapped calls were folded into one libqq call, and how many looped: a
+// diagnostic for the tests (qq_xla_vmap_counts), which check that both paths run.
+std::atomic<int64_t> g_folded{0}, g_looped{0};
+
 void run_batched(Call& c, const OpDef& op) {
   if (c.in.empty() || c.out.empty()) fail(kErrorInvalidArgument, std::string(c.op) + ": no operands or results");
   int64_t base_rank = c.integer("rank", 0);
@@ -472,8 +477,10 @@ void run_batched(Call& c, const OpDef& op) {
     // Batched operands keep the vmap axes as leading batch axes; the others drop their 1s.
     for (size_t i = 0; i < c.in.size(); ++i)
       if (!batched[i]) c.in[i].dims.erase(c.in[i].dims.begin(), c.in[i].dims.begin() + nb);
+    g_folded.fetch_add(1, std::memory_order_relaxed);
     return op.run(c);
   }
+  g_looped.fetch_add(1, std::memory_order_relaxed);
   // One libqq call per vmap index, every array sliced at it (broadcast along its 1s).
   Call one = c;
   auto slice_strides = [&](const Arr& a) {
@@ -587,3 +594,9 @@ QQ_XLA_HANDLERS(quantized_matmul, kQuantizedMatmul)
 
 // The API version the handlers report (major * 1000 + minor), for qq's diagnostics.
 QQ_XLA_EXPORT int qq_xla_api_version(void) noexcept { return kApiMajor * 1000 + kApiMinor; }
+
+// The number of vmapped calls run so far as one folded libqq call / as a loop.
+QQ_XLA_EXPORT void qq_xla_vmap_counts(int64_t* folded, int64_t* looped) noexcept {
+  if (folded) *folded = g_folded.load(std::memory_order_relaxed);
+  if (looped) *looped = g_looped.load(std::memory_order_relaxed);
+}

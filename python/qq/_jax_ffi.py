@@ -43,6 +43,7 @@ _PLATFORMS = (("cpu", "cpu"), ("CUDA", "cuda"))
 _lock = threading.Lock()
 _status = None          # None: not tried yet; "ok"; or why the handlers are unavailable
 _platforms = []         # the platforms registered
+_lib = None             # the loaded libqq_xla.so
 
 
 def library_path() -> str:
@@ -59,10 +60,12 @@ def _register() -> str:
         jax.devices()
     except Exception as e:  # noqa: BLE001
         return f"this jax has no usable jax.ffi: {type(e).__name__}: {e}"
+    global _lib
     try:
         lib = ctypes.CDLL(library_path())
     except OSError as e:
         return f"cannot load {library_path()}: {e}"
+    _lib = lib
     for op in OPS:
         for platform, suffix in _PLATFORMS:
             try:
@@ -94,6 +97,22 @@ def status() -> str:
 def available() -> bool:
     """True when qq's calls can run inside jax.jit / vmap as XLA custom calls."""
     return status() == "ok"
+
+
+def platforms() -> list:
+    """The XLA platforms the handlers are registered for ("cpu", "CUDA")."""
+    status()
+    return list(_platforms)
+
+
+def vmap_counts() -> tuple:
+    """(folded, looped): how many vmapped calls the handlers ran as one libqq call with the
+    vmap axes as batch axes, and how many as a loop over them (a diagnostic)."""
+    if not available():
+        return (0, 0)
+    folded, looped = ctypes.c_int64(0), ctypes.c_int64(0)
+    _lib.qq_xla_vmap_counts(ctypes.byref(folded), ctypes.byref(looped))
+    return folded.value, looped.value
 
 
 def _require(func):
@@ -178,6 +197,18 @@ def _sds(shape, dtype):
     return jax.ShapeDtypeStruct(tuple(int(d) for d in shape), jnp.dtype(dtype))
 
 
+def _qa(data, scales, biases, mode, p, gs, rounding, scale_layout, fp8_format, shape):
+    """A QuantizedArray of an op's results, its fields set directly: the parameters were
+    validated already, and a combination only libqq refuses (a global scale outside nvfp4)
+    is refused by libqq, with its message, when XLA runs the call."""
+    qa = QuantizedArray.__new__(QuantizedArray)
+    qa.data, qa.scales, qa.biases, qa.global_scale = data, scales, biases, gs
+    qa.mode, qa.group_size, qa.bits = mode, p["group_size"], p["bits"]
+    qa.rounding, qa.scale_layout, qa.fp8_format = rounding, scale_layout, fp8_format
+    qa.shape = tuple(int(d) for d in shape)
+    return qa
+
+
 def _scale_dtype(mode, x):
     return x.dtype if mode == "affine" else jnp.uint8
 
@@ -200,9 +231,7 @@ def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
         results.append(_sds(ss, x.dtype))
     outs = _ffi("quantize", [("x", x), ("global_scale", gs)], results, **p)
     biases = outs[2] if mode == "affine" else None
-    return QuantizedArray(outs[0], outs[1], biases, mode=mode, group_size=p["group_size"],
-                          bits=p["bits"], global_scale=gs, rounding=rounding,
-                          scale_layout=scale_layout, fp8_format=fp8_format, shape=x.shape)
+    return _qa(outs[0], outs[1], biases, mode, p, gs, rounding, scale_layout, fp8_format, x.shape)
 
 
 def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
@@ -233,10 +262,8 @@ def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_sca
 
     def qa(i, shape):
         o = outs[i * per:(i + 1) * per]
-        return QuantizedArray(o[0], o[1], o[2] if per == 3 else None, mode=mode,
-                              group_size=p["group_size"], bits=p["bits"], global_scale=gs,
-                              rounding=rounding, scale_layout=scale_layout,
-                              fp8_format=fp8_format, shape=shape)
+        return _qa(o[0], o[1], o[2] if per == 3 else None, mode, p, gs, rounding, scale_layout,
+                   fp8_format, shape)
 
     col = qa(0, t_shape)
     return (qa(1, xs), col) if rowwise else col
