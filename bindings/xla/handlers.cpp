@@ -39,6 +39,10 @@
 #include "qq/qq.h"
 #include "xla_ffi.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 #define QQ_XLA_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace {
@@ -522,6 +526,45 @@ void run_batched(Call& c, const OpDef& op) {
   }
 }
 
+// ---- IEEE arithmetic on XLA's CPU threads ----------------------------------------------------------
+// XLA's CPU runtime computes with denormals flushed to zero (x86: MXCSR's FTZ and DAZ bits;
+// Arm: FPCR.FZ) on the threads that run its kernels - and so custom calls. libqq's numerics
+// are exact IEEE arithmetic (docs/formats.md: subnormal inputs and scales are ordinary
+// values), so on the CPU platform a handler runs libqq with that state cleared and
+// round-to-nearest-even set, and restores XLA's state afterwards. (libqq's CPU worker
+// threads are created by the calling thread and inherit its floating-point state.)
+class IeeeFloatScope {
+ public:
+  IeeeFloatScope() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    saved_ = _mm_getcsr();
+    // clear FTZ (bit 15), DAZ (bit 6) and the rounding control (bits 13-14: 00 = nearest)
+    _mm_setcsr(saved_ & ~(0x8000u | 0x0040u | 0x6000u));
+#elif defined(__aarch64__)
+    __asm__ __volatile__("mrs %0, fpcr" : "=r"(saved_));
+    // clear FZ (bit 24), FZ16 (bit 19) and RMode (bits 22-23: 00 = nearest)
+    uint64_t v = saved_ & ~((1ull << 24) | (1ull << 19) | (3ull << 22));
+    __asm__ __volatile__("msr fpcr, %0" : : "r"(v));
+#endif
+  }
+  ~IeeeFloatScope() {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_setcsr(saved_);
+#elif defined(__aarch64__)
+    __asm__ __volatile__("msr fpcr, %0" : : "r"(saved_));
+#endif
+  }
+  IeeeFloatScope(const IeeeFloatScope&) = delete;
+  IeeeFloatScope& operator=(const IeeeFloatScope&) = delete;
+
+ private:
+#if defined(__aarch64__)
+  uint64_t saved_ = 0;
+#else
+  unsigned saved_ = 0;
+#endif
+};
+
 // ---- the entry points --------------------------------------------------------------------------
 Error* make_error(const Api* api, ErrorCode code, const char* message) noexcept {
   if (!api || api->struct_size < QQ_XLA_SIZE_UPTO(Api, error_create) || !api->error_create) return nullptr;
@@ -553,7 +596,12 @@ Error* run(CallFrame* f, const OpDef& op, Platform platform) noexcept {
     c.op = op.name;
     c.platform = platform;
     decode(f, c);
-    run_batched(c, op);
+    if (platform == Platform::kCpu) {
+      IeeeFloatScope ieee;
+      run_batched(c, op);
+    } else {
+      run_batched(c, op);
+    }
     return nullptr;
   } catch (const XlaFailure& e) {
     return e.error;
