@@ -175,7 +175,7 @@ def _array(a):
     return None if a is None else jnp.asarray(a)
 
 
-def _scalar(func, value, name):
+def _scalar(value):
     """A global scale: arrays as they are; a Python / NumPy real number as float32 ()."""
     if value is None:
         return None
@@ -223,7 +223,7 @@ def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
     _no_stream_or_out(func, stream)
     p = _qq._jax_quant_params(func, mode, group_size, bits, rounding, scale_layout, fp8_format)
     x = jnp.asarray(x)
-    gs = _scalar(func, global_scale, "global_scale")
+    gs = _scalar(global_scale)
     ds, ss = _qq._jax_quantized_shapes(func, mode, group_size, bits, rounding, scale_layout,
                                        fp8_format, x.shape)
     results = [_sds(ds, jnp.uint8), _sds(ss, _scale_dtype(mode, x))]
@@ -241,7 +241,7 @@ def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_sca
     _no_stream_or_out(func, stream)
     p = _qq._jax_quant_params(func, mode, group_size, bits, rounding, scale_layout, fp8_format)
     x = jnp.asarray(x)
-    gs = _scalar(func, global_scale, "global_scale")
+    gs = _scalar(global_scale)
     xs = tuple(x.shape)
     if len(xs) < 2:
         raise ValueError(f"{func}: argument 'x' has shape {xs}; expected [..., M, K]")
@@ -284,7 +284,7 @@ def dequantize(w, scales=None, biases=None, group_size=None, bits=None, mode="af
         logical = tuple(w.shape[:-1]) + (
             _qq._jax_unpacked_last(func, "w", mode, group_size, bits, w.shape),)
     operands = [("w", w), ("scales", _array(scales)), ("biases", _array(biases)),
-                ("global_scale", _scalar(func, global_scale, "global_scale"))]
+                ("global_scale", _scalar(global_scale))]
     (y,) = _ffi("dequantize", operands, [_sds(logical, out_dtype)], **p)
     return y
 
@@ -379,8 +379,8 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     n = w.shape[-2] if w.ndim >= 2 else 0
     shape = _qq._jax_matmul_shape(func, x.shape, w.shape, n)
     operands = [("x", x), ("x_scales", _array(x_scales)), ("w", w), ("scales", _array(scales)),
-                ("global_scale_x", _scalar(func, global_scale_x, "global_scale_x")),
-                ("global_scale_w", _scalar(func, global_scale_w, "global_scale_w")),
+                ("global_scale_x", _scalar(global_scale_x)),
+                ("global_scale_w", _scalar(global_scale_w)),
                 ("bias", _array(bias)), ("c", _array(c)), ("w_values", _array(w_values))]
     (y,) = _ffi("qqmm", operands, [_sds(shape, out_dtype)], x_scale_layout=x_layout_e,
                 w_scale_layout=w_layout_e, route=route_e, beta=beta_f, **p)
@@ -407,7 +407,7 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
         n = _qq._jax_unpacked_last(func, "w", mode, group_size, bits, w.shape)
     shape = _qq._jax_matmul_shape(func, x.shape, w.shape, n)
     operands = [("x", x), ("w", w), ("scales", _array(scales)), ("biases", _array(biases)),
-                ("global_scale", _scalar(func, global_scale, "global_scale")),
+                ("global_scale", _scalar(global_scale)),
                 ("bias", _array(bias))]
     (y,) = _ffi("quantized_matmul", operands, [_sds(shape, out_dtype or x.dtype)],
                 transpose=1 if transpose else 0, **p)
