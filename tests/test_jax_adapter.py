@@ -1,5 +1,6 @@
 """qq.jax.qq_linear (jax.custom_vjp): gradients against float64 NumPy, eager and under
-jax.jit (host callbacks), on JAX's default device. Skipped without jax."""
+jax.jit (XLA custom calls; tests/test_jax_ffi.py has the bit-exact comparisons), on JAX's
+default device. Skipped without jax."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def test_gradients(mode, jit):
 
 
 def test_jit_matches_eager():
-    """The host-callback path (jit) computes the same numbers as the eager path."""
+    """The jitted path (XLA custom calls) computes the same numbers as the eager path."""
     x, w, b, _ = data(1)
     f = lambda x, w, b: qqj.qq_linear(x, w, b, mode="mxfp8")  # noqa: E731
     a = np.asarray(f(jnp.asarray(x), jnp.asarray(w), jnp.asarray(b)))

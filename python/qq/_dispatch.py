@@ -1,5 +1,6 @@
-"""qq's public functions: the Cython ones, or their torch custom ops while torch.compile
-traces (docs/api.md, "torch.compile").
+"""qq's public functions: the Cython ones, their torch custom ops while torch.compile
+traces (docs/api.md, "torch.compile"), or XLA custom calls when JAX traces them (jax.jit,
+vmap: qq/_jax_ffi.py).
 
 torch.compile (Dynamo) cannot trace a Cython function: a call to one ends the graph. So
 each public function that has a torch op is a small Python function that Dynamo does trace:
@@ -12,6 +13,11 @@ Dynamo folds `torch.compiler.is_compiling()` to True, so the compiled graph hold
 and no trace of the check. `import qq` never imports torch: the check looks at
 sys.modules, and qq._torch_ops (which registers the ops) is imported by `import qq` when
 torch is already there, by qq.torch, or by the first traced call.
+
+JAX tracers cost the eager path nothing: the Cython function is called first, and only when
+it raises (it cannot read a tracer: no __dlpack__) are the arguments looked at; if any is a
+JAX tracer, the call goes to qq._jax_ffi (an ffi_call of libqq's XLA handler), else the
+error stands. `import qq` never imports jax either.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ _modules = sys.modules
 def _compiling() -> bool:
     """True while torch.compile / torch.export traces: a dict lookup while torch is not
     imported, then a call of torch.compiler.is_compiling (which Dynamo folds to True).
-    Nothing is cached: a global written here would be a guard Dynamo recompiles on."""
+    Used until _is_compiling below is set (torch imported after qq); nothing is written
+    here: a global written while Dynamo traces would be a guard it recompiles on."""
     t = _modules.get("torch")
     return t is not None and t.compiler.is_compiling()
 
@@ -44,6 +51,15 @@ def _torch_ops():
 _is_compiling = None
 
 
+def _jax_ffi():
+    from . import _jax_ffi     # imports jax (already imported: a tracer exists)
+    return _jax_ffi
+
+
+def _jax_traced(args, kwargs) -> bool:
+    return "jax" in _modules and _jax_ffi().traced(args, kwargs)
+
+
 def _dispatching(name, eager=None):
     eager = eager or getattr(_qq, name)
 
@@ -56,7 +72,12 @@ def _dispatching(name, eager=None):
             if _compiling():
                 return getattr(_torch_ops(), name)(*args, **kwargs)
             _torch_ops()                # eager: register the ops now, which sets _is_compiling
-        return eager(*args, **kwargs)
+        try:
+            return eager(*args, **kwargs)
+        except Exception:
+            if not _jax_traced(args, kwargs):
+                raise
+        return _jax_ffi().op(name)(*args, **kwargs)     # outside the except: no chained error
 
     functools.update_wrapper(f, eager)
     return f
@@ -99,3 +120,5 @@ _qq.QuantizedArray.__getitem__ = _qa_getitem
 
 if "torch" in _modules:
     _torch_ops()
+if "jax" in _modules:
+    _jax_ffi()      # QuantizedArray becomes a JAX pytree (jit / vmap can return it)

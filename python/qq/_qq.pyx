@@ -14,8 +14,9 @@ stay plain C calls): _errors.pxi (status -> exception, library info), _params.px
 parameters -> C enums, validated once and cached), _dlpack.pxi (DLPack import: _View;
 export: _DeviceBuffer), _streams.pxi, _call.pxi (per-call state: framework, device,
 stream, views, results), _types.pxi (QuantizedArray, PreparedWeight), and the thin op
-wrappers in _ops_quantize.pxi, _ops_matmul.pxi and _ops_layout.pxi. The Python API is
-specified in docs/api.md.
+wrappers in _ops_quantize.pxi, _ops_matmul.pxi and _ops_layout.pxi, and _jax_shapes.pxi
+(parameters and result shapes for the JAX custom calls of qq/_jax_ffi.py). The Python API
+is specified in docs/api.md.
 """
 
 from cpython.long cimport PyLong_FromLongLong
@@ -70,3 +71,4 @@ include "_types.pxi"
 include "_ops_quantize.pxi"
 include "_ops_matmul.pxi"
 include "_ops_layout.pxi"
+include "_jax_shapes.pxi"

@@ -12,11 +12,14 @@ rows to the block.
 
 How it runs: called on concrete arrays (eager), every step calls libqq directly on the
 arrays through DLPack - on the GPU when they live there (synchronously: qq waits for its
-work before returning, see docs/api.md). Under jax.jit (or grad of a jitted function) the
-operands are tracers, which libqq cannot read, so the forward and the backward each run as
-one jax.pure_callback on host copies with libqq's CPU backend: correct, but a round trip
-through host memory per call; use it eagerly (or around jit-compiled parts) for speed.
-The backward quantizes W again from the saved float weight (bit-identical to the forward's).
+work before returning, see docs/api.md). Under jax.jit (or grad of a jitted function, or
+jax.vmap) the operands are tracers and the same qq calls become XLA FFI custom calls
+(qq/_jax_ffi.py): XLA runs libqq's kernels on its own buffers and stream, on the CPU or
+the GPU, with no host round trip and no synchronization. Only where those handlers cannot
+be registered (qq._jax_ffi.status() says why) do the forward and the backward each run as
+one jax.pure_callback on host copies with libqq's CPU backend (the same numbers, a round
+trip through host memory per call). The backward quantizes W again from the saved float
+weight (bit-identical to the forward's).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import qq
+from qq import _jax_ffi   # QuantizedArray as a pytree; the XLA handlers (registered on first use)
 
 __all__ = ["qq_linear", "MODES"]
 
@@ -101,6 +105,11 @@ def _traced(*arrays):
     return any(isinstance(a, _TRACER) for a in arrays if a is not None)
 
 
+def _host_fallback(*arrays):
+    """Tracers, and no XLA handlers to run qq on them: the pure_callback path."""
+    return _traced(*arrays) and not _jax_ffi.available()
+
+
 def _host(fn, result_shapes, *args):
     """Run fn on host NumPy copies of args (libqq's CPU backend) inside a traced function."""
     def cb(*a):
@@ -137,7 +146,7 @@ def _linear_fwd(x, w, b, mode):
     _check(x, w, b, mode)
     shape = x.shape
     x2 = jnp.reshape(x, (-1, shape[-1]))
-    if _traced(x2, w, b):
+    if _host_fallback(x2, w, b):
         out = jax.ShapeDtypeStruct((x2.shape[0], w.shape[0]), x2.dtype)
         if b is None:
             (y,) = _host(lambda a, ww: (_forward(a, ww, None, mode),), (out,), x2, w)
@@ -153,7 +162,7 @@ def _linear_bwd(mode, res, dy):
     x2, w, b = res
     has_bias, shape = b is not None, (*dy.shape[:-1], w.shape[1])
     dy2 = jnp.reshape(dy, (-1, dy.shape[-1])).astype(x2.dtype)
-    if _traced(x2, w, dy2):
+    if _host_fallback(x2, w, dy2):
         shapes = [jax.ShapeDtypeStruct(x2.shape, x2.dtype), jax.ShapeDtypeStruct(w.shape, w.dtype)]
         if has_bias:
             shapes.append(jax.ShapeDtypeStruct((w.shape[0],), w.dtype))
