@@ -81,6 +81,16 @@ def test_out_buffer(device, shape, rng):
     assert_bits_equal(to_numpy(out), R.amax(x), "amax out=")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_misaligned_start(dtype, device, rng):
+    """A compact x that starts one element past a 16-byte boundary (the one-block GPU
+    kernel reads 16-byte vectors and must not take it): exact all the same."""
+    x = cast(rng.standard_normal(1001).astype(F32), dtype)
+    x[700] = 1e4 if dtype != "float16" else 1e3
+    assert_bits_equal(amax(x[1:], device), R.amax(np.ascontiguousarray(x[1:])), "amax of x[1:]")
+
+
 def test_strided_view(rng):
     """A row-strided view: only the viewed rows count."""
     x = random_data(rng, (8, 64), F32, 64, varied=False)
