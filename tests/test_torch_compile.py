@@ -132,34 +132,47 @@ def test_fake_shapes_match_eager(mode, layout, shape):
     g, b = _torch_ops.DEFAULTS[mode]
     ops = torch.ops.qq
     tests = ("test_schema", "test_faketensor")
-    torch.library.opcheck(ops.quantize, (x, gs, mode, g, b, "ceil", layout, "e4m3"), test_utils=tests)
-    if len(shape) >= 2 and shape[-2] % g == 0:
-        torch.library.opcheck(ops.quantize_colwise, (x, gs, mode, g, b, "ceil", layout, "e4m3", True),
-                              test_utils=tests)
-    qa = qq.quantize(x, mode=mode, global_scale=gs, scale_layout=layout)
-    torch.library.opcheck(ops.dequantize, (qa.data, qa.scales, qa.biases, gs, mode, g, b, layout,
-                                           "e4m3", torch.float16), test_utils=tests)
+    for td in ("true", "false", "float4"):      # torch_dtypes= (typed / uint8 / fp4 typed)
+        # (opcheck's test_schema compares outputs with arithmetic that torch has no float8 /
+        # float4 CPU kernels for: the typed results get the fake-tensor check only)
+        t = tests if td == "false" or mode == "affine" else ("test_faketensor",)
+        torch.library.opcheck(ops.quantize, (x, gs, mode, g, b, "ceil", layout, "e4m3", td), test_utils=t)
+        if len(shape) >= 2 and shape[-2] % g == 0:
+            torch.library.opcheck(ops.quantize_colwise,
+                                  (x, gs, mode, g, b, "ceil", layout, "e4m3", True, td), test_utils=t)
+    for td in (False, True):                    # uint8 inputs; float8 inputs (fake check only)
+        qa = qq.quantize(x, mode=mode, global_scale=gs, scale_layout=layout, torch_dtypes=td)
+        torch.library.opcheck(ops.dequantize, (qa.data, qa.scales, qa.biases, gs, mode, g, b, layout,
+                                               "e4m3", torch.float16),
+                              test_utils=tests if not td or mode == "affine" else ("test_faketensor",))
     torch.library.opcheck(ops.amax, (x,), test_utils=tests)
     if mode != "affine":
-        lin = qq.quantize(x, mode=mode, global_scale=gs).scales
-        torch.library.opcheck(ops.swizzle_scales, (lin,), test_utils=tests)
-        blk = qq.swizzle_scales(lin)
-        torch.library.opcheck(ops.unswizzle_scales, (blk, list(lin.shape)), test_utils=tests)
+        for td in (True, False):                # float8 scales stay float8; uint8 stay uint8
+            t = tests if not td else ("test_faketensor",)
+            lin = qq.quantize(x, mode=mode, global_scale=gs, torch_dtypes=td).scales
+            torch.library.opcheck(ops.swizzle_scales, (lin,), test_utils=t)
+            blk = qq.swizzle_scales(lin)
+            assert blk.dtype == lin.dtype
+            torch.library.opcheck(ops.unswizzle_scales, (blk, list(lin.shape)), test_utils=t)
 
 
 def test_opcheck_matmuls_and_linear():
     """opcheck of the GEMM ops, quantize_moe and qq.torch's linear ops, autograd
     registration included (test_autograd_registration, test_aot_dispatch_dynamic)."""
     x, w = data(5, 64), data(48, 64, seed=1)
-    qw = qq.quantize(w, mode="mxfp8", scale_layout="blocked")
-    torch.library.opcheck(torch.ops.qq.qqmm, (x, None, None, qw.data, qw.scales, None, None, None,
-                                              None, 0.0, "mxfp8", 32, 8, "ceil", "linear",
-                                              "blocked", "e4m3", torch.bfloat16))
+    for td in (False, True):        # uint8 operands; float8 ones (fake check only, as above)
+        qw = qq.quantize(w, mode="mxfp8", scale_layout="blocked", torch_dtypes=td)
+        torch.library.opcheck(torch.ops.qq.qqmm, (x, None, None, qw.data, qw.scales, None, None, None,
+                                                  None, 0.0, "mxfp8", 32, 8, "ceil", "linear",
+                                                  "blocked", "e4m3", torch.bfloat16),
+                              **({"test_utils": ("test_faketensor",)} if td else {}))
     aw = qq.quantize(w, mode="affine", group_size=32, bits=3)
     torch.library.opcheck(torch.ops.qq.quantized_matmul,
                           (x, aw.data, aw.scales, aw.biases, None, None, True, 48, "affine", 32, 3,
                            "linear", "e4m3", torch.float32))
-    torch.library.opcheck(torch.ops.qq.quantize_moe, (data(2, 64, 96), "32x32", "ceil", "blocked", "e4m3"))
+    torch.library.opcheck(torch.ops.qq.quantize_moe, (data(2, 64, 96), "32x32", "ceil", "blocked", "e4m3", "false"))
+    torch.library.opcheck(torch.ops.qq.quantize_moe, (data(2, 64, 96), "32x32", "ceil", "blocked", "e4m3", "true"),
+                          test_utils=("test_faketensor",))   # float8 results: as above
     for mode in qqt.MODES:
         xr = data(40, 64).requires_grad_()
         wr = (data(96, 64, seed=2) / 16).requires_grad_()

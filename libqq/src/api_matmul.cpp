@@ -85,6 +85,7 @@ qqStatus_t qqmm_single(Ctx& c, qqHandle_t handle, const DLTensor* x, const DLTen
     int64_t fshape[kMaxDims];
     for (int i = 0; i < t->ndim; ++i) fshape[i] = t->shape[i];
     if (dt == DType::U8) {
+      QQ_TRY(check_byte_kind(c, nm, t, a.q, ByteRole::DATA));
       if ((fshape[t->ndim - 1] * 8) % a.q.bits)
         return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: argument '%s' is packed but its row of %lld bytes is not "
                          "a whole number of elements", nm, (long long)fshape[t->ndim - 1]);
@@ -364,6 +365,7 @@ QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x, const 
     QQ_TRY(expect_float(c, "x", x, xdt));
     QQ_TRY(check_tensor(c, "w", w, &wdt));
     QQ_TRY(expect_bytes(c, "w", w, wdt, "packed quantized weights"));
+    QQ_TRY(check_byte_kind(c, "w", w, a.q, ByteRole::DATA));
     if (x->ndim < 1 || w->ndim < 2)
       return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: 'x' must be [..., M, K] and 'w' [..., N, "
                        "K*bits/8] (transpose) or [..., K, N*bits/8]; got x %s, w %s",

@@ -41,6 +41,8 @@ qqStatus_t quantize_validate(const char* op, const DLTensor* x, const qqQuantPar
                      mode_name(a.q.mode));
   }
   QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, a.q, &a.gs));
+  QQ_TRY(check_byte_kind(c, "data", data, a.q, ByteRole::DATA));
+  QQ_TRY(check_byte_kind(c, "scales", scales, a.q, ByteRole::SCALES));
   return check_no_alias(c, {{"data", data}, {"scales", scales}, {"biases", biases}},
                         {{"x", x}, {"global_scale", global_scale}});
 }
@@ -138,6 +140,8 @@ QQ_API qqStatus_t qqQuantizeColwise(qqHandle_t handle, const DLTensor* x, const 
     }
     a.scale_kind = a.q.blocked ? COL_SCALE_BLOCKED : COL_SCALE_T_LINEAR;
     QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, a.q, &a.gs));
+    QQ_TRY(check_byte_kind(c, "data_t", data_t, a.q, ByteRole::DATA));
+    QQ_TRY(check_byte_kind(c, "scales_t", scales_t, a.q, ByteRole::SCALES));
     QQ_TRY(check_no_alias(c, {{"data_t", data_t}, {"scales_t", scales_t}, {"biases_t", biases_t}, {"data", data},
                               {"scales", scales}, {"biases", biases}}, {{"x", x}, {"global_scale", global_scale}}));
     if (a.M * a.K * a.x.batch() == 0) return QQ_STATUS_SUCCESS;
@@ -203,6 +207,8 @@ QQ_API qqStatus_t qqQuantizeMoe(qqHandle_t handle, const DLTensor* x, const qqQu
     moe_scales_shape(a.q, a.tile32, E, D1, D2, ssh, &why);
     a.scale_kind = a.q.blocked ? COL_SCALE_BLOCKED : COL_SCALE_D1_LINEAR;
     QQ_TRY(output_mat(c, "scales", scales, 3, ssh, (int)DType::U8, why, &a.scales_t));
+    QQ_TRY(check_byte_kind(c, "data", data, a.q, ByteRole::DATA));
+    QQ_TRY(check_byte_kind(c, "scales", scales, a.q, ByteRole::SCALES));
     QQ_TRY(check_no_alias(c, {{"data", data}, {"scales", scales}}, {{"w", x}}));
     if (c.device < 0) return cpu::quantize_colwise(a);
     return cuda::quantize_colwise(handle, a, stream);
@@ -219,6 +225,7 @@ QQ_API qqStatus_t qqDequantize(qqHandle_t handle, const DLTensor* w, const DLTen
     DType wdt;
     QQ_TRY(check_tensor(c, "w", w, &wdt));
     QQ_TRY(expect_bytes(c, "w", w, wdt, "packed quantized data"));
+    QQ_TRY(check_byte_kind(c, "w", w, a.q, ByteRole::DATA));
     if (w->ndim < 1)
       return set_error(QQ_STATUS_INVALID_VALUE, "dequantize: argument 'w' is a scalar; expected [..., K*bits/8]");
     const int64_t kp = w->shape[w->ndim - 1];

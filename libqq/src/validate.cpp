@@ -274,6 +274,46 @@ qqStatus_t expect_bytes(Ctx& c, const char* name, const DLTensor* t, DType dt, c
   return QQ_STATUS_SUCCESS;
 }
 
+// A byte tensor in a framework's own float8 / float4 dtype (torch.float8_e4m3fn scales, ...)
+// says what its bytes are; libqq reads them as uint8, so a type that contradicts the mode
+// (UE8M0-typed scales for nvfp4, E4M3 data for mxfp8 with fp8_format e5m2, ...) would be a
+// silent misreading. uint8 / int8 carry no claim and always pass.
+qqStatus_t check_byte_kind(Ctx& c, const char* name, const DLTensor* t, const QSpec& q, ByteRole role) {
+  const DLDataType d = t->dtype;
+  const bool fp4 = d.code == kDLFloat4_e2m1fn && d.bits == 4 && d.lanes == 2;
+  const bool fp8 = d.lanes == 1 && d.bits == 8 && d.code >= kDLFloat8_e3m4 && d.code <= kDLFloat8_e8m0fnu;
+  if (!fp4 && !fp8) return QQ_STATUS_SUCCESS;
+  int want = -1;   // the one typed DLPack code that fits, or -1: none does (affine)
+  if (role == ByteRole::SCALES) {
+    if (q.mode == QQ_MODE_NVFP4) want = kDLFloat8_e4m3fn;
+    else if (q.mode == QQ_MODE_MXFP4 || q.mode == QQ_MODE_MXFP8) want = kDLFloat8_e8m0fnu;
+  } else if (q.mode == QQ_MODE_NVFP4 || q.mode == QQ_MODE_MXFP4) {
+    want = kDLFloat4_e2m1fn;
+  } else if (q.mode == QQ_MODE_MXFP8) {
+    want = q.elem == ELEM_E5M2 ? kDLFloat8_e5m2 : kDLFloat8_e4m3fn;
+  }
+  if ((int)d.code == want) return QQ_STATUS_SUCCESS;
+  auto typed_name = [](int code) {
+    switch (code) {
+      case kDLFloat4_e2m1fn: return "float4_e2m1fn_x2";
+      case kDLFloat8_e4m3fn: return "float8_e4m3fn";
+      case kDLFloat8_e5m2: return "float8_e5m2";
+      case kDLFloat8_e8m0fnu: return "float8_e8m0fnu";
+      default: return "a float8 dtype";
+    }
+  };
+  const char* have = typed_name(d.code);
+  const char* what = role == ByteRole::SCALES ? "scales" : "data";
+  if (want < 0)
+    return set_error(QQ_STATUS_INVALID_DTYPE, "%s: argument '%s' has dtype %s, but %s %s are not %s values; pass "
+                     "uint8", c.op, name, have, mode_name(q.mode), what, have);
+  const char* fmt = q.mode == QQ_MODE_MXFP8 && role == ByteRole::DATA ? (q.elem == ELEM_E5M2 ? " (e5m2)" : " (e4m3)")
+                                                                      : "";
+  return set_error(QQ_STATUS_INVALID_DTYPE, "%s: argument '%s' has dtype %s, but %s%s %s are %s; pass %s or uint8 "
+                   "(or the mode / fp8_format that wrote them)", c.op, name, have, mode_name(q.mode), fmt, what,
+                   typed_name(want), typed_name(want));
+}
+
 qqStatus_t to_mat(Ctx& c, const char* name, const DLTensor* t, DType dt, Mat* m) {
   Mat r;
   r.dt = dt;
@@ -498,6 +538,7 @@ qqStatus_t input_scales(Ctx& c, const char* name, const DLTensor* t, const QSpec
   QQ_TRY(check_tensor(c, name, t, &dt));
   if (q.fp()) {
     QQ_TRY(expect_bytes(c, name, t, dt, q.mode == QQ_MODE_NVFP4 ? "E4M3 scale bytes" : "UE8M0 scale bytes"));
+    QQ_TRY(check_byte_kind(c, name, t, q, ByteRole::SCALES));
   } else {
     QQ_TRY(expect_float(c, name, t, dt));
     if (float_dt != DType::U8 && dt != float_dt && is_bias)

@@ -95,6 +95,10 @@ qqStatus_t check_no_alias(Ctx& c, std::initializer_list<Arg> outs, std::initiali
 
 qqStatus_t expect_float(Ctx& c, const char* name, const DLTensor* t, DType dt);
 qqStatus_t expect_bytes(Ctx& c, const char* name, const DLTensor* t, DType dt, const char* what);
+// Packed data / fp scales given in a framework's typed byte dtype (float8_*, float4_e2m1fn_x2)
+// must be the type the mode stores there; uint8 / int8 always pass (validate.cpp).
+enum class ByteRole { DATA, SCALES };
+qqStatus_t check_byte_kind(Ctx& c, const char* name, const DLTensor* t, const QSpec& q, ByteRole role);
 qqStatus_t expect_shape(Ctx& c, const char* name, const DLTensor* t, int ndim, const int64_t* shape,
                         const char* why);
 // Outputs (and blocked scales) must be compact row-major.

@@ -42,13 +42,15 @@ class PreparedWeight:
 
 def quantize(x: Array, group_size: Optional[int] = None, bits: Optional[int] = None, mode: str = "affine", *,
              global_scale: Optional[Array] = None, rounding: str = "ceil", scale_layout: str = "linear",
-             fp8_format: str = "e4m3", stream: Any = None) -> QuantizedArray: ...
+             fp8_format: str = "e4m3", torch_dtypes: Union[bool, str] = True,
+             stream: Any = None) -> QuantizedArray: ...
 def quantize_colwise(x: Array, group_size: Optional[int] = None, bits: Optional[int] = None, mode: str = "affine", *,
                      global_scale: Optional[Array] = None, rounding: str = "ceil", scale_layout: str = "linear",
-                     fp8_format: str = "e4m3", rowwise: bool = False,
+                     fp8_format: str = "e4m3", rowwise: bool = False, torch_dtypes: Union[bool, str] = True,
                      stream: Any = None) -> Union[QuantizedArray, Tuple[QuantizedArray, QuantizedArray]]: ...
 def quantize_moe(w: Array, scaling: str = "32x1", *, rounding: str = "ceil", scale_layout: str = "linear",
-                 fp8_format: str = "e4m3", stream: Any = None) -> Tuple[Array, Array]: ...
+                 fp8_format: str = "e4m3", torch_dtypes: Union[bool, str] = True,
+                 stream: Any = None) -> Tuple[Array, Array]: ...
 def dequantize(w: Union[Array, QuantizedArray], scales: Optional[Array] = None, biases: Optional[Array] = None,
                group_size: Optional[int] = None, bits: Optional[int] = None, mode: str = "affine", *,
                global_scale: Optional[Array] = None, scale_layout: str = "linear", fp8_format: str = "e4m3",
@@ -69,7 +71,8 @@ def quantized_matmul(x: Array, w: Union[Array, QuantizedArray], scales: Optional
                      bias: Optional[Array] = None, scale_layout: str = "linear", fp8_format: str = "e4m3",
                      dtype: Any = None, out: Optional[Array] = None, stream: Any = None) -> Array: ...
 def prepare_weight(w: Union[Array, QuantizedArray], mode: str = "nvfp4", *, global_scale: Optional[Array] = None,
-                   rounding: str = "ceil", fp8_format: str = "e4m3", stream: Any = None) -> PreparedWeight: ...
+                   rounding: str = "ceil", fp8_format: str = "e4m3", torch_dtypes: Union[bool, str] = True,
+                   stream: Any = None) -> PreparedWeight: ...
 def grouped_qqmm(x: Union[Array, QuantizedArray], w: Any, offsets: Array, scales: Optional[Array] = None,
                  group_size: Optional[int] = None, bits: Optional[int] = None, mode: str = "mxfp8", *,
                  global_scale_x: Optional[Array] = None, global_scale_w: Optional[Array] = None,

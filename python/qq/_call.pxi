@@ -263,7 +263,12 @@ cdef class _Call:
             dims[i] = shape[i]
             dims[nd + i] = stride
             stride *= dims[i]
-        code, bits = _DL_TO_NAME_CODES[dtype]
+        lanes = 1
+        cb = _DL_TO_NAME_CODES.get(dtype)
+        if cb is not None:
+            code, bits = cb
+        else:
+            code, bits, lanes = _TORCH_BYTE_DTYPES[dtype]     # a torch-typed byte result
         v.owner = r
         if isinstance(r, cnp.ndarray):
             v.tensor.data = cnp.PyArray_DATA(<cnp.ndarray>r)
@@ -274,12 +279,28 @@ cdef class _Call:
         v.tensor.ndim = nd
         v.tensor.dtype.code = <int>code
         v.tensor.dtype.bits = <int>bits
-        v.tensor.dtype.lanes = 1
+        v.tensor.dtype.lanes = <int>lanes
         v.tensor.shape = dims
         v.tensor.strides = dims + nd
         v.tensor.byte_offset = 0
         v.readonly = False
         return v
+
+    cdef tuple byte_dtypes(self, str func, const qqQuantParams_t* p, torch_dtypes):
+        """(data, scales) dtype names of a quantize result: typed for torch callers
+        (torch_dtypes=, _params.pxi), uint8 for everyone else."""
+        if self.fw == "torch":
+            return _torch_typed(func, p.mode, p.fp8_format, torch_dtypes)
+        return ("uint8", "uint8")
+
+    cdef str like_bytes(self, _View v):
+        """The dtype name of a byte result that copies v's bytes (swizzle / unswizzle): v's
+        own torch dtype for a torch caller when it is a typed byte dtype, else uint8."""
+        if self.fw == "torch" and v.tensor.dtype.bits == 8 and v.tensor.dtype.lanes == 1:
+            for name, cbl in _TORCH_BYTE_DTYPES.items():
+                if cbl[0] == v.tensor.dtype.code and cbl[1] == 8:
+                    return name
+        return "uint8"
 
     cdef object result(self, obj):
         """Hand a result made by empty() to the caller's framework."""

@@ -26,7 +26,7 @@ def swizzle_scales(scales, *, out=None, stream=None):
             _, blocked = _quantized_shapes(func, &p, shape[:-1] + (max(shape[-1], 1) * p.group_size,))
             if shape[-1] == 0:
                 blocked = blocked[:-1] + (0,)
-            result, vo = call.empty(blocked, "uint8", "out")
+            result, vo = call.empty(blocked, call.like_bytes(vs), "out")
         else:
             vo = call.out_view(out, "out")
         ts, to = _t(vs), _t(vo)
@@ -61,7 +61,7 @@ def unswizzle_scales(scales, shape, *, out=None, stream=None):
     try:
         vs = call.view(scales, "scales")
         if out is None:
-            result, vo = call.empty(linear_shape, "uint8", "out")
+            result, vo = call.empty(linear_shape, call.like_bytes(vs), "out")
         else:
             vo = call.out_view(out, "out")
             if vo.pyshape() != linear_shape:

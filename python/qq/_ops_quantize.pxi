@@ -6,14 +6,18 @@
 # =========================================================================================
 
 def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
-             rounding="ceil", scale_layout="linear", fp8_format="e4m3", stream=None):
+             rounding="ceil", scale_layout="linear", fp8_format="e4m3", torch_dtypes=True,
+             stream=None):
     """Quantize x [..., K] along its last axis; returns a QuantizedArray.
 
     mode: "affine" (default; group_size 64, bits 4), "nvfp4", "mxfp4" or "mxfp8".
     global_scale (nvfp4 only): a float32 array of one element (conventionally qq.amax(x))
     or a Python float. rounding ("ceil" | "floor"): UE8M0 scales of mxfp4/mxfp8.
     scale_layout ("linear" | "blocked"; blocked for fp modes only). fp8_format ("e4m3" |
-    "e5m2"): mxfp8 elements. See docs/api.md.
+    "e5m2"): mxfp8 elements. torch_dtypes (torch callers; True | False | "float4"): fp
+    scales as torch.float8_e4m3fn / float8_e8m0fnu and mxfp8 data as float8_e4m3fn /
+    float8_e5m2 (True), packed fp4 as float4_e2m1fn_x2 too ("float4"), or uint8 (False).
+    See docs/api.md.
     """
     cdef str func = "quantize"
     cdef _View vx, vg, vd, vs, vb
@@ -35,8 +39,10 @@ def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
         x_shape = vx.pyshape()
         data_shape, scales_shape = _quantized_shapes(func, &p, x_shape)
         # fp scales are E4M3 / UE8M0 bytes; affine scales and biases have x's dtype.
-        scale_dtype = vx.float_dtype() if p.mode == QQ_MODE_AFFINE else "uint8"
-        data, vd = call.empty(data_shape, "uint8", "data")
+        data_dtype, scale_dtype = call.byte_dtypes(func, &p, torch_dtypes)
+        if p.mode == QQ_MODE_AFFINE:
+            scale_dtype = vx.float_dtype()
+        data, vd = call.empty(data_shape, data_dtype, "data")
         scales, vs = call.empty(scales_shape, scale_dtype, "scales")
         vb = None
         if p.mode == QQ_MODE_AFFINE:
@@ -56,7 +62,7 @@ def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
 
 def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
                      rounding="ceil", scale_layout="linear", fp8_format="e4m3", rowwise=False,
-                     stream=None):
+                     torch_dtypes=True, stream=None):
     """Quantize x [..., M, K] along its second-to-last axis (groups of rows of each column:
     the operand of a backward-pass GEMM) without materializing x^T.
 
@@ -89,15 +95,17 @@ def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_sca
             raise ValueError(f"{func}: argument 'x' has shape {xs}; expected [..., M, K]")
         t_shape = xs[:-2] + (xs[-1], xs[-2])
         data_shape, scales_shape = _quantized_shapes(func, &p, t_shape, "M")
-        scale_dtype = vx.float_dtype() if p.mode == QQ_MODE_AFFINE else "uint8"
-        data, vd = call.empty(data_shape, "uint8", "data_t")
+        data_dtype, scale_dtype = call.byte_dtypes(func, &p, torch_dtypes)
+        if p.mode == QQ_MODE_AFFINE:
+            scale_dtype = vx.float_dtype()
+        data, vd = call.empty(data_shape, data_dtype, "data_t")
         scales, vs = call.empty(scales_shape, scale_dtype, "scales_t")
         vb = vrd = vrs = vrb = None
         if p.mode == QQ_MODE_AFFINE:
             biases, vb = call.empty(scales_shape, scale_dtype, "biases_t")
         if rowwise:
             rdata_shape, rscales_shape = _quantized_shapes(func, &p, xs)
-            rdata, vrd = call.empty(rdata_shape, "uint8", "data")
+            rdata, vrd = call.empty(rdata_shape, data_dtype, "data")
             rscales, vrs = call.empty(rscales_shape, scale_dtype, "scales")
             if p.mode == QQ_MODE_AFFINE:
                 rbiases, vrb = call.empty(rscales_shape, scale_dtype, "biases")
@@ -133,7 +141,7 @@ def _swap_last_two(a):
 
 
 def quantize_moe(w, scaling="32x1", *, rounding="ceil", scale_layout="linear", fp8_format="e4m3",
-                 stream=None):
+                 torch_dtypes=True, stream=None):
     """MXFP8 quantization of MoE expert weights w [E, D1, D2] along D1 (docs/api.md, quantize_moe).
 
     scaling "32x1": one scale per 32 consecutive D1 elements at each D2 index; "32x32": one
@@ -175,8 +183,9 @@ def quantize_moe(w, scaling="32x1", *, rounding="ceil", scale_layout="linear", f
         _check(qqQuantizeMoeShapes(&p, sc, wshape, sshape))     # checks D1, D2 too
         # data is written column-major per expert: allocate [E, D2, D1] and hand libqq
         # the [E, D1, D2] view of it with strides (D1*D2, 1, D1).
-        data_t, vd = call.empty((E, D2, D1), "uint8", "data")
-        scales, vs = call.empty((sshape[0], sshape[1], sshape[2]), "uint8", "scales")
+        data_dtype, scale_dtype = call.byte_dtypes(func, &p, torch_dtypes)
+        data_t, vd = call.empty((E, D2, D1), data_dtype, "data")
+        scales, vs = call.empty((sshape[0], sshape[1], sshape[2]), scale_dtype, "scales")
         td = vd.tensor
         dshape[0], dshape[1], dshape[2] = E, D1, D2
         dstrides[0], dstrides[1], dstrides[2] = D1 * D2, 1, D1

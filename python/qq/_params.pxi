@@ -134,6 +134,58 @@ _DL_TO_NAME_CODES = {"float32": (kDLFloat, 32), "float16": (kDLFloat, 16),
                      "bfloat16": (kDLBfloat, 16), "uint8": (kDLUInt, 8)}
 
 
+# torch_dtypes= (torch callers only; docs/api.md, "torch dtypes"): what a quantize result's
+# bytes are typed as. True (the default): fp scales as float8_e4m3fn (nvfp4's E4M3) or
+# float8_e8m0fnu (mx UE8M0), mxfp8 elements as float8_e4m3fn / float8_e5m2, packed fp4 as
+# uint8 (as torchao's NVFP4Tensor / MXTensor hold them); "float4": packed fp4 as
+# float4_e2m1fn_x2 too; False: every byte result uint8. A torch without a dtype keeps uint8.
+# Affine scales and biases always have x's float dtype. The bytes are the same either way.
+_TORCH_BYTE_DTYPES = {"float8_e4m3fn": (kDLFloat8_e4m3fn, 8, 1), "float8_e5m2": (kDLFloat8_e5m2, 8, 1),
+                      "float8_e8m0fnu": (kDLFloat8_e8m0fnu, 8, 1),
+                      "float4_e2m1fn_x2": (kDLFloat4_e2m1fn, 4, 2)}
+cdef dict _TYPED_CACHE = {}
+
+
+cdef tuple _torch_typed(str func, int mode, int fp8_format, torch_dtypes):
+    """(data dtype name, scales dtype name) of a quantize result for a torch caller (scales:
+    the name for fp modes; affine callers use x's dtype)."""
+    key = (mode, fp8_format, torch_dtypes)
+    try:
+        r = _TYPED_CACHE.get(key)
+    except TypeError:
+        r = None
+    if r is not None:
+        return r
+    if torch_dtypes is not True and torch_dtypes is not False and torch_dtypes != "float4":
+        raise ValueError(f"{func}: torch_dtypes: expected True, False or 'float4', got {torch_dtypes!r}")
+    data, scales = "uint8", "uint8"
+    if torch_dtypes is not False:
+        if mode == QQ_MODE_NVFP4:
+            scales = "float8_e4m3fn"
+        elif mode == QQ_MODE_MXFP4 or mode == QQ_MODE_MXFP8:
+            scales = "float8_e8m0fnu"
+        if mode == QQ_MODE_MXFP8:
+            data = "float8_e4m3fn" if fp8_format == QQ_FP8_E4M3 else "float8_e5m2"
+        elif torch_dtypes == "float4" and (mode == QQ_MODE_NVFP4 or mode == QQ_MODE_MXFP4):
+            data = "float4_e2m1fn_x2"
+    torch = sys.modules["torch"]
+    if not hasattr(torch, data):
+        data = "uint8"
+    if not hasattr(torch, scales):
+        scales = "uint8"
+    r = (data, scales)
+    if len(_TYPED_CACHE) < 256:
+        _TYPED_CACHE[key] = r
+    return r
+
+
+def _torch_result_dtypes(mode, fp8_format="e4m3", torch_dtypes=True):
+    """(data, scales) dtype names of quantize's results for a torch caller: the rule the
+    torch.compile fake implementations use (qq/_torch_ops.py)."""
+    return _torch_typed("quantize", _enum("quantize", "mode", mode, _MODES),
+                        _enum("quantize", "fp8_format", fp8_format, _FP8_FORMATS), torch_dtypes)
+
+
 cdef object _numpy_dtype(str name):
     if name == "bfloat16":
         import ml_dtypes                            # a dependency of qq; NumPy has no bfloat16

@@ -36,7 +36,7 @@ from ._dlpack cimport (DLDataType, DLDeviceType, DLManagedTensor, DLManagedTenso
                        kDLCUDAManaged, kDLFloat, kDLFloat8_e3m4, kDLFloat8_e4m3,
                        kDLFloat8_e4m3b11fnuz, kDLFloat8_e4m3fn, kDLFloat8_e4m3fnuz,
                        kDLFloat8_e5m2, kDLFloat8_e5m2fnuz, kDLFloat8_e8m0fnu, kDLInt,
-                       kDLUInt)
+                       kDLFloat4_e2m1fn, kDLUInt)
 from ._cqq cimport *
 
 

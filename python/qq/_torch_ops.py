@@ -7,11 +7,11 @@ Each op takes and returns tensors only (a QuantizedArray is a Python object torc
 dispatcher cannot carry). The eager implementation calls the qq function of the same name
 (qq._qq, the Cython layer); the fake implementation computes output shapes and dtypes in
 Python from the same rules qqQuantizedShapes states (libqq/include/qq/qq.h), on symbolic
-sizes when the batch axes are dynamic, without calling libqq.
+sizes when the batch axes are dynamic, without calling libqq (result dtypes: qq._qq._torch_result_dtypes, a pure rule).
 
   qq::quantize(x, global_scale?, mode, group_size, bits, rounding, scale_layout,
-               fp8_format) -> [data, scales(, biases)]
-  qq::quantize_colwise(... , rowwise) -> [data_t, scales_t(, biases_t)(, data, scales(, biases))]
+               fp8_format, torch_dtypes) -> [data, scales(, biases)]
+  qq::quantize_colwise(... , rowwise, torch_dtypes) -> [data_t, scales_t(, biases_t)(, data, scales(, biases))]
   qq::dequantize(w, scales, biases?, global_scale?, mode, group_size, bits, scale_layout,
                  fp8_format, dtype) -> Tensor
   qq::amax(x) -> Tensor                        float32, shape ()
@@ -20,7 +20,7 @@ sizes when the batch axes are dynamic, without calling libqq.
   qq::quantized_matmul(x, w, scales, biases?, global_scale?, bias?, transpose, n, mode,
                        group_size, bits, scale_layout, fp8_format, dtype)
   qq::swizzle_scales(scales) / qq::unswizzle_scales(scales, shape)
-  qq::quantize_moe(w, scaling, rounding, scale_layout, fp8_format) -> [data, scales]
+  qq::quantize_moe(w, scaling, rounding, scale_layout, fp8_format, torch_dtypes) -> [data, scales]
   qq::grouped_qqmm(x, x_scales?, global_scale_x?, w, scales?, global_scale_w?, offsets, mode,
                    group_size, bits, rounding, x_layout, w_layout, fp8_format, moe_scaling,
                    dtype)                      the offsets are read on the host inside the op
@@ -47,6 +47,26 @@ from ._wgrad import grouped_qqmm_wgrad as _qq_wgrad
 # the fake implementations need them as Python ints at trace time.
 DEFAULTS = _qq._mode_defaults()
 _FLOATS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# torch's 1-byte float dtypes that swizzle / unswizzle keep (the rest come back uint8)
+_BYTE_TYPED = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu")
+               if hasattr(torch, n)}
+_TD = {True: "true", False: "false", "float4": "float4"}
+_TD_BACK = {v: k for k, v in _TD.items()}
+
+
+def _torch_dtypes_arg(func, value):
+    """torch_dtypes= as the ops take it (a string in their schema); checked in Python (this
+    runs while Dynamo traces, which cannot call into Cython), as qq._qq checks it eagerly."""
+    if value is True or value is False or (isinstance(value, str) and value == "float4"):
+        return _TD[value]
+    raise ValueError(f"{func}: torch_dtypes: expected True, False or 'float4', got {value!r}")
+
+
+def _byte_dtypes(mode, fp8_format, td):
+    """(data dtype, scales dtype) of a quantize result (the fake implementations; the
+    rule is libqq's: qq._qq._torch_result_dtypes)."""
+    d, s = _qq._torch_result_dtypes(mode, fp8_format, _TD_BACK[td])
+    return getattr(torch, d), getattr(torch, s)
 
 
 # =========================================================================================
@@ -89,17 +109,21 @@ def _matmul_shape(x_shape, w_shape, n):
 
 @torch.library.custom_op("qq::quantize", mutates_args=())
 def _quantize_op(x: Tensor, global_scale: Optional[Tensor], mode: str, group_size: int,
-                 bits: int, rounding: str, scale_layout: str, fp8_format: str) -> list[Tensor]:
+                 bits: int, rounding: str, scale_layout: str, fp8_format: str,
+                 torch_dtypes: str) -> list[Tensor]:
     qa = _qq.quantize(x, group_size, bits, mode, global_scale=global_scale, rounding=rounding,
-                      scale_layout=scale_layout, fp8_format=fp8_format)
+                      scale_layout=scale_layout, fp8_format=fp8_format,
+                      torch_dtypes=_TD_BACK[torch_dtypes])
     return list(qa)
 
 
 @_quantize_op.register_fake
-def _(x, global_scale, mode, group_size, bits, rounding, scale_layout, fp8_format):
+def _(x, global_scale, mode, group_size, bits, rounding, scale_layout, fp8_format, torch_dtypes):
     ds, ss = _quantized_shapes("quantize", x.shape, group_size, bits, scale_layout == "blocked")
-    sdt = x.dtype if mode == "affine" else torch.uint8
-    out = [x.new_empty(ds, dtype=torch.uint8), x.new_empty(ss, dtype=sdt)]
+    ddt, sdt = _byte_dtypes(mode, fp8_format, torch_dtypes)
+    if mode == "affine":
+        sdt = x.dtype
+    out = [x.new_empty(ds, dtype=ddt), x.new_empty(ss, dtype=sdt)]
     if mode == "affine":
         out.append(x.new_empty(ss, dtype=sdt))
     return out
@@ -108,10 +132,11 @@ def _(x, global_scale, mode, group_size, bits, rounding, scale_layout, fp8_forma
 @torch.library.custom_op("qq::quantize_colwise", mutates_args=())
 def _quantize_colwise_op(x: Tensor, global_scale: Optional[Tensor], mode: str, group_size: int,
                          bits: int, rounding: str, scale_layout: str, fp8_format: str,
-                         rowwise: bool) -> list[Tensor]:
+                         rowwise: bool, torch_dtypes: str) -> list[Tensor]:
     r = _qq.quantize_colwise(x, group_size, bits, mode, global_scale=global_scale,
                              rounding=rounding, scale_layout=scale_layout,
-                             fp8_format=fp8_format, rowwise=rowwise)
+                             fp8_format=fp8_format, rowwise=rowwise,
+                             torch_dtypes=_TD_BACK[torch_dtypes])
     if rowwise:
         row, col = r
         return list(col) + list(row)
@@ -119,16 +144,19 @@ def _quantize_colwise_op(x: Tensor, global_scale: Optional[Tensor], mode: str, g
 
 
 @_quantize_colwise_op.register_fake
-def _(x, global_scale, mode, group_size, bits, rounding, scale_layout, fp8_format, rowwise):
+def _(x, global_scale, mode, group_size, bits, rounding, scale_layout, fp8_format, rowwise,
+      torch_dtypes):
     xs = tuple(x.shape)
     torch._check_value(len(xs) >= 2, lambda: f"quantize_colwise: argument 'x' has shape {xs}; "
                                              f"expected [..., M, K]")
-    sdt = x.dtype if mode == "affine" else torch.uint8
+    ddt, sdt = _byte_dtypes(mode, fp8_format, torch_dtypes)
+    if mode == "affine":
+        sdt = x.dtype
     out = []
     for shape, axis in ((xs[:-2] + (xs[-1], xs[-2]), "M"),) + (((xs, "K"),) if rowwise else ()):
         ds, ss = _quantized_shapes("quantize_colwise", shape, group_size, bits,
                                    scale_layout == "blocked", axis)
-        out += [x.new_empty(ds, dtype=torch.uint8), x.new_empty(ss, dtype=sdt)]
+        out += [x.new_empty(ds, dtype=ddt), x.new_empty(ss, dtype=sdt)]
         if mode == "affine":
             out.append(x.new_empty(ss, dtype=sdt))
     return out
@@ -213,7 +241,8 @@ def _(scales):
     torch._check_value(len(s) >= 1, lambda: "swizzle_scales: scales: expected [..., R, C], "
                                             "got a 0-d array")
     r = s[-2] if len(s) >= 2 else 1
-    return scales.new_empty(s[:-2] + (_roundup(r, 128), _roundup(s[-1], 4)), dtype=torch.uint8)
+    return scales.new_empty(s[:-2] + (_roundup(r, 128), _roundup(s[-1], 4)),
+                            dtype=scales.dtype if scales.dtype in _BYTE_TYPED else torch.uint8)
 
 
 @torch.library.custom_op("qq::unswizzle_scales", mutates_args=())
@@ -223,26 +252,27 @@ def _unswizzle_scales_op(scales: Tensor, shape: list[int]) -> Tensor:
 
 @_unswizzle_scales_op.register_fake
 def _(scales, shape):
-    return scales.new_empty(shape, dtype=torch.uint8)
+    return scales.new_empty(shape, dtype=scales.dtype if scales.dtype in _BYTE_TYPED else torch.uint8)
 
 
 @torch.library.custom_op("qq::quantize_moe", mutates_args=())
 def _quantize_moe_op(w: Tensor, scaling: str, rounding: str, scale_layout: str,
-                     fp8_format: str) -> list[Tensor]:
+                     fp8_format: str, torch_dtypes: str) -> list[Tensor]:
     return list(_qq.quantize_moe(w, scaling, rounding=rounding, scale_layout=scale_layout,
-                                 fp8_format=fp8_format))
+                                 fp8_format=fp8_format, torch_dtypes=_TD_BACK[torch_dtypes]))
 
 
 @_quantize_moe_op.register_fake
-def _(w, scaling, rounding, scale_layout, fp8_format):
+def _(w, scaling, rounding, scale_layout, fp8_format, torch_dtypes):
     e, d1, d2 = w.shape
+    ddt, sdt = _byte_dtypes("mxfp8", fp8_format, torch_dtypes)
     # data [E, D1, D2] column-major per expert: the [E, D2, D1] buffer seen transposed.
-    data = w.new_empty((e, d2, d1), dtype=torch.uint8).transpose(-2, -1)
+    data = w.new_empty((e, d2, d1), dtype=ddt).transpose(-2, -1)
     if scale_layout == "blocked":
         s = (e, _roundup(d2, 128), _roundup(d1 // 32, 4))
     else:
         s = (e, d1 // 32, d2 // 32 if scaling == "32x32" else d2)
-    return [data, w.new_empty(s, dtype=torch.uint8)]
+    return [data, w.new_empty(s, dtype=sdt)]
 
 
 # Ops that read device memory on the host cannot run inside a CUDA graph: tagged so that
@@ -375,23 +405,26 @@ def _finish(result, out):
 
 
 def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
-             rounding="ceil", scale_layout="linear", fp8_format="e4m3", stream=None):
+             rounding="ceil", scale_layout="linear", fp8_format="e4m3", torch_dtypes=True,
+             stream=None):
     func = "quantize"
     _no_stream(func, stream)
     g, b = _params(func, mode, group_size, bits)
     gs = _scalar(global_scale, x)
-    t = _quantize_op(x, gs, mode, g, b, rounding, scale_layout, fp8_format)
+    t = _quantize_op(x, gs, mode, g, b, rounding, scale_layout, fp8_format,
+                     _torch_dtypes_arg(func, torch_dtypes))
     return _qa(t, mode, g, b, gs, rounding, scale_layout, fp8_format, x.shape)
 
 
 def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
                      rounding="ceil", scale_layout="linear", fp8_format="e4m3", rowwise=False,
-                     stream=None):
+                     torch_dtypes=True, stream=None):
     func = "quantize_colwise"
     _no_stream(func, stream)
     g, b = _params(func, mode, group_size, bits)
     gs = _scalar(global_scale, x)
-    t = _quantize_colwise_op(x, gs, mode, g, b, rounding, scale_layout, fp8_format, bool(rowwise))
+    t = _quantize_colwise_op(x, gs, mode, g, b, rounding, scale_layout, fp8_format, bool(rowwise),
+                             _torch_dtypes_arg(func, torch_dtypes))
     xs = tuple(x.shape)
     k = 3 if mode == "affine" else 2
     col = _qa(t[:k], mode, g, b, gs, rounding, scale_layout, fp8_format,
@@ -529,9 +562,10 @@ def unswizzle_scales(scales, shape, *, out=None, stream=None):
 
 
 def quantize_moe(w, scaling="32x1", *, rounding="ceil", scale_layout="linear", fp8_format="e4m3",
-                 stream=None):
+                 torch_dtypes=True, stream=None):
     _no_stream("quantize_moe", stream)
-    data, scales = _quantize_moe_op(w, scaling, rounding, scale_layout, fp8_format)
+    data, scales = _quantize_moe_op(w, scaling, rounding, scale_layout, fp8_format,
+                                    _torch_dtypes_arg("quantize_moe", torch_dtypes))
     return data, scales
 
 
@@ -588,7 +622,7 @@ def _blockscaled_cuda(index: int) -> bool:
 
 
 def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_format="e4m3",
-                   stream=None):
+                   torch_dtypes=True, stream=None):
     func = "prepare_weight"
     if isinstance(w, QuantizedArray):
         qa = w
@@ -597,7 +631,8 @@ def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_f
             raise ValueError(f"{func}: mode 'affine' has no qqmm; use qq.quantize and "
                              f"qq.quantized_matmul for affine weights")
         qa = quantize(w, mode=mode, global_scale=global_scale, rounding=rounding,
-                      scale_layout="blocked", fp8_format=fp8_format, stream=stream)
+                      scale_layout="blocked", fp8_format=fp8_format, torch_dtypes=torch_dtypes,
+                      stream=stream)
     if len(qa.shape) != 2:
         raise ValueError(f"{func}: w: qqmm weights are [N, K]; got shape {qa.shape}")
     values = None

@@ -281,7 +281,7 @@ def _blockscaled_capability(int device):
 
 
 def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_format="e4m3",
-                   stream=None):
+                   torch_dtypes=True, stream=None):
     """Quantize a qqmm weight once and keep what qqmm needs per call (a PreparedWeight).
 
     w: float [N, K] (quantized here with mode, global_scale, rounding, fp8_format, blocked
@@ -298,7 +298,8 @@ def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_f
                              f"qq.quantized_matmul for affine weights")
         try:
             qa = quantize(w, mode=mode, global_scale=global_scale, rounding=rounding,
-                          scale_layout="blocked", fp8_format=fp8_format, stream=stream)
+                          scale_layout="blocked", fp8_format=fp8_format,
+                          torch_dtypes=torch_dtypes, stream=stream)
         except (ValueError, TypeError) as e:    # name this function, not the one it calls
             msg = str(e)
             if msg.startswith("quantize:"):

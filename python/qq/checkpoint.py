@@ -47,6 +47,8 @@ def _host(a, func: str, name: str) -> np.ndarray:
         if t.dtype == torch.bfloat16:  # NumPy has no bfloat16: ml_dtypes' (a qq dependency)
             import ml_dtypes
             return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        if t.is_floating_point() and t.element_size() == 1:
+            return t.view(torch.uint8).numpy()   # float8 / float4 bytes, as libqq stores them
         return t.numpy()
     if mod == "cupy":
         return a.get()

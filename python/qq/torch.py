@@ -85,15 +85,15 @@ def _quantize_weight(w: torch.Tensor, mode: str):
     if mode == "mxfp8":
         # [1, K, N] view of W^T (stride 1 on dim 1): D1 = K -> data [1, K, N] column-major,
         # i.e. W's codes row-major [N, K]; blocked scales [1, R128(N), C4(K/32)]
-        d1, s1 = qq.quantize_moe(w.t().unsqueeze(0), scaling="32x32", scale_layout="blocked")
+        d1, s1 = qq.quantize_moe(w.t().unsqueeze(0), scaling="32x32", scale_layout="blocked", torch_dtypes=False)
         # [1, N, K] = W: D1 = N -> data column-major [1, N, K], i.e. codes of W^T row-major [K, N]
-        d2, s2 = qq.quantize_moe(w.unsqueeze(0), scaling="32x32", scale_layout="blocked")
+        d2, s2 = qq.quantize_moe(w.unsqueeze(0), scaling="32x32", scale_layout="blocked", torch_dtypes=False)
         fwd = {"w": d1[0].t(), "scales": s1[0]}
         bwd = {"w": d2[0].t(), "scales": s2[0]}
         return fwd, bwd
     gs = _gs(w, mode)
-    qf = qq.quantize(w, mode=mode, global_scale=gs, scale_layout="blocked")
-    qb = qq.quantize_colwise(w, mode=mode, global_scale=gs, scale_layout="blocked")
+    qf = qq.quantize(w, mode=mode, global_scale=gs, scale_layout="blocked", torch_dtypes=False)
+    qb = qq.quantize_colwise(w, mode=mode, global_scale=gs, scale_layout="blocked", torch_dtypes=False)
     fwd = {"w": qf.data, "scales": qf.scales, "global_scale_w": gs}
     bwd = {"w": qb.data, "scales": qb.scales, "global_scale_w": gs}
     return fwd, bwd
@@ -116,8 +116,8 @@ def _wgrad(dy: torch.Tensor, x: torch.Tensor, mode: str, dtype) -> torch.Tensor:
     """dW [N, K] = q(dy)^T @ q(x), both quantized along the tokens T."""
     g = _GROUP[mode]
     dy, x = _pad_rows(dy, g), _pad_rows(x, g)
-    qdy = qq.quantize_colwise(dy, mode=mode, global_scale=_gs(dy, mode))   # dy^T [N, T], blocks along T
-    qx = qq.quantize_colwise(x, mode=mode, global_scale=_gs(x, mode))      # x^T  [K, T], blocks along T
+    qdy = qq.quantize_colwise(dy, mode=mode, global_scale=_gs(dy, mode), torch_dtypes=False)   # dy^T [N, T], blocks along T
+    qx = qq.quantize_colwise(x, mode=mode, global_scale=_gs(x, mode), torch_dtypes=False)    # x^T  [K, T], blocks along T
     return qq.qqmm(qdy, qx, mode=mode, dtype=dtype)
 
 
@@ -396,7 +396,8 @@ class QuantizedLinear(nn.Module):
         new = cls(linear.in_features, linear.out_features, linear.bias is not None, mode=mode,
                   group_size=group_size, bits=bits, weight_only=weight_only, device=w.device, dtype=w.dtype)
         gs = qq.amax(w) if mode == "nvfp4" else None
-        q = qq.quantize(w, new.group_size, new.bits, mode, global_scale=gs)
+        # uint8 bytes (torch_dtypes=False): the buffers' dtype, so copy_ moves bytes, not values
+        q = qq.quantize(w, new.group_size, new.bits, mode, global_scale=gs, torch_dtypes=False)
         with torch.no_grad():
             new.weight.copy_(q.data)
             new.weight_scales.copy_(q.scales)
