@@ -65,6 +65,7 @@ struct QL {
   uint32_t f8_shl, f8_shr, f8_mag, f8_nan_mask, f8_nan_add;
   uint32_t fix2;  // bf16x2 of 2^fix, the power of two that undoes the decoders' placement
   int fix;        // 126 (fp4), 120 (E4M3), 112 (E5M2)
+  uint32_t f4_mul[2];  // 65 << 6, 65 << 2 (fp4_pairs)
 };
 
 // One step's loads of a lane: its chunk of rows g and g + 8 and their scale bytes
@@ -134,12 +135,24 @@ __device__ __forceinline__ void e4m3x2_fix_bf2(uint32_t pair, uint32_t& s0, uint
 #endif
 }
 
-// fp4 word (8 E2M1 codes) -> pair j = (e_j, e_j+4) as bf16 times 2^-126 (see
-// qmv.cu's fp4x8: magnitude to bf16 bits 6..8, sign to 15; E2M1 subnormals
-// land on bf16 subnormals).
-template <int j> __device__ __forceinline__ uint32_t fp4_pair(uint32_t w) {
-  const uint32_t mag = (j < 2 ? (w << (6 - 4 * j)) : (w >> (4 * j - 6))) & 0x01c001c0u;
-  return mag | ((w << (12 - 4 * j)) & 0x80008000u);
+// fp4 word (8 E2M1 codes) -> pairs j = (e_j, e_j+4), j = 0..3, as bf16 times
+// 2^-126 (as qmv.cu's fp4x8: magnitude to bf16 bits 6..8, sign to 15; E2M1
+// subnormals land on bf16 subnormals). Nibbles j and j + 4 are masked out (at
+// bits 0..3 / 16..19, or 4..7 / 20..23 for odd j; j >= 2 from w >> 8), then one
+// integer multiply by 65 * 2^6 (or 65 * 2^2) adds the nibble moved to bits
+// 6..9 and a copy of it 6 bits higher, whose top bit - the sign - lands on
+// bit 15 (31); the two addends share no bit, so nothing carries, and a mask
+// keeps sign and magnitude. 2 ALU instructions and one IMAD per pair instead
+// of 2 shifts and 2 LOP3: this kernel is bound by the integer ALU pipe
+// (bench/results/qmm-decode-h100-notes.md), and IMAD issues on the FMA pipe.
+// The multipliers come from the kernel parameters (L.f4_mul) so that ptxas
+// cannot turn them back into shifts.
+__device__ __forceinline__ void fp4_pairs(uint32_t w, const uint32_t (&mul)[2], uint32_t (&p)[4]) {
+  const uint32_t w8 = w >> 8;
+  p[0] = ((w & 0x000f000fu) * mul[0]) & 0x81c081c0u;
+  p[1] = ((w & 0x00f000f0u) * mul[1]) & 0x81c081c0u;
+  p[2] = ((w8 & 0x000f000fu) * mul[0]) & 0x81c081c0u;
+  p[3] = ((w8 & 0x00f000f0u) * mul[1]) & 0x81c081c0u;
 }
 
 // fp8 word (4 codes) -> pairs (e0, e2), (e1, e3) times the scale, exact in
@@ -243,7 +256,8 @@ __device__ __forceinline__ void step_mma(const Ld& l, const QL& L, float (&acc)[
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const uint32_t w = i == 0 ? l.d[r].x : (i == 1 ? l.d[r].y : (i == 2 ? l.d[r].z : l.d[r].w));
-        uint32_t p[4] = {fp4_pair<0>(w), fp4_pair<1>(w), fp4_pair<2>(w), fp4_pair<3>(w)};
+        uint32_t p[4];
+        fp4_pairs(w, L.f4_mul, p);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           if (F != QNV4 && two) p[j] = bmul(p[j], 0x7e807e80u);  // 2^126
@@ -453,7 +467,11 @@ bool plan(const MatmulArgs& a, int* F, QL* L) {
       return false;
     }
   }
-  if (*F != QMX8) L->fix = 126;
+  if (*F != QMX8) {
+    L->fix = 126;
+    L->f4_mul[0] = 65u << 6;
+    L->f4_mul[1] = 65u << 2;
+  }
   const int64_t row_bytes = a.K * q.bits / 8;
   // nvfp4 scales are read two bytes at a time (one load per row and chunk)
   if (row_bytes % 16 || row_bytes / 16 >= (int64_t)1 << 31 || !aligned(a.w, 16) || !aligned(a.x, 16) ||
