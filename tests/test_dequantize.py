@@ -12,7 +12,7 @@ import qq
 import reference as R
 from helpers import (AFFINE_PARAMS, BF16, DEVICES, DTYPES, FP_PARAMS, FpCfg,
                      assert_bits_equal, assert_quantized_equal, cast, dtype_params, poison,
-                     random_data, ref_dequantize_qa, to_device, to_numpy)
+                     raises, random_data, ref_dequantize_qa, to_device, to_numpy)
 
 F32 = np.float32
 OUT_DTYPES = [None] + DTYPES  # None: the default, bfloat16
@@ -239,14 +239,23 @@ def test_row_strided_data(rng):
     assert_bits_equal(got, R.dequantize(ref.data[::3], ref.scales[::3], mode="mxfp8", dtype=F32))
 
 
-@pytest.mark.parametrize("view", [np.int8, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e8m0fnu])
-def test_byte_dtypes_accepted(view, rng):
-    """Packed data and fp scales may be uint8, int8 or 1-byte float8 arrays: read as bytes."""
+@pytest.mark.parametrize("fp8", ["e4m3", "e5m2"])
+def test_byte_dtypes_accepted(fp8, rng):
+    """Packed data and fp scales may be uint8, int8 or the 1-byte float8 dtype of what
+    they hold (mxfp8 data float8_e4m3fn / float8_e5m2, UE8M0 scales float8_e8m0fnu): read
+    as bytes. A float8 dtype that contradicts the mode is refused, naming the argument."""
     x = random_data(rng, (4, 64), F32, 32)
-    ref = R.quantize(x, mode="mxfp8")
-    want = R.dequantize(ref.data, ref.scales, mode="mxfp8")
-    assert_bits_equal(qq.dequantize(ref.data.view(view), ref.scales, mode="mxfp8"), want)
-    assert_bits_equal(qq.dequantize(ref.data, ref.scales.view(view), mode="mxfp8"), want)
+    ref = R.quantize(x, mode="mxfp8", fp8_format=fp8)
+    want = R.dequantize(ref.data, ref.scales, mode="mxfp8", fp8_format=fp8)
+    typed = ml_dtypes.float8_e4m3fn if fp8 == "e4m3" else ml_dtypes.float8_e5m2
+    other = ml_dtypes.float8_e5m2 if fp8 == "e4m3" else ml_dtypes.float8_e4m3fn
+    for dv, sv in ((np.int8, np.uint8), (typed, np.uint8), (np.uint8, np.int8),
+                   (np.uint8, ml_dtypes.float8_e8m0fnu), (typed, ml_dtypes.float8_e8m0fnu)):
+        assert_bits_equal(qq.dequantize(ref.data.view(dv), ref.scales.view(sv), mode="mxfp8",
+                                        fp8_format=fp8), want)
+    raises(TypeError, ["w"], qq.dequantize, ref.data.view(other), ref.scales, mode="mxfp8", fp8_format=fp8)
+    raises(TypeError, ["scales"], qq.dequantize, ref.data, ref.scales.view(ml_dtypes.float8_e4m3fn),
+           mode="mxfp8", fp8_format=fp8)
 
 
 def test_roundtrip_through_qq(rng):

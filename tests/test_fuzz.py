@@ -691,9 +691,20 @@ def fuzz_dequantize_one(fz):
         args[0] = data.astype(fz.choice([F32, np.int32, np.float16, np.uint16]))
         expect, names = "raise", ("w", "data")
     elif mut == "data_1byte_views":
-        args[0] = data.view(fz.choice([np.int8, ml_dtypes.float8_e4m3fn]))
+        # int8 carries no claim; a float8 dtype must be the one the mode stores there
+        # (docs/api.md, "Inputs and outputs"), else TypeError naming the argument
+        dv = fz.choice([np.int8, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2])
+        args[0] = data.view(dv)
+        fits = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}[fp8] if mode == "mxfp8" else None
+        bad = [] if dv is np.int8 or dv is fits else ["w"]
         if mode != "affine":
-            args[1] = scales_arg.view(fz.choice([np.int8, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e8m0fnu]))
+            sv = fz.choice([np.int8, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e8m0fnu])
+            args[1] = scales_arg.view(sv)
+            fits = ml_dtypes.float8_e4m3fn if mode == "nvfp4" else ml_dtypes.float8_e8m0fnu
+            if sv is not np.int8 and sv is not fits:
+                bad.append("scales")
+        if bad:
+            expect, names = "raise", tuple(bad)
     elif mut == "out":
         out, k2, expect = out_mutation(fz, shape, res_dt, (np.float64, np.int32, np.uint8))
         if k2 == "out_dtype" and out_dt is None:
