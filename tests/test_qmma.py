@@ -126,3 +126,95 @@ def test_qmma_odd_scale_address(m, rng):
     assert scales.data_ptr() % 2 == 1
     got = qq.quantized_matmul(cuda(x), cuda(ref_q.data), scales, mode="nvfp4", group_size=16, bits=4)
     assert_matmul_close(got, R.quantized_matmul(x, ref_q), f"qmma odd scales m={m}", dtype=BF16)
+
+
+# ---- affine 4 / 8 bits (bf16 x, bf16 scales and biases; M <= 16) -------------------------
+
+# (bits, group_size): one scale group per step of the kernel (4-bit 128, 8-bit 64 / 128) or two
+# (4-bit 64, 8-bit 32); 4-bit group 32 is qmv's (docs/api.md, "Dispatch")
+QMMA_AFFINE = [(4, 64), (4, 128), (8, 32), (8, 64), (8, 128)]
+AFF_IDS = [f"affine{b}-g{g}" for b, g in QMMA_AFFINE]
+
+
+def _affine_raw(n, k, bits, g, rng, special=False):
+    """Codes over the whole code space, bf16 scales and biases of both signs (zero, tiny,
+    large); with special, an Inf scale in row 1, a NaN bias in row 2 and a -Inf bias in row 5
+    (one group each), which send their warps' row tiles down the exact path."""
+    import types
+    import ml_dtypes
+    codes = rng.integers(0, 1 << bits, size=(n, k), dtype=np.uint8)
+    scales = (rng.standard_normal((n, k // g)) * 0.05).astype(ml_dtypes.bfloat16)
+    biases = (rng.standard_normal((n, k // g)) * 0.5).astype(ml_dtypes.bfloat16)
+    scales[0, 0], biases[0, -1] = 0, 0
+    scales[3 % n, 0], biases[4 % n, 0] = 1e-30, -3e4
+    if special:
+        scales[1, 0] = np.inf
+        biases[2, -1] = np.nan
+        biases[5, k // g // 2] = -np.inf
+    return types.SimpleNamespace(data=R.pack(codes, bits), scales=scales, biases=biases, group_size=g, bits=bits,
+                                 mode="affine", global_scale=None, scale_layout="linear", fp8_format="e4m3")
+
+
+def _affine_k(bits, g, steps_of_chunks):
+    """K whose rows hold `steps_of_chunks` 16-byte chunks (4 make a step), a multiple of g."""
+    k = steps_of_chunks * 16 * 8 // bits
+    return k if k % g == 0 else k + g - k % g
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
+@pytest.mark.parametrize("shape", ["ksplit", "ragged", "rows"])
+@pytest.mark.parametrize("bits,g", QMMA_AFFINE, ids=AFF_IDS)
+def test_qmma_affine(bits, g, shape, m, rng):
+    """Affine weights through the tensor-core kernel (the route is checked): a quantizer's
+    bf16 weight, K split over warps (long K, few rows), chunks that do not fill the last step,
+    N not a multiple of the 16-row tiles; a poisoned out."""
+    n, k = {"ksplit": (24, 8192), "ragged": (40, _affine_k(bits, g, 6)), "rows": (200, 512)}[shape]
+    x = randn(rng, (m, k), BF16)
+    wf = randn(rng, (n, k), BF16, 0.5)
+    ref_q = R.quantize(wf, group_size=g, bits=bits)
+    assert ref_q.scales.dtype == BF16
+    out = cuda(poison((m, n), BF16))
+    got = run_qmm(x, ref_q, out=out)
+    assert qq.last_route() == "qmma"
+    assert_matmul_close(got, R.quantized_matmul(x, ref_q), f"qmma affine{bits}-g{g} m={m} {shape}", dtype=BF16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("special", [False, True], ids=["finite", "inf-nan"])
+@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("bits,g", QMMA_AFFINE, ids=AFF_IDS)
+def test_qmma_affine_code_space(bits, g, m, special, rng):
+    """Every code, scales and biases of both signs, zero, tiny and large; x with zeros.
+    Inf / NaN scales and biases (special) must give NaN / Inf exactly where the float64
+    reference does (those row tiles take the weight-by-weight path), the other rows as usual;
+    fp32 and bf16 outputs."""
+    n, k = 48, _affine_k(bits, g, 10)
+    ref_q = _affine_raw(n, k, bits, g, rng, special)
+    x = randn(rng, (m, k), BF16)
+    x[:, ::5] = 0
+    for out_dtype in ("float32", "bfloat16"):
+        got = run_qmm(x, ref_q, dtype=out_dtype)
+        assert qq.last_route() == "qmma"
+        assert_matmul_close(got, R.quantized_matmul(x, ref_q), f"qmma affine codes m={m} {out_dtype}",
+                            dtype=np.dtype(BF16 if out_dtype == "bfloat16" else F32))
+    if special:
+        y = to_numpy(got).astype(F32)
+        assert np.isnan(y[:, 1]).all() or not np.isfinite(y[:, 1]).any()   # the Inf scale's row
+        assert np.isnan(y[:, 2]).all()                                       # the NaN bias's row
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,g", [(4, 32), (3, 64)], ids=["affine4-g32", "affine3-g64"])
+def test_qmma_affine_declines(bits, g, rng):
+    """Layouts the tensor-core kernel leaves to qmv (4-bit group 32: four groups per step;
+    other widths; float32 scales; M > 16 goes to the GEMM), each still right."""
+    k = 256
+    x = randn(rng, (4, k), BF16)
+    ref_q = R.quantize(randn(rng, (32, k), BF16, 0.5), group_size=g, bits=bits)
+    got = run_qmm(x, ref_q)
+    assert qq.last_route() == "qmv"
+    assert_matmul_close(got, R.quantized_matmul(x, ref_q), "affine declined", dtype=BF16)
+    ref32 = R.quantize(randn(rng, (32, k), F32, 0.5), group_size=64, bits=4)
+    run_qmm(x, ref32)
+    assert qq.last_route() == "qmv"

@@ -50,11 +50,19 @@ namespace cuda {
 namespace {
 
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
+
+// Formats: the fp modes, and affine 4 / 8 bits whose step (4 chunks of a row:
+// 128 / 64 codes) holds 1 or 2 scale groups (G1: group_size 128 (4-bit) or
+// 64 / 128 (8-bit); G2: 64 (4-bit), 32 (8-bit)).
+enum QF { QNV4 = 0, QMX4 = 1, QMX8 = 2, QA4G1 = 3, QA4G2 = 4, QA8G1 = 5, QA8G2 = 6 };
+constexpr bool is_aff(int F) { return F >= QA4G1; }
+constexpr bool bytes8(int F) { return F == QMX8 || F == QA8G1 || F == QA8G2; }  // a code per byte
+constexpr int aff_groups(int F) { return F == QA4G2 || F == QA8G2 ? 2 : 1; }
+
 // Steps of loads in flight per warp: 4, or 2 where the accumulators of 32 or
 // 64 rows of x need the registers (the kernel must fit 2 CTAs per SM: 128).
-template <int MT> constexpr int depth() { return MT <= 16 ? 4 : 2; }
-
-enum QF { QNV4 = 0, QMX4 = 1, QMX8 = 2 };
+// Affine at 16 rows of x holds its group partials and x sums besides: 2.
+template <int F, int MT> constexpr int depth() { return MT <= 8 || (MT <= 16 && !is_aff(F)) ? 4 : 2; }
 
 struct QL {
   int64_t C;     // 16-byte chunks per weight row
@@ -66,6 +74,8 @@ struct QL {
   uint32_t fix2;  // bf16x2 of 2^fix, the power of two that undoes the decoders' placement
   int fix;        // 126 (fp4), 120 (E4M3), 112 (E5M2)
   uint32_t f4_mul[2];  // 65 << 6, 65 << 2 (fp4_pairs)
+  int lgs;             // affine: log2(group_size)
+  uint32_t ngroups;    // affine: groups per row (K / group_size)
 };
 
 // One step's loads of a lane: its chunk of rows g and g + 8 and their scale bytes
@@ -73,6 +83,9 @@ struct QL {
 struct Ld {
   uint4 d[2];
   uint32_t s;
+  // affine: bf16 scales of the step's groups h = 0, 1 (sb[h]) and biases (sb[2 + h]),
+  // row g in bits 0..15, row g + 8 in 16..31
+  uint32_t sb[4];
 };
 
 // a * b per bf16 half (fma with -0: exact when the product is representable,
@@ -285,13 +298,199 @@ __device__ __forceinline__ void step_mma(const Ld& l, const QL& L, float (&acc)[
   }
 }
 
+// Affine weights (w = s * c + b per group, c the 4- or 8-bit code): the codes go
+// into the mma exactly - a code's bits at the bottom of a bf16 are the
+// subnormal c * 2^-133, and one bf16 multiply by 2^126 makes it c * 2^-7 -
+// and the group's scale and bias are applied to fp32 partial sums:
+//   sum_k x_k (s c_k + b) = s * sum_k x_k c_k + b * sum_k x_k,
+// the sums of x coming from one more mma with ones for A. An mma's 16 k take 4
+// from each lane of a row (q = 0..3, consecutive chunks), so a step holds 1 or
+// 2 groups (G): with 2, every weight mma runs once per group, the lanes of the
+// other group giving zeros (their multiplier f is 0 instead of 2^126), and the
+// ones-mma puts group 0's sums in rows g and group 1's in rows g + 8. Only
+// the order of the fp32 sums and the factoring differ from the CPU backend.
+// Returns false, having done nothing, when a scale or bias of the step is
+// Inf / NaN: s * sum(x c) is not sum(x * (s c + b)) there (0 * Inf); the warp
+// then redoes its whole row tile with aff_exact_warp after the main loop.
+__device__ __forceinline__ float bf_lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+
+template <int F, int NT, typename XLoad>
+__device__ __forceinline__ bool step_aff(const Ld& l, int q, float (&acc)[NT][4], XLoad&& xload) {
+  constexpr int G = aff_groups(F);
+  uint32_t special = 0;  // a bf16 exponent of all ones (Inf / NaN) in either half
+#pragma unroll
+  for (int h = 0; h < G; ++h)
+    special |= (((l.sb[h] & 0x7f807f80u) + 0x00800080u) | ((l.sb[2 + h] & 0x7f807f80u) + 0x00800080u)) & 0x80008000u;
+  if (__any_sync(0xffffffffu, special)) return false;
+  const int hl = G == 2 ? (q >> 1) : 0;  // the group of this lane's chunk
+  constexpr uint32_t kOnes = 0x3f803f80u, k126 = 0x7e807e80u;
+  const uint32_t o0 = (G == 1 || hl == 0) ? kOnes : 0u, o1 = (G == 1 || hl == 1) ? kOnes : 0u;
+  uint32_t f[G];
+#pragma unroll
+  for (int h = 0; h < G; ++h) f[h] = hl == h ? k126 : 0u;
+  float tmp[G][NT][4], xs[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      xs[t][i] = 0.0f;
+#pragma unroll
+      for (int h = 0; h < G; ++h) tmp[h][t][i] = 0.0f;
+    }
+  if constexpr (!bytes8(F)) {
+    // 4-bit: word i of rows g, g + 8 -> pairs j = (c_j, c_j+4) (the fp4 order)
+    uint32_t P[4][2][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t w = i == 0 ? l.d[r].x : (i == 1 ? l.d[r].y : (i == 2 ? l.d[r].z : l.d[r].w));
+        P[i][r][0] = w & 0x000f000fu;
+        P[i][r][1] = (w >> 4) & 0x000f000fu;
+        P[i][r][2] = (w >> 8) & 0x000f000fu;
+        P[i][r][3] = (w >> 12) & 0x000f000fu;
+      }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      uint4 xv[4];
+      xload(t, xv);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t b0 = prmt(xv[i].x, xv[i].z, 0x5410u), b1 = prmt(xv[i].x, xv[i].z, 0x7632u);
+        const uint32_t b2 = prmt(xv[i].y, xv[i].w, 0x5410u), b3 = prmt(xv[i].y, xv[i].w, 0x7632u);
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+          mma16816(tmp[h][t], bmul(P[i][0][0], f[h]), bmul(P[i][1][0], f[h]), bmul(P[i][0][1], f[h]),
+                   bmul(P[i][1][1], f[h]), b0, b1);
+          mma16816(tmp[h][t], bmul(P[i][0][2], f[h]), bmul(P[i][1][2], f[h]), bmul(P[i][0][3], f[h]),
+                   bmul(P[i][1][3], f[h]), b2, b3);
+        }
+        mma16816(xs[t], o0, o1, o0, o1, b0, b1);
+        mma16816(xs[t], o0, o1, o0, o1, b2, b3);
+      }
+    }
+  } else {
+    // 8-bit: word i -> pairs (c0, c2), (c1, c3) (the fp8 order)
+    uint32_t P[4][2][2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t w = i == 0 ? l.d[r].x : (i == 1 ? l.d[r].y : (i == 2 ? l.d[r].z : l.d[r].w));
+        P[i][r][0] = w & 0x00ff00ffu;
+        P[i][r][1] = (w >> 8) & 0x00ff00ffu;
+      }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      uint4 xv[4];
+      xload(t, xv);
+      const uint32_t xw[8] = {xv[0].x, xv[0].y, xv[0].z, xv[0].w, xv[1].x, xv[1].y, xv[1].z, xv[1].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t b0 = prmt(xw[2 * i], xw[2 * i + 1], 0x5410u), b1 = prmt(xw[2 * i], xw[2 * i + 1], 0x7632u);
+#pragma unroll
+        for (int h = 0; h < G; ++h)
+          mma16816(tmp[h][t], bmul(P[i][0][0], f[h]), bmul(P[i][1][0], f[h]), bmul(P[i][0][1], f[h]),
+                   bmul(P[i][1][1], f[h]), b0, b1);
+        mma16816(xs[t], o0, o1, o0, o1, b0, b1);
+      }
+    }
+  }
+  // acc[t][0..1]: row g, x rows 8t + 2q + {0, 1}; [2..3]: row g + 8. tmp holds
+  // sums of x * c * 2^-7: the scale gets the 2^7 (exact).
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      const float s0 = bf_lo(l.sb[h]) * 128.0f, s1 = bf_hi(l.sb[h]) * 128.0f;
+      const float c0 = bf_lo(l.sb[2 + h]), c1 = bf_hi(l.sb[2 + h]);
+      const float x0 = xs[t][G == 2 ? 2 * h : 0], x1 = xs[t][G == 2 ? 2 * h + 1 : 1];
+      acc[t][0] = fmaf(c0, x0, fmaf(s0, tmp[h][t][0], acc[t][0]));
+      acc[t][1] = fmaf(c0, x1, fmaf(s0, tmp[h][t][1], acc[t][1]));
+      acc[t][2] = fmaf(c1, x0, fmaf(s1, tmp[h][t][2], acc[t][2]));
+      acc[t][3] = fmaf(c1, x1, fmaf(s1, tmp[h][t][3], acc[t][3]));
+    }
+  return true;
+}
+
+// A warp's whole row tile weight by weight, for tiles where step_aff met a
+// non-finite scale or bias (rare; out of line, after the main loop, so that
+// the main loop's registers do not see it): w = fma(c, s, b) (codec.h's
+// affine_decode, as dequantize) times x in fp32, the 4 lanes of a row summed
+// by shuffles, returned in acc's layout.
+template <int NT>
+struct AffPart {
+  float v[NT][4];
+};
+struct AffRows {
+  const uint8_t* w[2];      // weight rows g, g + 8
+  const uint16_t* sb[2][2]; // [row][scales, biases]
+  const __nv_bfloat16* x;   // x of this batch entry
+  int64_t xld;
+  uint32_t cfirst, cstep, climit;
+  int nsteps, q;
+};
+template <int F, int NT>
+__device__ __forceinline__ AffPart<NT> aff_exact_warp(const AffRows R, const QL L) {
+  constexpr int G = aff_groups(F), kCodes = bytes8(F) ? 16 : 32;
+  const int q = R.q, hl = G == 2 ? (q >> 1) : 0;
+  float part[2][8 * NT];  // this lane's chunks' share of (row g + 8r, x row m)
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int m = 0; m < 8 * NT; ++m) part[r][m] = 0.0f;
+#pragma unroll 1
+  for (int step = 0; step < R.nsteps; ++step) {
+    const uint32_t c = R.cfirst + (uint32_t)step * R.cstep;
+    const uint32_t gi = (((c - q) * (uint32_t)kCodes) >> L.lgs) + hl;  // this lane's group
+    if (c >= R.climit || gi >= L.ngroups) continue;
+    float s[2], b[2];
+    uint32_t w[2][4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      s[r] = __uint_as_float((uint32_t)__ldg(R.sb[r][0] + gi) << 16);
+      b[r] = __uint_as_float((uint32_t)__ldg(R.sb[r][1] + gi) << 16);
+      const uint4 d = __ldg(reinterpret_cast<const uint4*>(R.w[r] + (size_t)c * 16));
+      w[r][0] = d.x, w[r][1] = d.y, w[r][2] = d.z, w[r][3] = d.w;
+    }
+#pragma unroll 1
+    for (int m = 0; m < L.M; ++m) {
+      const __nv_bfloat16* xr = R.x + m * R.xld + (size_t)c * kCodes;
+#pragma unroll 1
+      for (int e = 0; e < kCodes; ++e) {
+        const float xe = __bfloat162float(xr[e]);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint32_t code = bytes8(F) ? (w[r][e >> 2] >> (8 * (e & 3))) & 0xffu
+                                          : (w[r][e >> 3] >> (4 * (e & 7))) & 0xfu;
+          part[r][m] = fmaf(xe, affine_decode(code, s[r], b[r]), part[r][m]);
+        }
+      }
+    }
+  }
+  // the row's 4 lanes (q = 0..3) summed; lane q keeps x rows 8t + 2q + {0, 1}
+  AffPart<NT> out;
+#pragma unroll
+  for (int m = 0; m < 8 * NT; ++m)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float v = part[r][m];
+      v += __shfl_xor_sync(0xffffffffu, v, 1);
+      v += __shfl_xor_sync(0xffffffffu, v, 2);
+      if (((m & 7) >> 1) == q) out.v[m >> 3][2 * r + (m & 1)] = v;
+    }
+  return out;
+}
+
 template <int F, int MT>
 __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, const QL L, const float* alpha) {
   constexpr int NT = MT / 8;  // n8 tiles of x rows
-  constexpr int kDepth = depth<MT>();
+  constexpr int kDepth = depth<F, MT>();
   // M <= 8: two accumulators taken in turn, so that consecutive mmas do not
-  // wait on each other (an mma's result is ~30 cycles away)
-  constexpr int NA = NT == 1 ? 2 : NT;
+  // wait on each other (an mma's result is ~30 cycles away; affine's steps
+  // interleave their group and x-sum accumulators instead)
+  constexpr int NA = NT == 1 && !is_aff(F) ? 2 : NT;
   __shared__ float red[kWarps][16 * MT];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
@@ -305,6 +504,7 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
   for (int64_t b = blockIdx.y; b < a.out.batch(); b += gridDim.y) {
     const uint8_t* wrow[2];
     const uint8_t* srow[2];
+    const uint16_t* arow[2][2];  // affine: [row][scales, biases]
     int64_t nr[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -315,6 +515,10 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
       srow[r] = (const uint8_t*)a.w_scales.ptr + a.w_scales.offset(b) +
                 (a.w_blocked ? (n >> 7) * 128 * a.w_scales.cols + (n & 31) * 16 + ((n & 127) >> 5) * 4
                              : n * a.w_scales.ld);
+      if constexpr (is_aff(F)) {  // bf16 scales and biases, linear
+        arow[r][0] = (const uint16_t*)a.w_scales.ptr + a.w_scales.offset(b) + n * a.w_scales.ld;
+        arow[r][1] = (const uint16_t*)a.w_biases.ptr + a.w_biases.offset(b) + n * a.w_biases.ld;
+      }
     }
     const __nv_bfloat16* xb = (const __nv_bfloat16*)a.x.ptr + a.x.offset(b);
 
@@ -325,6 +529,19 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
     auto soff = [&](uint32_t idx) -> uint32_t { return a.w_blocked ? (idx >> 2) * 512 + (idx & 3) : idx; };
     auto load = [&](int step, Ld& l) {
       const uint32_t c = chunk_of(step);
+      if constexpr (is_aff(F)) {
+        // every lane applies the scales and biases of all the step's groups to its
+        // rows (groups past the row, in a ragged last step: zeros)
+        const uint32_t gi0 = ((c - q) * (bytes8(F) ? 16u : 32u)) >> L.lgs;  // c - q: the step's first chunk
+#pragma unroll
+        for (int h = 0; h < aff_groups(F); ++h) {
+          const uint32_t gi = gi0 + h;
+          const bool in = gi < L.ngroups;
+#pragma unroll
+          for (int v = 0; v < 2; ++v)
+            l.sb[2 * v + h] = in ? (uint32_t)__ldg(arow[0][v] + gi) | ((uint32_t)__ldg(arow[1][v] + gi) << 16) : 0u;
+        }
+      }
       if (c >= climit) {  // past the row (ragged last step): zeros with a finite scale
         l.d[0] = l.d[1] = make_uint4(0, 0, 0, 0);
         l.s = F == QNV4 ? 0x38383838u : 0x7f7f7f7fu;  // 1.0 in E4M3 / UE8M0
@@ -338,7 +555,7 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
         const uint32_t i0 = soff(2 * c);
         l.s = (uint32_t)__ldg(reinterpret_cast<const uint16_t*>(srow[0] + i0)) |
               ((uint32_t)__ldg(reinterpret_cast<const uint16_t*>(srow[1] + i0)) << 16);
-      } else {
+      } else if constexpr (!is_aff(F)) {
         const uint32_t i = soff(F == QMX4 ? c : c >> 1);
         l.s = (uint32_t)__ldg(srow[0] + i) | ((uint32_t)__ldg(srow[1] + i) << 16);
       }
@@ -347,6 +564,7 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
     const size_t xld8 = (size_t)a.x.ld * 8;
 
     float acc[NA][4];
+    bool aff_special = false;  // affine: a step met an Inf / NaN scale or bias
 #pragma unroll
     for (int t = 0; t < NA; ++t)
 #pragma unroll
@@ -355,16 +573,21 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
     auto compute = [&](int step, const Ld& l) {
       const uint32_t c = chunk_of(step);
       const bool valid = c < climit;
-      step_mma<F, NT, NA>(l, L, acc, [&](int t, uint4 (&xv)[4]) {
+      auto xload = [&](int t, uint4 (&xv)[4]) {
         const int m = 8 * t + g;
 #pragma unroll
         for (int i = 0; i < 4; ++i) xv[i] = make_uint4(0, 0, 0, 0);
         if (valid && m < L.M) {
-          const uint4* xp = reinterpret_cast<const uint4*>(xg + t * xld8 + (size_t)c * (F == QMX8 ? 16 : 32));
+          const uint4* xp = reinterpret_cast<const uint4*>(xg + t * xld8 + (size_t)c * (bytes8(F) ? 16 : 32));
 #pragma unroll
-          for (int i = 0; i < (F == QMX8 ? 2 : 4); ++i) xv[i] = __ldg(xp + i);
+          for (int i = 0; i < (bytes8(F) ? 2 : 4); ++i) xv[i] = __ldg(xp + i);
         }
-      });
+      };
+      if constexpr (is_aff(F)) {
+        if (!step_aff<F, NT>(l, q, acc, xload)) aff_special = true;  // warp-uniform
+      } else {
+        step_mma<F, NT, NA>(l, L, acc, xload);
+      }
     };
 
     // -- the pipeline: kDepth steps of loads in flight --
@@ -383,9 +606,22 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
       }
     }
 
-    if (NT == 1) {
+    if constexpr (NA != NT) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[0][i] += acc[NA - 1][i];
+    }
+    if constexpr (is_aff(F)) {
+      if (aff_special) {  // the whole row tile again, weight by weight (aff_exact_warp)
+        AffRows R;
+        R.w[0] = wrow[0], R.w[1] = wrow[1];
+        R.sb[0][0] = arow[0][0], R.sb[0][1] = arow[0][1], R.sb[1][0] = arow[1][0], R.sb[1][1] = arow[1][1];
+        R.x = xb, R.xld = a.x.ld, R.cfirst = cfirst, R.cstep = cstep, R.climit = climit, R.nsteps = nsteps, R.q = q;
+        const AffPart<NT> p = aff_exact_warp<F, NT>(R, L);
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[t][i] = p.v[t][i];
+      }
     }
     // -- add the KS k-slices of each row tile in a fixed order --
     // acc[t][0..1]: row g, x rows 8t + 2q + {0, 1}; acc[t][2..3]: row g + 8.
@@ -418,7 +654,7 @@ bool aligned(const Mat& m, int bytes) {
 
 template <int F>
 void launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st) {
-  const int kDepth = a.M <= 16 ? depth<16>() : depth<64>();
+  const int kDepth = a.M <= 8 ? depth<F, 8>() : (a.M <= 16 ? depth<F, 16>() : depth<F, 64>());
   // k-slices per row tile: the fewest (1..8) that give the grid a full wave of
   // warps (16 per SM: ~2 CTAs fit by registers), while every warp keeps at
   // least kDepth steps.
@@ -432,9 +668,11 @@ void launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st) {
   const int64_t per_cta = kWarps / KS;
   const dim3 grid((unsigned)((tiles + per_cta - 1) / per_cta), (unsigned)(batch < 65535 ? batch : 65535));
   if (a.M <= 8) qmma_kernel<F, 8><<<grid, kThreads, 0, st>>>(a, L, alpha);
-  else if (a.M <= 16) qmma_kernel<F, 16><<<grid, kThreads, 0, st>>>(a, L, alpha);
-  else if (a.M <= 32) qmma_kernel<F, 32><<<grid, kThreads, 0, st>>>(a, L, alpha);
-  else qmma_kernel<F, 64><<<grid, kThreads, 0, st>>>(a, L, alpha);
+  else if (a.M <= 16 || is_aff(F)) qmma_kernel<F, 16><<<grid, kThreads, 0, st>>>(a, L, alpha);  // affine: M <= 16
+  else if constexpr (!is_aff(F)) {
+    if (a.M <= 32) qmma_kernel<F, 32><<<grid, kThreads, 0, st>>>(a, L, alpha);
+    else qmma_kernel<F, 64><<<grid, kThreads, 0, st>>>(a, L, alpha);
+  }
 }
 
 }  // namespace
@@ -447,11 +685,22 @@ bool plan(const MatmulArgs& a, int* F, QL* L) {
   // the H100, bench/results/qmm-h100.md); from M = 2 this one is.
   if (a.M == 1 && a.q.mode == QQ_MODE_MXFP8) return false;
   if (a.M < 1 || a.M > kQmmaMaxM || a.x_packed || !a.w_packed || !a.transpose) return false;
-  if (a.x.dt != DType::BF16 || !a.q.fp()) return false;
+  if (a.x.dt != DType::BF16) return false;
   const QSpec& q = a.q;
   *L = QL{};
   L->M = (int)a.M;
-  if (q.mode == QQ_MODE_NVFP4 && q.group == 16) *F = QNV4;
+  if (q.mode == QQ_MODE_AFFINE) {
+    // 4 / 8 bits with bf16 scales and biases, M <= 16, one or two groups per step
+    // (4-bit group 32 would be 4: left to qmv / the GEMM)
+    if (a.M > 16 || a.w_scales.dt != DType::BF16 || a.w_biases.dt != DType::BF16 || a.w_blocked) return false;
+    if (q.bits == 4 && q.group == 128) *F = QA4G1;
+    else if (q.bits == 4 && q.group == 64) *F = QA4G2;
+    else if (q.bits == 8 && (q.group == 64 || q.group == 128)) *F = QA8G1;
+    else if (q.bits == 8 && q.group == 32) *F = QA8G2;
+    else return false;
+    L->lgs = q.group == 32 ? 5 : (q.group == 64 ? 6 : 7);
+    L->ngroups = (uint32_t)(a.K / q.group);
+  } else if (q.mode == QQ_MODE_NVFP4 && q.group == 16) *F = QNV4;
   else if (q.mode == QQ_MODE_MXFP4 && q.group == 32) *F = QMX4;
   else if (q.mode == QQ_MODE_MXFP8 && q.group == 32) *F = QMX8;
   else return false;
@@ -495,7 +744,11 @@ qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream) {
   switch (F) {
     case QNV4: launch<QNV4>(a, L, alpha, stream); break;
     case QMX4: launch<QMX4>(a, L, alpha, stream); break;
-    default: launch<QMX8>(a, L, alpha, stream); break;
+    case QMX8: launch<QMX8>(a, L, alpha, stream); break;
+    case QA4G1: launch<QA4G1>(a, L, alpha, stream); break;
+    case QA4G2: launch<QA4G2>(a, L, alpha, stream); break;
+    case QA8G1: launch<QA8G1>(a, L, alpha, stream); break;
+    default: launch<QA8G2>(a, L, alpha, stream); break;
   }
   return check_launch("quantized_matmul");
 }
