@@ -304,11 +304,11 @@ __device__ __forceinline__ void step_mma(const Ld& l, const QL& L, float (&acc)[
 // and the group's scale and bias are applied to fp32 partial sums:
 //   sum_k x_k (s c_k + b) = s * sum_k x_k c_k + b * sum_k x_k,
 // the sums of x coming from one more mma with ones for A. An mma's 16 k take 4
-// from each lane of a row (q = 0..3, consecutive chunks), so a step holds 1 or
-// 2 groups (G): with 2, every weight mma runs once per group, the lanes of the
-// other group giving zeros (their multiplier f is 0 instead of 2^126), and the
-// ones-mma puts group 0's sums in rows g and group 1's in rows g + 8. Only
-// the order of the fp32 sums and the factoring differ from the CPU backend.
+// from each lane of a row (q = 0..3), so every mma must see one group on all
+// 4 lanes: where a step holds 2 groups (G2), a lane loads 8 bytes of each
+// group (bytes 8q.. of its 32) instead of one 16-byte chunk, words 0-1 of l.d
+// being group 0's and words 2-3 group 1's, and x is read to match. Only the
+// order of the fp32 sums and the factoring differ from the CPU backend.
 // Returns false, having done nothing, when a scale or bias of the step is
 // Inf / NaN: s * sum(x c) is not sum(x * (s c + b)) there (0 * Inf); the warp
 // then redoes its whole row tile with aff_exact_warp after the main loop.
@@ -316,40 +316,34 @@ __device__ __forceinline__ float bf_lo(uint32_t v) { return __uint_as_float(v <<
 __device__ __forceinline__ float bf_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 
 template <int F, int NT, typename XLoad>
-__device__ __forceinline__ bool step_aff(const Ld& l, int q, float (&acc)[NT][4], XLoad&& xload) {
+__device__ __forceinline__ bool step_aff(const Ld& l, float (&acc)[NT][4], XLoad&& xload) {
   constexpr int G = aff_groups(F);
   uint32_t special = 0;  // a bf16 exponent of all ones (Inf / NaN) in either half
 #pragma unroll
   for (int h = 0; h < G; ++h)
     special |= (((l.sb[h] & 0x7f807f80u) + 0x00800080u) | ((l.sb[2 + h] & 0x7f807f80u) + 0x00800080u)) & 0x80008000u;
   if (__any_sync(0xffffffffu, special)) return false;
-  const int hl = G == 2 ? (q >> 1) : 0;  // the group of this lane's chunk
   constexpr uint32_t kOnes = 0x3f803f80u, k126 = 0x7e807e80u;
-  const uint32_t o0 = (G == 1 || hl == 0) ? kOnes : 0u, o1 = (G == 1 || hl == 1) ? kOnes : 0u;
-  uint32_t f[G];
+  float tmp[G][NT][4], xs[G][NT][4];
 #pragma unroll
-  for (int h = 0; h < G; ++h) f[h] = hl == h ? k126 : 0u;
-  float tmp[G][NT][4], xs[NT][4];
+  for (int h = 0; h < G; ++h)
 #pragma unroll
-  for (int t = 0; t < NT; ++t)
+    for (int t = 0; t < NT; ++t)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      xs[t][i] = 0.0f;
-#pragma unroll
-      for (int h = 0; h < G; ++h) tmp[h][t][i] = 0.0f;
-    }
+      for (int i = 0; i < 4; ++i) tmp[h][t][i] = xs[h][t][i] = 0.0f;
+  // word i of l.d belongs to group (G == 2 ? i / 2 : 0)
   if constexpr (!bytes8(F)) {
-    // 4-bit: word i of rows g, g + 8 -> pairs j = (c_j, c_j+4) (the fp4 order)
+    // 4-bit: word i of rows g, g + 8 -> pairs j = (c_j, c_j+4) (the fp4 order), times 2^126
     uint32_t P[4][2][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const uint32_t w = i == 0 ? l.d[r].x : (i == 1 ? l.d[r].y : (i == 2 ? l.d[r].z : l.d[r].w));
-        P[i][r][0] = w & 0x000f000fu;
-        P[i][r][1] = (w >> 4) & 0x000f000fu;
-        P[i][r][2] = (w >> 8) & 0x000f000fu;
-        P[i][r][3] = (w >> 12) & 0x000f000fu;
+        P[i][r][0] = bmul(w & 0x000f000fu, k126);
+        P[i][r][1] = bmul((w >> 4) & 0x000f000fu, k126);
+        P[i][r][2] = bmul((w >> 8) & 0x000f000fu, k126);
+        P[i][r][3] = bmul((w >> 12) & 0x000f000fu, k126);
       }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
@@ -357,29 +351,25 @@ __device__ __forceinline__ bool step_aff(const Ld& l, int q, float (&acc)[NT][4]
       xload(t, xv);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
+        const int h = G == 2 ? i >> 1 : 0;
         const uint32_t b0 = prmt(xv[i].x, xv[i].z, 0x5410u), b1 = prmt(xv[i].x, xv[i].z, 0x7632u);
         const uint32_t b2 = prmt(xv[i].y, xv[i].w, 0x5410u), b3 = prmt(xv[i].y, xv[i].w, 0x7632u);
-#pragma unroll
-        for (int h = 0; h < G; ++h) {
-          mma16816(tmp[h][t], bmul(P[i][0][0], f[h]), bmul(P[i][1][0], f[h]), bmul(P[i][0][1], f[h]),
-                   bmul(P[i][1][1], f[h]), b0, b1);
-          mma16816(tmp[h][t], bmul(P[i][0][2], f[h]), bmul(P[i][1][2], f[h]), bmul(P[i][0][3], f[h]),
-                   bmul(P[i][1][3], f[h]), b2, b3);
-        }
-        mma16816(xs[t], o0, o1, o0, o1, b0, b1);
-        mma16816(xs[t], o0, o1, o0, o1, b2, b3);
+        mma16816(tmp[h][t], P[i][0][0], P[i][1][0], P[i][0][1], P[i][1][1], b0, b1);
+        mma16816(tmp[h][t], P[i][0][2], P[i][1][2], P[i][0][3], P[i][1][3], b2, b3);
+        mma16816(xs[h][t], kOnes, kOnes, kOnes, kOnes, b0, b1);
+        mma16816(xs[h][t], kOnes, kOnes, kOnes, kOnes, b2, b3);
       }
     }
   } else {
-    // 8-bit: word i -> pairs (c0, c2), (c1, c3) (the fp8 order)
+    // 8-bit: word i -> pairs (c0, c2), (c1, c3) (the fp8 order), times 2^126
     uint32_t P[4][2][2];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const uint32_t w = i == 0 ? l.d[r].x : (i == 1 ? l.d[r].y : (i == 2 ? l.d[r].z : l.d[r].w));
-        P[i][r][0] = w & 0x00ff00ffu;
-        P[i][r][1] = (w >> 8) & 0x00ff00ffu;
+        P[i][r][0] = bmul(w & 0x00ff00ffu, k126);
+        P[i][r][1] = bmul((w >> 8) & 0x00ff00ffu, k126);
       }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
@@ -388,12 +378,10 @@ __device__ __forceinline__ bool step_aff(const Ld& l, int q, float (&acc)[NT][4]
       const uint32_t xw[8] = {xv[0].x, xv[0].y, xv[0].z, xv[0].w, xv[1].x, xv[1].y, xv[1].z, xv[1].w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
+        const int h = G == 2 ? i >> 1 : 0;
         const uint32_t b0 = prmt(xw[2 * i], xw[2 * i + 1], 0x5410u), b1 = prmt(xw[2 * i], xw[2 * i + 1], 0x7632u);
-#pragma unroll
-        for (int h = 0; h < G; ++h)
-          mma16816(tmp[h][t], bmul(P[i][0][0], f[h]), bmul(P[i][1][0], f[h]), bmul(P[i][0][1], f[h]),
-                   bmul(P[i][1][1], f[h]), b0, b1);
-        mma16816(xs[t], o0, o1, o0, o1, b0, b1);
+        mma16816(tmp[h][t], P[i][0][0], P[i][1][0], P[i][0][1], P[i][1][1], b0, b1);
+        mma16816(xs[h][t], kOnes, kOnes, kOnes, kOnes, b0, b1);
       }
     }
   }
@@ -405,7 +393,7 @@ __device__ __forceinline__ bool step_aff(const Ld& l, int q, float (&acc)[NT][4]
     for (int h = 0; h < G; ++h) {
       const float s0 = bf_lo(l.sb[h]) * 128.0f, s1 = bf_hi(l.sb[h]) * 128.0f;
       const float c0 = bf_lo(l.sb[2 + h]), c1 = bf_hi(l.sb[2 + h]);
-      const float x0 = xs[t][G == 2 ? 2 * h : 0], x1 = xs[t][G == 2 ? 2 * h + 1 : 1];
+      const float x0 = xs[h][t][0], x1 = xs[h][t][1];
       acc[t][0] = fmaf(c0, x0, fmaf(s0, tmp[h][t][0], acc[t][0]));
       acc[t][1] = fmaf(c0, x1, fmaf(s0, tmp[h][t][1], acc[t][1]));
       acc[t][2] = fmaf(c1, x0, fmaf(s1, tmp[h][t][2], acc[t][2]));
@@ -541,6 +529,18 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
           for (int v = 0; v < 2; ++v)
             l.sb[2 * v + h] = in ? (uint32_t)__ldg(arow[0][v] + gi) | ((uint32_t)__ldg(arow[1][v] + gi) << 16) : 0u;
         }
+        if constexpr (aff_groups(F) == 2) {  // 8 bytes of each group: bytes 8q.. of its 32
+          uint2 v[2][2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+              v[r][h] = gi0 + h < L.ngroups ? ld_stream8(wrow[r] + (size_t)(c - q) * 16 + 32 * h + 8 * q)
+                                            : make_uint2(0, 0);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) l.d[r] = make_uint4(v[r][0].x, v[r][0].y, v[r][1].x, v[r][1].y);
+          return;
+        }
       }
       if (c >= climit) {  // past the row (ragged last step): zeros with a finite scale
         l.d[0] = l.d[1] = make_uint4(0, 0, 0, 0);
@@ -577,6 +577,24 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
         const int m = 8 * t + g;
 #pragma unroll
         for (int i = 0; i < 4; ++i) xv[i] = make_uint4(0, 0, 0, 0);
+        if constexpr (aff_groups(F) == 2) {  // the x of load()'s two 8-byte pieces
+          const uint32_t c0 = c - q, gi0 = (c0 * (bytes8(F) ? 16u : 32u)) >> L.lgs;
+          if (m < L.M) {
+            const __nv_bfloat16* xr = xg + t * xld8;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              if (gi0 + h >= L.ngroups) continue;
+              if constexpr (bytes8(F)) {  // 8 codes: x[c0*16 + 32h + 8q ..]
+                xv[h] = __ldg(reinterpret_cast<const uint4*>(xr + (size_t)c0 * 16 + 32 * h + 8 * q));
+              } else {                    // 16 codes: x[c0*32 + 64h + 16q ..]
+                const uint4* xp = reinterpret_cast<const uint4*>(xr + (size_t)c0 * 32 + 64 * h + 16 * q);
+                xv[2 * h] = __ldg(xp);
+                xv[2 * h + 1] = __ldg(xp + 1);
+              }
+            }
+          }
+          return;
+        }
         if (valid && m < L.M) {
           const uint4* xp = reinterpret_cast<const uint4*>(xg + t * xld8 + (size_t)c * (bytes8(F) ? 16 : 32));
 #pragma unroll
@@ -584,7 +602,7 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
         }
       };
       if constexpr (is_aff(F)) {
-        if (!step_aff<F, NT>(l, q, acc, xload)) aff_special = true;  // warp-uniform
+        if (!step_aff<F, NT>(l, acc, xload)) aff_special = true;  // warp-uniform
       } else {
         step_mma<F, NT, NA>(l, L, acc, xload);
       }
