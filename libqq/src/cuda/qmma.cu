@@ -100,6 +100,21 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
   return d;
 }
+// x's B registers matching the decoders' pairs: fp8 / 8-bit word i of w <->
+// x elements 4i..4i+3 (x words 2i, 2i+1 of a 16-element unit): (x0, x2), (x1,
+// x3); fp4 / 4-bit word i <-> the 8 elements of xv (one uint4): (x_j, x_j+4).
+__device__ __forceinline__ void x_pairs8(const uint4 (&xv)[4], int i, uint32_t& b0, uint32_t& b1) {
+  const uint4 v = xv[i >> 1];
+  const uint32_t lo = i & 1 ? v.z : v.x, hi = i & 1 ? v.w : v.y;
+  b0 = prmt(lo, hi, 0x5410u);
+  b1 = prmt(lo, hi, 0x7632u);
+}
+__device__ __forceinline__ void x_pairs4(const uint4& v, uint32_t& b0, uint32_t& b1, uint32_t& b2, uint32_t& b3) {
+  b0 = prmt(v.x, v.z, 0x5410u);
+  b1 = prmt(v.x, v.z, 0x7632u);
+  b2 = prmt(v.y, v.w, 0x5410u);
+  b3 = prmt(v.y, v.w, 0x7632u);
+}
 __device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1) {
   asm volatile(
@@ -243,12 +258,10 @@ __device__ __forceinline__ void step_mma(const Ld& l, const QL& L, float (&acc)[
     for (int t = 0; t < NT; ++t) {
       uint4 xv[4];
       xload(t, xv);
-      const uint32_t xw[8] = {xv[0].x, xv[0].y, xv[0].z, xv[0].w, xv[1].x, xv[1].y, xv[1].z, xv[1].w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        // word i of w <-> x elements 4i..4i+3 = x words 2i, 2i+1
-        const uint32_t b0 = prmt(xw[2 * i], xw[2 * i + 1], 0x5410u);  // (x0, x2)
-        const uint32_t b1 = prmt(xw[2 * i], xw[2 * i + 1], 0x7632u);  // (x1, x3)
+        uint32_t b0, b1;
+        x_pairs8(xv, i, b0, b1);
         mma16816(acc[NT == 1 ? (i & 1) : t], A[0][2 * i], A[1][2 * i], A[0][2 * i + 1], A[1][2 * i + 1], b0, b1);
       }
     }
@@ -291,9 +304,11 @@ __device__ __forceinline__ void step_mma(const Ld& l, const QL& L, float (&acc)[
       uint4 xv[4];
       xload(t, xv);
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        mma_word(t, A[i], prmt(xv[i].x, xv[i].z, 0x5410u), prmt(xv[i].x, xv[i].z, 0x7632u),
-                 prmt(xv[i].y, xv[i].w, 0x5410u), prmt(xv[i].y, xv[i].w, 0x7632u));
+      for (int i = 0; i < 4; ++i) {
+        uint32_t b0, b1, b2, b3;
+        x_pairs4(xv[i], b0, b1, b2, b3);
+        mma_word(t, A[i], b0, b1, b2, b3);
+      }
     }
   }
 }
@@ -331,57 +346,41 @@ __device__ __forceinline__ bool step_aff(const Ld& l, float (&acc)[NT][4], XLoad
     for (int t = 0; t < NT; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i) tmp[h][t][i] = xs[h][t][i] = 0.0f;
-  // word i of l.d belongs to group (G == 2 ? i / 2 : 0)
-  if constexpr (!bytes8(F)) {
-    // 4-bit: word i of rows g, g + 8 -> pairs j = (c_j, c_j+4) (the fp4 order), times 2^126
-    uint32_t P[4][2][4];
+  // word i of l.d belongs to group (G == 2 ? i / 2 : 0). Its codes as bf16 pairs
+  // times 2^126: 4-bit pairs j = (c_j, c_j+4) (the fp4 order), 8-bit (c0, c2),
+  // (c1, c3) (the fp8 order).
+  constexpr int NP = bytes8(F) ? 2 : 4;
+  uint32_t P[4][2][NP];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint32_t w = i == 0 ? l.d[r].x : (i == 1 ? l.d[r].y : (i == 2 ? l.d[r].z : l.d[r].w));
-        P[i][r][0] = bmul(w & 0x000f000fu, k126);
-        P[i][r][1] = bmul((w >> 4) & 0x000f000fu, k126);
-        P[i][r][2] = bmul((w >> 8) & 0x000f000fu, k126);
-        P[i][r][3] = bmul((w >> 12) & 0x000f000fu, k126);
-      }
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t w = i == 0 ? l.d[r].x : (i == 1 ? l.d[r].y : (i == 2 ? l.d[r].z : l.d[r].w));
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      uint4 xv[4];
-      xload(t, xv);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int h = G == 2 ? i >> 1 : 0;
-        const uint32_t b0 = prmt(xv[i].x, xv[i].z, 0x5410u), b1 = prmt(xv[i].x, xv[i].z, 0x7632u);
-        const uint32_t b2 = prmt(xv[i].y, xv[i].w, 0x5410u), b3 = prmt(xv[i].y, xv[i].w, 0x7632u);
-        mma16816(tmp[h][t], P[i][0][0], P[i][1][0], P[i][0][1], P[i][1][1], b0, b1);
-        mma16816(tmp[h][t], P[i][0][2], P[i][1][2], P[i][0][3], P[i][1][3], b2, b3);
-        mma16816(xs[h][t], kOnes, kOnes, kOnes, kOnes, b0, b1);
-        mma16816(xs[h][t], kOnes, kOnes, kOnes, kOnes, b2, b3);
-      }
+      for (int j = 0; j < NP; ++j)
+        P[i][r][j] = bmul((w >> (NP == 4 ? 4 * j : 8 * j)) & (NP == 4 ? 0x000f000fu : 0x00ff00ffu), k126);
     }
-  } else {
-    // 8-bit: word i -> pairs (c0, c2), (c1, c3) (the fp8 order), times 2^126
-    uint32_t P[4][2][2];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+  for (int t = 0; t < NT; ++t) {
+    uint4 xv[4];
+    xload(t, xv);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint32_t w = i == 0 ? l.d[r].x : (i == 1 ? l.d[r].y : (i == 2 ? l.d[r].z : l.d[r].w));
-        P[i][r][0] = bmul(w & 0x00ff00ffu, k126);
-        P[i][r][1] = bmul((w >> 8) & 0x00ff00ffu, k126);
-      }
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      uint4 xv[4];
-      xload(t, xv);
-      const uint32_t xw[8] = {xv[0].x, xv[0].y, xv[0].z, xv[0].w, xv[1].x, xv[1].y, xv[1].z, xv[1].w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int h = G == 2 ? i >> 1 : 0;
-        const uint32_t b0 = prmt(xw[2 * i], xw[2 * i + 1], 0x5410u), b1 = prmt(xw[2 * i], xw[2 * i + 1], 0x7632u);
+    for (int i = 0; i < 4; ++i) {
+      const int h = G == 2 ? i >> 1 : 0;
+      if constexpr (bytes8(F)) {
+        uint32_t b0, b1;
+        x_pairs8(xv, i, b0, b1);
         mma16816(tmp[h][t], P[i][0][0], P[i][1][0], P[i][0][1], P[i][1][1], b0, b1);
         mma16816(xs[h][t], kOnes, kOnes, kOnes, kOnes, b0, b1);
+      } else {
+        uint32_t b[4];
+        x_pairs4(xv[i], b[0], b[1], b[2], b[3]);
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          mma16816(tmp[h][t], P[i][0][2 * u], P[i][1][2 * u], P[i][0][2 * u + 1], P[i][1][2 * u + 1], b[2 * u],
+                   b[2 * u + 1]);
+          mma16816(xs[h][t], kOnes, kOnes, kOnes, kOnes, b[2 * u], b[2 * u + 1]);
+        }
       }
     }
   }
