@@ -265,3 +265,28 @@ def test_load_pretrained_errors(tmp_path):
     (d / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "compressed-tensors",
                                                                        "format": "int-quantized"}}))
     raises(ValueError, ["qq.checkpoint.load_pretrained", "int-quantized"], ck.load_pretrained, d)
+
+
+def test_deinterleave_gate_up(rng):
+    """gpt-oss's fused gate_up rows (even: gate, odd: up) split into two QuantizedArrays whose
+    dequantized values are the even / odd rows of the fused one; affine biases and the nvfp4
+    global scale follow; blocked scales and a row count that does not divide are refused."""
+    e, n, k = 2, 8, 64
+    blocks = rng.integers(0, 256, (e, n, k // 32, 16), dtype=np.uint8)
+    scales = rng.integers(118, 136, (e, n, k // 32), dtype=np.uint8)
+    q = ck.from_gpt_oss({"p_blocks": blocks, "p_scales": scales}, "p")
+    gate, up = ck.deinterleave(q)
+    assert gate.shape == up.shape == (e, n // 2, k) and gate.mode == "mxfp4"
+    full = dq32(q)
+    np.testing.assert_array_equal(dq32(gate), full[:, ::2])
+    np.testing.assert_array_equal(dq32(up), full[:, 1::2])
+    w = rng.standard_normal((12, 64)).astype(np.float32)
+    for kw in ({}, {"mode": "nvfp4", "global_scale": qq.amax(w)}):
+        qa = qq.quantize(w, **kw)
+        parts = ck.deinterleave(qa, 3)
+        for i, p in enumerate(parts):
+            np.testing.assert_array_equal(dq32(p), dq32(qa)[i::3])
+    with pytest.raises(ValueError, match="multiple of parts=5"):
+        ck.deinterleave(qq.quantize(w), 5)
+    with pytest.raises(ValueError, match="blocked"):
+        ck.deinterleave(qq.quantize(w, mode="mxfp4", scale_layout="blocked"))

@@ -255,6 +255,39 @@ def from_gpt_oss(tensors: Mapping[str, Any], prefix: str) -> "_qq.QuantizedArray
     return _qq.QuantizedArray(data, scales, None, mode="mxfp4")
 
 
+def deinterleave(qa: "_qq.QuantizedArray", parts: int = 2) -> tuple:
+    """Split a quantized weight [..., N, K] whose rows interleave `parts` matrices (row
+    parts*j + i is matrix i's row j) into `parts` QuantizedArrays [..., N/parts, K] - e.g.
+    gpt-oss's fused gate_up_proj experts, whose even rows are the gate and odd rows the up
+    projection: ``gate, up = qq.checkpoint.deinterleave(from_gpt_oss(t, prefix))``. Packed
+    data, linear scales and affine biases are sliced the same way (no byte changes; contiguous
+    copies), the global scale is shared. Blocked scales cannot be sliced by row: unswizzle
+    them first (qq.unswizzle_scales)."""
+    func = "qq.checkpoint.deinterleave"
+    if not isinstance(qa, _qq.QuantizedArray):
+        raise TypeError(f"{func}: qa: expected a qq.QuantizedArray, got {type(qa).__name__}")
+    if not isinstance(parts, int) or parts < 1:
+        raise ValueError(f"{func}: parts: expected a positive int, got {parts!r}")
+    shape = tuple(qa.shape)
+    if len(shape) < 2 or shape[-2] % parts:
+        raise ValueError(f"{func}: qa has shape {shape}; its rows (axis -2) must be a multiple of parts={parts}")
+    if qa.scale_layout != "linear":
+        raise ValueError(f"{func}: qa has blocked scales, which interleave 128-row tiles; pass linear scales "
+                         f"(qq.unswizzle_scales)")
+
+    def rows(a, i):
+        if a is None:
+            return None
+        v = a[..., i::parts, :]
+        return v.contiguous() if hasattr(v, "contiguous") else np.ascontiguousarray(v)
+
+    out_shape = shape[:-2] + (shape[-2] // parts, shape[-1])
+    return tuple(_qq.QuantizedArray(rows(qa.data, i), rows(qa.scales, i), rows(qa.biases, i), mode=qa.mode,
+                                    group_size=qa.group_size, bits=qa.bits, global_scale=qa.global_scale,
+                                    rounding=qa.rounding, fp8_format=qa.fp8_format, shape=out_shape)
+                 for i in range(parts))
+
+
 def from_mlx(tensors: Mapping[str, Any], prefix: str, *, mode: str = "affine", group_size: Optional[int] = None,
              bits: Optional[int] = None) -> "_qq.QuantizedArray":
     """MLX (mlx-lm / mlx-community) QuantizedLinear `prefix` ({prefix}.weight U32
