@@ -38,6 +38,7 @@ import qq
 from qq import _torch_ops  # noqa: F401  (registers qq's torch ops: torch.compile support)
 
 __all__ = ["QQLinear", "QQLinearFunction", "convert_linear", "qq_linear", "MODES",
+           "QQGroupedLinear", "QQGroupedLinearFunction", "qq_grouped_linear",
            "QuantizedLinear", "QuantizeReport", "quantize_", "INFERENCE_MODES", "save_quantized", "load_quantized"]
 
 MODES = ("mxfp8", "nvfp4", "mxfp4")
@@ -247,6 +248,104 @@ def qq_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     y = _linear_op(x2, weight, bias, mode)[0]
     return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+# ---- mixture of experts: grouped linear layers ------------------------------------------
+
+def _grouped_weight_operands(weight: torch.Tensor, mode: str):
+    """The expert weights [E, N, K] as grouped_qqmm's operands: (forward kwargs, dgrad kwargs).
+    mxfp8: one 32x32 quantization per orientation (qq.quantize_moe; the tiles make both the
+    same values, as _quantize_weight does for one matrix); other modes: the float weight,
+    quantized inside grouped_qqmm along the contracted axis (nvfp4 with per-expert amax)."""
+    if mode == "mxfp8":
+        # forward contracts K: quantize_moe on the [E, K, N] view (D1 = K); dgrad contracts N:
+        # on W itself (D1 = N), read by grouped_qqmm as the [E, K, N] weight of dy @ W
+        fd, fs = qq.quantize_moe(weight.transpose(1, 2), scaling="32x32", scale_layout="blocked", torch_dtypes=False)
+        bd, bs = qq.quantize_moe(weight, scaling="32x32", scale_layout="blocked", torch_dtypes=False)
+        return ({"w": (fd, fs), "moe_scaling": "32x32"}, {"w": (bd, bs), "moe_scaling": "32x32"})
+    wt = weight.transpose(1, 2).contiguous()
+    fwd, bwd = {"w": weight}, {"w": wt}
+    if mode == "nvfp4":
+        fwd["global_scale_w"] = weight.detach().abs().amax(dim=(1, 2)).float()
+        bwd["global_scale_w"] = fwd["global_scale_w"]
+    return fwd, bwd
+
+
+def _grouped(a: torch.Tensor, op: dict, offsets: torch.Tensor, mode: str, dtype) -> torch.Tensor:
+    w = op["w"]
+    kw = {"mode": mode, "dtype": dtype, "global_scale_x": _gs(a, mode)}
+    if "moe_scaling" in op:
+        return qq.grouped_qqmm(a, w[0], offsets, w[1], scale_layout="blocked", moe_scaling=op["moe_scaling"], **kw)
+    return qq.grouped_qqmm(a, w, offsets, global_scale_w=op.get("global_scale_w"), **kw)
+
+
+class QQGroupedLinearFunction(torch.autograd.Function):
+    """Router-free MoE linear: tokens x [T, K] sorted by expert, int32 cumulative group ends
+    `offsets` [E], expert weights [E, N, K] -> y [T, N], y[rows of e] = x_e @ W[e]^T. All three
+    GEMMs quantized as in QQLinear (forward and dgrad through qq.grouped_qqmm, the weight
+    gradient through qq.grouped_qqmm_wgrad, blocks along the tokens of each expert)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, offsets, mode):
+        fwd, bwd = _grouped_weight_operands(weight.detach(), mode)
+        y = _grouped(x, fwd, offsets, mode, x.dtype)
+        ctx.save_for_backward(x, offsets)
+        ctx.bwd, ctx.mode, ctx.wdtype = bwd, mode, weight.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, offsets = ctx.saved_tensors
+        dy = dy.contiguous()
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = _grouped(dy, ctx.bwd, offsets, ctx.mode, x.dtype)
+        if ctx.needs_input_grad[1]:
+            # dW[e] [N, K] = q(dy_e)^T @ q(x_e): grouped_qqmm_wgrad(a, b) gives a_e^T @ b_e
+            gdy, gx = (_gs(dy, ctx.mode), _gs(x, ctx.mode))
+            dw = qq.grouped_qqmm_wgrad(dy, x, offsets, mode=ctx.mode, global_scale_x=gdy,
+                                       global_scale_dy=gx).to(ctx.wdtype)
+        ctx.bwd = None
+        return dx, dw, None, None
+
+
+def qq_grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor,
+                      mode: str = "mxfp8") -> torch.Tensor:
+    """y [T, N] of tokens x [T, K] sorted by expert through expert weights [E, N, K], with
+    quantized operands in the forward and both backward GEMMs (QQGroupedLinearFunction).
+    offsets: int32 [E], cumulative group ends (the last = T; empty experts allowed)."""
+    if mode not in MODES:
+        raise ValueError(f"qq_grouped_linear: mode must be one of {MODES}; got {mode!r}")
+    if x.dim() != 2 or weight.dim() != 3 or x.shape[1] != weight.shape[2]:
+        raise ValueError(f"qq_grouped_linear: x must be [T, K] and weight [E, N, K] with the same K; got "
+                         f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")
+    g = _GROUP[mode]
+    if weight.shape[1] % 32 or weight.shape[2] % 32:
+        raise ValueError(f"qq_grouped_linear: N ({weight.shape[1]}) and K ({weight.shape[2]}) must be multiples "
+                         f"of 32 (both GEMM directions quantize along them, in blocks of {g}); pad the experts")
+    return QQGroupedLinearFunction.apply(x, weight, offsets, mode)
+
+
+class QQGroupedLinear(nn.Module):
+    """E experts' linear layers [E, N, K] (no bias) applied to tokens sorted by expert:
+    forward(x [T, K], offsets int32 [E]) -> [T, N]; see qq_grouped_linear."""
+
+    def __init__(self, num_experts: int, in_features: int, out_features: int, mode: str = "mxfp8",
+                 device=None, dtype=None):
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"QQGroupedLinear: mode must be one of {MODES}; got {mode!r}")
+        self.num_experts, self.in_features, self.out_features, self.mode = num_experts, in_features, out_features, mode
+        self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features, device=device, dtype=dtype))
+        bound = 1.0 / in_features ** 0.5   # nn.Linear's default init, per expert
+        nn.init.uniform_(self.weight, -bound, bound)
+
+    def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return qq_grouped_linear(x, self.weight, offsets, self.mode)
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, in_features={self.in_features}, "
+                f"out_features={self.out_features}, mode={self.mode!r}")
 
 
 class QQLinear(nn.Linear):
