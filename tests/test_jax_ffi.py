@@ -443,3 +443,14 @@ def test_eager_errors_unchanged():
     """A concrete bad argument still raises the eager error (no tracer, no JAX path)."""
     with pytest.raises(TypeError, match="expected a NumPy array or an array with __dlpack__"):
         qq.quantize([1.0, 2.0], mode="mxfp8")
+
+
+def test_torch_dtypes_accepted_and_checked_under_jit():
+    """qq.quantize's torch_dtypes= (torch callers only) is taken under jax.jit too, JAX's
+    results staying uint8, and a bad value is refused as in eager mode."""
+    x = jnp.ones((4, 64), jnp.float32)
+    for td in (True, False, "float4"):
+        q = jax.jit(lambda x, td=td: qq.quantize(x, mode="mxfp8", torch_dtypes=td).scales)(x)
+        assert q.dtype == jnp.uint8
+    with pytest.raises(ValueError, match="torch_dtypes"):
+        jax.jit(lambda x: qq.quantize(x, mode="mxfp8", torch_dtypes="no").data)(x)

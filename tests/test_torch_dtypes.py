@@ -210,3 +210,12 @@ def test_quantized_linear_buffers_stay_uint8():
                           global_scale=qq.amax(lin.weight.detach()) if mode == "nvfp4" else None)
         assert ql.weight.dtype == torch.uint8 and ql.weight_scales.dtype == torch.uint8
         assert torch.equal(ql.weight, ref.data) and torch.equal(ql.weight_scales, ref.scales)
+
+
+def test_bad_torch_dtypes_value_numpy_caller():
+    """torch_dtypes= is checked for every caller, not only where it is used (torch)."""
+    import numpy as np
+    for f, kw in ((qq.quantize, {"mode": "mxfp8"}), (qq.quantize_colwise, {"mode": "mxfp8"})):
+        refused(ValueError, [f.__name__, "torch_dtypes"], f, np.zeros((32, 32), np.float32), torch_dtypes="yes", **kw)
+    refused(ValueError, ["quantize_moe", "torch_dtypes"], qq.quantize_moe, np.zeros((1, 32, 32), np.float32),
+            torch_dtypes=1.5)

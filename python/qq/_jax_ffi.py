@@ -217,10 +217,17 @@ def _scale_dtype(mode, x):
 # The operations (qq's public signatures; docs/api.md)
 # =========================================================================================
 
+def _check_torch_dtypes(func, value):
+    """torch_dtypes= (torch callers only; JAX results are uint8): checked as eager qq does."""
+    if value is not True and value is not False and value != "float4":
+        raise ValueError(f"{func}: torch_dtypes: expected True, False or 'float4', got {value!r}")
+
+
 def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
-             rounding="ceil", scale_layout="linear", fp8_format="e4m3", stream=None):
+             rounding="ceil", scale_layout="linear", fp8_format="e4m3", torch_dtypes=True, stream=None):
     func = "quantize"
     _no_stream_or_out(func, stream)
+    _check_torch_dtypes(func, torch_dtypes)
     p = _qq._jax_quant_params(func, mode, group_size, bits, rounding, scale_layout, fp8_format)
     x = jnp.asarray(x)
     gs = _scalar(global_scale)
@@ -236,9 +243,10 @@ def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
 
 def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
                      rounding="ceil", scale_layout="linear", fp8_format="e4m3", rowwise=False,
-                     stream=None):
+                     torch_dtypes=True, stream=None):
     func = "quantize_colwise"
     _no_stream_or_out(func, stream)
+    _check_torch_dtypes(func, torch_dtypes)
     p = _qq._jax_quant_params(func, mode, group_size, bits, rounding, scale_layout, fp8_format)
     x = jnp.asarray(x)
     gs = _scalar(global_scale)
@@ -297,9 +305,10 @@ def amax(x, *, out=None, stream=None):
 
 
 def quantize_moe(w, scaling="32x1", *, rounding="ceil", scale_layout="linear",
-                 fp8_format="e4m3", stream=None):
+                 fp8_format="e4m3", torch_dtypes=True, stream=None):
     func = "quantize_moe"
     _no_stream_or_out(func, stream)
+    _check_torch_dtypes(func, torch_dtypes)
     w = jnp.asarray(w)
     sc, p, sshape = _qq._jax_moe(func, scaling, rounding, scale_layout, fp8_format, w.shape)
     e, d1, d2 = w.shape

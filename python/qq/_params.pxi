@@ -146,6 +146,10 @@ _TORCH_BYTE_DTYPES = {"float8_e4m3fn": (kDLFloat8_e4m3fn, 8, 1), "float8_e5m2": 
 cdef dict _TYPED_CACHE = {}
 
 
+cdef int _bad_torch_dtypes(str func, value) except -1:
+    raise ValueError(f"{func}: torch_dtypes: expected True, False or 'float4', got {value!r}")
+
+
 cdef tuple _torch_typed(str func, int mode, int fp8_format, torch_dtypes):
     """(data dtype name, scales dtype name) of a quantize result for a torch caller (scales:
     the name for fp modes; affine callers use x's dtype)."""
@@ -157,7 +161,7 @@ cdef tuple _torch_typed(str func, int mode, int fp8_format, torch_dtypes):
     if r is not None:
         return r
     if torch_dtypes is not True and torch_dtypes is not False and torch_dtypes != "float4":
-        raise ValueError(f"{func}: torch_dtypes: expected True, False or 'float4', got {torch_dtypes!r}")
+        _bad_torch_dtypes(func, torch_dtypes)
     data, scales = "uint8", "uint8"
     if torch_dtypes is not False:
         if mode == QQ_MODE_NVFP4:
