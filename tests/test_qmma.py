@@ -181,24 +181,28 @@ def test_qmma_affine(bits, g, shape, m, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("special", [False, True], ids=["finite", "inf-nan"])
+@pytest.mark.parametrize("special", [False, True, "x-inf"], ids=["finite", "inf-nan", "x-inf"])
 @pytest.mark.parametrize("m", [1, 5, 16])
 @pytest.mark.parametrize("bits,g", QMMA_AFFINE, ids=AFF_IDS)
 def test_qmma_affine_code_space(bits, g, m, special, rng):
     """Every code, scales and biases of both signs, zero, tiny and large; x with zeros.
-    Inf / NaN scales and biases (special) must give NaN / Inf exactly where the float64
-    reference does (those row tiles take the weight-by-weight path), the other rows as usual;
-    fp32 and bf16 outputs."""
+    Inf / NaN scales and biases (special), or +-Inf in x (x-inf: Inf * a weight of exactly
+    b, Inf - Inf between the scale and bias terms), must give NaN / Inf exactly where the
+    float64 reference does (those row tiles take the weight-by-weight path), the other rows
+    as usual; fp32 and bf16 outputs."""
     n, k = 48, _affine_k(bits, g, 10)
-    ref_q = _affine_raw(n, k, bits, g, rng, special)
+    ref_q = _affine_raw(n, k, bits, g, rng, special is True)
     x = randn(rng, (m, k), BF16)
     x[:, ::5] = 0
+    if special == "x-inf":
+        x[0, 7] = np.inf
+        x[m - 1, k - 3] = -np.inf
     for out_dtype in ("float32", "bfloat16"):
         got = run_qmm(x, ref_q, dtype=out_dtype)
         assert qq.last_route() == "qmma"
         assert_matmul_close(got, R.quantized_matmul(x, ref_q), f"qmma affine codes m={m} {out_dtype}",
                             dtype=np.dtype(BF16 if out_dtype == "bfloat16" else F32))
-    if special:
+    if special is True:
         y = to_numpy(got).astype(F32)
         assert np.isnan(y[:, 1]).all() or not np.isfinite(y[:, 1]).any()   # the Inf scale's row
         assert np.isnan(y[:, 2]).all()                                       # the NaN bias's row

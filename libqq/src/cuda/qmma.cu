@@ -324,9 +324,10 @@ __device__ __forceinline__ void step_mma(const Ld& l, const QL& L, float (&acc)[
 // group (bytes 8q.. of its 32) instead of one 16-byte chunk, words 0-1 of l.d
 // being group 0's and words 2-3 group 1's, and x is read to match. Only the
 // order of the fp32 sums and the factoring differ from the CPU backend.
-// Returns false, having done nothing, when a scale or bias of the step is
-// Inf / NaN: s * sum(x c) is not sum(x * (s c + b)) there (0 * Inf); the warp
-// then redoes its whole row tile with aff_exact_warp after the main loop.
+// Returns false, having changed nothing, when a scale or bias of the step or
+// an element of x is Inf / NaN: s * sum(x c) + b * sum(x) is not sum(x * (s c +
+// b)) there (0 * Inf, Inf - Inf); the warp then redoes its whole row tile with
+// aff_exact_warp after the main loop.
 __device__ __forceinline__ float bf_lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float bf_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 
@@ -384,6 +385,17 @@ __device__ __forceinline__ bool step_aff(const Ld& l, float (&acc)[NT][4], XLoad
       }
     }
   }
+  // An Inf / NaN in x (or sums of x past fp32's range) breaks the factoring as an
+  // Inf scale does (Inf * 0 where the weight is b, Inf - Inf): x's sums tell, and the
+  // warp then redoes the tile weight by weight, acc untouched so far.
+  bool xbad = false;
+#pragma unroll
+  for (int h = 0; h < G; ++h)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) xbad |= !isfinite(xs[h][t][i]);
+  if (__any_sync(0xffffffffu, xbad)) return false;
   // acc[t][0..1]: row g, x rows 8t + 2q + {0, 1}; [2..3]: row g + 8. tmp holds
   // sums of x * c * 2^-7: the scale gets the 2^7 (exact).
 #pragma unroll
