@@ -291,8 +291,7 @@ cdef class _Call:
         (torch_dtypes=, _params.pxi), uint8 for everyone else."""
         if self.fw == "torch":
             return _torch_typed(func, p.mode, p.fp8_format, torch_dtypes)
-        if torch_dtypes is not True and torch_dtypes is not False and torch_dtypes != "float4":
-            _bad_torch_dtypes(func, torch_dtypes)   # checked for every caller, used by torch's
+        _check_torch_dtypes(func, torch_dtypes)   # checked for every caller, used by torch's
         return ("uint8", "uint8")
 
     cdef str like_bytes(self, _View v):

@@ -40,6 +40,14 @@ def _compiling() -> bool:
     return t is not None and t.compiler.is_compiling()
 
 
+def check_torch_dtypes(func: str, value):
+    """torch_dtypes= checked where Cython cannot run (Dynamo tracing, the JAX custom calls);
+    the same rule as qq._qq's _check_torch_dtypes. Returns value."""
+    if value is True or value is False or (isinstance(value, str) and value == "float4"):
+        return value
+    raise ValueError(f"{func}: torch_dtypes: expected True, False or 'float4', got {value!r}")
+
+
 def _torch_ops():
     from . import _torch_ops   # registers the ops on first import (and sets _is_compiling)
     return _torch_ops

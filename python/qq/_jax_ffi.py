@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _qq
+from ._dispatch import check_torch_dtypes
 from ._qq import NotSupportedError, PreparedWeight, QuantizedArray
 
 #: The operations with XLA handlers (qq_xla_<op>_cpu / _cuda in libqq_xla.so).
@@ -217,17 +218,11 @@ def _scale_dtype(mode, x):
 # The operations (qq's public signatures; docs/api.md)
 # =========================================================================================
 
-def _check_torch_dtypes(func, value):
-    """torch_dtypes= (torch callers only; JAX results are uint8): checked as eager qq does."""
-    if value is not True and value is not False and value != "float4":
-        raise ValueError(f"{func}: torch_dtypes: expected True, False or 'float4', got {value!r}")
-
-
 def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
              rounding="ceil", scale_layout="linear", fp8_format="e4m3", torch_dtypes=True, stream=None):
     func = "quantize"
     _no_stream_or_out(func, stream)
-    _check_torch_dtypes(func, torch_dtypes)
+    check_torch_dtypes(func, torch_dtypes)   # taken for torch callers; JAX results are uint8
     p = _qq._jax_quant_params(func, mode, group_size, bits, rounding, scale_layout, fp8_format)
     x = jnp.asarray(x)
     gs = _scalar(global_scale)
@@ -246,7 +241,7 @@ def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_sca
                      torch_dtypes=True, stream=None):
     func = "quantize_colwise"
     _no_stream_or_out(func, stream)
-    _check_torch_dtypes(func, torch_dtypes)
+    check_torch_dtypes(func, torch_dtypes)   # taken for torch callers; JAX results are uint8
     p = _qq._jax_quant_params(func, mode, group_size, bits, rounding, scale_layout, fp8_format)
     x = jnp.asarray(x)
     gs = _scalar(global_scale)
@@ -308,7 +303,7 @@ def quantize_moe(w, scaling="32x1", *, rounding="ceil", scale_layout="linear",
                  fp8_format="e4m3", torch_dtypes=True, stream=None):
     func = "quantize_moe"
     _no_stream_or_out(func, stream)
-    _check_torch_dtypes(func, torch_dtypes)
+    check_torch_dtypes(func, torch_dtypes)   # taken for torch callers; JAX results are uint8
     w = jnp.asarray(w)
     sc, p, sshape = _qq._jax_moe(func, scaling, rounding, scale_layout, fp8_format, w.shape)
     e, d1, d2 = w.shape

@@ -146,8 +146,12 @@ _TORCH_BYTE_DTYPES = {"float8_e4m3fn": (kDLFloat8_e4m3fn, 8, 1), "float8_e5m2": 
 cdef dict _TYPED_CACHE = {}
 
 
-cdef int _bad_torch_dtypes(str func, value) except -1:
-    raise ValueError(f"{func}: torch_dtypes: expected True, False or 'float4', got {value!r}")
+cdef inline int _check_torch_dtypes(str func, value) except -1:
+    """torch_dtypes= is True, False or "float4" (qq/_dispatch.py's check_torch_dtypes is the
+    pure-Python twin, for code that Dynamo traces)."""
+    if value is not True and value is not False and value != "float4":
+        raise ValueError(f"{func}: torch_dtypes: expected True, False or 'float4', got {value!r}")
+    return 0
 
 
 cdef tuple _torch_typed(str func, int mode, int fp8_format, torch_dtypes):
@@ -160,8 +164,7 @@ cdef tuple _torch_typed(str func, int mode, int fp8_format, torch_dtypes):
         r = None
     if r is not None:
         return r
-    if torch_dtypes is not True and torch_dtypes is not False and torch_dtypes != "float4":
-        _bad_torch_dtypes(func, torch_dtypes)
+    _check_torch_dtypes(func, torch_dtypes)
     data, scales = "uint8", "uint8"
     if torch_dtypes is not False:
         if mode == QQ_MODE_NVFP4:

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from . import _qq
 from ._qq import PreparedWeight, QuantizedArray
+from ._dispatch import check_torch_dtypes as _check_torch_dtypes
 from ._wgrad import grouped_qqmm_wgrad as _qq_wgrad
 
 # group_size and bits of each mode when not given, asked of libqq once (qqQuantParamsInit):
@@ -55,11 +56,9 @@ _TD_BACK = {v: k for k, v in _TD.items()}
 
 
 def _torch_dtypes_arg(func, value):
-    """torch_dtypes= as the ops take it (a string in their schema); checked in Python (this
-    runs while Dynamo traces, which cannot call into Cython), as qq._qq checks it eagerly."""
-    if value is True or value is False or (isinstance(value, str) and value == "float4"):
-        return _TD[value]
-    raise ValueError(f"{func}: torch_dtypes: expected True, False or 'float4', got {value!r}")
+    """torch_dtypes= as the ops take it (a string in their schema), checked in Python (this
+    runs while Dynamo traces, which cannot call into Cython)."""
+    return _TD[_check_torch_dtypes(func, value)]
 
 
 def _byte_dtypes(mode, fp8_format, td):

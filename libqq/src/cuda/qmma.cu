@@ -328,8 +328,8 @@ __device__ __forceinline__ void step_mma(const Ld& l, const QL& L, float (&acc)[
 // an element of x is Inf / NaN: s * sum(x c) + b * sum(x) is not sum(x * (s c +
 // b)) there (0 * Inf, Inf - Inf); the warp then redoes its whole row tile with
 // aff_exact_warp after the main loop.
-__device__ __forceinline__ float bf_lo(uint32_t v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float bf_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+__device__ __forceinline__ float bf_lo(uint32_t v) { return bf16_to_f((uint16_t)v); }
+__device__ __forceinline__ float bf_hi(uint32_t v) { return bf16_to_f((uint16_t)(v >> 16)); }
 
 template <int F, int NT, typename XLoad>
 __device__ __forceinline__ bool step_aff(const Ld& l, float (&acc)[NT][4], XLoad&& xload) {
@@ -414,8 +414,8 @@ __device__ __forceinline__ bool step_aff(const Ld& l, float (&acc)[NT][4], XLoad
 }
 
 // A warp's whole row tile weight by weight, for tiles where step_aff met a
-// non-finite scale or bias (rare; out of line, after the main loop, so that
-// the main loop's registers do not see it): w = fma(c, s, b) (codec.h's
+// non-finite scale, bias or x (rare; after the main loop, whose registers are
+// dead by then, and with its loops kept rolled): w = fma(c, s, b) (codec.h's
 // affine_decode, as dequantize) times x in fp32, the 4 lanes of a row summed
 // by shuffles, returned in acc's layout.
 template <int NT>
@@ -448,8 +448,8 @@ __device__ __forceinline__ AffPart<NT> aff_exact_warp(const AffRows R, const QL 
     uint32_t w[2][4];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      s[r] = __uint_as_float((uint32_t)__ldg(R.sb[r][0] + gi) << 16);
-      b[r] = __uint_as_float((uint32_t)__ldg(R.sb[r][1] + gi) << 16);
+      s[r] = bf16_to_f(__ldg(R.sb[r][0] + gi));
+      b[r] = bf16_to_f(__ldg(R.sb[r][1] + gi));
       const uint4 d = __ldg(reinterpret_cast<const uint4*>(R.w[r] + (size_t)c * 16));
       w[r][0] = d.x, w[r][1] = d.y, w[r][2] = d.z, w[r][3] = d.w;
     }
@@ -575,7 +575,7 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
     const size_t xld8 = (size_t)a.x.ld * 8;
 
     float acc[NA][4];
-    bool aff_special = false;  // affine: a step met an Inf / NaN scale or bias
+    bool aff_special = false;  // affine: a step met an Inf / NaN scale, bias or x
 #pragma unroll
     for (int t = 0; t < NA; ++t)
 #pragma unroll

@@ -79,7 +79,7 @@ __device__ __forceinline__ void store_out(const MatmulArgs& a, int64_t b, int64_
   else ((uint16_t*)a.out.ptr)[i] = f_to_fp16(v);
 }
 
-// Streaming 16-byte load that does not allocate in L1 (keeps x there).
+// Streaming 8- and 16-byte loads that do not allocate in L1 (keep x there).
 __device__ __forceinline__ uint2 ld_stream8(const void* p) {
   uint2 r;
   asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
