@@ -10,7 +10,13 @@ per point, both with peers measured in this run:
 M > 16 goes to a path that may not exist yet: qq raises NotSupportedError, the point is
 skipped and listed at the end of the table.
 
-    python bench/bench_qmm.py [--quick]      (--quick: 2 shapes, M in 1, 4, 16; < 1 min)
+Then qq.gather_qmm (MoE decode; op "gather_qmm", peer copy): T tokens routed to top_k of E
+experts (random, distinct per token), x [T, 1, 1, K] (the gate/up form) or [T, top_k, 1, K]
+(the down form) against rhs_indices [T, top_k]; GB/s counts the weights of the experts the
+indices touch (each once) + x + y.
+
+    python bench/bench_qmm.py [--quick] [--only dense|gather]
+    (--quick: 2 dense shapes, M in 1, 4, 16, one gather shape; < 1 min)
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ def nbytes(t) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="2 shapes, M in 1, 4, 16, fewer iterations")
+    ap.add_argument("--only", choices=["dense", "gather"], help="one of the two parts")
     args = ap.parse_args()
     shapes = SHAPES[:2] if args.quick else SHAPES
     ms = [1, 4, 16] if args.quick else MS
@@ -48,7 +55,7 @@ def main() -> None:
     print(f"device copy bandwidth: {copy_gbps:.1f} GB/s (read + write)")
     skipped: list[str] = []
     torch.manual_seed(0)
-    for n, k in shapes:
+    for n, k in ([] if args.only == "gather" else shapes):
         w = torch.randn((n, k), dtype=torch.bfloat16, device="cuda")
         xs = {m: torch.randn((m, k), dtype=torch.bfloat16, device="cuda") for m in ms}
         # the peer: torch bf16 GEMM on the same shape, once per M
@@ -88,6 +95,8 @@ def main() -> None:
             del qw
         del w, xs
         torch.cuda.empty_cache()
+    if args.only != "dense":
+        gather(bench, timer, copy_gbps, args.quick)
     json_path, md_path = bench.save()
     # skipped points, so that a reader sees which M have no GPU path yet
     if skipped:
@@ -98,6 +107,44 @@ def main() -> None:
     for path in (json_path, md_path):
         print("wrote", path)
     print(f"{len(skipped)} points skipped (NotSupportedError)")
+
+
+# (name, E, top_k, N, K, x form): DeepSeek-V3-like routed experts (gate/up and down
+# projections) and Mixtral-like
+GATHER = [("deepseek-up", 256, 8, 2048, 7168, "up"), ("deepseek-down", 256, 8, 7168, 2048, "down"),
+          ("mixtral-up", 8, 2, 14336, 4096, "up")]
+GATHER_T = [1, 4, 16, 64]
+GATHER_MODES = MODES[:4]
+
+
+def gather(bench, timer, copy_gbps, quick) -> None:
+    cases = GATHER[:1] if quick else GATHER
+    for name, e, top, n, k, form in cases:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        for mode, kw in (GATHER_MODES[:1] if quick else GATHER_MODES):
+            # quantized expert by expert: the bf16 [E, N, K] at once would be 7.5 GB
+            parts = [qq.quantize(torch.randn((1, n, k), dtype=torch.bfloat16, device="cuda", generator=gen),
+                                 torch_dtypes=False, **kw)
+                     for _ in range(e)]
+            data = torch.cat([p.data for p in parts])
+            scales = torch.cat([p.scales for p in parts])
+            biases = torch.cat([p.biases for p in parts]) if parts[0].biases is not None else None
+            kwq = dict(group_size=parts[0].group_size, bits=parts[0].bits, mode=parts[0].mode)
+            per_expert = (nbytes(data) + nbytes(scales) + nbytes(biases)) // e
+            del parts
+            for t in ([1, 16] if quick else GATHER_T):
+                idx = torch.rand((t, e), device="cuda", generator=gen).topk(top, dim=1).indices.to(torch.int32)
+                x = torch.randn((t, 1, 1, k) if form == "up" else (t, top, 1, k), dtype=torch.bfloat16,
+                                device="cuda", generator=gen)
+                touched = int(torch.unique(idx).numel())
+                moved = touched * per_expert + nbytes(x) + t * top * n * 2
+                fn = lambda: qq.gather_qmm(x, data, scales, biases, rhs_indices=idx, **kwq)  # noqa: E731
+                fn()
+                us = timer(fn, moved)
+                bench.row("gather_qmm", mode, (t, top, e, n, k), "GBps", moved / (us * 1e-6) / 1e9, "copy",
+                          copy_gbps, us=round(us, 2), experts_touched=touched, case=name)
+            del data, scales, biases
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -665,10 +665,23 @@ def quantized_matmul(x, q: RefQuantized, *, transpose=True, bias=None) -> Matmul
     alt_value uses W rounded to x's dtype (an implementation may dequantize into x's
     dtype before a tensor-core GEMM); either is accepted.
     """
-    x = np.asarray(x)
     w32 = dequantize_f32(q.data, q.scales, q.biases, q.group_size, q.bits, q.mode,
                          global_scale=q.global_scale, scale_layout=q.scale_layout,
                          fp8_format=q.fp8_format)
+    return _weight_only(x, w32, transpose, bias)
+
+
+def gather_qmm(x, q: RefQuantized, indices, *, transpose=True, bias=None) -> MatmulRef:
+    """quantized_matmul where batch entry i... multiplies by expert indices[i...] of the
+    quantized [E, ...] weight (x's batch axes and indices' shape broadcast)."""
+    w32 = dequantize_f32(q.data, q.scales, q.biases, q.group_size, q.bits, q.mode,
+                         global_scale=q.global_scale, scale_layout=q.scale_layout,
+                         fp8_format=q.fp8_format)
+    return _weight_only(x, w32[np.asarray(indices, dtype=np.int64)], transpose, bias)
+
+
+def _weight_only(x, w32, transpose, bias) -> MatmulRef:
+    x = np.asarray(x)
     wx = cast_from_f32(w32, x.dtype).astype(F64)
     w64 = w32.astype(F64)
     x64 = x.astype(F64)

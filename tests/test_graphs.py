@@ -102,6 +102,24 @@ def test_quantized_matmul_affine():
     _check_graph(lambda x: qq.quantized_matmul(x, w), [x])
 
 
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp8", "affine"])
+@pytest.mark.parametrize("m", [1, 8])
+def test_gather_qmm(mode, m):
+    """MoE decode: the indices are read on the device, so a captured call follows new
+    indices copied into its buffer as well as new x."""
+    w = qq.quantize(_x(8, 256, 512), mode=mode)
+    x = _x(4, 1, m, 512)
+    idx = torch.randint(0, 8, (4, 2), dtype=torch.int32, device="cuda")
+    _check_graph(lambda x: qq.gather_qmm(x, w, rhs_indices=idx), [x])
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = qq.gather_qmm(x, w, rhs_indices=idx)
+    idx.copy_(torch.tensor([[7, 0], [3, 3], [1, 6], [5, 2]], dtype=torch.int32))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y.view(torch.int16), qq.gather_qmm(x, w, rhs_indices=idx).view(torch.int16))
+
+
 @pytest.mark.parametrize("mode", ["nvfp4", "mxfp4", "mxfp8"])
 @pytest.mark.parametrize("m", [1, 16, 300])
 def test_qqmm_prepared_and_stored(mode, m):

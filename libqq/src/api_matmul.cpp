@@ -1,6 +1,7 @@
 // api_matmul.cpp - the C entry points that multiply: qqQqmm (one product,
-// or one per entry of a batched w), qqGroupedQqmm (one per expert) and
-// qqQuantizedMatmul (float x times packed w).
+// or one per entry of a batched w), qqGroupedQqmm (one per expert),
+// qqQuantizedMatmul (float x times packed w) and qqGatherQmm (the same with
+// each batch entry's weight picked from [E, ...] by a device-side index).
 //
 // Each checks every argument through the validation layer (validate.h),
 // builds the views of internal.h and dispatches on the device: cpu/matmul.cpp
@@ -154,6 +155,136 @@ qqStatus_t qqmm_single(Ctx& c, qqHandle_t handle, const DLTensor* x, const DLTen
   if (a.M * a.N * a.x.batch() == 0) return QQ_STATUS_SUCCESS;
   if (c.device < 0) return routed(cpu::qqmm(a), QQ_ROUTE_CPU);
   return cuda::qqmm(handle, a, stream);
+}
+
+// quantized_matmul, and gather_qmm when `indices` is given: w is [E, ...] and batch
+// entry b of out multiplies x's entry b by expert indices[b] (x's batch and the
+// indices broadcast together).
+qqStatus_t weight_only_matmul(const char* op, qqHandle_t handle, const DLTensor* x, const DLTensor* w,
+                              const DLTensor* scales, const DLTensor* biases, const DLTensor* indices,
+                              const qqQuantParams_t* params, int transpose, const DLTensor* global_scale,
+                              const DLTensor* bias, DLTensor* out, void* stream) {
+  set_route(QQ_ROUTE_AUTO);
+  Ctx c{op};
+  MatmulArgs a{};
+  QQ_TRY(resolve_params(c, params, &a.q));
+  a.transpose = transpose != 0;
+  a.x_packed = false;
+  a.w_packed = true;
+  if (!a.transpose && a.q.blocked)
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: blocked scales need transpose=True (groups along K); use "
+                     "linear scales with transpose=False", op);
+  DType xdt, wdt;
+  QQ_TRY(check_tensor(c, "x", x, &xdt));
+  QQ_TRY(expect_float(c, "x", x, xdt));
+  QQ_TRY(check_tensor(c, "w", w, &wdt));
+  QQ_TRY(expect_bytes(c, "w", w, wdt, "packed quantized weights"));
+  QQ_TRY(check_byte_kind(c, "w", w, a.q, ByteRole::DATA));
+  if (x->ndim < 1 || w->ndim < 2)
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: 'x' must be [..., M, K] and 'w' [..., N, K*bits/8] "
+                     "(transpose) or [..., K, N*bits/8]; got x %s, w %s", op,
+                     shape_str(x->ndim, x->shape).c_str(), shape_str(w->ndim, w->shape).c_str());
+  if (indices && (x->ndim < 2 || w->ndim != 3))
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: 'x' must be [..., M, K] and 'w' the experts' packed weights "
+                     "[E, N, K*bits/8] (transpose) or [E, K, N*bits/8]; got x %s, w %s", op,
+                     shape_str(x->ndim, x->shape).c_str(), shape_str(w->ndim, w->shape).c_str());
+  QQ_TRY(to_mat(c, "x", x, xdt, &a.x));
+  QQ_TRY(to_mat(c, "w", w, wdt, &a.w));
+  a.K = x->shape[x->ndim - 1];
+  a.M = x->ndim >= 2 ? x->shape[x->ndim - 2] : 1;
+  const int64_t wr = w->shape[w->ndim - 2], wc = w->shape[w->ndim - 1];
+  if ((wc * 8) % a.q.bits)
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument 'w' has %lld bytes per row, not a whole number of "
+                     "%d-bit elements", op, (long long)wc, a.q.bits);
+  const int64_t wcols = wc * 8 / a.q.bits;  // logical columns of w
+  if (a.transpose) {
+    a.N = wr;
+    if (wcols != a.K)
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: 'x' has K=%lld but 'w' (transpose=True, [N, K*bits/8]) "
+                       "holds %lld columns", op, (long long)a.K, (long long)wcols);
+  } else {
+    a.N = wcols;
+    if (wr != a.K)
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: 'x' has K=%lld but 'w' (transpose=False, [K, N*bits/8]) "
+                       "has %lld rows", op, (long long)a.K, (long long)wr);
+  }
+  QQ_TRY(check_k(c, "w", a.transpose ? "K" : "N", wcols, a.q));
+  int64_t fshape[kMaxDims];
+  for (int i = 0; i < w->ndim; ++i) fshape[i] = w->shape[i];
+  fshape[w->ndim - 1] = wcols;
+  QQ_TRY(input_scales(c, "scales", scales, a.q, w->ndim, fshape, DType::U8, false, &a.w_scales));
+  if (a.q.blocked) blocked_batch_strides(&a.w_scales);
+  a.w_blocked = a.q.blocked;
+  QQ_TRY(input_biases(c, biases, a.q, w->ndim, fshape, a.w_scales.dt, &a.w_biases));
+  QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, a.q, &a.gs_w));
+  QQ_TRY(bias_mat(c, bias, a.N, &a.bias));
+  int nb;
+  int64_t bshape[kMaxDims];
+  if (indices) {
+    // The indices as a batch-only Mat (one int32 per entry), broadcast with x's batch;
+    // w keeps its own batch [E], indexed through them (weight_entry).
+    DType idt;
+    QQ_TRY(check_tensor(c, "rhs_indices", indices, &idt));
+    if (idt != DType::I32)
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument 'rhs_indices' must be int32 (expert indices); got "
+                       "%s", op, dtype_str(indices->dtype).c_str());
+    if (indices->ndim > kMaxDims - 2)
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument 'rhs_indices' has %d dimensions; at most %d", op,
+                       indices->ndim, kMaxDims - 2);
+    Mat& g = a.gidx;
+    g.ptr = (char*)indices->data + indices->byte_offset;
+    g.dt = DType::I32;
+    g.device = c.device;
+    g.rows = g.cols = g.ld = 1;
+    g.nb = indices->ndim;
+    for (int i = 0; i < g.nb; ++i) {
+      g.bshape[i] = indices->shape[i];
+      g.bstride[i] = indices->shape[i] == 1 ? 0 : stride_of(indices, i);
+    }
+    QQ_TRY(broadcast_batch(c, &a.x, &a.gidx, &nb, bshape, "rhs_indices"));
+    align_batch(&a.x, nb, bshape);
+    align_batch(&a.gidx, nb, bshape);
+  } else {
+    QQ_TRY(broadcast_batch(c, &a.x, &a.w, &nb, bshape));
+    align_batch(&a.x, nb, bshape);
+    align_batch(&a.w, nb, bshape);
+    align_batch(&a.w_scales, nb, bshape);
+    if (a.w_biases.ptr) align_batch(&a.w_biases, nb, bshape);
+  }
+  int64_t oshape[kMaxDims];
+  int ond = 0;
+  for (int i = 0; i < nb; ++i) oshape[ond++] = bshape[i];
+  if (x->ndim >= 2) oshape[ond++] = a.M;
+  oshape[ond++] = a.N;
+  QQ_TRY(output_mat(c, "out", out, ond, oshape, -1, "[broadcast batch..., M, N]", &a.out));
+  QQ_TRY(check_no_alias(c, {{"out", out}}, {{"x", x}, {"w", w}, {"scales", scales}, {"biases", biases},
+                                           {"global_scale", global_scale}, {"bias", bias},
+                                           {"rhs_indices", indices}}));
+  // The output Mat indexes batches like x and w do: out is compact.
+  a.out.nb = nb;
+  {
+    int64_t st = a.M * a.N;
+    for (int i = nb - 1; i >= 0; --i) {
+      a.out.bshape[i] = bshape[i];
+      a.out.bstride[i] = st;
+      st *= bshape[i];
+    }
+    a.out.rows = a.M;
+    a.out.cols = a.N;
+    a.out.ld = a.N;
+  }
+  if (a.M * a.N * a.out.batch() == 0) return QQ_STATUS_SUCCESS;
+  if (c.device < 0) {
+    if (indices) {  // the CPU can refuse a bad index; the GPU kernels write NaN rows instead
+      for (int64_t b = 0; b < a.out.batch(); ++b)
+        if (weight_entry(a, b) < 0)
+          return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument 'rhs_indices' holds %d at batch entry %lld; "
+                           "expert indices must lie in [0, E=%lld)", op,
+                           *((const int32_t*)a.gidx.ptr + a.gidx.offset(b)), (long long)b, (long long)a.w.bshape[0]);
+    }
+    return routed(cpu::quantized_matmul(a), QQ_ROUTE_CPU);
+  }
+  return cuda::quantized_matmul(handle, a, stream);
 }
 
 }  // namespace
@@ -350,87 +481,21 @@ QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x, const 
                                     int transpose, const DLTensor* global_scale, const DLTensor* bias,
                                     DLTensor* out, void* stream) {
   return guard("quantized_matmul", [&]() -> qqStatus_t {
-    set_route(QQ_ROUTE_AUTO);
-    Ctx c{"quantized_matmul"};
-    MatmulArgs a{};
-    QQ_TRY(resolve_params(c, params, &a.q));
-    a.transpose = transpose != 0;
-    a.x_packed = false;
-    a.w_packed = true;
-    if (!a.transpose && a.q.blocked)
-      return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: blocked scales need transpose=True (groups "
-                       "along K); use linear scales with transpose=False");
-    DType xdt, wdt;
-    QQ_TRY(check_tensor(c, "x", x, &xdt));
-    QQ_TRY(expect_float(c, "x", x, xdt));
-    QQ_TRY(check_tensor(c, "w", w, &wdt));
-    QQ_TRY(expect_bytes(c, "w", w, wdt, "packed quantized weights"));
-    QQ_TRY(check_byte_kind(c, "w", w, a.q, ByteRole::DATA));
-    if (x->ndim < 1 || w->ndim < 2)
-      return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: 'x' must be [..., M, K] and 'w' [..., N, "
-                       "K*bits/8] (transpose) or [..., K, N*bits/8]; got x %s, w %s",
-                       shape_str(x->ndim, x->shape).c_str(), shape_str(w->ndim, w->shape).c_str());
-    QQ_TRY(to_mat(c, "x", x, xdt, &a.x));
-    QQ_TRY(to_mat(c, "w", w, wdt, &a.w));
-    a.K = x->shape[x->ndim - 1];
-    a.M = x->ndim >= 2 ? x->shape[x->ndim - 2] : 1;
-    const int64_t wr = w->shape[w->ndim - 2], wc = w->shape[w->ndim - 1];
-    if ((wc * 8) % a.q.bits)
-      return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: argument 'w' has %lld bytes per row, not a "
-                       "whole number of %d-bit elements", (long long)wc, a.q.bits);
-    const int64_t wcols = wc * 8 / a.q.bits;  // logical columns of w
-    if (a.transpose) {
-      a.N = wr;
-      if (wcols != a.K)
-        return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: 'x' has K=%lld but 'w' (transpose=True, [N, "
-                         "K*bits/8]) holds %lld columns", (long long)a.K, (long long)wcols);
-    } else {
-      a.N = wcols;
-      if (wr != a.K)
-        return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: 'x' has K=%lld but 'w' (transpose=False, "
-                         "[K, N*bits/8]) has %lld rows", (long long)a.K, (long long)wr);
-    }
-    QQ_TRY(check_k(c, "w", a.transpose ? "K" : "N", wcols, a.q));
-    int64_t fshape[kMaxDims];
-    for (int i = 0; i < w->ndim; ++i) fshape[i] = w->shape[i];
-    fshape[w->ndim - 1] = wcols;
-    QQ_TRY(input_scales(c, "scales", scales, a.q, w->ndim, fshape, DType::U8, false, &a.w_scales));
-    if (a.q.blocked) blocked_batch_strides(&a.w_scales);
-    a.w_blocked = a.q.blocked;
-    QQ_TRY(input_biases(c, biases, a.q, w->ndim, fshape, a.w_scales.dt, &a.w_biases));
-    QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, a.q, &a.gs_w));
-    QQ_TRY(bias_mat(c, bias, a.N, &a.bias));
-    int nb;
-    int64_t bshape[kMaxDims];
-    QQ_TRY(broadcast_batch(c, &a.x, &a.w, &nb, bshape));
-    align_batch(&a.x, nb, bshape);
-    align_batch(&a.w, nb, bshape);
-    align_batch(&a.w_scales, nb, bshape);
-    if (a.w_biases.ptr) align_batch(&a.w_biases, nb, bshape);
-    int64_t oshape[kMaxDims];
-    int ond = 0;
-    for (int i = 0; i < nb; ++i) oshape[ond++] = bshape[i];
-    if (x->ndim >= 2) oshape[ond++] = a.M;
-    oshape[ond++] = a.N;
-    QQ_TRY(output_mat(c, "out", out, ond, oshape, -1, "[broadcast batch..., M, N]", &a.out));
-    QQ_TRY(check_no_alias(c, {{"out", out}}, {{"x", x}, {"w", w}, {"scales", scales}, {"biases", biases},
-                                             {"global_scale", global_scale}, {"bias", bias}}));
-    // The output Mat indexes batches like x and w do: out is compact.
-    a.out.nb = nb;
-    {
-      int64_t st = a.M * a.N;
-      for (int i = nb - 1; i >= 0; --i) {
-        a.out.bshape[i] = bshape[i];
-        a.out.bstride[i] = st;
-        st *= bshape[i];
-      }
-      a.out.rows = a.M;
-      a.out.cols = a.N;
-      a.out.ld = a.N;
-    }
-    if (a.M * a.N * a.out.batch() == 0) return QQ_STATUS_SUCCESS;
-    if (c.device < 0) return routed(cpu::quantized_matmul(a), QQ_ROUTE_CPU);
-    return cuda::quantized_matmul(handle, a, stream);
+    return weight_only_matmul("quantized_matmul", handle, x, w, scales, biases, nullptr, params, transpose,
+                              global_scale, bias, out, stream);
+  });
+}
+
+QQ_API qqStatus_t qqGatherQmm(qqHandle_t handle, const DLTensor* x, const DLTensor* w, const DLTensor* scales,
+                              const DLTensor* biases, const DLTensor* rhs_indices, const qqQuantParams_t* params,
+                              int transpose, const DLTensor* global_scale, const DLTensor* bias, DLTensor* out,
+                              void* stream) {
+  return guard("gather_qmm", [&]() -> qqStatus_t {
+    if (!rhs_indices)
+      return set_error(QQ_STATUS_INVALID_VALUE, "gather_qmm: argument 'rhs_indices' is NULL; pass int32 expert "
+                       "indices (qqQuantizedMatmul multiplies without them)");
+    return weight_only_matmul("gather_qmm", handle, x, w, scales, biases, rhs_indices, params, transpose,
+                              global_scale, bias, out, stream);
   });
 }
 

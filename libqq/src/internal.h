@@ -163,7 +163,21 @@ struct MatmulArgs {
   Mat c;             // qqmm: out += beta * c (same shape as out), ptr == nullptr: none
   float beta = 0.0f;
   qqRoute_t route = QQ_ROUTE_AUTO;  // qqmm: the route asked for (checked by check_route)
+  // gather_qmm: int32 expert indices, one per batch entry of out (batch dims aligned
+  // to out's like x's; rows = cols = 1); w, w_scales, w_biases then keep their own
+  // batch of one dim [E]. ptr == nullptr: none (w's batch aligned to out's).
+  Mat gidx;
 };
+
+// The weight entry that batch entry b of `a` multiplies: b itself, or for
+// gather_qmm the expert its index names; -1 for an index outside [0, E) (the
+// CPU backend refuses those before it runs; the GPU kernels, which cannot
+// stop the stream, write NaN rows for them: docs/api.md, gather_qmm).
+QQ_HD int64_t weight_entry(const MatmulArgs& a, int64_t b) {
+  if (!a.gidx.ptr) return b;
+  const int64_t e = *((const int32_t*)a.gidx.ptr + a.gidx.offset(b));
+  return e >= 0 && e < a.w.bshape[0] ? e : -1;
+}
 
 // Quantization along the rows (the second-to-last axis) of x [B..., M, K]:
 // the result is the row-wise quantization of x^T [B..., K, M], written

@@ -205,7 +205,7 @@ qqStatus_t check_tensor(Ctx& c, const char* name, const DLTensor* t, DType* dt) 
     return set_error(QQ_STATUS_INVALID_DTYPE, "%s: argument '%s' has dtype %s, which libqq does not take "
                      "(values: float32, float16, bfloat16; packed data and scales: uint8, a float8 dtype or "
                      "float4_e2m1fn_x2; "
-                     "group offsets: int32)", c.op, name, dtype_str(t->dtype).c_str());
+                     "group offsets and expert indices: int32)", c.op, name, dtype_str(t->dtype).c_str());
   if (numel(t) > 0) {
     if (!t->data)
       return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has a NULL data pointer", c.op, name);
@@ -566,15 +566,15 @@ qqStatus_t input_biases(Ctx& c, const DLTensor* t, const QSpec& q, int fnd, cons
   return QQ_STATUS_SUCCESS;
 }
 
-qqStatus_t broadcast_batch(Ctx& c, Mat* x, Mat* w, int* nb, int64_t* bshape) {
+qqStatus_t broadcast_batch(Ctx& c, Mat* x, Mat* w, int* nb, int64_t* bshape, const char* wname) {
   const int n = x->nb > w->nb ? x->nb : w->nb;
   for (int i = 0; i < n; ++i) {
     const int ix = i - (n - x->nb), iw = i - (n - w->nb);
     const int64_t dx = ix >= 0 ? x->bshape[ix] : 1, dw = iw >= 0 ? w->bshape[iw] : 1;
     if (dx != dw && dx != 1 && dw != 1)
       return set_error(QQ_STATUS_INVALID_VALUE,
-                       "%s: batch dimension %d of 'x' (%lld) and 'w' (%lld) do not broadcast", c.op, i,
-                       (long long)dx, (long long)dw);
+                       "%s: batch dimension %d of 'x' (%lld) and '%s' (%lld) do not broadcast", c.op, i,
+                       (long long)dx, wname, (long long)dw);
     bshape[i] = dx == 1 ? dw : dx;  // NumPy: 1 broadcasts to the other extent, 0 included
   }
   *nb = n;

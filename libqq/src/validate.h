@@ -136,7 +136,7 @@ qqStatus_t input_biases(Ctx& c, const DLTensor* t, const QSpec& q, int fnd, cons
 // Broadcast batch shapes of x and w (NumPy rules) into out's batch shape;
 // align_batch then rewrites each operand's Mat to index with out's batch
 // index (stride 0 on broadcast dims).
-qqStatus_t broadcast_batch(Ctx& c, Mat* x, Mat* w, int* nb, int64_t* bshape);
+qqStatus_t broadcast_batch(Ctx& c, Mat* x, Mat* w, int* nb, int64_t* bshape, const char* wname = "w");
 void align_batch(Mat* m, int nb, const int64_t* bshape);
 // Blocked scales are one compact matrix per batch entry of the operand.
 void blocked_batch_strides(Mat* s);

@@ -39,6 +39,8 @@ from ._qq import (  # noqa: E402
     device_count,
     last_route,
 )
+# Eager only for now (no torch op or XLA custom call yet: docs/api.md, "gather_qmm").
+from ._qq import gather_qmm  # noqa: E402
 # Python wrappers of the Cython functions that torch.compile can trace (qq/_dispatch.py).
 from ._dispatch import (  # noqa: E402
     amax,
@@ -98,6 +100,7 @@ __all__ = [
     "quantize_colwise",
     "quantize_moe",
     "quantized_matmul",
+    "gather_qmm",
     "cmake_prefix_path",
     "swizzle_scales",
     "unswizzle_scales",

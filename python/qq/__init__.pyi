@@ -70,6 +70,12 @@ def quantized_matmul(x: Array, w: Union[Array, QuantizedArray], scales: Optional
                      bits: Optional[int] = None, mode: str = "affine", *, global_scale: Optional[Array] = None,
                      bias: Optional[Array] = None, scale_layout: str = "linear", fp8_format: str = "e4m3",
                      dtype: Any = None, out: Optional[Array] = None, stream: Any = None) -> Array: ...
+def gather_qmm(x: Array, w: Union[Array, QuantizedArray], scales: Optional[Array] = None,
+               biases: Optional[Array] = None, rhs_indices: Optional[Array] = None, transpose: bool = True,
+               group_size: Optional[int] = None, bits: Optional[int] = None, mode: str = "affine", *,
+               global_scale: Optional[Array] = None, bias: Optional[Array] = None,
+               scale_layout: str = "linear", fp8_format: str = "e4m3", dtype: Any = None,
+               out: Optional[Array] = None, stream: Any = None) -> Array: ...
 def prepare_weight(w: Union[Array, QuantizedArray], mode: str = "nvfp4", *, global_scale: Optional[Array] = None,
                    rounding: str = "ceil", fp8_format: str = "e4m3", torch_dtypes: Union[bool, str] = True,
                    stream: Any = None) -> PreparedWeight: ...

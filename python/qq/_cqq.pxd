@@ -152,6 +152,14 @@ cdef extern from "qq/qq.h" nogil:
                                  const DLTensor* bias, DLTensor* out,
                                  void* stream)
 
+    qqStatus_t qqGatherQmm(qqHandle_t handle, const DLTensor* x,
+                           const DLTensor* w, const DLTensor* scales,
+                           const DLTensor* biases, const DLTensor* rhs_indices,
+                           const qqQuantParams_t* params, int transpose,
+                           const DLTensor* global_scale,
+                           const DLTensor* bias, DLTensor* out,
+                           void* stream)
+
     qqStatus_t qqDeviceAlloc(int device, size_t bytes, void** ptr, void* stream)
     qqStatus_t qqDeviceFree(int device, void* ptr, void* stream)
     qqStatus_t qqStreamSynchronize(int device, void* stream)

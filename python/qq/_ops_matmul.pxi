@@ -291,3 +291,86 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
     finally:
         call.release()
     return out if out is not None else call.result(result)
+
+
+def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
+               group_size=None, bits=None, mode="affine", *, global_scale=None, bias=None,
+               scale_layout="linear", fp8_format="e4m3", dtype=None, out=None, stream=None):
+    """Weight-only matmul with each batch entry's weight picked by an index (mixture-of-
+    experts decode; MLX's mx.gather_qmm with rhs_indices):
+    out[i..., :, :] = x[i..., :, :] @ W[rhs_indices[i...]].T, W = dequantize(w).
+
+    w: packed experts [E, N, K*bits/8] (transpose=True) or [E, K, N*bits/8], or a
+    QuantizedArray of [E, N, K]; rhs_indices: int32 expert indices on x's device; x
+    [..., M, K]. x's batch axes and rhs_indices' shape broadcast together: x [T, 1, 1, K]
+    with rhs_indices [T, top_k] gives out [T, top_k, 1, N]. One launch, indices read on
+    the GPU (no host synchronization; CUDA-graph capturable). An index outside [0, E)
+    raises on the CPU and gives NaN rows on the GPU. Other arguments as in
+    quantized_matmul. See docs/api.md ("gather_qmm").
+    """
+    cdef str func = "gather_qmm"
+    cdef _View vx, vw, vs, vb, vi, vg, vbias, vo
+    cdef qqQuantParams_t p
+    cdef qqStatus_t st
+    cdef DLTensor *tx
+    cdef DLTensor *tw
+    cdef DLTensor *ts
+    cdef DLTensor *tb
+    cdef DLTensor *ti
+    cdef DLTensor *tg
+    cdef DLTensor *tbias
+    cdef DLTensor *to
+    cdef void* s
+    cdef int ctranspose = 1 if transpose else 0
+    if rhs_indices is None:
+        raise TypeError(f"{func}: argument 'rhs_indices' is required (int32 expert indices); "
+                        f"quantized_matmul multiplies without them")
+    (w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format,
+     w_logical) = _unpack_weight(func, w, scales, biases, global_scale, mode, group_size,
+                                bits, scale_layout, fp8_format)
+    _quant_params(func, &p, mode, group_size, bits, "ceil", scale_layout, fp8_format)
+    out_dtype = _dtype_arg(func, dtype)
+    cdef _Call call = _new_call(func, x, "x", stream)
+    result = None
+    try:
+        vx = call.view(x, "x")
+        vw = call.view(w, "w")
+        vs = call.view(scales, "scales")
+        vb = call.view(biases, "biases")
+        vi = call.view(rhs_indices, "rhs_indices")
+        vg = call.view(call.scalar(global_scale, "global_scale"), "global_scale")
+        vbias = call.view(bias, "bias")
+        if out is None:
+            w_shape = vw.pyshape()
+            if len(w_shape) != 3:
+                raise ValueError(f"{func}: argument 'w' has shape {w_shape}; expected the experts' "
+                                 f"packed weights [E, N, K*bits/8] (transpose) or [E, K, N*bits/8]")
+            x_shape = vx.pyshape()
+            if len(x_shape) < 2:
+                raise ValueError(f"{func}: argument 'x' has shape {x_shape}; expected [..., M, K]")
+            if ctranspose:
+                n = w_shape[-2]
+            elif w_logical is not None:
+                n = w_logical[-1]
+            else:
+                n = _unpacked_last(func, "w", &p, w_shape)
+            # out's batch: x's batch axes broadcast with rhs_indices' shape
+            xb, ib = x_shape[:-2], vi.pyshape()
+            try:
+                batch = xb if xb == ib else tuple(np.broadcast_shapes(xb, ib))
+            except ValueError:
+                raise ValueError(f"{func}: the batch axes of x {xb} and the shape of rhs_indices "
+                                 f"{ib} do not broadcast") from None
+            result, vo = call.empty(batch + (x_shape[-2], n), out_dtype or vx.float_dtype(), "out")
+        else:
+            vo = _out_view(call, out, out_dtype)
+        tx, tw, ts, tb, ti = _t(vx), _t(vw), _t(vs), _t(vb), _t(vi)
+        tg, tbias, to = _t(vg), _t(vbias), _t(vo)
+        s = call.cstream()
+        with nogil:
+            st = qqGatherQmm(NULL, tx, tw, ts, tb, ti, &p, ctranspose, tg, tbias, to, s)
+        _check(st)
+        call.finish()
+    finally:
+        call.release()
+    return out if out is not None else call.result(result)

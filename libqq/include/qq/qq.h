@@ -425,6 +425,30 @@ QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x,
                                     const DLTensor* bias, DLTensor* out,
                                     void* stream);
 
+/* Weight-only matmul with a weight picked per batch entry (mixture-of-experts
+ * decode; MLX's gather_qmm with rhs_indices):
+ *   out[b..., :, :] = x[b..., :, :] @ W[rhs_indices[b...]]^T   (transpose)
+ *  x: float [..., M, K]; w: packed [E, N, K*bits/8] (transpose) or
+ *     [E, K, N*bits/8], scales / biases [E, ...] as qqQuantizedMatmul's per
+ *     entry; rhs_indices: int32 [...] on x's device, any strides. x's batch
+ *     dims and rhs_indices' shape broadcast together (NumPy rules) into out's
+ *     batch: x [T, 1, M, K] with rhs_indices [T, top_k] sends each token to
+ *     its top_k experts. out: [broadcast batch..., M, N].
+ *  global_scale (nvfp4): one scalar for all experts; bias [N] as above.
+ *  One pass over out's batch entries in one launch (ceil(M / 4) launches for
+ *  x dtypes or modes the tensor-core kernel does not take), the indices read
+ *  on the device: no host synchronization, capturable in a CUDA graph.
+ *  An index outside [0, E): INVALID_VALUE on the CPU; on the GPU, which
+ *  cannot stop the stream, that entry's rows of out are NaN. */
+QQ_API qqStatus_t qqGatherQmm(qqHandle_t handle, const DLTensor* x,
+                              const DLTensor* w, const DLTensor* scales,
+                              const DLTensor* biases,
+                              const DLTensor* rhs_indices,
+                              const qqQuantParams_t* params, int transpose,
+                              const DLTensor* global_scale,
+                              const DLTensor* bias, DLTensor* out,
+                              void* stream);
+
 /* ---------------------------------------------------------------------------
  * Device memory helpers for bindings that must hand out libqq-owned buffers
  * (stream-ordered: cudaMallocAsync / cudaFreeAsync on `stream`).

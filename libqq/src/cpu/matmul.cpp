@@ -129,12 +129,13 @@ qqStatus_t quantized_matmul(const MatmulArgs& a) {
   const std::vector<float> bias = bias_f32(a.bias, N);
   int64_t last_w = -1, last_s = -1;
   for (int64_t b = 0; b < a.out.batch(); ++b) {
-    const int64_t woff = a.w.offset(b), soff = a.w_scales.offset(b);
+    const int64_t e = weight_entry(a, b);  // gather_qmm's indices were range-checked by the API
+    const int64_t woff = a.w.offset(e), soff = a.w_scales.offset(e);
     if (woff != last_w || soff != last_s) {  // broadcast w: dequantize each entry once in a row
       if (a.transpose) {
-        dequantize_rows(a.w, a.w_scales, &a.w_biases, a.w_blocked, a.q, gdec, b, 0, N, K, wd.data());
+        dequantize_rows(a.w, a.w_scales, &a.w_biases, a.w_blocked, a.q, gdec, e, 0, N, K, wd.data());
       } else {
-        dequantize_rows(a.w, a.w_scales, &a.w_biases, false, a.q, gdec, b, 0, K, N, wt.data());
+        dequantize_rows(a.w, a.w_scales, &a.w_biases, false, a.q, gdec, e, 0, K, N, wt.data());
         for (int64_t k = 0; k < K; ++k)
           for (int64_t n = 0; n < N; ++n) wd[n * K + k] = wt[k * N + n];
       }

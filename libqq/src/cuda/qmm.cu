@@ -51,6 +51,23 @@ qqStatus_t quantized_matmul(qqHandle_t h, const MatmulArgs& a, void* stream) {
       const qqStatus_t s = qmv(a, st);
       if (s != QQ_STATUS_NOT_SUPPORTED) return routed(s, QQ_ROUTE_QMV);
     }
+    if (a.gidx.ptr) {
+      // gather_qmm beyond the tensor-core kernel (other x dtypes, modes or M): qmv
+      // over slices of kQmvMaxM rows, ceil(M / 4) launches whatever E is; the
+      // dequantize + GEMM route below would need the indices on the host.
+      for (int64_t m0 = 0; m0 < a.M; m0 += kQmvMaxM) {
+        MatmulArgs part = a;
+        part.M = a.M - m0 < kQmvMaxM ? a.M - m0 : kQmvMaxM;
+        part.x.ptr = (char*)a.x.ptr + m0 * a.x.ld * dtype_size(a.x.dt);
+        part.out.ptr = (char*)a.out.ptr + m0 * a.out.ld * dtype_size(a.out.dt);
+        const qqStatus_t s = qmv(part, st);
+        if (s == QQ_STATUS_NOT_SUPPORTED)
+          return set_error(s, "gather_qmm: no GPU kernel takes this weight (mode %d, %d bits, group %d)",
+                           (int)a.q.mode, a.q.bits, a.q.group);
+        QQ_TRY(s);
+      }
+      return routed(QQ_STATUS_SUCCESS, QQ_ROUTE_QMV);
+    }
     Scratch scratch(c, st);
     const int64_t M = a.M, N = a.N, K = a.K;
     float* bias = nullptr;

@@ -501,6 +501,9 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
   const float post = alpha ? *alpha : ((F == QNV4 && a.gs_w) ? nvfp4_dec(*a.gs_w) : 1.0f);
 
   for (int64_t b = blockIdx.y; b < a.out.batch(); b += gridDim.y) {
+    // the weight entry (gather_qmm: the expert of b's index; out of range: NaN rows)
+    const int64_t we = weight_entry(a, b), wb = we < 0 ? 0 : we;
+    const float postb = we < 0 ? __int_as_float(0x7fc00000) : post;
     const uint8_t* wrow[2];
     const uint8_t* srow[2];
     const uint16_t* arow[2][2];  // affine: [row][scales, biases]
@@ -509,14 +512,14 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
     for (int r = 0; r < 2; ++r) {
       const int64_t n0 = tile * 16 + g + 8 * r;
       nr[r] = n0 < N ? n0 : N - 1;  // rows past N load row N-1 and store nothing
-      wrow[r] = (const uint8_t*)a.w.ptr + a.w.offset(b) + nr[r] * a.w.ld;
+      wrow[r] = (const uint8_t*)a.w.ptr + a.w.offset(wb) + nr[r] * a.w.ld;
       const int64_t n = nr[r];
-      srow[r] = (const uint8_t*)a.w_scales.ptr + a.w_scales.offset(b) +
+      srow[r] = (const uint8_t*)a.w_scales.ptr + a.w_scales.offset(wb) +
                 (a.w_blocked ? (n >> 7) * 128 * a.w_scales.cols + (n & 31) * 16 + ((n & 127) >> 5) * 4
                              : n * a.w_scales.ld);
       if constexpr (is_aff(F)) {  // bf16 scales and biases, linear
-        arow[r][0] = (const uint16_t*)a.w_scales.ptr + a.w_scales.offset(b) + n * a.w_scales.ld;
-        arow[r][1] = (const uint16_t*)a.w_biases.ptr + a.w_biases.offset(b) + n * a.w_biases.ld;
+        arow[r][0] = (const uint16_t*)a.w_scales.ptr + a.w_scales.offset(wb) + n * a.w_scales.ld;
+        arow[r][1] = (const uint16_t*)a.w_biases.ptr + a.w_biases.offset(wb) + n * a.w_biases.ld;
       }
     }
     const __nv_bfloat16* xb = (const __nv_bfloat16*)a.x.ptr + a.x.offset(b);
@@ -667,7 +670,7 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
       float v = red[tl * L.KS][rl * MT + m];
       for (int k = 1; k < L.KS; ++k) v += red[tl * L.KS + k][rl * MT + m];
       if (F == QNV4) v *= 512.0f;  // the 2^-9 of e4m3_fix_bf2 (exact)
-      store_out(a, b, m, n, v * post);
+      store_out(a, b, m, n, v * postb);
     }
     __syncthreads();  // red is reused by the next batch entry
   }

@@ -341,16 +341,19 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
   const DType sdt = a.w_scales.dt;
 
   for (int64_t b = blockIdx.y; b < a.out.batch(); b += gridDim.y) {
+    // the weight entry (gather_qmm: the expert of b's index; out of range: NaN rows)
+    const int64_t we = weight_entry(a, b), wb = we < 0 ? 0 : we;
+    const float wmul = we < 0 ? __int_as_float(0x7fc00000) : 1.0f;  // * 1 keeps -0
     const uint8_t* wrow[R];
     const uint8_t* srow[R];  // linear: the row's scales; blocked: the batch entry's matrix
     const uint8_t* brow[R];  // affine biases
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int64_t n = row0 + r < N ? row0 + r : N - 1;  // rows past N load row N-1, store nothing
-      wrow[r] = (const uint8_t*)a.w.ptr + a.w.offset(b) + n * a.w.ld;
+      wrow[r] = (const uint8_t*)a.w.ptr + a.w.offset(wb) + n * a.w.ld;
       const int es = fp ? 1 : L.esz;
-      srow[r] = (const uint8_t*)a.w_scales.ptr + (a.w_scales.offset(b) + (a.w_blocked ? 0 : n * a.w_scales.ld)) * es;
-      brow[r] = fp ? nullptr : (const uint8_t*)a.w_biases.ptr + (a.w_biases.offset(b) + n * a.w_biases.ld) * es;
+      srow[r] = (const uint8_t*)a.w_scales.ptr + (a.w_scales.offset(wb) + (a.w_blocked ? 0 : n * a.w_scales.ld)) * es;
+      brow[r] = fp ? nullptr : (const uint8_t*)a.w_biases.ptr + (a.w_biases.offset(wb) + n * a.w_biases.ld) * es;
     }
     const int xsz = x_size<XT>(L.xk);
     const char* xb = (const char*)a.x.ptr + a.x.offset(b) * xsz;
@@ -472,7 +475,7 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
       if (m >= L.M || n >= N) continue;
       float s = red[g * wpg][mr];
       for (int w = 1; w < wpg; ++w) s += red[g * wpg + w][mr];
-      store_out(a, b, m, n, s);
+      store_out(a, b, m, n, s * wmul);
     }
     __syncthreads();  // red is reused by the next batch entry
   }
@@ -500,10 +503,13 @@ __global__ void __launch_bounds__(kThreads) qmv_n_kernel(const MatmulArgs a, con
   const DType sdt = a.w_scales.dt;
 
   for (int64_t b = blockIdx.y; b < a.out.batch(); b += gridDim.y) {
-    const uint8_t* wcol = (const uint8_t*)a.w.ptr + a.w.offset(b) + strip * sbytes;
+    // the weight entry (gather_qmm: the expert of b's index; out of range: NaN rows)
+    const int64_t we = weight_entry(a, b), wb = we < 0 ? 0 : we;
+    const float wmul = we < 0 ? __int_as_float(0x7fc00000) : 1.0f;  // * 1 keeps -0
+    const uint8_t* wcol = (const uint8_t*)a.w.ptr + a.w.offset(wb) + strip * sbytes;
     const int es = fp ? 1 : L.esz;
-    const uint8_t* scol = (const uint8_t*)a.w_scales.ptr + (a.w_scales.offset(b) + g) * es;
-    const uint8_t* bcol = fp ? nullptr : (const uint8_t*)a.w_biases.ptr + (a.w_biases.offset(b) + g) * es;
+    const uint8_t* scol = (const uint8_t*)a.w_scales.ptr + (a.w_scales.offset(wb) + g) * es;
+    const uint8_t* bcol = fp ? nullptr : (const uint8_t*)a.w_biases.ptr + (a.w_biases.offset(wb) + g) * es;
     const int xsz = x_size<XRT>(L.xk);
     const char* xb = (const char*)a.x.ptr + a.x.offset(b) * xsz;
 
@@ -569,7 +575,7 @@ __global__ void __launch_bounds__(kThreads) qmv_n_kernel(const MatmulArgs a, con
         if (m0 + m >= L.M || strip0 + s >= nstrips) continue;
         float sum = red[s][mj];
         for (int q = 1; q < KS; ++q) sum += red[q * L.S + s][mj];
-        store_out(a, b, m0 + m, n, sum);
+        store_out(a, b, m0 + m, n, sum * wmul);
       }
       __syncthreads();
     }
