@@ -112,10 +112,12 @@ def test_gather_qmm_strided_indices_bias_out(device, rng):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp8", "affine4"])
-@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("m", [1, 2, 4])
 def test_gather_qmm_equals_batched_quantized_matmul(name, m, device, rng):
     """With indices 0..E-1 over x [E, M, K], gather_qmm is quantized_matmul with the batched
-    weight, bit for bit (the same kernels, the same order of sums)."""
+    weight, bit for bit: the same kernels and order of sums, whether the GPU takes the
+    entries one by one (E * M <= 8) or grouped by expert (M = 2, 4). (M <= 4: above,
+    quantized_matmul may dequantize fp32-scaled affine weights to bf16 for a GEMM.)"""
     ref_q = make_weight(name, (E, 32, 128), rng)
     x = randn(rng, (E, m, 128), BF16)
     got = gqmm(device, x, ref_q, np.arange(E, dtype=np.int32))
@@ -149,6 +151,20 @@ def test_gather_qmm_bad_index_gpu(m, rng):
     good = [0, 3]
     assert_matmul_close(got[good].astype(BF16), R.gather_qmm(x[good], ref_q, idx[good]), "gather_qmm",
                         dtype=BF16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["many", "one-expert", "wide-E"])
+def test_gather_qmm_grouping(case, rng):
+    """The GPU's grouping of entries by expert: thousands of entries (more than the plan's
+    1024 threads), all on one expert (tiles of 16 rows, several per expert), and more experts
+    than threads see one each (E = 1500)."""
+    e, t, top, m = {"many": (37, 600, 4, 1), "one-expert": (5, 40, 1, 3), "wide-E": (1500, 200, 8, 1)}[case]
+    ref_q = make_weight("nvfp4", (e, 32, 64), rng)
+    x = randn(rng, (t, 1, m, 64), BF16)
+    idx = indices(rng, (t, top), e) if case != "one-expert" else np.full((t, top), 3, np.int32)
+    got = gqmm("cuda", x, ref_q, idx)
+    assert_matmul_close(got, R.gather_qmm(x, ref_q, idx), f"gather_qmm {case}", dtype=BF16)
 
 
 @pytest.mark.gpu

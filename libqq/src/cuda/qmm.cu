@@ -44,7 +44,7 @@ qqStatus_t quantized_matmul(qqHandle_t h, const MatmulArgs& a, void* stream) {
   return on_device(c->device, [&]() -> qqStatus_t {
     cudaStream_t st = (cudaStream_t)stream;
     if (a.M <= kQmmaMaxM) {  // bf16 x, fp modes: the tensor-core kernel
-      const qqStatus_t s = qmma(a, nullptr, st);
+      const qqStatus_t s = qmma(a, nullptr, st, c);
       if (s != QQ_STATUS_NOT_SUPPORTED) return routed(s, QQ_ROUTE_QMMA);
     }
     if (a.M <= kQmvMaxM) {

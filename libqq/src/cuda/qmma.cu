@@ -423,10 +423,10 @@ struct AffPart {
   float v[NT][4];
 };
 struct AffRows {
-  const uint8_t* w[2];      // weight rows g, g + 8
-  const uint16_t* sb[2][2]; // [row][scales, biases]
-  const __nv_bfloat16* x;   // x of this batch entry
-  int64_t xld;
+  const uint8_t* w[2];       // weight rows g, g + 8
+  const uint16_t* sb[2][2];  // [row][scales, biases]
+  const __nv_bfloat16* x[16];  // the tile's rows of x (affine: M <= 16)
+  int rows;                    // how many
   uint32_t cfirst, cstep, climit;
   int nsteps, q;
 };
@@ -454,8 +454,8 @@ __device__ __forceinline__ AffPart<NT> aff_exact_warp(const AffRows R, const QL 
       w[r][0] = d.x, w[r][1] = d.y, w[r][2] = d.z, w[r][3] = d.w;
     }
 #pragma unroll 1
-    for (int m = 0; m < L.M; ++m) {
-      const __nv_bfloat16* xr = R.x + m * R.xld + (size_t)c * kCodes;
+    for (int m = 0; m < R.rows; ++m) {
+      const __nv_bfloat16* xr = R.x[m] + (size_t)c * kCodes;
 #pragma unroll 1
       for (int e = 0; e < kCodes; ++e) {
         const float xe = __bfloat162float(xr[e]);
@@ -482,8 +482,22 @@ __device__ __forceinline__ AffPart<NT> aff_exact_warp(const AffRows R, const QL 
   return out;
 }
 
-template <int F, int MT>
-__global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, const QL L, const float* alpha) {
+// gather_qmm with its batch entries grouped by expert (kSorted): gather_plan_kernel's
+// tables. A work item is then a tile of MT rows of one expert (entry-major, M rows per
+// entry, from consecutive entries of perm) instead of one batch entry, so that each
+// expert's weights are read once however many rows route to it.
+struct GPlan {
+  const int32_t* perm;       // [B] batch entries, grouped by expert (expert E: index out of range)
+  const int32_t* seg_start;  // [E + 2] where each expert's entries start in perm; [E + 1] = B
+  const int32_t* tile_seg;   // [tiles] the expert of each work item
+  const int32_t* tile_row0;  // [tiles] its first row among that expert's rows
+  const int32_t* ntiles;     // [1] work items in all
+  int E;
+};
+
+template <int F, int MT, bool kSorted>
+__global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, const QL L, const float* alpha,
+                                                           const GPlan G) {
   constexpr int NT = MT / 8;  // n8 tiles of x rows
   constexpr int kDepth = depth<F, MT>();
   // M <= 8: two accumulators taken in turn, so that consecutive mmas do not
@@ -500,9 +514,42 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
   const int nsteps = (int)(groups4 > ks ? (groups4 - ks + L.KS - 1) / L.KS : 0);
   const float post = alpha ? *alpha : ((F == QNV4 && a.gs_w) ? nvfp4_dec(*a.gs_w) : 1.0f);
 
-  for (int64_t b = blockIdx.y; b < a.out.batch(); b += gridDim.y) {
+  const int64_t items = kSorted ? (int64_t)*G.ntiles : a.out.batch();
+  for (int64_t b = blockIdx.y; b < items; b += gridDim.y) {
+    // The work item's rows of x and out: batch entry b's M rows, or (kSorted) rows
+    // row0 .. row0 + mrows of expert tile_seg[b], row r being row r % M of entry
+    // perm[seg_start + r / M].
+    int64_t we;
+    int mrows = L.M, row0 = 0;
+    const int32_t* ents = nullptr;
+    if constexpr (kSorted) {
+      const int e = G.tile_seg[b], s0 = G.seg_start[e];
+      ents = G.perm + s0;
+      row0 = G.tile_row0[b];
+      const int left = (G.seg_start[e + 1] - s0) * L.M - row0;
+      mrows = left < MT ? left : MT;
+      we = e < G.E ? e : -1;
+    } else {
+      we = weight_entry(a, b);
+    }
+    // the row's batch entry and row within it
+    auto entry_of = [&](int r, int& m) -> int64_t {
+      if constexpr (kSorted) {
+        const int gr = row0 + r;
+        m = gr % L.M;
+        return ents[gr / L.M];
+      } else {
+        m = r;
+        return b;
+      }
+    };
+    auto x_row = [&](int r) {
+      int m;
+      const int64_t eb = entry_of(r, m);
+      return (const __nv_bfloat16*)a.x.ptr + a.x.offset(eb) + (int64_t)m * a.x.ld;
+    };
     // the weight entry (gather_qmm: the expert of b's index; out of range: NaN rows)
-    const int64_t we = weight_entry(a, b), wb = we < 0 ? 0 : we;
+    const int64_t wb = we < 0 ? 0 : we;
     const float postb = we < 0 ? __int_as_float(0x7fc00000) : post;
     const uint8_t* wrow[2];
     const uint8_t* srow[2];
@@ -522,7 +569,7 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
         arow[r][1] = (const uint16_t*)a.w_biases.ptr + a.w_biases.offset(wb) + n * a.w_biases.ld;
       }
     }
-    const __nv_bfloat16* xb = (const __nv_bfloat16*)a.x.ptr + a.x.offset(b);
+    const __nv_bfloat16* xb = (const __nv_bfloat16*)a.x.ptr + a.x.offset(b);  // (not kSorted)
 
     // 32-bit chunk indices (C < 2^31, checked at launch): a step's addresses
     // cost a multiply-add each instead of 64-bit index arithmetic.
@@ -576,6 +623,16 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
     };
     const __nv_bfloat16* xg = xb + g * a.x.ld;  // x row g; tile t adds 8t rows
     const size_t xld8 = (size_t)a.x.ld * 8;
+    // kSorted: this lane's rows 8t + g, gathered (MT <= 16)
+    const __nv_bfloat16* xs[kSorted ? MT / 8 : 1];
+    if constexpr (kSorted) {
+#pragma unroll
+      for (int t = 0; t < MT / 8; ++t) xs[t] = 8 * t + g < mrows ? x_row(8 * t + g) : xg;
+    }
+    auto xrow_t = [&](int t) {
+      if constexpr (kSorted) return xs[t];
+      else return xg + t * xld8;
+    };
 
     float acc[NA][4];
     bool aff_special = false;  // affine: a step met an Inf / NaN scale, bias or x
@@ -593,8 +650,8 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
         for (int i = 0; i < 4; ++i) xv[i] = make_uint4(0, 0, 0, 0);
         if constexpr (aff_groups(F) == 2) {  // the x of load()'s two 8-byte pieces
           const uint32_t c0 = c - q, gi0 = (c0 * (bytes8(F) ? 16u : 32u)) >> L.lgs;
-          if (m < L.M) {
-            const __nv_bfloat16* xr = xg + t * xld8;
+          if (m < mrows) {
+            const __nv_bfloat16* xr = xrow_t(t);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               if (gi0 + h >= L.ngroups) continue;
@@ -609,8 +666,8 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
           }
           return;
         }
-        if (valid && m < L.M) {
-          const uint4* xp = reinterpret_cast<const uint4*>(xg + t * xld8 + (size_t)c * (bytes8(F) ? 16 : 32));
+        if (valid && m < mrows) {
+          const uint4* xp = reinterpret_cast<const uint4*>(xrow_t(t) + (size_t)c * (bytes8(F) ? 16 : 32));
 #pragma unroll
           for (int i = 0; i < (bytes8(F) ? 2 : 4); ++i) xv[i] = __ldg(xp + i);
         }
@@ -647,7 +704,10 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
         AffRows R;
         R.w[0] = wrow[0], R.w[1] = wrow[1];
         R.sb[0][0] = arow[0][0], R.sb[0][1] = arow[0][1], R.sb[1][0] = arow[1][0], R.sb[1][1] = arow[1][1];
-        R.x = xb, R.xld = a.x.ld, R.cfirst = cfirst, R.cstep = cstep, R.climit = climit, R.nsteps = nsteps, R.q = q;
+        R.rows = mrows;
+#pragma unroll 1
+        for (int m = 0; m < mrows; ++m) R.x[m] = x_row(m);
+        R.cfirst = cfirst, R.cstep = cstep, R.climit = climit, R.nsteps = nsteps, R.q = q;
         const AffPart<NT> p = aff_exact_warp<F, NT>(R, L);
 #pragma unroll
         for (int t = 0; t < NT; ++t)
@@ -663,14 +723,16 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
       for (int i = 0; i < 4; ++i) red[warp][(g + 8 * (i >> 1)) * MT + 8 * t + 2 * q + (i & 1)] = acc[t][i];
     __syncthreads();
     const int tiles = kWarps >> L.logKS;
-    for (int e = tid; e < tiles * 16 * L.M; e += kThreads) {
-      const int tl = e / (16 * L.M), rm = e % (16 * L.M), rl = rm / L.M, m = rm % L.M;
+    for (int e = tid; e < tiles * 16 * mrows; e += kThreads) {
+      const int tl = e / (16 * mrows), rm = e % (16 * mrows), rl = rm / mrows, m = rm % mrows;
       const int64_t n = ((int64_t)blockIdx.x * tiles + tl) * 16 + rl;
       if (n >= N) continue;
       float v = red[tl * L.KS][rl * MT + m];
       for (int k = 1; k < L.KS; ++k) v += red[tl * L.KS + k][rl * MT + m];
       if (F == QNV4) v *= 512.0f;  // the 2^-9 of e4m3_fix_bf2 (exact)
-      store_out(a, b, m, n, v * postb);
+      int mo;
+      const int64_t eo = entry_of(m, mo);
+      store_out(a, eo, mo, n, v * postb);
     }
     __syncthreads();  // red is reused by the next batch entry
   }
@@ -684,27 +746,141 @@ bool aligned(const Mat& m, int bytes) {
   return ok;
 }
 
-template <int F>
-void launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st) {
-  const int kDepth = a.M <= 8 ? depth<F, 8>() : (a.M <= 16 ? depth<F, 16>() : depth<F, 64>());
+// gather_qmm's work items (GPlan), built on the device by one CTA from the indices:
+// a count per expert, a prefix sum, the entries scattered into perm (their order within
+// an expert is free: a row's sums do not depend on the rows beside it in a tile), then
+// the tiles of MT rows of every expert. Shared memory: 3 * (E + 1) ints.
+constexpr int kPlanThreads = 1024;
+constexpr int kPlanMaxE = 4095;  // (E + 1) * 12 bytes of shared memory
+
+__global__ void __launch_bounds__(kPlanThreads) gather_plan_kernel(const MatmulArgs a, int64_t B, int E, int MT,
+                                                                   int32_t* perm, int32_t* seg_start,
+                                                                   int32_t* tile_seg, int32_t* tile_row0,
+                                                                   int32_t* ntiles) {
+  extern __shared__ int32_t sm[];
+  const int NE = E + 1;  // expert E collects the indices out of range
+  int32_t* cnt = sm;
+  int32_t* fill = sm + NE;
+  int32_t* tstart = sm + 2 * NE;
+  __shared__ int32_t wsum[2][32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int i = tid; i < NE; i += kPlanThreads) cnt[i] = fill[i] = 0;
+  __syncthreads();
+  auto expert = [&](int64_t b) {
+    const int64_t e = weight_entry(a, b);
+    return e < 0 ? E : (int)e;
+  };
+  for (int64_t b = tid; b < B; b += kPlanThreads) atomicAdd(&cnt[expert(b)], 1);
+  __syncthreads();
+  // exclusive prefix sums of the entry counts and of the tile counts, over a chunk of
+  // experts per thread
+  const int M = (int)a.M;
+  auto tiles_of = [&](int e) { return (cnt[e] * M + MT - 1) / MT; };
+  const int chunk = (NE + kPlanThreads - 1) / kPlanThreads, lo = tid * chunk, hi = min(lo + chunk, NE);
+  int se = 0, st = 0;
+  for (int i = lo; i < hi; ++i) se += cnt[i], st += tiles_of(i);
+  int ie = se, it = st;  // inclusive scans within the warp
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int ve = __shfl_up_sync(0xffffffffu, ie, d), vt = __shfl_up_sync(0xffffffffu, it, d);
+    if (lane >= d) ie += ve, it += vt;
+  }
+  if (lane == 31) wsum[0][warp] = ie, wsum[1][warp] = it;
+  __syncthreads();
+  if (warp == 0) {
+    int ve = wsum[0][lane], vt = wsum[1][lane];
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int ue = __shfl_up_sync(0xffffffffu, ve, d), ut = __shfl_up_sync(0xffffffffu, vt, d);
+      if (lane >= d) ve += ue, vt += ut;
+    }
+    wsum[0][lane] = ve, wsum[1][lane] = vt;  // inclusive over warps
+  }
+  __syncthreads();
+  int pe = ie - se + (warp ? wsum[0][warp - 1] : 0), pt = it - st + (warp ? wsum[1][warp - 1] : 0);
+  for (int i = lo; i < hi; ++i) {
+    seg_start[i] = pe;
+    tstart[i] = pt;
+    pe += cnt[i];
+    pt += tiles_of(i);
+  }
+  if (tid == kPlanThreads - 1) {
+    seg_start[NE] = pe;  // = B
+    *ntiles = pt;
+  }
+  __syncthreads();
+  for (int64_t b = tid; b < B; b += kPlanThreads) {
+    const int e = expert(b);
+    perm[seg_start[e] + atomicAdd(&fill[e], 1)] = (int32_t)b;
+  }
+  for (int e = tid; e < NE; e += kPlanThreads)
+    for (int j = 0, n = tiles_of(e); j < n; ++j) {
+      tile_seg[tstart[e] + j] = e;
+      tile_row0[tstart[e] + j] = j * MT;
+    }
+}
+
+template <int F, bool kSorted>
+void launch_k(const MatmulArgs& a, QL L, const float* alpha, const GPlan& G, int64_t items, int MT, cudaStream_t st) {
+  const int kDepth = MT <= 8 ? depth<F, 8>() : (MT <= 16 ? depth<F, 16>() : depth<F, 64>());
   // k-slices per row tile: the fewest (1..8) that give the grid a full wave of
   // warps (16 per SM: ~2 CTAs fit by registers), while every warp keeps at
   // least kDepth steps.
   // SMs of the device the call runs on (a.out.device, current here).
   const int64_t wave = (int64_t)sm_count(a.out.device) * 16;
-  const int64_t tiles = (a.N + 15) / 16, groups4 = (L.C + 3) / 4, batch = a.out.batch();
+  const int64_t tiles = (a.N + 15) / 16, groups4 = (L.C + 3) / 4;
+  const int64_t batch = kSorted ? items : a.out.batch();
   int KS = 1;
   while (KS < kWarps && tiles * batch * KS < wave && groups4 / (2 * KS) >= kDepth) KS <<= 1;
   L.KS = KS;
   L.logKS = KS == 1 ? 0 : (KS == 2 ? 1 : (KS == 4 ? 2 : 3));
   const int64_t per_cta = kWarps / KS;
-  const dim3 grid((unsigned)((tiles + per_cta - 1) / per_cta), (unsigned)(batch < 65535 ? batch : 65535));
-  if (a.M <= 8) qmma_kernel<F, 8><<<grid, kThreads, 0, st>>>(a, L, alpha);
-  else if (a.M <= 16 || is_aff(F)) qmma_kernel<F, 16><<<grid, kThreads, 0, st>>>(a, L, alpha);  // affine: M <= 16
-  else if constexpr (!is_aff(F)) {
-    if (a.M <= 32) qmma_kernel<F, 32><<<grid, kThreads, 0, st>>>(a, L, alpha);
-    else qmma_kernel<F, 64><<<grid, kThreads, 0, st>>>(a, L, alpha);
+  const int64_t gy = kSorted ? items : a.out.batch();  // kSorted: an upper bound; the extra items exit
+  const dim3 grid((unsigned)((tiles + per_cta - 1) / per_cta), (unsigned)(gy < 65535 ? gy : 65535));
+  if constexpr (kSorted) {  // MT 8 or 16
+    if (MT <= 8) qmma_kernel<F, 8, true><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
+    else qmma_kernel<F, 16, true><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
+  } else {
+    if (MT <= 8) qmma_kernel<F, 8, false><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
+    else if (MT <= 16 || is_aff(F)) qmma_kernel<F, 16, false><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
+    else if constexpr (!is_aff(F)) {
+      if (MT <= 32) qmma_kernel<F, 32, false><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
+      else qmma_kernel<F, 64, false><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
+    }
   }
+}
+
+template <int F>
+qqStatus_t launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st, qqContext* c) {
+  const int64_t B = a.out.batch(), E = a.gidx.ptr ? a.w.bshape[0] : 0;
+  // gather_qmm with more rows than one tile: work items of one expert each (GPlan),
+  // built by gather_plan_kernel, so that an expert's weights are read once. Tiles of
+  // 16 rows where the experts touched are expected to get more than 8 rows each (B * M
+  // rows over at most min(E, B) experts), else 8.
+  if (a.gidx.ptr && c && B * a.M > 8 && a.M <= 16 && E <= kPlanMaxE && B < ((int64_t)1 << 30)) {
+    const int64_t spread = B < E ? B : E;
+    const int MT = B * a.M > 8 * spread ? 16 : 8;
+    const int64_t max_items = B * a.M / MT + (E + 1 < B ? E + 1 : B);
+    Scratch scratch(c, st);
+    int32_t* buf = nullptr;
+    QQ_TRY(scratch.get("gather_qmm", (size_t)(B + (E + 2) + 2 * max_items + 1) * 4, &buf));
+    GPlan G;
+    int32_t* perm = buf;
+    int32_t* seg = perm + B;
+    int32_t* tseg = seg + (E + 2);
+    int32_t* trow = tseg + max_items;
+    int32_t* nt = trow + max_items;
+    G.perm = perm, G.seg_start = seg, G.tile_seg = tseg, G.tile_row0 = trow, G.ntiles = nt, G.E = (int)E;
+    gather_plan_kernel<<<1, kPlanThreads, (size_t)(E + 1) * 12, st>>>(a, B, (int)E, MT, perm, seg, tseg, trow, nt);
+    QQ_TRY(check_launch("gather_qmm"));
+    // expected work items, for the k-split: the rows over the experts they can touch
+    const int64_t est = B * a.M / MT > spread ? B * a.M / MT : spread;
+    launch_k<F, true>(a, L, alpha, G, est < max_items ? est : max_items, MT, st);
+    // (the plan's scratch is freed on the stream after the kernel)
+    return check_launch("gather_qmm");
+  }
+  launch_k<F, false>(a, L, alpha, GPlan{}, 0, a.M <= 8 ? 8 : (a.M <= 16 ? 16 : (a.M <= 32 ? 32 : 64)), st);
+  return check_launch(a.gidx.ptr ? "gather_qmm" : "quantized_matmul");
 }
 
 }  // namespace
@@ -714,8 +890,9 @@ namespace {
 // does not take it.
 bool plan(const MatmulArgs& a, int* F, QL* L) {
   // mxfp8 at M = 1: qmv.cu's kernel is faster (177 vs 234 us at 16384^2 on
-  // the H100, bench/results/qmm-h100.md); from M = 2 this one is.
-  if (a.M == 1 && a.q.mode == QQ_MODE_MXFP8) return false;
+  // the H100, bench/results/qmm-h100.md); from M = 2 this one is. gather_qmm over
+  // more than 8 entries groups them by expert here (launch), which qmv cannot.
+  if (a.M == 1 && a.q.mode == QQ_MODE_MXFP8 && !(a.gidx.ptr && a.out.batch() > 8)) return false;
   if (a.M < 1 || a.M > kQmmaMaxM || a.x_packed || !a.w_packed || !a.transpose) return false;
   if (a.x.dt != DType::BF16) return false;
   const QSpec& q = a.q;
@@ -769,20 +946,19 @@ bool qmma_takes(const MatmulArgs& a) {
   return plan(a, &F, &L);
 }
 
-qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream) {
+qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream, qqContext* c) {
   int F;
   QL L;
   if (!plan(a, &F, &L)) return QQ_STATUS_NOT_SUPPORTED;
   switch (F) {
-    case QNV4: launch<QNV4>(a, L, alpha, stream); break;
-    case QMX4: launch<QMX4>(a, L, alpha, stream); break;
-    case QMX8: launch<QMX8>(a, L, alpha, stream); break;
-    case QA4G1: launch<QA4G1>(a, L, alpha, stream); break;
-    case QA4G2: launch<QA4G2>(a, L, alpha, stream); break;
-    case QA8G1: launch<QA8G1>(a, L, alpha, stream); break;
-    default: launch<QA8G2>(a, L, alpha, stream); break;
+    case QNV4: return launch<QNV4>(a, L, alpha, stream, c);
+    case QMX4: return launch<QMX4>(a, L, alpha, stream, c);
+    case QMX8: return launch<QMX8>(a, L, alpha, stream, c);
+    case QA4G1: return launch<QA4G1>(a, L, alpha, stream, c);
+    case QA4G2: return launch<QA4G2>(a, L, alpha, stream, c);
+    case QA8G1: return launch<QA8G1>(a, L, alpha, stream, c);
+    default: return launch<QA8G2>(a, L, alpha, stream, c);
   }
-  return check_launch("quantized_matmul");
 }
 
 }  // namespace cuda
