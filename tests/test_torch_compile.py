@@ -167,6 +167,11 @@ def test_opcheck_matmuls_and_linear():
                                                   "blocked", "e4m3", torch.bfloat16),
                               **({"test_utils": ("test_faketensor",)} if td else {}))
     aw = qq.quantize(w, mode="affine", group_size=32, bits=3)
+    ew = qq.quantize(data(3, 48, 64, seed=5), mode="affine", group_size=32, bits=4)
+    torch.library.opcheck(torch.ops.qq.gather_qmm,
+                          (data(4, 2, 64), ew.data, ew.scales, ew.biases,
+                           torch.tensor([2, 0, 1, 1], dtype=torch.int32), None, None, True, 48,
+                           "affine", 32, 4, "linear", "e4m3", torch.float32))
     torch.library.opcheck(torch.ops.qq.quantized_matmul,
                           (x, aw.data, aw.scales, aw.biases, None, None, True, 48, "affine", 32, 3,
                            "linear", "e4m3", torch.float32))
@@ -300,6 +305,25 @@ def test_quantized_matmul(device):
                 qq.quantized_matmul(x, qn))
 
     check(f, x, qa, qt, qn, bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gather_qmm(device):
+    """MoE decode: each token's top-2 experts from device-side indices; nvfp4 experts from a
+    QuantizedArray, affine from arrays; x broadcast against the indices."""
+    d = dev(device)
+    x = data(5, 1, 1, 64, device=d, dtype=torch.bfloat16)
+    w = data(4, 48, 64, device=d, seed=1, dtype=torch.bfloat16)
+    idx = torch.tensor([[0, 3], [1, 1], [2, 0], [3, 2], [1, 0]], dtype=torch.int32, device=d)
+    qn = qq.quantize(w, mode="nvfp4")
+    qa = qq.quantize(w, mode="affine", group_size=32, bits=4)
+
+    def f(x, qn, qa, idx):
+        return (qq.gather_qmm(x, qn, rhs_indices=idx),
+                qq.gather_qmm(x, qa.data, qa.scales, qa.biases, idx, group_size=32, bits=4,
+                              mode="affine", dtype=torch.float32))
+
+    check(f, x, qn, qa, idx)
 
 
 @pytest.mark.parametrize("device", DEVICES)

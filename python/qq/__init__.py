@@ -39,12 +39,11 @@ from ._qq import (  # noqa: E402
     device_count,
     last_route,
 )
-# Eager only for now (no torch op or XLA custom call yet: docs/api.md, "gather_qmm").
-from ._qq import gather_qmm  # noqa: E402
 # Python wrappers of the Cython functions that torch.compile can trace (qq/_dispatch.py).
 from ._dispatch import (  # noqa: E402
     amax,
     dequantize,
+    gather_qmm,
     grouped_qqmm,
     grouped_qqmm_wgrad,
     prepare_weight,

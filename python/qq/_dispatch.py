@@ -93,6 +93,7 @@ def _dispatching(name, eager=None):
 
 amax = _dispatching("amax")
 dequantize = _dispatching("dequantize")
+gather_qmm = _dispatching("gather_qmm")
 grouped_qqmm = _dispatching("grouped_qqmm")
 grouped_qqmm_wgrad = _dispatching("grouped_qqmm_wgrad", _grouped_qqmm_wgrad)
 prepare_weight = _dispatching("prepare_weight")

@@ -19,6 +19,8 @@ sizes when the batch axes are dynamic, without calling libqq (result dtypes: qq.
            beta, mode, group_size, bits, rounding, x_layout, w_layout, fp8_format, dtype)
   qq::quantized_matmul(x, w, scales, biases?, global_scale?, bias?, transpose, n, mode,
                        group_size, bits, scale_layout, fp8_format, dtype)
+  qq::gather_qmm(x, w, scales, biases?, rhs_indices, global_scale?, bias?, transpose, n,
+                 mode, group_size, bits, scale_layout, fp8_format, dtype)
   qq::swizzle_scales(scales) / qq::unswizzle_scales(scales, shape)
   qq::quantize_moe(w, scaling, rounding, scale_layout, fp8_format, torch_dtypes) -> [data, scales]
   qq::grouped_qqmm(x, x_scales?, global_scale_x?, w, scales?, global_scale_w?, offsets, mode,
@@ -227,6 +229,23 @@ def _quantized_matmul_op(x: Tensor, w: Tensor, scales: Tensor, biases: Optional[
 def _(x, w, scales, biases, global_scale, bias, transpose, n, mode, group_size, bits,
       scale_layout, fp8_format, dtype):
     return x.new_empty(_matmul_shape(x.shape, w.shape, n), dtype=dtype)
+
+
+@torch.library.custom_op("qq::gather_qmm", mutates_args=())
+def _gather_qmm_op(x: Tensor, w: Tensor, scales: Tensor, biases: Optional[Tensor],
+                   rhs_indices: Tensor, global_scale: Optional[Tensor], bias: Optional[Tensor],
+                   transpose: bool, n: int, mode: str, group_size: int, bits: int,
+                   scale_layout: str, fp8_format: str, dtype: torch.dtype) -> Tensor:
+    return _qq.gather_qmm(x, w, scales, biases, rhs_indices, transpose, group_size, bits, mode,
+                          global_scale=global_scale, bias=bias, scale_layout=scale_layout,
+                          fp8_format=fp8_format, dtype=dtype)
+
+
+@_gather_qmm_op.register_fake
+def _(x, w, scales, biases, rhs_indices, global_scale, bias, transpose, n, mode, group_size,
+      bits, scale_layout, fp8_format, dtype):
+    batch = torch.broadcast_shapes(tuple(x.shape[:-2]), tuple(rhs_indices.shape))
+    return x.new_empty(tuple(batch) + (x.shape[-2], n), dtype=dtype)
 
 
 @torch.library.custom_op("qq::swizzle_scales", mutates_args=())
@@ -547,6 +566,28 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
     dt = _dtype(func, dtype) or (out.dtype if out is not None else x.dtype)
     y = _quantized_matmul_op(x, w, scales, biases, _scalar(global_scale, x), bias,
                              bool(transpose), n, mode, g, b, scale_layout, fp8_format, dt)
+    return _finish(y, out)
+
+
+def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
+               group_size=None, bits=None, mode="affine", *, global_scale=None, bias=None,
+               scale_layout="linear", fp8_format="e4m3", dtype=None, out=None, stream=None):
+    func = "gather_qmm"
+    _no_stream(func, stream)
+    if rhs_indices is None:
+        raise TypeError(f"{func}: argument 'rhs_indices' is required (int32 expert indices); "
+                        f"quantized_matmul multiplies without them")
+    (w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format,
+     logical) = _unpack_weight(func, w, scales, biases, global_scale, mode, group_size, bits,
+                               scale_layout, fp8_format)
+    g, b = _params(func, mode, group_size, bits)
+    if transpose:
+        n = w.shape[-2]
+    else:
+        n = logical[-1] if logical is not None else w.shape[-1] * 8 // b
+    dt = _dtype(func, dtype) or (out.dtype if out is not None else x.dtype)
+    y = _gather_qmm_op(x, w, scales, biases, rhs_indices, _scalar(global_scale, x), bias,
+                       bool(transpose), n, mode, g, b, scale_layout, fp8_format, dt)
     return _finish(y, out)
 
 
