@@ -521,7 +521,43 @@ struct check {
    * there. A libqq that refuses the size up front passes either way. */
   int tolerate_asan_oom;
 };
+/* ---- qqGatherQmm: the indices are an argument like any other ------------ */
+static uint8_t gw[2 * 8 * 32], gs[2 * 8 * 4];
+static float gx[3 * 64], gout[3 * 8];
+
+static qqStatus_t gather_call(const DLTensor* idx) {
+  int64_t xs[3] = {3, 1, 64}, ws[3] = {2, 8, 32}, ss[3] = {2, 8, 4}, os[3] = {3, 1, 8};
+  DLTensor x = tens(gx, F32, 3, xs), w = tens(gw, U8, 3, ws), s = tens(gs, U8, 3, ss), out = tens(gout, F32, 3, os);
+  qqQuantParams_t p;
+  qqQuantParamsInit(&p, QQ_MODE_NVFP4);
+  return qqGatherQmm(NULL, &x, &w, &s, NULL, idx, &p, 1, NULL, NULL, &out, NULL);
+}
+static int t_gather_null_indices(void) {
+  return expect(gather_call(NULL), ST(QQ_STATUS_INVALID_VALUE), "rhs_indices");
+}
+static int t_gather_index_out_of_range(void) {
+  static int32_t idx[3] = {0, 2, 1}; /* E = 2 */
+  int64_t is[1] = {3};
+  DLTensor t = tens(idx, I32, 1, is);
+  return expect(gather_call(&t), ST(QQ_STATUS_INVALID_VALUE), "[0, E=2)");
+}
+static int t_gather_indices_null_shape(void) {
+  static int32_t idx[3] = {0, 1, 1};
+  DLTensor t = tens(idx, I32, 1, NULL);
+  return expect(gather_call(&t), ST(QQ_STATUS_INVALID_VALUE), "rhs_indices");
+}
+static int t_gather_valid(void) {
+  static int32_t idx[3] = {1, 0, 1};
+  int64_t is[1] = {3};
+  DLTensor t = tens(idx, I32, 1, is);
+  return expect(gather_call(&t), ST(QQ_STATUS_SUCCESS), NULL);
+}
+
 static const struct check kChecks[] = {
+    {"gather_null_indices", t_gather_null_indices, 0},
+    {"gather_index_out_of_range", t_gather_index_out_of_range, 0},
+    {"gather_indices_null_shape", t_gather_indices_null_shape, 0},
+    {"gather_valid", t_gather_valid, 0},
     {"valid_quantize_golden", t_valid_quantize_golden, 0},
     {"cuda_info", t_cuda_info, 0},
     {"qqmm_w3d_null_shape", t_qqmm_w3d_null_shape, 0},
