@@ -6,7 +6,7 @@ linear, its only layout), reported as GB/s (bytes read + written) against the
 device copy bandwidth and against torch.compile of the same quantization written
 in torch ops, both measured in this run; also qq.dequantize back to bf16.
 
-    python bench/bench_quantize.py [--quick]
+    python bench/bench_quantize.py [--quick] [--only quantize|dequantize|colwise|moe]
 """
 
 from __future__ import annotations
@@ -119,7 +119,9 @@ def nbytes(t) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer iterations, no torch.compile peer")
+    ap.add_argument("--only", choices=["quantize", "dequantize", "colwise", "moe"], help="one kernel family")
     args = ap.parse_args()
+    want = lambda part: args.only is None or args.only == part  # noqa: E731
     timer = Timer(warmup=3 if args.quick else 10, iters=10 if args.quick else 50)
     bench = Bench("quantize")
     copy_gbps = copy_bandwidth(timer)
@@ -132,21 +134,24 @@ def main() -> None:
             layout = "linear" if qmode == "affine" else "blocked"
             q = qq.quantize(x, mode=qmode, scale_layout=layout, **kw)
             moved = nbytes(x) + nbytes(q.data) + nbytes(q.scales) + (nbytes(q.biases) if q.biases is not None else 0)
-            us = timer(lambda: qq.quantize(x, mode=qmode, scale_layout=layout, **kw), moved)
-            gbps = moved / (us * 1e-6) / 1e9
-            bench.row("quantize", mode, shape, "GBps", gbps, "copy", copy_gbps, us=round(us, 2))
-            if not args.quick and shape == SHAPES[0]:  # compile time: one shape per mode
+            if want("quantize"):
+                us = timer(lambda: qq.quantize(x, mode=qmode, scale_layout=layout, **kw), moved)
+                gbps = moved / (us * 1e-6) / 1e9
+                bench.row("quantize", mode, shape, "GBps", gbps, "copy", copy_gbps, us=round(us, 2))
+            if want("quantize") and not args.quick and shape == SHAPES[0]:  # compile time: one shape per mode
                 fn = torch.compile(peer_fn(mode), dynamic=False)
                 fn(x)
                 us_tc = timer(lambda: fn(x), moved)
                 bench.row("quantize", mode, shape, "us", us, "torch_compile", us_tc)
             # dequantize back to bf16: bytes = packed + scales (+ biases) + output
             dq_moved = moved  # same byte count, other direction
+            if not want("dequantize"):
+                continue
             us_dq = timer(lambda: qq.dequantize(q, dtype=torch.bfloat16), dq_moved)
             bench.row("dequantize", mode, shape, "GBps", dq_moved / (us_dq * 1e-6) / 1e9, "copy", copy_gbps,
                       us=round(us_dq, 2))
     # ---- the other orientation (scales per group of rows), and both from one read
-    for shape in SHAPES[:2]:
+    for shape in (SHAPES[:2] if want("colwise") else []):
         x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
         for mode, kw in MODES:
             qmode = "affine" if mode.startswith("affine") else mode
@@ -166,7 +171,7 @@ def main() -> None:
             bench.row("quantize_colwise", mode, shape, "GBps", moved2 / (us2 * 1e-6) / 1e9, "copy", copy_gbps,
                       us=round(us2, 2), variant="both")
     # ---- MoE 3D MXFP8
-    for shape in [(1, 8192, 5120), (8, 7168, 2048), (32, 7168, 2048)]:
+    for shape in ([(1, 8192, 5120), (8, 7168, 2048), (32, 7168, 2048)] if want("moe") else []):
         w = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
         for variant in ("32x1", "32x32"):
             d, sc = qq.quantize_moe(w, variant, scale_layout="blocked")
