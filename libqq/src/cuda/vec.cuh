@@ -1,5 +1,6 @@
 // cuda/vec.cuh - 16-byte loads and stores of 8 elements as fp32, shared by
-// the kernels that stream rows (quantize, qqmm's q(x), qmv, qmma).
+// the kernels that stream rows (quantize, qqmm's q(x), qmv, qmma), and the
+// bf16x2 decoding of packed fp4 words (qmma, dequantize).
 #ifndef QQ_CUDA_VEC_CUH_
 #define QQ_CUDA_VEC_CUH_
 
@@ -77,6 +78,39 @@ __device__ __forceinline__ void store_out(const MatmulArgs& a, int64_t b, int64_
   if (a.out.dt == DType::F32) ((float*)a.out.ptr)[i] = v;
   else if (a.out.dt == DType::BF16) ((uint16_t*)a.out.ptr)[i] = f_to_bf16(v);
   else ((uint16_t*)a.out.ptr)[i] = f_to_fp16(v);
+}
+
+// ---- bf16x2 arithmetic of the weight decoders (qmma.cu, dequantize.cu) ----
+// a * b per bf16 half (fma with -0: exact when the product is representable,
+// subnormals included; sm_80 has no bf16x2 mul).
+__device__ __forceinline__ uint32_t bmul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+}
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+// fp4 word (8 E2M1 codes) -> pairs j = (e_j, e_j+4), j = 0..3, as bf16 times
+// 2^-126 (as qmv.cu's fp4x8: magnitude to bf16 bits 6..8, sign to 15; E2M1
+// subnormals land on bf16 subnormals). Nibbles j and j + 4 are masked out (at
+// bits 0..3 / 16..19, or 4..7 / 20..23 for odd j; j >= 2 from w >> 8), then one
+// integer multiply by 65 * 2^6 (or 65 * 2^2) adds the nibble moved to bits
+// 6..9 and a copy of it 6 bits higher, whose top bit - the sign - lands on
+// bit 15 (31); the two addends share no bit, so nothing carries, and a mask
+// keeps sign and magnitude. 2 ALU instructions and one IMAD per pair instead
+// of 2 shifts and 2 LOP3: qmma is bound by the integer ALU pipe
+// (bench/results/qmm-decode-h100-notes.md), and IMAD issues on the FMA pipe.
+// The multipliers `mul` = {65 << 6, 65 << 2} come from kernel parameters so
+// that ptxas cannot turn them back into shifts.
+__device__ __forceinline__ void fp4_pairs(uint32_t w, const uint32_t (&mul)[2], uint32_t (&p)[4]) {
+  const uint32_t w8 = w >> 8;
+  p[0] = ((w & 0x000f000fu) * mul[0]) & 0x81c081c0u;
+  p[1] = ((w & 0x00f000f0u) * mul[1]) & 0x81c081c0u;
+  p[2] = ((w8 & 0x000f000fu) * mul[0]) & 0x81c081c0u;
+  p[3] = ((w8 & 0x00f000f0u) * mul[1]) & 0x81c081c0u;
 }
 
 // Streaming 8- and 16-byte loads that do not allocate in L1 (keep x there).
