@@ -1,5 +1,5 @@
 // cuda/dequantize.cu - dequantization (qqDequantize) on the GPU: a thread per
-// kDqChunks chunks of 8 output elements on the row-wise grid of quant.cuh; fp modes
+// up to kDqChunks chunks of 8 output elements on the row-wise grid of quant.cuh; fp modes
 // decode with the group's scale (and nvfp4's global scale), affine with its
 // scale and bias, through the codecs of codec.h.
 //
@@ -21,13 +21,14 @@ namespace cuda {
 namespace {
 
 // ---------------------------------------------------------------------------
-// dequantize kernel: each thread kDqChunks chunks of 8 output elements, kRowThreads
-// apart along the row (each load and store instruction of a warp stays contiguous).
+// dequantize kernel: each thread U <= kDqChunks chunks of 8 output elements,
+// kRowThreads apart along the row (each load and store instruction of a warp stays
+// contiguous), U chosen per call so that a row's blocks are all (nearly) full.
 // All of a thread's loads are issued before it decodes: with one chunk per thread
 // the reads in flight (4-8 bytes a thread) were too few to cover DRAM latency, and
 // the kernel ran at 0.50-0.63 of copy bandwidth (bench/results/quantize-h100.md).
 // ---------------------------------------------------------------------------
-constexpr int kDqChunks = 4;
+constexpr int kDqChunks = 8;
 
 // Fast decoding of fp chunks into bf16 / fp32 output (not fp16: its range is smaller),
 // in bf16x2 arithmetic: the element bits placed into bf16 fields (fp4: vec.cuh's
@@ -57,11 +58,11 @@ template <> __device__ __forceinline__ void store8_bf16x2<float>(float* p, const
 template <> __device__ __forceinline__ void store8_bf16x2<__half>(__half*, const uint32_t (&)[4]) {}
 
 template <typename TO, typename TS>
-__global__ void __launch_bounds__(kRowThreads) dequantize_kernel(DequantizeArgs a, Shape s, bool avec,
+__global__ void __launch_bounds__(kRowThreads) dequantize_kernel(DequantizeArgs a, Shape s, int U, bool avec,
                                                                  uint32_t mul0, uint32_t mul1) {
   const uint32_t row = blockIdx.x, prows = (uint32_t)s.prows;
   const uint32_t b = prows == gridDim.x ? 0u : row / prows, r = row - b * prows;
-  const uint32_t c0 = blockIdx.y * (kRowThreads * kDqChunks) + threadIdx.x, chunks = (uint32_t)s.chunks;
+  const uint32_t c0 = blockIdx.y * (kRowThreads * U) + threadIdx.x, chunks = (uint32_t)s.chunks;
   const uint8_t* d = a.data.at<uint8_t>(b, r);
   TO* out = reinterpret_cast<TO*>(a.out.ptr) + (int64_t)row * a.out.cols;
   const int group = a.q.group;
@@ -71,7 +72,7 @@ __global__ void __launch_bounds__(kRowThreads) dequantize_kernel(DequantizeArgs 
     const uint8_t* srow = a.q.blocked ? a.scales.at<uint8_t>(b) : a.scales.at<uint8_t>(b, r);
 #pragma unroll
     for (int j = 0; j < kDqChunks; ++j) {
-      const uint32_t c = c0 + j * kRowThreads;
+      const uint32_t c = j < U ? c0 + j * kRowThreads : chunks;
       w[j][0] = w[j][1] = 0;
       sb[j] = 0;
       if (c >= chunks) continue;
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(kRowThreads) dequantize_kernel(DequantizeArgs 
     const bool fast = !std::is_same<TO, __half>::value && !(nv && a.gs);
 #pragma unroll
     for (int j = 0; j < kDqChunks; ++j) {
-      const uint32_t c = c0 + j * kRowThreads;
+      const uint32_t c = j < U ? c0 + j * kRowThreads : chunks;
       if (c >= chunks) continue;
       const uint32_t u = sb[j];
       // fp32 output takes bf16's rounding only where there is none: fp8 codes times
@@ -161,7 +162,7 @@ __global__ void __launch_bounds__(kRowThreads) dequantize_kernel(DequantizeArgs 
     float sc[kDqChunks], bi[kDqChunks];
 #pragma unroll
     for (int j = 0; j < kDqChunks; ++j) {
-      const uint32_t c = c0 + j * kRowThreads;
+      const uint32_t c = j < U ? c0 + j * kRowThreads : chunks;
       acc[j] = 0;
       sc[j] = bi[j] = 0.0f;
       if (c >= chunks) continue;
@@ -181,11 +182,29 @@ __global__ void __launch_bounds__(kRowThreads) dequantize_kernel(DequantizeArgs 
     const uint32_t mask = (1u << bits) - 1;
 #pragma unroll
     for (int j = 0; j < kDqChunks; ++j) {
-      const uint32_t c = c0 + j * kRowThreads;
+      const uint32_t c = j < U ? c0 + j * kRowThreads : chunks;
       if (c >= chunks) continue;
+      // codec.h's affine_decode, fma(q, scale, bias), with q made a float by the 2^23
+      // magic number (exact for q < 2^23; the int -> float conversion runs at a quarter
+      // of the rate) and bf16 results packed by the hardware conversion (the same
+      // round-to-nearest-even; only its NaN differs from f_to_bf16's: redone then)
       float v[kVec];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) v[i] = affine_decode((uint32_t)(acc[j] >> (i * bits)) & mask, sc[j], bi[j]);
+      for (int i = 0; i < kVec; ++i)
+        v[i] = __fmaf_rn(u2f(0x4b000000u | ((uint32_t)(acc[j] >> (i * bits)) & mask)) - 8388608.0f, sc[j], bi[j]);
+      if constexpr (std::is_same<TO, __nv_bfloat16>::value) {
+        uint32_t o[4];
+        bool nan = false;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          nan |= v[2 * i] != v[2 * i] || v[2 * i + 1] != v[2 * i + 1];
+          asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(o[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
+        }
+        if (!nan) {
+          store8_bf16x2<TO>(out + (size_t)c * kVec, o);
+          continue;
+        }
+      }
       store8<TO>(out + (size_t)c * kVec, v);
     }
   }
@@ -196,14 +215,17 @@ constexpr uint32_t kMul0 = 65u << 6, kMul1 = 65u << 2;
 
 template <typename TO>
 qqStatus_t launch_dequantize_t(const DequantizeArgs& a, Shape s, bool avec, cudaStream_t st) {
-  const dim3 grid((unsigned)(s.total / s.chunks),
-                  (unsigned)((s.chunks + kRowThreads * kDqChunks - 1) / (kRowThreads * kDqChunks)));
+  // blocks per row: the fewest with at most kDqChunks chunks a thread; then the fewest
+  // chunks a thread that cover the row (640 chunks: one block of U = 5, not two of 4)
+  const int64_t per_row = (s.chunks + kRowThreads * kDqChunks - 1) / (kRowThreads * kDqChunks);
+  const int U = (int)((s.chunks + kRowThreads * per_row - 1) / (kRowThreads * per_row));
+  const dim3 grid((unsigned)(s.total / s.chunks), (unsigned)per_row);
   switch (a.q.fp() ? DType::U8 : a.scales.dt) {
-    case DType::F16: dequantize_kernel<TO, __half><<<grid, kRowThreads, 0, st>>>(a, s, avec, kMul0, kMul1); break;
+    case DType::F16: dequantize_kernel<TO, __half><<<grid, kRowThreads, 0, st>>>(a, s, U, avec, kMul0, kMul1); break;
     case DType::BF16:
-      dequantize_kernel<TO, __nv_bfloat16><<<grid, kRowThreads, 0, st>>>(a, s, avec, kMul0, kMul1);
+      dequantize_kernel<TO, __nv_bfloat16><<<grid, kRowThreads, 0, st>>>(a, s, U, avec, kMul0, kMul1);
       break;
-    default: dequantize_kernel<TO, float><<<grid, kRowThreads, 0, st>>>(a, s, avec, kMul0, kMul1); break;
+    default: dequantize_kernel<TO, float><<<grid, kRowThreads, 0, st>>>(a, s, U, avec, kMul0, kMul1); break;
   }
   return check_launch("dequantize");
 }
