@@ -28,7 +28,7 @@ namespace {
 // the reads in flight (4-8 bytes a thread) were too few to cover DRAM latency, and
 // the kernel ran at 0.50-0.63 of copy bandwidth (bench/results/quantize-h100.md).
 // ---------------------------------------------------------------------------
-constexpr int kDqChunks = 8;
+constexpr int kDqChunks = 4;
 
 // Fast decoding of fp chunks into bf16 / fp32 output (not fp16: its range is smaller),
 // in bf16x2 arithmetic: the element bits placed into bf16 fields (fp4: vec.cuh's
@@ -216,7 +216,8 @@ constexpr uint32_t kMul0 = 65u << 6, kMul1 = 65u << 2;
 template <typename TO>
 qqStatus_t launch_dequantize_t(const DequantizeArgs& a, Shape s, bool avec, cudaStream_t st) {
   // blocks per row: the fewest with at most kDqChunks chunks a thread; then the fewest
-  // chunks a thread that cover the row (640 chunks: one block of U = 5, not two of 4)
+  // chunks a thread that cover the row (640 chunks: two blocks of U = 3, not of 4). 4
+  // at most: 8 took 72 registers and ran slower at 16384^2 (H200, 207 vs 187 us).
   const int64_t per_row = (s.chunks + kRowThreads * kDqChunks - 1) / (kRowThreads * kDqChunks);
   const int U = (int)((s.chunks + kRowThreads * per_row - 1) / (kRowThreads * per_row));
   const dim3 grid((unsigned)(s.total / s.chunks), (unsigned)per_row);
