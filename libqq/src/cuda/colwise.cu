@@ -112,6 +112,35 @@ __device__ __forceinline__ uint8_t encode_group(const QSpec& q, float enc, float
   return sc;
 }
 
+// A group's statistics: fp modes need its amax alone (NaN-propagating: the integer max
+// of the magnitudes' bits, NaN above Inf), affine its min, max and whether all are
+// finite. Each mode computes only its own (the loops are most of the kernel's work
+// besides the encoding).
+template <int G, typename Get>
+__device__ __forceinline__ void group_stats(bool fp, Get get, float* amax, float* wmin, float* wmax, bool* finite) {
+  if (fp) {
+    uint32_t m = 0;
+#pragma unroll 8
+    for (int i = 0; i < G; ++i) m = max(m, f2u(get(i)) & 0x7fffffffu);
+    *amax = u2f(m);
+    *wmin = *wmax = 0.0f;
+    *finite = true;
+    return;
+  }
+  float lo = get(0), hi = 0.0f;
+  bool f = true;
+#pragma unroll 8
+  for (int i = 0; i < G; ++i) {
+    const float v = get(i);
+    f = f && is_finite_f(v);
+    lo = v < lo ? v : lo;
+    hi = v > hi ? v : hi;
+  }
+  *amax = 0.0f;
+  *wmin = lo, *wmax = hi;
+  *finite = f;
+}
+
 template <typename T, int G, bool kColMajor>
 __global__ void __launch_bounds__(kThreads, 6) quantize_tile_kernel(ColwiseArgs a, bool vec) {
   __shared__ float xs[kTM * kPitch];  // xs[m * kPitch + k], logical (m, k) of the tile
@@ -171,16 +200,9 @@ __global__ void __launch_bounds__(kThreads, 6) quantize_tile_kernel(ColwiseArgs 
       const bool valid = k < K && m < M;  // M % G == 0: a group is all in or all out
       const float* col = xs + gi * G * kPitch + c;
       auto get = [&](int i) { return col[i * kPitch]; };
-      float amax = 0.0f, wmin = col[0], wmax = 0.0f;
-      bool finite = true;
-#pragma unroll 8
-      for (int i = 0; i < G; ++i) {
-        const float v = get(i);
-        amax = u2f(max(f2u(amax), f2u(v) & 0x7fffffffu));  // NaN-propagating, as above
-        finite = finite && is_finite_f(v);
-        wmin = v < wmin ? v : wmin;
-        wmax = v > wmax ? v : wmax;
-      }
+      float amax, wmin, wmax;
+      bool finite;
+      group_stats<G>(a.q.fp(), get, &amax, &wmin, &wmax, &finite);
       if (a.tile32) {
         // one amax per 32x32 tile: reduce over the 32 columns of this warp
         // (lanes are columns; all lanes run this with the same gi)
@@ -219,16 +241,9 @@ __global__ void __launch_bounds__(kThreads, 6) quantize_tile_kernel(ColwiseArgs 
       if (m >= M || k >= K) continue;  // K % G == 0 here
       const float* row = xs + rr * kPitch + gj * G;
       auto get = [&](int j) { return row[j]; };
-      float amax = 0.0f, wmin = row[0], wmax = 0.0f;
-      bool finite = true;
-#pragma unroll 8
-      for (int j = 0; j < G; ++j) {
-        const float v = row[j];
-        amax = u2f(max(f2u(amax), f2u(v) & 0x7fffffffu));  // NaN-propagating, as above
-        finite = finite && is_finite_f(v);
-        wmin = v < wmin ? v : wmin;
-        wmax = v > wmax ? v : wmax;
-      }
+      float amax, wmin, wmax;
+      bool finite;
+      group_stats<G>(a.q.fp(), get, &amax, &wmin, &wmax, &finite);
       uint8_t* dst = (uint8_t*)r.data.ptr + (b * M + m) * r.data.cols + k * a.q.bits / 8;
       float s = 0.0f, bi = 0.0f;
       const uint8_t sc = encode_group<G>(a.q, enc, amax, wmin, wmax, finite, get, dst, &s, &bi);
