@@ -190,8 +190,47 @@ __global__ void __launch_bounds__(kThreads, 6) quantize_tile_kernel(ColwiseArgs 
   }
   __syncthreads();
 
+  // ---- affine column groups of 64 / 128 rows: a thread per 32 rows of a column (all 256
+  // busy; one thread per group left 2 / 3 of 4 idle, each with a long serial group), the
+  // group's min / max / finiteness combined through shared memory; each thread then
+  // encodes its 32 rows with the whole group's parameters (encode_group<32> computes
+  // them from the same min and max: the same bytes as one thread encoding the group).
+  if constexpr (G > 32) {
+    constexpr int kSubs = kTM / 32;  // 4 = kThreads / kTK
+    __shared__ float part_lo[kSubs][kTK], part_hi[kSubs][kTK];
+    __shared__ int part_fin[kSubs][kTK];
+    const int c = threadIdx.x % kTK, sub = threadIdx.x / kTK;
+    const int64_t k = k0 + c, m = m0 + (int64_t)sub * 32;
+    const float* col = xs + sub * 32 * kPitch + c;
+    auto get = [&](int i) { return col[i * kPitch]; };
+    float amax, wmin, wmax;
+    bool finite;
+    group_stats<32>(false, get, &amax, &wmin, &wmax, &finite);
+    part_lo[sub][c] = wmin, part_hi[sub][c] = wmax, part_fin[sub][c] = finite;
+    __syncthreads();
+    const int first = sub / (G / 32) * (G / 32);  // the group's first sub
+    // the group's min and max in the order one thread would have met its rows: a
+    // strict comparison keeps the first of equal values (+-0), as group_stats does
+    wmin = part_lo[first][c], wmax = part_hi[first][c], finite = part_fin[first][c];
+#pragma unroll
+    for (int j = 1; j < G / 32; ++j) {
+      const float lo = part_lo[first + j][c], hi = part_hi[first + j][c];
+      wmin = lo < wmin ? lo : wmin;
+      wmax = hi > wmax ? hi : wmax;
+      finite = finite && part_fin[first + j][c];
+    }
+    if (k < K && m < M) {  // M % G == 0: a group is all in or all out
+      uint8_t* dst = (uint8_t*)a.data_t.ptr + (b * K + k) * a.data_t.cols + m * a.q.bits / 8;
+      float s = 0.0f, bi = 0.0f;
+      encode_group<32>(a.q, enc, amax, wmin, wmax, finite, get, dst, &s, &bi);
+      if (sub == first) {
+        const int64_t ng = M / G, g = m / G;
+        reinterpret_cast<T*>(a.scales_t.ptr)[(b * K + k) * ng + g] = store_cast<T>(s);
+        reinterpret_cast<T*>(a.biases_t.ptr)[(b * K + k) * ng + g] = store_cast<T>(bi);
+      }
+    }
+  } else {
   // ---- column groups: thread -> column c = t % 64, groups gi = t / 64, +4, ...
-  {
     const int c = threadIdx.x % kTK;
     const int64_t k = k0 + c;
     constexpr int kGroups = kTM / G;
@@ -230,6 +269,7 @@ __global__ void __launch_bounds__(kThreads, 6) quantize_tile_kernel(ColwiseArgs 
       }
     }
   }
+
 
   // ---- row groups (both orientations from this one read)
   if (a.rowwise && G <= kTK) {
