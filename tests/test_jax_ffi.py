@@ -257,6 +257,38 @@ def test_quantized_matmul(mode, kw, transpose, m, dev, rng):
     assert R.matmul_mismatch(to_numpy(got), ref) is None
 
 
+@pytest.mark.parametrize("mode,kw", [("affine", {"bits": 4, "group_size": 64}), ("nvfp4", {}),
+                                     ("mxfp8", {})], ids=["affine4", "nvfp4", "mxfp8"])
+def test_gather_qmm(mode, kw, dev, rng):
+    """MoE decode under jit: each token's top-2 experts from indices traced with the
+    program (new indices, no retrace); jit == eager bit for bit; vmap over tokens."""
+    x = random_data(rng, (5, 1, 1, 128), BF16, 32, varied=False)
+    w = random_data(rng, (4, 64, 128), BF16, 32, varied=False)
+    wq = qq.quantize(w, mode=mode, **kw)
+    idx = rng.integers(0, 4, size=(5, 2)).astype(np.int32)
+
+    def f(x, wq, idx):
+        return qq.gather_qmm(x, wq, rhs_indices=idx)
+
+    jf = jax.jit(f)
+    got = jf(put(x, dev), tree_put(wq, dev), put(idx, dev))
+    want = _eager_on(dev, f, x, wq, idx)
+    assert_same(got, want, "gather_qmm jit vs eager")
+    idx2 = idx[::-1].copy()
+    assert_same(jf(put(x, dev), tree_put(wq, dev), put(idx2, dev)), _eager_on(dev, f, x, wq, idx2),
+                "gather_qmm jit, new indices")
+    ref = R.gather_qmm(x, R.quantize(w, mode=mode, **kw), idx)
+    assert R.matmul_mismatch(to_numpy(got), ref) is None
+    # vmap over the tokens: one call per token (the handler loops); on the GPU a token's
+    # 2 entries run ungrouped, the 10 of the batch call grouped by expert (other k-splits)
+    wq_dev = tree_put(wq, dev)
+    per_token = jax.jit(jax.vmap(lambda xt, it: qq.gather_qmm(xt, wq_dev, rhs_indices=it)))
+    got_v = per_token(put(x[:, 0], dev), put(idx, dev))          # xt [1, 128], it [2]
+    if dev.platform == "cpu":
+        assert_same(got_v, got, "gather_qmm under vmap")
+    assert R.matmul_mismatch(to_numpy(got_v), ref) is None
+
+
 # ---------------------------------------------------------------------------
 # qq.jax.qq_linear: forward and gradients under jit equal eager; no host callbacks
 # ---------------------------------------------------------------------------

@@ -413,6 +413,18 @@ void op_quantized_matmul(Call& c) {
   check(qqQuantizedMatmul(nullptr, &x, &w, &s, pb, &p, transpose, pg, pbias, &out, stream(c)));
 }
 
+// gather_qmm: operands x, w, scales[, biases], rhs_indices[, global_scale][, bias]; result out.
+void op_gather_qmm(Call& c) {
+  qqQuantParams_t p = quant_params(c);
+  int transpose = c.integer("transpose", 1) != 0;
+  DLTensor x = need(c, "x"), w = need(c, "w"), s = need(c, "scales"), idx = need(c, "rhs_indices"), b, g, bias;
+  const DLTensor* pb = opt(c, "biases", &b);
+  const DLTensor* pg = opt(c, "global_scale", &g);
+  const DLTensor* pbias = opt(c, "bias", &bias);
+  DLTensor out = dl(c, c.out.at(0));
+  check(qqGatherQmm(nullptr, &x, &w, &s, pb, &idx, &p, transpose, pg, pbias, &out, stream(c)));
+}
+
 // ---- vmap: fold or loop ----------------------------------------------------------------------------
 // Whether the vmap axes may be folded into the op's own leading batch axes, given which
 // operands are batched (have the vmap sizes on their leading axes; the others have 1s).
@@ -623,6 +635,9 @@ const OpDef kAmax{"amax", op_amax, fold_never};
 const OpDef kQuantizeMoe{"quantize_moe", op_quantize_moe, fold_always};
 const OpDef kQqmm{"qqmm", op_qqmm, fold_qqmm};
 const OpDef kQuantizedMatmul{"quantized_matmul", op_quantized_matmul, fold_qmm};
+// (vmap loops: x's batch axes and the indices broadcast from the right, so leading vmap
+// axes on both would line up only when their ranks agree)
+const OpDef kGatherQmm{"gather_qmm", op_gather_qmm, fold_never};
 
 }  // namespace
 
@@ -639,6 +654,7 @@ QQ_XLA_HANDLERS(amax, kAmax)
 QQ_XLA_HANDLERS(quantize_moe, kQuantizeMoe)
 QQ_XLA_HANDLERS(qqmm, kQqmm)
 QQ_XLA_HANDLERS(quantized_matmul, kQuantizedMatmul)
+QQ_XLA_HANDLERS(gather_qmm, kGatherQmm)
 
 // The API version the handlers report (major * 1000 + minor), for qq's diagnostics.
 QQ_XLA_EXPORT int qq_xla_api_version(void) noexcept { return kApiMajor * 1000 + kApiMinor; }

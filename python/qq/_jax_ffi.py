@@ -38,7 +38,7 @@ from ._qq import NotSupportedError, PreparedWeight, QuantizedArray
 
 #: The operations with XLA handlers (qq_xla_<op>_cpu / _cuda in libqq_xla.so).
 OPS = ("quantize", "quantize_colwise", "dequantize", "amax", "quantize_moe", "qqmm",
-       "quantized_matmul")
+       "quantized_matmul", "gather_qmm")
 _PLATFORMS = (("cpu", "cpu"), ("CUDA", "cuda"))
 
 _lock = threading.Lock()
@@ -414,6 +414,44 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
                 ("global_scale", _scalar(global_scale)),
                 ("bias", _array(bias))]
     (y,) = _ffi("quantized_matmul", operands, [_sds(shape, out_dtype or x.dtype)],
+                transpose=1 if transpose else 0, **p)
+    return y
+
+
+def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
+               group_size=None, bits=None, mode="affine", *, global_scale=None, bias=None,
+               scale_layout="linear", fp8_format="e4m3", dtype=None, out=None, stream=None):
+    func = "gather_qmm"
+    _no_stream_or_out(func, stream, out)
+    if rhs_indices is None:
+        raise TypeError(f"{func}: argument 'rhs_indices' is required (int32 expert indices); "
+                        f"quantized_matmul multiplies without them")
+    (w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format,
+     w_logical) = _qq._unpack_weight(func, w, scales, biases, global_scale, mode, group_size,
+                                     bits, scale_layout, fp8_format)
+    p = _qq._jax_quant_params(func, mode, group_size, bits, "ceil", scale_layout, fp8_format)
+    out_dtype = _qq._jax_dtype(func, dtype)
+    x, w, idx = jnp.asarray(x), jnp.asarray(w), jnp.asarray(rhs_indices)
+    if x.ndim < 2 or w.ndim != 3:
+        raise ValueError(f"{func}: 'x' must be [..., M, K] and 'w' the experts' packed weights "
+                         f"[E, N, K*bits/8] (transpose) or [E, K, N*bits/8]; got x {x.shape}, "
+                         f"w {w.shape}")
+    if transpose:
+        n = w.shape[-2]
+    elif w_logical is not None:
+        n = w_logical[-1]
+    else:
+        n = _qq._jax_unpacked_last(func, "w", mode, group_size, bits, w.shape)
+    try:
+        batch = tuple(np.broadcast_shapes(tuple(x.shape[:-2]), tuple(idx.shape)))
+    except ValueError:
+        raise ValueError(f"{func}: the batch axes of x {tuple(x.shape[:-2])} and the shape of "
+                         f"rhs_indices {tuple(idx.shape)} do not broadcast") from None
+    shape = batch + (x.shape[-2], n)
+    operands = [("x", x), ("w", w), ("scales", _array(scales)), ("biases", _array(biases)),
+                ("rhs_indices", idx), ("global_scale", _scalar(global_scale)),
+                ("bias", _array(bias))]
+    (y,) = _ffi("gather_qmm", operands, [_sds(shape, out_dtype or x.dtype)],
                 transpose=1 if transpose else 0, **p)
     return y
 
