@@ -17,7 +17,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Bench, Timer  # noqa: E402
+from harness import Bench, Timer, forward_only, training_step  # noqa: E402
 
 import qq.torch as qqt  # noqa: E402
 
@@ -35,29 +35,15 @@ def main():
     dy = torch.randn(t, n, device="cuda", dtype=torch.bfloat16)
     moved = 2 * (t * k * 3 + n * k * 3 + t * n * 2)  # rough bytes of a step; > 2x L2: batched timing
 
-    def step(layer):
-        def run():
-            x.grad = None
-            layer.weight.grad = None
-            layer.bias.grad = None
-            layer(x).backward(dy)
-        return run
-
-    def fwd(layer):
-        def run():
-            with torch.no_grad():
-                layer(x)
-        return run
-
-    peer_step = timer(step(ref), moved)
-    peer_fwd = timer(fwd(ref), moved)
+    peer_step = timer(training_step(ref, x, dy, (ref.weight, ref.bias)), moved)
+    peer_fwd = timer(forward_only(ref, x), moved)
     flops = 3 * 2.0 * t * n * k
     for mode in (("mxfp8",) if args.quick else ("mxfp8", "nvfp4", "mxfp4")):
         layer = qqt.QQLinear.from_linear(ref, mode=mode)
-        us = timer(step(layer), moved)
+        us = timer(training_step(layer, x, dy, (layer.weight, layer.bias)), moved)
         bench.row("qqlinear_step", mode, (t, n, k), "us", us, "nn_linear_bf16", peer_step,
                   tflops=round(flops / us / 1e6, 1))
-        us = timer(fwd(layer), moved)
+        us = timer(forward_only(layer, x), moved)
         bench.row("qqlinear_fwd", mode, (t, n, k), "us", us, "nn_linear_bf16", peer_fwd,
                   tflops=round(flops / 3 / us / 1e6, 1))
     print(bench.save())

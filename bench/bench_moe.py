@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Bench, Timer  # noqa: E402
+from harness import Bench, Timer, forward_only, training_step  # noqa: E402
 
 import qq.torch as qqt  # noqa: E402
 
@@ -64,33 +64,19 @@ def main():
         def qq_layer(x):
             return down(swiglu(up(x, offs)), offs)
 
-        def step(layer, params):
-            def run():
-                x.grad = None
-                for p in params:
-                    p.grad = None
-                layer(x).backward(dy)
-            return run
-
-        def fwd(layer):
-            def run():
-                with torch.no_grad():
-                    layer(x)
-            return run
-
         flops = 3 * 2.0 * t * (2 * f * d + d * f)
         moved = 4 * t * d * 2 * 3  # rough bytes of a step (> 2x L2: batched timing)
         try:
-            peer_step = timer(step(bf16_layer, (w1, w2)), moved)
+            peer_step = timer(training_step(bf16_layer, x, dy, (w1, w2)), moved)
             peer_name = "torch_grouped_bf16"
         except RuntimeError as err:  # a torch whose _grouped_mm has no backward here
             print(f"torch._grouped_mm backward failed ({str(err).splitlines()[0]}): no step peer")
             peer_step, peer_name = float("nan"), "none"
-        peer_fwd = timer(fwd(bf16_layer), moved)
-        us = timer(step(qq_layer, (up.weight, down.weight)), moved)
+        peer_fwd = timer(forward_only(bf16_layer, x), moved)
+        us = timer(training_step(qq_layer, x, dy, (up.weight, down.weight)), moved)
         bench.row("moe_layer_step", "mxfp8", (t, e, d, f), "us", us, peer_name, peer_step,
                   tflops=round(flops / us / 1e6, 1), target_x=0.9)
-        us = timer(fwd(qq_layer), moved)
+        us = timer(forward_only(qq_layer, x), moved)
         bench.row("moe_layer_fwd", "mxfp8", (t, e, d, f), "us", us, "torch_grouped_bf16", peer_fwd,
                   tflops=round(flops / 3 / us / 1e6, 1))
         del up, down, w1, w2, x, dy

@@ -91,6 +91,25 @@ class Timer:
         return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
 
 
+def training_step(layer, x, dy, params):
+    """A closure running one forward + backward of layer(x) with the loss gradient dy,
+    the gradients of x and params cleared first (bench_linear, bench_moe)."""
+    def run():
+        x.grad = None
+        for p in params:
+            p.grad = None
+        layer(x).backward(dy)
+    return run
+
+
+def forward_only(layer, x):
+    """A closure running layer(x) without autograd."""
+    def run():
+        with torch.no_grad():
+            layer(x)
+    return run
+
+
 def copy_bandwidth(timer: Timer, nbytes: int = 1 << 30) -> float:
     """Device copy bandwidth in GB/s, counting bytes read plus bytes written."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
