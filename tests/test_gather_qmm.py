@@ -140,15 +140,18 @@ def test_gather_qmm_bad_index_cpu(rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 8])
-def test_gather_qmm_bad_index_gpu(m, rng):
+@pytest.mark.parametrize("entries", [4, 12], ids=["one-by-one", "grouped"])
+def test_gather_qmm_bad_index_gpu(entries, m, rng):
     """The GPU cannot raise without synchronizing: an index outside [0, E) gives NaN rows
-    for its entry, the others stay right."""
+    for its entry, the others stay right (entries taken one by one, and grouped by expert,
+    where the bad ones form a group of their own)."""
     ref_q = make_weight("nvfp4", (E, 16, 64), rng)
-    x = randn(rng, (4, m, 64), BF16)
-    idx = np.array([1, E, -3, 5], dtype=np.int32)
+    x = randn(rng, (entries, m, 64), BF16)
+    idx = np.resize(np.array([1, E, -3, 5], dtype=np.int32), entries)
     got = to_numpy(gqmm("cuda", x, ref_q, idx)).astype(np.float32)
-    assert np.isnan(got[1]).all() and np.isnan(got[2]).all()
-    good = [0, 3]
+    bad = (idx < 0) | (idx >= E)
+    assert np.isnan(got[bad]).all()
+    good = np.flatnonzero(~bad)
     assert_matmul_close(got[good].astype(BF16), R.gather_qmm(x[good], ref_q, idx[good]), "gather_qmm",
                         dtype=BF16)
 

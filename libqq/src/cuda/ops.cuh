@@ -35,9 +35,9 @@ constexpr int kQmmaMaxM = 64;
 // and M <= 16 with whole 16-byte chunks per row (qmma); above, the GEMM on the values
 // (bench/results/qmm-h100.md, qqmm-h100.md).
 constexpr int kPackedOverValuesMaxM = 16;
-// gather_qmm (a.gidx): with the handle's context `c` (scratch for the plan), 4 or more
-// batch entries are grouped by expert first, each expert's weights then read once;
-// c == nullptr keeps one work item per batch entry.
+// gather_qmm (a.gidx): with the handle's context `c` (scratch for the plan), entries that
+// likely share experts are grouped by expert first, each expert's weights then read once
+// (qmma.cu, gather_grouped); c == nullptr keeps one work item per batch entry.
 qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream, qqContext* c = nullptr);
 // Whether qmma takes call `a` (the same checks, no launch): qqmm asks before it
 // quantizes x for it.

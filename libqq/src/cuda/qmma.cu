@@ -818,15 +818,26 @@ void launch_k(const MatmulArgs& a, QL L, const float* alpha, const GPlan& G, int
   }
 }
 
+// Whether gather_qmm's entries are grouped by expert before the kernel (launch), so that
+// an expert's weights are read once however many entries name it: where entries likely
+// share experts - more than 8 entries, or 4 or more with at least as many entries as
+// experts. The plan costs a launch, ~5 us on the H200: a DeepSeek-like decode step of one
+// token (8 distinct experts of 256) ran 11 % slower with it, a Mixtral-like one of 4 tokens
+// (8 entries over 8 experts) 1.6x faster (bench/results/qmm-h200.md, gather_qmm rows).
+bool gather_grouped(const MatmulArgs& a) {
+  if (!a.gidx.ptr) return false;
+  const int64_t B = a.out.batch(), E = a.w.bshape[0];
+  return (B > 8 || (B >= 4 && B >= E)) && a.M <= 16 && E <= kPlanMaxE && B < ((int64_t)1 << 30);
+}
+
 template <int F>
 qqStatus_t launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st, qqContext* c) {
   const int64_t B = a.out.batch(), E = a.gidx.ptr ? a.w.bshape[0] : 0;
-  // gather_qmm over 4 or more entries: work items of one expert each (GPlan), built by
-  // gather_plan_kernel, so that an expert's weights are read once however many entries
-  // name it (the plan costs one small launch; below 4 entries it rarely pays). Tiles of
-  // 16 rows where the experts touched are expected to get more than 8 rows each (B * M
-  // rows over at most min(E, B) experts), else 8.
-  if (a.gidx.ptr && c && B >= 4 && a.M <= 16 && E <= kPlanMaxE && B < ((int64_t)1 << 30)) {
+  // gather_qmm whose entries likely share experts (gather_grouped): work items of one
+  // expert each (GPlan), built by gather_plan_kernel. Tiles of 16 rows where the experts
+  // touched are expected to get more than 8 rows each (B * M rows over at most min(E, B)
+  // experts), else 8.
+  if (c && gather_grouped(a)) {
     const int64_t spread = B < E ? B : E;
     const int MT = B * a.M > 8 * spread ? 16 : 8;
     const int64_t max_items = B * a.M / MT + (E + 1 < B ? E + 1 : B);
@@ -859,9 +870,9 @@ namespace {
 // does not take it.
 bool plan(const MatmulArgs& a, int* F, QL* L) {
   // mxfp8 at M = 1: qmv.cu's kernel is faster (177 vs 234 us at 16384^2 on
-  // the H100, bench/results/qmm-h100.md); from M = 2 this one is. gather_qmm over
-  // 4 or more entries groups them by expert here (launch), which qmv cannot.
-  if (a.M == 1 && a.q.mode == QQ_MODE_MXFP8 && !(a.gidx.ptr && a.out.batch() >= 4)) return false;
+  // the H100, bench/results/qmm-h100.md); from M = 2 this one is. gather_qmm whose
+  // entries it groups by expert (launch) comes here too: qmv cannot group them.
+  if (a.M == 1 && a.q.mode == QQ_MODE_MXFP8 && !(a.gidx.ptr && gather_grouped(a))) return false;
   if (a.M < 1 || a.M > kQmmaMaxM || a.x_packed || !a.w_packed || !a.transpose) return false;
   if (a.x.dt != DType::BF16) return false;
   const QSpec& q = a.q;
