@@ -10,8 +10,8 @@ per point, both with peers measured in this run:
 M > 16 goes to a path that may not exist yet: qq raises NotSupportedError, the point is
 skipped and listed at the end of the table.
 
-Then qq.gather_qmm (MoE decode; op "gather_qmm", peer copy): T tokens routed to top_k of E
-experts (random, distinct per token), x [T, 1, 1, K] (the gate/up form) or [T, top_k, 1, K]
+Then qq.gather_qmm (MoE decode; op "gather_qmm", peer copy; its own table, gather_qmm-<gpu>):
+T tokens routed to top_k of E experts (random, distinct per token), x [T, 1, 1, K] (the gate/up form) or [T, top_k, 1, K]
 (the down form) against rhs_indices [T, top_k]; GB/s counts the weights of the experts the
 indices touch (each once) + x + y.
 
@@ -96,7 +96,12 @@ def main() -> None:
         del w, xs
         torch.cuda.empty_cache()
     if args.only != "dense":
-        gather(bench, timer, copy_gbps, args.quick)
+        gb = Bench("gather_qmm")
+        gather(gb, timer, copy_gbps, args.quick)
+        for path in gb.save():
+            print("wrote", path)
+    if args.only == "gather":
+        return
     json_path, md_path = bench.save()
     # skipped points, so that a reader sees which M have no GPU path yet
     if skipped:

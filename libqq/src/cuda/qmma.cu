@@ -823,7 +823,7 @@ void launch_k(const MatmulArgs& a, QL L, const float* alpha, const GPlan& G, int
 // share experts - more than 8 entries, or 4 or more with at least as many entries as
 // experts. The plan costs a launch, ~5 us on the H200: a DeepSeek-like decode step of one
 // token (8 distinct experts of 256) ran 11 % slower with it, a Mixtral-like one of 4 tokens
-// (8 entries over 8 experts) 1.6x faster (bench/results/qmm-h200.md, gather_qmm rows).
+// (8 entries over 8 experts) 1.6x faster (bench/results/gather_qmm-h200.md).
 bool gather_grouped(const MatmulArgs& a) {
   if (!a.gidx.ptr) return false;
   const int64_t B = a.out.batch(), E = a.w.bshape[0];
