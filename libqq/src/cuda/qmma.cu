@@ -591,14 +591,16 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
     };
     const __nv_bfloat16* xg = xb + g * a.x.ld;  // x row g; tile t adds 8t rows
     const size_t xld8 = (size_t)a.x.ld * 8;
-    // kSorted: this lane's rows 8t + g, gathered (MT <= 16)
-    const __nv_bfloat16* xs[kSorted ? MT / 8 : 1];
+    // kSorted: the tile's rows of x, gathered, as a table in shared memory read once a
+    // step (MT / 8 pointers in each lane's registers would spill the 32-row tiles). Written
+    // after the previous item's last __syncthreads, read after this one.
+    __shared__ const __nv_bfloat16* xtab[kSorted ? MT : 1];
     if constexpr (kSorted) {
-#pragma unroll
-      for (int t = 0; t < MT / 8; ++t) xs[t] = 8 * t + g < mrows ? x_row(8 * t + g) : xg;
+      if (tid < MT) xtab[tid] = tid < mrows ? x_row(tid) : nullptr;  // (rows past mrows: never read)
+      __syncthreads();
     }
     auto xrow_t = [&](int t) {
-      if constexpr (kSorted) return xs[t];
+      if constexpr (kSorted) return xtab[8 * t + g];
       else return xg + t * xld8;
     };
 
@@ -805,9 +807,10 @@ void launch_k(const MatmulArgs& a, QL L, const float* alpha, const GPlan& G, int
   const int64_t per_cta = kWarps / KS;
   const int64_t gy = kSorted ? items : a.out.batch();  // kSorted: an upper bound; the extra items exit
   const dim3 grid((unsigned)((tiles + per_cta - 1) / per_cta), (unsigned)(gy < 65535 ? gy : 65535));
-  if constexpr (kSorted) {  // MT 8 or 16
+  if constexpr (kSorted) {  // MT 8, 16 or 32 (not affine)
     if (MT <= 8) qmma_kernel<F, 8, true><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
-    else qmma_kernel<F, 16, true><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
+    else if (MT <= 16 || is_aff(F)) qmma_kernel<F, 16, true><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
+    else if constexpr (!is_aff(F)) qmma_kernel<F, 32, true><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
   } else {
     if (MT <= 8) qmma_kernel<F, 8, false><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
     else if (MT <= 16 || is_aff(F)) qmma_kernel<F, 16, false><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
@@ -834,12 +837,13 @@ template <int F>
 qqStatus_t launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st, qqContext* c) {
   const int64_t B = a.out.batch(), E = a.gidx.ptr ? a.w.bshape[0] : 0;
   // gather_qmm whose entries likely share experts (gather_grouped): work items of one
-  // expert each (GPlan), built by gather_plan_kernel. Tiles of 16 rows where the experts
-  // touched are expected to get more than 8 rows each (B * M rows over at most min(E, B)
-  // experts), else 8.
+  // expert each (GPlan), built by gather_plan_kernel. Tiles sized to the rows an expert
+  // is expected to get (B * M rows over at most min(E, B) experts): 8, 16, or 32 past 12
+  // (fp formats), so that an expert's rows mostly fit one tile - each tile reads the
+  // expert's weights again.
   if (c && gather_grouped(a)) {
-    const int64_t spread = B < E ? B : E;
-    const int MT = B * a.M > 8 * spread ? 16 : 8;
+    const int64_t spread = B < E ? B : E, per_expert = (B * a.M + spread - 1) / spread;
+    const int MT = per_expert > 12 && !is_aff(F) ? 32 : (per_expert > 6 ? 16 : 8);
     const int64_t max_items = B * a.M / MT + (E + 1 < B ? E + 1 : B);
     Scratch scratch(c, st);
     int32_t* buf = nullptr;
