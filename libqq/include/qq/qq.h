@@ -435,9 +435,12 @@ QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x,
  *     batch: x [T, 1, M, K] with rhs_indices [T, top_k] sends each token to
  *     its top_k experts. out: [broadcast batch..., M, N].
  *  global_scale (nvfp4): one scalar for all experts; bias [N] as above.
- *  One pass over out's batch entries in one launch (ceil(M / 4) launches for
- *  x dtypes or modes the tensor-core kernel does not take), the indices read
- *  on the device: no host synchronization, capturable in a CUDA graph.
+ *  The indices are read on the device: no host synchronization, capturable
+ *  in a CUDA graph. A fixed number of launches whatever E is: with bf16 x,
+ *  entries that likely share experts are first grouped by expert (a small
+ *  plan kernel), then one tensor-core kernel reads each touched expert once;
+ *  other x dtypes and modes take ceil(M / 4) launches of the CUDA-core kernel
+ *  (docs/api.md, gather_qmm).
  *  An index outside [0, E): INVALID_VALUE on the CPU; on the GPU, which
  *  cannot stop the stream, that entry's rows of out are NaN. */
 QQ_API qqStatus_t qqGatherQmm(qqHandle_t handle, const DLTensor* x,
