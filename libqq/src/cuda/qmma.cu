@@ -805,7 +805,8 @@ void launch_k(const MatmulArgs& a, QL L, const float* alpha, const GPlan& G, int
   L.KS = KS;
   L.logKS = KS == 1 ? 0 : (KS == 2 ? 1 : (KS == 4 ? 2 : 3));
   const int64_t per_cta = kWarps / KS;
-  const int64_t gy = kSorted ? items : a.out.batch();  // kSorted: an upper bound; the extra items exit
+  // kSorted: the expected number of work items; the kernel strides over the actual one
+  const int64_t gy = kSorted ? items : a.out.batch();
   const dim3 grid((unsigned)((tiles + per_cta - 1) / per_cta), (unsigned)(gy < 65535 ? gy : 65535));
   if constexpr (kSorted) {  // MT 8, 16 or 32 (not affine)
     if (MT <= 8) qmma_kernel<F, 8, true><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
@@ -830,7 +831,8 @@ void launch_k(const MatmulArgs& a, QL L, const float* alpha, const GPlan& G, int
 bool gather_grouped(const MatmulArgs& a) {
   if (!a.gidx.ptr) return false;
   const int64_t B = a.out.batch(), E = a.w.bshape[0];
-  return (B > 8 || (B >= 4 && B >= E)) && a.M <= 16 && E <= kPlanMaxE && B < ((int64_t)1 << 30);
+  // (the plan and the kernel count an expert's rows, entries * M, in 32 bits)
+  return (B > 8 || (B >= 4 && B >= E)) && a.M <= 16 && E <= kPlanMaxE && B * a.M < ((int64_t)1 << 31);
 }
 
 template <int F>
