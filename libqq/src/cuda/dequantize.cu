@@ -65,9 +65,7 @@ __global__ void __launch_bounds__(kRowThreads) dequantize_kernel(DequantizeArgs 
   const uint32_t c0 = blockIdx.y * (kRowThreads * U) + threadIdx.x, chunks = (uint32_t)s.chunks;
   const uint8_t* d = a.data.at<uint8_t>(b, r);
   TO* out = reinterpret_cast<TO*>(a.out.ptr) + (int64_t)row * a.out.cols;
-  // group sizes are powers of two (16, 32, 64, 128): a shift, not a run-time integer
-  // division (~20 instructions) per chunk
-  const int lg = 31 - __clz(a.q.group);
+  const int group = a.q.group;
   if (a.q.fp()) {
     uint32_t w[kDqChunks][2];
     uint8_t sb[kDqChunks];
@@ -78,7 +76,7 @@ __global__ void __launch_bounds__(kRowThreads) dequantize_kernel(DequantizeArgs 
       w[j][0] = w[j][1] = 0;
       sb[j] = 0;
       if (c >= chunks) continue;
-      const uint32_t g = (c * kVec) >> lg;
+      const uint32_t g = c * kVec / group;
       sb[j] = srow[a.q.blocked ? blocked_offset(r, g, a.scales.cols) : g];
       if (a.q.bits == 4) {
         w[j][0] = *reinterpret_cast<const uint32_t*>(d + (size_t)c * 4);
@@ -168,7 +166,7 @@ __global__ void __launch_bounds__(kRowThreads) dequantize_kernel(DequantizeArgs 
       acc[j] = 0;
       sc[j] = bi[j] = 0.0f;
       if (c >= chunks) continue;
-      const uint32_t g = (c * kVec) >> lg;
+      const uint32_t g = c * kVec / group;
       sc[j] = load_cast<TS>(srow + g);
       bi[j] = load_cast<TS>(brow + g);
       const uint8_t* p = d + (size_t)c * bits;  // a chunk is `bits` bytes
