@@ -31,16 +31,14 @@ namespace {
 constexpr int kDqChunks = 4;
 
 // Fast decoding of fp chunks into bf16 / fp32 output (not fp16: its range is smaller),
-// in bf16x2 arithmetic: the element bits placed into bf16 fields (fp4: vec.cuh's
-// fp4_pairs; fp8: the code's exponent and mantissa moved into a bf16, as qmma.cu's
-// fp8_pairs), one multiply by a power of two that undoes the placement (exact: the
+// in bf16x2 arithmetic: the element bits placed into bf16 fields (vec.cuh's fp4_pairs
+// and fp8_place), one multiply by a power of two that undoes the placement (exact: the
 // element value, normal in bf16), one by the scale s (an exact bf16: E4M3 or a power
 // of two). The product e * s is rounded once, to nearest even, by the bf16 fma: the
 // bits f_to_bf16(e * s) gives, e * s being exact in fp32. 2-4 instructions an element
 // instead of ~14 through the fp32 codecs. Not taken (the fp32 path below is): a NaN
 // scale, an fp8 code with an all-ones exponent (the hardware's NaN is not the
 // codec's), nvfp4 with a global scale (two roundings: fp32, then the output).
-__device__ __forceinline__ uint32_t dup16(uint32_t h) { return h | (h << 16); }
 // E4M3 byte b (not NaN) -> bf16 bits of its value times 2^-120 (bits placed as bf16)
 __device__ __forceinline__ uint32_t e4m3_bf16_bits(uint32_t b) { return ((b & 0x7fu) << 4) | ((b & 0x80u) << 8); }
 
@@ -112,19 +110,19 @@ __global__ void __launch_bounds__(kRowThreads) dequantize_kernel(DequantizeArgs 
           o[0] = prmt(pr[0], pr[1], 0x5410u), o[1] = prmt(pr[2], pr[3], 0x5410u);
           o[2] = prmt(pr[0], pr[1], 0x7632u), o[3] = prmt(pr[2], pr[3], 0x7632u);
         } else {
-          // E4M3: sign to bf16 bit 15, exponent and mantissa to bits 4..10 (times
-          // 2^-120); E5M2: to bits 5..11 (times 2^-112). Pairs (e0, e2), (e1, e3) of
-          // each word, then in order.
-          const bool e4 = a.q.elem == ELEM_E4M3;
-          const uint32_t shl = e4 ? 4 : 5, shr = e4 ? 4 : 3, mag = e4 ? 0x07f007f0u : 0x0fe00fe0u;
-          const uint32_t fix = e4 ? 0x7b807b80u : 0x77807780u;
-          const uint32_t nmask = e4 ? 0x7f7f7f7fu : 0x7c7c7c7cu, nadd = e4 ? 0x01010101u : 0x04040404u;
+          // vec.cuh's fp8_place: pairs (e0, e2), (e1, e3) of each word times 2^-fix,
+          // then in order
+          const Fp8Bf16 e4 = fp8_bf16(true), e5 = fp8_bf16(false);
+          const bool k4 = a.q.elem == ELEM_E4M3;
+          const uint32_t shl = k4 ? e4.shl : e5.shl, shr = k4 ? e4.shr : e5.shr, mag = k4 ? e4.mag : e5.mag;
+          const uint32_t fix = k4 ? e4.fix2 : e5.fix2;
+          const uint32_t nmask = k4 ? e4.nan_mask : e5.nan_mask, nadd = k4 ? e4.nan_add : e5.nan_add;
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const uint32_t x = w[j][h];
-            ok = ok && !(((x & nmask) + nadd) & 0x80808080u);  // no all-ones exponent
-            uint32_t p0 = ((x << shl) & mag) | ((x << 8) & 0x80008000u);
-            uint32_t p1 = ((x >> shr) & mag) | (x & 0x80008000u);
+            ok = ok && !fp8_special(x, nmask, nadd);  // no all-ones exponent
+            uint32_t p0, p1;
+            fp8_place(x, shl, shr, mag, p0, p1);
             p0 = bmul(bmul(p0, fix), S);
             p1 = bmul(bmul(p1, fix), S);
             o[2 * h] = prmt(p0, p1, 0x5410u);

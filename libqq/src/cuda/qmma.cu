@@ -116,7 +116,6 @@ __device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uin
 // 2^fix it is the bf16 with exponent field u + fix (valid while u + fix <=
 // 254; the caller checks). Without the 2^fix: exponent field u, except u = 0
 // (2^-127, a bf16 subnormal) and u = 255 (NaN).
-__device__ __forceinline__ uint32_t dup16(uint32_t h) { return h | (h << 16); }
 __device__ __forceinline__ uint32_t ue8m0_fix_bf2(uint32_t u, int fix) { return dup16((u + fix) << 7); }
 __device__ __forceinline__ uint32_t ue8m0_bf2(uint32_t u) {
   return dup16(u == 0 ? 0x0040u : (u == 255 ? 0x7fc0u : u << 7));
@@ -157,18 +156,13 @@ __device__ __forceinline__ void e4m3x2_fix_bf2(uint32_t pair, uint32_t& s0, uint
 // would overflow). Not for codes with an all-ones exponent (fp8_special).
 template <bool kTwo>
 __device__ __forceinline__ void fp8_pairs(uint32_t w, const QL& L, uint32_t S, uint32_t& p0, uint32_t& p1) {
-  p0 = ((w << L.f8_shl) & L.f8_mag) | ((w << 8) & 0x80008000u);
-  p1 = ((w >> L.f8_shr) & L.f8_mag) | (w & 0x80008000u);
+  fp8_place(w, L.f8_shl, L.f8_shr, L.f8_mag, p0, p1);
   if (kTwo) {
     p0 = bmul(p0, L.fix2);
     p1 = bmul(p1, L.fix2);
   }
   p0 = bmul(p0, S);
   p1 = bmul(p1, S);
-}
-// Nonzero when a code of w has an all-ones exponent (E4M3 NaN, E5M2 Inf/NaN).
-__device__ __forceinline__ uint32_t fp8_special(uint32_t w, const QL& L) {
-  return ((w & L.f8_nan_mask) + L.f8_nan_add) & 0x80808080u;
 }
 // The same pairs through the codec (any code), with the UE8M0 scale byte u.
 __device__ __noinline__ void fp8_pairs_codec(uint32_t w, const QL& L, uint32_t u, uint32_t& p0, uint32_t& p1) {
@@ -207,9 +201,9 @@ __device__ __forceinline__ void step_mma(const Ld& l, const QL& L, float (&acc)[
       }
     };
     // one test per step for NaN / Inf codes (rare: they take the codec)
-    const uint32_t special = fp8_special(l.d[0].x, L) | fp8_special(l.d[0].y, L) | fp8_special(l.d[0].z, L) |
-                             fp8_special(l.d[0].w, L) | fp8_special(l.d[1].x, L) | fp8_special(l.d[1].y, L) |
-                             fp8_special(l.d[1].z, L) | fp8_special(l.d[1].w, L);
+    auto sp = [&](uint32_t w) { return fp8_special(w, L.f8_nan_mask, L.f8_nan_add); };
+    const uint32_t special = sp(l.d[0].x) | sp(l.d[0].y) | sp(l.d[0].z) | sp(l.d[0].w) | sp(l.d[1].x) |
+                             sp(l.d[1].y) | sp(l.d[1].z) | sp(l.d[1].w);
     if (special) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -901,15 +895,10 @@ bool plan(const MatmulArgs& a, int* F, QL* L) {
   else return false;
   if (*F == QMX8) {
     L->f8_kind = q.elem;
-    if (q.elem == ELEM_E4M3) {
-      L->f8_shl = 4; L->f8_shr = 4; L->f8_mag = 0x07f007f0u; L->fix2 = 0x7b807b80u; L->fix = 120;
-      L->f8_nan_mask = 0x7f7f7f7fu; L->f8_nan_add = 0x01010101u;
-    } else if (q.elem == ELEM_E5M2) {
-      L->f8_shl = 5; L->f8_shr = 3; L->f8_mag = 0x0fe00fe0u; L->fix2 = 0x77807780u; L->fix = 112;
-      L->f8_nan_mask = 0x7c7c7c7cu; L->f8_nan_add = 0x04040404u;
-    } else {
-      return false;
-    }
+    if (q.elem != ELEM_E4M3 && q.elem != ELEM_E5M2) return false;
+    const Fp8Bf16 f8 = fp8_bf16(q.elem == ELEM_E4M3);
+    L->f8_shl = f8.shl, L->f8_shr = f8.shr, L->f8_mag = f8.mag, L->fix2 = f8.fix2, L->fix = f8.fix;
+    L->f8_nan_mask = f8.nan_mask, L->f8_nan_add = f8.nan_add;
   }
   if (*F != QMX8) {
     L->fix = 126;

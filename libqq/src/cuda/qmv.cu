@@ -123,19 +123,17 @@ QQ_HD void fp4x8(uint32_t w, float f, float* v) {
   }
 }
 
-// 4 fp8 codes of w -> v[i] = elem_decode(kind, code) * f. Bytes 0 and 2 go
-// through one bf16 pair, bytes 1 and 3 through the other. E4M3: magnitude
-// (7 bits) to bf16 bits 4..10, factor 2^120; E5M2: bits 5..11, factor 2^112.
-// Codes whose exponent field is all ones (E4M3 NaN; E5M2 Inf/NaN) would come
-// out finite: a word holding one takes the codec path.
+// 4 fp8 codes of w -> v[i] = elem_decode(kind, code) * f, through vec.cuh's
+// fp8_place (bytes 0 and 2 in one bf16 pair, 1 and 3 in the other) and the
+// factor 2^fix; a word holding an all-ones exponent takes the codec path.
 QQ_HD void fp8x4(uint32_t w, float f, const Launch& L, float* v) {
-  if (((w & L.f8_nan_mask) + L.f8_nan_add) & 0x80808080u) {
+  if (fp8_special(w, L.f8_nan_mask, L.f8_nan_add)) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) v[i] = elem_decode(L.f8_kind, (uint8_t)(w >> (8 * i))) * f;
     return;
   }
-  const uint32_t p0 = ((w << L.f8_shl) & L.f8_mag) | ((w << 8) & 0x80008000u);
-  const uint32_t p1 = ((w >> L.f8_shr) & L.f8_mag) | (w & 0x80008000u);
+  uint32_t p0, p1;
+  fp8_place(w, L.f8_shl, L.f8_shr, L.f8_mag, p0, p1);
   v[0] = (bf16lo(p0) * L.f8_fix) * f;
   v[2] = (bf16hi(p0) * L.f8_fix) * f;
   v[1] = (bf16lo(p1) * L.f8_fix) * f;
@@ -708,15 +706,10 @@ qqStatus_t qmv(const MatmulArgs& a, cudaStream_t stream) {
   else F = q.bits == 4 ? AFF4 : (q.bits == 8 ? AFF8 : AFFG);
   if (F == FP8) {
     L.f8_kind = q.elem;
-    if (q.elem == ELEM_E4M3) {
-      L.f8_shl = 4; L.f8_shr = 4; L.f8_mag = 0x07f007f0u; L.f8_fix = 0x1p120f;
-      L.f8_nan_mask = 0x7f7f7f7fu; L.f8_nan_add = 0x01010101u;
-    } else if (q.elem == ELEM_E5M2) {
-      L.f8_shl = 5; L.f8_shr = 3; L.f8_mag = 0x0fe00fe0u; L.f8_fix = 0x1p112f;
-      L.f8_nan_mask = 0x7c7c7c7cu; L.f8_nan_add = 0x04040404u;
-    } else {
-      return QQ_STATUS_NOT_SUPPORTED;
-    }
+    if (q.elem != ELEM_E4M3 && q.elem != ELEM_E5M2) return QQ_STATUS_NOT_SUPPORTED;
+    const Fp8Bf16 f8 = fp8_bf16(q.elem == ELEM_E4M3);
+    L.f8_shl = f8.shl, L.f8_shr = f8.shr, L.f8_mag = f8.mag, L.f8_fix = f8.fixf;
+    L.f8_nan_mask = f8.nan_mask, L.f8_nan_add = f8.nan_add;
   }
   if (q.fp() ? (q.group != (F == FP4NV ? 16 : 32)) : (q.group != 32 && q.group != 64 && q.group != 128))
     return QQ_STATUS_NOT_SUPPORTED;

@@ -113,6 +113,35 @@ __device__ __forceinline__ void fp4_pairs(uint32_t w, const uint32_t (&mul)[2], 
   p[3] = ((w8 & 0x00f000f0u) * mul[1]) & 0x81c081c0u;
 }
 
+__device__ __forceinline__ uint32_t dup16(uint32_t h) { return h | (h << 16); }  // both bf16 halves = h
+
+// fp8 codes (E4M3 / E5M2) placed into bf16 fields, the one home of the placement (qmv.cu,
+// qmma.cu, dequantize.cu): a word's bytes 0 and 2 go to the halves of one bf16 pair,
+// bytes 1 and 3 to the other; the exponent and mantissa bits land at bf16 bits 4..10
+// (E4M3) or 5..11 (E5M2), the sign at 15, so a pair holds e * 2^-fix (exact; subnormal
+// codes land on bf16 subnormals). Codes with an all-ones exponent (E4M3 NaN, E5M2
+// Inf/NaN) would come out finite: fp8_special finds them.
+struct Fp8Bf16 {
+  uint32_t shl, shr, mag;      // placement: ((w << shl) & mag), ((w >> shr) & mag)
+  int fix;                     // 120 (E4M3), 112 (E5M2)
+  uint32_t fix2;               // bf16x2 of 2^fix
+  float fixf;                  // 2^fix
+  uint32_t nan_mask, nan_add;  // fp8_special
+};
+QQ_HD Fp8Bf16 fp8_bf16(bool e4m3) {
+  return e4m3 ? Fp8Bf16{4, 4, 0x07f007f0u, 120, 0x7b807b80u, 0x1p120f, 0x7f7f7f7fu, 0x01010101u}
+              : Fp8Bf16{5, 3, 0x0fe00fe0u, 112, 0x77807780u, 0x1p112f, 0x7c7c7c7cu, 0x04040404u};
+}
+// Pairs (e0, e2) and (e1, e3) of w's codes, times 2^-fix, as bf16x2.
+QQ_HD void fp8_place(uint32_t w, uint32_t shl, uint32_t shr, uint32_t mag, uint32_t& p0, uint32_t& p1) {
+  p0 = ((w << shl) & mag) | ((w << 8) & 0x80008000u);
+  p1 = ((w >> shr) & mag) | (w & 0x80008000u);
+}
+// Nonzero when a code of w has an all-ones exponent.
+QQ_HD uint32_t fp8_special(uint32_t w, uint32_t nan_mask, uint32_t nan_add) {
+  return ((w & nan_mask) + nan_add) & 0x80808080u;
+}
+
 // Streaming 8- and 16-byte loads that do not allocate in L1 (keep x there).
 __device__ __forceinline__ uint2 ld_stream8(const void* p) {
   uint2 r;
