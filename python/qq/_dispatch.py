@@ -48,6 +48,14 @@ def check_torch_dtypes(func: str, value):
     raise ValueError(f"{func}: torch_dtypes: expected True, False or 'float4', got {value!r}")
 
 
+def require_indices(func: str, rhs_indices):
+    """gather_qmm's indices are required: checked where Cython cannot run (Dynamo tracing,
+    the JAX custom call), with the words of qq._qq.gather_qmm's check."""
+    if rhs_indices is None:
+        raise TypeError(f"{func}: argument 'rhs_indices' is required (int32 expert indices); "
+                        f"quantized_matmul multiplies without them")
+
+
 def _torch_ops():
     from . import _torch_ops   # registers the ops on first import (and sets _is_compiling)
     return _torch_ops

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _qq
-from ._dispatch import check_torch_dtypes
+from ._dispatch import check_torch_dtypes, require_indices
 from ._qq import NotSupportedError, PreparedWeight, QuantizedArray
 
 #: The operations with XLA handlers (qq_xla_<op>_cpu / _cuda in libqq_xla.so).
@@ -403,12 +403,7 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
     p = _qq._jax_quant_params(func, mode, group_size, bits, "ceil", scale_layout, fp8_format)
     out_dtype = _qq._jax_dtype(func, dtype)
     x, w = jnp.asarray(x), jnp.asarray(w)
-    if transpose:
-        n = w.shape[-2] if w.ndim >= 2 else 0           # w [..., N, K*bits/8]
-    elif w_logical is not None:
-        n = w_logical[-1]                               # W [..., K, N]
-    else:
-        n = _qq._jax_unpacked_last(func, "w", mode, group_size, bits, w.shape)
+    n = _qq._jax_weight_n(func, mode, group_size, bits, transpose, w.shape, w_logical)
     shape = _qq._jax_matmul_shape(func, x.shape, w.shape, n)
     operands = [("x", x), ("w", w), ("scales", _array(scales)), ("biases", _array(biases)),
                 ("global_scale", _scalar(global_scale)),
@@ -423,31 +418,15 @@ def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
                scale_layout="linear", fp8_format="e4m3", dtype=None, out=None, stream=None):
     func = "gather_qmm"
     _no_stream_or_out(func, stream, out)
-    if rhs_indices is None:
-        raise TypeError(f"{func}: argument 'rhs_indices' is required (int32 expert indices); "
-                        f"quantized_matmul multiplies without them")
+    require_indices(func, rhs_indices)
     (w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format,
      w_logical) = _qq._unpack_weight(func, w, scales, biases, global_scale, mode, group_size,
                                      bits, scale_layout, fp8_format)
     p = _qq._jax_quant_params(func, mode, group_size, bits, "ceil", scale_layout, fp8_format)
     out_dtype = _qq._jax_dtype(func, dtype)
     x, w, idx = jnp.asarray(x), jnp.asarray(w), jnp.asarray(rhs_indices)
-    if x.ndim < 2 or w.ndim != 3:
-        raise ValueError(f"{func}: 'x' must be [..., M, K] and 'w' the experts' packed weights "
-                         f"[E, N, K*bits/8] (transpose) or [E, K, N*bits/8]; got x {x.shape}, "
-                         f"w {w.shape}")
-    if transpose:
-        n = w.shape[-2]
-    elif w_logical is not None:
-        n = w_logical[-1]
-    else:
-        n = _qq._jax_unpacked_last(func, "w", mode, group_size, bits, w.shape)
-    try:
-        batch = tuple(np.broadcast_shapes(tuple(x.shape[:-2]), tuple(idx.shape)))
-    except ValueError:
-        raise ValueError(f"{func}: the batch axes of x {tuple(x.shape[:-2])} and the shape of "
-                         f"rhs_indices {tuple(idx.shape)} do not broadcast") from None
-    shape = batch + (x.shape[-2], n)
+    n = _qq._jax_weight_n(func, mode, group_size, bits, transpose, w.shape, w_logical)
+    shape = _qq._jax_gather_shape(func, x.shape, w.shape, idx.shape, n)
     operands = [("x", x), ("w", w), ("scales", _array(scales)), ("biases", _array(biases)),
                 ("rhs_indices", idx), ("global_scale", _scalar(global_scale)),
                 ("bias", _array(bias))]

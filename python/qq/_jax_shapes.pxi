@@ -42,6 +42,19 @@ def _jax_matmul_shape(func, x_shape, w_shape, n):
                          tuple([int(d) for d in w_shape]), n)
 
 
+def _jax_weight_n(func, mode, group_size, bits, transpose, w_shape, w_logical):
+    """N of quantized_matmul / gather_qmm (as the eager functions compute it)."""
+    cdef qqQuantParams_t p
+    _quant_params(func, &p, mode, group_size, bits, "ceil", "linear", "e4m3")
+    return _weight_n(func, &p, bool(transpose), tuple([int(d) for d in w_shape]), w_logical)
+
+
+def _jax_gather_shape(func, x_shape, w_shape, idx_shape, n):
+    """out's shape of gather_qmm (checked as the eager function checks it)."""
+    return _gather_shape(func, tuple([int(d) for d in x_shape]), tuple([int(d) for d in w_shape]),
+                         tuple([int(d) for d in idx_shape]), n)
+
+
 def _jax_moe(func, scaling, rounding, scale_layout, fp8_format, w_shape):
     """(scaling enum, quant params dict, scales shape) of quantize_moe for w [E, D1, D2],
     checked as qqQuantizeMoe checks them (qqQuantizeMoeShapes)."""

@@ -271,12 +271,7 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
         vbias = call.view(bias, "bias")
         if out is None:
             w_shape = vw.pyshape()
-            if ctranspose:
-                n = w_shape[-2] if len(w_shape) >= 2 else 0         # w [..., N, K*bits/8]
-            elif w_logical is not None:
-                n = w_logical[-1]                                   # W [..., K, N]
-            else:
-                n = _unpacked_last(func, "w", &p, w_shape)
+            n = _weight_n(func, &p, ctranspose, w_shape, w_logical)
             result, vo = call.empty(_matmul_shape(func, vx.pyshape(), w_shape, n),
                                     out_dtype or vx.float_dtype(), "out")
         else:
@@ -342,26 +337,9 @@ def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
         vbias = call.view(bias, "bias")
         if out is None:
             w_shape = vw.pyshape()
-            if len(w_shape) != 3:
-                raise ValueError(f"{func}: argument 'w' has shape {w_shape}; expected the experts' "
-                                 f"packed weights [E, N, K*bits/8] (transpose) or [E, K, N*bits/8]")
-            x_shape = vx.pyshape()
-            if len(x_shape) < 2:
-                raise ValueError(f"{func}: argument 'x' has shape {x_shape}; expected [..., M, K]")
-            if ctranspose:
-                n = w_shape[-2]
-            elif w_logical is not None:
-                n = w_logical[-1]
-            else:
-                n = _unpacked_last(func, "w", &p, w_shape)
-            # out's batch: x's batch axes broadcast with rhs_indices' shape
-            xb, ib = x_shape[:-2], vi.pyshape()
-            try:
-                batch = xb if xb == ib else tuple(np.broadcast_shapes(xb, ib))
-            except ValueError:
-                raise ValueError(f"{func}: the batch axes of x {xb} and the shape of rhs_indices "
-                                 f"{ib} do not broadcast") from None
-            result, vo = call.empty(batch + (x_shape[-2], n), out_dtype or vx.float_dtype(), "out")
+            shape = _gather_shape(func, vx.pyshape(), w_shape, vi.pyshape(),
+                                  _weight_n(func, &p, ctranspose, w_shape, w_logical))
+            result, vo = call.empty(shape, out_dtype or vx.float_dtype(), "out")
         else:
             vo = _out_view(call, out, out_dtype)
         tx, tw, ts, tb, ti = _t(vx), _t(vw), _t(vs), _t(vb), _t(vi)

@@ -44,6 +44,7 @@ from torch import Tensor
 from . import _qq
 from ._qq import PreparedWeight, QuantizedArray
 from ._dispatch import check_torch_dtypes as _check_torch_dtypes
+from ._dispatch import require_indices
 from ._wgrad import grouped_qqmm_wgrad as _qq_wgrad
 
 # group_size and bits of each mode when not given, asked of libqq once (qqQuantParamsInit):
@@ -549,6 +550,15 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     return _finish(y, out)
 
 
+def _weight_n(w, logical, transpose, bits):
+    """N of a weight-only matmul (quantized_matmul, gather_qmm): w [..., N, K*bits/8]
+    (transpose) or W [..., K, N] (its logical shape, else from w's packed last axis); works
+    on symbolic sizes while Dynamo traces."""
+    if transpose:
+        return w.shape[-2]
+    return logical[-1] if logical is not None else w.shape[-1] * 8 // bits
+
+
 def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=None,
                      bits=None, mode="affine", *, global_scale=None, bias=None,
                      scale_layout="linear", fp8_format="e4m3", dtype=None, out=None,
@@ -559,10 +569,7 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
      logical) = _unpack_weight(func, w, scales, biases, global_scale, mode, group_size, bits,
                                scale_layout, fp8_format)
     g, b = _params(func, mode, group_size, bits)
-    if transpose:
-        n = w.shape[-2]                              # w [..., N, K*bits/8]
-    else:
-        n = logical[-1] if logical is not None else w.shape[-1] * 8 // b   # w [..., K, N*bits/8]
+    n = _weight_n(w, logical, transpose, b)
     dt = _dtype(func, dtype) or (out.dtype if out is not None else x.dtype)
     y = _quantized_matmul_op(x, w, scales, biases, _scalar(global_scale, x), bias,
                              bool(transpose), n, mode, g, b, scale_layout, fp8_format, dt)
@@ -574,17 +581,12 @@ def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
                scale_layout="linear", fp8_format="e4m3", dtype=None, out=None, stream=None):
     func = "gather_qmm"
     _no_stream(func, stream)
-    if rhs_indices is None:
-        raise TypeError(f"{func}: argument 'rhs_indices' is required (int32 expert indices); "
-                        f"quantized_matmul multiplies without them")
+    require_indices(func, rhs_indices)
     (w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format,
      logical) = _unpack_weight(func, w, scales, biases, global_scale, mode, group_size, bits,
                                scale_layout, fp8_format)
     g, b = _params(func, mode, group_size, bits)
-    if transpose:
-        n = w.shape[-2]
-    else:
-        n = logical[-1] if logical is not None else w.shape[-1] * 8 // b
+    n = _weight_n(w, logical, transpose, b)
     dt = _dtype(func, dtype) or (out.dtype if out is not None else x.dtype)
     y = _gather_qmm_op(x, w, scales, biases, rhs_indices, _scalar(global_scale, x), bias,
                        bool(transpose), n, mode, g, b, scale_layout, fp8_format, dt)

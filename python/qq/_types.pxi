@@ -57,6 +57,34 @@ cdef int64_t _unpacked_last(str func, str name, const qqQuantParams_t* p, tuple 
     return k
 
 
+cdef int64_t _weight_n(str func, const qqQuantParams_t* p, bint transpose, tuple w_shape,
+                       w_logical) except -1:
+    """N of a weight-only matmul: w [..., N, K*bits/8] (transpose) or W [..., K, N] (its
+    logical shape when known, else unpacked from w's last axis)."""
+    if transpose:
+        return w_shape[-2] if len(w_shape) >= 2 else 0
+    if w_logical is not None:
+        return w_logical[-1]
+    return _unpacked_last(func, "w", p, w_shape)
+
+
+cdef tuple _gather_shape(str func, tuple x_shape, tuple w_shape, tuple idx_shape, int64_t n):
+    """out's shape of gather_qmm: x [..., M, K]'s batch axes broadcast with the indices'
+    shape, then [M, N]; x and the experts' w [E, ...] checked first."""
+    if len(w_shape) != 3:
+        raise ValueError(f"{func}: argument 'w' has shape {w_shape}; expected the experts' "
+                         f"packed weights [E, N, K*bits/8] (transpose) or [E, K, N*bits/8]")
+    if len(x_shape) < 2:
+        raise ValueError(f"{func}: argument 'x' has shape {x_shape}; expected [..., M, K]")
+    xb = x_shape[:-2]
+    try:
+        batch = xb if xb == idx_shape else tuple(np.broadcast_shapes(xb, idx_shape))
+    except ValueError:
+        raise ValueError(f"{func}: the batch axes of x {xb} and the shape of rhs_indices "
+                         f"{idx_shape} do not broadcast") from None
+    return batch + (x_shape[-2], n)
+
+
 cdef tuple _matmul_shape(str func, tuple x_shape, tuple w_shape, int64_t n):
     """[..., M, N] for x [..., M, K] and w [..., N or K, ...]: batch axes broadcast as in
     NumPy; a 1-D x [K] gives [..., N]."""
