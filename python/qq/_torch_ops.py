@@ -550,13 +550,21 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     return _finish(y, out)
 
 
-def _weight_n(w, logical, transpose, bits):
-    """N of a weight-only matmul (quantized_matmul, gather_qmm): w [..., N, K*bits/8]
-    (transpose) or W [..., K, N] (its logical shape, else from w's packed last axis); works
-    on symbolic sizes while Dynamo traces."""
+def _weight_only_args(func, w, scales, biases, global_scale, transpose, group_size, bits, mode,
+                      scale_layout, fp8_format, x):
+    """The weight operands of quantized_matmul / gather_qmm's ops: (w, scales, biases,
+    global scale tensor, mode, group_size, bits, scale_layout, fp8_format, N), with N from
+    w [..., N, K*bits/8] (transpose) or W [..., K, N] (its logical shape, else w's packed
+    last axis); symbolic sizes work while Dynamo traces."""
+    (w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format,
+     logical) = _unpack_weight(func, w, scales, biases, global_scale, mode, group_size, bits,
+                               scale_layout, fp8_format)
+    g, b = _params(func, mode, group_size, bits)
     if transpose:
-        return w.shape[-2]
-    return logical[-1] if logical is not None else w.shape[-1] * 8 // bits
+        n = w.shape[-2]
+    else:
+        n = logical[-1] if logical is not None else w.shape[-1] * 8 // b
+    return w, scales, biases, _scalar(global_scale, x), mode, g, b, scale_layout, fp8_format, n
 
 
 def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=None,
@@ -565,14 +573,12 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
                      stream=None):
     func = "quantized_matmul"
     _no_stream(func, stream)
-    (w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format,
-     logical) = _unpack_weight(func, w, scales, biases, global_scale, mode, group_size, bits,
-                               scale_layout, fp8_format)
-    g, b = _params(func, mode, group_size, bits)
-    n = _weight_n(w, logical, transpose, b)
+    w, scales, biases, gs, mode, g, b, scale_layout, fp8_format, n = _weight_only_args(
+        func, w, scales, biases, global_scale, transpose, group_size, bits, mode, scale_layout,
+        fp8_format, x)
     dt = _dtype(func, dtype) or (out.dtype if out is not None else x.dtype)
-    y = _quantized_matmul_op(x, w, scales, biases, _scalar(global_scale, x), bias,
-                             bool(transpose), n, mode, g, b, scale_layout, fp8_format, dt)
+    y = _quantized_matmul_op(x, w, scales, biases, gs, bias, bool(transpose), n, mode, g, b,
+                             scale_layout, fp8_format, dt)
     return _finish(y, out)
 
 
@@ -582,14 +588,12 @@ def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
     func = "gather_qmm"
     _no_stream(func, stream)
     require_indices(func, rhs_indices)
-    (w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format,
-     logical) = _unpack_weight(func, w, scales, biases, global_scale, mode, group_size, bits,
-                               scale_layout, fp8_format)
-    g, b = _params(func, mode, group_size, bits)
-    n = _weight_n(w, logical, transpose, b)
+    w, scales, biases, gs, mode, g, b, scale_layout, fp8_format, n = _weight_only_args(
+        func, w, scales, biases, global_scale, transpose, group_size, bits, mode, scale_layout,
+        fp8_format, x)
     dt = _dtype(func, dtype) or (out.dtype if out is not None else x.dtype)
-    y = _gather_qmm_op(x, w, scales, biases, rhs_indices, _scalar(global_scale, x), bias,
-                       bool(transpose), n, mode, g, b, scale_layout, fp8_format, dt)
+    y = _gather_qmm_op(x, w, scales, biases, rhs_indices, gs, bias, bool(transpose), n, mode, g,
+                       b, scale_layout, fp8_format, dt)
     return _finish(y, out)
 
 
