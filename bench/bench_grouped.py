@@ -1,10 +1,12 @@
-"""Benchmark of qq.grouped_qqmm (MoE forward) on the current GPU.
+"""Benchmark of qq.grouped_qqmm (MoE forward / dgrad) on the current GPU.
 
-T = 16384 tokens spread evenly over E experts (8 and 32), (N, K) = (4096, 7168), bf16 x
-quantized inside the call, w [E, N, K] pre-quantized (qq.quantize, blocked scales).
-TFLOP/s (2*T*N*K) against torch's bf16 grouped matmul on the same shapes
-(torch._grouped_mm when this torch has it, else a loop of per-expert matmuls; the peer
-name says which), measured in the same run.
+The shapes of the training issue: T = 16384 tokens over E = 8, 32 and 128 experts,
+(N, K) = (4096, 7168) and (7168, 2048), balanced and Zipf-skewed routing; and E = 256 with
+8..64 tokens per expert. bf16 x quantized inside the call; w [E, N, K] either packed
+(qq.quantize, blocked scales: dequantized to bf16 per call) or prepared (qq.prepare_weight:
+q(w)'s bf16 values kept, nothing per call). TFLOP/s (2*T*N*K) against torch's bf16
+`torch._grouped_mm` on the same problem (same routing), measured in the same run: rows op
+"grouped_qqmm", peer "torch_grouped_bf16", extra columns experts, routing, w_form, us.
 
     python bench/bench_grouped.py [--quick]
 """
@@ -15,6 +17,7 @@ import argparse
 import os
 import sys
 
+import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -23,38 +26,65 @@ from harness import Bench, Timer  # noqa: E402
 import qq  # noqa: E402
 
 
+def routing(t: int, e: int, kind: str, seed: int = 0) -> np.ndarray:
+    """Tokens per expert, summing to t: equal shares, or Zipf (share ~ 1 / rank, experts
+    in a random order; the tail gets few or no tokens)."""
+    if kind == "balanced":
+        sizes = np.full(e, t // e, np.int64)
+        sizes[: t - sizes.sum()] += 1
+        return sizes
+    w = 1.0 / np.arange(1, e + 1)
+    sizes = np.floor(w / w.sum() * t).astype(np.int64)
+    sizes[0] += t - sizes.sum()
+    return np.random.default_rng(seed).permutation(sizes)
+
+
+def run_case(bench, timer, t, n, k, e, kind, forms, modes):
+    sizes = routing(t, e, kind)
+    offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
+    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16)
+    flops = 2.0 * t * n * k
+    nbytes = 2 * (t * k + e * n * k + t * n)
+    wt = w.transpose(-2, -1)
+    peer_us = timer(lambda: torch._grouped_mm(x, wt, offs=offs), nbytes)
+    peer_tf = flops / peer_us / 1e6
+    for mode in modes:
+        for form in forms:
+            if form == "prepared":
+                wq = qq.prepare_weight(w, mode=mode)
+            else:
+                wq = qq.quantize(w, mode=mode, scale_layout="blocked")
+            us = timer(lambda: qq.grouped_qqmm(x, wq, offs, mode=mode), nbytes)
+            bench.row("grouped_qqmm", mode, (t, n, k), "TFLOPs", flops / us / 1e6, "torch_grouped_bf16", peer_tf,
+                      experts=e, routing=kind, w_form=form, us=round(us, 1), peer_us=round(peer_us, 1),
+                      target_x=0.95)
+            del wq
+            torch.cuda.empty_cache()
+    del x, w, wt
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
+    if not hasattr(torch, "_grouped_mm"):
+        sys.exit("bench_grouped: this torch has no torch._grouped_mm (the peer)")
     timer = Timer(warmup=2, iters=10)
     bench = Bench("grouped_qqmm")
-    t, n, k = 16384, 4096, 7168
-    for e in ([8] if args.quick else [8, 32]):
-        x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16)
-        sizes = torch.full((e,), t // e, dtype=torch.int32)
-        offs = torch.cumsum(sizes, 0).to(torch.int32).cuda()
-        nbytes = 2 * (t * k + e * n * k + t * n)
-        flops = 2.0 * t * n * k
-        if hasattr(torch, "_grouped_mm"):
-            wt = w.transpose(-2, -1)
-            peer_fn, peer = (lambda: torch._grouped_mm(x, wt, offs=offs)), "torch_grouped_bf16"
-        else:
-            chunks = list(torch.split(x, t // e))
-            peer_fn, peer = (lambda: [c @ w[i].T for i, c in enumerate(chunks)]), "torch_loop_bf16"
-        try:
-            peer_us = timer(peer_fn, nbytes)
-        except RuntimeError:
-            chunks = list(torch.split(x, t // e))
-            peer_fn, peer = (lambda: [c @ w[i].T for i, c in enumerate(chunks)]), "torch_loop_bf16"
-            peer_us = timer(peer_fn, nbytes)
-        for mode in ("mxfp8", "nvfp4", "mxfp4"):
-            wq = qq.quantize(w, mode=mode, scale_layout="blocked")
-            us = timer(lambda: qq.grouped_qqmm(x, wq, offs), nbytes)
-            bench.row("grouped_qqmm", mode, (t, n, k), "TFLOPs", flops / us / 1e6, peer, flops / peer_us / 1e6,
-                      experts=e, us=round(us, 1))
-            del wq
+    t = 16384
+    shapes = [(4096, 7168), (7168, 2048)]
+    experts = [8, 32] if args.quick else [8, 32, 128]
+    for n, k in shapes:
+        for e in experts:
+            for kind in ("balanced", "zipf"):
+                modes = ("mxfp8", "nvfp4") if e == 8 and kind == "balanced" else ("mxfp8",)
+                run_case(bench, timer, t, n, k, e, kind, ("packed", "prepared"), modes)
+    # E = 256, few tokens per expert: the bf16 weights dominate (15 GB for (4096, 7168)),
+    # so only the prepared form is a fair comparison (packed w would be dequantized per call).
+    for n, k in ([(7168, 2048)] if args.quick else shapes):
+        for per in ((8, 64) if args.quick else (8, 16, 32, 64)):
+            run_case(bench, timer, 256 * per, n, k, 256, "balanced", ("prepared",), ("mxfp8",))
     print(bench.save())
 
 

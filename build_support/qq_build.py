@@ -74,8 +74,16 @@ def dynamic_metadata(field: str, settings: dict | None = None):
     return BASE_DEPENDENCIES + cuda_requirements()
 
 
+# CUTLASS's headers (NVIDIA's nvidia-cutlass wheel) for the sm90 grouped GEMM of
+# grouped_qqmm (libqq/src/cuda/grouped_gemm_sm90.cu): a build requirement only, never a
+# runtime one (header-only, compiled into libqq). A build without them still works:
+# grouped_qqmm then runs one GEMM per expert (docs/build.md).
+CUTLASS_REQUIREMENT = "nvidia-cutlass>=4.2,<5"
+
+
 def get_requires_for_dynamic_metadata(settings: dict | None = None) -> list[str]:
     # Build requirements of a CUDA build: the cuBLAS wheel's headers (libqq loads the
     # library at run time, it does not link it) and cuda-pathfinder, through which
-    # build_support/find_cublas.py finds them.
-    return cuda_requirements()
+    # build_support/find_cublas.py finds them; CUTLASS's headers.
+    reqs = cuda_requirements()
+    return reqs + [CUTLASS_REQUIREMENT] if reqs else reqs

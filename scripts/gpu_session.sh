@@ -4,9 +4,12 @@
 #   QQ_COMMIT=<short hash> scripts/gpu_session.sh STEP...   (in the repository root on the
 #   device; QQ_COMMIT stamps the result tables: the device's .git may be stale)
 # Steps:
-#   build      pip install (no isolation, no deps: the device has no network) for sm_90a
-#   test       every GPU test (pytest -m gpu, 8 workers) + python -m qq
-#   memcheck   compute-sanitizer memcheck over every GPU test (8 workers)
+#   build      pip install (no isolation, no deps: the device has no network) for sm_90a;
+#              CUTLASS's headers from .cutlass/ (carried: cp -r of the nvidia-cutlass wheel's
+#              cutlass_library/source/include) when present, else whatever the venv has
+#   test       every GPU test (pytest -m gpu, 8 workers) + python -m qq; TESTS="..." narrows
+#              it to those paths / -k expressions (e.g. TESTS="tests/test_grouped.py")
+#   memcheck   compute-sanitizer memcheck over every GPU test (8 workers); TESTS as above
 #   racecheck  racecheck + initcheck over the GPU tests of the kernels that use shared
 #              memory (qmma, qmv, the quantize tile kernel, amax): slow (torch's kernels
 #              are instrumented at start-up); `kernels` is the quick form
@@ -30,6 +33,7 @@ for step in "$@"; do
   case $step in
     build)
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$LOG/info.log"
+      [ -d .cutlass/cutlass ] && export QQ_CUTLASS_DIR="$PWD/.cutlass"
       python3 -m pip install --no-build-isolation --no-deps -e . -C cmake.define.QQ_CUDA_ARCHS=${QQ_ARCHS:-90a} \
         > "$LOG/build.log" 2>&1 || { tail -40 "$LOG/build.log"; exit 1; }
       if [ -z "${QUICK:-}" ]; then
@@ -38,13 +42,13 @@ for step in "$@"; do
       fi
       ;;
     test)
-      timeout 560 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider --tb=short -rfE tests \
+      timeout 560 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider --tb=short -rfE ${TESTS:-tests} \
         > "$LOG/pytest_gpu.log" 2>&1 || rc=1
       grep -E "^(FAILED|ERROR)" "$LOG/pytest_gpu.log" | head -40; tail -2 "$LOG/pytest_gpu.log"
       ;;
     memcheck)
       timeout 580 compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 \
-        --print-limit 20 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider --tb=line tests \
+        --print-limit 20 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider --tb=line ${TESTS:-tests} \
         > "$LOG/memcheck.log" 2>&1 || rc=1
       grep -E "ERROR SUMMARY|Invalid|FAILED" "$LOG/memcheck.log" | sort | uniq -c | head -20
       tail -2 "$LOG/memcheck.log"

@@ -1381,13 +1381,13 @@ def fuzz_prepare_one(fz):
         kw["fp8_format"] = fp8
     if gw is not None:
         kw["global_scale"] = gw
-    mut = fz.choice(["valid"] * 4 + ["affine", "w_3d", "w_dtype_bad", "mode_bad", "K_ragged", "from_qa"])
+    mut = fz.choice(["valid"] * 4 + ["affine", "w_4d", "w_dtype_bad", "mode_bad", "K_ragged", "from_qa"])
     arg, expect, names = w, "ok", ()
     if mut == "affine":
         kw = {"mode": "affine"}
         expect, names = "raise", ("mode",)
-    elif mut == "w_3d":
-        arg, expect, names = np.ones((2, n, k), F32), "raise", ("w",)
+    elif mut == "w_4d":     # [N, K], or grouped_qqmm's [E, N, K]; nothing else
+        arg, expect, names = np.ones((2, 2, n, k), F32), "raise", ("w",)
     elif mut == "w_dtype_bad":
         arg, expect, names = np.ones((n, k), fz.choice(BAD_DTYPES)), "raise", ("w",)
     elif mut == "mode_bad":

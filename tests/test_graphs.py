@@ -1,7 +1,7 @@
 """CUDA graphs: every GPU op can be captured with torch.cuda.graph and replays to its eager
 result (docs/api.md, CUDA graphs). A call must not synchronize the host or allocate outside
-the stream's pool; grouped_qqmm, which reads its offsets on the host, raises a clear error
-under capture instead of breaking it.
+the stream's pool; grouped_qqmm is captured where it reads its offsets on the device (Hopper,
+one grouped GEMM) and raises a clear error under capture where it reads them on the host.
 
 Each case runs the op eagerly twice (warm-up: cuBLASLt plans and pools), captures one call,
 replays the graph on fresh input values copied into the captured buffers, and compares
@@ -132,12 +132,40 @@ def test_qqmm_prepared_and_stored(mode, m):
     _check_graph(lambda x: qq.qqmm(x, stored, mode=mode, global_scale_x=gs), [x])
 
 
+def _grouped_one_launch():
+    return qq.build_info().get("grouped_sm90") == "ON" and qq.device_capability(0)[0] == 9
+
+
+@pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])
+def test_grouped_qqmm(mode):
+    """Hopper: one grouped GEMM, the group ends read on the device - captured, and replayed
+    on new ends (an empty group included) as well as new values."""
+    if not _grouped_one_launch():
+        pytest.skip("grouped_qqmm reads its offsets on the host here (not Hopper, or built "
+                    "without CUTLASS's headers)")
+    x = _x(200, 256)
+    w = _x(4, 136, 256)
+    ends = torch.tensor([30, 64, 64, 200], dtype=torch.int32, device="cuda")
+    kw = {"global_scale_w": torch.rand(4, device="cuda") + 1} if mode == "nvfp4" else {}
+    _check_graph(lambda x, w: qq.grouped_qqmm(x, w, ends, mode=mode, **kw), [x, w])
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = qq.grouped_qqmm(x, w, ends, mode=mode, **kw)
+    ends.copy_(torch.tensor([0, 120, 121, 200], dtype=torch.int32))
+    y.fill_(0)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, qq.grouped_qqmm(x, w, ends, mode=mode, **kw))
+
+
 def test_grouped_qqmm_under_capture_raises():
+    """Where the offsets are read on the host (here: a float32 result, which the grouped
+    GEMM does not write), capture is refused with a clear error."""
     x = _x(64, 256)
     w = _x(2, 128, 256)
     ends = torch.tensor([30, 64], dtype=torch.int32, device="cuda")
-    qq.grouped_qqmm(x, w, ends, mode="mxfp8")          # eager works
+    qq.grouped_qqmm(x, w, ends, mode="mxfp8", dtype="float32")          # eager works
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         with pytest.raises(qq.NotSupportedError, match="graph"):
-            qq.grouped_qqmm(x, w, ends, mode="mxfp8")
+            qq.grouped_qqmm(x, w, ends, mode="mxfp8", dtype="float32")

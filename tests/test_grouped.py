@@ -19,6 +19,13 @@ F32 = np.float32
 SIZES = [0, 5, 1, 34, 0, 17]  # tokens per expert: empty and single-token groups included
 
 
+def one_launch(device):
+    """Whether grouped_qqmm takes its one-launch path here (Hopper, built with CUTLASS's
+    headers): the group ends are then read on the device, bad ones give NaN."""
+    return (device == "cuda" and qq.build_info().get("grouped_sm90") == "ON"
+            and qq.device_capability(0)[0] == 9)
+
+
 def dev(a, device):
     return to_device(None if a is None else np.asarray(a), device)
 
@@ -102,20 +109,74 @@ def test_grouped_qqmm_moe_weights(scaling, device, rng):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_grouped_qqmm_errors(device, rng):
+@pytest.mark.parametrize("n", [8, 12], ids=["one_launch", "per_expert"])
+def test_grouped_qqmm_errors(n, device, rng):
+    """Bad group ends raise where they are read on the host (the CPU, and the per-expert
+    loop: N = 12 is not a whole number of 16-byte rows); the one-launch path reads them on
+    the device and gives a result of NaN instead (docs/api.md)."""
     x = cast(rng.standard_normal((6, 64)), BF16)
-    w = cast(rng.standard_normal((2, 8, 64)), BF16)
-    raises(ValueError, "offsets", qq.grouped_qqmm, dev(x, device), dev(w, device),
-           dev(np.array([4, 5], np.int32), device))           # last != T
-    raises(ValueError, "offsets", qq.grouped_qqmm, dev(x, device), dev(w, device),
-           dev(np.array([4, 2], np.int32), device))           # decreasing
+    w = cast(rng.standard_normal((2, n, 64)), BF16)
+    for bad in ([4, 5], [4, 2], [7, 6], [-1, 6]):     # last != T, decreasing, past T, negative
+        ends = dev(np.array(bad, np.int32), device)
+        if one_launch(device) and n % 8 == 0:
+            got = to_numpy(qq.grouped_qqmm(dev(x, device), dev(w, device), ends)).astype(F32)
+            assert got.shape == (6, n) and np.isnan(got).all(), bad
+        else:
+            raises(ValueError, "offsets", qq.grouped_qqmm, dev(x, device), dev(w, device), ends)
     raises((ValueError, TypeError), "offsets", qq.grouped_qqmm, dev(x, device), dev(w, device),
            dev(np.array([4, 6], np.int64), device))           # wrong dtype
     raises(ValueError, "w", qq.grouped_qqmm, dev(x, device), dev(w[0], device),
            dev(np.array([4, 6], np.int32), device))           # 2D w
     got = to_numpy(qq.grouped_qqmm(dev(x, device), dev(w, device), dev(np.array([0, 6], np.int32), device),
                                    dtype="float32"))
-    assert got.shape == (6, 8) and np.isfinite(got).all()
+    assert got.shape == (6, n) and np.isfinite(got).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("wform", ["float", "packed", "prepared"])
+@pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])
+def test_grouped_qqmm_many_experts(mode, wform, device, rng):
+    """The shapes of the one-launch path on Hopper: 24 experts with Zipf-like sizes and
+    empty groups, several 128-row tiles per expert and tiles split across experts, N and K
+    over one 256 x 64 tile; weights float (quantized on the fly, per-expert nvfp4 global
+    scales), packed with blocked scales (per-expert global scales), or a PreparedWeight
+    [E, N, K] (bf16 values, one global scale). Checked against the per-expert reference;
+    on the GPU also against the per-expert loop, which a float32 result takes."""
+    sizes = [300, 0, 0, 150, 1, 77, 40, 0, 9, 2, 129, 64] + [0] * 6 + [33, 5, 0, 1, 0, 11]
+    e, n, k = len(sizes), 264, 192
+    t = sum(sizes)
+    x = cast(rng.standard_normal((t, k)), BF16)
+    w = cast(rng.standard_normal((e, n, k)), BF16)
+    nv = mode == "nvfp4"
+    gx = R.amax(x) if nv else None
+    if wform == "prepared":
+        gw = np.full(e, float(R.amax(w)), F32) if nv else None
+        wa = qq.prepare_weight(dev(w, device), mode=mode, global_scale=dev(None if gw is None else gw[:1], device))
+        kw = {}
+    elif wform == "float":
+        gw = np.array([float(R.amax(w[i])) for i in range(e)], F32) if nv else None
+        wa, kw = dev(w, device), {"global_scale_w": dev(gw, device)}
+    else:
+        gw = np.array([float(R.amax(w[i])) for i in range(e)], F32) if nv else None
+        qs = [qq.quantize(w[i], mode=mode, global_scale=None if gw is None else gw[i:i + 1],
+                          scale_layout="blocked") for i in range(e)]
+        wa = dev(np.stack([np.asarray(q.data) for q in qs]), device)
+        kw = {"scales": dev(np.stack([np.asarray(q.scales) for q in qs]), device), "scale_layout": "blocked",
+              "global_scale_w": dev(gw, device)}
+    ends = dev(offsets_of(sizes), device)
+    got = qq.grouped_qqmm(dev(x, device), wa, ends, mode=mode, global_scale_x=dev(gx, device), **kw)
+    assert tuple(got.shape) == (t, n)
+    ref = ref_grouped(x, w, sizes, lambda xe, i: R.qqmm(
+        xe, w[i], mode, global_scale_x=gx, global_scale_w=None if gw is None else gw[i]))
+    assert_matmul_close(got, ref, f"grouped_qqmm {mode} {wform}", dtype=BF16)
+    if device == "cuda":
+        loop = qq.grouped_qqmm(dev(x, device), wa, ends, mode=mode, global_scale_x=dev(gx, device),
+                               dtype="float32", **kw)
+        assert_matmul_close(loop, ref, f"grouped_qqmm {mode} {wform} (per-expert loop)", dtype=F32)
+        # the same products rounded to bf16 once: equal up to one bf16 step where the fp32
+        # sums of the two GEMMs land on different sides of a rounding boundary
+        a, b = to_numpy(got).astype(F32), to_numpy(loop).astype(F32)
+        np.testing.assert_allclose(a, b, rtol=2.0 ** -7, atol=1e-30)
 
 
 # ---------------------------------------------------------------------------

@@ -57,7 +57,7 @@ struct SubTensor {
 qqStatus_t qqmm_single(Ctx& c, qqHandle_t handle, const DLTensor* x, const DLTensor* x_scales, const DLTensor* w,
                        const DLTensor* w_scales, const qqQqmmParams_t& p, const DLTensor* global_scale_x,
                        const DLTensor* global_scale_w, const DLTensor* bias, DLTensor* out, void* stream,
-                       bool run) {
+                       bool run, MatmulArgs* args_out = nullptr) {
   MatmulArgs a{};
   qqQuantParams_t qp = p.quant;
   qp.scale_layout = QQ_SCALE_LINEAR;
@@ -152,6 +152,10 @@ qqStatus_t qqmm_single(Ctx& c, qqHandle_t handle, const DLTensor* x, const DLTen
   if (a.beta != 0.0f && overlap(out, p.c) && !same_view(out, p.c))
     return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: 'c' overlaps 'out' without being the same tensor; pass "
                      "out=c exactly (in place) or separate buffers");
+  if (args_out) {  // validated, not run: the caller dispatches (grouped_qqmm's one-launch path)
+    *args_out = a;
+    return QQ_STATUS_SUCCESS;
+  }
   if (a.M * a.N * a.x.batch() == 0) return QQ_STATUS_SUCCESS;
   if (c.device < 0) return routed(cpu::qqmm(a), QQ_ROUTE_CPU);
   return cuda::qqmm(handle, a, stream);
@@ -418,9 +422,9 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
     }
     if (global_scale_w) {
       QQ_TRY(check_tensor(c, "global_scale_w", global_scale_w, &dt));
-      if (dt != DType::F32 || numel(global_scale_w) != E || global_scale_w->ndim != 1)
+      if (dt != DType::F32 || (numel(global_scale_w) != E && numel(global_scale_w) != 1) || global_scale_w->ndim > 1)
         return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'global_scale_w' must be float32 [E=%lld] "
-                         "(one global scale per expert); got %s %s", (long long)E,
+                         "(one global scale per expert) or one scale for all; got %s %s", (long long)E,
                          dtype_str(global_scale_w->dtype).c_str(),
                          shape_str(global_scale_w->ndim, global_scale_w->shape).c_str());
     }
@@ -431,12 +435,40 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
     QQ_TRY(check_no_alias(c, {{"out", out}}, {{"x", x}, {"x_scales", x_scales}, {"offsets", offsets}, {"w", w},
                                              {"scales", w_scales}, {"global_scale_x", global_scale_x},
                                              {"global_scale_w", global_scale_w}}));
-    // The group ends, on the host.
+    if (stride_of(offsets, 0) != 1 && E > 1)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'offsets' must be contiguous");
+    const void* src = (const char*)offsets->data + offsets->byte_offset;
+    // Hopper: every expert in one grouped GEMM, the ends read on the device
+    // (cuda::grouped_qqmm). Validated as one qqmm of all T tokens against
+    // expert 0's weight; the other experts are views of the same tensors.
+    const bool one_gw = global_scale_w && numel(global_scale_w) == 1;  // one scale for every expert
+    if (c.device >= 0 && T > 0 && E > 0 && (!global_scale_w || one_gw || stride_of(global_scale_w, 0) == 1)) {
+      SubTensor ws(w, 0, 0, true), wss(w_scales ? w_scales : w, 0, 0, true);
+      SubTensor gws(global_scale_w && !one_gw ? global_scale_w : offsets, 0, 0, true);
+      const DLTensor* gw = one_gw ? global_scale_w : (global_scale_w ? &gws.t : nullptr);
+      MatmulArgs a;
+      Ctx ce{"qqmm"};
+      const qqStatus_t st = qqmm_single(ce, handle, x, x_scales, &ws.t, w_scales ? &wss.t : nullptr, p,
+                                        global_scale_x, gw, nullptr, out, stream, true, &a);
+      if (st != QQ_STATUS_SUCCESS) {
+        const std::string msg = last_error();
+        return set_error(st, "grouped_qqmm: expert 0: %s", msg.c_str());
+      }
+      a.w.nb = 1;
+      a.w.bshape[0] = E;
+      a.w.bstride[0] = stride_of(w, 0);
+      if (a.w_scales.ptr) {
+        a.w_scales.nb = 1;
+        a.w_scales.bshape[0] = E;
+        a.w_scales.bstride[0] = stride_of(w_scales, 0);
+      }
+      bool taken = false;
+      QQ_TRY(cuda::grouped_qqmm(handle, a, one_gw ? 0 : 1, (const int32_t*)src, E, stream, &taken));
+      if (taken) return QQ_STATUS_SUCCESS;
+    }
+    // Elsewhere the group ends are read on the host, and each expert runs as a qqmm.
     std::vector<int32_t> ends(E);
     if (E > 0) {
-      const void* src = (const char*)offsets->data + offsets->byte_offset;
-      if (stride_of(offsets, 0) != 1 && E > 1)
-        return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'offsets' must be contiguous");
       if (c.device < 0) memcpy(ends.data(), src, E * sizeof(int32_t));
       else QQ_TRY(cuda::copy_to_host(c.device, src, E * sizeof(int32_t), ends.data(), stream));
     }
@@ -462,11 +494,12 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
       SubTensor xs(x, r0, n, false), os(out, r0, n, false), ws(w, e, 0, true);
       SubTensor xss(x_scales ? x_scales : x, r0, n, false);
       SubTensor wss(w_scales ? w_scales : w, e, 0, true);
-      SubTensor gws(global_scale_w ? global_scale_w : offsets, e, 0, true);
+      SubTensor gws(global_scale_w && !one_gw ? global_scale_w : offsets, e, 0, true);
+      const DLTensor* gw = one_gw ? global_scale_w : (global_scale_w ? &gws.t : nullptr);
       Ctx ce{"qqmm"};
       const qqStatus_t st = qqmm_single(ce, handle, &xs.t, x_scales ? &xss.t : nullptr, &ws.t,
                                         w_scales ? &wss.t : nullptr, p, global_scale_x,
-                                        global_scale_w ? &gws.t : nullptr, nullptr, &os.t, stream, !check_only);
+                                        gw, nullptr, &os.t, stream, !check_only);
       if (st != QQ_STATUS_SUCCESS) {
         const std::string msg = last_error();
         return set_error(st, "grouped_qqmm: expert %lld: %s", (long long)e, msg.c_str());

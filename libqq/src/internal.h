@@ -230,6 +230,14 @@ qqStatus_t dequantize(qqHandle_t h, const DequantizeArgs& a, void* stream);
 qqStatus_t swizzle(qqHandle_t h, const Mat& linear, const Mat& blocked, bool to_blocked, void* stream);
 qqStatus_t amax(qqHandle_t h, const Mat& x, float* out, void* stream);
 qqStatus_t qqmm(qqHandle_t h, const MatmulArgs& a, void* stream);
+// grouped_qqmm in a fixed number of launches (Hopper, exact path): `a` is a
+// qqmm of all T tokens (x [T, K], out [T, N]) against expert 0, with w (and
+// its scales) given the batch [E] of the experts, gs_w[e * gw_stride] expert
+// e's global scale; `ends` the int32 group ends on the device, never read on
+// the host. *taken = false (and nothing done) where this path does not apply;
+// the caller then loops.
+qqStatus_t grouped_qqmm(qqHandle_t h, const MatmulArgs& a, int64_t gw_stride, const int32_t* ends, int64_t E,
+                        void* stream, bool* taken);
 qqStatus_t quantized_matmul(qqHandle_t h, const MatmulArgs& a, void* stream);
 qqStatus_t create_handle(qqHandle_t* h, int device);
 qqStatus_t destroy_handle(qqHandle_t h);

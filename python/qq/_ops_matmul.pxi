@@ -43,7 +43,7 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     if isinstance(w, PreparedWeight):
         # Both forms go to libqq, which picks per call (the packed w for the weight-only
         # routes at small M, the values for the GEMM: qqQqmmParams_t.w_values).
-        w_values = w.values
+        w_values = w.values if len(w.shape) == 2 else None     # [E, N, K]: grouped_qqmm's
         w = w.quantized
     x_layout = scale_layout
     w_layout = scale_layout
@@ -142,9 +142,15 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
     linear or blocked scales), packed [E, N, K*bits/8] with `scales`, or - with
     moe_scaling="32x1" / "32x32" - the (data, scales) of qq.quantize_moe on the [E, K, N]
     weight (D1 = K, the contracted axis; scale_layout="blocked" required). x: float [T, K], a
-    QuantizedArray or packed [T, K*bits/8] with linear x_scales. nvfp4: global_scale_x is a
-    scalar, global_scale_w float32 [E]. The offsets are read on the host (one wait on the
-    stream); each expert then runs as a qqmm.
+    QuantizedArray or packed [T, K*bits/8] with linear x_scales; or a PreparedWeight of
+    [E, N, K] (qq.prepare_weight: q(w)'s bf16 values, no dequantization per call). nvfp4:
+    global_scale_x is a scalar, global_scale_w float32 [E] (or one for all experts).
+
+    On Hopper (built with CUTLASS's headers) every expert runs in one grouped GEMM whose
+    group sizes are read on the device: no host synchronization, capturable in a CUDA
+    graph; offsets that are not non-decreasing ends within [0, T] ending at T give a
+    result of NaN there. Elsewhere the offsets are read on the host (one wait on the
+    stream, a ValueError for bad ones) and each expert runs as a qqmm (docs/api.md).
     """
     cdef str func = "grouped_qqmm"
     cdef _View vx, vxs, voff, vw, vws, vgx, vgw, vo
@@ -161,6 +167,20 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
     cdef void* s
     x_layout = "linear"
     w_layout = scale_layout
+    cdef bint w_prepared = False
+    if isinstance(w, PreparedWeight):
+        # q(w)'s bf16 values where the device multiplies them (no dequantization per call),
+        # else the QuantizedArray (Blackwell's block-scaled GEMMs take the packed form).
+        pw = w
+        if pw.values is not None:
+            mode = _take(func, "mode", mode, "mxfp8", pw.mode, "w")
+            fp8_format = _take(func, "fp8_format", fp8_format, "e4m3", pw.quantized.fp8_format, "w")
+            global_scale_w = _take_array(func, "global_scale_w", global_scale_w, pw.global_scale,
+                                         "w", "global_scale")
+            w = pw.values
+            w_prepared = True
+        else:
+            w = pw.quantized
     if moe_scaling is not None:
         if moe_scaling not in ("32x1", "32x32"):
             raise ValueError(f"{func}: moe_scaling must be None, '32x1' or '32x32'; got {moe_scaling!r}")
@@ -199,6 +219,7 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
     _quant_params(func, &qp.quant, mode, group_size, bits, rounding, "linear", fp8_format)
     qp.x_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", x_layout, _LAYOUTS)
     qp.w_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", w_layout, _LAYOUTS)
+    qp.w_prepared = 1 if w_prepared else 0
     out_dtype = _dtype_arg(func, dtype)
     cdef _Call call = _new_call(func, x, "x", stream)
     result = None
@@ -209,7 +230,7 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
         vw = call.view(w, "w")
         vws = call.view(scales, "scales")
         vgx = call.view(call.scalar(global_scale_x, "global_scale_x"), "global_scale_x")
-        vgw = call.view(global_scale_w, "global_scale_w")
+        vgw = call.view(call.scalar(global_scale_w, "global_scale_w"), "global_scale_w")
         if out is None:
             if out_dtype is None:
                 x_dt = vx.dtype_name()

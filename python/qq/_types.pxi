@@ -313,7 +313,8 @@ def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_f
     """Quantize a qqmm weight once and keep what qqmm needs per call (a PreparedWeight).
 
     w: float [N, K] (quantized here with mode, global_scale, rounding, fp8_format, blocked
-    scales) or a QuantizedArray. On GPUs without block-scaled tensor cores (and on the
+    scales) or a QuantizedArray; [E, N, K] prepares grouped_qqmm's expert weights (one
+    global scale for all experts). On GPUs without block-scaled tensor cores (and on the
     CPU) the result also holds q(w)'s exact bfloat16 values, which costs 2 bytes per
     element of memory and saves qqmm a dequantization of w per call.
     """
@@ -333,8 +334,9 @@ def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_f
             if msg.startswith("quantize:"):
                 msg = func + ":" + msg[len("quantize:"):].replace("argument 'x'", "argument 'w'")
             raise type(e)(msg) from None
-    if len(qa.shape) != 2:
-        raise ValueError(f"{func}: w: qqmm weights are [N, K]; got shape {qa.shape}")
+    if len(qa.shape) not in (2, 3):
+        raise ValueError(f"{func}: w: qqmm weights are [N, K] (or grouped_qqmm's experts [E, N, K]); "
+                         f"got shape {qa.shape}")
     values = None
     if not _blockscaled_device(qa.data):
         values = dequantize(qa.data, qa.scales, group_size=qa.group_size, bits=qa.bits,

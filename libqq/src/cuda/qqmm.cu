@@ -33,6 +33,7 @@
 
 #include "../codec.h"
 #include "common.cuh"
+#include "grouped_gemm.h"
 #include "ops.cuh"
 #include "vec.cuh"
 
@@ -63,7 +64,8 @@ __device__ __forceinline__ float2 decode2(int elem, uint32_t pr) {
 // out: compact [B*M, K], written with 16-byte stores.
 template <typename T, typename TO, int G, bool kVecIn>
 __global__ void __launch_bounds__(kThreads)
-    qdq_kernel(Mat x, QSpec q, const float* gs, const float* gs_post, TO* out, int64_t ng, int64_t total) {
+    qdq_kernel(Mat x, QSpec q, const float* gs, int64_t gs_stride, const float* gs_post, TO* out, int64_t ng,
+               int64_t total) {
   const int64_t t = (int64_t)blockIdx.x * kThreads + threadIdx.x;
   if (t >= total) return;
   const int64_t row = t / ng, g = t - row * ng;
@@ -82,7 +84,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < G; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
   const float amax = u2f(ab);
   // nvfp4 is the only group of 16
-  const float enc = (G == 16 && gs) ? nvfp4_enc(*gs) : 1.0f;
+  const float enc = (G == 16 && gs) ? nvfp4_enc(gs[b * gs_stride]) : 1.0f;
   const FpGroupScale gsc = fp_group_scale(amax, G == 16, enc, q.elem, q.floor_rounding);
   const float f = gsc.factor;
   const bool nan_group = gsc.nan_group;
@@ -103,11 +105,13 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < G; i += 8) store8<TO>(dst + i, v + i);
 }
 
-// {alpha, 0}: alpha = (gx / 2688) * (gw / 2688), a missing scale counting 1;
+// {alpha_0 .. alpha_{n-1}, 0}: alpha_i = (gx / 2688) * (gw[i] / 2688), a
+// missing scale counting 1 (n = 1 for qqmm, one per expert for grouped_qqmm);
 // the 0 is beta for cuBLASLt's device pointer mode.
-__global__ void alpha_kernel(const float* gx, const float* gw, float* out) {
-  out[0] = (gx ? nvfp4_dec(*gx) : 1.0f) * (gw ? nvfp4_dec(*gw) : 1.0f);
-  out[1] = 0.0f;
+__global__ void alpha_kernel(const float* gx, const float* gw, int gw_stride, int n, float* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = (gx ? nvfp4_dec(*gx) : 1.0f) * (gw ? nvfp4_dec(gw[i * gw_stride]) : 1.0f);
+  if (i == n) out[n] = 0.0f;
 }
 
 // Rows (start, pitch, batch strides) on 16-byte boundaries.
@@ -119,38 +123,50 @@ bool rows_aligned(const Mat& m) {
 }
 
 template <typename T, typename TO>
-qqStatus_t launch_qdq_t(const Mat& x, const QSpec& q, const float* gs, const float* gs_post, TO* out,
-                        cudaStream_t st) {
+qqStatus_t launch_qdq_t(const Mat& x, const QSpec& q, const float* gs, int64_t gs_stride, const float* gs_post,
+                        TO* out, cudaStream_t st) {
   const int64_t ng = x.cols / q.group, total = x.batch() * x.rows * ng;
   const unsigned grid = (unsigned)((total + kThreads - 1) / kThreads);
   const bool vec = rows_aligned(x);
   if (q.group == 16) {
-    if (vec) qdq_kernel<T, TO, 16, true><<<grid, kThreads, 0, st>>>(x, q, gs, gs_post, out, ng, total);
-    else qdq_kernel<T, TO, 16, false><<<grid, kThreads, 0, st>>>(x, q, gs, gs_post, out, ng, total);
+    if (vec) qdq_kernel<T, TO, 16, true><<<grid, kThreads, 0, st>>>(x, q, gs, gs_stride, gs_post, out, ng, total);
+    else qdq_kernel<T, TO, 16, false><<<grid, kThreads, 0, st>>>(x, q, gs, gs_stride, gs_post, out, ng, total);
   } else {
-    if (vec) qdq_kernel<T, TO, 32, true><<<grid, kThreads, 0, st>>>(x, q, gs, gs_post, out, ng, total);
-    else qdq_kernel<T, TO, 32, false><<<grid, kThreads, 0, st>>>(x, q, gs, gs_post, out, ng, total);
+    if (vec) qdq_kernel<T, TO, 32, true><<<grid, kThreads, 0, st>>>(x, q, gs, gs_stride, gs_post, out, ng, total);
+    else qdq_kernel<T, TO, 32, false><<<grid, kThreads, 0, st>>>(x, q, gs, gs_stride, gs_post, out, ng, total);
   }
   return check_launch("qqmm");
 }
 
+// gs_stride: gs[b * gs_stride] is batch entry b's global scale (0: one for all;
+// grouped_qqmm's per-expert scales: 1).
 template <typename TO>
-qqStatus_t qdq(const Mat& x, const QSpec& q, const float* gs, const float* gs_post, TO* out, cudaStream_t st) {
+qqStatus_t qdq(const Mat& x, const QSpec& q, const float* gs, const float* gs_post, TO* out, cudaStream_t st,
+               int64_t gs_stride = 0) {
   switch (x.dt) {
-    case DType::F32: return launch_qdq_t<float, TO>(x, q, gs, gs_post, out, st);
-    case DType::F16: return launch_qdq_t<__half, TO>(x, q, gs, gs_post, out, st);
-    default: return launch_qdq_t<__nv_bfloat16, TO>(x, q, gs, gs_post, out, st);
+    case DType::F32: return launch_qdq_t<float, TO>(x, q, gs, gs_stride, gs_post, out, st);
+    case DType::F16: return launch_qdq_t<__half, TO>(x, q, gs, gs_stride, gs_post, out, st);
+    default: return launch_qdq_t<__nv_bfloat16, TO>(x, q, gs, gs_stride, gs_post, out, st);
   }
 }
 
 // A prepared w (q(w)'s values in f16/f32) as compact bf16: exact, the values
 // are on the quantization grid.
+// out: compact [B, rows, cols] (B = w's batch: grouped_qqmm's experts).
 template <typename T>
 __global__ void to_bf16_kernel(Mat w, __nv_bfloat16* out, int64_t total) {
   const int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x;
   if (i >= total) return;
-  const int64_t r = i / w.cols, k = i - r * w.cols;
-  out[i] = __ushort_as_bfloat16(f_to_bf16(load1<T>(w.at<T>(0, r) + k)));
+  const int64_t r = i / w.cols, k = i - r * w.cols, b = r / w.rows;
+  out[i] = __ushort_as_bfloat16(f_to_bf16(load1<T>(w.at<T>(b, r - b * w.rows) + k)));
+}
+
+qqStatus_t prepared_to_bf16(const Mat& w, __nv_bfloat16* out, cudaStream_t st) {
+  const int64_t total = w.batch() * w.rows * w.cols;
+  const unsigned grid = (unsigned)((total + kThreads - 1) / kThreads);
+  if (w.dt == DType::F32) to_bf16_kernel<float><<<grid, kThreads, 0, st>>>(w, out, total);
+  else to_bf16_kernel<__half><<<grid, kThreads, 0, st>>>(w, out, total);
+  return check_launch("qqmm");
 }
 
 // A compact [B..., rows, cols] Mat over `ptr` with the batch shape of `like`.
@@ -170,10 +186,11 @@ Mat compact_like(const Mat& like, void* ptr, DType dt, int64_t rows, int64_t col
 }
 
 // The bf16 values of one operand, compact [B*rows, K]: dequantized (packed)
-// or quantized-dequantized on the fly (float).
+// or quantized-dequantized on the fly (float; gs_stride as in qdq).
 qqStatus_t operand_bf16(qqContext* c, const Mat& m, const Mat& scales, bool packed, int blocked, const QSpec& q0,
-                        const float* gs, int64_t rows, int64_t K, __nv_bfloat16* out, cudaStream_t st) {
-  if (!packed) return qdq<__nv_bfloat16>(m, q0, gs, nullptr, out, st);
+                        const float* gs, int64_t rows, int64_t K, __nv_bfloat16* out, cudaStream_t st,
+                        int64_t gs_stride = 0) {
+  if (!packed) return qdq<__nv_bfloat16>(m, q0, gs, nullptr, out, st, gs_stride);
   DequantizeArgs d{};
   d.data = m;
   d.scales = scales;
@@ -549,7 +566,7 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
     float* alpha = nullptr;
     if (a.gs_x || a.gs_w) {
       QQ_TRY(scratch.get("qqmm", 2 * sizeof(float), &alpha));
-      alpha_kernel<<<1, 1, 0, st>>>(a.gs_x, a.gs_w, alpha);
+      alpha_kernel<<<1, 32, 0, st>>>(a.gs_x, a.gs_w, 0, 1, alpha);
       QQ_TRY(check_launch("qqmm"));
     }
     // The routes in AUTO's order; a requested one runs alone or fails saying why.
@@ -617,10 +634,7 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
       ldw = a.w.ld;
     } else if (a.w_prepared) {
       QQ_TRY(scratch.get("qqmm", (size_t)(N * K) * 2, &wb));
-      const unsigned grid = (unsigned)((N * K + kThreads - 1) / kThreads);
-      if (a.w.dt == DType::F32) to_bf16_kernel<float><<<grid, kThreads, 0, st>>>(a.w, wb, N * K);
-      else to_bf16_kernel<__half><<<grid, kThreads, 0, st>>>(a.w, wb, N * K);
-      QQ_TRY(check_launch("qqmm"));
+      QQ_TRY(prepared_to_bf16(a.w, wb, st));
     } else {
       QQ_TRY(scratch.get("qqmm", (size_t)(N * K) * 2, &wb));
       QQ_TRY(operand_bf16(c, a.w, a.w_scales, a.w_packed, a.w_blocked, a.q, a.gs_w, N, K, wb, st));
@@ -645,6 +659,102 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
 }
 
 }  // namespace
+
+#if !QQ_HAVE_GROUPED_SM90
+// Built without CUTLASS's headers or without sm_90a (CMakeLists.txt): never asked to run.
+bool grouped_gemm_sm90_built() { return false; }
+size_t grouped_gemm_sm90_scratch(const GroupedGemmSm90&) { return 0; }
+const char* grouped_gemm_sm90(const GroupedGemmSm90&, void*, cudaStream_t) { return "not built"; }
+#endif
+
+// Packed or float expert weights are converted to bf16 per call, as many
+// experts at a time as fit in this much scratch (one grouped GEMM per chunk:
+// E = 128 experts of 4096 x 7168 take 2). Prepared bf16 weights need none.
+constexpr int64_t kGroupedBf16WeightBytes = 4ll << 30;
+
+// Mat m restricted to batch entries [e0, e0 + n) of its one batch dim.
+Mat batch_slice(const Mat& m, int64_t e0, int64_t n) {
+  Mat r = m;
+  r.ptr = (char*)m.ptr + e0 * m.bstride[0] * dtype_size(m.dt);
+  r.bshape[0] = n;
+  return r;
+}
+
+qqStatus_t grouped_qqmm(qqHandle_t h, const MatmulArgs& a, int64_t gw_stride, const int32_t* ends, int64_t E,
+                        void* stream, bool* taken) {
+  *taken = false;
+  if (!grouped_gemm_sm90_built()) return QQ_STATUS_SUCCESS;
+  qqContext* c = nullptr;
+  QQ_TRY(resolve_handle("grouped_qqmm", h, a.out.device, &c));
+  // Hopper's exact path only: Blackwell's block-scaled GEMMs run per expert.
+  if (c->cc / 10 != 9 || (a.route != QQ_ROUTE_AUTO && a.route != QQ_ROUTE_EXACT)) return QQ_STATUS_SUCCESS;
+  const int64_t T = a.M, N = a.N, K = a.K;
+  const bool w_bf16 = a.w_prepared && a.w.dt == DType::BF16;
+  // CUTLASS's int shapes, TMA's 16-byte rows, a bf16 result.
+  if (a.out.dt != DType::BF16 || a.x.nb != 0 || E > (1 << 30) || T >= (1ll << 31) || N >= (1ll << 31) ||
+      K >= (1ll << 31) || K % 8 || N % 8 || !rows_aligned(a.out))
+    return QQ_STATUS_SUCCESS;
+  if (w_bf16 && !rows_aligned(a.w)) return QQ_STATUS_SUCCESS;
+  *taken = true;
+  return on_device(c->device, [&]() -> qqStatus_t {
+    cudaStream_t st = (cudaStream_t)stream;
+    Scratch scratch(c, st);
+    float* alpha = nullptr;
+    if (a.gs_x || a.gs_w) {
+      QQ_TRY(scratch.get("grouped_qqmm", (size_t)(E + 1) * sizeof(float), &alpha));
+      alpha_kernel<<<(unsigned)((E + 1 + 127) / 128), 128, 0, st>>>(a.gs_x, a.gs_w, (int)gw_stride, (int)E, alpha);
+      QQ_TRY(check_launch("grouped_qqmm"));
+    }
+    // q(x) for every token at once: x's blocks run along K, within a token.
+    __nv_bfloat16 *xb = nullptr, *wb = nullptr;
+    QQ_TRY(scratch.get("grouped_qqmm", (size_t)(T * K) * 2, &xb));
+    QQ_TRY(operand_bf16(c, a.x, a.x_scales, a.x_packed, a.x_blocked, a.q, a.gs_x, T, K, xb, st));
+    GroupedGemmSm90 g;
+    g.A = xb;
+    g.lda = K;
+    g.ldb = K;
+    g.b_stride = N * K;
+    g.D = a.out.ptr;
+    g.ldd = a.out.ld;
+    g.ends = ends;
+    g.alpha = alpha;
+    g.E_all = (int)E;
+    g.T = T;
+    g.N = N;
+    g.K = K;
+    g.device = c->device;
+    g.sm_count = sm_count(c->device);
+    // Experts per grouped GEMM: all of them with bf16 weights, else as many as
+    // kGroupedBf16WeightBytes holds once converted.
+    const int64_t chunk = w_bf16 ? E : std::max<int64_t>(1, std::min<int64_t>(E, kGroupedBf16WeightBytes / (N * K * 2)));
+    if (w_bf16) {
+      wb = (__nv_bfloat16*)a.w.ptr;
+      g.ldb = a.w.ld;
+      g.b_stride = a.w.nb ? a.w.bstride[0] : 0;
+    } else {
+      QQ_TRY(scratch.get("grouped_qqmm", (size_t)(chunk * N * K) * 2, &wb));
+    }
+    g.B = wb;
+    g.E = (int)chunk;
+    void* buf = nullptr;
+    QQ_TRY(scratch.get("grouped_qqmm", grouped_gemm_sm90_scratch(g), &buf));
+    for (int64_t e0 = 0; e0 < E; e0 += chunk) {
+      const int64_t ne = std::min(chunk, E - e0);
+      if (!w_bf16) {
+        const Mat wc = batch_slice(a.w, e0, ne);
+        const Mat sc = a.w_scales.ptr ? batch_slice(a.w_scales, e0, ne) : a.w_scales;
+        const float* gw = a.gs_w ? a.gs_w + e0 * gw_stride : nullptr;
+        if (a.w_prepared) QQ_TRY(prepared_to_bf16(wc, wb, st));
+        else QQ_TRY(operand_bf16(c, wc, sc, a.w_packed, a.w_blocked, a.q, gw, N, K, wb, st, gw_stride));
+      }
+      g.e0 = (int)e0;
+      g.E = (int)ne;
+      if (const char* why = grouped_gemm_sm90(g, buf, st))
+        return set_error(QQ_STATUS_CUDA_ERROR, "grouped_qqmm: %s", why);
+    }
+    return routed(check_launch("grouped_qqmm"), QQ_ROUTE_EXACT);
+  });
+}
 
 }  // namespace cuda
 }  // namespace qq
