@@ -158,6 +158,29 @@ def test_grouped_qqmm(mode):
     assert torch.equal(y, qq.grouped_qqmm(x, w, ends, mode=mode, **kw))
 
 
+@pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])
+def test_grouped_qqmm_wgrad(mode):
+    """Hopper: the weight gradient in a fixed number of launches, the group ends read on
+    the device - captured, and replayed on new ends (an empty expert included)."""
+    if not _grouped_one_launch():
+        pytest.skip("grouped_qqmm_wgrad reads its offsets on the host here")
+    x = _x(200, 256)
+    dy = _x(200, 136)
+    ends = torch.tensor([30, 64, 64, 200], dtype=torch.int32, device="cuda")
+    kw = {"global_scale_x": x.abs().max().float(), "global_scale_dy": dy.abs().max().float()} \
+        if mode == "nvfp4" else {}
+    _check_graph(lambda x, dy: qq.grouped_qqmm_wgrad(x, dy, ends, mode=mode, **kw), [x, dy])
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        dw = qq.grouped_qqmm_wgrad(x, dy, ends, mode=mode, **kw)
+    ends.copy_(torch.tensor([0, 120, 121, 200], dtype=torch.int32))
+    dw.fill_(7)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(dw, qq.grouped_qqmm_wgrad(x, dy, ends, mode=mode, **kw))
+    assert not dw[0].any()
+
+
 def test_grouped_qqmm_under_capture_raises():
     """Where the offsets are read on the host (here: a float32 result, which the grouped
     GEMM does not write), capture is refused with a clear error."""

@@ -509,6 +509,73 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
   });
 }
 
+QQ_API qqStatus_t qqGroupedQqmmWgrad(qqHandle_t handle, const DLTensor* x, const DLTensor* dy,
+                                     const DLTensor* offsets, const qqQuantParams_t* params,
+                                     const DLTensor* global_scale_x, const DLTensor* global_scale_dy, DLTensor* out,
+                                     void* stream) {
+  return guard("grouped_qqmm_wgrad", [&]() -> qqStatus_t {
+    set_route(QQ_ROUTE_AUTO);
+    Ctx c{"grouped_qqmm_wgrad"};
+    WgradArgs a;
+    QQ_TRY(resolve_params(c, params, &a.q));
+    if (!a.q.fp())
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm_wgrad: mode affine has no quantized-activation GEMM; "
+                       "use mode nvfp4, mxfp4 or mxfp8");
+    if (a.q.blocked)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm_wgrad: params.scale_layout must be LINEAR (the "
+                       "quantized operands stay inside the call)");
+    DType xdt, ddt, odt;
+    QQ_TRY(check_tensor(c, "x", x, &xdt));
+    QQ_TRY(expect_float(c, "x", x, xdt));
+    QQ_TRY(check_tensor(c, "dy", dy, &ddt));
+    QQ_TRY(expect_float(c, "dy", dy, ddt));
+    if (x->ndim != 2 || dy->ndim != 2 || dy->shape[0] != x->shape[0])
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm_wgrad: 'x' must be [T, K] and 'dy' [T, N] with the same "
+                       "T (tokens sorted by expert); got x %s, dy %s", shape_str(x->ndim, x->shape).c_str(),
+                       shape_str(dy->ndim, dy->shape).c_str());
+    QQ_TRY(check_tensor(c, "offsets", offsets, &odt));
+    if (odt != DType::I32 || offsets->ndim != 1)
+      return set_error(odt != DType::I32 ? QQ_STATUS_INVALID_DTYPE : QQ_STATUS_INVALID_VALUE,
+                       "grouped_qqmm_wgrad: argument 'offsets' must be int32 [E] (cumulative group ends); got %s %s",
+                       dtype_str(offsets->dtype).c_str(), shape_str(offsets->ndim, offsets->shape).c_str());
+    a.E = offsets->shape[0];
+    a.T = x->shape[0];
+    a.K = x->shape[1];
+    a.N = dy->shape[1];
+    if (a.E > 1 && stride_of(offsets, 0) != 1)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm_wgrad: argument 'offsets' must be contiguous");
+    if (a.E == 0)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm_wgrad: argument 'offsets' is empty; give at least one "
+                       "expert's group end");
+    QQ_TRY(global_scale_ptr(c, "global_scale_x", global_scale_x, a.q, &a.gs_x));
+    QQ_TRY(global_scale_ptr(c, "global_scale_dy", global_scale_dy, a.q, &a.gs_dy));
+    if ((global_scale_x == nullptr) != (global_scale_dy == nullptr))
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm_wgrad: give both global_scale_x and global_scale_dy "
+                       "(nvfp4) or neither");
+    QQ_TRY(to_mat(c, "x", x, xdt, &a.x));
+    QQ_TRY(to_mat(c, "dy", dy, ddt, &a.dy));
+    const int64_t oshape[3] = {a.E, a.K, a.N};
+    QQ_TRY(output_mat(c, "out", out, 3, oshape, -1, "[E, K, N]", &a.out));
+    QQ_TRY(check_no_alias(c, {{"out", out}}, {{"x", x}, {"dy", dy}, {"offsets", offsets},
+                                             {"global_scale_x", global_scale_x}, {"global_scale_dy", global_scale_dy}}));
+    a.ends = (const int32_t*)((const char*)offsets->data + offsets->byte_offset);
+    if (a.K * a.N == 0) return QQ_STATUS_SUCCESS;
+    if (c.device >= 0) return cuda::grouped_qqmm_wgrad(handle, a, stream);
+    int32_t prev = 0;
+    for (int64_t e = 0; e < a.E; ++e) {
+      if (a.ends[e] < prev || a.ends[e] > a.T)
+        return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm_wgrad: argument 'offsets' must be non-decreasing group "
+                         "ends within [0, T=%lld]; offsets[%lld] = %d after %d", (long long)a.T, (long long)e,
+                         (int)a.ends[e], (int)prev);
+      prev = a.ends[e];
+    }
+    if (prev != a.T)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm_wgrad: the last entry of 'offsets' (%d) must equal T = "
+                       "%lld (every token belongs to one expert)", (int)prev, (long long)a.T);
+    return routed(cpu::grouped_wgrad(a), QQ_ROUTE_CPU);
+  });
+}
+
 QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x, const DLTensor* w,
                                     const DLTensor* scales, const DLTensor* biases, const qqQuantParams_t* params,
                                     int transpose, const DLTensor* global_scale, const DLTensor* bias,

@@ -207,6 +207,20 @@ struct ColwiseArgs {
 // qqmm's block-scaled route and qqGetDeviceFeature both ask this.
 inline bool blockscaled_cc(int cc) { return cc / 10 == 10 || cc / 10 == 11 || cc / 10 == 12; }
 
+// grouped_qqmm_wgrad: out[e] = alpha * q(x_e)^T q(dy_e) for the rows x_e, dy_e
+// of expert e, both quantized along the tokens in blocks that start at the
+// expert's first token (the last one zero-padded), alpha = the nvfp4 global
+// scales' factors (gs_x, gs_dy; nullptr: 1); an empty expert's out[e] = 0.
+struct WgradArgs {
+  Mat x, dy;                      // float [T, K], [T, N]
+  Mat out;                        // compact [E, K, N] (nb = 1)
+  const int32_t* ends = nullptr;  // int32 [E] group ends, on x's device
+  int64_t E = 0, T = 0, K = 0, N = 0;
+  QSpec q;
+  const float* gs_x = nullptr;
+  const float* gs_dy = nullptr;
+};
+
 namespace cpu {
 qqStatus_t quantize_colwise(const ColwiseArgs& a);
 qqStatus_t quantize(const QuantizeArgs& a);
@@ -215,6 +229,7 @@ qqStatus_t swizzle(const Mat& linear, const Mat& blocked, bool to_blocked);
 qqStatus_t amax(const Mat& x, float* out);
 qqStatus_t qqmm(const MatmulArgs& a);
 qqStatus_t quantized_matmul(const MatmulArgs& a);
+qqStatus_t grouped_wgrad(const WgradArgs& a);  // ends on the host, already checked
 // Runs fn(begin, end) over [0, n) on up to hardware_concurrency threads when
 // n * cost_per_item is large enough to pay for them.
 void parallel_for(int64_t n, int64_t cost_per_item, void (*fn)(void*, int64_t, int64_t), void* ctx);
@@ -238,6 +253,11 @@ qqStatus_t qqmm(qqHandle_t h, const MatmulArgs& a, void* stream);
 // the caller then loops.
 qqStatus_t grouped_qqmm(qqHandle_t h, const MatmulArgs& a, int64_t gw_stride, const int32_t* ends, int64_t E,
                         void* stream, bool* taken);
+// grouped_qqmm_wgrad on the GPU: Hopper (built with CUTLASS) in a fixed number
+// of launches without reading the ends on the host (bad ends: out all NaN);
+// elsewhere the ends are read on the host (checked: INVALID_VALUE) and each
+// expert runs as one GEMM.
+qqStatus_t grouped_qqmm_wgrad(qqHandle_t h, const WgradArgs& a, void* stream);
 qqStatus_t quantized_matmul(qqHandle_t h, const MatmulArgs& a, void* stream);
 qqStatus_t create_handle(qqHandle_t* h, int device);
 qqStatus_t destroy_handle(qqHandle_t h);

@@ -143,6 +143,10 @@ cdef extern from "qq/qq.h" nogil:
                              const qqQqmmParams_t* params,
                              const DLTensor* global_scale_x,
                              const DLTensor* global_scale_w, DLTensor* out, void* stream)
+    qqStatus_t qqGroupedQqmmWgrad(qqHandle_t handle, const DLTensor* x, const DLTensor* dy,
+                                  const DLTensor* offsets, const qqQuantParams_t* params,
+                                  const DLTensor* global_scale_x, const DLTensor* global_scale_dy,
+                                  DLTensor* out, void* stream)
 
     qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x,
                                  const DLTensor* w, const DLTensor* scales,

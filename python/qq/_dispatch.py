@@ -26,7 +26,6 @@ import functools
 import sys
 
 from . import _qq
-from ._wgrad import grouped_qqmm_wgrad as _grouped_qqmm_wgrad
 
 _modules = sys.modules
 
@@ -103,7 +102,7 @@ amax = _dispatching("amax")
 dequantize = _dispatching("dequantize")
 gather_qmm = _dispatching("gather_qmm")
 grouped_qqmm = _dispatching("grouped_qqmm")
-grouped_qqmm_wgrad = _dispatching("grouped_qqmm_wgrad", _grouped_qqmm_wgrad)
+grouped_qqmm_wgrad = _dispatching("grouped_qqmm_wgrad")
 prepare_weight = _dispatching("prepare_weight")
 qqmm = _dispatching("qqmm")
 quantize = _dispatching("quantize")

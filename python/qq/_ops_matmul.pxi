@@ -1,5 +1,5 @@
 # _ops_matmul.pxi - included by _qq.pyx (one extension module, one file per job).
-# Operations: qqmm, grouped_qqmm, quantized_matmul.
+# Operations: qqmm, grouped_qqmm, grouped_qqmm_wgrad, quantized_matmul.
 
 def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
          global_scale_x=None, global_scale_w=None, x_scales=None, bias=None, c=None, beta=1.0,
@@ -252,6 +252,61 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
     finally:
         call.release()
     return out if out is not None else call.result(result)
+
+
+def grouped_qqmm_wgrad(x, dy, offsets, mode="mxfp8", *, global_scale_x=None, global_scale_dy=None,
+                       rounding="ceil", fp8_format="e4m3", dtype="float32", stream=None):
+    """Weight gradient of grouped_qqmm: tokens x [T, K] and output gradients dy [T, N], both
+    sorted by expert, int32 offsets [E] (cumulative group ends, last = T; empty groups
+    legal) -> dw [E, K, N] with dw[e] = q(x[rows of e])^T @ q(dy[rows of e]), fp32
+    accumulation, both quantized along T in blocks that start at each expert's first token
+    (mxfp8 / mxfp4 blocks of 32, nvfp4 of 16 with the per-tensor global scales given; the
+    last block of a ragged group zero-padded, which is exact). An empty group gives
+    dw[e] = 0. dtype: "float32" (default), "bfloat16" or "float16".
+
+    The offsets are read as grouped_qqmm reads them: on the device on Hopper (one grouped
+    GEMM; capturable; bad offsets give NaN), on the host elsewhere (ValueError for bad
+    ones). C: qqGroupedQqmmWgrad.
+    """
+    cdef str func = "grouped_qqmm_wgrad"
+    cdef _View vx, vdy, voff, vgx, vgd, vo
+    cdef qqQuantParams_t p
+    cdef qqStatus_t st
+    cdef DLTensor *tx
+    cdef DLTensor *tdy
+    cdef DLTensor *toff
+    cdef DLTensor *tgx
+    cdef DLTensor *tgd
+    cdef DLTensor *to
+    cdef void* s
+    if mode == "affine":
+        raise ValueError(f"{func}: mode 'affine' has no quantized-activation GEMM; use nvfp4, "
+                         f"mxfp4 or mxfp8")
+    _quant_params(func, &p, mode, None, None, rounding, "linear", fp8_format)
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"{func}: dtype must be 'float32', 'bfloat16' or 'float16'; got {dtype!r}")
+    cdef _Call call = _new_call(func, x, "x", stream)
+    result = None
+    try:
+        vx = call.view(x, "x")
+        vdy = call.view(dy, "dy")
+        voff = call.view(offsets, "offsets")
+        vgx = call.view(call.scalar(global_scale_x, "global_scale_x"), "global_scale_x")
+        vgd = call.view(call.scalar(global_scale_dy, "global_scale_dy"), "global_scale_dy")
+        xs, ds, os_ = vx.pyshape(), vdy.pyshape(), voff.pyshape()
+        if len(xs) != 2 or len(ds) != 2 or len(os_) != 1:
+            raise ValueError(f"{func}: x must be [T, K], dy [T, N] and offsets [E]; got x {tuple(xs)}, "
+                             f"dy {tuple(ds)}, offsets {tuple(os_)}")
+        result, vo = call.empty((os_[0], xs[1], ds[1]), dtype, "out")
+        tx, tdy, toff, tgx, tgd, to = _t(vx), _t(vdy), _t(voff), _t(vgx), _t(vgd), _t(vo)
+        s = call.cstream()
+        with nogil:
+            st = qqGroupedQqmmWgrad(NULL, tx, tdy, toff, &p, tgx, tgd, to, s)
+        _check(st)
+        call.finish()
+    finally:
+        call.release()
+    return call.result(result)
 
 
 def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=None,

@@ -45,7 +45,6 @@ from . import _qq
 from ._qq import PreparedWeight, QuantizedArray
 from ._dispatch import check_torch_dtypes as _check_torch_dtypes
 from ._dispatch import require_indices
-from ._wgrad import grouped_qqmm_wgrad as _qq_wgrad
 
 # group_size and bits of each mode when not given, asked of libqq once (qqQuantParamsInit):
 # the fake implementations need them as Python ints at trace time.
@@ -336,7 +335,7 @@ def _(x, x_scales, global_scale_x, w, scales, global_scale_w, offsets, mode, gro
 def _grouped_qqmm_wgrad_op(x: Tensor, dy: Tensor, offsets: Tensor,
                            global_scale_x: Optional[Tensor], global_scale_dy: Optional[Tensor],
                            mode: str, rounding: str, fp8_format: str, dtype: str) -> Tensor:
-    return _qq_wgrad(x, dy, offsets, mode, global_scale_x=global_scale_x,
+    return _qq.grouped_qqmm_wgrad(x, dy, offsets, mode, global_scale_x=global_scale_x,
                      global_scale_dy=global_scale_dy, rounding=rounding, fp8_format=fp8_format,
                      dtype=dtype)
 

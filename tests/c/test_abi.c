@@ -553,7 +553,43 @@ static int t_gather_valid(void) {
   return expect(gather_call(&t), ST(QQ_STATUS_SUCCESS), NULL);
 }
 
+/* qqGroupedQqmmWgrad: x [6, 32], dy [6, 8], two experts (4 + 2 tokens), out [2, 32, 8]. */
+static qqStatus_t wgrad_call(const int32_t* ends_in, int n_ends, int null_out) {
+  static float wx[6 * 32], wdy[6 * 8], wout[4 * 32 * 8];
+  static int32_t ends[4];
+  for (int i = 0; i < 6 * 32; ++i) wx[i] = kRow[i % 7];
+  for (int i = 0; i < 6 * 8; ++i) wdy[i] = kRow[(i + 3) % 7];
+  for (int i = 0; i < n_ends; ++i) ends[i] = ends_in[i];
+  int64_t xs[2] = {6, 32}, ds[2] = {6, 8}, es[1] = {n_ends}, os[3] = {n_ends, 32, 8};
+  DLTensor x = tens(wx, F32, 2, xs), dy = tens(wdy, F32, 2, ds), off = tens(ends, I32, 1, es);
+  DLTensor out = tens(wout, F32, 3, os);
+  qqQuantParams_t p;
+  if (qqQuantParamsInit(&p, QQ_MODE_MXFP8) != QQ_STATUS_SUCCESS) return QQ_STATUS_INTERNAL_ERROR;
+  return qqGroupedQqmmWgrad(NULL, &x, &dy, &off, &p, NULL, NULL, null_out ? NULL : &out, NULL);
+}
+
+static int t_wgrad_valid(void) {
+  static const int32_t e[2] = {4, 6};
+  return expect(wgrad_call(e, 2, 0), ST(QQ_STATUS_SUCCESS), NULL);
+}
+static int t_wgrad_bad_offsets(void) {
+  static const int32_t e[2] = {5, 4};
+  return expect(wgrad_call(e, 2, 0), ST(QQ_STATUS_INVALID_VALUE), "offsets");
+}
+static int t_wgrad_last_not_t(void) {
+  static const int32_t e[2] = {4, 5};
+  return expect(wgrad_call(e, 2, 0), ST(QQ_STATUS_INVALID_VALUE), "offsets");
+}
+static int t_wgrad_null_out(void) {
+  static const int32_t e[2] = {4, 6};
+  return expect(wgrad_call(e, 2, 1), ST(QQ_STATUS_INVALID_VALUE), "out");
+}
+
 static const struct check kChecks[] = {
+    {"wgrad_valid", t_wgrad_valid, 0},
+    {"wgrad_bad_offsets", t_wgrad_bad_offsets, 0},
+    {"wgrad_last_not_t", t_wgrad_last_not_t, 0},
+    {"wgrad_null_out", t_wgrad_null_out, 0},
     {"gather_null_indices", t_gather_null_indices, 0},
     {"gather_index_out_of_range", t_gather_index_out_of_range, 0},
     {"gather_indices_null_shape", t_gather_indices_null_shape, 0},

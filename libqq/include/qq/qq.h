@@ -405,10 +405,18 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x,
  *     (linear) or [E, roundup(N,128), roundup(K/group,4)] (blocked, one matrix
  *     per expert; also what qqQuantizeMoe writes for its [E, D1=K, D2=N]
  *     weights, whose data read as [E, N, K] row-major).
- *  global_scale_x: scalar; global_scale_w: float32 [E] (nvfp4, per expert).
+ *     With params->w_prepared: bf16 (or f16/f32) [E, N, K] holding q(w)'s
+ *     values (qq.prepare_weight), used as they are.
+ *  global_scale_x: scalar; global_scale_w: float32 [E] (nvfp4, per expert)
+ *     or one scalar for every expert.
  *  out [T, N] = per expert e, alpha_e * q(x_e) @ q(w_e)^T.
- *  The offsets are read on the host: for CUDA tensors this waits for
- *  `stream` once (a loop over experts, each a qqQqmm). */
+ *  Hopper (sm_90, built with CUTLASS's headers), bf16 out, N and K multiples
+ *  of 8: the offsets are read on the device only (one grouped GEMM over every
+ *  expert; no host synchronization, capturable in a CUDA graph); offsets that
+ *  are not non-decreasing ends in [0, T] ending at T give an out of NaN.
+ *  Elsewhere they are read on the host: for CUDA tensors this waits for
+ *  `stream` once (then a loop over experts, each a qqQqmm), and bad offsets
+ *  return QQ_STATUS_INVALID_VALUE. */
 QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x,
                                 const DLTensor* x_scales, const DLTensor* offsets,
                                 const DLTensor* w, const DLTensor* w_scales,
@@ -416,6 +424,28 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x,
                                 const DLTensor* global_scale_x,
                                 const DLTensor* global_scale_w, DLTensor* out,
                                 void* stream);
+
+/* The weight gradient of qqGroupedQqmm (mixture of experts, tokens sorted by
+ * expert): out[e] = alpha * q(x_e)^T @ q(dy_e) for the rows x_e, dy_e of
+ * expert e, both quantized along the tokens (fp modes: blocks of 32, nvfp4
+ * 16) in blocks that start at the expert's first token, the last one
+ * zero-padded; fp32 accumulation. An empty expert gives out[e] = 0.
+ *  x: float [T, K]; dy: float [T, N]; offsets: int32 [E] as qqGroupedQqmm's.
+ *  params: mode (nvfp4, mxfp4, mxfp8), rounding, fp8_format; group_size and
+ *     bits 0 (the mode's); scale_layout LINEAR.
+ *  global_scale_x, global_scale_dy: nvfp4's per-tensor global scales (float32,
+ *     one element; both or neither); alpha = their factors.
+ *  out: compact [E, K, N], float32, bfloat16 or float16.
+ *  The offsets are read like qqGroupedQqmm's: on the device only on Hopper
+ *  (built with CUTLASS's headers, K and N multiples of 8, float32 or bfloat16
+ *  out: a fixed number of launches, capturable; bad offsets give NaN), on the
+ *  host elsewhere (bad offsets: QQ_STATUS_INVALID_VALUE). */
+QQ_API qqStatus_t qqGroupedQqmmWgrad(qqHandle_t handle, const DLTensor* x,
+                                     const DLTensor* dy, const DLTensor* offsets,
+                                     const qqQuantParams_t* params,
+                                     const DLTensor* global_scale_x,
+                                     const DLTensor* global_scale_dy,
+                                     DLTensor* out, void* stream);
 
 QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x,
                                     const DLTensor* w, const DLTensor* scales,

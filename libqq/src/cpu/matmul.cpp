@@ -121,6 +121,43 @@ qqStatus_t qqmm(const MatmulArgs& a) {
   return QQ_STATUS_SUCCESS;
 }
 
+// grouped_qqmm_wgrad: per expert, x_e^T and dy_e^T (tokens along the rows'
+// K axis, zero-padded to a multiple of 32) quantized row-wise - blocks along
+// the tokens that start at the expert's first - then the fp32 product. The
+// ends were checked by the caller.
+qqStatus_t grouped_wgrad(const WgradArgs& a) {
+  const float alpha = (a.gs_x ? nvfp4_dec(*a.gs_x) : 1.0f) * (a.gs_dy ? nvfp4_dec(*a.gs_dy) : 1.0f);
+  const int32_t* ends = a.ends;
+  const Mat* ops[2] = {&a.x, &a.dy};
+  const float* gs[2] = {a.gs_x, a.gs_dy};
+  const int64_t cols[2] = {a.K, a.N};
+  for (int64_t e = 0; e < a.E; ++e) {
+    const int64_t t0 = e ? ends[e - 1] : 0, n = ends[e] - t0, len = (n + 31) / 32 * 32;
+    std::vector<float> c(a.K * a.N, 0.0f);
+    if (n > 0) {
+      std::vector<float> vals[2];
+      for (int o = 0; o < 2; ++o) {
+        const Mat& m = *ops[o];
+        const int64_t C = cols[o];
+        std::vector<float> rows(n * C), col(len, 0.0f);
+        for (int64_t t = 0; t < n; ++t)
+          load_row((const char*)m.ptr + (t0 + t) * m.ld * dtype_size(m.dt), m.dt, C, rows.data() + t * C);
+        const float enc = gs[o] ? nvfp4_enc(*gs[o]) : 1.0f;
+        std::vector<uint8_t> packed(a.q.packed_cols(len)), sc(len / a.q.group);
+        vals[o].resize(C * len);
+        for (int64_t k = 0; k < C; ++k) {
+          for (int64_t t = 0; t < n; ++t) col[t] = rows[t * C + k];
+          quantize_row(col.data(), len, a.q, enc, packed.data(), sc.data(), nullptr, nullptr, m.dt);
+          dequantize_row(packed.data(), len, a.q, sc.data(), nullptr, nullptr, 1.0f, vals[o].data() + k * len);
+        }
+      }
+      gemm_nt(vals[0].data(), a.K, vals[1].data(), a.N, len, alpha, nullptr, c.data());
+    }
+    store_out(a.out, e, c.data(), a.K, a.N);
+  }
+  return QQ_STATUS_SUCCESS;
+}
+
 qqStatus_t quantized_matmul(const MatmulArgs& a) {
   const int64_t M = a.M, N = a.N, K = a.K;
   const float gdec = a.gs_w ? nvfp4_dec(*a.gs_w) : 1.0f;

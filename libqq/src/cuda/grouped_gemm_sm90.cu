@@ -1,12 +1,13 @@
-// cuda/grouped_gemm_sm90.cu - the grouped bf16 GEMM of grouped_qqmm's exact
-// path on Hopper: one launch over every expert, group sizes read on the device.
+// cuda/grouped_gemm_sm90.cu - the grouped bf16 GEMMs of the MoE operations'
+// exact path on Hopper: one launch over every expert, group sizes read on the
+// device (grouped_gemm.h has the two forms):
 //
-//   D[rows of e, N] = alpha_e * A[rows of e, K] @ B[e]^T,   e = 0..E-1,
-//   rows of e = [ends[e-1], ends[e]),
+//   grouped_qqmm:       D[rows of e, N] = alpha_e * A[rows of e, K] @ B[e]^T
+//   grouped_qqmm_wgrad: D[e] [K, N] = alpha * A[:, tokens of e] @ B[:, tokens of e]^T
 //
-// A bf16 [T, K], B bf16 [E] x [N, K], D bf16 [T, N], all row-major, fp32
-// accumulation. The GEMM is CUTLASS's sm90 ptr-array grouped kernel (TMA +
-// warp-specialized wgmma, persistent, problem shapes read on the device:
+// bf16 operands, fp32 accumulation, bf16 or fp32 D. The GEMM is CUTLASS's sm90
+// ptr-array grouped kernel (TMA + warp-specialized wgmma, persistent, problem
+// shapes read on the device:
 // cutlass/gemm/kernel/sm90_gemm_array_tma_warpspecialized_cooperative.hpp),
 // from the nvidia-cutlass wheel's headers - the kernel torch's _grouped_mm
 // builds on, so the GEMM itself runs at the speed of the bf16 peer. What is
@@ -14,13 +15,15 @@
 // shapes, pointers and strides CUTLASS reads, and checks them on the way.
 //
 // Why a separate translation unit: CUTLASS's sm90 kernels need sm_90a and take
-// ~40 s of nvcc per instantiation, so this file is compiled for sm_90a alone
+// ~45 s of nvcc per instantiation (two here: bf16 and fp32 D), so this file is
+// compiled for sm_90a alone
 // (CMakeLists.txt, QQ_HAVE_GROUPED_SM90) and talks to the rest of libqq through
 // grouped_gemm.h's plain types. It contains no libqq headers beyond that one.
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include <cute/tensor.hpp>
@@ -41,44 +44,54 @@ using namespace cute;
 
 using Elem = cutlass::bfloat16_t;
 using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;  // (M, N, K) per group
-// Tokens are CUTLASS's M (row-major A), the expert's [N, K] weight its
-// column-major K x N B, D row-major. The tile and cluster of the large bf16
-// grouped problems of MoE training (the choice torch makes for them too);
-// TMA needs 16-byte rows, hence alignment 8 (grouped_gemm_sm90_takes).
+// CUTLASS's M runs along A's rows (tokens for grouped_qqmm, K for wgrad), B is
+// the column-major K x N operand (our [N, K] rows), D row-major. The tile and
+// cluster of the large bf16 grouped problems of MoE training (the choice torch
+// makes for them too); TMA needs 16-byte rows (grouped_qqmm checks).
 using LayoutA = cutlass::layout::RowMajor;
 using LayoutB = cutlass::layout::ColumnMajor;
 using LayoutD = cutlass::layout::RowMajor;
-constexpr int kAlign = 8;
+constexpr int kAlignAB = 8;
 using TileShape = Shape<_128, _256, _64>;
 using ClusterShape = Shape<_2, _1, _1>;
 
-using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-    cutlass::epilogue::collective::EpilogueTileAuto, float, float,
-    void, LayoutD*, kAlign,  // no C: D = alpha * acc
-    Elem, LayoutD*, kAlign, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
-    cutlass::epilogue::fusion::LinearCombination<Elem, float>>::CollectiveOp;
+template <typename ElemD>
+struct Grouped {
+  static constexpr int kAlignD = 16 / sizeof(ElemD);
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+      void, LayoutD*, kAlignD,  // no C: D = alpha * acc
+      ElemD, LayoutD*, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      cutlass::epilogue::fusion::LinearCombination<ElemD, float>>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Elem, LayoutA*, kAlignAB, Elem, LayoutB*, kAlignAB,
+      float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
 
-using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Elem, LayoutA*, kAlign, Elem, LayoutB*, kAlign, float,
-    TileShape, ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
-
-using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-
-using StrideA = typename Kernel::InternalStrideA;
-using StrideB = typename Kernel::InternalStrideB;
-using StrideD = typename Kernel::InternalStrideD;
+using Gbf16 = Grouped<Elem>;
+using Gf32 = Grouped<float>;
+using StrideA = typename Gbf16::Kernel::InternalStrideA;
+using StrideB = typename Gbf16::Kernel::InternalStrideB;
+using StrideD = typename Gbf16::Kernel::InternalStrideD;
 using Shape3 = typename ProblemShape::UnderlyingProblemShape;
+// Each operand is rows of contiguous elements: stride (row pitch, 1, 0) over
+// (rows, K or N, group). The kernels' stride types must be exactly that.
+static_assert(std::is_same_v<StrideA, Stride<int64_t, _1, _0>>, "A: (pitch, 1, 0)");
+static_assert(std::is_same_v<StrideB, Stride<int64_t, _1, _0>>, "B: (pitch, 1, 0)");
+static_assert(std::is_same_v<StrideD, Stride<int64_t, _1, _0>>, "D: (pitch, 1, 0)");
+static_assert(std::is_same_v<StrideD, typename Gf32::Kernel::InternalStrideD>, "fp32 D: (pitch, 1, 0)");
 
 // The per-group arrays CUTLASS reads, carved from one scratch buffer.
 struct Arrays {
   Shape3* shapes;
   const Elem** a;
   const Elem** b;
-  Elem** d;
+  void** d;
   StrideA* sa;
   StrideB* sb;
   StrideD* sd;
@@ -97,18 +110,13 @@ Arrays carve(void* base, int E) {
   r.shapes = reinterpret_cast<Shape3*>(p), p += align_up(E * sizeof(Shape3));
   r.a = reinterpret_cast<const Elem**>(p), p += align_up(E * sizeof(void*));
   r.b = reinterpret_cast<const Elem**>(p), p += align_up(E * sizeof(void*));
-  r.d = reinterpret_cast<Elem**>(p), p += align_up(E * sizeof(void*));
+  r.d = reinterpret_cast<void**>(p), p += align_up(E * sizeof(void*));
   r.sa = reinterpret_cast<StrideA*>(p), p += align_up(E * sizeof(StrideA));
   r.sb = reinterpret_cast<StrideB*>(p), p += align_up(E * sizeof(StrideB));
   r.sd = reinterpret_cast<StrideD*>(p);
   return r;
 }
 
-// Each operand is rows of contiguous elements: stride (row pitch, 1, 0) over
-// (rows, K or N, group). The kernel's stride types must be exactly that.
-static_assert(std::is_same_v<StrideA, Stride<int64_t, _1, _0>>, "A: (pitch, 1, 0)");
-static_assert(std::is_same_v<StrideB, Stride<int64_t, _1, _0>>, "B: (pitch, 1, 0)");
-static_assert(std::is_same_v<StrideD, Stride<int64_t, _1, _0>>, "D: (pitch, 1, 0)");
 template <typename S>
 __device__ S row_stride(int64_t pitch) {
   S s{};
@@ -118,11 +126,23 @@ __device__ S row_stride(int64_t pitch) {
 
 constexpr int kPrepThreads = 256;
 
+__device__ void fill(void* D, bool f32, int64_t rows, int64_t cols, int64_t ld, uint32_t f32_bits,
+                     uint16_t bf16_bits, int64_t first, int64_t step) {
+  const int64_t total = rows * cols;
+  for (int64_t i = first; i < total; i += step) {
+    const int64_t r = i / cols, c = i - r * cols;
+    if (f32) static_cast<uint32_t*>(D)[r * ld + c] = f32_bits;
+    else static_cast<uint16_t*>(D)[r * ld + c] = bf16_bits;
+  }
+}
+
 // The group ends of experts e0 .. e0+E-1 -> CUTLASS's per-group arrays
-// (block 0). Every block checks all E_all ends (int32 reads, cheap); ends that are not non-decreasing within
-// [0, T] with the last equal to T leave every group empty and fill D with NaN,
-// so a bad routing shows in the result instead of an out-of-bounds read (the
-// host cannot check them without waiting for the stream).
+// (block 0). Every block checks all E_all ends (int32 reads, cheap); ends that
+// are not non-decreasing within [0, T] with the last equal to T leave every
+// group empty and fill D with NaN (all blocks), so a bad routing shows in the
+// result instead of an out-of-bounds read (the host cannot check them without
+// waiting for the stream). kSplitReduction: the blocks also write zeros into
+// the D of each empty expert (no GEMM tile covers it).
 __global__ void __launch_bounds__(kPrepThreads) prep_kernel(GroupedGemmSm90 g, Arrays r) {
   __shared__ int bad_s;
   if (threadIdx.x == 0) bad_s = 0;
@@ -135,47 +155,84 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(GroupedGemmSm90 g, A
   if (bad) atomicOr(&bad_s, 1);
   __syncthreads();
   bad = bad_s;
+  const bool rows = g.split == kSplitRows;
   if (blockIdx.x == 0) {
     for (int i = threadIdx.x; i < g.E; i += kPrepThreads) {
       const int e = g.e0 + i;
       const int64_t start = e ? g.ends[e - 1] : 0;
-      const int m = bad ? 0 : (int)(g.ends[e] - start);
-      r.shapes[i] = make_shape(m, (int)g.N, (int)g.K);
-      const int64_t row = bad ? 0 : start;
-      r.a[i] = static_cast<const Elem*>(g.A) + row * g.lda;
-      r.b[i] = static_cast<const Elem*>(g.B) + i * g.b_stride;
-      r.d[i] = static_cast<Elem*>(g.D) + row * g.ldd;
+      const int n_e = bad ? 0 : (int)(g.ends[e] - start);
+      if (rows) {
+        const int64_t row = bad ? 0 : start;
+        r.shapes[i] = make_shape(n_e, (int)g.N, (int)g.K);
+        r.a[i] = static_cast<const Elem*>(g.A) + row * g.lda;
+        r.b[i] = static_cast<const Elem*>(g.B) + i * g.b_stride;
+        r.d[i] = static_cast<char*>(g.D) + row * g.ldd * (g.d_f32 ? 4 : 2);
+      } else {
+        const int64_t col = bad ? 0 : 32 * (int64_t)g.seg_blocks[e];
+        const int len = (n_e + 31) / 32 * 32;
+        r.shapes[i] = make_shape(len ? (int)g.K : 0, (int)g.N, len);
+        r.a[i] = static_cast<const Elem*>(g.A) + col;
+        r.b[i] = static_cast<const Elem*>(g.B) + col;
+        r.d[i] = static_cast<char*>(g.D) + e * g.d_stride * (g.d_f32 ? 4 : 2);
+      }
       r.sa[i] = row_stride<StrideA>(g.lda);
       r.sb[i] = row_stride<StrideB>(g.ldb);
       r.sd[i] = row_stride<StrideD>(g.ldd);
     }
   }
-  if (!bad) return;
-  const int64_t total = g.T * g.N;
-  const uint16_t nan_bits = 0x7fc0;  // bf16 quiet NaN
-  for (int64_t i = (int64_t)blockIdx.x * kPrepThreads + threadIdx.x; i < total;
-       i += (int64_t)gridDim.x * kPrepThreads) {
-    const int64_t row = i / g.N, col = i - row * g.N;
-    static_cast<uint16_t*>(g.D)[row * g.ldd + col] = nan_bits;
+  const int64_t first = (int64_t)blockIdx.x * kPrepThreads + threadIdx.x, step = (int64_t)gridDim.x * kPrepThreads;
+  if (bad) {  // NaN everywhere this call writes
+    if (rows) fill(g.D, g.d_f32, g.T, g.N, g.ldd, 0x7fc00000u, 0x7fc0, first, step);
+    else
+      for (int i = 0; i < g.E; ++i)
+        fill(static_cast<char*>(g.D) + (int64_t)(g.e0 + i) * g.d_stride * (g.d_f32 ? 4 : 2), g.d_f32, g.K, g.N,
+             g.ldd, 0x7fc00000u, 0x7fc0, first, step);
+    return;
   }
+  if (!rows)
+    for (int i = 0; i < g.E; ++i) {
+      const int e = g.e0 + i;
+      if (g.ends[e] == (e ? g.ends[e - 1] : 0))
+        fill(static_cast<char*>(g.D) + (int64_t)e * g.d_stride * (g.d_f32 ? 4 : 2), g.d_f32, g.K, g.N, g.ldd, 0u,
+             0, first, step);
+    }
 }
 
-typename Gemm::Arguments arguments(const GroupedGemmSm90& g, const Arrays& r) {
+template <typename G>
+typename G::Gemm::Arguments arguments(const GroupedGemmSm90& g, const Arrays& r) {
+  using ElemD = typename G::Gemm::ElementD;
   cutlass::KernelHardwareInfo hw;
   hw.device_id = g.device;
   hw.sm_count = g.sm_count;
-  typename Gemm::Arguments args;
+  typename G::Gemm::Arguments args;
   decltype(args.epilogue.thread) fusion;
   fusion.alpha = 1.0f;
   fusion.beta = 0.0f;
-  fusion.alpha_ptr = g.alpha ? g.alpha + g.e0 : nullptr;  // one per group (stride 1 over the groups), or none
-  fusion.dAlpha = {_0{}, _0{}, g.alpha ? 1 : 0};
-  args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
-                                  {g.E, r.shapes, nullptr},
-                                  {r.a, r.sa, r.b, r.sb},
-                                  {fusion, nullptr, nullptr, r.d, r.sd},
-                                  hw};
+  // one alpha per group (stride 1 over the groups) or one for all (stride 0), or none
+  fusion.alpha_ptr = g.alpha ? g.alpha + (int64_t)g.e0 * g.alpha_stride : nullptr;
+  fusion.dAlpha = {_0{}, _0{}, g.alpha ? g.alpha_stride : 0};
+  args = typename G::Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                     {g.E, r.shapes, nullptr},
+                                     {r.a, r.sa, r.b, r.sb},
+                                     {fusion, nullptr, nullptr, reinterpret_cast<ElemD**>(r.d), r.sd},
+                                     hw};
   return args;
+}
+
+template <typename G>
+size_t workspace_bytes(const GroupedGemmSm90& g) {
+  Arrays r{};
+  return G::Gemm::get_workspace_size(arguments<G>(g, r));
+}
+
+template <typename G>
+const char* run(const GroupedGemmSm90& g, const Arrays& r, void* workspace, cudaStream_t st) {
+  const typename G::Gemm::Arguments args = arguments<G>(g, r);
+  typename G::Gemm gemm;
+  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return "CUTLASS refused the problem (can_implement)";
+  if (gemm.initialize(args, workspace, st) != cutlass::Status::kSuccess) return "CUTLASS initialize failed";
+  if (gemm.run(st) != cutlass::Status::kSuccess) return "the CUTLASS grouped GEMM did not launch";
+  return nullptr;
 }
 
 }  // namespace
@@ -183,23 +240,17 @@ typename Gemm::Arguments arguments(const GroupedGemmSm90& g, const Arrays& r) {
 bool grouped_gemm_sm90_built() { return true; }
 
 size_t grouped_gemm_sm90_scratch(const GroupedGemmSm90& g) {
-  Arrays r{};
-  return arrays_bytes(g.E) + align_up(Gemm::get_workspace_size(arguments(g, r)));
+  return arrays_bytes(g.E) + align_up(g.d_f32 ? workspace_bytes<Gf32>(g) : workspace_bytes<Gbf16>(g));
 }
 
 const char* grouped_gemm_sm90(const GroupedGemmSm90& g, void* scratch, cudaStream_t st) {
   const Arrays r = carve(scratch, g.E);
-  int blocks = (int)((g.T * g.N + kPrepThreads * 16 - 1) / (kPrepThreads * 16));
-  blocks = blocks < 1 ? 1 : (blocks > 4 * g.sm_count ? 4 * g.sm_count : blocks);
-  prep_kernel<<<blocks, kPrepThreads, 0, st>>>(g, r);
+  const int64_t outputs = g.split == kSplitRows ? g.T * g.N : (int64_t)g.E * g.K * g.N;
+  int blocks = (int)std::min<int64_t>((outputs + kPrepThreads * 16 - 1) / (kPrepThreads * 16), 4 * g.sm_count);
+  prep_kernel<<<blocks < 1 ? 1 : blocks, kPrepThreads, 0, st>>>(g, r);
   if (cudaPeekAtLastError() != cudaSuccess) return "the group-shape kernel did not launch";
-  const typename Gemm::Arguments args = arguments(g, r);
   void* workspace = static_cast<char*>(scratch) + arrays_bytes(g.E);
-  Gemm gemm;
-  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return "CUTLASS refused the problem (can_implement)";
-  if (gemm.initialize(args, workspace, st) != cutlass::Status::kSuccess) return "CUTLASS initialize failed";
-  if (gemm.run(st) != cutlass::Status::kSuccess) return "the CUTLASS grouped GEMM did not launch";
-  return nullptr;
+  return g.d_f32 ? run<Gf32>(g, r, workspace, st) : run<Gbf16>(g, r, workspace, st);
 }
 
 }  // namespace cuda

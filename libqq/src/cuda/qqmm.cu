@@ -26,10 +26,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include <cub/block/block_scan.cuh>
 #include <stdio.h>
 #include <string.h>
 
 #include <string>
+#include <vector>
 
 #include "../codec.h"
 #include "common.cuh"
@@ -56,6 +58,33 @@ __device__ __forceinline__ float2 decode2(int elem, uint32_t pr) {
 #endif
 }
 
+// One group of G values, in place: q(v)'s values, v = decode(q(v)) * scale -
+// the quantize kernel's scale and element math (codec.h, bit for bit); enc is
+// the nvfp4 global scale's encode factor (1 for none); the global scale itself
+// stays out (the caller folds it into alpha), except gs_post (qdq_kernel).
+template <int G>
+__device__ __forceinline__ void qdq_group(float* v, const QSpec& q, float enc, const float* gs_post) {
+  uint32_t ab = 0;
+#pragma unroll
+  for (int i = 0; i < G; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
+  const float amax = u2f(ab);
+  const FpGroupScale gsc = fp_group_scale(amax, G == 16, enc, q.elem, q.floor_rounding);
+  const float f = gsc.factor;
+  const bool nan_group = gsc.nan_group;
+  float sdec = G == 16 ? e4m3_decode(gsc.code) : ue8m0_decode(gsc.code);
+  if (gs_post) sdec = sdec * nvfp4_dec(*gs_post);  // fp32 route only; one extra rounding, within tolerance
+#pragma unroll
+  for (int i = 0; i < G; i += 2) {
+    uint32_t pr;
+    if (q.elem == ELEM_E2M1) pr = nan_group ? 0 : e2m1x2_encode(v[i] * f, v[i + 1] * f);
+    else if (q.elem == ELEM_E4M3) pr = nan_group ? 0x7f7f : e4m3x2_encode(v[i] * f, v[i + 1] * f);
+    else pr = nan_group ? 0x7f7f : e5m2x2_encode(v[i] * f, v[i + 1] * f);
+    const float2 d = decode2(q.elem, pr);
+    v[i] = d.x * sdec;
+    v[i + 1] = d.y * sdec;
+  }
+}
+
 // q(x) for one group of G elements per thread: the quantize kernel's scale
 // and element math (codec.h, bit for bit), then decode * scale - without the
 // global scale, which the caller folds into alpha (or, for the fp32 output
@@ -79,27 +108,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < G; ++i) v[i] = load1<T>(src + i);
   }
-  uint32_t ab = 0;
-#pragma unroll
-  for (int i = 0; i < G; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
-  const float amax = u2f(ab);
   // nvfp4 is the only group of 16
-  const float enc = (G == 16 && gs) ? nvfp4_enc(gs[b * gs_stride]) : 1.0f;
-  const FpGroupScale gsc = fp_group_scale(amax, G == 16, enc, q.elem, q.floor_rounding);
-  const float f = gsc.factor;
-  const bool nan_group = gsc.nan_group;
-  float sdec = G == 16 ? e4m3_decode(gsc.code) : ue8m0_decode(gsc.code);
-  if (gs_post) sdec = sdec * nvfp4_dec(*gs_post);  // fp32 route only; one extra rounding, within tolerance
-#pragma unroll
-  for (int i = 0; i < G; i += 2) {
-    uint32_t pr;
-    if (q.elem == ELEM_E2M1) pr = nan_group ? 0 : e2m1x2_encode(v[i] * f, v[i + 1] * f);
-    else if (q.elem == ELEM_E4M3) pr = nan_group ? 0x7f7f : e4m3x2_encode(v[i] * f, v[i + 1] * f);
-    else pr = nan_group ? 0x7f7f : e5m2x2_encode(v[i] * f, v[i + 1] * f);
-    const float2 d = decode2(q.elem, pr);
-    v[i] = d.x * sdec;
-    v[i + 1] = d.y * sdec;
-  }
+  qdq_group<G>(v, q, (G == 16 && gs) ? nvfp4_enc(gs[b * gs_stride]) : 1.0f, gs_post);
   TO* dst = out + row * (ng * G) + g * G;
 #pragma unroll
   for (int i = 0; i < G; i += 8) store8<TO>(dst + i, v + i);
@@ -753,6 +763,204 @@ qqStatus_t grouped_qqmm(qqHandle_t h, const MatmulArgs& a, int64_t gw_stride, co
         return set_error(QQ_STATUS_CUDA_ERROR, "grouped_qqmm: %s", why);
     }
     return routed(check_launch("grouped_qqmm"), QQ_ROUTE_EXACT);
+  });
+}
+
+// ---------------------------------------------------------------------------
+// grouped_qqmm_wgrad: out[e] = alpha * q(x_e)^T q(dy_e), blocks along the
+// tokens of each expert
+// ---------------------------------------------------------------------------
+// Both operands go through the same two kernels: seg_plan_kernel turns the
+// group ends into each expert's first 32-token block in a padded token space
+// (expert e owns blocks [blk[e], blk[e+1]): its tokens, the last block
+// zero-padded), and seg_qdq_kernel writes q(x)'s values transposed into it:
+// xt [K, Tp] with Tp = 32 * (number of blocks). A block never crosses an
+// expert (nvfp4's blocks of 16 sit two to a 32-token block), and every
+// expert's tokens start on a 64-byte boundary, as TMA wants. Then one GEMM
+// per expert, out[e] = xt[:, expert e] @ dyt[:, expert e]^T: one grouped GEMM
+// on Hopper, else a loop after a host read of the ends.
+namespace {
+
+constexpr int kSegThreads = 1024;
+
+// blk[0..E]: the exclusive prefix of ceil(n_e / 32); bad ends (as grouped_gemm.h
+// defines them) give blk = 0 everywhere: no block is quantized, and the GEMM's
+// own check fills out with NaN. One block.
+__global__ void __launch_bounds__(kSegThreads) seg_plan_kernel(const int32_t* ends, int E, int64_t T, int32_t* blk) {
+  using Scan = cub::BlockScan<int32_t, kSegThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  __shared__ int bad_s;
+  if (threadIdx.x == 0) bad_s = 0;
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += kSegThreads) {
+    const int32_t end = ends[e], start = e ? ends[e - 1] : 0;
+    if (end < start || end > T || (e == E - 1 && end != T)) atomicOr(&bad_s, 1);
+  }
+  __syncthreads();
+  const bool bad = bad_s;
+  int32_t carry = 0;
+  for (int base = 0; base < E; base += kSegThreads) {
+    const int e = base + threadIdx.x;
+    const int32_t n = (e < E && !bad) ? (ends[e] - (e ? ends[e - 1] : 0) + 31) / 32 : 0;
+    int32_t off, total;
+    Scan(tmp).ExclusiveSum(n, off, total);
+    if (e < E) blk[e] = carry + off;
+    carry += total;
+    __syncthreads();  // tmp is reused by the next chunk's scan
+  }
+  if (threadIdx.x == 0) blk[E] = carry;
+}
+
+// Block (j, c0): padded token block j (of expert e: blk[e] <= j < blk[e+1]),
+// columns c0 .. c0+255, one column per thread: the 32 values of that column,
+// zero past the expert's last token, quantized in groups of G along the
+// tokens and written as 32 contiguous bf16 values at xt[c, 32 j].
+template <typename T, int G>
+__global__ void __launch_bounds__(kThreads)
+    seg_qdq_kernel(Mat x, const int32_t* ends, const int32_t* blk, int E, QSpec q, const float* gs,
+                   __nv_bfloat16* xt, int64_t tp) {
+  const int64_t j = blockIdx.x;
+  if (j >= blk[E]) return;
+  int lo = 0, hi = E - 1;  // the last e with blk[e] <= j (empty experts share their successor's blk)
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (blk[mid] <= j) lo = mid;
+    else hi = mid - 1;
+  }
+  const int e = lo;
+  const int64_t c = (int64_t)blockIdx.y * kThreads + threadIdx.x;
+  if (c >= x.cols) return;
+  const int64_t tok0 = (e ? ends[e - 1] : 0) + (j - blk[e]) * 32, end = ends[e];
+  float v[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) v[i] = tok0 + i < end ? load1<T>(x.at<T>(0, tok0 + i) + c) : 0.0f;
+  const float enc = (G == 16 && gs) ? nvfp4_enc(*gs) : 1.0f;
+#pragma unroll
+  for (int g = 0; g < 32; g += G) qdq_group<G>(v + g, q, enc, nullptr);
+  __nv_bfloat16* dst = xt + c * tp + j * 32;
+#pragma unroll
+  for (int i = 0; i < 32; i += 8) store8<__nv_bfloat16>(dst + i, v + i);
+}
+
+template <typename T>
+qqStatus_t launch_seg_qdq_t(const Mat& x, const int32_t* ends, const int32_t* blk, int E, const QSpec& q,
+                            const float* gs, __nv_bfloat16* xt, int64_t tp, cudaStream_t st) {
+  const dim3 grid((unsigned)(tp / 32), (unsigned)((x.cols + kThreads - 1) / kThreads));
+  if (q.group == 16) seg_qdq_kernel<T, 16><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
+  else seg_qdq_kernel<T, 32><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
+  return check_launch("grouped_qqmm_wgrad");
+}
+
+qqStatus_t seg_qdq(const Mat& x, const int32_t* ends, const int32_t* blk, int E, const QSpec& q, const float* gs,
+                   __nv_bfloat16* xt, int64_t tp, cudaStream_t st) {
+  switch (x.dt) {
+    case DType::F32: return launch_seg_qdq_t<float>(x, ends, blk, E, q, gs, xt, tp, st);
+    case DType::F16: return launch_seg_qdq_t<__half>(x, ends, blk, E, q, gs, xt, tp, st);
+    default: return launch_seg_qdq_t<__nv_bfloat16>(x, ends, blk, E, q, gs, xt, tp, st);
+  }
+}
+
+}  // namespace
+
+qqStatus_t grouped_qqmm_wgrad(qqHandle_t h, const WgradArgs& a, void* stream) {
+  qqContext* c = nullptr;
+  QQ_TRY(resolve_handle("grouped_qqmm_wgrad", h, a.out.device, &c));
+  const int64_t E = a.E, T = a.T, K = a.K, N = a.N;
+  const bool f32 = a.out.dt == DType::F32;
+  // Hopper, CUTLASS built, TMA's 16-byte rows, a result type the grouped GEMM writes.
+  const bool one_launch = grouped_gemm_sm90_built() && c->cc / 10 == 9 && K % 8 == 0 && N % 8 == 0 &&
+                          (f32 || a.out.dt == DType::BF16) && rows_aligned(a.out) && E < (1 << 30) &&
+                          K < (1ll << 31) && N < (1ll << 31) && T < (1ll << 31) - 32 * E;
+  return on_device(c->device, [&]() -> qqStatus_t {
+    cudaStream_t st = (cudaStream_t)stream;
+    std::vector<int32_t> ends;
+    if (!one_launch) {  // read and check the ends first: a bad one is refused before any work
+      ends.resize(E);
+      QQ_TRY(copy_to_host(c->device, a.ends, E * sizeof(int32_t), ends.data(), stream));
+      int32_t prev = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        if (ends[e] < prev || ends[e] > T)
+          return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm_wgrad: argument 'offsets' must be non-decreasing "
+                           "group ends within [0, T=%lld]; offsets[%lld] = %d after %d", (long long)T, (long long)e,
+                           (int)ends[e], (int)prev);
+        prev = ends[e];
+      }
+      if (prev != T)
+        return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm_wgrad: the last entry of 'offsets' (%d) must equal "
+                         "T = %lld (every token belongs to one expert)", (int)prev, (long long)T);
+    }
+    Scratch scratch(c, st);
+    // At most T / 32 + E blocks: sum of ceil(n_e / 32) <= sum (n_e / 32 + 1).
+    const int64_t nblk = (T + 31) / 32 + E, tp = 32 * nblk;
+    int32_t* blk = nullptr;
+    __nv_bfloat16 *xt = nullptr, *dyt = nullptr;
+    float* alpha = nullptr;
+    QQ_TRY(scratch.get("grouped_qqmm_wgrad", (size_t)(E + 1) * 4, &blk));
+    QQ_TRY(scratch.get("grouped_qqmm_wgrad", (size_t)(K * tp) * 2, &xt));
+    QQ_TRY(scratch.get("grouped_qqmm_wgrad", (size_t)(N * tp) * 2, &dyt));
+    seg_plan_kernel<<<1, kSegThreads, 0, st>>>(a.ends, (int)E, T, blk);
+    QQ_TRY(check_launch("grouped_qqmm_wgrad"));
+    QQ_TRY(seg_qdq(a.x, a.ends, blk, (int)E, a.q, a.gs_x, xt, tp, st));
+    QQ_TRY(seg_qdq(a.dy, a.ends, blk, (int)E, a.q, a.gs_dy, dyt, tp, st));
+    if (a.gs_x || a.gs_dy) {
+      QQ_TRY(scratch.get("grouped_qqmm_wgrad", 2 * sizeof(float), &alpha));
+      alpha_kernel<<<1, 32, 0, st>>>(a.gs_x, a.gs_dy, 0, 1, alpha);
+      QQ_TRY(check_launch("grouped_qqmm_wgrad"));
+    }
+    const int64_t es = dtype_size(a.out.dt), pitch = a.out.nb ? a.out.bstride[0] : K * N;
+    if (one_launch) {
+      GroupedGemmSm90 g;
+      g.split = kSplitReduction;
+      g.A = xt;
+      g.lda = tp;
+      g.B = dyt;
+      g.ldb = tp;
+      g.D = a.out.ptr;
+      g.ldd = a.out.ld;
+      g.d_stride = pitch;
+      g.d_f32 = f32;
+      g.ends = a.ends;
+      g.seg_blocks = blk;
+      g.alpha = alpha;
+      g.alpha_stride = 0;
+      g.E_all = g.E = (int)E;
+      g.T = T;
+      g.N = N;
+      g.K = K;
+      g.device = c->device;
+      g.sm_count = sm_count(c->device);
+      void* buf = nullptr;
+      QQ_TRY(scratch.get("grouped_qqmm_wgrad", grouped_gemm_sm90_scratch(g), &buf));
+      if (const char* why = grouped_gemm_sm90(g, buf, st))
+        return set_error(QQ_STATUS_CUDA_ERROR, "grouped_qqmm_wgrad: %s", why);
+      return routed(check_launch("grouped_qqmm_wgrad"), QQ_ROUTE_EXACT);
+    }
+    int64_t b0 = 0;  // expert e's first block, as seg_plan_kernel computes it
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t n = ends[e] - (e ? ends[e - 1] : 0), len = (n + 31) / 32 * 32;
+      char* out_e = (char*)a.out.ptr + e * pitch * es;
+      if (n == 0) {  // out is compact (the C entry point checks)
+        QQ_CUDA_TRY(cudaMemsetAsync(out_e, 0, (size_t)(K * N * es), st), "grouped_qqmm_wgrad");
+        continue;
+      }
+      Gemm g;
+      g.M = K;
+      g.N = N;
+      g.K = len;
+      g.ab = DType::BF16;
+      g.d = a.out.dt;
+      g.A = xt + b0 * 32;
+      g.lda = tp;
+      g.B = dyt + b0 * 32;
+      g.ldb = tp;
+      g.b_trans = true;
+      g.D = out_e;
+      g.ldd = a.out.ld;
+      g.alpha_dev = alpha;
+      QQ_TRY(gemm(c, g, st));
+      b0 += len / 32;
+    }
+    return routed(QQ_STATUS_SUCCESS, QQ_ROUTE_EXACT);
   });
 }
 
