@@ -6,7 +6,9 @@ The shapes of the training issue: T = 16384 tokens over E = 8, 32 and 128 expert
 (qq.quantize, blocked scales: dequantized to bf16 per call) or prepared (qq.prepare_weight:
 q(w)'s bf16 values kept, nothing per call). TFLOP/s (2*T*N*K) against torch's bf16
 `torch._grouped_mm` on the same problem (same routing), measured in the same run: rows op
-"grouped_qqmm", peer "torch_grouped_bf16", extra columns experts, routing, w_form, us.
+"grouped_qqmm", peer "torch_grouped_bf16", extra columns experts, routing, w_form, us. The
+weight gradient too: grouped_qqmm_wgrad (x, dy [T, K / N] -> bf16 dw [E, K, N]) against
+torch._grouped_mm's 2-D x 2-D form, rows op "grouped_qqmm_wgrad".
 
     python bench/bench_grouped.py [--quick]
 """
@@ -64,6 +66,35 @@ def run_case(bench, timer, t, n, k, e, kind, forms, modes):
     del x, w, wt
 
 
+def run_wgrad(bench, timer, t, n, k, e, kind, modes):
+    """dw[e] = q(x_e)^T q(dy_e) [E, K, N] against torch._grouped_mm's 2-D x 2-D form (offsets
+    split the reduction axis) on the bf16 x^T and dy."""
+    sizes = routing(t, e, kind)
+    offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
+    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(t, n, device="cuda", dtype=torch.bfloat16)
+    flops = 2.0 * t * n * k
+    nbytes = 2 * (t * k + t * n) + 4 * e * n * k
+    peer = None
+    for xt in (x.t(), x.t().contiguous()):     # what this torch's _grouped_mm takes
+        try:
+            torch._grouped_mm(xt, dy, offs=offs)
+            peer = (lambda xt=xt: torch._grouped_mm(xt, dy, offs=offs))
+            break
+        except RuntimeError:
+            continue
+    if peer is None:
+        print("bench_grouped: torch._grouped_mm has no 2-D x 2-D form here; wgrad rows skipped")
+        return
+    peer_us = timer(peer, nbytes)
+    for mode in modes:
+        us = timer(lambda: qq.grouped_qqmm_wgrad(x, dy, offs, mode=mode, dtype="bfloat16"), nbytes)
+        bench.row("grouped_qqmm_wgrad", mode, (t, n, k), "TFLOPs", flops / us / 1e6, "torch_grouped_bf16",
+                  flops / peer_us / 1e6, experts=e, routing=kind, us=round(us, 1), peer_us=round(peer_us, 1),
+                  target_x=0.95)
+    del x, dy
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -85,6 +116,11 @@ def main():
     for n, k in ([(7168, 2048)] if args.quick else shapes):
         for per in ((8, 64) if args.quick else (8, 16, 32, 64)):
             run_case(bench, timer, 256 * per, n, k, 256, "balanced", ("prepared",), ("mxfp8",))
+    # the weight gradient (bf16 dw, as torch's)
+    for n, k in shapes:
+        for e in experts:
+            run_wgrad(bench, timer, t, n, k, e, "balanced", ("mxfp8",))
+        run_wgrad(bench, timer, t, n, k, 32, "zipf", ("mxfp8",))
     print(bench.save())
 
 
