@@ -302,9 +302,15 @@ class QQGroupedLinearFunction(torch.autograd.Function):
             dx = _grouped(dy, ctx.bwd, offsets, ctx.mode, x.dtype)
         if ctx.needs_input_grad[1]:
             # dW[e] [N, K] = q(dy_e)^T @ q(x_e): grouped_qqmm_wgrad(a, b) gives a_e^T @ b_e
+            # written in the weight's dtype by the GEMM itself (one rounding, as .to() of an
+            # fp32 result would give, without an fp32 [E, N, K] round trip through memory)
             gdy, gx = (_gs(dy, ctx.mode), _gs(x, ctx.mode))
-            dw = qq.grouped_qqmm_wgrad(dy, x, offsets, mode=ctx.mode, global_scale_x=gdy,
-                                       global_scale_dy=gx).to(ctx.wdtype)
+            wname = str(ctx.wdtype).rpartition(".")[2]
+            direct = wname in ("float32", "bfloat16", "float16")
+            dw = qq.grouped_qqmm_wgrad(dy, x, offsets, mode=ctx.mode, global_scale_x=gdy, global_scale_dy=gx,
+                                       dtype=wname if direct else "float32")
+            if not direct:
+                dw = dw.to(ctx.wdtype)
         ctx.bwd = None
         return dx, dw, None, None
 

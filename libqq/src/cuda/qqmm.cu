@@ -812,13 +812,17 @@ __global__ void __launch_bounds__(kSegThreads) seg_plan_kernel(const int32_t* en
 }
 
 // Block (j, c0): padded token block j (of expert e: blk[e] <= j < blk[e+1]),
-// columns c0 .. c0+255, one column per thread: the 32 values of that column,
-// zero past the expert's last token, quantized in groups of G along the
-// tokens and written as 32 contiguous bf16 values at xt[c, 32 j].
-template <typename T, int G>
+// columns c0 .. c0+255. The 32 x 256 tile is read row-wise into shared memory
+// (16-byte loads, 512 contiguous bytes per warp, when kVec: rows aligned and
+// 8 | cols), zero past the expert's last token; then one column per thread:
+// its 32 values quantized in groups of G along the tokens and written as 32
+// contiguous bf16 values at xt[c, 32 j].
+constexpr int kSegPitch = 260;  // floats per tile row: 16-byte aligned rows, column reads conflict-free
+template <typename T, int G, bool kVec>
 __global__ void __launch_bounds__(kThreads)
     seg_qdq_kernel(Mat x, const int32_t* ends, const int32_t* blk, int E, QSpec q, const float* gs,
                    __nv_bfloat16* xt, int64_t tp) {
+  __shared__ __align__(16) float tile[32 * kSegPitch];
   const int64_t j = blockIdx.x;
   if (j >= blk[E]) return;
   int lo = 0, hi = E - 1;  // the last e with blk[e] <= j (empty experts share their successor's blk)
@@ -828,12 +832,30 @@ __global__ void __launch_bounds__(kThreads)
     else hi = mid - 1;
   }
   const int e = lo;
-  const int64_t c = (int64_t)blockIdx.y * kThreads + threadIdx.x;
-  if (c >= x.cols) return;
   const int64_t tok0 = (e ? ends[e - 1] : 0) + (j - blk[e]) * 32, end = ends[e];
+  const int64_t c0 = (int64_t)blockIdx.y * kThreads;
+  if (kVec) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // chunk (row, 8 columns): a warp reads one row's 256 columns
+      const int id = threadIdx.x + i * kThreads, r = id / 32, c8 = (id % 32) * 8;
+      float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (tok0 + r < end && c0 + c8 < x.cols) load8<T>(x.at<T>(0, tok0 + r) + c0 + c8, v);
+      float4* d = reinterpret_cast<float4*>(tile + r * kSegPitch + c8);
+      d[0] = make_float4(v[0], v[1], v[2], v[3]);
+      d[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+  } else {
+    for (int r = 0; r < 32; ++r) {
+      const int64_t c = c0 + threadIdx.x;
+      tile[r * kSegPitch + threadIdx.x] = (tok0 + r < end && c < x.cols) ? load1<T>(x.at<T>(0, tok0 + r) + c) : 0.0f;
+    }
+  }
+  __syncthreads();
+  const int64_t c = c0 + threadIdx.x;
+  if (c >= x.cols) return;
   float v[32];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) v[i] = tok0 + i < end ? load1<T>(x.at<T>(0, tok0 + i) + c) : 0.0f;
+  for (int i = 0; i < 32; ++i) v[i] = tile[i * kSegPitch + threadIdx.x];
   const float enc = (G == 16 && gs) ? nvfp4_enc(*gs) : 1.0f;
 #pragma unroll
   for (int g = 0; g < 32; g += G) qdq_group<G>(v + g, q, enc, nullptr);
@@ -846,8 +868,14 @@ template <typename T>
 qqStatus_t launch_seg_qdq_t(const Mat& x, const int32_t* ends, const int32_t* blk, int E, const QSpec& q,
                             const float* gs, __nv_bfloat16* xt, int64_t tp, cudaStream_t st) {
   const dim3 grid((unsigned)(tp / 32), (unsigned)((x.cols + kThreads - 1) / kThreads));
-  if (q.group == 16) seg_qdq_kernel<T, 16><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
-  else seg_qdq_kernel<T, 32><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
+  const bool vec = rows_aligned(x) && x.cols % 8 == 0;
+  if (q.group == 16) {
+    if (vec) seg_qdq_kernel<T, 16, true><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
+    else seg_qdq_kernel<T, 16, false><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
+  } else {
+    if (vec) seg_qdq_kernel<T, 32, true><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
+    else seg_qdq_kernel<T, 32, false><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
+  }
   return check_launch("grouped_qqmm_wgrad");
 }
 
