@@ -811,63 +811,99 @@ __global__ void __launch_bounds__(kSegThreads) seg_plan_kernel(const int32_t* en
   if (threadIdx.x == 0) blk[E] = carry;
 }
 
-// Block (j, c0): padded token block j (of expert e: blk[e] <= j < blk[e+1]),
-// columns c0 .. c0+255. The 32 x 256 tile is read row-wise into shared memory
-// (16-byte loads, 512 contiguous bytes per warp, when kVec: rows aligned and
-// 8 | cols), zero past the expert's last token; then one column per thread:
-// its 32 values quantized in groups of G along the tokens and written as 32
-// contiguous bf16 values at xt[c, 32 j].
-constexpr int kSegPitch = 260;  // floats per tile row: 16-byte aligned rows, column reads conflict-free
-template <typename T, int G, bool kVec>
-__global__ void __launch_bounds__(kThreads)
-    seg_qdq_kernel(Mat x, const int32_t* ends, const int32_t* blk, int E, QSpec q, const float* gs,
-                   __nv_bfloat16* xt, int64_t tp) {
-  __shared__ __align__(16) float tile[32 * kSegPitch];
-  const int64_t j = blockIdx.x;
-  if (j >= blk[E]) return;
+// Block (j0, c0): the 4 padded token blocks j0 .. j0+3 (block j of expert e:
+// blk[e] <= j < blk[e+1]; the 4 may belong to different experts, their places
+// in xt are contiguous anyway) x 64 columns c0 ... The 128 x 64 tile is read
+// row-wise into shared memory (16-byte loads, a warp reads 4 rows of 128
+// bytes, when kVec: rows aligned and 8 | cols), zero past each expert's last
+// token and for blocks past the last; each thread then quantizes one column of
+// one block (its 32 values, in groups of G along the tokens) and puts the bf16
+// values back into shared memory, from where rows of 128 values (256 bytes)
+// are stored at xt[c, 32 j0].
+constexpr int kSegCols = 64, kSegBlocks = 4, kSegRows = 32 * kSegBlocks;
+constexpr int kSegPitch = kSegCols + 4;       // floats per tile row: 16-byte aligned, column reads conflict-free
+constexpr int kSegOutPitch = kSegRows + 8;    // bf16 per output row: 16-byte aligned
+static_assert(kSegCols * kSegBlocks == kThreads, "one column of one block per thread");
+static_assert(kSegCols * kSegOutPitch * 2 <= kSegRows * kSegPitch * 4, "the output tile reuses the input tile");
+
+__device__ __forceinline__ int seg_expert(const int32_t* blk, int E, int64_t j) {
   int lo = 0, hi = E - 1;  // the last e with blk[e] <= j (empty experts share their successor's blk)
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
     if (blk[mid] <= j) lo = mid;
     else hi = mid - 1;
   }
-  const int e = lo;
-  const int64_t tok0 = (e ? ends[e - 1] : 0) + (j - blk[e]) * 32, end = ends[e];
-  const int64_t c0 = (int64_t)blockIdx.y * kThreads;
+  return lo;
+}
+
+template <typename T, int G, bool kVec>
+__global__ void __launch_bounds__(kThreads)
+    seg_qdq_kernel(Mat x, const int32_t* ends, const int32_t* blk, int E, QSpec q, const float* gs,
+                   __nv_bfloat16* xt, int64_t tp) {
+  __shared__ __align__(16) float tile[kSegRows * kSegPitch];
+  __shared__ int64_t tok0_s[kSegBlocks], end_s[kSegBlocks];
+  const int64_t j0 = (int64_t)blockIdx.x * kSegBlocks, nblk = blk[E];
+  if (j0 >= nblk) return;
+  if (threadIdx.x < kSegBlocks) {
+    const int64_t j = j0 + threadIdx.x;
+    int64_t t0 = 0, t1 = 0;  // no tokens: past the last block
+    if (j < nblk) {
+      const int e = seg_expert(blk, E, j);
+      t0 = (e ? ends[e - 1] : 0) + (j - blk[e]) * 32;
+      t1 = ends[e];
+    }
+    tok0_s[threadIdx.x] = t0;
+    end_s[threadIdx.x] = t1;
+  }
+  __syncthreads();
+  const int64_t c0 = (int64_t)blockIdx.y * kSegCols;
   if (kVec) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // chunk (row, 8 columns): a warp reads one row's 256 columns
-      const int id = threadIdx.x + i * kThreads, r = id / 32, c8 = (id % 32) * 8;
+    for (int i = 0; i < kSegRows * kSegCols / 8 / kThreads; ++i) {  // chunk (row, 8 columns)
+      const int id = threadIdx.x + i * kThreads, r = id / (kSegCols / 8), c8 = (id % (kSegCols / 8)) * 8;
+      const int64_t tok = tok0_s[r / 32] + r % 32;
       float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      if (tok0 + r < end && c0 + c8 < x.cols) load8<T>(x.at<T>(0, tok0 + r) + c0 + c8, v);
+      if (tok < end_s[r / 32] && c0 + c8 < x.cols) load8<T>(x.at<T>(0, tok) + c0 + c8, v);
       float4* d = reinterpret_cast<float4*>(tile + r * kSegPitch + c8);
       d[0] = make_float4(v[0], v[1], v[2], v[3]);
       d[1] = make_float4(v[4], v[5], v[6], v[7]);
     }
   } else {
-    for (int r = 0; r < 32; ++r) {
-      const int64_t c = c0 + threadIdx.x;
-      tile[r * kSegPitch + threadIdx.x] = (tok0 + r < end && c < x.cols) ? load1<T>(x.at<T>(0, tok0 + r) + c) : 0.0f;
+    for (int id = threadIdx.x; id < kSegRows * kSegCols; id += kThreads) {
+      const int r = id / kSegCols, cc = id % kSegCols;
+      const int64_t tok = tok0_s[r / 32] + r % 32, c = c0 + cc;
+      tile[r * kSegPitch + cc] = (tok < end_s[r / 32] && c < x.cols) ? load1<T>(x.at<T>(0, tok) + c) : 0.0f;
     }
   }
   __syncthreads();
-  const int64_t c = c0 + threadIdx.x;
-  if (c >= x.cols) return;
+  const int cc = threadIdx.x % kSegCols, b = threadIdx.x / kSegCols;
   float v[32];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) v[i] = tile[i * kSegPitch + threadIdx.x];
+  for (int i = 0; i < 32; ++i) v[i] = tile[(b * 32 + i) * kSegPitch + cc];
   const float enc = (G == 16 && gs) ? nvfp4_enc(*gs) : 1.0f;
 #pragma unroll
   for (int g = 0; g < 32; g += G) qdq_group<G>(v + g, q, enc, nullptr);
-  __nv_bfloat16* dst = xt + c * tp + j * 32;
+  __syncthreads();  // the input tile is read: its memory now holds the output tile
+  __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(tile);
 #pragma unroll
-  for (int i = 0; i < 32; i += 8) store8<__nv_bfloat16>(dst + i, v + i);
+  for (int i = 0; i < 32; i += 8) store8<__nv_bfloat16>(out + cc * kSegOutPitch + b * 32 + i, v + i);
+  __syncthreads();
+  // Rows of kSegRows values: 16 threads per row, 16 bytes each; blocks past
+  // the last are not stored (xt ends at tp).
+  const int64_t cols_left = tp - j0 * 32, nrow = cols_left < kSegRows ? cols_left : kSegRows;
+  for (int id = threadIdx.x; id < kSegCols * (kSegRows / 8); id += kThreads) {
+    const int r = id / (kSegRows / 8), k8 = (id % (kSegRows / 8)) * 8;
+    const int64_t c = c0 + r;
+    if (c < x.cols && k8 < nrow)
+      *reinterpret_cast<uint4*>(xt + c * tp + j0 * 32 + k8) =
+          *reinterpret_cast<const uint4*>(out + r * kSegOutPitch + k8);
+  }
 }
 
 template <typename T>
 qqStatus_t launch_seg_qdq_t(const Mat& x, const int32_t* ends, const int32_t* blk, int E, const QSpec& q,
                             const float* gs, __nv_bfloat16* xt, int64_t tp, cudaStream_t st) {
-  const dim3 grid((unsigned)(tp / 32), (unsigned)((x.cols + kThreads - 1) / kThreads));
+  const dim3 grid((unsigned)((tp / 32 + kSegBlocks - 1) / kSegBlocks), (unsigned)((x.cols + kSegCols - 1) / kSegCols));
   const bool vec = rows_aligned(x) && x.cols % 8 == 0;
   if (q.group == 16) {
     if (vec) seg_qdq_kernel<T, 16, true><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
