@@ -25,7 +25,7 @@ sizes when the batch axes are dynamic, without calling libqq (result dtypes: qq.
   qq::quantize_moe(w, scaling, rounding, scale_layout, fp8_format, torch_dtypes) -> [data, scales]
   qq::grouped_qqmm(x, x_scales?, global_scale_x?, w, scales?, global_scale_w?, offsets, mode,
                    group_size, bits, rounding, x_layout, w_layout, fp8_format, moe_scaling,
-                   dtype)                      the offsets are read on the host inside the op
+                   dtype)                      the offsets may be read on the host inside the op
   qq::grouped_qqmm_wgrad(x, dy, offsets, global_scale_x?, global_scale_dy?, mode, rounding,
                          fp8_format, dtype) -> [E, K, N]
 
@@ -293,8 +293,9 @@ def _(w, scaling, rounding, scale_layout, fp8_format, torch_dtypes):
     return [data, w.new_empty(s, dtype=sdt)]
 
 
-# Ops that read device memory on the host cannot run inside a CUDA graph: tagged so that
-# torch.compile's CUDA graphs (mode="reduce-overhead") leave them out (torch >= 2.8).
+# Ops that may read device memory on the host (grouped_qqmm and its wgrad off Hopper) cannot
+# run inside a CUDA graph there: tagged so that torch.compile's CUDA graphs
+# (mode="reduce-overhead") leave them out (torch >= 2.8).
 _HOST_SYNC_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
 
 
@@ -304,8 +305,9 @@ def _grouped_qqmm_op(x: Tensor, x_scales: Optional[Tensor], global_scale_x: Opti
                      offsets: Tensor, mode: str, group_size: int, bits: int, rounding: str,
                      x_layout: str, w_layout: str, fp8_format: str, moe_scaling: str,
                      dtype: torch.dtype) -> Tensor:
-    # The offsets are read on the host inside the op (as eagerly): the op is opaque to the
-    # compiler, so the graph holds one call and no break; it cannot run inside a CUDA graph.
+    # The offsets may be read on the host inside the op (as eagerly; not on Hopper): the op
+    # is opaque to the compiler, so the graph holds one call and no break; tagged
+    # cudagraph_unsafe because not every device runs it without that host read.
     q = dict(mode=mode, group_size=group_size, bits=bits, fp8_format=fp8_format)
     if x_scales is not None:
         x = QuantizedArray(x, x_scales, global_scale=global_scale_x, scale_layout=x_layout,
