@@ -136,6 +136,21 @@ def _grouped_one_launch():
     return qq.build_info().get("grouped_sm90") == "ON" and qq.device_capability(0)[0] == 9
 
 
+def _check_grouped_graph(fn, inputs, ends):
+    """fn(*inputs) (reading int32 group ends `ends` on the device) captured, and replayed on
+    new values and then on new ends (an empty group first) equal to eager."""
+    _check_graph(fn, inputs)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = fn(*inputs)
+    ends.copy_(torch.tensor([0, 120, 121, 200], dtype=torch.int32))
+    y.fill_(7)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, fn(*inputs))
+    return y
+
+
 @pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])
 def test_grouped_qqmm(mode):
     """Hopper: one grouped GEMM, the group ends read on the device - captured, and replayed
@@ -143,19 +158,10 @@ def test_grouped_qqmm(mode):
     if not _grouped_one_launch():
         pytest.skip("grouped_qqmm reads its offsets on the host here (not Hopper, or built "
                     "without CUTLASS's headers)")
-    x = _x(200, 256)
-    w = _x(4, 136, 256)
     ends = torch.tensor([30, 64, 64, 200], dtype=torch.int32, device="cuda")
     kw = {"global_scale_w": torch.rand(4, device="cuda") + 1} if mode == "nvfp4" else {}
-    _check_graph(lambda x, w: qq.grouped_qqmm(x, w, ends, mode=mode, **kw), [x, w])
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = qq.grouped_qqmm(x, w, ends, mode=mode, **kw)
-    ends.copy_(torch.tensor([0, 120, 121, 200], dtype=torch.int32))
-    y.fill_(0)
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(y, qq.grouped_qqmm(x, w, ends, mode=mode, **kw))
+    _check_grouped_graph(lambda x, w: qq.grouped_qqmm(x, w, ends, mode=mode, **kw),
+                         [_x(200, 256), _x(4, 136, 256)], ends)
 
 
 @pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])
@@ -164,20 +170,11 @@ def test_grouped_qqmm_wgrad(mode):
     the device - captured, and replayed on new ends (an empty expert included)."""
     if not _grouped_one_launch():
         pytest.skip("grouped_qqmm_wgrad reads its offsets on the host here")
-    x = _x(200, 256)
-    dy = _x(200, 136)
+    x, dy = _x(200, 256), _x(200, 136)
     ends = torch.tensor([30, 64, 64, 200], dtype=torch.int32, device="cuda")
     kw = {"global_scale_x": x.abs().max().float(), "global_scale_dy": dy.abs().max().float()} \
         if mode == "nvfp4" else {}
-    _check_graph(lambda x, dy: qq.grouped_qqmm_wgrad(x, dy, ends, mode=mode, **kw), [x, dy])
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        dw = qq.grouped_qqmm_wgrad(x, dy, ends, mode=mode, **kw)
-    ends.copy_(torch.tensor([0, 120, 121, 200], dtype=torch.int32))
-    dw.fill_(7)
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(dw, qq.grouped_qqmm_wgrad(x, dy, ends, mode=mode, **kw))
+    dw = _check_grouped_graph(lambda x, dy: qq.grouped_qqmm_wgrad(x, dy, ends, mode=mode, **kw), [x, dy], ends)
     assert not dw[0].any()
 
 

@@ -472,18 +472,8 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
       if (c.device < 0) memcpy(ends.data(), src, E * sizeof(int32_t));
       else QQ_TRY(cuda::copy_to_host(c.device, src, E * sizeof(int32_t), ends.data(), stream));
     }
+    QQ_TRY(check_group_ends("grouped_qqmm", ends.data(), E, T));
     int32_t prev = 0;
-    for (int64_t e = 0; e < E; ++e) {
-      if (ends[e] < prev || ends[e] > T)
-        return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'offsets' must be non-decreasing group "
-                         "ends within [0, T=%lld]; offsets[%lld] = %d after %d", (long long)T, (long long)e,
-                         (int)ends[e], (int)prev);
-      prev = ends[e];
-    }
-    if (prev != T)
-      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: the last entry of 'offsets' (%d) must equal T = %lld "
-                       "(every token belongs to one expert)", (int)prev, (long long)T);
-    prev = 0;
     for (int64_t e = 0; e < E; ++e) {
       const int64_t r0 = prev, n = ends[e] - prev;
       prev = ends[e];
@@ -561,17 +551,7 @@ QQ_API qqStatus_t qqGroupedQqmmWgrad(qqHandle_t handle, const DLTensor* x, const
     a.ends = (const int32_t*)((const char*)offsets->data + offsets->byte_offset);
     if (a.K * a.N == 0) return QQ_STATUS_SUCCESS;
     if (c.device >= 0) return cuda::grouped_qqmm_wgrad(handle, a, stream);
-    int32_t prev = 0;
-    for (int64_t e = 0; e < a.E; ++e) {
-      if (a.ends[e] < prev || a.ends[e] > a.T)
-        return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm_wgrad: argument 'offsets' must be non-decreasing group "
-                         "ends within [0, T=%lld]; offsets[%lld] = %d after %d", (long long)a.T, (long long)e,
-                         (int)a.ends[e], (int)prev);
-      prev = a.ends[e];
-    }
-    if (prev != a.T)
-      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm_wgrad: the last entry of 'offsets' (%d) must equal T = "
-                       "%lld (every token belongs to one expert)", (int)prev, (long long)a.T);
+    QQ_TRY(check_group_ends("grouped_qqmm_wgrad", a.ends, a.E, a.T));
     return routed(cpu::grouped_wgrad(a), QQ_ROUTE_CPU);
   });
 }

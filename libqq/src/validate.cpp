@@ -17,6 +17,8 @@
 #include "internal.h"
 #include "validate.h"
 
+#include "group_ends.h"
+
 namespace qq {
 
 // The one home of the last-error string: set_error writes it, guard() clears
@@ -592,6 +594,19 @@ void align_batch(Mat* m, int nb, const int64_t* bshape) {
     m->bshape[i] = bshape[i];
     m->bstride[i] = st[i];
   }
+}
+
+qqStatus_t check_group_ends(const char* op, const int32_t* ends, int64_t E, int64_t T) {
+  for (int64_t e = 0; e < E; ++e)
+    if (group_end_bad(ends, e, E, T)) {
+      if (e == E - 1 && ends[e] >= (e ? ends[e - 1] : 0) && ends[e] <= T)
+        return set_error(QQ_STATUS_INVALID_VALUE, "%s: the last entry of 'offsets' (%d) must equal T = %lld (every "
+                         "token belongs to one expert)", op, (int)ends[e], (long long)T);
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument 'offsets' must be non-decreasing group ends within "
+                       "[0, T=%lld]; offsets[%lld] = %d after %d", op, (long long)T, (long long)e, (int)ends[e],
+                       (int)(e ? ends[e - 1] : 0));
+    }
+  return QQ_STATUS_SUCCESS;
 }
 
 void blocked_batch_strides(Mat* s) {

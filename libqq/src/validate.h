@@ -132,6 +132,11 @@ qqStatus_t input_scales(Ctx& c, const char* name, const DLTensor* t, const QSpec
 qqStatus_t input_biases(Ctx& c, const DLTensor* t, const QSpec& q, int fnd, const int64_t* fshape,
                         DType scales_dt, Mat* m);
 
+// Host-side group ends of the MoE operations (int32 [E], cumulative; the rule is
+// group_end_bad in group_ends.h): INVALID_VALUE naming `op`, the first bad
+// entry and what is expected.
+qqStatus_t check_group_ends(const char* op, const int32_t* ends, int64_t E, int64_t T);
+
 // ---- matmul operands ----------------------------------------------------------
 // Broadcast batch shapes of x and w (NumPy rules) into out's batch shape;
 // align_batch then rewrites each operand's Mat to index with out's batch

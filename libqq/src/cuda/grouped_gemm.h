@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../group_ends.h"
+
 namespace qq {
 namespace cuda {
 
@@ -31,6 +33,8 @@ namespace cuda {
 // (one per expert, indexed by e) or 0 (one), or nullptr for 1. Bad ends
 // (decreasing, outside [0, T], last != T) give a D of NaN.
 enum GroupedSplit { kSplitRows = 0, kSplitReduction = 1 };
+
+
 
 struct GroupedGemmSm90 {
   int split = kSplitRows;

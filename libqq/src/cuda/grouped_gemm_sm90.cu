@@ -148,10 +148,7 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(GroupedGemmSm90 g, A
   if (threadIdx.x == 0) bad_s = 0;
   __syncthreads();
   int bad = 0;
-  for (int e = threadIdx.x; e < g.E_all; e += kPrepThreads) {
-    const int32_t end = g.ends[e], start = e ? g.ends[e - 1] : 0;
-    bad |= end < start || end > g.T || (e == g.E_all - 1 && end != g.T);
-  }
+  for (int e = threadIdx.x; e < g.E_all; e += kPrepThreads) bad |= group_end_bad(g.ends, e, g.E_all, g.T);
   if (bad) atomicOr(&bad_s, 1);
   __syncthreads();
   bad = bad_s;

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "../codec.h"
+#include "../validate.h"
 #include "common.cuh"
 #include "grouped_gemm.h"
 #include "ops.cuh"
@@ -792,10 +793,8 @@ __global__ void __launch_bounds__(kSegThreads) seg_plan_kernel(const int32_t* en
   __shared__ int bad_s;
   if (threadIdx.x == 0) bad_s = 0;
   __syncthreads();
-  for (int e = threadIdx.x; e < E; e += kSegThreads) {
-    const int32_t end = ends[e], start = e ? ends[e - 1] : 0;
-    if (end < start || end > T || (e == E - 1 && end != T)) atomicOr(&bad_s, 1);
-  }
+  for (int e = threadIdx.x; e < E; e += kSegThreads)
+    if (group_end_bad(ends, e, E, T)) atomicOr(&bad_s, 1);
   __syncthreads();
   const bool bad = bad_s;
   int32_t carry = 0;
@@ -941,17 +940,7 @@ qqStatus_t grouped_qqmm_wgrad(qqHandle_t h, const WgradArgs& a, void* stream) {
     if (!one_launch) {  // read and check the ends first: a bad one is refused before any work
       ends.resize(E);
       QQ_TRY(copy_to_host(c->device, a.ends, E * sizeof(int32_t), ends.data(), stream));
-      int32_t prev = 0;
-      for (int64_t e = 0; e < E; ++e) {
-        if (ends[e] < prev || ends[e] > T)
-          return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm_wgrad: argument 'offsets' must be non-decreasing "
-                           "group ends within [0, T=%lld]; offsets[%lld] = %d after %d", (long long)T, (long long)e,
-                           (int)ends[e], (int)prev);
-        prev = ends[e];
-      }
-      if (prev != T)
-        return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm_wgrad: the last entry of 'offsets' (%d) must equal "
-                         "T = %lld (every token belongs to one expert)", (int)prev, (long long)T);
+      QQ_TRY(check_group_ends("grouped_qqmm_wgrad", ends.data(), E, T));
     }
     Scratch scratch(c, st);
     // At most T / 32 + E blocks: sum of ceil(n_e / 32) <= sum (n_e / 32 + 1).
