@@ -8,8 +8,9 @@ qq: QQGroupedLinear in mxfp8 (weights quantized once per step in 32x32 tiles, to
 K; dgrad and wgrad quantized as in QQLinear). Peer: the same layer in bf16 through torch's
 grouped GEMM (torch._grouped_mm, its autograd), measured in the same run; rows op
 "moe_layer_step" (and "moe_layer_fwd"), metric us, peer "torch_grouped_bf16", ratio =
-peer time / ours (> 1: faster). The offsets are read on the host by qq's grouped calls
-today (a stream wait per call): that is part of what this measures.
+peer time / ours (> 1: faster). On Hopper qq's grouped calls read the offsets on the device
+(one grouped GEMM each); elsewhere on the host (a stream wait per call), which is then part
+of what this measures.
 
     python bench/bench_moe.py [--quick]
 """
