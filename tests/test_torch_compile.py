@@ -372,6 +372,22 @@ def test_grouped_qqmm_and_wgrad(device, mode):
         assert torch.count_nonzero(got[1]) == 0        # the empty group
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])
+def test_grouped_qqmm_prepared(device, mode):
+    """grouped_qqmm with a PreparedWeight of [E, N, K] (its bf16 values go in as the op's
+    prepared weight; nvfp4 with one global scale for every expert) and prepare_weight of 3-D
+    weights trace without a break and give the eager result."""
+    d = dev(device)
+    x = data(40, 64, device=d, seed=1)
+    w = data(3, 32, 64, device=d, seed=2)
+    offsets = torch.tensor([16, 16, 40], dtype=torch.int32, device=d)
+    gs = qq.amax(w) if mode == "nvfp4" else None
+    pw = qq.prepare_weight(w, mode=mode, global_scale=gs)
+    check(lambda x, o: qq.grouped_qqmm(x, pw, o), x, offsets)
+    check(lambda w: qq.prepare_weight(w, mode=mode, global_scale=gs).quantized.data, w)
+
+
 def test_no_graph_break_explain():
     """torch._dynamo.explain: one graph, no break, for a function using every op."""
     x, w = data(4, 64), data(32, 64, seed=1)

@@ -174,7 +174,8 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
         pw = w
         if pw.values is not None:
             mode = _take(func, "mode", mode, "mxfp8", pw.mode, "w")
-            fp8_format = _take(func, "fp8_format", fp8_format, "e4m3", pw.quantized.fp8_format, "w")
+            if pw.quantized is not None:    # (None: rebuilt around the values by qq's torch op)
+                fp8_format = _take(func, "fp8_format", fp8_format, "e4m3", pw.quantized.fp8_format, "w")
             global_scale_w = _take_array(func, "global_scale_w", global_scale_w, pw.global_scale,
                                          "w", "global_scale")
             w = pw.values

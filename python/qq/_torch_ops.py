@@ -304,7 +304,7 @@ def _grouped_qqmm_op(x: Tensor, x_scales: Optional[Tensor], global_scale_x: Opti
                      w: Tensor, scales: Optional[Tensor], global_scale_w: Optional[Tensor],
                      offsets: Tensor, mode: str, group_size: int, bits: int, rounding: str,
                      x_layout: str, w_layout: str, fp8_format: str, moe_scaling: str,
-                     dtype: torch.dtype) -> Tensor:
+                     dtype: torch.dtype, w_prepared: bool = False) -> Tensor:
     # The offsets may be read on the host inside the op (as eagerly; not on Hopper): the op
     # is opaque to the compiler, so the graph holds one call and no break; tagged
     # cudagraph_unsafe because not every device runs it without that host read.
@@ -318,6 +318,11 @@ def _grouped_qqmm_op(x: Tensor, x_scales: Optional[Tensor], global_scale_x: Opti
         return _qq.grouped_qqmm(x, (w, scales), offsets, mode=mode, global_scale_x=global_scale_x,
                                 rounding=rounding, scale_layout=w_layout, fp8_format=fp8_format,
                                 moe_scaling=moe_scaling, dtype=dtype)
+    if w_prepared:  # q(w)'s values [E, N, K] of a PreparedWeight (see grouped_qqmm below)
+        pw = object.__new__(PreparedWeight)     # PreparedWeight.__init__ is Cython, as in _qa
+        pw.quantized, pw.values, pw.mode, pw.global_scale, pw.shape = None, w, mode, global_scale_w, tuple(w.shape)
+        return _qq.grouped_qqmm(x, pw, offsets, mode=mode, global_scale_x=global_scale_x, rounding=rounding,
+                                fp8_format=fp8_format, dtype=dtype)
     if scales is not None:
         w = QuantizedArray(w, scales, global_scale=global_scale_w, scale_layout=w_layout, **q)
         global_scale_w = None
@@ -328,7 +333,7 @@ def _grouped_qqmm_op(x: Tensor, x_scales: Optional[Tensor], global_scale_x: Opti
 
 @_grouped_qqmm_op.register_fake
 def _(x, x_scales, global_scale_x, w, scales, global_scale_w, offsets, mode, group_size, bits,
-      rounding, x_layout, w_layout, fp8_format, moe_scaling, dtype):
+      rounding, x_layout, w_layout, fp8_format, moe_scaling, dtype, w_prepared=False):
     n = w.shape[-1] if moe_scaling else w.shape[1]      # moe data is [E, K, N]
     return x.new_empty((x.shape[0], n), dtype=dtype)
 
@@ -623,6 +628,16 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
     func = "grouped_qqmm"
     _no_stream(func, stream)
     x_layout, w_layout = "linear", scale_layout
+    w_prepared = False
+    if isinstance(w, PreparedWeight):
+        if w.values is not None:     # q(w)'s bf16 values, multiplied as they are
+            mode = _take(func, "mode", mode, "mxfp8", w.mode, "w")
+            fp8_format = _take(func, "fp8_format", fp8_format, "e4m3", w.quantized.fp8_format, "w")
+            global_scale_w = _take_array(func, "global_scale_w", global_scale_w, w.global_scale,
+                                         "w", "global_scale")
+            w, w_prepared = w.values, True
+        else:                        # Blackwell: the packed form
+            w = w.quantized
     if moe_scaling is not None:
         if isinstance(w, tuple):
             w, scales = w
@@ -648,9 +663,9 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
     if dt is None:
         dt = out.dtype if out is not None else (x.dtype if _is_float(x) and x_scales is None
                                                 else torch.bfloat16)
-    y = _grouped_qqmm_op(x, x_scales, _scalar(global_scale_x, x), w, scales, global_scale_w,
+    y = _grouped_qqmm_op(x, x_scales, _scalar(global_scale_x, x), w, scales, _scalar(global_scale_w, x),
                          offsets, mode, g, b, rounding, x_layout, w_layout, fp8_format,
-                         moe_scaling or "", dt)
+                         moe_scaling or "", dt, w_prepared)
     return _finish(y, out)
 
 
@@ -680,8 +695,9 @@ def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_f
         qa = quantize(w, mode=mode, global_scale=global_scale, rounding=rounding,
                       scale_layout="blocked", fp8_format=fp8_format, torch_dtypes=torch_dtypes,
                       stream=stream)
-    if len(qa.shape) != 2:
-        raise ValueError(f"{func}: w: qqmm weights are [N, K]; got shape {qa.shape}")
+    if len(qa.shape) not in (2, 3):
+        raise ValueError(f"{func}: w: qqmm weights are [N, K] (or grouped_qqmm's experts [E, N, K]); "
+                         f"got shape {qa.shape}")
     values = None
     if not (qa.data.is_cuda and _blockscaled_cuda(qa.data.device.index or 0)):
         values = dequantize(qa.data, qa.scales, group_size=qa.group_size, bits=qa.bits,
