@@ -1605,6 +1605,111 @@ def test_fuzz_grouped_qqmm():
     fz.report("grouped_qqmm")
 
 
+def fuzz_wgrad_one(fz):
+    """grouped_qqmm_wgrad (C entry point qqGroupedQqmmWgrad): ragged and empty experts, any
+    K and N, every fp mode and input dtype, nvfp4 global scales, each result dtype; and the
+    mutations a caller gets wrong (offsets, shapes, dtypes, scales, layouts)."""
+    mode, rounding, fp8 = fp_cfg(fz)
+    e = int(fz.choice([1, 2, 3, 5]))
+    sizes = [int(fz.choice([0, 0, 1, 3, 16, 31, 33])) for _ in range(e)]
+    t = sum(sizes)
+    offsets = np.cumsum(sizes).astype(np.int32)
+    k, n = int(fz.choice([1, 8, 24, 40])), int(fz.choice([1, 8, 16, 36]))
+    x = mm_data(fz, (t, k), pick_dtype(fz))
+    dy = mm_data(fz, (t, n), pick_dtype(fz))
+    kw = {"mode": mode} if mode != "mxfp8" or fz.coin(0.5) else {}
+    if mode != "nvfp4" and (rounding != "ceil" or fz.coin(0.3)):
+        kw["rounding"] = rounding
+    if mode == "mxfp8" and (fp8 != "e4m3" or fz.coin(0.3)):
+        kw["fp8_format"] = fp8
+    gx = gd = None
+    if mode == "nvfp4" and fz.coin(0.5):
+        gx, gd = gs_value(fz, x), gs_value(fz, dy)
+        kw.update(global_scale_x=gx, global_scale_dy=gd)
+    out_dt = np.dtype(F32)
+    if fz.coin(0.4):
+        out_dt = np.dtype(pick_dtype(fz))
+        kw["dtype"] = {np.dtype(F32): "float32", np.dtype(np.float16): "float16", BF16: "bfloat16"}[out_dt]
+    args = [x, dy, offsets]
+    mut = fz.choice(["valid"] * 6 + [
+        "offsets_int64", "offsets_decreasing", "offsets_last", "offsets_negative", "offsets_2d",
+        "offsets_empty", "x_1d", "dy_rows", "x_dtype_bad", "affine", "one_gs", "gs_not_nvfp4",
+        "dtype_bad", "x_layout"])
+    expect, names = "ok", ()
+    if mut == "offsets_int64":
+        args[2], expect, names = offsets.astype(np.int64), "raise", ("offsets",)
+    elif mut == "offsets_decreasing" and e >= 2 and t > 0:
+        o = offsets.copy()
+        o[0] = t
+        o[1] = 0
+        args[2], expect, names = o, "raise", ("offsets",)
+    elif mut == "offsets_last":
+        o = offsets.copy()
+        o[-1] = t + int(fz.choice([1, 100]))
+        args[2], expect, names = o, "raise", ("offsets",)
+    elif mut == "offsets_negative":
+        o = offsets.copy()
+        o[0] = -1
+        args[2], expect, names = o, "raise", ("offsets",)
+    elif mut == "offsets_2d":
+        args[2], expect, names = offsets[None], "raise", ("offsets",)
+    elif mut == "offsets_empty":
+        args[2], expect, names = offsets[:0], "raise", ("offsets",)
+    elif mut == "x_1d":
+        args[0], expect, names = x.reshape(-1), "raise", ("x",)
+    elif mut == "dy_rows":
+        args[1], expect, names = mm_data(fz, (t + 1, n), F32), "raise", ("x", "dy", "T")
+    elif mut == "x_dtype_bad":
+        args[0], expect, names = np.zeros((t, k), fz.choice(BAD_DTYPES)), "raise", ("x",)
+    elif mut == "affine":
+        kw["mode"], expect, names = "affine", "raise", ("mode",)
+    elif mut == "one_gs" and mode == "nvfp4":
+        kw.pop("global_scale_dy", None)
+        kw["global_scale_x"] = gs_value(fz, x)
+        expect, names = "raise", ("global_scale_x", "global_scale_dy")
+    elif mut == "gs_not_nvfp4" and mode != "nvfp4":
+        kw.update(global_scale_x=1.0, global_scale_dy=1.0)
+        expect, names = "raise", ("global_scale_x", "global", "nvfp4")
+    elif mut == "dtype_bad":
+        kw["dtype"], expect, names = fz.choice(["int8", "float64", "bf16"]), "raise", ("dtype",)
+    elif mut == "x_layout":
+        args[0], k2, expect = relayout(fz, x)
+        mut, names = "x_layout:" + k2, ("x", "stride", "strides")
+    else:
+        mut = "valid"
+    if expect == "raise":
+        fz.call("grouped_qqmm_wgrad", qq.grouped_qqmm_wgrad, tuple(args), kw, kind=mut, expect="raise",
+                names=names)
+        return
+    g = R.DEFAULTS[mode][0]
+
+    def check(got):
+        got = np.asarray(got)
+        assert got.shape == (e, k, n) and got.dtype == out_dt, (got.shape, got.dtype)
+        r0 = 0
+        for i, sz in enumerate(sizes):
+            if sz == 0:
+                assert not got[i].astype(F32).any(), f"expert {i} (empty) must be zero"
+            else:
+                pad = (-sz) % g
+                xt = np.concatenate([x[r0:r0 + sz].astype(F32), np.zeros((pad, k), F32)]).T
+                dt = np.concatenate([dy[r0:r0 + sz].astype(F32), np.zeros((pad, n), F32)]).T
+                ref = R.qqmm(xt, dt, mode, global_scale_x=gs_ref(gx), global_scale_w=gs_ref(gd),
+                             rounding=rounding, fp8_format=fp8)
+                msg = R.matmul_mismatch(got[i], ref)
+                assert msg is None, f"expert {i}: {msg}"
+            r0 += sz
+
+    fz.call("grouped_qqmm_wgrad", qq.grouped_qqmm_wgrad, tuple(args), kw, kind=mut, expect=expect, names=names,
+            check=check)
+
+
+def test_fuzz_grouped_qqmm_wgrad():
+    fz = Fuzzer(SEED + 11)
+    run_budget(fz, 150, fuzz_wgrad_one)
+    fz.report("grouped_qqmm_wgrad")
+
+
 # ---------------------------------------------------------------------------
 # quantized_matmul
 # ---------------------------------------------------------------------------
