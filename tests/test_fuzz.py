@@ -51,8 +51,9 @@ import pytest
 
 import qq
 import reference as R
-from helpers import as_bytes, assert_bits_equal, assert_quantized_equal, cast, to_numpy
+from helpers import FpCfg, as_bytes, assert_bits_equal, assert_quantized_equal, cast, to_numpy
 from test_colwise import ref_moe
+from test_grouped import ref_wgrad_expert
 
 F32 = np.float32
 BF16 = R.BF16
@@ -1681,7 +1682,6 @@ def fuzz_wgrad_one(fz):
         fz.call("grouped_qqmm_wgrad", qq.grouped_qqmm_wgrad, tuple(args), kw, kind=mut, expect="raise",
                 names=names)
         return
-    g = R.DEFAULTS[mode][0]
 
     def check(got):
         got = np.asarray(got)
@@ -1691,11 +1691,8 @@ def fuzz_wgrad_one(fz):
             if sz == 0:
                 assert not got[i].astype(F32).any(), f"expert {i} (empty) must be zero"
             else:
-                pad = (-sz) % g
-                xt = np.concatenate([x[r0:r0 + sz].astype(F32), np.zeros((pad, k), F32)]).T
-                dt = np.concatenate([dy[r0:r0 + sz].astype(F32), np.zeros((pad, n), F32)]).T
-                ref = R.qqmm(xt, dt, mode, global_scale_x=gs_ref(gx), global_scale_w=gs_ref(gd),
-                             rounding=rounding, fp8_format=fp8)
+                ref = ref_wgrad_expert(x[r0:r0 + sz], dy[r0:r0 + sz], FpCfg(mode, rounding, fp8), gs_ref(gx),
+                                       gs_ref(gd))
                 msg = R.matmul_mismatch(got[i], ref)
                 assert msg is None, f"expert {i}: {msg}"
             r0 += sz

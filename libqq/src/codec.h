@@ -434,6 +434,11 @@ QQ_HD float nvfp4_elem_factor(uint8_t s, float enc) {
 }
 // Dequantize factor of the global scale: global_scale / 2688.
 QQ_HD float nvfp4_dec(float global_scale) { return nvfp4_gs(global_scale) / 2688.0f; }
+// A product's alpha from its two operands' global scales (nullptr: none, 1):
+// (gx / 2688) * (gw / 2688), the product of the two dequantize factors.
+QQ_HD float nvfp4_alpha(const float* gx, const float* gw) {
+  return (gx ? nvfp4_dec(*gx) : 1.0f) * (gw ? nvfp4_dec(*gw) : 1.0f);
+}
 
 // MX (mxfp4, mxfp8): UE8M0 byte by rounding rule; elements x * 2^(127-b).
 QQ_HD uint8_t mx_scale(float amax, int kind, int floor_rounding) {

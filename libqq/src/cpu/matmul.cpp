@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../codec.h"
+#include "../group_ends.h"
 #include "../internal.h"
 #include "rows.h"
 
@@ -91,7 +92,7 @@ void qdq_rows(const Mat& x, int64_t b, const QSpec& q, const float* g, float* ou
 qqStatus_t qqmm(const MatmulArgs& a) {
   const int64_t M = a.M, N = a.N, K = a.K;
   // alpha = (gx / 2688) * (gw / 2688): the product of the two dequantize factors.
-  const float alpha = (a.gs_x ? nvfp4_dec(*a.gs_x) : 1.0f) * (a.gs_w ? nvfp4_dec(*a.gs_w) : 1.0f);
+  const float alpha = nvfp4_alpha(a.gs_x, a.gs_w);
   std::vector<float> wd(N * K), xd(M * K), c(M * N);
   // q(w)'s values already (a prepared w, or w_values next to a packed w): no dequantization
   const Mat* values = a.w_prepared ? &a.w : (a.w_values.ptr ? &a.w_values : nullptr);
@@ -126,30 +127,29 @@ qqStatus_t qqmm(const MatmulArgs& a) {
 // the tokens that start at the expert's first - then the fp32 product. The
 // ends were checked by the caller.
 qqStatus_t grouped_wgrad(const WgradArgs& a) {
-  const float alpha = (a.gs_x ? nvfp4_dec(*a.gs_x) : 1.0f) * (a.gs_dy ? nvfp4_dec(*a.gs_dy) : 1.0f);
-  const int32_t* ends = a.ends;
+  const float alpha = nvfp4_alpha(a.gs_x, a.gs_dy);
   const Mat* ops[2] = {&a.x, &a.dy};
   const float* gs[2] = {a.gs_x, a.gs_dy};
-  const int64_t cols[2] = {a.K, a.N};
   for (int64_t e = 0; e < a.E; ++e) {
-    const int64_t t0 = e ? ends[e - 1] : 0, n = ends[e] - t0, len = (n + 31) / 32 * 32;
+    const int64_t t0 = e ? a.ends[e - 1] : 0, n = a.ends[e] - t0, len = wgrad_span(n);
     std::vector<float> c(a.K * a.N, 0.0f);
     if (n > 0) {
       std::vector<float> vals[2];
       for (int o = 0; o < 2; ++o) {
         const Mat& m = *ops[o];
-        const int64_t C = cols[o];
-        std::vector<float> rows(n * C), col(len, 0.0f);
-        for (int64_t t = 0; t < n; ++t)
-          load_row((const char*)m.ptr + (t0 + t) * m.ld * dtype_size(m.dt), m.dt, C, rows.data() + t * C);
-        const float enc = gs[o] ? nvfp4_enc(*gs[o]) : 1.0f;
-        std::vector<uint8_t> packed(a.q.packed_cols(len)), sc(len / a.q.group);
-        vals[o].resize(C * len);
-        for (int64_t k = 0; k < C; ++k) {
-          for (int64_t t = 0; t < n; ++t) col[t] = rows[t * C + k];
-          quantize_row(col.data(), len, a.q, enc, packed.data(), sc.data(), nullptr, nullptr, m.dt);
-          dequantize_row(packed.data(), len, a.q, sc.data(), nullptr, nullptr, 1.0f, vals[o].data() + k * len);
+        const int64_t C = m.cols;
+        std::vector<float> row(C), t(C * len, 0.0f);  // the expert's rows, transposed and zero-padded
+        for (int64_t r = 0; r < n; ++r) {
+          load_row((const char*)m.ptr + (t0 + r) * m.ld * dtype_size(m.dt), m.dt, C, row.data());
+          for (int64_t k = 0; k < C; ++k) t[k * len + r] = row[k];
         }
+        Mat tm{};
+        tm.ptr = t.data();
+        tm.dt = DType::F32;
+        tm.rows = C;
+        tm.cols = tm.ld = len;
+        vals[o].resize(C * len);
+        qdq_rows(tm, 0, a.q, gs[o], vals[o].data());
       }
       gemm_nt(vals[0].data(), a.K, vals[1].data(), a.N, len, alpha, nullptr, c.data());
     }

@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(GroupedGemmSm90 g, A
         r.d[i] = static_cast<char*>(g.D) + row * g.ldd * (g.d_f32 ? 4 : 2);
       } else {
         const int64_t col = bad ? 0 : 32 * (int64_t)g.seg_blocks[e];
-        const int len = (n_e + 31) / 32 * 32;
+        const int len = wgrad_span(n_e);
         r.shapes[i] = make_shape(len ? (int)g.K : 0, (int)g.N, len);
         r.a[i] = static_cast<const Elem*>(g.A) + col;
         r.b[i] = static_cast<const Elem*>(g.B) + col;

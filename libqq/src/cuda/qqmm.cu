@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kThreads)
 // the 0 is beta for cuBLASLt's device pointer mode.
 __global__ void alpha_kernel(const float* gx, const float* gw, int gw_stride, int n, float* out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = (gx ? nvfp4_dec(*gx) : 1.0f) * (gw ? nvfp4_dec(gw[i * gw_stride]) : 1.0f);
+  if (i < n) out[i] = nvfp4_alpha(gx, gw ? gw + i * gw_stride : nullptr);
   if (i == n) out[n] = 0.0f;
 }
 
@@ -211,6 +211,16 @@ qqStatus_t operand_bf16(qqContext* c, const Mat& m, const Mat& scales, bool pack
   d.q = q0;
   d.q.blocked = blocked;
   return dequantize(c, d, st);
+}
+
+// q(w)'s bf16 values, compact [B*N, K], of the entries of w (scales alike; gw
+// the nvfp4 global scale of entry b at gw[b * gw_stride]): a prepared f16/f32 w
+// converted, a packed w dequantized, a float w quantized on the fly. (A prepared
+// bf16 w is used as it is, by the callers.)
+qqStatus_t weight_bf16(qqContext* c, const MatmulArgs& a, const Mat& w, const Mat& scales, const float* gw,
+                       int64_t gw_stride, __nv_bfloat16* out, cudaStream_t st) {
+  if (a.w_prepared) return prepared_to_bf16(w, out, st);
+  return operand_bf16(c, w, scales, a.w_packed, a.w_blocked, a.q, gw, a.N, a.K, out, st, gw_stride);
 }
 
 // ---------------------------------------------------------------------------
@@ -643,12 +653,9 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
     if (a.w_prepared && a.w.dt == DType::BF16) {  // the caller keeps q(w) in bf16: no work per call
       wb = (__nv_bfloat16*)a.w.ptr;
       ldw = a.w.ld;
-    } else if (a.w_prepared) {
-      QQ_TRY(scratch.get("qqmm", (size_t)(N * K) * 2, &wb));
-      QQ_TRY(prepared_to_bf16(a.w, wb, st));
     } else {
       QQ_TRY(scratch.get("qqmm", (size_t)(N * K) * 2, &wb));
-      QQ_TRY(operand_bf16(c, a.w, a.w_scales, a.w_packed, a.w_blocked, a.q, a.gs_w, N, K, wb, st));
+      QQ_TRY(weight_bf16(c, a, a.w, a.w_scales, a.gs_w, 0, wb, st));
     }
     Gemm g;
     g.M = Mtot;
@@ -754,9 +761,7 @@ qqStatus_t grouped_qqmm(qqHandle_t h, const MatmulArgs& a, int64_t gw_stride, co
       if (!w_bf16) {
         const Mat wc = batch_slice(a.w, e0, ne);
         const Mat sc = a.w_scales.ptr ? batch_slice(a.w_scales, e0, ne) : a.w_scales;
-        const float* gw = a.gs_w ? a.gs_w + e0 * gw_stride : nullptr;
-        if (a.w_prepared) QQ_TRY(prepared_to_bf16(wc, wb, st));
-        else QQ_TRY(operand_bf16(c, wc, sc, a.w_packed, a.w_blocked, a.q, gw, N, K, wb, st, gw_stride));
+        QQ_TRY(weight_bf16(c, a, wc, sc, a.gs_w ? a.gs_w + e0 * gw_stride : nullptr, gw_stride, wb, st));
       }
       g.e0 = (int)e0;
       g.E = (int)ne;
@@ -800,7 +805,7 @@ __global__ void __launch_bounds__(kSegThreads) seg_plan_kernel(const int32_t* en
   int32_t carry = 0;
   for (int base = 0; base < E; base += kSegThreads) {
     const int e = base + threadIdx.x;
-    const int32_t n = (e < E && !bad) ? (ends[e] - (e ? ends[e - 1] : 0) + 31) / 32 : 0;
+    const int32_t n = (e < E && !bad) ? wgrad_span<int32_t>(ends[e] - (e ? ends[e - 1] : 0)) / 32 : 0;
     int32_t off, total;
     Scan(tmp).ExclusiveSum(n, off, total);
     if (e < E) blk[e] = carry + off;
@@ -990,7 +995,7 @@ qqStatus_t grouped_qqmm_wgrad(qqHandle_t h, const WgradArgs& a, void* stream) {
     }
     int64_t b0 = 0;  // expert e's first block, as seg_plan_kernel computes it
     for (int64_t e = 0; e < E; ++e) {
-      const int64_t n = ends[e] - (e ? ends[e - 1] : 0), len = (n + 31) / 32 * 32;
+      const int64_t n = ends[e] - (e ? ends[e - 1] : 0), len = wgrad_span(n);
       char* out_e = (char*)a.out.ptr + e * pitch * es;
       if (n == 0) {  // out is compact (the C entry point checks)
         QQ_CUDA_TRY(cudaMemsetAsync(out_e, 0, (size_t)(K * N * es), st), "grouped_qqmm_wgrad");
