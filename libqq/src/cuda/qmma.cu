@@ -466,11 +466,6 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
   // wait on each other (an mma's result is ~30 cycles away; affine's steps
   // interleave their group and x-sum accumulators instead)
   constexpr int NA = NT == 1 && !is_aff(F) ? 2 : NT;
-  // One n8 tile of x rows (fp formats): each step's x is loaded a step before its mmas
-  // need it. Loaded in the step itself, its L1 / L2 latency sat in every step's chain
-  // (bench/tune/load_pattern.cu: qmma's loads alone read at 1.0 of copy, 0.79 with x
-  // loaded as it was, on the H100); 16 more registers, which the 8-row tiles have.
-  constexpr bool kXPre = NT == 1 && !is_aff(F);
   __shared__ float red[kWarps][16 * MT];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
@@ -610,27 +605,10 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
 
-    // x row g's elements of step `step` (rows past M and chunks past the row: zeros);
-    // the fp formats' x for one n8 tile of x rows
-    auto xfetch = [&](int step, uint4(&xv)[4]) {
-      const uint32_t c = chunk_of(step);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) xv[i] = make_uint4(0, 0, 0, 0);
-      if (c < climit && g < mrows) {
-        const uint4* xp = reinterpret_cast<const uint4*>(xrow_t(0) + (size_t)c * (bytes8(F) ? 16 : 32));
-#pragma unroll
-        for (int i = 0; i < (bytes8(F) ? 2 : 4); ++i) xv[i] = __ldg(xp + i);
-      }
-    };
-    auto compute = [&](int step, const Ld& l, const uint4(&xpre)[4]) {
+    auto compute = [&](int step, const Ld& l) {
       const uint32_t c = chunk_of(step);
       const bool valid = c < climit;
       auto xload = [&](int t, uint4 (&xv)[4]) {
-        if constexpr (kXPre) {  // fetched a step ahead (the pipeline below)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) xv[i] = xpre[i];
-          return;
-        }
         const int m = 8 * t + g;
 #pragma unroll
         for (int i = 0; i < 4; ++i) xv[i] = make_uint4(0, 0, 0, 0);
@@ -665,26 +643,18 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
       }
     };
 
-    // -- the pipeline: kDepth steps of weight loads in flight; x (kXPre) one step ahead --
+    // -- the pipeline: kDepth steps of loads in flight --
     Ld ring[kDepth];
-    uint4 xcur[4];
 #pragma unroll
     for (int p = 0; p < kDepth; ++p)
       if (p < nsteps) load(p, ring[p]);
-    if constexpr (kXPre) xfetch(0, xcur);
     for (int s0 = 0; s0 < nsteps; s0 += kDepth) {
 #pragma unroll
       for (int p = 0; p < kDepth; ++p) {
         const int s = s0 + p;
         if (s < nsteps) {
-          uint4 xnext[4];
-          if constexpr (kXPre) xfetch(s + 1, xnext);  // (past the last step: zeros, no load)
-          compute(s, ring[p], xcur);
+          compute(s, ring[p]);
           if (s + kDepth < nsteps) load(s + kDepth, ring[p]);
-          if constexpr (kXPre) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) xcur[i] = xnext[i];
-          }
         }
       }
     }
