@@ -13,7 +13,7 @@ QQ_BENCH_OUT="$OUT/a" timeout 200 python3 bench/bench_qmm.py --quick > "$OUT/a/q
 QQ_BENCH_OUT="$OUT/a" timeout 200 python3 bench/bench_decode.py > "$OUT/a/decode.log" 2>&1
 cp /tmp/qmma_new.cu libqq/src/cuda/qmma.cu
 echo "=== B build $(date +%T)"; build "$OUT/b"
-timeout 200 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider --tb=short tests/test_qmma.py tests/test_qmm.py tests/test_qmv.py > "$OUT/b/pytest.log" 2>&1; tail -2 "$OUT/b/pytest.log"
+timeout 200 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider --tb=short tests/test_qmma.py tests/test_qmm.py tests/test_qmv.py tests/test_gather_qmm.py > "$OUT/b/pytest.log" 2>&1; tail -2 "$OUT/b/pytest.log"
 QQ_BENCH_OUT="$OUT/b" timeout 200 python3 bench/bench_qmm.py --quick > "$OUT/b/qmm.log" 2>&1
 QQ_BENCH_OUT="$OUT/b" timeout 200 python3 bench/bench_decode.py > "$OUT/b/decode.log" 2>&1
 echo "=== done $(date +%T)"
