@@ -158,15 +158,18 @@ def test_gather_qmm_bad_index_gpu(entries, m, rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp8", "affine4"])
-@pytest.mark.parametrize("case", ["many", "one-expert", "wide-E"])
+@pytest.mark.parametrize("case", ["many", "one-expert", "wide-E", "max-E", "past-max-E"])
 def test_gather_qmm_grouping(case, name, rng):
     """The GPU's grouping of entries by expert: thousands of entries (more than the plan's
     1024 threads), all on one expert (120 rows: tiles of 32 rows for the fp formats, 16 for
-    affine, several per expert, the last one partial), and more experts than threads see one
-    each (E = 1500)."""
-    e, t, top, m = {"many": (37, 600, 4, 1), "one-expert": (5, 40, 1, 3), "wide-E": (1500, 200, 8, 1)}[case]
-    ref_q = make_weight(name, (e, 32, 128), rng)
-    x = randn(rng, (t, 1, m, 128), BF16)
+    affine, several per expert, the last one partial), more experts than threads see one
+    each (E = 1500), the most experts the plan's shared memory holds (4000), and past it
+    (4095: entries one by one; the plan's launch used to fail there)."""
+    e, t, top, m = {"many": (37, 600, 4, 1), "one-expert": (5, 40, 1, 3), "wide-E": (1500, 200, 8, 1),
+                    "max-E": (4000, 300, 8, 1), "past-max-E": (4095, 300, 8, 1)}[case]
+    n, k = (32, 128) if e < 4000 else (16, 64)
+    ref_q = make_weight(name, (e, n, k), rng)
+    x = randn(rng, (t, 1, m, k), BF16)
     idx = indices(rng, (t, top), e) if case != "one-expert" else np.full((t, top), 3, np.int32)
     got = gqmm("cuda", x, ref_q, idx)
     assert_matmul_close(got, R.gather_qmm(x, ref_q, idx), f"gather_qmm {case}", dtype=BF16)

@@ -37,6 +37,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cub/block/block_scan.cuh>
 #include <type_traits>
 
 #include "../codec.h"
@@ -715,7 +716,12 @@ bool aligned(const Mat& m, int bytes) {
 // an expert is free: a row's sums do not depend on the rows beside it in a tile), then
 // the tiles of MT rows of every expert. Shared memory: 3 * (E + 1) ints.
 constexpr int kPlanThreads = 1024;
-constexpr int kPlanMaxE = 4095;  // (E + 1) * 12 bytes of shared memory
+using PlanScan = cub::BlockScan<int, kPlanThreads, cub::BLOCK_SCAN_WARP_SCANS>;
+// Shared memory: 3 * (E + 1) ints (dynamic) and the scan's temporary storage (static), within
+// the 48 KB a launch gets without opting in. (4095 experts did not fit: 49152 bytes of
+// tables beside the static ones, and the launch failed.)
+constexpr int kPlanMaxE = 4000;
+static_assert((kPlanMaxE + 1) * 12 + sizeof(PlanScan::TempStorage) <= 48 * 1024, "gather plan: shared memory");
 
 __global__ void __launch_bounds__(kPlanThreads) gather_plan_kernel(const MatmulArgs a, int64_t B, int E, int MT,
                                                                    int32_t* perm, int32_t* seg_start,
@@ -726,8 +732,8 @@ __global__ void __launch_bounds__(kPlanThreads) gather_plan_kernel(const MatmulA
   int32_t* cnt = sm;
   int32_t* fill = sm + NE;
   int32_t* tstart = sm + 2 * NE;
-  __shared__ int32_t wsum[2][32];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  __shared__ typename PlanScan::TempStorage scan_tmp;
+  const int tid = threadIdx.x;
   for (int i = tid; i < NE; i += kPlanThreads) cnt[i] = fill[i] = 0;
   __syncthreads();
   auto expert = [&](int64_t b) {
@@ -743,34 +749,19 @@ __global__ void __launch_bounds__(kPlanThreads) gather_plan_kernel(const MatmulA
   const int chunk = (NE + kPlanThreads - 1) / kPlanThreads, lo = tid * chunk, hi = min(lo + chunk, NE);
   int se = 0, st = 0;
   for (int i = lo; i < hi; ++i) se += cnt[i], st += tiles_of(i);
-  int ie = se, it = st;  // inclusive scans within the warp
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int ve = __shfl_up_sync(0xffffffffu, ie, d), vt = __shfl_up_sync(0xffffffffu, it, d);
-    if (lane >= d) ie += ve, it += vt;
-  }
-  if (lane == 31) wsum[0][warp] = ie, wsum[1][warp] = it;
-  __syncthreads();
-  if (warp == 0) {
-    int ve = wsum[0][lane], vt = wsum[1][lane];
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int ue = __shfl_up_sync(0xffffffffu, ve, d), ut = __shfl_up_sync(0xffffffffu, vt, d);
-      if (lane >= d) ve += ue, vt += ut;
-    }
-    wsum[0][lane] = ve, wsum[1][lane] = vt;  // inclusive over warps
-  }
-  __syncthreads();
-  int pe = ie - se + (warp ? wsum[0][warp - 1] : 0), pt = it - st + (warp ? wsum[1][warp - 1] : 0);
+  int pe, pt, total_e, total_t;
+  PlanScan(scan_tmp).ExclusiveSum(se, pe, total_e);
+  __syncthreads();  // (scan_tmp is reused)
+  PlanScan(scan_tmp).ExclusiveSum(st, pt, total_t);
   for (int i = lo; i < hi; ++i) {
     seg_start[i] = pe;
     tstart[i] = pt;
     pe += cnt[i];
     pt += tiles_of(i);
   }
-  if (tid == kPlanThreads - 1) {
-    seg_start[NE] = pe;  // = B
-    *ntiles = pt;
+  if (tid == 0) {
+    seg_start[NE] = total_e;  // = B
+    *ntiles = total_t;
   }
   __syncthreads();
   for (int64_t b = tid; b < B; b += kPlanThreads) {
