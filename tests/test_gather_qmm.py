@@ -164,7 +164,8 @@ def test_gather_qmm_grouping(case, name, rng):
     1024 threads), all on one expert (120 rows: tiles of 32 rows for the fp formats, 16 for
     affine, several per expert, the last one partial), more experts than threads see one
     each (E = 1500), the most experts the plan's shared memory holds (4000), and past it
-    (4095: entries one by one; the plan's launch used to fail there)."""
+    (4095: entries one by one; with the old bound of 4095 the plan's tables passed the 48 KB
+    a launch gets)."""
     e, t, top, m = {"many": (37, 600, 4, 1), "one-expert": (5, 40, 1, 3), "wide-E": (1500, 200, 8, 1),
                     "max-E": (4000, 300, 8, 1), "past-max-E": (4095, 300, 8, 1)}[case]
     n, k = (32, 128) if e < 4000 else (16, 64)

@@ -1,6 +1,6 @@
 // bench/tune/load_pattern.cu - what the decode kernel's (qmma.cu) access pattern can read,
 // with no decode and no math: is the 0.49-of-copy ceiling in the loads or in the compute?
-//   nvcc -O3 -arch=sm_90a bench/tune/load_pattern.cu -o /tmp/lp && /tmp/lp
+//   nvcc -O3 -arch=sm_90a -I libqq/include bench/tune/load_pattern.cu -o /tmp/lp && /tmp/lp
 // Emulates qmma_kernel<QNV4, 8> on a 16384 x 16384 nvfp4 weight (16384 rows of 8192 bytes,
 // scales 16384 x 1024): 8 warps a CTA, 2 CTAs an SM, a 16-row tile per warp, K split over
 // KS warps, a ring of DEPTH steps of loads; a lane (g, q) loads 16-byte chunk 4 * (ks + KS *
@@ -10,6 +10,7 @@
 //   rows+s+x   ... and x's 64 bytes per lane per step (4 x 16-byte __ldg of a 32 KB vector)
 //   tiled      the same bytes per lane, stored so that each warp load is 512 contiguous bytes
 //   tiled+s+x  tiled weights, one 4-byte scale word per lane per step (tiled too), x as above
+//   tiled+sx8  the same with a ring of 8 steps instead of 4
 //   stream     grid-stride 16-byte loads of the whole buffer (what plain reading reaches)
 // Reported: GB/s of weight (+ scale) bytes, and the fraction of the copy bandwidth
 // (cudaMemcpy device to device of 1 GiB, read + written bytes).
@@ -17,16 +18,12 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include "../../libqq/src/cuda/vec.cuh"  // ld_stream: the load qmma.cu uses
+using qq::cuda::ld_stream;
+
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
 
 constexpr int kRows = 16384, kRowBytes = 8192, kChunks = kRowBytes / 16, kWarps = 8;
-
-__device__ __forceinline__ uint4 ld_stream(const void* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return r;
-}
 
 struct Ld { uint4 d[2]; uint32_t s; };
 

@@ -717,11 +717,12 @@ bool aligned(const Mat& m, int bytes) {
 // the tiles of MT rows of every expert. Shared memory: 3 * (E + 1) ints.
 constexpr int kPlanThreads = 1024;
 using PlanScan = cub::BlockScan<int, kPlanThreads, cub::BLOCK_SCAN_WARP_SCANS>;
-// Shared memory: 3 * (E + 1) ints (dynamic) and the scan's temporary storage (static), within
-// the 48 KB a launch gets without opting in. (4095 experts did not fit: 49152 bytes of
-// tables beside the static ones, and the launch failed.)
+// Shared memory: the tables, 3 * (E + 1) ints (dynamic), and the scan's temporary storage
+// (static), within the 48 KB a launch gets without opting in. (The bound was 4095 before,
+// where from E = 4074 the total passed 48 KB: by that rule the plan could not launch.)
+constexpr size_t plan_smem(int64_t E) { return (size_t)(E + 1) * 3 * sizeof(int32_t); }
 constexpr int kPlanMaxE = 4000;
-static_assert((kPlanMaxE + 1) * 12 + sizeof(PlanScan::TempStorage) <= 48 * 1024, "gather plan: shared memory");
+static_assert(plan_smem(kPlanMaxE) + sizeof(PlanScan::TempStorage) <= 48 * 1024, "gather plan: shared memory");
 
 __global__ void __launch_bounds__(kPlanThreads) gather_plan_kernel(const MatmulArgs a, int64_t B, int E, int MT,
                                                                    int32_t* perm, int32_t* seg_start,
@@ -842,7 +843,7 @@ qqStatus_t launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st
     int32_t* trow = tseg + max_items;
     int32_t* nt = trow + max_items;
     G.perm = perm, G.seg_start = seg, G.tile_seg = tseg, G.tile_row0 = trow, G.ntiles = nt, G.E = (int)E;
-    gather_plan_kernel<<<1, kPlanThreads, (size_t)(E + 1) * 12, st>>>(a, B, (int)E, MT, perm, seg, tseg, trow, nt);
+    gather_plan_kernel<<<1, kPlanThreads, plan_smem(E), st>>>(a, B, (int)E, MT, perm, seg, tseg, trow, nt);
     QQ_TRY(check_launch("gather_qmm"));
     // expected work items, for the k-split: the rows over the experts they can touch
     const int64_t est = B * a.M / MT > spread ? B * a.M / MT : spread;
