@@ -67,6 +67,78 @@ def test_both_orientations_from_one_call(rng, mode, kw, device):
     assert_quantized_equal(col, R.quantize(xt, mode=mode, **kw), xt, what="colwise half")
 
 
+_DTYPE_CFGS = [c for c in FP_PARAMS if str(c.values[0]) in
+               ("nvfp4", "nvfp4-gs", "mxfp4-floor", "mxfp8-e4m3-ceil", "mxfp8-e5m2-floor")]
+
+
+def _poisoned(rng, shape, dtype):
+    """Random data of every magnitude, one NaN, one Inf and an all-zero column."""
+    x = random_data(rng, shape, dtype, group_size=1)
+    x[..., 1, 2] = np.nan
+    x[..., 5, 0] = -np.inf
+    x[..., :, 3] = 0
+    return x
+
+
+def _finite(x):
+    """x's finite values (zeros elsewhere): the global scale of a poisoned x."""
+    x = x.astype(F32)
+    return np.where(np.isfinite(x), x, 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("shape", [(48, 72), (64, 37), (96, 130), (2, 64, 520), (208, 40)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layout", ["linear", "blocked"])
+@pytest.mark.parametrize("cfg", _DTYPE_CFGS)
+def test_colwise_fp_dtypes(rng, cfg, layout, shape, dtype, device):
+    """Every input dtype, K not a multiple of a thread's columns (37, 130), M % 32 == 16
+    (nvfp4's half strip; at M = 208 rows of x^T that are 8- but not 16-byte aligned past
+    a full block of 128), NaN / Inf / zero columns: still quantize(x^T) bit for bit."""
+    if shape[-2] % cfg.group_size:
+        pytest.skip("M must be a multiple of the group")
+    x = _poisoned(rng, shape, dtype)
+    xt = np.ascontiguousarray(np.swapaxes(x, -1, -2))
+    gs = _gs(cfg, _finite(x))
+    ref = R.quantize(xt, scale_layout=layout, **cfg.kwargs(gs))
+    got = qq.quantize_colwise(to_device(x, device), scale_layout=layout,
+                              **cfg.kwargs(None if gs is None else to_device(gs, device)))
+    assert_quantized_equal(got, ref, xt, what=f"colwise {dtype} [{device}]")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("shape", [(96, 128), (2, 32, 64)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layout", ["linear", "blocked"])
+@pytest.mark.parametrize("cfg", _DTYPE_CFGS)
+def test_both_orientations_dtypes(rng, cfg, layout, shape, dtype, device):
+    """rowwise=True for every dtype and fp mode: the row-wise groups span several of the
+    GPU kernel's threads (their amax is combined across them)."""
+    x = _poisoned(rng, shape, dtype)
+    gs = _gs(cfg, _finite(x))
+    kw = cfg.kwargs(None if gs is None else to_device(gs, device))
+    row, col = qq.quantize_colwise(to_device(x, device), scale_layout=layout, rowwise=True, **kw)
+    assert_quantized_equal(row, R.quantize(x, scale_layout=layout, **cfg.kwargs(gs)), x, what="rowwise half")
+    xt = np.ascontiguousarray(np.swapaxes(x, -1, -2))
+    assert_quantized_equal(col, R.quantize(xt, scale_layout=layout, **cfg.kwargs(gs)), xt, what="colwise half")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp8"])
+def test_colwise_misaligned_rows_gpu(rng, mode):
+    """x whose rows are not 8-byte aligned (a column slice of a bf16 tensor) takes the
+    element-wise path of the GPU's tile kernel: same bytes as quantize(x^T)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    full = _poisoned(rng, (64, 67), R.BF16)
+    x = full[:, 1:]
+    xt = np.ascontiguousarray(x.T)
+    got = qq.quantize_colwise(to_device(full, "cuda")[:, 1:], mode=mode, rowwise=False)
+    assert_quantized_equal(got, R.quantize(xt, mode=mode), xt, what="misaligned colwise")
+
+
 def test_colwise_edge_values_nan_inf_zero():
     """A NaN, an Inf and an all-zero column group: the NaN/Inf groups get scale 0xFF and
     codes 0x7F (mxfp8); the zero group scale 0."""
@@ -141,6 +213,20 @@ def test_moe(rng, shape, scaling, rounding, layout, transposed_view, device):
     loose = np.zeros(shape, bool)
     loose[-1, 40:72, 32:64] = True
     assert_bits_equal(np.where(loose, d & 0x7F, d), np.where(loose, codes & 0x7F, codes), "moe data")
+    assert_bits_equal(as_bytes(to_numpy(sc)), scales, "moe scales")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", dtype_params([R.BF16, np.float16]))
+@pytest.mark.parametrize("scaling", ["32x1", "32x32"])
+def test_moe_16bit(rng, scaling, dtype, device):
+    """Row-major 16-bit MoE weights (the GPU reads 4 columns a thread: a 32x32 tile's amax
+    spans 8 threads): same bytes as the reference."""
+    w = random_data(rng, (2, 64, 160), dtype, group_size=1)
+    w[1, 3, 33] = np.nan
+    codes, scales = ref_moe(w, scaling)
+    data, sc = qq.quantize_moe(to_device(w, device), scaling)
+    assert_bits_equal(as_bytes(to_numpy(data)), codes, "moe data")
     assert_bits_equal(as_bytes(to_numpy(sc)), scales, "moe scales")
 
 

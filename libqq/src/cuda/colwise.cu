@@ -8,6 +8,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "../codec.h"
 #include "../internal.h"
 #include "common.cuh"
@@ -300,6 +302,318 @@ __global__ void __launch_bounds__(kThreads, 6) quantize_tile_kernel(ColwiseArgs 
   }
 }
 
+// ---------------------------------------------------------------------------
+// fp modes from row-major x (colq_kernel), the common case of training (x and
+// dy of every GEMM, both orientations). A block is 4 warps stacked along M
+// over the same 32 * kC columns (kC = 8 / sizeof(T): 4 for 16-bit x, 2 for
+// fp32); a warp owns a strip of 32 rows (one mx group or two nvfp4 groups of
+// each column), a lane kC adjacent columns. A lane issues its 32 row loads of
+// 8 bytes before the first use (a warp reads 256 contiguous bytes of each
+// row) and keeps each column's amax as an integer max of the magnitude bits
+// (two 16-bit columns per instruction). The codes of x^T's rows are staged in
+// shared memory and leave as 128 (fp8) or 64 (fp4) contiguous bytes per row
+// of x^T: written straight from the lane that encodes them (16-32 bytes to a
+// different row per lane), the stores kept the L2 at 79 % busy with the DRAM
+// at 53 % (ncu, 16384^2 mxfp8). Row-wise groups of G columns span G / kC
+// lanes: their amax is combined with shuffles and each lane encodes its own
+// kC values. The tile kernel below (0.55-0.73 of copy bandwidth) stays for
+// affine, the column-major MoE weights and rows that are not 8-byte aligned.
+// ---------------------------------------------------------------------------
+constexpr int kColThreads = 128, kStrip = 32, kColWarps = kColThreads / 32;
+constexpr int kColRows = kStrip * kColWarps;  // rows of M a block covers (128)
+
+// Column j (0 <= j < 8 / sizeof(T)) of an 8-byte row slice, as fp32.
+template <typename T> __device__ __forceinline__ float slice_get(uint2 w, int j) {
+  if (sizeof(T) == 4) return u2f(j == 0 ? w.x : w.y);
+  const uint32_t h = j < 2 ? w.x : w.y;
+  if (std::is_same<T, __half>::value)
+    return __half2float(__ushort_as_half((unsigned short)((j & 1) ? h >> 16 : h & 0xffff)));
+  return u2f((j & 1) ? (h & 0xffff0000u) : (h << 16));  // bf16
+}
+// The magnitude bits of the slice's columns: per 32-bit word, two 16-bit
+// magnitudes (16-bit types) or one (fp32). Non-negative floats order like
+// their bits and NaN lies above +Inf, so integer maxima of these are the
+// NaN-propagating amax of group_stats.
+template <typename T> __device__ __forceinline__ uint2 slice_mag(uint2 w) {
+  const uint32_t m = sizeof(T) == 4 ? 0x7fffffffu : 0x7fff7fffu;
+  return make_uint2(w.x & m, w.y & m);
+}
+template <typename T> __device__ __forceinline__ uint32_t mag_max(uint32_t a, uint32_t b) {
+  return sizeof(T) == 4 ? max(a, b) : __vmaxu2(a, b);
+}
+// Magnitude bits (as slice_mag keeps them) of column j -> fp32 value.
+template <typename T> __device__ __forceinline__ float mag_get(uint2 m, int j) { return slice_get<T>(m, j); }
+
+// The reduce-scatter of colq_kernel's row maxima: at offset O, a lane keeps the half
+// of its 2 * O * kOwn words on its side of bit O and takes the max with its partner's
+// copy of that half. Recursion on O (compile time): every index is a constant, so p[]
+// stays in registers.
+template <typename T, int kOwn, int O, int kW>
+__device__ __forceinline__ void scatter_max(uint32_t (&p)[kW], int lane) {
+  constexpr int h = O * kOwn;  // half of the words held before this exchange
+  const bool up = (lane & O) != 0;
+#pragma unroll
+  for (int i = 0; i < h; ++i) {
+    const uint32_t send = up ? p[i] : p[i + h], keep = up ? p[i + h] : p[i];
+    p[i] = mag_max<T>(keep, __shfl_xor_sync(0xffffffffu, send, O));
+  }
+  if constexpr (O > 1) scatter_max<T, kOwn, O / 2>(p, lane);
+}
+
+template <typename T, int G, bool kRow>
+__global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
+  constexpr int kC = 8 / (int)sizeof(T);  // columns per thread: 4 (16-bit x), 2 (fp32)
+  constexpr int kGroups = kStrip / G;     // groups per column: 1 (mx), 2 (nvfp4)
+  // x^T's codes of the block: row sr = j * 32 + lane holds column kb0 + lane * kC + j
+  // (consecutive lanes in consecutive rows: a pitch of an odd number of 16-byte units
+  // keeps the lanes' 16-byte stores free of bank conflicts), kColRows * bits / 8 bytes each
+  constexpr int kPitchMax = kColRows + 16;
+  __shared__ __align__(16) uint8_t so[32 * kC * kPitchMax];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t M = a.M, K = a.K;
+  const int64_t kb0 = (int64_t)blockIdx.x * 32 * kC, k0 = kb0 + lane * kC;
+  const int64_t mb0 = (int64_t)blockIdx.y * kColRows, m0 = mb0 + warp * kStrip;
+  const int64_t b = blockIdx.z;
+  const QSpec& q = a.q;
+  const int pitch = kColRows * q.bits / 8 + 16;
+  // rows of this warp's strip: 32, 16 in nvfp4's last strip when M % 32 == 16, or none
+  const int rows = (int)max((int64_t)0, min((int64_t)kStrip, M - m0));
+  // live columns of this thread (0 past K: it still joins the shuffles)
+  const int ncols = (int)max((int64_t)0, min((int64_t)kC, K - k0));
+  const T* xp = reinterpret_cast<const T*>(a.x.ptr) + a.x.offset(b) + m0 * a.x.ld + k0;
+
+  uint2 w[kStrip];
+  if (ncols == kC) {
+#pragma unroll
+    for (int r = 0; r < kStrip; ++r) w[r] = r < rows ? ld_stream8(xp + r * a.x.ld) : make_uint2(0u, 0u);
+  } else {
+    // the ragged last columns: element by element, zeros past K
+#pragma unroll
+    for (int r = 0; r < kStrip; ++r) {
+      uint32_t e[kC];
+#pragma unroll
+      for (int j = 0; j < kC; ++j) {
+        e[j] = 0;
+        if (r < rows && j < ncols) {
+          if (sizeof(T) == 4) e[j] = __ldg(reinterpret_cast<const uint32_t*>(xp + r * a.x.ld + j));
+          else e[j] = __ldg(reinterpret_cast<const unsigned short*>(xp + r * a.x.ld + j));
+        }
+      }
+      w[r] = sizeof(T) == 4 ? make_uint2(e[0], e[kC - 1]) : make_uint2(e[0] | (e[1 % kC] << 16), e[2 % kC] | (e[3 % kC] << 16));
+    }
+  }
+  const float enc = a.gs ? nvfp4_enc(*a.gs) : 1.0f;
+
+  // ---- column groups
+  uint2 cm[kGroups];
+#pragma unroll
+  for (int h = 0; h < kGroups; ++h) {
+    uint2 m = make_uint2(0u, 0u);
+#pragma unroll
+    for (int r = h * G; r < h * G + G; ++r) {
+      const uint2 v = slice_mag<T>(w[r]);
+      m = make_uint2(mag_max<T>(m.x, v.x), mag_max<T>(m.y, v.y));
+    }
+    cm[h] = m;
+  }
+  const int64_t ng = M / G;
+  float tile_amax = 0.0f;
+  if (G == 32 && a.tile32) {
+    // one amax per 32x32 tile: this thread's kC columns, then the 32 / kC lanes of the
+    // tile's columns (K % 32 == 0)
+    const uint32_t m2 = mag_max<T>(cm[0].x, cm[0].y);
+    tile_amax = sizeof(T) == 4 ? u2f(m2) : mag_get<T>(make_uint2(max(m2 & 0xffffu, m2 >> 16), 0u), 0);
+#pragma unroll
+    for (int o = 1; o < 32 / kC; o <<= 1) tile_amax = nanmax_f(tile_amax, __shfl_xor_sync(0xffffffffu, tile_amax, o));
+  }
+#pragma unroll
+  for (int j = 0; j < kC; ++j) {
+    float amax[kGroups];
+#pragma unroll
+    for (int h = 0; h < kGroups; ++h) amax[h] = (G == 32 && a.tile32) ? tile_amax : mag_get<T>(cm[h], j);
+    if (j >= ncols) continue;
+    const int64_t k = k0 + j;
+    uint8_t* dst = so + (j * 32 + lane) * pitch + warp * kStrip * q.bits / 8;
+#pragma unroll
+    for (int h = 0; h < kGroups; ++h) {
+      if (h * G >= rows) break;
+      const FpGroupScale gsc = fp_group_scale(amax[h], G == 16, enc, q.elem, q.floor_rounding);
+      const float f = gsc.factor;
+      if (G == 16 || q.bits == 4) {
+        uint32_t out[G / 8];
+#pragma unroll
+        for (int i = 0; i < G / 8; ++i) {
+          float y[8];
+#pragma unroll
+          for (int t = 0; t < 8; ++t) y[t] = slice_get<T>(w[h * G + 8 * i + t], j) * f;
+          out[i] = gsc.nan_group ? 0u : e2m1x8_encode(y);  // a NaN group's codes are 0
+        }
+        uint8_t* d = dst + h * G / 2;
+        if (G == 32) {
+          *reinterpret_cast<uint4*>(d) = make_uint4(out[0], out[1], out[G / 8 - 2], out[G / 8 - 1]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < G / 8; i += 2) reinterpret_cast<uint2*>(d)[i / 2] = make_uint2(out[i], out[i + 1]);
+        }
+      } else {
+        uint32_t out[G / 4];
+#pragma unroll
+        for (int i = 0; i < G; i += 2) {
+          const float lo = slice_get<T>(w[h * G + i], j) * f, hi = slice_get<T>(w[h * G + i + 1], j) * f;
+          uint32_t pr = q.elem == ELEM_E4M3 ? e4m3x2_encode(lo, hi) : e5m2x2_encode(lo, hi);
+          pr = gsc.nan_group ? 0x7f7fu : pr;  // a NaN group's codes (fp8: 0x7F)
+          out[i / 4] = (i % 4 == 0) ? pr : (out[i / 4] | (pr << 16));
+        }
+#pragma unroll
+        for (int i = 0; i < G / 4; i += 4)
+          reinterpret_cast<uint4*>(dst)[i / 4] = make_uint4(out[i], out[i + 1], out[i + 2], out[i + 3]);
+      }
+      const int64_t g = m0 / G + h;
+      uint8_t* sp = (uint8_t*)a.scales_t.ptr;
+      if (a.scale_kind == COL_SCALE_T_LINEAR) sp[(b * K + k) * ng + g] = gsc.code;
+      else if (a.scale_kind == COL_SCALE_BLOCKED)
+        sp[b * a.scales_t.rows * a.scales_t.cols + blocked_offset(k, g, a.scales_t.cols)] = gsc.code;
+      else if (!a.tile32) sp[(b * ng + g) * K + k] = gsc.code;
+      else if (k % 32 == 0) sp[(b * ng + g) * (K / 32) + k / 32] = gsc.code;
+    }
+  }
+
+  // ---- x^T's rows out of shared memory: 16-byte units where aligned, else 8,
+  // consecutive threads along a row
+  __syncthreads();
+  {
+    const int vbytes = (int)(min((int64_t)kColRows, M - mb0) * q.bits / 8);  // valid bytes a row
+    uint8_t* base = (uint8_t*)a.data_t.ptr + b * K * a.data_t.cols + mb0 * q.bits / 8;
+    // rows of x^T are 8-byte aligned (M % 16 == 0 for nvfp4, % 32 for mx) but 16 only
+    // where its length is a multiple of 16 bytes
+    const bool u16 = vbytes % 16 == 0 && a.data_t.cols % 16 == 0 && ((uintptr_t)base & 15) == 0;
+    const int ub = u16 ? 16 : 8, units = (kColRows * q.bits / 8) / ub;
+    for (int i = threadIdx.x; i < 32 * kC * units; i += kColThreads) {
+      const int sr = i / units, u = i % units;
+      const int64_t k = kb0 + (sr % 32) * kC + sr / 32;
+      if (k >= K || u * ub >= vbytes) continue;
+      const uint8_t* src = so + sr * pitch + u * ub;
+      uint8_t* d = base + k * a.data_t.cols + u * ub;
+      if (u16) *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src);
+      else *reinterpret_cast<uint2*>(d) = *reinterpret_cast<const uint2*>(src);
+    }
+  }
+
+  // ---- row groups (both orientations from this one read). A row's group of G columns
+  // spans kLanes = G / kC lanes. Their partial maxima of all 32 rows are reduced and
+  // scattered at once: after the exchange at offset o a lane keeps the half of its rows
+  // on its side of bit o, so each lane ends with whole maxima of 32 / kLanes rows, computes
+  // those rows' scales (each scale once, not on every lane of the group) and shares the
+  // factors through shared memory. 16-bit x packs two rows (r, r + 16) into a word.
+  if (kRow) {
+    constexpr bool k16 = sizeof(T) == 2;
+    constexpr int kLanes = G / kC;
+    constexpr int kW = k16 ? kStrip / 2 : kStrip;  // words of row maxima
+    constexpr int kOwn = kW / kLanes;              // words a lane ends with
+    constexpr int kWarpGroups = 32 / kLanes;       // row groups across a warp
+    __shared__ float fsm[kColWarps][kStrip][kWarpGroups];  // factor of (row, group); -1: NaN group
+    const QuantizeArgs& ra = a.row;
+    const int64_t rng = K / G, g = k0 / G;  // K % G == 0 here: a group is all in or all out
+    const bool live = ncols == kC;
+    const int gi = lane / kLanes, li = lane % kLanes;
+    uint32_t p[kW];
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      if (k16) {
+        const uint2 v0 = slice_mag<T>(w[i]), v1 = slice_mag<T>(w[i + kW]);
+        const uint32_t a0 = __vmaxu2(v0.x, v0.y), a1 = __vmaxu2(v1.x, v1.y);
+        p[i] = __vmaxu2(prmt(a0, a1, 0x5410u), prmt(a0, a1, 0x7632u));  // row i low, row i + 16 high
+      } else {
+        const uint2 v = slice_mag<T>(w[i]);
+        p[i] = max(v.x, v.y);
+      }
+    }
+    scatter_max<T, kOwn, kLanes / 2>(p, lane);
+    uint8_t* sp = (uint8_t*)ra.scales.ptr;
+#pragma unroll
+    for (int i = 0; i < kOwn; ++i) {
+#pragma unroll
+      for (int hh = 0; hh < (k16 ? 2 : 1); ++hh) {
+        const int r = li * kOwn + i + hh * kW;
+        const float amax = mag_get<T>(make_uint2(hh ? p[i] >> 16 : p[i], 0u), 0);
+        const FpGroupScale gsc = fp_group_scale(amax, G == 16, enc, q.elem, q.floor_rounding);
+        fsm[warp][r][gi] = gsc.nan_group ? -1.0f : gsc.factor;
+        if (live && r < rows) {
+          const int64_t mr = m0 + r;
+          if (q.blocked) sp[b * ra.scales.rows * ra.scales.cols + blocked_offset(mr, g, ra.scales.cols)] = gsc.code;
+          else sp[(b * M + mr) * rng + g] = gsc.code;
+        }
+      }
+    }
+    __syncwarp();
+    if ((G == 16 || q.bits == 4) && kC == 4) {
+      // fp4 from 16-bit x: the lanes of a pair (l, l ^ 1) swap half of rows r, r + 1 so that
+      // each encodes 8 codes of one row (one whole e2m1x8_encode instead of two half-empty ones)
+      const int par = lane & 1;
+#pragma unroll
+      for (int r = 0; r < kStrip; r += 2) {  // rows is even (16 or 32)
+        if (r >= rows) break;
+        const uint2 mine = par ? w[r + 1] : w[r], send = par ? w[r] : w[r + 1];
+        const uint2 recv = make_uint2(__shfl_xor_sync(0xffffffffu, send.x, 1), __shfl_xor_sync(0xffffffffu, send.y, 1));
+        if (!live) continue;
+        const int rm = r + par;
+        const float f = fsm[warp][rm][gi];
+        const uint2 lo = par ? recv : mine, hi = par ? mine : recv;  // columns in order
+        float y[8];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          y[t] = slice_get<T>(lo, t) * f;
+          y[t + 4] = slice_get<T>(hi, t) * f;
+        }
+        const uint32_t c = f < 0.0f ? 0u : e2m1x8_encode(y);  // a NaN group's codes are 0
+        *reinterpret_cast<uint32_t*>((uint8_t*)ra.data.ptr + (b * M + m0 + rm) * ra.data.cols + (k0 - 4 * par) / 2) = c;
+      }
+    } else {
+#pragma unroll
+    for (int r = 0; r < kStrip; ++r) {  // unrolled: w[] stays in registers
+      if (r >= rows) break;
+      if (!live) continue;
+      const float f = fsm[warp][r][gi];
+      const bool nan_group = f < 0.0f;
+      uint8_t* d = (uint8_t*)ra.data.ptr + (b * M + m0 + r) * ra.data.cols + k0 * q.bits / 8;
+      if (G == 16 || q.bits == 4) {
+        float y[8];
+#pragma unroll
+        for (int t = 0; t < 8; ++t) y[t] = t < kC ? slice_get<T>(w[r], t) * f : 0.0f;
+        const uint32_t c = nan_group ? 0u : e2m1x8_encode(y);  // a NaN group's codes are 0
+        if (kC == 4) *reinterpret_cast<uint16_t*>(d) = (uint16_t)c;
+        else *d = (uint8_t)c;
+      } else {
+        uint32_t c = 0;
+#pragma unroll
+        for (int t = 0; t < kC; t += 2) {
+          const float lo = slice_get<T>(w[r], t) * f, hi = slice_get<T>(w[r], t + 1) * f;
+          const uint32_t pr = q.elem == ELEM_E4M3 ? e4m3x2_encode(lo, hi) : e5m2x2_encode(lo, hi);
+          c |= (nan_group ? 0x7f7fu : pr) << (8 * t);  // a NaN group's codes (fp8: 0x7F)
+        }
+        if (kC == 4) *reinterpret_cast<uint32_t*>(d) = c;
+        else *reinterpret_cast<uint16_t*>(d) = (uint16_t)c;
+      }
+    }
+    }
+  }
+}
+
+template <typename T>
+qqStatus_t launch_colq_t(const ColwiseArgs& a, cudaStream_t st) {
+  constexpr int kC = 8 / (int)sizeof(T);
+  const dim3 grid((unsigned)((a.K + kC * 32 - 1) / (kC * 32)), (unsigned)((a.M + kColRows - 1) / kColRows),
+                  (unsigned)a.x.batch());
+  if (a.q.group == 16) {
+    if (a.rowwise) colq_kernel<T, 16, true><<<grid, kColThreads, 0, st>>>(a);
+    else colq_kernel<T, 16, false><<<grid, kColThreads, 0, st>>>(a);
+  } else {
+    if (a.rowwise) colq_kernel<T, 32, true><<<grid, kColThreads, 0, st>>>(a);
+    else colq_kernel<T, 32, false><<<grid, kColThreads, 0, st>>>(a);
+  }
+  return check_launch("quantize_colwise");
+}
+
 template <typename T, bool kColMajor>
 qqStatus_t launch_tile_t(const ColwiseArgs& a, bool vec, cudaStream_t st) {
   const dim3 grid((unsigned)((a.M + kTM - 1) / kTM), (unsigned)((a.K + kTK - 1) / kTK), (unsigned)a.x.batch());
@@ -343,6 +657,16 @@ qqStatus_t quantize_colwise(qqHandle_t h, const ColwiseArgs& a, void* stream) {
       QQ_CUDA_TRY(cudaMemsetAsync(a.row.scales.ptr, 0,
                                   (size_t)(a.x.batch() * a.row.scales.rows * a.row.scales.cols), st),
                   "quantize_colwise");
+    }
+    // the fp modes from row-major x: colq_kernel where its 8-byte row loads and its 8-byte
+    // (x^T) / 4-byte (row-wise) stores are aligned, and the blocks fit the grid's y (M < 2^23)
+    if (a.q.fp() && !a.x_colmajor && aligned(a.x, 8) && ((uintptr_t)a.data_t.ptr & 7) == 0 &&
+        (!a.rowwise || ((uintptr_t)a.row.data.ptr & 3) == 0) && (a.M + kColRows - 1) / kColRows <= 65535) {
+      switch (a.x.dt) {
+        case DType::F32: return launch_colq_t<float>(b, st);
+        case DType::F16: return launch_colq_t<__half>(b, st);
+        default: return launch_colq_t<__nv_bfloat16>(b, st);
+      }
     }
     switch (a.x.dt) {
       case DType::F32:
