@@ -55,6 +55,21 @@ def test_colwise_affine(rng, bits, group, dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("shape", [(384, 37), (2, 128, 136)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("bits,group", [pytest.param(*p.values, id=p.id) for p in AFFINE_PARAMS])
+def test_colwise_affine_groups(rng, bits, group, shape, dtype, device):
+    """Affine along columns at every width and group, groups spanning 1-4 of the GPU's
+    32-row strips (several groups per 128-row block at M = 384), ragged K, NaN / Inf / zero
+    columns: quantize(x^T) bit for bit, scales and biases in x's dtype."""
+    x = _poisoned(rng, shape, dtype)
+    xt = np.ascontiguousarray(np.swapaxes(x, -1, -2))
+    ref = R.quantize(xt, mode="affine", bits=bits, group_size=group)
+    got = qq.quantize_colwise(to_device(x, device), mode="affine", bits=bits, group_size=group)
+    assert_quantized_equal(got, ref, xt, what=f"colwise affine {dtype} [{device}]")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode,kw", [("nvfp4", {}), ("mxfp8", {"scale_layout": "blocked"}),
                                      ("mxfp4", {"rounding": "floor"}), ("affine", {"bits": 4}),
                                      ("affine", {"bits": 8, "group_size": 128})])

@@ -315,9 +315,12 @@ __global__ void __launch_bounds__(kThreads, 6) quantize_tile_kernel(ColwiseArgs 
 // of x^T: written straight from the lane that encodes them (16-32 bytes to a
 // different row per lane), the stores kept the L2 at 79 % busy with the DRAM
 // at 53 % (ncu, 16384^2 mxfp8). Row-wise groups of G columns span G / kC
-// lanes: their amax is combined with shuffles and each lane encodes its own
-// kC values. The tile kernel below (0.55-0.73 of copy bandwidth) stays for
-// affine, the column-major MoE weights and rows that are not 8-byte aligned.
+// lanes: their row maxima are reduce-scattered over those lanes (each scale
+// computed once) and each lane encodes its own kC values. The tile kernel
+// above (0.55-0.73 of copy bandwidth for these modes) stays for affine (the
+// same strips with affine encoding were no faster: instruction-bound at this
+// kernel's 4 blocks an SM), the column-major MoE weights and rows that are not
+// 8-byte aligned.
 // ---------------------------------------------------------------------------
 constexpr int kColThreads = 128, kStrip = 32, kColWarps = kColThreads / 32;
 constexpr int kColRows = kStrip * kColWarps;  // rows of M a block covers (128)
@@ -344,6 +347,75 @@ template <typename T> __device__ __forceinline__ uint32_t mag_max(uint32_t a, ui
 // Magnitude bits (as slice_mag keeps them) of column j -> fp32 value.
 template <typename T> __device__ __forceinline__ float mag_get(uint2 m, int j) { return slice_get<T>(m, j); }
 
+// Where a colq lane sits: kC columns from k0, the 32-row strip from m0 of its warp, inside the
+// block's kColRows x 32 * kC tile at (mb0, kb0) of batch entry b.
+template <typename T> struct ColqPos {
+  static constexpr int kC = 8 / (int)sizeof(T);  // columns per lane: 4 (16-bit x), 2 (fp32)
+  int lane, warp;
+  int64_t b, kb0, k0, mb0, m0;
+  int rows;   // rows of the warp's strip: 32, 16 in nvfp4's last strip when M % 32 == 16, or none
+  int ncols;  // live columns of the lane (0 past K: it still joins the shuffles)
+  __device__ __forceinline__ ColqPos(const ColwiseArgs& a) {
+    lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    kb0 = (int64_t)blockIdx.x * 32 * kC, k0 = kb0 + lane * kC;
+    mb0 = (int64_t)blockIdx.y * kColRows, m0 = mb0 + warp * kStrip;
+    b = blockIdx.z;
+    rows = (int)max((int64_t)0, min((int64_t)kStrip, a.M - m0));
+    ncols = (int)max((int64_t)0, min((int64_t)kC, a.K - k0));
+  }
+};
+
+// The lane's 32 rows of 8 bytes (zeros past M and K), all loads issued before any use.
+template <typename T>
+__device__ __forceinline__ void colq_load(const ColwiseArgs& a, const ColqPos<T>& p, uint2 (&w)[kStrip]) {
+  constexpr int kC = ColqPos<T>::kC;
+  const T* xp = reinterpret_cast<const T*>(a.x.ptr) + a.x.offset(p.b) + p.m0 * a.x.ld + p.k0;
+  if (p.ncols == kC) {
+#pragma unroll
+    for (int r = 0; r < kStrip; ++r) w[r] = r < p.rows ? ld_stream8(xp + r * a.x.ld) : make_uint2(0u, 0u);
+    return;
+  }
+  // the ragged last columns: element by element
+#pragma unroll
+  for (int r = 0; r < kStrip; ++r) {
+    uint32_t e[kC];
+#pragma unroll
+    for (int j = 0; j < kC; ++j) {
+      e[j] = 0;
+      if (r < p.rows && j < p.ncols) {
+        if (sizeof(T) == 4) e[j] = __ldg(reinterpret_cast<const uint32_t*>(xp + r * a.x.ld + j));
+        else e[j] = __ldg(reinterpret_cast<const unsigned short*>(xp + r * a.x.ld + j));
+      }
+    }
+    w[r] = sizeof(T) == 4 ? make_uint2(e[0], e[kC - 1]) : make_uint2(e[0] | (e[1 % kC] << 16), e[2 % kC] | (e[3 % kC] << 16));
+  }
+}
+
+// x^T's rows of the block out of shared memory (row sr = j * 32 + lane of `so` holds column
+// kb0 + lane * kC + j, `pitch` bytes apart): 16-, 8- or 4-byte units where aligned,
+// consecutive threads along a row. Called by every thread after a __syncthreads.
+template <typename T>
+__device__ __forceinline__ void colq_store_xt(const ColwiseArgs& a, const ColqPos<T>& p, const uint8_t* so, int pitch) {
+  constexpr int kC = ColqPos<T>::kC;
+  const int bits = a.q.bits;
+  const int vbytes = (int)(min((int64_t)kColRows, a.M - p.mb0) * bits / 8);  // valid bytes a row
+  uint8_t* base = (uint8_t*)a.data_t.ptr + p.b * a.K * a.data_t.cols + p.mb0 * bits / 8;
+  // x^T's rows are 4-byte aligned at least (M % 16 == 0 for nvfp4, % 32 otherwise), 16
+  // only where their length is a multiple of 16 bytes
+  const int64_t al = vbytes | a.data_t.cols | (int64_t)(uintptr_t)base;
+  const int ub = al % 16 == 0 ? 16 : (al % 8 == 0 ? 8 : 4), units = (kColRows * bits / 8) / ub;
+  for (int i = threadIdx.x; i < 32 * kC * units; i += kColThreads) {
+    const int sr = i / units, u = i % units;
+    const int64_t k = p.kb0 + (sr % 32) * kC + sr / 32;
+    if (k >= a.K || u * ub >= vbytes) continue;
+    const uint8_t* src = so + sr * pitch + u * ub;
+    uint8_t* d = base + k * a.data_t.cols + u * ub;
+    if (ub == 16) *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src);
+    else if (ub == 8) *reinterpret_cast<uint2*>(d) = *reinterpret_cast<const uint2*>(src);
+    else *reinterpret_cast<uint32_t*>(d) = *reinterpret_cast<const uint32_t*>(src);
+  }
+}
+
 // The reduce-scatter of colq_kernel's row maxima: at offset O, a lane keeps the half
 // of its 2 * O * kOwn words on its side of bit O and takes the max with its partner's
 // copy of that half. Recursion on O (compile time): every index is a constant, so p[]
@@ -362,46 +434,20 @@ __device__ __forceinline__ void scatter_max(uint32_t (&p)[kW], int lane) {
 
 template <typename T, int G, bool kRow>
 __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
-  constexpr int kC = 8 / (int)sizeof(T);  // columns per thread: 4 (16-bit x), 2 (fp32)
-  constexpr int kGroups = kStrip / G;     // groups per column: 1 (mx), 2 (nvfp4)
+  constexpr int kC = ColqPos<T>::kC;
+  constexpr int kGroups = kStrip / G;  // groups per column: 1 (mx), 2 (nvfp4)
   // x^T's codes of the block: row sr = j * 32 + lane holds column kb0 + lane * kC + j
   // (consecutive lanes in consecutive rows: a pitch of an odd number of 16-byte units
   // keeps the lanes' 16-byte stores free of bank conflicts), kColRows * bits / 8 bytes each
   constexpr int kPitchMax = kColRows + 16;
   __shared__ __align__(16) uint8_t so[32 * kC * kPitchMax];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t M = a.M, K = a.K;
-  const int64_t kb0 = (int64_t)blockIdx.x * 32 * kC, k0 = kb0 + lane * kC;
-  const int64_t mb0 = (int64_t)blockIdx.y * kColRows, m0 = mb0 + warp * kStrip;
-  const int64_t b = blockIdx.z;
+  const ColqPos<T> p(a);
+  const int lane = p.lane, warp = p.warp, rows = p.rows, ncols = p.ncols;
+  const int64_t M = a.M, K = a.K, k0 = p.k0, m0 = p.m0, b = p.b;
   const QSpec& q = a.q;
   const int pitch = kColRows * q.bits / 8 + 16;
-  // rows of this warp's strip: 32, 16 in nvfp4's last strip when M % 32 == 16, or none
-  const int rows = (int)max((int64_t)0, min((int64_t)kStrip, M - m0));
-  // live columns of this thread (0 past K: it still joins the shuffles)
-  const int ncols = (int)max((int64_t)0, min((int64_t)kC, K - k0));
-  const T* xp = reinterpret_cast<const T*>(a.x.ptr) + a.x.offset(b) + m0 * a.x.ld + k0;
-
   uint2 w[kStrip];
-  if (ncols == kC) {
-#pragma unroll
-    for (int r = 0; r < kStrip; ++r) w[r] = r < rows ? ld_stream8(xp + r * a.x.ld) : make_uint2(0u, 0u);
-  } else {
-    // the ragged last columns: element by element, zeros past K
-#pragma unroll
-    for (int r = 0; r < kStrip; ++r) {
-      uint32_t e[kC];
-#pragma unroll
-      for (int j = 0; j < kC; ++j) {
-        e[j] = 0;
-        if (r < rows && j < ncols) {
-          if (sizeof(T) == 4) e[j] = __ldg(reinterpret_cast<const uint32_t*>(xp + r * a.x.ld + j));
-          else e[j] = __ldg(reinterpret_cast<const unsigned short*>(xp + r * a.x.ld + j));
-        }
-      }
-      w[r] = sizeof(T) == 4 ? make_uint2(e[0], e[kC - 1]) : make_uint2(e[0] | (e[1 % kC] << 16), e[2 % kC] | (e[3 % kC] << 16));
-    }
-  }
+  colq_load<T>(a, p, w);
   const float enc = a.gs ? nvfp4_enc(*a.gs) : 1.0f;
 
   // ---- column groups
@@ -478,26 +524,9 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
     }
   }
 
-  // ---- x^T's rows out of shared memory: 16-byte units where aligned, else 8,
-  // consecutive threads along a row
+  // ---- x^T's rows out of shared memory
   __syncthreads();
-  {
-    const int vbytes = (int)(min((int64_t)kColRows, M - mb0) * q.bits / 8);  // valid bytes a row
-    uint8_t* base = (uint8_t*)a.data_t.ptr + b * K * a.data_t.cols + mb0 * q.bits / 8;
-    // rows of x^T are 8-byte aligned (M % 16 == 0 for nvfp4, % 32 for mx) but 16 only
-    // where its length is a multiple of 16 bytes
-    const bool u16 = vbytes % 16 == 0 && a.data_t.cols % 16 == 0 && ((uintptr_t)base & 15) == 0;
-    const int ub = u16 ? 16 : 8, units = (kColRows * q.bits / 8) / ub;
-    for (int i = threadIdx.x; i < 32 * kC * units; i += kColThreads) {
-      const int sr = i / units, u = i % units;
-      const int64_t k = kb0 + (sr % 32) * kC + sr / 32;
-      if (k >= K || u * ub >= vbytes) continue;
-      const uint8_t* src = so + sr * pitch + u * ub;
-      uint8_t* d = base + k * a.data_t.cols + u * ub;
-      if (u16) *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src);
-      else *reinterpret_cast<uint2*>(d) = *reinterpret_cast<const uint2*>(src);
-    }
-  }
+  colq_store_xt<T>(a, p, so, pitch);
 
   // ---- row groups (both orientations from this one read). A row's group of G columns
   // spans kLanes = G / kC lanes. Their partial maxima of all 32 rows are reduced and
@@ -648,8 +677,14 @@ qqStatus_t quantize_colwise(qqHandle_t h, const ColwiseArgs& a, void* stream) {
       QQ_CUDA_TRY(cudaMemsetAsync(a.scales_t.ptr, 0, (size_t)(a.x.batch() * a.scales_t.rows * a.scales_t.cols), st),
                   "quantize_colwise");
     ColwiseArgs b = a;
-    if (a.rowwise && a.q.group > kTK) {
-      // affine group 128 is wider than a tile: the row-wise half runs as its own kernel
+    // the fp modes from row-major x whose 8-byte row loads and 8-byte (x^T) stores are
+    // aligned, and whose blocks fit the grid's y (M < 2^23): colq_kernel
+    const bool colq = a.q.fp() && !a.x_colmajor && aligned(a.x, 8) && ((uintptr_t)a.data_t.ptr & 7) == 0 &&
+                      (a.M + kColRows - 1) / kColRows <= 65535;
+    if (a.rowwise && !a.q.fp()) {
+      // affine: the row-wise half as quantize's own kernel, then the tile kernel for x^T
+      // (group 128 is wider than a tile; for 32 / 64 the two passes take 0.65-0.7x the
+      // time of the tile kernel doing both: quantize-h100-profile.md)
       QQ_TRY(quantize(h, a.row, stream));
       b.rowwise = false;
     } else if (a.rowwise && a.q.blocked &&
@@ -658,10 +693,7 @@ qqStatus_t quantize_colwise(qqHandle_t h, const ColwiseArgs& a, void* stream) {
                                   (size_t)(a.x.batch() * a.row.scales.rows * a.row.scales.cols), st),
                   "quantize_colwise");
     }
-    // the fp modes from row-major x: colq_kernel where its 8-byte row loads and its 8-byte
-    // (x^T) / 4-byte (row-wise) stores are aligned, and the blocks fit the grid's y (M < 2^23)
-    if (a.q.fp() && !a.x_colmajor && aligned(a.x, 8) && ((uintptr_t)a.data_t.ptr & 7) == 0 &&
-        (!a.rowwise || ((uintptr_t)a.row.data.ptr & 3) == 0) && (a.M + kColRows - 1) / kColRows <= 65535) {
+    if (colq && (!b.rowwise || ((uintptr_t)a.row.data.ptr & 3) == 0)) {  // row-wise codes: 4-byte stores
       switch (a.x.dt) {
         case DType::F32: return launch_colq_t<float>(b, st);
         case DType::F16: return launch_colq_t<__half>(b, st);
