@@ -25,6 +25,33 @@
 namespace qq {
 namespace cuda {
 
+// Eight affine codes (codec.h's affine_encode, bit for bit) packed little-endian at `bits`
+// bits each (kBits: the width at compile time, 0 = the run-time `bits`). The fast quotients
+// come first and the exact division is taken for the eight behind one branch, almost never
+// entered: affine_encode's per-element test-and-divide made every element a divergent branch
+// (BSSY / BRA / BSYNC), and a run-time width made every shift a 64-bit variable shift.
+template <int kBits>
+__device__ __forceinline__ uint64_t affine_encode8(const float* v, float scale, float inv, float bias, int bits) {
+  const int nb = kBits ? kBits : bits;
+  const float n = (float)((1 << nb) - 1);
+  float t[8];
+  bool any = false;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    t[i] = (v[i] - bias) * inv;
+    any = any || affine_needs_div(t[i]);
+  }
+  if (any) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (affine_needs_div(t[i])) t[i] = (v[i] - bias) / scale;
+  }
+  uint64_t acc = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc |= (uint64_t)affine_round_clamp(t[i], n) << (i * nb);
+  return acc;
+}
+
 // Shape counts a row in chunks of kVec elements (one 16-byte load of 16-bit
 // data): a dequantize thread writes one chunk, a quantize thread takes
 // 32 / kVec of them (quantize.cu).

@@ -193,16 +193,18 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
 // affine: one thread per 32 elements (four 16-byte loads of bf16), the kLanes =
 // group/32 threads of a group (1, 2 or 4) combine min/max with shuffles; the
 // scale math runs once per thread, the per-element quotient uses the exact
-// reciprocal scheme of affine_encode. Here s.chunks counts 32-element chunks.
+// reciprocal scheme of affine_encode (affine_encode8: one branch per 8 for the
+// rare division; 4- and 8-bit widths at compile time). Here s.chunks counts
+// 32-element chunks.
 constexpr int kAff = 32;
-template <typename T, int kLanes>
+template <typename T, int kLanes, int kBits>
 __global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeArgs a, Shape s) {
   const RowPos p = row_pos(s);  // affine scales are never blocked: prows == rows
   const bool live = p.live;
   const int64_t chunk = p.chunk, b = p.b, r = p.r;
   const int64_t row = (int64_t)blockIdx.x;
   const int64_t g = chunk / kLanes, ng = s.chunks / kLanes;
-  const int bits = a.q.bits;
+  const int bits = kBits ? kBits : a.q.bits;
 
   float v[kAff];
   const T* src = a.x.at<T>(b, r) + chunk * kAff;
@@ -234,11 +236,7 @@ __global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeAr
   uint8_t* d = (uint8_t*)a.data.ptr + row * a.data.cols + chunk * kAff * bits / 8;
 #pragma unroll
   for (int j = 0; j < kAff / 8; ++j) {
-    uint64_t acc = 0;
-    if (finite) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc |= (uint64_t)affine_encode(v[8 * j + i], scale, inv, bias, bits) << (i * bits);
-    }
+    const uint64_t acc = finite ? affine_encode8<kBits>(v + 8 * j, scale, inv, bias, bits) : 0;
     uint8_t* dj = d + j * bits;
     if (bits == 4) *reinterpret_cast<uint32_t*>(dj) = (uint32_t)acc;
     else if (bits == 8) *reinterpret_cast<uint2*>(dj) = make_uint2((uint32_t)acc, (uint32_t)(acc >> 32));
@@ -275,9 +273,21 @@ qqStatus_t launch_quantize_t(const QuantizeArgs& a, Shape s, cudaStream_t st) {
     sa.chunks = s.chunks / (kAff / kVec);
     sa.total = s.total / (kAff / kVec);
     const dim3 agrid = row_grid(sa);
-    if (a.q.group == 32) quantize_affine_kernel<T, 1><<<agrid, kRowThreads, 0, st>>>(a, sa);
-    else if (a.q.group == 64) quantize_affine_kernel<T, 2><<<agrid, kRowThreads, 0, st>>>(a, sa);
-    else quantize_affine_kernel<T, 4><<<agrid, kRowThreads, 0, st>>>(a, sa);
+    // 4- and 8-bit codes with their width known at compile time (constant shifts)
+    const int bits = a.q.bits;
+    if (a.q.group == 32) {
+      if (bits == 4) quantize_affine_kernel<T, 1, 4><<<agrid, kRowThreads, 0, st>>>(a, sa);
+      else if (bits == 8) quantize_affine_kernel<T, 1, 8><<<agrid, kRowThreads, 0, st>>>(a, sa);
+      else quantize_affine_kernel<T, 1, 0><<<agrid, kRowThreads, 0, st>>>(a, sa);
+    } else if (a.q.group == 64) {
+      if (bits == 4) quantize_affine_kernel<T, 2, 4><<<agrid, kRowThreads, 0, st>>>(a, sa);
+      else if (bits == 8) quantize_affine_kernel<T, 2, 8><<<agrid, kRowThreads, 0, st>>>(a, sa);
+      else quantize_affine_kernel<T, 2, 0><<<agrid, kRowThreads, 0, st>>>(a, sa);
+    } else {
+      if (bits == 4) quantize_affine_kernel<T, 4, 4><<<agrid, kRowThreads, 0, st>>>(a, sa);
+      else if (bits == 8) quantize_affine_kernel<T, 4, 8><<<agrid, kRowThreads, 0, st>>>(a, sa);
+      else quantize_affine_kernel<T, 4, 0><<<agrid, kRowThreads, 0, st>>>(a, sa);
+    }
   }
   return check_launch("quantize");
 }
