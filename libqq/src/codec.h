@@ -536,19 +536,33 @@ QQ_HD float add_rd(float a, float b) {
   return err < 0.0f ? u2f(f2u(s) - 1u) : s;       // s > 0 here
 #endif
 }
+// clamp(t, 0, n), and round_half_away(c) of a clamped 0 <= c <= 255 in the GPU form:
+// for such c, floor(RD(c + 0.5)) = floor(c + 0.5) = round_half_away(c) (RD never crosses
+// an integer), and RD(x + 2^23) = 2^23 + floor(x).
+QQ_HD float affine_clamp(float t, float n) { return t > 0.0f ? (t < n ? t : n) : 0.0f; }
+QQ_HD uint32_t affine_round_clamped(float c) { return f2u(add_rd(add_rd(c, 0.5f), 8388608.0f)) - 0x4b000000u; }
 // clamp(round_half_away(t), 0, n) as an integer, n = 2^bits - 1.
 QQ_HD uint32_t affine_round_clamp(float t, float n) {
 #if defined(__CUDA_ARCH__) || defined(QQ_CODEC_GPU_FORMS)
   // Clamping first is equal (rounding is monotone and 0, n are integers).
-  // For 0 <= c <= 255: floor(RD(c + 0.5)) = floor(c + 0.5) = round_half_away(c)
-  // (RD never crosses an integer), and RD(x + 2^23) = 2^23 + floor(x).
-  const float c = t > 0.0f ? (t < n ? t : n) : 0.0f;
-  return f2u(add_rd(add_rd(c, 0.5f), 8388608.0f)) - 0x4b000000u;
+  return affine_round_clamped(affine_clamp(t, n));
 #else
   float q = round_half_away(t);
   q = q < 0.0f ? 0.0f : (q > n ? n : q);
   return (uint32_t)q;
 #endif
+}
+// The GPU's quotient test (cuda/quant.cuh, affine_encode8): the 1e-3 band on the
+// clamped quotient c = affine_clamp(t, n) instead of on |t|. A quotient outside [0, n]
+// gives 0 or n whatever its last bits, so only c can sit near a .5 boundary, and c <= 255
+// needs no huge-quotient guard; the clamp is shared with the rounding. Safe for the same
+// reason as affine_needs_div: the reciprocal quotient (w - bias) * inv lies within 4 ulp
+// of the divided one (two roundings against one, each half an ulp), and
+// tests/cpp/codec_proofs.cpp proves for every fp32 t that when this test passes, t and
+// every quotient within 4 ulp of it round and clamp to the same code.
+QQ_HD bool affine_band_clamped(float c) {
+  const float ri = (c + 8388608.0f) - 8388608.0f;  // c rounded to an integer (0 <= c <= 255)
+  return abs_f(c - ri) > 0.499f;
 }
 QQ_HD uint32_t affine_encode(float w, float scale, float inv, float bias, int bits) {
   const float d = w - bias;

@@ -20,8 +20,13 @@
 //      57344 (its guard sends tiny and non-finite x to the division; the check
 //      covers the guard too);
 //   6. e4m3_decode_bits (bit placement, the weight-only kernels' scale
-//      decode) against e4m3_decode, all 256 bytes.
-// `codec_proofs --exhaustive` checks 1, 3 and 5 for all 2^32 fp32 bit
+//      decode) against e4m3_decode, all 256 bytes;
+//   7. affine_band_clamped (the GPU's quotient test on the clamped quotient,
+//      cuda/quant.cuh's affine_encode8): for every x it passes, the code the
+//      fast path takes (affine_round_clamped of the clamped x) is the code of
+//      x and of every quotient within 4 ulp of x, for every bit width - the
+//      reciprocal quotient's distance from the divided one.
+// `codec_proofs --exhaustive` checks 1, 3, 5 and 7 for all 2^32 fp32 bit
 // patterns (add_rd for every operand in [0, 256]) and 20M tuples for 2: the
 // proof, about 1 minute of CPU time, and 6 for the GPU forms (software fmaf). Without
 // the flag it checks a sample in about a second: every pattern within a
@@ -42,6 +47,7 @@
 // flush-to-zero); -ffp-contract=off as the library itself is built.
 #include <cstdio>
 #include <cfenv>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -148,7 +154,7 @@ int main(int argc, char** argv) {
 #else
   printf("host forms, %s\n", exhaustive ? "exhaustive" : "sampled");
 #endif
-  uint64_t bad = 0, bad_div = 0, bad_aff = 0;
+  uint64_t bad = 0, bad_div = 0, bad_aff = 0, bad_band = 0, n_band = 0;
   volatile float c6 = 6.0f, c448 = 448.0f, c57344 = 57344.0f;  // volatile: real divisions
   const uint64_t n = for_inputs(exhaustive, [&](uint32_t u) {
     const float x = qq::u2f(u);
@@ -168,12 +174,33 @@ int main(int argc, char** argv) {
       }
     }
     if (!aff_ok && bad_aff++ < 10) printf("affine MISMATCH 0x%08x (%g)\n", u, x);
+    // 7. affine_encode8's test on the clamped quotient: where it passes, x and every
+    // quotient within 4 ulp of it give the code the fast path takes (rounding and clamping
+    // are monotone, so the two ends of the window suffice; past |x| = 1024 the window's
+    // quotients all clamp alike).
+    if (x == x) {
+      float lo = x, hi = x;
+      for (int k = 0; k < 4; ++k) lo = nextafterf(lo, -INFINITY), hi = nextafterf(hi, INFINITY);
+      for (int bits : {2, 3, 4, 5, 6, 8}) {
+        const float nmax = (float)((1 << bits) - 1);
+        const float c = qq::affine_clamp(x, nmax);
+        if (qq::affine_band_clamped(c)) continue;
+        const uint32_t q = qq::affine_round_clamped(c);
+        bool ok = q == affine_round_clamp_ref(x, nmax);
+        if (qq::abs_f(x) < 1024.0f)
+          ok = ok && q == affine_round_clamp_ref(lo, nmax) && q == affine_round_clamp_ref(hi, nmax);
+        if (!ok && bad_band++ < 10) printf("affine band MISMATCH 0x%08x (%g) bits %d\n", u, x, bits);
+      }
+      ++n_band;
+    }
   });
   printf("e2m1_encode: %llu inputs, %llu mismatches\n", (unsigned long long)n, (unsigned long long)bad);
   printf("affine_needs_div, affine_round_clamp (bits 2..8): %llu inputs, %llu mismatches\n",
          (unsigned long long)n, (unsigned long long)bad_aff);
   printf("div_const (6, 448, 57344): %llu inputs each, %llu mismatches\n", (unsigned long long)n,
          (unsigned long long)bad_div);
+  printf("affine_band_clamped + affine_round_clamped, x +- 4 ulp (bits 2..8): %llu inputs, %llu mismatches\n",
+         (unsigned long long)n_band, (unsigned long long)bad_band);
 
   uint64_t bad_dec = 0;
   for (int c = 0; c < 256; ++c)
@@ -241,5 +268,5 @@ int main(int argc, char** argv) {
     if (want != got && bad8++ < 10) printf("e2m1x8 MISMATCH tuple %llu: want 0x%08x got 0x%08x\n", (unsigned long long)t, want, got);
   }
   printf("e2m1x8_encode: %llu random 8-tuples, %llu mismatches\n", (unsigned long long)kTuples, (unsigned long long)bad8);
-  return bad || bad_div || bad_aff || bad8 ? 1 : 0;
+  return bad || bad_div || bad_aff || bad_band || bad8 ? 1 : 0;
 }
