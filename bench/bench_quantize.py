@@ -179,6 +179,11 @@ def main() -> None:
             us = timer(lambda: qq.quantize_moe(w, variant, scale_layout="blocked"), moved)
             bench.row("quantize_3d", "mxfp8", shape, "GBps", moved / (us * 1e-6) / 1e9, "copy", copy_gbps,
                       us=round(us, 2), variant=variant)
+            # the transposed view of [E, D2, D1] weights (QQGroupedLinear's forward operand)
+            wt = w.transpose(1, 2).contiguous().transpose(1, 2)
+            ust = timer(lambda: qq.quantize_moe(wt, variant, scale_layout="blocked"), moved)
+            bench.row("quantize_3d", "mxfp8", shape, "GBps", moved / (ust * 1e-6) / 1e9, "copy", copy_gbps,
+                      us=round(ust, 2), variant=variant + "-tview")
             if not args.quick and shape[0] == 8:
                 fn = torch.compile(lambda t, t32=(variant == "32x32"): torch_moe(t, t32), dynamic=False)
                 fn(w)

@@ -232,16 +232,27 @@ def test_moe(rng, shape, scaling, rounding, layout, transposed_view, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", dtype_params([R.BF16, np.float16]))
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("layout", ["linear", "blocked"])
+@pytest.mark.parametrize("transposed_view", [False, True], ids=["rowmajor", "tview"])
 @pytest.mark.parametrize("scaling", ["32x1", "32x32"])
-def test_moe_16bit(rng, scaling, dtype, device):
-    """Row-major 16-bit MoE weights (the GPU reads 4 columns a thread: a 32x32 tile's amax
-    spans 8 threads): same bytes as the reference."""
-    w = random_data(rng, (2, 64, 160), dtype, group_size=1)
+def test_moe_dtypes(rng, scaling, transposed_view, layout, dtype, device):
+    """MoE weights of every dtype, row-major (the GPU reads 4 16-bit columns a thread: a
+    32x32 tile's amax spans 8 threads) and as the transposed view of [E, D2, D1] (a lane
+    per half group, a 32x32 tile over two warps), D1 = 96 (an odd number of groups), a NaN
+    and an all-zero tile: same bytes as the reference."""
+    w = random_data(rng, (2, 96, 160), dtype, group_size=1)
     w[1, 3, 33] = np.nan
-    codes, scales = ref_moe(w, scaling)
-    data, sc = qq.quantize_moe(to_device(w, device), scaling)
-    assert_bits_equal(as_bytes(to_numpy(data)), codes, "moe data")
+    w[0, 32:64, 64:96] = 0
+    codes, scales = ref_moe(w, scaling, layout=layout)
+    wd = to_device(np.ascontiguousarray(np.swapaxes(w, 1, 2)) if transposed_view else w, device)
+    if transposed_view:
+        wd = wd.transpose(1, 2) if device != "cpu" else np.swapaxes(wd, 1, 2)
+    data, sc = qq.quantize_moe(wd, scaling, scale_layout=layout)
+    d = as_bytes(to_numpy(data))
+    loose = np.zeros(w.shape, bool)  # the all-zero tile may carry either sign on its zero codes
+    loose[0, 32:64, 64:96] = True
+    assert_bits_equal(np.where(loose, d & 0x7F, d), np.where(loose, codes & 0x7F, codes), "moe data")
     assert_bits_equal(as_bytes(to_numpy(sc)), scales, "moe scales")
 
 

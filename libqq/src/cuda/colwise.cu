@@ -628,6 +628,61 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
   }
 }
 
+// ---------------------------------------------------------------------------
+// MoE weights given as the transposed view of an [E, D2, D1] tensor (moe_t_kernel;
+// QQGroupedLinear's forward weights): the groups of 32 along D1 are contiguous in the
+// physical rows (one per D2 index), and the codes keep that layout, so this is a
+// row-wise quantization of the physical rows with MoE scale layouts. A lane takes half a
+// group (16 elements: 32 / 64 bytes of loads), the lane pair's amax meets by one shuffle,
+// and a warp's 16-byte stores cover 16 rows x 32 contiguous bytes - whole sectors, where
+// the tile kernel (0.60-0.74 of copy for MoE weights) wrote them a lane per row. A warp is
+// 16 rows of one group; 32x32 tiles join the warp pair's maxima in shared memory.
+// ---------------------------------------------------------------------------
+template <typename T>
+__global__ void __launch_bounds__(kColThreads) moe_t_kernel(ColwiseArgs a) {
+  __shared__ float tile_max[kColWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, half = lane & 1;
+  const int64_t K = a.K, M = a.M, ng = M / 32;  // physical rows: K = D2; groups along M = D1
+  const int64_t k = (int64_t)blockIdx.x * 32 + (warp & 1) * 16 + lane / 2;
+  const int64_t g = (int64_t)blockIdx.y * 2 + (warp >> 1), b = blockIdx.z;
+  const bool live = g < ng;  // K % 32 == 0: the block's 32 rows all exist
+  float v[16];
+  uint32_t m = 0;
+  if (live) {
+    load8<T>(a.x.at<T>(b, k) + g * 32 + half * 16, v);
+    load8<T>(a.x.at<T>(b, k) + g * 32 + half * 16 + 8, v + 8);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) m = max(m, f2u(v[i]) & 0x7fffffffu);
+  }
+  m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the group's amax, NaN-propagating
+  if (a.tile32) {
+#pragma unroll
+    for (int o = 2; o < 32; o <<= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) tile_max[warp] = u2f(m);
+    __syncthreads();
+    m = max(f2u(tile_max[warp]), f2u(tile_max[warp ^ 1]));
+  }
+  if (!live) return;
+  const QSpec& q = a.q;
+  const FpGroupScale gsc = fp_group_scale(u2f(m), false, 1.0f, q.elem, q.floor_rounding);
+  uint32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 16; i += 2) {
+    const float lo = v[i] * gsc.factor, hi = v[i + 1] * gsc.factor;
+    uint32_t pr = q.elem == ELEM_E4M3 ? e4m3x2_encode(lo, hi) : e5m2x2_encode(lo, hi);
+    pr = gsc.nan_group ? 0x7f7fu : pr;  // a NaN group's codes (fp8: 0x7F)
+    out[i / 4] = (i % 4 == 0) ? pr : (out[i / 4] | (pr << 16));
+  }
+  *reinterpret_cast<uint4*>((uint8_t*)a.data_t.ptr + (b * K + k) * a.data_t.cols + g * 32 + half * 16) =
+      make_uint4(out[0], out[1], out[2], out[3]);
+  if (half) return;
+  uint8_t* sp = (uint8_t*)a.scales_t.ptr;
+  if (a.scale_kind == COL_SCALE_BLOCKED)
+    sp[b * a.scales_t.rows * a.scales_t.cols + blocked_offset(k, g, a.scales_t.cols)] = gsc.code;
+  else if (!a.tile32) sp[(b * ng + g) * K + k] = gsc.code;
+  else if (k % 32 == 0) sp[(b * ng + g) * (K / 32) + k / 32] = gsc.code;
+}
+
 template <typename T>
 qqStatus_t launch_colq_t(const ColwiseArgs& a, cudaStream_t st) {
   constexpr int kC = 8 / (int)sizeof(T);
@@ -692,6 +747,17 @@ qqStatus_t quantize_colwise(qqHandle_t h, const ColwiseArgs& a, void* stream) {
       QQ_CUDA_TRY(cudaMemsetAsync(a.row.scales.ptr, 0,
                                   (size_t)(a.x.batch() * a.row.scales.rows * a.row.scales.cols), st),
                   "quantize_colwise");
+    }
+    if (a.x_colmajor && aligned(a.x, 16) && ((uintptr_t)a.data_t.ptr & 15) == 0 && a.K / 32 <= 2147483647 &&
+        (a.M / 32 + 1) / 2 <= 65535) {
+      // the transposed view of MoE weights (mxfp8, D1 and D2 multiples of 32)
+      const dim3 grid((unsigned)(a.K / 32), (unsigned)((a.M / 32 + 1) / 2), (unsigned)a.x.batch());
+      switch (a.x.dt) {
+        case DType::F32: moe_t_kernel<float><<<grid, kColThreads, 0, st>>>(b); break;
+        case DType::F16: moe_t_kernel<__half><<<grid, kColThreads, 0, st>>>(b); break;
+        default: moe_t_kernel<__nv_bfloat16><<<grid, kColThreads, 0, st>>>(b); break;
+      }
+      return check_launch("quantize_moe");
     }
     if (colq && (!b.rowwise || ((uintptr_t)a.row.data.ptr & 3) == 0)) {  // row-wise codes: 4-byte stores
       switch (a.x.dt) {
