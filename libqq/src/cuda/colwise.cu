@@ -319,8 +319,8 @@ __global__ void __launch_bounds__(kThreads, 6) quantize_tile_kernel(ColwiseArgs 
 // computed once) and each lane encodes its own kC values. The tile kernel
 // above (0.55-0.73 of copy bandwidth for these modes) stays for affine (the
 // same strips with affine encoding were no faster: instruction-bound at this
-// kernel's 4 blocks an SM), the column-major MoE weights and rows that are not
-// 8-byte aligned.
+// kernel's 4 blocks an SM) and for rows that are not 8-byte aligned (column-major
+// MoE weights: moe_t_kernel below, where 16-byte aligned).
 // ---------------------------------------------------------------------------
 constexpr int kColThreads = 128, kStrip = 32, kColWarps = kColThreads / 32;
 constexpr int kColRows = kStrip * kColWarps;  // rows of M a block covers (128)
