@@ -256,6 +256,22 @@ def test_moe_dtypes(rng, scaling, transposed_view, layout, dtype, device):
     assert_bits_equal(as_bytes(to_numpy(sc)), scales, "moe scales")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scaling", ["32x1", "32x32"])
+def test_moe_tview_unaligned(rng, scaling, device):
+    """The transposed view of a column slice (rows 2 bytes off a 16-byte boundary): the GPU
+    takes the tile kernel's column-major branch instead of moe_t_kernel - same bytes."""
+    w = random_data(rng, (2, 64, 96), R.BF16, group_size=1)
+    phys = np.zeros((2, 96, 65), R.BF16)        # [E, D2, D1 + 1]
+    phys[:, :, 1:] = np.swapaxes(w, 1, 2)
+    codes, scales = ref_moe(w, scaling, layout="blocked")
+    wd = to_device(phys, device)[:, :, 1:]
+    wd = wd.transpose(1, 2) if device != "cpu" else np.swapaxes(wd, 1, 2)
+    data, sc = qq.quantize_moe(wd, scaling, scale_layout="blocked")
+    assert_bits_equal(as_bytes(to_numpy(data)), codes, "moe data")
+    assert_bits_equal(as_bytes(to_numpy(sc)), scales, "moe scales")
+
+
 def test_moe_32x32_uses_tile_amax():
     """32x32: a tile whose max is 448 in one column gives every column of the tile the
     same scale byte 127 (ceil of 448/448 = 1): a small column of 1.0s is not rescaled."""
