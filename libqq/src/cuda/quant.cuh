@@ -25,6 +25,14 @@
 namespace qq {
 namespace cuda {
 
+// Two fp8 codes (lo in the low byte) of the mode's element format; 0x7F7F for a NaN
+// group (docs/formats.md, Scales). The one home of the pair step of every fp8 encoder
+// (quantize.cu, colwise.cu).
+__device__ __forceinline__ uint32_t fp8x2_code(int elem, float lo, float hi, bool nan_group) {
+  const uint32_t pr = elem == ELEM_E4M3 ? e4m3x2_encode(lo, hi) : e5m2x2_encode(lo, hi);
+  return nan_group ? 0x7f7fu : pr;
+}
+
 // Eight affine codes (codec.h's affine_encode, bit for bit) packed little-endian at `bits`
 // bits each (kBits: the width at compile time, 0 = the run-time `bits`). The fast quotients
 // come first, clamped, and tested on the clamped value (affine_band_clamped: 4 instructions

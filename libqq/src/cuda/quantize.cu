@@ -165,8 +165,7 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
 #pragma unroll
       for (int i = 0; i < G; i += 2) {
         const float lo = x.get(k * G + i) * f, hi = x.get(k * G + i + 1) * f;
-        uint32_t pr = a.q.elem == ELEM_E4M3 ? e4m3x2_encode(lo, hi) : e5m2x2_encode(lo, hi);
-        pr = nan_group ? 0x7f7fu : pr;  // a NaN group's codes (fp8: 0x7F)
+        const uint32_t pr = fp8x2_code(a.q.elem, lo, hi, nan_group);
         const int wi = (k * G + i) / 4;
         out[wi] = (i % 4 == 0) ? pr : (out[wi] | (pr << 16));
       }
@@ -253,6 +252,14 @@ __global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeAr
 // ---------------------------------------------------------------------------
 // launcher
 // ---------------------------------------------------------------------------
+// 4- and 8-bit codes with their width known at compile time (constant shifts).
+template <typename T, int kLanes>
+void launch_affine_t(const QuantizeArgs& a, Shape s, dim3 grid, cudaStream_t st) {
+  if (a.q.bits == 4) quantize_affine_kernel<T, kLanes, 4><<<grid, kRowThreads, 0, st>>>(a, s);
+  else if (a.q.bits == 8) quantize_affine_kernel<T, kLanes, 8><<<grid, kRowThreads, 0, st>>>(a, s);
+  else quantize_affine_kernel<T, kLanes, 0><<<grid, kRowThreads, 0, st>>>(a, s);
+}
+
 template <typename T>
 qqStatus_t launch_quantize_t(const QuantizeArgs& a, Shape s, cudaStream_t st) {
   const int lanes = a.q.group / kVec;
@@ -273,21 +280,9 @@ qqStatus_t launch_quantize_t(const QuantizeArgs& a, Shape s, cudaStream_t st) {
     sa.chunks = s.chunks / (kAff / kVec);
     sa.total = s.total / (kAff / kVec);
     const dim3 agrid = row_grid(sa);
-    // 4- and 8-bit codes with their width known at compile time (constant shifts)
-    const int bits = a.q.bits;
-    if (a.q.group == 32) {
-      if (bits == 4) quantize_affine_kernel<T, 1, 4><<<agrid, kRowThreads, 0, st>>>(a, sa);
-      else if (bits == 8) quantize_affine_kernel<T, 1, 8><<<agrid, kRowThreads, 0, st>>>(a, sa);
-      else quantize_affine_kernel<T, 1, 0><<<agrid, kRowThreads, 0, st>>>(a, sa);
-    } else if (a.q.group == 64) {
-      if (bits == 4) quantize_affine_kernel<T, 2, 4><<<agrid, kRowThreads, 0, st>>>(a, sa);
-      else if (bits == 8) quantize_affine_kernel<T, 2, 8><<<agrid, kRowThreads, 0, st>>>(a, sa);
-      else quantize_affine_kernel<T, 2, 0><<<agrid, kRowThreads, 0, st>>>(a, sa);
-    } else {
-      if (bits == 4) quantize_affine_kernel<T, 4, 4><<<agrid, kRowThreads, 0, st>>>(a, sa);
-      else if (bits == 8) quantize_affine_kernel<T, 4, 8><<<agrid, kRowThreads, 0, st>>>(a, sa);
-      else quantize_affine_kernel<T, 4, 0><<<agrid, kRowThreads, 0, st>>>(a, sa);
-    }
+    if (a.q.group == 32) launch_affine_t<T, 1>(a, sa, agrid, st);
+    else if (a.q.group == 64) launch_affine_t<T, 2>(a, sa, agrid, st);
+    else launch_affine_t<T, 4>(a, sa, agrid, st);
   }
   return check_launch("quantize");
 }
