@@ -143,6 +143,21 @@ __device__ __forceinline__ void group_stats(bool fp, Get get, float* amax, float
   *finite = f;
 }
 
+// Where the scale byte of column k's group g (batch entry b; ng = M / G groups, from
+// the caller's compile-time G) goes, by the call's scale kind: x^T's linear or blocked
+// scales, or the MoE layouts along D1 (32x1: one per column; 32x32: one per tile, from
+// its first column). The one home of the rule for the three kernels below.
+__device__ __forceinline__ void store_col_scale(const ColwiseArgs& a, int64_t b, int64_t k, int64_t g, int64_t ng,
+                                                uint8_t code) {
+  uint8_t* sp = (uint8_t*)a.scales_t.ptr;
+  const int64_t K = a.K;
+  if (a.scale_kind == COL_SCALE_T_LINEAR) sp[(b * K + k) * ng + g] = code;
+  else if (a.scale_kind == COL_SCALE_BLOCKED)
+    sp[b * a.scales_t.rows * a.scales_t.cols + blocked_offset(k, g, a.scales_t.cols)] = code;
+  else if (!a.tile32) sp[(b * ng + g) * K + k] = code;
+  else if (k % 32 == 0) sp[(b * ng + g) * (K / 32) + k / 32] = code;
+}
+
 template <typename T, int G, bool kColMajor>
 __global__ void __launch_bounds__(kThreads, 6) quantize_tile_kernel(ColwiseArgs a, bool vec) {
   __shared__ float xs[kTM * kPitch];  // xs[m * kPitch + k], logical (m, k) of the tile
@@ -262,19 +277,16 @@ __global__ void __launch_bounds__(kThreads, 6) quantize_tile_kernel(ColwiseArgs 
         reinterpret_cast<T*>(a.scales_t.ptr)[(b * K + k) * ng + g] = store_cast<T>(s);
         reinterpret_cast<T*>(a.biases_t.ptr)[(b * K + k) * ng + g] = store_cast<T>(bi);
       } else {
-        uint8_t* sp = (uint8_t*)a.scales_t.ptr;
-        if (a.scale_kind == COL_SCALE_T_LINEAR) sp[(b * K + k) * ng + g] = sc;
-        else if (a.scale_kind == COL_SCALE_BLOCKED)
-          sp[b * a.scales_t.rows * a.scales_t.cols + blocked_offset(k, g, a.scales_t.cols)] = sc;
-        else if (!a.tile32) sp[(b * ng + g) * K + k] = sc;
-        else if (k % 32 == 0) sp[(b * ng + g) * (K / 32) + k / 32] = sc;
+        store_col_scale(a, b, k, g, ng, sc);
       }
     }
   }
 
 
-  // ---- row groups (both orientations from this one read)
-  if (a.rowwise && G <= kTK) {
+  // ---- row groups (both orientations from this one read): fp modes whose rows are not
+  // 8-byte aligned (colq_kernel takes the others); affine's row-wise half runs as
+  // quantize's own kernel (quantize_colwise below), so groups of 64 / 128 never get here
+  if (G <= 32 && a.rowwise) {
     constexpr int kRowGroups = kTK / G;
     const QuantizeArgs& r = a.row;
     for (int i = threadIdx.x; i < kTM * kRowGroups; i += kThreads) {
@@ -462,7 +474,6 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
     }
     cm[h] = m;
   }
-  const int64_t ng = M / G;
   float tile_amax = 0.0f;
   if (G == 32 && a.tile32) {
     // one amax per 32x32 tile: this thread's kC columns, then the 32 / kC lanes of the
@@ -505,22 +516,15 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
         uint32_t out[G / 4];
 #pragma unroll
         for (int i = 0; i < G; i += 2) {
-          const float lo = slice_get<T>(w[h * G + i], j) * f, hi = slice_get<T>(w[h * G + i + 1], j) * f;
-          uint32_t pr = q.elem == ELEM_E4M3 ? e4m3x2_encode(lo, hi) : e5m2x2_encode(lo, hi);
-          pr = gsc.nan_group ? 0x7f7fu : pr;  // a NaN group's codes (fp8: 0x7F)
+          const uint32_t pr = fp8x2_code(q.elem, slice_get<T>(w[h * G + i], j) * f,
+                                         slice_get<T>(w[h * G + i + 1], j) * f, gsc.nan_group);
           out[i / 4] = (i % 4 == 0) ? pr : (out[i / 4] | (pr << 16));
         }
 #pragma unroll
         for (int i = 0; i < G / 4; i += 4)
           reinterpret_cast<uint4*>(dst)[i / 4] = make_uint4(out[i], out[i + 1], out[i + 2], out[i + 3]);
       }
-      const int64_t g = m0 / G + h;
-      uint8_t* sp = (uint8_t*)a.scales_t.ptr;
-      if (a.scale_kind == COL_SCALE_T_LINEAR) sp[(b * K + k) * ng + g] = gsc.code;
-      else if (a.scale_kind == COL_SCALE_BLOCKED)
-        sp[b * a.scales_t.rows * a.scales_t.cols + blocked_offset(k, g, a.scales_t.cols)] = gsc.code;
-      else if (!a.tile32) sp[(b * ng + g) * K + k] = gsc.code;
-      else if (k % 32 == 0) sp[(b * ng + g) * (K / 32) + k / 32] = gsc.code;
+      store_col_scale(a, b, k, m0 / G + h, M / G, gsc.code);
     }
   }
 
@@ -599,31 +603,29 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
       }
     } else {
 #pragma unroll
-    for (int r = 0; r < kStrip; ++r) {  // unrolled: w[] stays in registers
-      if (r >= rows) break;
-      if (!live) continue;
-      const float f = fsm[warp][r][gi];
-      const bool nan_group = f < 0.0f;
-      uint8_t* d = (uint8_t*)ra.data.ptr + (b * M + m0 + r) * ra.data.cols + k0 * q.bits / 8;
-      if (G == 16 || q.bits == 4) {
-        float y[8];
+      for (int r = 0; r < kStrip; ++r) {  // unrolled: w[] stays in registers
+        if (r >= rows) break;
+        if (!live) continue;
+        const float f = fsm[warp][r][gi];
+        const bool nan_group = f < 0.0f;
+        uint8_t* d = (uint8_t*)ra.data.ptr + (b * M + m0 + r) * ra.data.cols + k0 * q.bits / 8;
+        if (G == 16 || q.bits == 4) {
+          float y[8];
 #pragma unroll
-        for (int t = 0; t < 8; ++t) y[t] = t < kC ? slice_get<T>(w[r], t) * f : 0.0f;
-        const uint32_t c = nan_group ? 0u : e2m1x8_encode(y);  // a NaN group's codes are 0
-        if (kC == 4) *reinterpret_cast<uint16_t*>(d) = (uint16_t)c;
-        else *d = (uint8_t)c;
-      } else {
-        uint32_t c = 0;
+          for (int t = 0; t < 8; ++t) y[t] = t < kC ? slice_get<T>(w[r], t) * f : 0.0f;
+          const uint32_t c = nan_group ? 0u : e2m1x8_encode(y);  // a NaN group's codes are 0
+          if (kC == 4) *reinterpret_cast<uint16_t*>(d) = (uint16_t)c;
+          else *d = (uint8_t)c;
+        } else {
+          uint32_t c = 0;
 #pragma unroll
-        for (int t = 0; t < kC; t += 2) {
-          const float lo = slice_get<T>(w[r], t) * f, hi = slice_get<T>(w[r], t + 1) * f;
-          const uint32_t pr = q.elem == ELEM_E4M3 ? e4m3x2_encode(lo, hi) : e5m2x2_encode(lo, hi);
-          c |= (nan_group ? 0x7f7fu : pr) << (8 * t);  // a NaN group's codes (fp8: 0x7F)
+          for (int t = 0; t < kC; t += 2) {
+            c |= fp8x2_code(q.elem, slice_get<T>(w[r], t) * f, slice_get<T>(w[r], t + 1) * f, nan_group) << (8 * t);
+          }
+          if (kC == 4) *reinterpret_cast<uint32_t*>(d) = c;
+          else *reinterpret_cast<uint16_t*>(d) = (uint16_t)c;
         }
-        if (kC == 4) *reinterpret_cast<uint32_t*>(d) = c;
-        else *reinterpret_cast<uint16_t*>(d) = (uint16_t)c;
       }
-    }
     }
   }
 }
@@ -642,7 +644,7 @@ template <typename T>
 __global__ void __launch_bounds__(kColThreads) moe_t_kernel(ColwiseArgs a) {
   __shared__ float tile_max[kColWarps];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, half = lane & 1;
-  const int64_t K = a.K, M = a.M, ng = M / 32;  // physical rows: K = D2; groups along M = D1
+  const int64_t ng = a.M / 32;  // physical rows: K = D2; groups along M = D1
   const int64_t k = (int64_t)blockIdx.x * 32 + (warp & 1) * 16 + lane / 2;
   const int64_t g = (int64_t)blockIdx.y * 2 + (warp >> 1), b = blockIdx.z;
   const bool live = g < ng;  // K % 32 == 0: the block's 32 rows all exist
@@ -668,19 +670,12 @@ __global__ void __launch_bounds__(kColThreads) moe_t_kernel(ColwiseArgs a) {
   uint32_t out[4];
 #pragma unroll
   for (int i = 0; i < 16; i += 2) {
-    const float lo = v[i] * gsc.factor, hi = v[i + 1] * gsc.factor;
-    uint32_t pr = q.elem == ELEM_E4M3 ? e4m3x2_encode(lo, hi) : e5m2x2_encode(lo, hi);
-    pr = gsc.nan_group ? 0x7f7fu : pr;  // a NaN group's codes (fp8: 0x7F)
+    const uint32_t pr = fp8x2_code(q.elem, v[i] * gsc.factor, v[i + 1] * gsc.factor, gsc.nan_group);
     out[i / 4] = (i % 4 == 0) ? pr : (out[i / 4] | (pr << 16));
   }
-  *reinterpret_cast<uint4*>((uint8_t*)a.data_t.ptr + (b * K + k) * a.data_t.cols + g * 32 + half * 16) =
+  *reinterpret_cast<uint4*>((uint8_t*)a.data_t.ptr + (b * a.K + k) * a.data_t.cols + g * 32 + half * 16) =
       make_uint4(out[0], out[1], out[2], out[3]);
-  if (half) return;
-  uint8_t* sp = (uint8_t*)a.scales_t.ptr;
-  if (a.scale_kind == COL_SCALE_BLOCKED)
-    sp[b * a.scales_t.rows * a.scales_t.cols + blocked_offset(k, g, a.scales_t.cols)] = gsc.code;
-  else if (!a.tile32) sp[(b * ng + g) * K + k] = gsc.code;
-  else if (k % 32 == 0) sp[(b * ng + g) * (K / 32) + k / 32] = gsc.code;
+  if (!half) store_col_scale(a, b, k, g, ng, gsc.code);
 }
 
 template <typename T>
