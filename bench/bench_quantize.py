@@ -6,7 +6,10 @@ linear, its only layout), reported as GB/s (bytes read + written) against the
 device copy bandwidth and against torch.compile of the same quantization written
 in torch ops, both measured in this run; also qq.dequantize back to bf16.
 
-    python bench/bench_quantize.py [--quick] [--only quantize|dequantize|colwise|moe]
+    python bench/bench_quantize.py [--quick] [--only quantize|dequantize|colwise|moe|amax]
+
+qq.amax (the nvfp4 global scale of a whole tensor; bytes read against the copy bandwidth, and
+torch's x.abs().amax() in the same run) goes to its own table, amax-<gpu>.
 """
 
 from __future__ import annotations
@@ -119,7 +122,7 @@ def nbytes(t) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer iterations, no torch.compile peer")
-    ap.add_argument("--only", choices=["quantize", "dequantize", "colwise", "moe"], help="one kernel family")
+    ap.add_argument("--only", choices=["quantize", "dequantize", "colwise", "moe", "amax"], help="one kernel family")
     args = ap.parse_args()
     want = lambda part: args.only is None or args.only == part  # noqa: E731
     timer = Timer(warmup=3 if args.quick else 10, iters=10 if args.quick else 50)
@@ -189,7 +192,17 @@ def main() -> None:
                 fn(w)
                 bench.row("quantize_3d", "mxfp8", shape, "us", us, "torch_compile", timer(lambda: fn(w), moved),
                           variant=variant)
-    for path in bench.save():
+    # ---- amax of a whole tensor (its own table)
+    amax_bench = Bench("amax")
+    for shape in (SHAPES[:2] if want("amax") else []):
+        for dt in (torch.bfloat16, torch.float32):
+            x = torch.randn(shape, dtype=dt, device="cuda")
+            us = timer(lambda: qq.amax(x), nbytes(x))
+            us_t = timer(lambda: x.abs().amax(), nbytes(x))
+            amax_bench.row("amax", str(dt).rpartition(".")[2], shape, "GBps", nbytes(x) / (us * 1e-6) / 1e9, "copy",
+                           copy_gbps, us=round(us, 2))
+            amax_bench.row("amax", str(dt).rpartition(".")[2], shape, "us", us, "torch_amax", us_t)
+    for path in (bench.save() if bench.rows else ()) + (amax_bench.save() if amax_bench.rows else ()):
         print("wrote", path)
 
 

@@ -57,6 +57,36 @@ def test_nonfinite_and_special(dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("where", ["first", "middle", "tail"])
+def test_large_nonfinite_and_tail(dtype, where, device, rng):
+    """Above one block's size (the many-block vector kernel on the GPU, which reduces |x|'s
+    bit patterns): a NaN, an Inf or the maximum placed at the first element, in the middle, or
+    among the last elements that do not fill a 16-byte vector (the total is odd)."""
+    n = (1 << 18) + 5
+    at = {"first": 0, "middle": n // 2 + 3, "tail": n - 2}[where]
+    x32 = rng.standard_normal(n).astype(F32)
+    x32[at] = -300.0
+    x = cast(x32, dtype)
+    assert amax(x, device) == 300.0
+    for v, want in ((np.inf, np.inf), (-np.inf, np.inf)):
+        y = x.copy()
+        y[at] = cast(np.array([v], F32), dtype)[0]
+        assert amax(y, device) == want
+    y = x.copy()
+    y[at] = cast(np.array([np.nan], F32), dtype)[0]
+    y[n - 1] = cast(np.array([-np.inf], F32), dtype)[0]
+    assert np.isnan(amax(y, device))
+    # subnormals and negative zeros only: the largest subnormal, exactly
+    z = np.zeros(n, F32)
+    z[::7] = -0.0
+    z[at] = -3e-41 if dtype == "float32" else 0.0
+    got = amax(cast(z, dtype), device)
+    assert_bits_equal(got, R.amax(cast(z, dtype)), "amax of zeros and a subnormal")
+    assert not np.signbit(got)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_empty(device):
     """An empty x gives 0."""
     got = amax(np.zeros((0, 16), F32), device)
@@ -86,9 +116,10 @@ def test_out_buffer(device, shape, rng):
 def test_misaligned_start(dtype, device, rng):
     """A compact x that starts one element past a 16-byte boundary (the one-block GPU
     kernel reads 16-byte vectors and must not take it): exact all the same."""
-    x = cast(rng.standard_normal(1001).astype(F32), dtype)
-    x[700] = 1e4 if dtype != "float16" else 1e3
-    assert_bits_equal(amax(x[1:], device), R.amax(np.ascontiguousarray(x[1:])), "amax of x[1:]")
+    for n in (1001, (1 << 18) + 1):     # one block; many blocks (the vector kernel's size)
+        x = cast(rng.standard_normal(n).astype(F32), dtype)
+        x[700] = 1e4 if dtype != "float16" else 1e3
+        assert_bits_equal(amax(x[1:], device), R.amax(np.ascontiguousarray(x[1:])), "amax of x[1:]")
 
 
 def test_strided_view(rng):

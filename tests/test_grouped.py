@@ -224,6 +224,49 @@ def test_grouped_qqmm_wgrad(n, cfg, dtype, device, rng):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("cfg", CFGS, ids=str)
+@pytest.mark.parametrize("shape", [(45, 64, 48), (70, 44, 37), (64, 1024 + 8, 40)],
+                         ids=["ragged_t", "ragged_cols", "wide_k"])
+def test_grouped_qqmm_wgrad_one_expert(shape, cfg, dtype, device, rng):
+    """One expert (qq.torch's dense weight gradient; the GPU quantizes x and dy in their own
+    orientation and reads them transposed in one GEMM, no host read): a ragged last block of
+    tokens, columns that are not whole 8-byte pieces (K = 44, N = 37: the element-wise
+    loads), K wider than one block of threads, every input dtype (2 or 4 columns a thread),
+    every fp mode."""
+    t, k, n = shape
+    x = cast(rng.standard_normal((t, k)) * 3, dtype)
+    dy = cast(rng.standard_normal((t, n)), dtype)
+    gx = R.amax(x) if cfg.global_scale else None
+    gdy = R.amax(dy) if cfg.global_scale else None
+    got = qq.grouped_qqmm_wgrad(dev(x, device), dev(dy, device), dev(np.array([t], np.int32), device), cfg.mode,
+                                global_scale_x=dev(gx, device), global_scale_dy=dev(gdy, device),
+                                rounding=cfg.rounding, fp8_format=cfg.fp8_format, dtype="float32")
+    got = to_numpy(got)
+    assert got.shape == (1, k, n)
+    assert_matmul_close(got[0], ref_wgrad_expert(x, dy, cfg, gx, gdy), f"one-expert wgrad {shape}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grouped_qqmm_wgrad_one_expert_edges(device, rng):
+    """One expert with no tokens gives zeros; a bad end (other than T) raises on the CPU and
+    gives NaN on the GPU (the end is read on the device there, on every GPU)."""
+    x = dev(cast(rng.standard_normal((0, 64)), BF16), device)
+    dy = dev(cast(rng.standard_normal((0, 32)), BF16), device)
+    got = to_numpy(qq.grouped_qqmm_wgrad(x, dy, dev(np.array([0], np.int32), device)))
+    assert got.shape == (1, 64, 32) and not got.any()
+    x = dev(cast(rng.standard_normal((10, 64)), BF16), device)
+    dy = dev(cast(rng.standard_normal((10, 32)), BF16), device)
+    for bad in ([11], [9], [-1]):
+        ends = dev(np.array(bad, np.int32), device)
+        if device == "cpu":
+            raises(ValueError, "offsets", qq.grouped_qqmm_wgrad, x, dy, ends)
+        else:
+            got = to_numpy(qq.grouped_qqmm_wgrad(x, dy, ends)).astype(F32)
+            assert got.shape == (1, 64, 32) and np.isnan(got).all(), bad
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("n", [32, 36], ids=["one_launch", "per_expert"])
 def test_grouped_qqmm_wgrad_errors(n, device, rng):
     """Bad offsets raise where they are read on the host (the CPU; N = 36 is not a whole

@@ -281,6 +281,29 @@ def test_qqmm_bias_out_poisoned(cfg, m, dtype, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_gemm_bias_of_out_dtype_and_alignment(dtype, rng):
+    """The GEMM route's epilogue takes a bias of out's dtype as it is (no fp32 copy): one
+    from the start of its allocation, then one 2 or 4 bytes past it, same shape (cuBLASLt
+    picks its algorithm for the bias pointer's alignment: the plan cache keys on it).
+    qqmm and quantized_matmul's dequantize + GEMM route (M above the weight-only kernels)."""
+    m, n, k = 200, 72, 128
+    x, w = randn(rng, (m, k), dtype), randn(rng, (n, k))
+    big = randn(rng, (n + 1,), dtype, 3.0)
+    qw = qq.quantize(cuda(w), mode="mxfp8")
+    wref = R.quantize(w, mode="mxfp8")
+    for off in (0, 1, 0):
+        bias = big[off:off + n]
+        cb = cuda(big)[off:off + n]
+        got = qq.qqmm(cuda(x), qw, mode="mxfp8", bias=cb, dtype=dtype)
+        assert qq.last_route() == "exact"
+        assert_matmul_close(got, R.qqmm(x, w, "mxfp8", bias=bias), f"qqmm bias offset {off}", dtype=dtype)
+        got = qq.quantized_matmul(cuda(x), qw.data, qw.scales, mode="mxfp8", bias=cb)
+        assert_matmul_close(got, R.quantized_matmul(x, wref, bias=bias), f"quantized_matmul bias offset {off}",
+                            dtype=dtype)
+
+
+@pytest.mark.gpu
 def test_qqmm_non_default_stream(rng):
     """Work runs on the stream given (or torch's current one) and is ordered after the
     inputs' producers on that stream."""

@@ -20,8 +20,10 @@ a tile shares one scale, so the same quantized values serve the forward GEMM (bl
 K) and the dgrad GEMM (blocks along N) - the two operands are bit-identical up to the
 transpose. nvfp4 and mxfp4 have no 32x32 form: W is quantized along K for the forward and
 along N (qq.quantize_colwise) for dgrad, two different roundings of W. The wgrad operands
-are quantized along T with qq.quantize_colwise; T is padded with zero rows to a multiple
-of G (zeros add nothing and do not change a block's scale). Accumulation is fp32; outputs
+are quantized along T (blocks of G tokens from the first; a ragged last block counts the
+missing tokens as zeros, which add nothing and do not change its scale): through
+qq.grouped_qqmm_wgrad with one expert where qqmm runs the exact path, through
+qq.quantize_colwise and qqmm where the block-scaled tensor cores are. Accumulation is fp32; outputs
 are x's dtype (y, dx) and W's dtype (dW); db = dy summed over tokens in torch.
 """
 
@@ -114,7 +116,16 @@ def _pad_rows(t: torch.Tensor, g: int) -> torch.Tensor:
 
 
 def _wgrad(dy: torch.Tensor, x: torch.Tensor, mode: str, dtype) -> torch.Tensor:
-    """dW [N, K] = q(dy)^T @ q(x), both quantized along the tokens T."""
+    """dW [N, K] = q(dy)^T @ q(x), both quantized along the tokens T.
+
+    Where qqmm runs the exact path (Hopper and older GPUs, the CPU), as qq.grouped_qqmm_wgrad
+    with one expert: the same blocks along T, quantized and dequantized in one pass per operand
+    in its own orientation, then one GEMM that reads them transposed. Where the block-scaled
+    tensor cores are (Blackwell), through quantize_colwise's codes and qqmm's block-scaled route."""
+    if not (dy.is_cuda and _torch_ops._blockscaled_cuda(dy.device.index or 0)):
+        ends = torch.full((1,), dy.shape[0], dtype=torch.int32, device=dy.device)
+        return qq.grouped_qqmm_wgrad(dy, x, ends, mode=mode, global_scale_x=_gs(dy, mode),
+                                     global_scale_dy=_gs(x, mode), dtype=str(dtype).rpartition(".")[2])[0]
     g = _GROUP[mode]
     dy, x = _pad_rows(dy, g), _pad_rows(x, g)
     qdy = qq.quantize_colwise(dy, mode=mode, global_scale=_gs(dy, mode), torch_dtypes=False)   # dy^T [N, T], blocks along T
@@ -170,7 +181,7 @@ class QQLinearFunction(torch.autograd.Function):
                                   ctx.needs_input_grad[1], ctx.wdtype)
         db = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy2.float().sum(0).to(ctx.wdtype)
+            db = dy2.sum(0, dtype=torch.float32).to(ctx.wdtype)
         return None if dx is None else dx.reshape(ctx.shape), dw, db, None
 
 
@@ -229,7 +240,7 @@ def _linear_grad(ctx, grads):
     r = iter(_linear_backward_op(dy2, x2, wd, ctx.mode, need_dx, need_dw, ctx.wdtype))
     dx = next(r) if need_dx else None
     dw = next(r) if need_dw else None
-    db = dy2.float().sum(0).to(ctx.wdtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
+    db = dy2.sum(0, dtype=torch.float32).to(ctx.wdtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
     return dx, dw, db, None
 
 

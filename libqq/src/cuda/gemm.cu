@@ -6,7 +6,7 @@
 // is a column-major D^T[N, M], so we ask cuBLASLt for
 //   D^T[N, M] = op(B)^T[N, K] . A^T[K, M]
 // with our B as its first operand ("A", transposed when B is [N, K]) and our
-// A as its second ("B", not transposed). The bias epilogue adds a vector
+// A as its second ("B", transposed when A is stored [K, M]: a_trans). The bias epilogue adds a vector
 // along cuBLASLt's rows, i.e. our columns: bias[N] - what we want.
 //
 // Plans: the descriptors and the heuristic's first algorithm are cached in
@@ -32,7 +32,7 @@ namespace cuda {
 
 // All fields int64 so that memcmp orders keys without padding bytes.
 struct GemmKey {
-  int64_t M, N, K, lda, ldb, ldd, ab, d, b_trans, bias, alpha_dev, align_a, align_b, align_d;  // bias: 0 or 1 + DType
+  int64_t M, N, K, lda, ldb, ldd, ab, d, a_trans, b_trans, bias, alpha_dev, align_a, align_b, align_d;  // bias: 0 or 1 + DType
   int64_t lt_ab, scale_mode;  // block-scaled GEMMs: cuBLASLt element type and scale kind; -1 otherwise
   bool operator<(const GemmKey& o) const { return memcmp(this, &o, sizeof(GemmKey)) < 0; }
 };
@@ -94,7 +94,7 @@ GemmPlan* make_plan(cublasLtHandle_t lt, const GemmKey& k, const Gemm& g) {
   const cudaDataType_t ab = k.lt_ab >= 0 ? (cudaDataType_t)k.lt_ab : cuda_type((DType)k.ab),
                        d = cuda_type((DType)k.d);
   QQ_LT(lt_api().cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = k.b_trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  const cublasOperation_t ta = k.b_trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = k.a_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   QQ_LT(lt_api().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   QQ_LT(lt_api().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
 #if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120800
@@ -119,7 +119,8 @@ GemmPlan* make_plan(cublasLtHandle_t lt, const GemmKey& k, const Gemm& g) {
   // cuBLASLt's A = our B; its B = our A; its D = our D^T.
   if (k.b_trans) QQ_LT(lt_api().cublasLtMatrixLayoutCreate(&plan->la, ab, k.K, k.N, k.ldb));
   else QQ_LT(lt_api().cublasLtMatrixLayoutCreate(&plan->la, ab, k.N, k.K, k.ldb));
-  QQ_LT(lt_api().cublasLtMatrixLayoutCreate(&plan->lb, ab, k.K, k.M, k.lda));
+  if (k.a_trans) QQ_LT(lt_api().cublasLtMatrixLayoutCreate(&plan->lb, ab, k.M, k.K, k.lda));
+  else QQ_LT(lt_api().cublasLtMatrixLayoutCreate(&plan->lb, ab, k.K, k.M, k.lda));
   QQ_LT(lt_api().cublasLtMatrixLayoutCreate(&plan->ld, d, k.N, k.M, k.ldd));
   QQ_LT(set_pointers(plan, g));
   if (k.scale_mode >= 0) test_hook_add(HOOK_BLOCKSCALED_QUERIES, 1);
@@ -223,8 +224,10 @@ static GemmKey key_of(const Gemm& g) {
   k.ldd = g.ldd;
   k.ab = (int64_t)g.ab;
   k.d = (int64_t)g.d;
+  k.a_trans = g.a_trans;
   k.b_trans = g.b_trans;
-  k.bias = g.bias ? 1 + (int64_t)g.bias_dt : 0;
+  // the bias pointer's alignment too: cuBLASLt reads it when it picks the algorithm
+  k.bias = g.bias ? 1 + (int64_t)g.bias_dt + 16 * alignment(g.bias, 0, 1) : 0;
   k.alpha_dev = g.alpha_dev != nullptr;
   k.lt_ab = g.lt_ab;
   k.scale_mode = g.scale_mode;
@@ -294,13 +297,27 @@ qqStatus_t gemm(qqContext* c, const Gemm& g, cudaStream_t st) {
   if (g.d != DType::F16) QQ_TRY(run(c, k, g, g.D, st, scratch, &refused));  // D written directly
   if (!refused) return QQ_STATUS_SUCCESS;
   // cuBLASLt has no algorithm for D in this type (fp16 out of bf16 inputs,
-  // bf16 out with an fp32 bias, ...): fp32 D in scratch, then one rounding.
+  // bf16 out with an fp32 bias, ...): fp32 D in scratch, with an fp32 bias,
+  // then one rounding.
   float* d32 = nullptr;
   QQ_TRY(scratch.get("gemm", (size_t)(g.M * g.N) * 4, &d32));
+  Gemm g32 = g;
+  if (g.bias && g.bias_dt != DType::F32) {
+    float* b32 = nullptr;
+    QQ_TRY(scratch.get("gemm", (size_t)g.N * 4, &b32));
+    if (g.bias_dt == DType::F16) to_f32_kernel<__half><<<grid_for(g.N), 256, 0, st>>>((const __half*)g.bias, g.N, b32);
+    else to_f32_kernel<__nv_bfloat16><<<grid_for(g.N), 256, 0, st>>>((const __nv_bfloat16*)g.bias, g.N, b32);
+    g32.bias = b32;
+    g32.bias_dt = DType::F32;
+  }
+  k = key_of(g32);
+  k.lt_ab = k.scale_mode = -1;
+  k.align_a = alignment(g.A, g.lda, es);
+  k.align_b = alignment(g.B, g.ldb, es);
   k.d = (int64_t)DType::F32;
   k.ldd = g.N;
   k.align_d = 256;
-  QQ_TRY(run(c, k, g, d32, st, scratch, &refused));
+  QQ_TRY(run(c, k, g32, d32, st, scratch, &refused));
   if (refused)
     return set_error(QQ_STATUS_NOT_SUPPORTED, "gemm: cuBLASLt has no algorithm for M=%lld N=%lld K=%lld with "
                      "%s inputs", (long long)g.M, (long long)g.N, (long long)g.K,
@@ -313,6 +330,24 @@ qqStatus_t gemm(qqContext* c, const Gemm& g, cudaStream_t st) {
       f32_to_kernel<__nv_bfloat16><<<grid_for(n), 256, 0, st>>>(d32, g.M, g.N, (__nv_bfloat16*)g.D, g.ldd);
   }
   return check_launch("gemm");
+}
+
+qqStatus_t gemm_bias(const char* op, const Mat& bias, Gemm* g, Scratch& scratch, cudaStream_t st) {
+  if (!bias.ptr) {
+    g->bias = nullptr;
+    return QQ_STATUS_SUCCESS;
+  }
+  if (bias.dt == g->d && g->d != DType::F16) {  // as it is (fp16 D takes the fp32 route in gemm)
+    g->bias = bias.ptr;
+    g->bias_dt = bias.dt;
+    return QQ_STATUS_SUCCESS;
+  }
+  float* b32 = nullptr;
+  QQ_TRY(scratch.get(op, (size_t)g->N * 4, &b32));
+  QQ_TRY(to_f32(op, bias, g->N, b32, st));
+  g->bias = b32;
+  g->bias_dt = DType::F32;
+  return QQ_STATUS_SUCCESS;
 }
 
 qqStatus_t to_f32(const char* op, const Mat& v, int64_t n, float* out, cudaStream_t st) {

@@ -58,6 +58,7 @@ struct Gemm {
   DType ab = DType::BF16, d = DType::BF16;
   const void* A = nullptr;
   int64_t lda = 0;
+  bool a_trans = false;  // A stored transposed: [K, M] row-major, lda >= M
   const void* B = nullptr;
   int64_t ldb = 0;
   bool b_trans = true;
@@ -90,6 +91,12 @@ void destroy_plans(qqContext* c);
 
 // Element-wise helpers of gemm.cu (fp32 [n] <- any float [n]; any <- fp32).
 qqStatus_t to_f32(const char* op, const Mat& v, int64_t n, float* out, cudaStream_t stream);
+// Sets g's bias from bias [g->N] (ptr == nullptr: none), after g->d and g->N:
+// the caller's own memory when it has D's type (bf16 or fp32: cuBLASLt has an
+// algorithm for a bf16 D with a bf16 bias, none for an fp32 bias, which would
+// cost an fp32 D and a rounding pass), else converted to fp32 in scratch. The
+// epilogue adds it in fp32 either way: the same result.
+qqStatus_t gemm_bias(const char* op, const Mat& bias, Gemm* g, Scratch& scratch, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace qq

@@ -70,11 +70,10 @@ qqStatus_t quantized_matmul(qqHandle_t h, const MatmulArgs& a, void* stream) {
     }
     Scratch scratch(c, st);
     const int64_t M = a.M, N = a.N, K = a.K;
-    float* bias = nullptr;
-    if (a.bias.ptr) {
-      QQ_TRY(scratch.get("quantized_matmul", (size_t)N * 4, &bias));
-      QQ_TRY(to_f32("quantized_matmul", a.bias, N, bias, st));
-    }
+    Gemm eb;  // the epilogue's bias, prepared once for every batch entry
+    eb.d = a.out.dt;
+    eb.N = N;
+    QQ_TRY(gemm_bias("quantized_matmul", a.bias, &eb, scratch, st));
     const DType wt = a.x.dt;  // the GEMM's input type
     void* wd = nullptr;
     QQ_TRY(scratch.get("quantized_matmul", (size_t)(N * K) * dtype_size(wt), &wd));
@@ -116,7 +115,8 @@ qqStatus_t quantized_matmul(qqHandle_t h, const MatmulArgs& a, void* stream) {
       g.b_trans = a.transpose;
       g.D = (char*)a.out.ptr + b * M * N * dtype_size(a.out.dt);
       g.ldd = N;
-      g.bias = bias;
+      g.bias = eb.bias;
+      g.bias_dt = eb.bias_dt;
       QQ_TRY(gemm(c, g, st));
       if (fold) break;
     }

@@ -398,8 +398,8 @@ qqStatus_t bs_operand_fill(qqContext* c, const BsOperand& o, const QSpec& q0, in
 // everything that can refuse without work first (the documented
 // combinations, the operands' layout, then the plan cache - asking cuBLASLt
 // once per key), and only then the quantization and the GEMM.
-qqStatus_t qqmm_blockscaled(qqContext* c, const MatmulArgs& a, const float* alpha_dev, const float* bias_f32,
-                            int64_t Mtot, cudaStream_t st) {
+qqStatus_t qqmm_blockscaled(qqContext* c, const MatmulArgs& a, const float* alpha_dev, int64_t Mtot,
+                            cudaStream_t st) {
   const char* why = nullptr;
   if (a.q.mode == QQ_MODE_MXFP4)
     why = "mxfp4 (E2M1 elements with UE8M0 scales) is not among cuBLASLt's documented block-scaled combinations "
@@ -427,9 +427,11 @@ qqStatus_t qqmm_blockscaled(qqContext* c, const MatmulArgs& a, const float* alph
   uint16_t* bias_lt = nullptr;
   if (bias_in_epilogue) QQ_TRY(scratch.get("qqmm", (size_t)a.N * 2, &bias_lt));
   float* y = nullptr;  // fp32 product when the bias comes after (out itself when out is fp32)
+  float* bias_f32 = nullptr;
   if (bias_after) {
     if (a.out.dt == DType::F32) y = (float*)a.out.ptr;
     else QQ_TRY(scratch.get("qqmm", (size_t)(Mtot * a.N) * 4, &y));
+    QQ_TRY(scratch.get("qqmm", (size_t)a.N * 4, &bias_f32));
   }
   Gemm g;
   g.M = Mtot;
@@ -471,6 +473,7 @@ qqStatus_t qqmm_blockscaled(qqContext* c, const MatmulArgs& a, const float* alph
   }
   QQ_TRY(s);
   if (bias_after) {
+    QQ_TRY(to_f32("qqmm", a.bias, a.N, bias_f32, st));
     const int64_t total = Mtot * a.N;
     bias_add_kernel<<<(unsigned)((total + kThreads - 1) / kThreads), kThreads, 0, st>>>(y, bias_f32, a.out.dt,
                                                                                         a.out.ptr, a.N, total);
@@ -579,11 +582,6 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
     cudaStream_t st = (cudaStream_t)stream;
     Scratch scratch(c, st);
     const int64_t M = a.M, N = a.N, K = a.K, Mtot = a.x.batch() * M;
-    float* bias = nullptr;
-    if (a.bias.ptr) {
-      QQ_TRY(scratch.get("qqmm", (size_t)N * 4, &bias));
-      QQ_TRY(to_f32("qqmm", a.bias, N, bias, st));
-    }
     float* alpha = nullptr;
     if (a.gs_x || a.gs_w) {
       QQ_TRY(scratch.get("qqmm", 2 * sizeof(float), &alpha));
@@ -599,7 +597,7 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
                        "'auto' or 'exact'", c->device, c->cc / 10, c->cc % 10);
     if (want == QQ_ROUTE_BLOCKSCALED || (any && blockscaled_arch(c->cc))) {
 #if QQ_HAVE_BLOCKSCALED
-      const qqStatus_t s = qqmm_blockscaled(c, a, alpha, bias, Mtot, st);
+      const qqStatus_t s = qqmm_blockscaled(c, a, alpha, Mtot, st);
 #else
       const qqStatus_t s = set_error(QQ_STATUS_NOT_SUPPORTED, "qqmm: the block-scaled route does not take this "
                                      "call: this libqq was built against cuBLASLt older than 12.8, which has no "
@@ -670,7 +668,7 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
     g.b_trans = true;
     g.D = a.out.ptr;
     g.ldd = N;
-    g.bias = bias;
+    QQ_TRY(gemm_bias("qqmm", a.bias, &g, scratch, st));
     g.alpha_dev = alpha;
     return routed(gemm(c, g, st), QQ_ROUTE_EXACT);
   });
@@ -928,6 +926,149 @@ qqStatus_t seg_qdq(const Mat& x, const int32_t* ends, const int32_t* blk, int E,
   }
 }
 
+// One expert (a dense weight gradient, qq.torch's QQLinear): q(x)'s values
+// along the tokens are written in x's own orientation, xq [T, C] bf16 compact,
+// and the GEMM reads them transposed (cuBLASLt's op T) - no transpose here, no
+// per-expert padding, no shared memory; a ragged last block counts its
+// missing rows as zeros, as the general path's padding does. The end is read
+// on the device: one other than T makes every value NaN, as the grouped
+// GEMM's check makes the result. A thread owns 8 bytes of columns of one
+// 32-row block: all 32 loads in flight before the first group is reduced,
+// whole 256-byte row pieces per warp load and store.
+template <typename T> __device__ __forceinline__ float bits_to_f(uint32_t b);
+template <> __device__ __forceinline__ float bits_to_f<float>(uint32_t b) { return u2f(b); }
+template <> __device__ __forceinline__ float bits_to_f<__nv_bfloat16>(uint32_t b) { return bf16_to_f((uint16_t)b); }
+template <> __device__ __forceinline__ float bits_to_f<__half>(uint32_t b) { return fp16_to_f((uint16_t)b); }
+
+template <typename T, int G, bool kVec>
+__global__ void __launch_bounds__(kThreads)
+    colqdq_kernel(Mat x, const int32_t* end_p, QSpec q, const float* gs, __nv_bfloat16* out) {
+  constexpr int C = 8 / sizeof(T);  // columns per thread: 4 of a 16-bit input, 2 of fp32
+  constexpr int EB = 8 * sizeof(T);
+  const int64_t r0 = (int64_t)blockIdx.x * 32;
+  const int64_t c0 = ((int64_t)blockIdx.y * kThreads + threadIdx.x) * C;
+  if (c0 >= x.cols) return;
+  const bool bad = group_end_bad(end_p, 0, 1, x.rows);
+  const int64_t rows = x.rows - r0 < 32 ? x.rows - r0 : 32, live = bad ? 0 : rows;  // rows read
+  uint2 raw[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    raw[i] = make_uint2(0u, 0u);
+    if (i < live) {
+      const T* p = x.at<T>(0, r0 + i) + c0;
+      if (kVec) {
+        raw[i] = ld_stream8(p);
+      } else {
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+          if (c0 + c < x.cols) {
+            const uint32_t b = EB == 16 ? (uint32_t)*reinterpret_cast<const uint16_t*>(p + c)
+                                        : *reinterpret_cast<const uint32_t*>(p + c);
+            const int bit = (c * EB) % 32;
+            if (c * EB < 32) raw[i].x |= b << bit;
+            else raw[i].y |= b << bit;
+          }
+        }
+      }
+    }
+  }
+  const float enc = (G == 16 && gs) ? nvfp4_enc(*gs) : 1.0f;
+  uint32_t o[32][C / 2];  // bf16 pairs of the C columns, per row
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const uint32_t w = c * EB < 32 ? raw[i].x : raw[i].y;
+      v[i] = bits_to_f<T>(EB == 32 ? w : (w >> ((c * EB) % 32)) & 0xffffu);
+    }
+#pragma unroll
+    for (int g = 0; g < 32; g += G) qdq_group<G>(v + g, q, enc, nullptr);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const uint32_t b = bad ? 0x7fc0u : (uint32_t)f_to_bf16(v[i]);
+      if (c % 2 == 0) o[i][c / 2] = b;
+      else o[i][c / 2] |= b << 16;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    if (i >= rows) break;
+    __nv_bfloat16* d = out + (r0 + i) * x.cols + c0;
+    if (kVec) {
+      if (C == 4) *reinterpret_cast<uint2*>(d) = make_uint2(o[i][0], o[i][C / 2 - 1]);
+      else *reinterpret_cast<uint32_t*>(d) = o[i][0];
+    } else {
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+        if (c0 + c < x.cols) reinterpret_cast<uint16_t*>(d)[c] = (uint16_t)(o[i][c / 2] >> (16 * (c % 2)));
+    }
+  }
+}
+
+template <typename T>
+qqStatus_t launch_colqdq_t(const Mat& x, const int32_t* end, const QSpec& q, const float* gs, __nv_bfloat16* out,
+                           cudaStream_t st) {
+  constexpr int C = 8 / sizeof(T);
+  const dim3 grid((unsigned)((x.rows + 31) / 32), (unsigned)((x.cols + (int64_t)kThreads * C - 1) / (kThreads * C)));
+  const bool vec = x.cols % C == 0 && x.ld % C == 0 && (uintptr_t)x.ptr % 8 == 0;
+  if (q.group == 16) {
+    if (vec) colqdq_kernel<T, 16, true><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
+    else colqdq_kernel<T, 16, false><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
+  } else {
+    if (vec) colqdq_kernel<T, 32, true><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
+    else colqdq_kernel<T, 32, false><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
+  }
+  return check_launch("grouped_qqmm_wgrad");
+}
+
+qqStatus_t colqdq(const Mat& x, const int32_t* end, const QSpec& q, const float* gs, __nv_bfloat16* out,
+                  cudaStream_t st) {
+  switch (x.dt) {
+    case DType::F32: return launch_colqdq_t<float>(x, end, q, gs, out, st);
+    case DType::F16: return launch_colqdq_t<__half>(x, end, q, gs, out, st);
+    default: return launch_colqdq_t<__nv_bfloat16>(x, end, q, gs, out, st);
+  }
+}
+
+// grouped_qqmm_wgrad with E = 1: out [K, N] = xq^T @ dyq (colqdq above), one
+// cuBLASLt GEMM with x's values read transposed.
+qqStatus_t dense_wgrad(qqContext* c, const WgradArgs& a, cudaStream_t st) {
+  const int64_t T = a.T, K = a.K, N = a.N;
+  if (T == 0) {  // no tokens: zeros (out is compact)
+    QQ_CUDA_TRY(cudaMemsetAsync(a.out.ptr, 0, (size_t)(K * N * dtype_size(a.out.dt)), st), "grouped_qqmm_wgrad");
+    return QQ_STATUS_SUCCESS;
+  }
+  Scratch scratch(c, st);
+  __nv_bfloat16 *xq = nullptr, *dyq = nullptr;
+  float* alpha = nullptr;
+  QQ_TRY(scratch.get("grouped_qqmm_wgrad", (size_t)(T * K) * 2, &xq));
+  QQ_TRY(scratch.get("grouped_qqmm_wgrad", (size_t)(T * N) * 2, &dyq));
+  QQ_TRY(colqdq(a.x, a.ends, a.q, a.gs_x, xq, st));
+  QQ_TRY(colqdq(a.dy, a.ends, a.q, a.gs_dy, dyq, st));
+  if (a.gs_x || a.gs_dy) {
+    QQ_TRY(scratch.get("grouped_qqmm_wgrad", 2 * sizeof(float), &alpha));
+    alpha_kernel<<<1, 32, 0, st>>>(a.gs_x, a.gs_dy, 0, 1, alpha);
+    QQ_TRY(check_launch("grouped_qqmm_wgrad"));
+  }
+  Gemm g;
+  g.M = K;
+  g.N = N;
+  g.K = T;
+  g.ab = DType::BF16;
+  g.d = a.out.dt;
+  g.A = xq;
+  g.lda = K;
+  g.a_trans = true;
+  g.B = dyq;
+  g.ldb = N;
+  g.b_trans = false;
+  g.D = a.out.ptr;
+  g.ldd = a.out.ld;
+  g.alpha_dev = alpha;
+  return gemm(c, g, st);
+}
+
 }  // namespace
 
 qqStatus_t grouped_qqmm_wgrad(qqHandle_t h, const WgradArgs& a, void* stream) {
@@ -941,6 +1082,8 @@ qqStatus_t grouped_qqmm_wgrad(qqHandle_t h, const WgradArgs& a, void* stream) {
                           K < (1ll << 31) && N < (1ll << 31) && T < (1ll << 31) - 32 * E;
   return on_device(c->device, [&]() -> qqStatus_t {
     cudaStream_t st = (cudaStream_t)stream;
+    // one expert, on every GPU: its end stays on the device (a bad one gives NaN)
+    if (E == 1) return routed(dense_wgrad(c, a, st), QQ_ROUTE_EXACT);
     std::vector<int32_t> ends;
     if (!one_launch) {  // read and check the ends first: a bad one is refused before any work
       ends.resize(E);

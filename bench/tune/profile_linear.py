@@ -1,0 +1,89 @@
+"""Where a qq.torch.QQLinear training step's time goes, kernel by kernel (torch.profiler), next
+to torch.nn.Linear's step on the same problem (bench_linear's shape). A tuning aid, not a
+benchmark: prints each kernel's CUDA time per step.
+
+    python bench/tune/profile_linear.py [mode ...]
+
+Then the same for bench_moe's layer (E = 8, mxfp8 QQGroupedLinear up / SwiGLU / down against
+torch._grouped_mm in bf16).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from harness import training_step  # noqa: E402
+
+import qq.torch as qqt  # noqa: E402
+
+
+def kernels(fn, reps=5, top=14):
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if t > 0:
+            rows.append((t / reps, ev.count / reps, ev.key[:120]))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    for us, n, name in rows[:top]:
+        print(f"    {us:9.1f} us  x{n:<4.1f} {name}")
+    print(f"    {total:9.1f} us  total kernel time per step")
+
+
+def main():
+    modes = sys.argv[1:] or ["mxfp8"]
+    t, n, k = 16384, 4096, 4096
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(k, n, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(t, n, device="cuda", dtype=torch.bfloat16)
+    print(f"nn.Linear bf16 step, (T, N, K) = {(t, n, k)}")
+    kernels(training_step(ref, x, dy, (ref.weight, ref.bias)))
+    for mode in modes:
+        layer = qqt.QQLinear.from_linear(ref, mode=mode)
+        print(f"QQLinear {mode} step")
+        kernels(training_step(layer, x, dy, (layer.weight, layer.bias)))
+    del ref, x, dy, layer
+    moe()
+
+
+def moe(e=8, t=16384, d=4096, f=2048):
+    offs = torch.arange(1, e + 1, device="cuda", dtype=torch.int32) * (t // e)
+    x = torch.randn(t, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(t, d, device="cuda", dtype=torch.bfloat16)
+    w1 = (torch.randn(e, 2 * f, d, device="cuda", dtype=torch.bfloat16) / d ** 0.5).requires_grad_()
+    w2 = (torch.randn(e, d, f, device="cuda", dtype=torch.bfloat16) / f ** 0.5).requires_grad_()
+    up = qqt.QQGroupedLinear(e, d, 2 * f, mode="mxfp8", device="cuda", dtype=torch.bfloat16)
+    down = qqt.QQGroupedLinear(e, f, d, mode="mxfp8", device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        up.weight.copy_(w1)
+        down.weight.copy_(w2)
+
+    def swiglu(h):
+        g, u = h.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+    def bf16_layer(x):
+        h = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
+        return torch._grouped_mm(swiglu(h), w2.transpose(-2, -1), offs=offs)
+
+    print(f"MoE layer step, bf16 torch._grouped_mm, E = {e}, (T, D, F) = {(t, d, f)}")
+    kernels(training_step(bf16_layer, x, dy, (w1, w2)))
+    print("MoE layer step, qq mxfp8")
+    kernels(training_step(lambda x: down(swiglu(up(x, offs)), offs), x, dy, (up.weight, down.weight)))
+
+
+if __name__ == "__main__":
+    main()
