@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -26,15 +27,27 @@ import qq.torch as qqt  # noqa: E402
 def kernels(fn, reps=5, top=14):
     fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    rows = []
+    rows, waits = [], []
     for ev in prof.key_averages():
         t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-        if t > 0:
+        if t > 0 and ev.device_type == torch.autograd.DeviceType.CUDA:
             rows.append((t / reps, ev.count / reps, ev.key[:120]))
+        elif any(w in ev.key for w in ("Synchronize", "Memcpy", "cudaMalloc", "cudaFree", "EventQuery")):
+            waits.append(f"{ev.key} x{ev.count / reps:.1f} ({ev.cpu_time_total / reps:.1f} us)")
+    if waits:
+        print("    host waits / copies / allocations per step: " + "; ".join(waits))
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    print(f"    host enqueue {(t1 - t0) / reps * 1e6:.0f} us a step; wall {(t2 - t0) / reps * 1e6:.0f} us a step "
+          f"({reps} steps, then one synchronize)")
     rows.sort(reverse=True)
     total = sum(r[0] for r in rows)
     for us, n, name in rows[:top]:

@@ -33,6 +33,7 @@ namespace cuda {
 // All fields int64 so that memcmp orders keys without padding bytes.
 struct GemmKey {
   int64_t M, N, K, lda, ldb, ldd, ab, d, a_trans, b_trans, bias, alpha_dev, align_a, align_b, align_d;  // bias: 0 or 1 + DType
+  int64_t align_bias;  // cuBLASLt reads the bias pointer's alignment when it picks the algorithm
   int64_t lt_ab, scale_mode;  // block-scaled GEMMs: cuBLASLt element type and scale kind; -1 otherwise
   bool operator<(const GemmKey& o) const { return memcmp(this, &o, sizeof(GemmKey)) < 0; }
 };
@@ -226,8 +227,8 @@ static GemmKey key_of(const Gemm& g) {
   k.d = (int64_t)g.d;
   k.a_trans = g.a_trans;
   k.b_trans = g.b_trans;
-  // the bias pointer's alignment too: cuBLASLt reads it when it picks the algorithm
-  k.bias = g.bias ? 1 + (int64_t)g.bias_dt + 16 * alignment(g.bias, 0, 1) : 0;
+  k.bias = g.bias ? 1 + (int64_t)g.bias_dt : 0;
+  k.align_bias = g.bias ? alignment(g.bias, 0, 1) : 0;
   k.alpha_dev = g.alpha_dev != nullptr;
   k.lt_ab = g.lt_ab;
   k.scale_mode = g.scale_mode;
