@@ -63,13 +63,16 @@ __device__ __forceinline__ float2 decode2(int elem, uint32_t pr) {
 // the quantize kernel's scale and element math (codec.h, bit for bit); enc is
 // the nvfp4 global scale's encode factor (1 for none); the global scale itself
 // stays out (the caller folds it into alpha), except gs_post (qdq_kernel).
-template <int G>
+// kElem: the element format at compile time (one path, no branch a pair), or
+// -1 for q.elem's at run time.
+template <int G, int kElem = -1>
 __device__ __forceinline__ void qdq_group(float* v, const QSpec& q, float enc, const float* gs_post) {
+  const int elem = kElem >= 0 ? kElem : q.elem;
   uint32_t ab = 0;
 #pragma unroll
   for (int i = 0; i < G; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
   const float amax = u2f(ab);
-  const FpGroupScale gsc = fp_group_scale(amax, G == 16, enc, q.elem, q.floor_rounding);
+  const FpGroupScale gsc = fp_group_scale(amax, G == 16, enc, elem, q.floor_rounding);
   const float f = gsc.factor;
   const bool nan_group = gsc.nan_group;
   float sdec = G == 16 ? e4m3_decode(gsc.code) : ue8m0_decode(gsc.code);
@@ -77,10 +80,10 @@ __device__ __forceinline__ void qdq_group(float* v, const QSpec& q, float enc, c
 #pragma unroll
   for (int i = 0; i < G; i += 2) {
     uint32_t pr;
-    if (q.elem == ELEM_E2M1) pr = nan_group ? 0 : e2m1x2_encode(v[i] * f, v[i + 1] * f);
-    else if (q.elem == ELEM_E4M3) pr = nan_group ? 0x7f7f : e4m3x2_encode(v[i] * f, v[i + 1] * f);
+    if (elem == ELEM_E2M1) pr = nan_group ? 0 : e2m1x2_encode(v[i] * f, v[i + 1] * f);
+    else if (elem == ELEM_E4M3) pr = nan_group ? 0x7f7f : e4m3x2_encode(v[i] * f, v[i + 1] * f);
     else pr = nan_group ? 0x7f7f : e5m2x2_encode(v[i] * f, v[i + 1] * f);
-    const float2 d = decode2(q.elem, pr);
+    const float2 d = decode2(elem, pr);
     v[i] = d.x * sdec;
     v[i + 1] = d.y * sdec;
   }
@@ -935,12 +938,26 @@ qqStatus_t seg_qdq(const Mat& x, const int32_t* ends, const int32_t* blk, int E,
 // GEMM's check makes the result. A thread owns 8 bytes of columns of one
 // 32-row block: all 32 loads in flight before the first group is reduced,
 // whole 256-byte row pieces per warp load and store.
-template <typename T> __device__ __forceinline__ float bits_to_f(uint32_t b);
-template <> __device__ __forceinline__ float bits_to_f<float>(uint32_t b) { return u2f(b); }
-template <> __device__ __forceinline__ float bits_to_f<__nv_bfloat16>(uint32_t b) { return bf16_to_f((uint16_t)b); }
-template <> __device__ __forceinline__ float bits_to_f<__half>(uint32_t b) { return fp16_to_f((uint16_t)b); }
+// Columns 2p and 2p + 1 of an 8-byte row piece as floats (p = 0 only for fp32,
+// whose piece holds two columns): 16-bit formats in the word's low, high half.
+template <typename T> __device__ __forceinline__ void unpack2(const uint2& r, int p, float& a, float& b);
+template <> __device__ __forceinline__ void unpack2<float>(const uint2& r, int, float& a, float& b) {
+  a = u2f(r.x);
+  b = u2f(r.y);
+}
+template <> __device__ __forceinline__ void unpack2<__nv_bfloat16>(const uint2& r, int p, float& a, float& b) {
+  const uint32_t w = p ? r.y : r.x;
+  a = u2f(w << 16);
+  b = u2f(w & 0xffff0000u);
+}
+template <> __device__ __forceinline__ void unpack2<__half>(const uint2& r, int p, float& a, float& b) {
+  const uint32_t w = p ? r.y : r.x;
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
+  a = f.x;
+  b = f.y;
+}
 
-template <typename T, int G, bool kVec>
+template <typename T, int G, bool kVec, int kElem>
 __global__ void __launch_bounds__(kThreads)
     colqdq_kernel(Mat x, const int32_t* end_p, QSpec q, const float* gs, __nv_bfloat16* out) {
   constexpr int C = 8 / sizeof(T);  // columns per thread: 4 of a 16-bit input, 2 of fp32
@@ -973,22 +990,23 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   const float enc = (G == 16 && gs) ? nvfp4_enc(*gs) : 1.0f;
-  uint32_t o[32][C / 2];  // bf16 pairs of the C columns, per row
+  uint32_t o[32][C / 2];  // bf16 pairs of columns (2p, 2p + 1), per row
 #pragma unroll
-  for (int c = 0; c < C; ++c) {
-    float v[32];
+  for (int p = 0; p < C / 2; ++p) {
+    float v0[32], v1[32];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const uint32_t w = c * EB < 32 ? raw[i].x : raw[i].y;
-      v[i] = bits_to_f<T>(EB == 32 ? w : (w >> ((c * EB) % 32)) & 0xffffu);
+    for (int i = 0; i < 32; ++i) unpack2<T>(raw[i], p, v0[i], v1[i]);
+#pragma unroll
+    for (int g = 0; g < 32; g += G) {
+      qdq_group<G, kElem>(v0 + g, q, enc, nullptr);
+      qdq_group<G, kElem>(v1 + g, q, enc, nullptr);
     }
-#pragma unroll
-    for (int g = 0; g < 32; g += G) qdq_group<G>(v + g, q, enc, nullptr);
+    // bf16 values already (docs/formats.md's range caveat aside): one
+    // conversion instruction a pair, which rounds nothing
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
-      const uint32_t b = bad ? 0x7fc0u : (uint32_t)f_to_bf16(v[i]);
-      if (c % 2 == 0) o[i][c / 2] = b;
-      else o[i][c / 2] |= b << 16;
+      const __nv_bfloat162 b = __floats2bfloat162_rn(v0[i], v1[i]);
+      o[i][p] = bad ? 0x7fc07fc0u : *reinterpret_cast<const uint32_t*>(&b);
     }
   }
 #pragma unroll
@@ -1012,13 +1030,14 @@ qqStatus_t launch_colqdq_t(const Mat& x, const int32_t* end, const QSpec& q, con
   constexpr int C = 8 / sizeof(T);
   const dim3 grid((unsigned)((x.rows + 31) / 32), (unsigned)((x.cols + (int64_t)kThreads * C - 1) / (kThreads * C)));
   const bool vec = x.cols % C == 0 && x.ld % C == 0 && (uintptr_t)x.ptr % 8 == 0;
-  if (q.group == 16) {
-    if (vec) colqdq_kernel<T, 16, true><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
-    else colqdq_kernel<T, 16, false><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
-  } else {
-    if (vec) colqdq_kernel<T, 32, true><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
-    else colqdq_kernel<T, 32, false><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
-  }
+  // the vector kernel per element format (the common case: no branch a pair),
+  // the element-wise one with the format read at run time
+  if (!vec && q.group == 16) colqdq_kernel<T, 16, false, -1><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
+  else if (!vec) colqdq_kernel<T, 32, false, -1><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
+  else if (q.group == 16) colqdq_kernel<T, 16, true, ELEM_E2M1><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
+  else if (q.elem == ELEM_E2M1) colqdq_kernel<T, 32, true, ELEM_E2M1><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
+  else if (q.elem == ELEM_E4M3) colqdq_kernel<T, 32, true, ELEM_E4M3><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
+  else colqdq_kernel<T, 32, true, ELEM_E5M2><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
   return check_launch("grouped_qqmm_wgrad");
 }
 
