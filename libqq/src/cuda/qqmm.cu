@@ -841,7 +841,7 @@ __device__ __forceinline__ int seg_expert(const int32_t* blk, int E, int64_t j) 
   return lo;
 }
 
-template <typename T, int G, bool kVec>
+template <typename T, int G, bool kVec, int kElem>
 __global__ void __launch_bounds__(kThreads)
     seg_qdq_kernel(Mat x, const int32_t* ends, const int32_t* blk, int E, QSpec q, const float* gs,
                    __nv_bfloat16* xt, int64_t tp) {
@@ -887,11 +887,19 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < 32; ++i) v[i] = tile[(b * 32 + i) * kSegPitch + cc];
   const float enc = (G == 16 && gs) ? nvfp4_enc(*gs) : 1.0f;
 #pragma unroll
-  for (int g = 0; g < 32; g += G) qdq_group<G>(v + g, q, enc, nullptr);
+  for (int g = 0; g < 32; g += G) qdq_group<G, kElem>(v + g, q, enc, nullptr);
   __syncthreads();  // the input tile is read: its memory now holds the output tile
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(tile);
 #pragma unroll
-  for (int i = 0; i < 32; i += 8) store8<__nv_bfloat16>(out + cc * kSegOutPitch + b * 32 + i, v + i);
+  for (int i = 0; i < 32; i += 8) {  // bf16 values already: one conversion a pair rounds nothing
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(v[i + 2 * k], v[i + 2 * k + 1]);
+      w[k] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    *reinterpret_cast<uint4*>(out + cc * kSegOutPitch + b * 32 + i) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
   __syncthreads();
   // Rows of kSegRows values: 16 threads per row, 16 bytes each; blocks past
   // the last are not stored (xt ends at tp).
@@ -910,13 +918,14 @@ qqStatus_t launch_seg_qdq_t(const Mat& x, const int32_t* ends, const int32_t* bl
                             const float* gs, __nv_bfloat16* xt, int64_t tp, cudaStream_t st) {
   const dim3 grid((unsigned)((tp / 32 + kSegBlocks - 1) / kSegBlocks), (unsigned)((x.cols + kSegCols - 1) / kSegCols));
   const bool vec = rows_aligned(x) && x.cols % 8 == 0;
-  if (q.group == 16) {
-    if (vec) seg_qdq_kernel<T, 16, true><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
-    else seg_qdq_kernel<T, 16, false><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
-  } else {
-    if (vec) seg_qdq_kernel<T, 32, true><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
-    else seg_qdq_kernel<T, 32, false><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
-  }
+  // the vector kernel per element format (no branch a pair), the element-wise
+  // one with the format read at run time
+  if (!vec && q.group == 16) seg_qdq_kernel<T, 16, false, -1><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
+  else if (!vec) seg_qdq_kernel<T, 32, false, -1><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
+  else if (q.group == 16) seg_qdq_kernel<T, 16, true, ELEM_E2M1><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
+  else if (q.elem == ELEM_E2M1) seg_qdq_kernel<T, 32, true, ELEM_E2M1><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
+  else if (q.elem == ELEM_E4M3) seg_qdq_kernel<T, 32, true, ELEM_E4M3><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
+  else seg_qdq_kernel<T, 32, true, ELEM_E5M2><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
   return check_launch("grouped_qqmm_wgrad");
 }
 
