@@ -1,6 +1,8 @@
 """A few small calls of every libqq kernel that uses shared memory (qmma's k-split
-reduction, qmv, the quantize tile kernel of quantize_colwise / quantize_moe, amax), for
-compute-sanitizer's racecheck and initcheck:
+reduction, qmv, the quantize tile kernel of quantize_colwise / quantize_moe, amax), and of
+the newest kernels (amax's vector kernel, grouped_qqmm_wgrad's token quantization for one and
+for several experts, the exact GEMM with a bias), for compute-sanitizer's racecheck,
+initcheck and memcheck:
 
     compute-sanitizer --tool racecheck python3 scripts/sanitize_kernels.py
 
@@ -76,6 +78,31 @@ for mode in ["nvfp4", "mxfp4", "mxfp8", "affine"]:
             got = qq.qqmm(dev(xb), wq_d)
             route = qq.last_route()
             same(f"mm qqmm {mode} M={m} ({route})", got, qq.qqmm(xb, wq))
+
+# amax: one block, the vector kernel (tail elements), a misaligned start (element kernel)
+for n in (1000, (1 << 18) + 5):
+    for dt in (np.float32, np.float16):
+        x = rng.standard_normal(n).astype(dt)
+        same(f"amax {n} {np.dtype(dt).name}", qq.amax(dev(x)), qq.amax(x))
+        same(f"amax {n} {np.dtype(dt).name} [1:]", qq.amax(dev(x)[1:]), qq.amax(x[1:]))
+
+# grouped_qqmm_wgrad: one expert (colqdq: 8-byte pieces, element-wise columns, fp16 / fp32)
+# and three (seg_qdq)
+for t, k, n, dt in ((45, 64, 48, np.float32), (70, 44, 37, np.float16), (64, 136, 40, np.float16)):
+    x = rng.standard_normal((t, k)).astype(dt)
+    dy = rng.standard_normal((t, n)).astype(dt)
+    for mode in ("mxfp8", "nvfp4"):
+        for ends in (np.array([t], np.int32), np.array([5, t - 7, t], np.int32)):
+            got = qq.grouped_qqmm_wgrad(dev(x), dev(dy), dev(ends), mode)
+            same(f"mm wgrad {mode} E={len(ends)} {(t, k, n)}", got, qq.grouped_qqmm_wgrad(x, dy, ends, mode))
+
+# the exact GEMM with a bias of the output's dtype and of another (M above the weight-only kernels)
+x = rng.standard_normal((100, 512)).astype(np.float32)
+wq = qq.quantize(W, mode="mxfp8")
+wq_d = qq.quantize(dev(W), mode="mxfp8")
+for bias in (rng.standard_normal(256).astype(np.float32), rng.standard_normal(256).astype(np.float16)):
+    got = qq.qqmm(dev(x), wq_d, bias=dev(bias))
+    same(f"mm qqmm bias {bias.dtype} ({qq.last_route()})", got, qq.qqmm(x, wq, bias=bias))
 
 print("mismatches:", bad)
 sys.exit(1 if bad else 0)
