@@ -102,10 +102,10 @@ def _quantize_weight(w: torch.Tensor, mode: str):
     return fwd, bwd
 
 
-def _qqmm(a: torch.Tensor, wop: dict, mode: str, dtype, bias=None) -> torch.Tensor:
-    """a @ q(w)^T with a quantized on the fly (global scale from qq.amax for nvfp4); wop
-    holds w's packed codes and blocked scales (and nvfp4's global scale)."""
-    return qq.qqmm(a, wop["w"], wop["scales"], mode=mode, global_scale_x=_gs(a, mode),
+def _qqmm(a: torch.Tensor, wop: dict, mode: str, dtype, bias=None, gs_a=None) -> torch.Tensor:
+    """a @ q(w)^T with a quantized on the fly (global scale gs_a, or qq.amax(a), for nvfp4);
+    wop holds w's packed codes and blocked scales (and nvfp4's global scale)."""
+    return qq.qqmm(a, wop["w"], wop["scales"], mode=mode, global_scale_x=gs_a if gs_a is not None else _gs(a, mode),
                    global_scale_w=wop.get("global_scale_w"), scale_layout="blocked", bias=bias,
                    dtype=dtype)
 
@@ -115,43 +115,51 @@ def _pad_rows(t: torch.Tensor, g: int) -> torch.Tensor:
     return t if r == 0 else torch.cat([t, t.new_zeros((r, t.shape[1]))], dim=0)
 
 
-def _wgrad(dy: torch.Tensor, x: torch.Tensor, mode: str, dtype) -> torch.Tensor:
+def _wgrad(dy: torch.Tensor, x: torch.Tensor, mode: str, dtype, gdy=None, gx=None) -> torch.Tensor:
     """dW [N, K] = q(dy)^T @ q(x), both quantized along the tokens T.
 
     Where qqmm runs the exact path (Hopper and older GPUs, the CPU), as qq.grouped_qqmm_wgrad
     with one expert: the same blocks along T, quantized and dequantized in one pass per operand
     in its own orientation, then one GEMM that reads them transposed. Where the block-scaled
-    tensor cores are (Blackwell), through quantize_colwise's codes and qqmm's block-scaled route."""
+    tensor cores are (Blackwell), through quantize_colwise's codes and qqmm's block-scaled route.
+    gdy, gx: nvfp4's global scales of dy and x when the caller has them (qq.amax otherwise)."""
+    if mode == "nvfp4":
+        gdy = gdy if gdy is not None else _gs(dy, mode)
+        gx = gx if gx is not None else _gs(x, mode)
     if not (dy.is_cuda and _torch_ops._blockscaled_cuda(dy.device.index or 0)):
         ends = torch.full((1,), dy.shape[0], dtype=torch.int32, device=dy.device)
-        return qq.grouped_qqmm_wgrad(dy, x, ends, mode=mode, global_scale_x=_gs(dy, mode),
-                                     global_scale_dy=_gs(x, mode), dtype=str(dtype).rpartition(".")[2])[0]
+        return qq.grouped_qqmm_wgrad(dy, x, ends, mode=mode, global_scale_x=gdy, global_scale_dy=gx,
+                                     dtype=str(dtype).rpartition(".")[2])[0]
     g = _GROUP[mode]
     dy, x = _pad_rows(dy, g), _pad_rows(x, g)
-    qdy = qq.quantize_colwise(dy, mode=mode, global_scale=_gs(dy, mode), torch_dtypes=False)   # dy^T [N, T], blocks along T
-    qx = qq.quantize_colwise(x, mode=mode, global_scale=_gs(x, mode), torch_dtypes=False)    # x^T  [K, T], blocks along T
+    qdy = qq.quantize_colwise(dy, mode=mode, global_scale=gdy, torch_dtypes=False)   # dy^T [N, T], blocks along T
+    qx = qq.quantize_colwise(x, mode=mode, global_scale=gx, torch_dtypes=False)     # x^T  [K, T], blocks along T
     return qq.qqmm(qdy, qx, mode=mode, dtype=dtype)
 
 
 # The two halves of a training step on 2-D x [T, K], shared by QQLinearFunction (eager)
 # and the qq::linear / qq::linear_backward custom ops (torch.compile). The dgrad weight
-# operand travels between them as tensors: [codes, blocked scales(, nvfp4 global scale)].
+# operand travels between them as tensors: [codes, blocked scales(, nvfp4: W's global
+# scale, x's global scale - qq.amax once a step for each tensor)].
 
 def _linear_forward(x2, weight, bias, mode):
     """(y [T, N] in x's dtype, the dgrad operand's tensors)."""
     wf, wd = _quantize_weight(weight, mode)
-    y = _qqmm(x2, wf, mode, x2.dtype, bias=bias)
-    return y, [wd["w"], wd["scales"]] + ([wd["global_scale_w"]] if mode == "nvfp4" else [])
+    gx = _gs(x2, mode)
+    y = _qqmm(x2, wf, mode, x2.dtype, bias=bias, gs_a=gx)
+    return y, [wd["w"], wd["scales"]] + ([wd["global_scale_w"], gx] if mode == "nvfp4" else [])
 
 
 def _linear_backward(dy2, x2, wd, mode, need_dx, need_dw, wdtype):
     """(dx [T, K] or None, dW [N, K] or None) for dy [T, N] (in x's dtype)."""
     dx = dw = None
+    nv = mode == "nvfp4"
+    gdy = _gs(dy2, mode) if (need_dx or need_dw) else None
     if need_dx:
-        wop = {"w": wd[0], "scales": wd[1], "global_scale_w": wd[2] if mode == "nvfp4" else None}
-        dx = _qqmm(dy2, wop, mode, x2.dtype)
+        wop = {"w": wd[0], "scales": wd[1], "global_scale_w": wd[2] if nv else None}
+        dx = _qqmm(dy2, wop, mode, x2.dtype, gs_a=gdy)
     if need_dw:
-        dw = _wgrad(dy2, x2, mode, wdtype)
+        dw = _wgrad(dy2, x2, mode, wdtype, gdy, wd[3] if nv else None)
     return dx, dw
 
 
@@ -204,8 +212,8 @@ def _(x2, weight, bias, mode):
     codes = x2.new_empty((k, n if mode == "mxfp8" else n // 2), dtype=torch.uint8)
     scales = x2.new_empty(((k + 127) // 128 * 128, (n // g + 3) // 4 * 4), dtype=torch.uint8)
     out = [x2.new_empty((t, n)), codes, scales]
-    if mode == "nvfp4":
-        out.append(x2.new_empty((), dtype=torch.float32))
+    if mode == "nvfp4":   # W's and x's global scales
+        out += [x2.new_empty((), dtype=torch.float32), x2.new_empty((), dtype=torch.float32)]
     return out
 
 

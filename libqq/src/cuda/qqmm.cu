@@ -95,7 +95,8 @@ __device__ __forceinline__ void qdq_group(float* v, const QSpec& q, float enc, c
 // of the small-M route, multiplies in here: post = gs_post / 2688).
 // x: [B, M, K] via Mat, read with 16-byte loads when kVecIn (rows aligned);
 // out: compact [B*M, K], written with 16-byte stores.
-template <typename T, typename TO, int G, bool kVecIn>
+// kElem: the element format at compile time, or -1 (q.elem at run time).
+template <typename T, typename TO, int G, bool kVecIn, int kElem = -1>
 __global__ void __launch_bounds__(kThreads)
     qdq_kernel(Mat x, QSpec q, const float* gs, int64_t gs_stride, const float* gs_post, TO* out, int64_t ng,
                int64_t total) {
@@ -113,10 +114,24 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < G; ++i) v[i] = load1<T>(src + i);
   }
   // nvfp4 is the only group of 16
-  qdq_group<G>(v, q, (G == 16 && gs) ? nvfp4_enc(gs[b * gs_stride]) : 1.0f, gs_post);
+  qdq_group<G, kElem>(v, q, (G == 16 && gs) ? nvfp4_enc(gs[b * gs_stride]) : 1.0f, gs_post);
   TO* dst = out + row * (ng * G) + g * G;
+  if constexpr (std::is_same<TO, __nv_bfloat16>::value) {
+    // one conversion instruction a pair (round to nearest even, as store8's)
 #pragma unroll
-  for (int i = 0; i < G; i += 8) store8<TO>(dst + i, v + i);
+    for (int i = 0; i < G; i += 8) {
+      uint32_t w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(v[i + 2 * k], v[i + 2 * k + 1]);
+        w[k] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+      *reinterpret_cast<uint4*>(dst + i) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < G; i += 8) store8<TO>(dst + i, v + i);
+  }
 }
 
 // {alpha_0 .. alpha_{n-1}, 0}: alpha_i = (gx / 2688) * (gw[i] / 2688), a
@@ -142,6 +157,21 @@ qqStatus_t launch_qdq_t(const Mat& x, const QSpec& q, const float* gs, int64_t g
   const int64_t ng = x.cols / q.group, total = x.batch() * x.rows * ng;
   const unsigned grid = (unsigned)((total + kThreads - 1) / kThreads);
   const bool vec = rows_aligned(x);
+  // bf16 out from aligned rows (the GEMM's operand: the large calls) per element
+  // format at compile time; the rest with the format read at run time
+  if constexpr (std::is_same<TO, __nv_bfloat16>::value) {
+    if (vec) {
+      if (q.group == 16)
+        qdq_kernel<T, TO, 16, true, ELEM_E2M1><<<grid, kThreads, 0, st>>>(x, q, gs, gs_stride, gs_post, out, ng, total);
+      else if (q.elem == ELEM_E2M1)
+        qdq_kernel<T, TO, 32, true, ELEM_E2M1><<<grid, kThreads, 0, st>>>(x, q, gs, gs_stride, gs_post, out, ng, total);
+      else if (q.elem == ELEM_E4M3)
+        qdq_kernel<T, TO, 32, true, ELEM_E4M3><<<grid, kThreads, 0, st>>>(x, q, gs, gs_stride, gs_post, out, ng, total);
+      else
+        qdq_kernel<T, TO, 32, true, ELEM_E5M2><<<grid, kThreads, 0, st>>>(x, q, gs, gs_stride, gs_post, out, ng, total);
+      return check_launch("qqmm");
+    }
+  }
   if (q.group == 16) {
     if (vec) qdq_kernel<T, TO, 16, true><<<grid, kThreads, 0, st>>>(x, q, gs, gs_stride, gs_post, out, ng, total);
     else qdq_kernel<T, TO, 16, false><<<grid, kThreads, 0, st>>>(x, q, gs, gs_stride, gs_post, out, ng, total);
