@@ -35,6 +35,33 @@ def swiglu(h):
     return F.silu(g) * u
 
 
+def layers(e, t=16384, d=4096, f=2048):
+    """The benchmark's problem for E = e experts: (x, dy, params, bf16_layer, qq_layer), the
+    bf16 peer over torch._grouped_mm and the same layer through qq.torch.QQGroupedLinear
+    (mxfp8), with the same weights; params are the peer's weights (the qq layer's are
+    copies). Also used by bench/tune/profile_linear.py."""
+    offs = torch.arange(1, e + 1, device="cuda", dtype=torch.int32) * (t // e)
+    x = torch.randn(t, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(t, d, device="cuda", dtype=torch.bfloat16)
+    w1 = (torch.randn(e, 2 * f, d, device="cuda", dtype=torch.bfloat16) / d ** 0.5).requires_grad_()
+    w2 = (torch.randn(e, d, f, device="cuda", dtype=torch.bfloat16) / f ** 0.5).requires_grad_()
+    up = qqt.QQGroupedLinear(e, d, 2 * f, mode="mxfp8", device="cuda", dtype=torch.bfloat16)
+    down = qqt.QQGroupedLinear(e, f, d, mode="mxfp8", device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        up.weight.copy_(w1)
+        down.weight.copy_(w2)
+
+    def bf16_layer(x):
+        h = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
+        return torch._grouped_mm(swiglu(h), w2.transpose(-2, -1), offs=offs)
+
+    def qq_layer(x):
+        return down(swiglu(up(x, offs)), offs)
+
+    qq_layer.params = (up.weight, down.weight)
+    return x, dy, (w1, w2), bf16_layer, qq_layer
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="E = 8 only, fewer iterations")
@@ -47,23 +74,7 @@ def main():
         return
     for e in ((8,) if args.quick else (8, 32)):
         torch.manual_seed(0)
-        offs = torch.arange(1, e + 1, device="cuda", dtype=torch.int32) * (t // e)
-        x = torch.randn(t, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        dy = torch.randn(t, d, device="cuda", dtype=torch.bfloat16)
-        w1 = (torch.randn(e, 2 * f, d, device="cuda", dtype=torch.bfloat16) / d ** 0.5).requires_grad_()
-        w2 = (torch.randn(e, d, f, device="cuda", dtype=torch.bfloat16) / f ** 0.5).requires_grad_()
-        up = qqt.QQGroupedLinear(e, d, 2 * f, mode="mxfp8", device="cuda", dtype=torch.bfloat16)
-        down = qqt.QQGroupedLinear(e, f, d, mode="mxfp8", device="cuda", dtype=torch.bfloat16)
-        with torch.no_grad():
-            up.weight.copy_(w1)
-            down.weight.copy_(w2)
-
-        def bf16_layer(x):
-            h = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
-            return torch._grouped_mm(swiglu(h), w2.transpose(-2, -1), offs=offs)
-
-        def qq_layer(x):
-            return down(swiglu(up(x, offs)), offs)
+        x, dy, (w1, w2), bf16_layer, qq_layer = layers(e, t, d, f)
 
         flops = 3 * 2.0 * t * (2 * f * d + d * f)
         moved = 4 * t * d * 2 * 3  # rough bytes of a step (> 2x L2: batched timing)
@@ -74,13 +85,13 @@ def main():
             print(f"torch._grouped_mm backward failed ({str(err).splitlines()[0]}): no step peer")
             peer_step, peer_name = float("nan"), "none"
         peer_fwd = timer(forward_only(bf16_layer, x), moved)
-        us = timer(training_step(qq_layer, x, dy, (up.weight, down.weight)), moved)
+        us = timer(training_step(qq_layer, x, dy, qq_layer.params), moved)
         bench.row("moe_layer_step", "mxfp8", (t, e, d, f), "us", us, peer_name, peer_step,
                   tflops=round(flops / us / 1e6, 1), target_x=0.9)
         us = timer(forward_only(qq_layer, x), moved)
         bench.row("moe_layer_fwd", "mxfp8", (t, e, d, f), "us", us, "torch_grouped_bf16", peer_fwd,
                   tflops=round(flops / 3 / us / 1e6, 1))
-        del up, down, w1, w2, x, dy
+        del qq_layer, bf16_layer, w1, w2, x, dy
         torch.cuda.empty_cache()
     for path in bench.save():
         print("wrote", path)

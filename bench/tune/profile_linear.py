@@ -15,10 +15,10 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import bench_moe  # noqa: E402
 from harness import training_step  # noqa: E402
 
 import qq.torch as qqt  # noqa: E402
@@ -72,30 +72,12 @@ def main():
     moe()
 
 
-def moe(e=8, t=16384, d=4096, f=2048):
-    offs = torch.arange(1, e + 1, device="cuda", dtype=torch.int32) * (t // e)
-    x = torch.randn(t, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(t, d, device="cuda", dtype=torch.bfloat16)
-    w1 = (torch.randn(e, 2 * f, d, device="cuda", dtype=torch.bfloat16) / d ** 0.5).requires_grad_()
-    w2 = (torch.randn(e, d, f, device="cuda", dtype=torch.bfloat16) / f ** 0.5).requires_grad_()
-    up = qqt.QQGroupedLinear(e, d, 2 * f, mode="mxfp8", device="cuda", dtype=torch.bfloat16)
-    down = qqt.QQGroupedLinear(e, f, d, mode="mxfp8", device="cuda", dtype=torch.bfloat16)
-    with torch.no_grad():
-        up.weight.copy_(w1)
-        down.weight.copy_(w2)
-
-    def swiglu(h):
-        g, u = h.chunk(2, dim=-1)
-        return F.silu(g) * u
-
-    def bf16_layer(x):
-        h = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
-        return torch._grouped_mm(swiglu(h), w2.transpose(-2, -1), offs=offs)
-
-    print(f"MoE layer step, bf16 torch._grouped_mm, E = {e}, (T, D, F) = {(t, d, f)}")
-    kernels(training_step(bf16_layer, x, dy, (w1, w2)))
+def moe(e=8):
+    x, dy, params, bf16_layer, qq_layer = bench_moe.layers(e)
+    print(f"MoE layer step, bf16 torch._grouped_mm, E = {e} (bench_moe's shapes)")
+    kernels(training_step(bf16_layer, x, dy, params))
     print("MoE layer step, qq mxfp8")
-    kernels(training_step(lambda x: down(swiglu(up(x, offs)), offs), x, dy, (up.weight, down.weight)))
+    kernels(training_step(qq_layer, x, dy, qq_layer.params))
 
 
 if __name__ == "__main__":
