@@ -286,14 +286,20 @@ qqStatus_t gemm_blockscaled(qqContext* c, const Gemm& g, cudaStream_t st) {
   return QQ_STATUS_SUCCESS;
 }
 
-qqStatus_t gemm(qqContext* c, const Gemm& g, cudaStream_t st) {
-  if (!c->lt) return no_cublaslt("GEMM");
-  Scratch scratch(c, st);
+// The plan key of a plain (not block-scaled) GEMM.
+static GemmKey plain_key(const Gemm& g) {
   GemmKey k = key_of(g);
   k.lt_ab = k.scale_mode = -1;
   const int es = dtype_size(g.ab);
   k.align_a = alignment(g.A, g.lda, es);
   k.align_b = alignment(g.B, g.ldb, es);
+  return k;
+}
+
+qqStatus_t gemm(qqContext* c, const Gemm& g, cudaStream_t st) {
+  if (!c->lt) return no_cublaslt("GEMM");
+  Scratch scratch(c, st);
+  GemmKey k = plain_key(g);
   bool refused = true;
   if (g.d != DType::F16) QQ_TRY(run(c, k, g, g.D, st, scratch, &refused));  // D written directly
   if (!refused) return QQ_STATUS_SUCCESS;
@@ -303,18 +309,14 @@ qqStatus_t gemm(qqContext* c, const Gemm& g, cudaStream_t st) {
   float* d32 = nullptr;
   QQ_TRY(scratch.get("gemm", (size_t)(g.M * g.N) * 4, &d32));
   Gemm g32 = g;
+  g32.d = DType::F32;
   if (g.bias && g.bias_dt != DType::F32) {
-    float* b32 = nullptr;
-    QQ_TRY(scratch.get("gemm", (size_t)g.N * 4, &b32));
-    if (g.bias_dt == DType::F16) to_f32_kernel<__half><<<grid_for(g.N), 256, 0, st>>>((const __half*)g.bias, g.N, b32);
-    else to_f32_kernel<__nv_bfloat16><<<grid_for(g.N), 256, 0, st>>>((const __nv_bfloat16*)g.bias, g.N, b32);
-    g32.bias = b32;
-    g32.bias_dt = DType::F32;
+    Mat b;
+    b.ptr = const_cast<void*>(g.bias);
+    b.dt = g.bias_dt;
+    QQ_TRY(gemm_bias("gemm", b, &g32, scratch, st));  // fp32 D: the bias converted to fp32
   }
-  k = key_of(g32);
-  k.lt_ab = k.scale_mode = -1;
-  k.align_a = alignment(g.A, g.lda, es);
-  k.align_b = alignment(g.B, g.ldb, es);
+  k = plain_key(g32);
   k.d = (int64_t)DType::F32;
   k.ldd = g.N;
   k.align_d = 256;

@@ -120,13 +120,8 @@ __global__ void __launch_bounds__(kThreads)
     // one conversion instruction a pair (round to nearest even, as store8's)
 #pragma unroll
     for (int i = 0; i < G; i += 8) {
-      uint32_t w[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(v[i + 2 * k], v[i + 2 * k + 1]);
-        w[k] = *reinterpret_cast<const uint32_t*>(&h);
-      }
-      *reinterpret_cast<uint4*>(dst + i) = make_uint4(w[0], w[1], w[2], w[3]);
+      *reinterpret_cast<uint4*>(dst + i) = make_uint4(bf16x2_bits(v[i], v[i + 1]), bf16x2_bits(v[i + 2], v[i + 3]),
+                                                      bf16x2_bits(v[i + 4], v[i + 5]), bf16x2_bits(v[i + 6], v[i + 7]));
     }
   } else {
 #pragma unroll
@@ -141,6 +136,17 @@ __global__ void alpha_kernel(const float* gx, const float* gw, int gw_stride, in
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) out[i] = nvfp4_alpha(gx, gw ? gw + i * gw_stride : nullptr);
   if (i == n) out[n] = 0.0f;
+}
+
+// The device pair {alpha, 0} of one product from its two global scales (either
+// may be missing), in scratch; nullptr when neither is given (alpha = 1).
+qqStatus_t alpha_pair(const char* op, const float* g1, const float* g2, Scratch& scratch, cudaStream_t st,
+                      float** alpha) {
+  *alpha = nullptr;
+  if (!g1 && !g2) return QQ_STATUS_SUCCESS;
+  QQ_TRY(scratch.get(op, 2 * sizeof(float), alpha));
+  alpha_kernel<<<1, 32, 0, st>>>(g1, g2, 0, 1, *alpha);
+  return check_launch(op);
 }
 
 // Rows (start, pitch, batch strides) on 16-byte boundaries.
@@ -614,11 +620,7 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
     Scratch scratch(c, st);
     const int64_t M = a.M, N = a.N, K = a.K, Mtot = a.x.batch() * M;
     float* alpha = nullptr;
-    if (a.gs_x || a.gs_w) {
-      QQ_TRY(scratch.get("qqmm", 2 * sizeof(float), &alpha));
-      alpha_kernel<<<1, 32, 0, st>>>(a.gs_x, a.gs_w, 0, 1, alpha);
-      QQ_TRY(check_launch("qqmm"));
-    }
+    QQ_TRY(alpha_pair("qqmm", a.gs_x, a.gs_w, scratch, st, &alpha));
     // The routes in AUTO's order; a requested one runs alone or fails saying why.
     const qqRoute_t want = a.route;
     const bool any = want == QQ_ROUTE_AUTO;
@@ -919,15 +921,10 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();  // the input tile is read: its memory now holds the output tile
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(tile);
 #pragma unroll
-  for (int i = 0; i < 32; i += 8) {  // bf16 values already: one conversion a pair rounds nothing
-    uint32_t w[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const __nv_bfloat162 h = __floats2bfloat162_rn(v[i + 2 * k], v[i + 2 * k + 1]);
-      w[k] = *reinterpret_cast<const uint32_t*>(&h);
-    }
-    *reinterpret_cast<uint4*>(out + cc * kSegOutPitch + b * 32 + i) = make_uint4(w[0], w[1], w[2], w[3]);
-  }
+  for (int i = 0; i < 32; i += 8)  // bf16 values already: one conversion a pair rounds nothing
+    *reinterpret_cast<uint4*>(out + cc * kSegOutPitch + b * 32 + i) =
+        make_uint4(bf16x2_bits(v[i], v[i + 1]), bf16x2_bits(v[i + 2], v[i + 3]), bf16x2_bits(v[i + 4], v[i + 5]),
+                   bf16x2_bits(v[i + 6], v[i + 7]));
   __syncthreads();
   // Rows of kSegRows values: 16 threads per row, 16 bytes each; blocks past
   // the last are not stored (xt ends at tp).
@@ -1042,8 +1039,8 @@ __global__ void __launch_bounds__(kThreads)
     // conversion instruction a pair, which rounds nothing
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
-      const __nv_bfloat162 b = __floats2bfloat162_rn(v0[i], v1[i]);
-      o[i][p] = bad ? 0x7fc07fc0u : *reinterpret_cast<const uint32_t*>(&b);
+      const uint32_t w = bf16x2_bits(v0[i], v1[i]);
+      o[i][p] = bad ? 0x7fc07fc0u : w;
     }
   }
 #pragma unroll
@@ -1102,11 +1099,7 @@ qqStatus_t dense_wgrad(qqContext* c, const WgradArgs& a, cudaStream_t st) {
   QQ_TRY(scratch.get("grouped_qqmm_wgrad", (size_t)(T * N) * 2, &dyq));
   QQ_TRY(colqdq(a.x, a.ends, a.q, a.gs_x, xq, st));
   QQ_TRY(colqdq(a.dy, a.ends, a.q, a.gs_dy, dyq, st));
-  if (a.gs_x || a.gs_dy) {
-    QQ_TRY(scratch.get("grouped_qqmm_wgrad", 2 * sizeof(float), &alpha));
-    alpha_kernel<<<1, 32, 0, st>>>(a.gs_x, a.gs_dy, 0, 1, alpha);
-    QQ_TRY(check_launch("grouped_qqmm_wgrad"));
-  }
+  QQ_TRY(alpha_pair("grouped_qqmm_wgrad", a.gs_x, a.gs_dy, scratch, st, &alpha));
   Gemm g;
   g.M = K;
   g.N = N;
@@ -1159,11 +1152,7 @@ qqStatus_t grouped_qqmm_wgrad(qqHandle_t h, const WgradArgs& a, void* stream) {
     QQ_TRY(check_launch("grouped_qqmm_wgrad"));
     QQ_TRY(seg_qdq(a.x, a.ends, blk, (int)E, a.q, a.gs_x, xt, tp, st));
     QQ_TRY(seg_qdq(a.dy, a.ends, blk, (int)E, a.q, a.gs_dy, dyt, tp, st));
-    if (a.gs_x || a.gs_dy) {
-      QQ_TRY(scratch.get("grouped_qqmm_wgrad", 2 * sizeof(float), &alpha));
-      alpha_kernel<<<1, 32, 0, st>>>(a.gs_x, a.gs_dy, 0, 1, alpha);
-      QQ_TRY(check_launch("grouped_qqmm_wgrad"));
-    }
+    QQ_TRY(alpha_pair("grouped_qqmm_wgrad", a.gs_x, a.gs_dy, scratch, st, &alpha));
     const int64_t es = dtype_size(a.out.dt), pitch = a.out.nb ? a.out.bstride[0] : K * N;
     if (one_launch) {
       GroupedGemmSm90 g;

@@ -114,6 +114,12 @@ __device__ __forceinline__ void fp4_pairs(uint32_t w, const uint32_t (&mul)[2], 
 }
 
 __device__ __forceinline__ uint32_t dup16(uint32_t h) { return h | (h << 16); }  // both bf16 halves = h
+// bf16x2 bits of (lo, hi), rounded to nearest even by one conversion instruction (cvt.rn.bf16x2.f32);
+// the qdq kernels store q(x)'s values with it, which are bf16 values already.
+__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
 
 // fp8 codes (E4M3 / E5M2) placed into bf16 fields, the one home of the placement (qmv.cu,
 // qmma.cu, dequantize.cu): a word's bytes 0 and 2 go to the halves of one bf16 pair,
