@@ -20,7 +20,7 @@
 //   T-narrow transpose=True, any alignment and affine 2/3/5/6-bit: the same
 //            shape with chunks of 8 elements (bits bytes) read byte by byte;
 //            affine of every width decodes through AFFG, x's dtype is a run-time
-//            value (Launch::xk), one M tile of 16.
+//            value (Launch::xk), one M tile of 4.
 //   N        transpose=False (w is [K, N*bits/8], groups along N): a thread
 //            owns a strip of 8 consecutive n (one 4-byte word of fp4, 8 bytes of
 //            fp8) and a slice k = ks, ks + KS, ... of K; the S strip lanes of a
@@ -28,8 +28,8 @@
 //            added in shared memory in a fixed order. M is covered in tiles of
 //            4 rows (a tile re-reads its strip of w, mostly from L2). x's dtype
 //            is a run-time value (Launch::xk).
-// Only the wide T kernels are compiled per x dtype (the main path); 55 kernels
-// in all.
+// Only the wide T kernels are compiled per x dtype (the main path); 40 kernels
+// in all (every one reachable: M tiles of 1 and 4 for M <= kQmvMaxM).
 //
 // Numerics: every weight is exactly dequantize()'s value: the element decoded
 // (bit tricks below, equal to codec.h's decoders for every code, NaN included)
@@ -43,8 +43,9 @@
 // SM per clock, so the decode must stay within ~6 instructions per weight
 // (issue: 128 per SM per clock). That is why the fp4/fp8 decoders below build
 // the fp32 bit patterns directly instead of calling e2m1_decode (~10
-// instructions with branches). For M = 16 the 16 fp32 FMAs per weight
-// (2*M*N*K = 8.6 GFLOP at 67 TFLOP/s = 128 us) dominate instead.
+// instructions with branches). At M = 16 the 16 fp32 FMAs per weight
+// (2*M*N*K = 8.6 GFLOP at 67 TFLOP/s = 128 us) would dominate instead, which
+// is why qmv stops at kQmvMaxM = 4.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -298,12 +299,13 @@ template <typename XT> __host__ __device__ int x_size(int xk) {
 // ---------------------------------------------------------------------------
 // T kernels (transpose=True): W row n = packed row n of w, groups along K.
 // ---------------------------------------------------------------------------
-// Tile shape per M tile (MT = 1, 4 or 16; a tile skips its rows past M, so
-// M = 5..16 share the 16 tile at the cost of M rows): R rows per row group,
-// U chunks in flight per row. M = 1: 4 loads in flight; M <= 4: 4 rows share
-// each x load; M <= 16: 2 rows (acc[16][2] + decoded weights stay well under
-// 128 registers; 4 rows needed ~200-250 registers).
-template <int MT> __host__ __device__ constexpr int t_rows() { return MT == 1 ? 2 : (MT == 4 ? 4 : 2); }
+// Tile shape per M tile (MT = 1 or 4; a tile skips its rows past M, so M = 2..4
+// share the 4 tile): R rows per row group, U chunks in flight per row. M = 1:
+// 4 loads in flight; M <= 4: 4 rows share each x load. (A 16 tile, 2 rows, was
+// compiled until 2026-11-26 but never launched since kQmvMaxM became 4: above
+// M = 4 dequantize + GEMM or qmma win, bench/results/qmm-h100.md.)
+static_assert(kQmvMaxM <= 4, "qmv's largest M tile is 4 rows");
+template <int MT> __host__ __device__ constexpr int t_rows() { return MT == 1 ? 2 : 4; }
 template <int MT> __host__ __device__ constexpr int t_unroll() { return MT == 1 ? 2 : 1; }
 
 // kNarrow: chunk = 8 elements read byte by byte (any alignment, any bits).
@@ -632,8 +634,7 @@ void launch_t(const MatmulArgs& a, Launch L, cudaStream_t st) {
 template <typename XT, int F>
 void launch_t_wide(const MatmulArgs& a, const Launch& L, cudaStream_t st) {
   if (a.M <= 1) launch_t<XT, F, 1, false>(a, L, st);
-  else if (a.M <= 4) launch_t<XT, F, 4, false>(a, L, st);
-  else launch_t<XT, F, 16, false>(a, L, st);
+  else launch_t<XT, F, 4, false>(a, L, st);  // M <= kQmvMaxM (qmv() checks)
 }
 
 template <int F>
@@ -670,12 +671,12 @@ qqStatus_t dispatch(const MatmulArgs& a, const Launch& L, int F, bool narrow, cu
       case DType::F16: dispatch_wide<XF16>(a, L, F, st); break;
       default: dispatch_wide<XBF16>(a, L, F, st); break;
     }
-  } else if (a.transpose) {  // the narrow path is the slow path: one M tile of 16
+  } else if (a.transpose) {  // the narrow path is the slow path: one M tile of 4
     switch (F) {
-      case FP4NV: launch_t<XRT, FP4NV, 16, true>(a, L, st); break;
-      case FP4MX: launch_t<XRT, FP4MX, 16, true>(a, L, st); break;
-      case FP8: launch_t<XRT, FP8, 16, true>(a, L, st); break;
-      default: launch_t<XRT, AFFG, 16, true>(a, L, st); break;  // any bits, 8-element chunks
+      case FP4NV: launch_t<XRT, FP4NV, 4, true>(a, L, st); break;
+      case FP4MX: launch_t<XRT, FP4MX, 4, true>(a, L, st); break;
+      case FP8: launch_t<XRT, FP8, 4, true>(a, L, st); break;
+      default: launch_t<XRT, AFFG, 4, true>(a, L, st); break;  // any bits, 8-element chunks
     }
   } else {
     switch (F) {
