@@ -48,11 +48,35 @@ def kernels(fn, reps=5, top=14):
     t2 = time.perf_counter()
     print(f"    host enqueue {(t1 - t0) / reps * 1e6:.0f} us a step; wall {(t2 - t0) / reps * 1e6:.0f} us a step "
           f"({reps} steps, then one synchronize)")
+    idle(prof, reps)
     rows.sort(reverse=True)
     total = sum(r[0] for r in rows)
     for us, n, name in rows[:top]:
         print(f"    {us:9.1f} us  x{n:<4.1f} {name}")
     print(f"    {total:9.1f} us  total kernel time per step")
+
+
+def idle(prof, reps, top=8):
+    """GPU idle time of the traced steps: the gaps between one kernel's end and the next
+    one's start on the device timeline (launch latency, host stalls, stream-ordered
+    allocations), per step, with the largest gaps and the kernels on either side."""
+    evs = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                  and e.time_range.end > e.time_range.start),
+                 key=lambda e: e.time_range.start)
+    if len(evs) < 2:
+        return
+    gaps, end, prev = [], evs[0].time_range.end, evs[0].name
+    for e in evs[1:]:
+        if e.time_range.start > end:
+            gaps.append((e.time_range.start - end, prev[:50], e.name[:50]))
+        if e.time_range.end > end:
+            end, prev = e.time_range.end, e.name
+    span = end - evs[0].time_range.start
+    total = sum(g[0] for g in gaps)
+    print(f"    device timeline: {span / reps:.0f} us a step from the first kernel to the last, "
+          f"{total / reps:.0f} us of it idle ({len(gaps) / reps:.1f} gaps a step)")
+    for g, a, b in sorted(gaps, reverse=True)[:top]:
+        print(f"      gap {g:7.1f} us after {a} before {b}")
 
 
 def main():

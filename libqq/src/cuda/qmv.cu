@@ -615,12 +615,21 @@ void launch_t(const MatmulArgs& a, Launch L, cudaStream_t st) {
   // Threads per row: fewer threads per row means more pipelined steps per
   // thread (loads in flight for longer, less time in the reduction); more
   // means more threads in all. Halve T (from 256, down to a warp) while every
-  // thread would still get fewer than kQmvSteps steps and the grid would still
-  // hold a full wave of threads (2048 per SM of the device the call runs on).
-  const int64_t wave = (int64_t)sm_count(a.out.device) * 2048;
+  // thread would get fewer than kQmvSteps steps and the grid is more than one
+  // wave: the CTAs of this kernel resident at once on the device the call runs
+  // on (2 per SM at its 112-128 registers, not the 8 that 2048 threads would be).
+  static const int resident = [] {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, qmv_t_kernel<XT, F, MT, kNarrow>, kThreads, 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      b = 0;
+    }
+    return b > 0 ? b : 1;
+  }();
+  const int64_t wave = (int64_t)sm_count(a.out.device) * resident * kThreads;
   const int64_t groups = (a.N + R - 1) / R * a.out.batch();
   int T = kThreads;
-  while (T > 32 && (L.C < (int64_t)T * U || (L.C < (int64_t)T * U * kQmvSteps && groups * (T / 2) >= wave))) T >>= 1;
+  while (T > 32 && (L.C < (int64_t)T * U || (L.C < (int64_t)T * U * kQmvSteps && groups * T > wave))) T >>= 1;
   L.T = T;
   L.logT = ilog2(T);
   L.G = kThreads / T;
