@@ -79,6 +79,19 @@ for mode in ["nvfp4", "mxfp4", "mxfp8", "affine"]:
             route = qq.last_route()
             same(f"mm qqmm {mode} M={m} ({route})", got, qq.qqmm(xb, wq))
 
+# qmv at a larger N, where its grid rule takes the threads per row down to a warp (T = 32),
+# and its narrow kernel (affine 3-bit: byte-wise chunks, the 4-row tile)
+W2 = rng.standard_normal((2048, 1024)).astype(np.float32)
+for kw in ({"mode": "mxfp8"}, {"group_size": 32, "bits": 3}):
+    wq = qq.quantize(W2, **kw)
+    wq_d = qq.quantize(dev(W2), **kw)
+    for m in (1, 3):
+        x = rng.standard_normal((m, 1024)).astype(np.float32)
+        got = qq.quantized_matmul(dev(x), wq_d)
+        route = qq.last_route()
+        same(f"mm quantized_matmul {kw.get('mode', 'affine3')} 2048x1024 M={m} ({route})", got,
+             qq.quantized_matmul(x, wq))
+
 # amax: one block, the vector kernel (tail elements), a misaligned start (element kernel)
 for n in (1000, (1 << 18) + 5):
     for dt in (np.float32, np.float16):
