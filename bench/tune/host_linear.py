@@ -6,24 +6,13 @@ every step (loss.item()) pays in full.
     python bench/tune/host_linear.py [mode]
 """
 import sys
-import time
 
 import torch
+from host_calls_big import host_us  # noqa: E402  (bench/tune: the script's own directory)
 
 import qq
 import qq.torch as qqt
 from qq.torch import _linear_backward, _linear_forward, _quantize_weight, _wgrad
-
-
-def host_us(fn, n=20):
-    fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    h = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    return h
 
 
 def main():
