@@ -626,10 +626,19 @@ void launch_t(const MatmulArgs& a, Launch L, cudaStream_t st) {
     }
     return b > 0 ? b : 1;
   }();
-  const int64_t wave = (int64_t)sm_count(a.out.device) * resident * kThreads;
+  const int64_t slots = (int64_t)sm_count(a.out.device) * resident, wave = slots * kThreads;
   const int64_t groups = (a.N + R - 1) / R * a.out.batch();
+  // The share of its waves' CTA slots a grid of t threads per row fills (1: whole waves);
+  // T is not halved into a grid below 0.8 (6144 x 4096 mxfp8 at M = 1: 384 CTAs on 264
+  // slots, 1.45 waves, measured slower than 768 at T = 64).
+  auto filled = [&](int t) {
+    const int64_t ctas = (groups + kThreads / t - 1) / (kThreads / t), waves = (ctas + slots - 1) / slots;
+    return (double)ctas / (double)(waves * slots);
+  };
   int T = kThreads;
-  while (T > 32 && (L.C < (int64_t)T * U || (L.C < (int64_t)T * U * kQmvSteps && groups * T > wave))) T >>= 1;
+  while (T > 32 && (L.C < (int64_t)T * U ||
+                    (L.C < (int64_t)T * U * kQmvSteps && groups * T > wave && filled(T / 2) >= 0.8)))
+    T >>= 1;
   L.T = T;
   L.logT = ilog2(T);
   L.G = kThreads / T;
