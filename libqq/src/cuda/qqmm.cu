@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../codec.h"
@@ -119,10 +120,7 @@ __global__ void __launch_bounds__(kThreads)
   if constexpr (std::is_same<TO, __nv_bfloat16>::value && kElem == ELEM_E2M1) {
     // one conversion instruction a pair (round to nearest even, as store8's)
 #pragma unroll
-    for (int i = 0; i < G; i += 8) {
-      *reinterpret_cast<uint4*>(dst + i) = make_uint4(bf16x2_bits(v[i], v[i + 1]), bf16x2_bits(v[i + 2], v[i + 3]),
-                                                      bf16x2_bits(v[i + 4], v[i + 5]), bf16x2_bits(v[i + 6], v[i + 7]));
-    }
+    for (int i = 0; i < G; i += 8) *reinterpret_cast<uint4*>(dst + i) = bf16x8_bits(v + i);
   } else {
 #pragma unroll
     for (int i = 0; i < G; i += 8) store8<TO>(dst + i, v + i);
@@ -922,9 +920,7 @@ __global__ void __launch_bounds__(kThreads)
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(tile);
 #pragma unroll
   for (int i = 0; i < 32; i += 8)  // bf16 values already: one conversion a pair rounds nothing
-    *reinterpret_cast<uint4*>(out + cc * kSegOutPitch + b * 32 + i) =
-        make_uint4(bf16x2_bits(v[i], v[i + 1]), bf16x2_bits(v[i + 2], v[i + 3]), bf16x2_bits(v[i + 4], v[i + 5]),
-                   bf16x2_bits(v[i + 6], v[i + 7]));
+    *reinterpret_cast<uint4*>(out + cc * kSegOutPitch + b * 32 + i) = bf16x8_bits(v + i);
   __syncthreads();
   // Rows of kSegRows values: 16 threads per row, 16 bytes each; blocks past
   // the last are not stored (xt ends at tp).
@@ -938,19 +934,28 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The compile-time form of a token-wise qdq kernel (seg_qdq_kernel, colqdq_kernel) for
+// this call: f(G, kVec, kElem) with integral constants - the vector kernel per element
+// format (no branch a pair), the element-wise one with the format read at run time (-1).
+template <typename F>
+void qdq_form(const QSpec& q, bool vec, F&& f) {
+  using std::integral_constant;
+  if (!vec && q.group == 16) f(integral_constant<int, 16>{}, std::false_type{}, integral_constant<int, -1>{});
+  else if (!vec) f(integral_constant<int, 32>{}, std::false_type{}, integral_constant<int, -1>{});
+  else if (q.group == 16) f(integral_constant<int, 16>{}, std::true_type{}, integral_constant<int, ELEM_E2M1>{});
+  else if (q.elem == ELEM_E2M1) f(integral_constant<int, 32>{}, std::true_type{}, integral_constant<int, ELEM_E2M1>{});
+  else if (q.elem == ELEM_E4M3) f(integral_constant<int, 32>{}, std::true_type{}, integral_constant<int, ELEM_E4M3>{});
+  else f(integral_constant<int, 32>{}, std::true_type{}, integral_constant<int, ELEM_E5M2>{});
+}
+
 template <typename T>
 qqStatus_t launch_seg_qdq_t(const Mat& x, const int32_t* ends, const int32_t* blk, int E, const QSpec& q,
                             const float* gs, __nv_bfloat16* xt, int64_t tp, cudaStream_t st) {
   const dim3 grid((unsigned)((tp / 32 + kSegBlocks - 1) / kSegBlocks), (unsigned)((x.cols + kSegCols - 1) / kSegCols));
   const bool vec = rows_aligned(x) && x.cols % 8 == 0;
-  // the vector kernel per element format (no branch a pair), the element-wise
-  // one with the format read at run time
-  if (!vec && q.group == 16) seg_qdq_kernel<T, 16, false, -1><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
-  else if (!vec) seg_qdq_kernel<T, 32, false, -1><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
-  else if (q.group == 16) seg_qdq_kernel<T, 16, true, ELEM_E2M1><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
-  else if (q.elem == ELEM_E2M1) seg_qdq_kernel<T, 32, true, ELEM_E2M1><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
-  else if (q.elem == ELEM_E4M3) seg_qdq_kernel<T, 32, true, ELEM_E4M3><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
-  else seg_qdq_kernel<T, 32, true, ELEM_E5M2><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
+  qdq_form(q, vec, [&](auto G, auto kVec, auto kElem) {
+    seg_qdq_kernel<T, G, kVec, kElem><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
+  });
   return check_launch("grouped_qqmm_wgrad");
 }
 
@@ -1064,14 +1069,9 @@ qqStatus_t launch_colqdq_t(const Mat& x, const int32_t* end, const QSpec& q, con
   constexpr int C = 8 / sizeof(T);
   const dim3 grid((unsigned)((x.rows + 31) / 32), (unsigned)((x.cols + (int64_t)kThreads * C - 1) / (kThreads * C)));
   const bool vec = x.cols % C == 0 && x.ld % C == 0 && (uintptr_t)x.ptr % 8 == 0;
-  // the vector kernel per element format (the common case: no branch a pair),
-  // the element-wise one with the format read at run time
-  if (!vec && q.group == 16) colqdq_kernel<T, 16, false, -1><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
-  else if (!vec) colqdq_kernel<T, 32, false, -1><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
-  else if (q.group == 16) colqdq_kernel<T, 16, true, ELEM_E2M1><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
-  else if (q.elem == ELEM_E2M1) colqdq_kernel<T, 32, true, ELEM_E2M1><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
-  else if (q.elem == ELEM_E4M3) colqdq_kernel<T, 32, true, ELEM_E4M3><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
-  else colqdq_kernel<T, 32, true, ELEM_E5M2><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
+  qdq_form(q, vec, [&](auto G, auto kVec, auto kElem) {
+    colqdq_kernel<T, G, kVec, kElem><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
+  });
   return check_launch("grouped_qqmm_wgrad");
 }
 

@@ -120,6 +120,11 @@ __device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
 }
+// Eight values v[0..8) as bf16 in order (16 bytes), through bf16x2_bits.
+__device__ __forceinline__ uint4 bf16x8_bits(const float* v) {
+  return make_uint4(bf16x2_bits(v[0], v[1]), bf16x2_bits(v[2], v[3]), bf16x2_bits(v[4], v[5]),
+                    bf16x2_bits(v[6], v[7]));
+}
 
 // fp8 codes (E4M3 / E5M2) placed into bf16 fields, the one home of the placement (qmv.cu,
 // qmma.cu, dequantize.cu): a word's bytes 0 and 2 go to the halves of one bf16 pair,
