@@ -51,6 +51,14 @@ struct SubTensor {
   }
 };
 
+// A 2-D tensor with stride 1 on its first axis and not on its last: the
+// transposed view of a row-major matrix (t.T), which qqmm's GEMM reads with
+// op T where the operand is prepared (q's values).
+bool transposed_view(const DLTensor* t) {
+  return t->ndim == 2 && t->strides && t->shape[1] > 1 && t->strides[1] != 1 &&
+         (t->shape[0] == 1 || t->strides[0] == 1) && numel(t) > 0;
+}
+
 // One qqmm with a 2D (or unbatched) w: validation, then the backend when
 // `run`. The batched and grouped forms call it per entry, and with run =
 // false to validate an empty batch.
@@ -69,6 +77,9 @@ qqStatus_t qqmm_single(Ctx& c, qqHandle_t handle, const DLTensor* x, const DLTen
   if (p.w_prepared && w && w->dtype.code == kDLUInt)
     return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: w_prepared is set but 'w' is packed uint8; a prepared w "
                      "is a float tensor of q(w)'s values (qq.prepare_weight), or clear w_prepared");
+  if (p.x_prepared && x && x->dtype.code == kDLUInt)
+    return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: x_prepared is set but 'x' is packed uint8; a prepared x "
+                     "is a float tensor of q(x)'s values (quantize_dequantize), or clear x_prepared");
   for (int which = 0; which < 2; ++which) {
     const char* nm = which ? "w" : "x";
     const char* snm = which ? "scales" : "x_scales";
@@ -82,7 +93,17 @@ qqStatus_t qqmm_single(Ctx& c, qqHandle_t handle, const DLTensor* x, const DLTen
                        shape_str(t->ndim, t->shape).c_str(), which ? "[N, K] or [B, N, K]" : "[..., M, K]");
     Mat& m = which ? a.w : a.x;
     Mat& sm = which ? a.w_scales : a.x_scales;
-    QQ_TRY(to_mat(c, nm, t, dt, &m));
+    const bool prepared = which ? p.w_prepared : p.x_prepared;
+    if (prepared && transposed_view(t)) {  // the stored [K, rows] matrix, read with op T
+      DLTensor s = *t;
+      int64_t sh[2] = {t->shape[1], t->shape[0]}, sd[2] = {t->strides[1], t->strides[0]};
+      s.shape = sh;
+      s.strides = sd;
+      QQ_TRY(to_mat(c, nm, &s, dt, &m));
+      (which ? a.w_trans : a.x_trans) = true;
+    } else {
+      QQ_TRY(to_mat(c, nm, t, dt, &m));
+    }
     int64_t fshape[kMaxDims];
     for (int i = 0; i < t->ndim; ++i) fshape[i] = t->shape[i];
     if (dt == DType::U8) {
@@ -102,8 +123,8 @@ qqStatus_t qqmm_single(Ctx& c, qqHandle_t handle, const DLTensor* x, const DLTen
       (which ? a.w_blocked : a.x_blocked) = sq.blocked;
     } else {
       QQ_TRY(expect_float(c, nm, t, dt));
-      QQ_TRY(check_k(c, nm, "K", fshape[t->ndim - 1], a.q));
-      if (which && p.w_prepared) a.w_prepared = true;
+      if (!prepared) QQ_TRY(check_k(c, nm, "K", fshape[t->ndim - 1], a.q));  // (q's values: any K)
+      if (prepared) (which ? a.w_prepared : a.x_prepared) = true;
       if (st)
         return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: argument '%s' is given but '%s' is a float tensor (it "
                          "is quantized on the fly); pass packed uint8 data with its scales, or drop '%s'",
@@ -376,6 +397,9 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
     if (p.w_values)
       return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: params.w_values is not supported (it holds one "
                        "2-D weight's values); leave it NULL");
+    if (p.x_prepared)
+      return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: params.x_prepared is not supported (x is quantized "
+                       "per expert segment here); pass x itself and leave x_prepared 0");
     DType dt;
     QQ_TRY(check_tensor(c, "x", x, &dt));
     if (x->ndim != 2)

@@ -1,5 +1,5 @@
 // api_quantize.cpp - the C entry points that quantize and dequantize:
-// qqQuantize, qqQuantizeColwise, qqQuantizeMoe, qqDequantize.
+// qqQuantize, qqQuantizeColwise, qqQuantizeMoe, qqDequantize, qqQuantizeDequantize.
 //
 // Each checks every argument through the validation layer (validate.h),
 // builds the views of internal.h and dispatches on the device: cpu/quantize.cpp
@@ -212,6 +212,40 @@ QQ_API qqStatus_t qqQuantizeMoe(qqHandle_t handle, const DLTensor* x, const qqQu
     QQ_TRY(check_no_alias(c, {{"data", data}, {"scales", scales}}, {{"w", x}}));
     if (c.device < 0) return cpu::quantize_colwise(a);
     return cuda::quantize_colwise(handle, a, stream);
+  });
+}
+
+QQ_API qqStatus_t qqQuantizeDequantize(qqHandle_t handle, const DLTensor* x, const qqQuantParams_t* params,
+                                       const DLTensor* global_scale, DLTensor* out, DLTensor* out_t,
+                                       void* stream) {
+  return guard("quantize_dequantize", [&]() -> qqStatus_t {
+    Ctx c{"quantize_dequantize"};
+    QdqArgs a{};
+    QQ_TRY(resolve_params(c, params, &a.q));
+    if (!a.q.fp())
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_dequantize: mode %s is not supported; it takes the fp "
+                       "modes nvfp4, mxfp4 and mxfp8 (qqmm's operands)", mode_name(a.q.mode));
+    DType xdt;
+    QQ_TRY(check_tensor(c, "x", x, &xdt));
+    QQ_TRY(expect_float(c, "x", x, xdt));
+    if (x->ndim != 2)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_dequantize: argument 'x' has shape %s; expected [M, K]",
+                       shape_str(x->ndim, x->shape).c_str());
+    if (!out && !out_t)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_dequantize: 'out' and 'out_t' are both NULL; pass at "
+                       "least one of them");
+    if (out) QQ_TRY(check_k(c, "x", "K", x->shape[1], a.q));
+    QQ_TRY(to_mat(c, "x", x, xdt, &a.x));
+    if (out)
+      QQ_TRY(output_mat(c, "out", out, 2, x->shape, (int)DType::BF16, "q(x)'s values along K, x's shape", &a.out));
+    if (out_t)
+      QQ_TRY(output_mat(c, "out_t", out_t, 2, x->shape, (int)DType::BF16, "q(x)'s values along M, x's shape",
+                        &a.out_t));
+    QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, a.q, &a.gs));
+    QQ_TRY(check_no_alias(c, {{"out", out}, {"out_t", out_t}}, {{"x", x}, {"global_scale", global_scale}}));
+    if (a.x.rows * a.x.cols == 0) return QQ_STATUS_SUCCESS;
+    if (c.device < 0) return cpu::quantize_dequantize(a);
+    return cuda::quantize_dequantize(handle, a, stream);
   });
 }
 

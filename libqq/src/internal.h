@@ -152,6 +152,10 @@ struct MatmulArgs {
   Mat out;        // [B..., M, N] compact
   bool x_packed = false, w_packed = false;
   bool w_prepared = false;  // qqmm: w holds q(w)'s values (float), used as is
+  bool x_prepared = false;  // qqmm: x holds q(x)'s values (float), used as is (exact route)
+  // qqmm: a prepared x / w given as a transposed 2-D view. The Mat then
+  // describes the stored matrix (x: [K, M], w: [K, N], row-major with ld).
+  bool x_trans = false, w_trans = false;
   Mat w_values;             // qqmm: q(w)'s values next to a packed w (ptr == nullptr: none);
                             // the backend picks the form per call
   bool transpose = true;
@@ -221,8 +225,18 @@ struct WgradArgs {
   const float* gs_dy = nullptr;
 };
 
+// qqQuantizeDequantize: q(x)'s bf16 values along K (out) and / or along M
+// (out_t, in x's orientation), without the global scale.
+struct QdqArgs {
+  Mat x;          // float [M, K]
+  Mat out, out_t; // bf16 [M, K] compact, or ptr == nullptr
+  const float* gs = nullptr;
+  QSpec q;
+};
+
 namespace cpu {
 qqStatus_t quantize_colwise(const ColwiseArgs& a);
+qqStatus_t quantize_dequantize(const QdqArgs& a);
 qqStatus_t quantize(const QuantizeArgs& a);
 qqStatus_t dequantize(const DequantizeArgs& a);
 qqStatus_t swizzle(const Mat& linear, const Mat& blocked, bool to_blocked);
@@ -245,6 +259,7 @@ qqStatus_t dequantize(qqHandle_t h, const DequantizeArgs& a, void* stream);
 qqStatus_t swizzle(qqHandle_t h, const Mat& linear, const Mat& blocked, bool to_blocked, void* stream);
 qqStatus_t amax(qqHandle_t h, const Mat& x, float* out, void* stream);
 qqStatus_t qqmm(qqHandle_t h, const MatmulArgs& a, void* stream);
+qqStatus_t quantize_dequantize(qqHandle_t h, const QdqArgs& a, void* stream);
 // grouped_qqmm in a fixed number of launches (Hopper, exact path): `a` is a
 // qqmm of all T tokens (x [T, K], out [T, N]) against expert 0, with w (and
 // its scales) given the batch [E] of the experts, gs_w[e * gw_stride] expert

@@ -48,6 +48,9 @@ def quantize_colwise(x: Array, group_size: Optional[int] = None, bits: Optional[
                      global_scale: Optional[Array] = None, rounding: str = "ceil", scale_layout: str = "linear",
                      fp8_format: str = "e4m3", rowwise: bool = False, torch_dtypes: Union[bool, str] = True,
                      stream: Any = None) -> Union[QuantizedArray, Tuple[QuantizedArray, QuantizedArray]]: ...
+def quantize_dequantize(x: Array, mode: str = "mxfp8", *, global_scale: Optional[Array] = None,
+                        rowwise: bool = True, colwise: bool = False, rounding: str = "ceil",
+                        fp8_format: str = "e4m3", stream: Any = None) -> Union[Array, Tuple[Array, Array]]: ...
 def quantize_moe(w: Array, scaling: str = "32x1", *, rounding: str = "ceil", scale_layout: str = "linear",
                  fp8_format: str = "e4m3", torch_dtypes: Union[bool, str] = True,
                  stream: Any = None) -> Tuple[Array, Array]: ...
@@ -64,7 +67,8 @@ def qqmm(x: Union[Array, QuantizedArray], w: Union[Array, QuantizedArray, Prepar
          mode: str = "nvfp4", *, global_scale_x: Optional[Array] = None, global_scale_w: Optional[Array] = None,
          x_scales: Optional[Array] = None, bias: Optional[Array] = None, c: Optional[Array] = None,
          beta: float = 1.0, rounding: str = "ceil", scale_layout: str = "linear", fp8_format: str = "e4m3",
-         dtype: Any = None, out: Optional[Array] = None, stream: Any = None, route: str = "auto") -> Array: ...
+         dtype: Any = None, out: Optional[Array] = None, stream: Any = None, route: str = "auto",
+         x_prepared: bool = False, w_prepared: bool = False) -> Array: ...
 def quantized_matmul(x: Array, w: Union[Array, QuantizedArray], scales: Optional[Array] = None,
                      biases: Optional[Array] = None, transpose: bool = True, group_size: Optional[int] = None,
                      bits: Optional[int] = None, mode: str = "affine", *, global_scale: Optional[Array] = None,

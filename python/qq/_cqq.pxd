@@ -76,6 +76,10 @@ cdef extern from "qq/qq.h" nogil:
                           const DLTensor* global_scale, DLTensor* data,
                           DLTensor* scales, DLTensor* biases, void* stream)
 
+    qqStatus_t qqQuantizeDequantize(qqHandle_t handle, const DLTensor* x,
+                                    const qqQuantParams_t* params,
+                                    const DLTensor* global_scale, DLTensor* out,
+                                    DLTensor* out_t, void* stream) nogil
     qqStatus_t qqQuantizeColwise(qqHandle_t handle, const DLTensor* x,
                                  const qqQuantParams_t* params,
                                  const DLTensor* global_scale, DLTensor* data_t,
@@ -127,6 +131,7 @@ cdef extern from "qq/qq.h" nogil:
         float beta
         qqRoute_t route
         const DLTensor* w_values
+        int x_prepared
 
     qqStatus_t qqQqmmParamsInit(qqQqmmParams_t* params, qqMode_t mode)
 

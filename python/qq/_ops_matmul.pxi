@@ -4,7 +4,7 @@
 def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
          global_scale_x=None, global_scale_w=None, x_scales=None, bias=None, c=None, beta=1.0,
          rounding="ceil", scale_layout="linear", fp8_format="e4m3", dtype=None, out=None,
-         stream=None, route="auto"):
+         stream=None, route="auto", x_prepared=False, w_prepared=False):
     """y = alpha * q(x) @ q(w).T (+ bias) (+ beta * c), both operands quantized (nvfp4,
     mxfp4, mxfp8). c: an array of y's shape (float, on x's device; may be `out` itself, to
     accumulate in place); the product is formed in fp32 and y = product + beta * c rounded
@@ -15,6 +15,10 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     packed [N, K*bits/8] with scales in scale_layout. nvfp4 global scales give
     alpha = global_scale_x * global_scale_w / 2688**2. dtype default: x's dtype for a
     float x, else bfloat16. Affine mode: use quantized_matmul.
+
+    x_prepared / w_prepared: x / w already holds q's values (float, without nvfp4's global
+    scale: qq.quantize_dequantize's form), used as is - the exact route, one bf16 GEMM.
+    A prepared operand may be a transposed 2-D view (t.T): the GEMM reads it transposed.
 
     route: "auto" (libqq picks, falling back where a faster path refuses), or one of
     "cpu", "exact", "blockscaled", "qmma", "qmv" to insist on that route: a call it does
@@ -89,6 +93,13 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     qp.x_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", x_layout, _LAYOUTS)
     qp.w_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", w_layout, _LAYOUTS)
     qp.route = <qqRoute_t>_enum(func, "route", route, _ROUTES)
+    qp.x_prepared = 1 if x_prepared else 0
+    if w_prepared:
+        if w_is_q or w_values is not None:
+            raise ValueError(f"{func}: w_prepared=True takes a float w of q(w)'s values; got a "
+                             f"{'PreparedWeight' if w_values is not None else 'QuantizedArray'}, "
+                             f"which qqmm reads as it is: drop w_prepared")
+        qp.w_prepared = 1
     out_dtype = _dtype_arg(func, dtype)
     cdef _Call call = _new_call(func, x, "x", stream)
     result = None

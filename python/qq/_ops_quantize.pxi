@@ -1,5 +1,5 @@
 # _ops_quantize.pxi - included by _qq.pyx (one extension module, one file per job).
-# Operations: quantize, quantize_colwise, quantize_moe, dequantize.
+# Operations: quantize, quantize_colwise, quantize_moe, quantize_dequantize, dequantize.
 
 # =========================================================================================
 # Operations
@@ -222,6 +222,59 @@ def _unpack_weight(func, w, scales, biases, global_scale, mode, group_size, bits
             _take(func, "scale_layout", scale_layout, "linear", qa.scale_layout, "w"),
             _take(func, "fp8_format", fp8_format, "e4m3", qa.fp8_format, "w"),
             qa.shape)
+
+
+def quantize_dequantize(x, mode="mxfp8", *, global_scale=None, rowwise=True, colwise=False,
+                        rounding="ceil", fp8_format="e4m3", stream=None):
+    """q(x)'s values in bfloat16 from one pass over x [M, K] (fp modes): what the exact
+    path's GEMM reads, and the prepared operands of qqmm(x_prepared=True, w_prepared=True).
+
+    rowwise: x quantized along K (quantize's blocks); colwise: along M (quantize_colwise's
+    blocks, a ragged last block counting its missing rows as zeros), returned in x's own
+    orientation [M, K]. Both: the pair (rowwise, colwise), from one read of x on the GPU.
+    The values leave out nvfp4's global scale (global_scale still sets the scales), as
+    prepared operands do: qqmm applies it as alpha. See docs/api.md.
+    """
+    cdef str func = "quantize_dequantize"
+    cdef _View vx, vg, vr, vc
+    cdef qqQuantParams_t p
+    cdef qqStatus_t st
+    cdef DLTensor *tx
+    cdef DLTensor *tg
+    cdef DLTensor *tr
+    cdef DLTensor *tc
+    cdef void* s
+    if not rowwise and not colwise:
+        raise ValueError(f"{func}: rowwise and colwise are both False; ask for at least one")
+    if mode == "affine":
+        raise ValueError(f"{func}: mode 'affine' is not supported; it takes the fp modes "
+                         f"nvfp4, mxfp4 and mxfp8 (qqmm's operands)")
+    _quant_params(func, &p, mode, None, None, rounding, "linear", fp8_format)
+    cdef _Call call = _new_call(func, x, "x", stream)
+    rows = cols = None
+    try:
+        vx = call.view(x, "x")
+        global_scale = call.scalar(global_scale, "global_scale")
+        vg = call.view(global_scale, "global_scale")
+        xs = vx.pyshape()
+        if len(xs) != 2:
+            raise ValueError(f"{func}: argument 'x' has shape {xs}; expected [M, K]")
+        vr = vc = None
+        if rowwise:
+            rows, vr = call.empty(xs, "bfloat16", "rows")
+        if colwise:
+            cols, vc = call.empty(xs, "bfloat16", "cols")
+        tx, tg, tr, tc = _t(vx), _t(vg), _t(vr), _t(vc)
+        s = call.cstream()
+        with nogil:
+            st = qqQuantizeDequantize(NULL, tx, &p, tg, tr, tc, s)
+        _check(st)
+        call.finish()
+    finally:
+        call.release()
+    if rowwise and colwise:
+        return call.result(rows), call.result(cols)
+    return call.result(rows if rowwise else cols)
 
 
 def dequantize(w, scales=None, biases=None, group_size=None, bits=None, mode="affine", *,

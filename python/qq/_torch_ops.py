@@ -12,11 +12,14 @@ sizes when the batch axes are dynamic, without calling libqq (result dtypes: qq.
   qq::quantize(x, global_scale?, mode, group_size, bits, rounding, scale_layout,
                fp8_format, torch_dtypes) -> [data, scales(, biases)]
   qq::quantize_colwise(... , rowwise, torch_dtypes) -> [data_t, scales_t(, biases_t)(, data, scales(, biases))]
+  qq::quantize_dequantize(x, global_scale?, mode, rounding, fp8_format, rowwise, colwise)
+                         -> [rows?, cols?]   bfloat16, x's shape
   qq::dequantize(w, scales, biases?, global_scale?, mode, group_size, bits, scale_layout,
                  fp8_format, dtype) -> Tensor
   qq::amax(x) -> Tensor                        float32, shape ()
   qq::qqmm(x, x_scales?, global_scale_x?, w, scales?, global_scale_w?, w_values?, bias?, c?,
-           beta, mode, group_size, bits, rounding, x_layout, w_layout, fp8_format, dtype)
+           beta, mode, group_size, bits, rounding, x_layout, w_layout, fp8_format, dtype,
+           x_prepared, w_prepared)
   qq::quantized_matmul(x, w, scales, biases?, global_scale?, bias?, transpose, n, mode,
                        group_size, bits, scale_layout, fp8_format, dtype)
   qq::gather_qmm(x, w, scales, biases?, rhs_indices, global_scale?, bias?, transpose, n,
@@ -163,6 +166,22 @@ def _(x, global_scale, mode, group_size, bits, rounding, scale_layout, fp8_forma
     return out
 
 
+@torch.library.custom_op("qq::quantize_dequantize", mutates_args=())
+def _quantize_dequantize_op(x: Tensor, global_scale: Optional[Tensor], mode: str, rounding: str,
+                            fp8_format: str, rowwise: bool, colwise: bool) -> list[Tensor]:
+    r = _qq.quantize_dequantize(x, mode, global_scale=global_scale, rowwise=rowwise,
+                                colwise=colwise, rounding=rounding, fp8_format=fp8_format)
+    return list(r) if rowwise and colwise else [r]
+
+
+@_quantize_dequantize_op.register_fake
+def _(x, global_scale, mode, rounding, fp8_format, rowwise, colwise):
+    xs = tuple(x.shape)
+    torch._check_value(len(xs) == 2, lambda: f"quantize_dequantize: argument 'x' has shape {xs}; "
+                                             f"expected [M, K]")
+    return [x.new_empty(xs, dtype=torch.bfloat16) for _ in range(int(rowwise) + int(colwise))]
+
+
 @torch.library.custom_op("qq::dequantize", mutates_args=())
 def _dequantize_op(w: Tensor, scales: Tensor, biases: Optional[Tensor],
                    global_scale: Optional[Tensor], mode: str, group_size: int, bits: int,
@@ -191,7 +210,8 @@ def _qqmm_op(x: Tensor, x_scales: Optional[Tensor], global_scale_x: Optional[Ten
              w: Tensor, scales: Optional[Tensor], global_scale_w: Optional[Tensor],
              w_values: Optional[Tensor], bias: Optional[Tensor], c: Optional[Tensor],
              beta: float, mode: str, group_size: int, bits: int, rounding: str, x_layout: str,
-             w_layout: str, fp8_format: str, dtype: torch.dtype) -> Tensor:
+             w_layout: str, fp8_format: str, dtype: torch.dtype, x_prepared: bool = False,
+             w_prepared: bool = False) -> Tensor:
     # Packed operands travel as QuantizedArrays: each keeps its own scale layout, and a
     # PreparedWeight (w_values given) lets qq.qqmm pick its form per call, at run time.
     q = dict(mode=mode, group_size=group_size, bits=bits, fp8_format=fp8_format)
@@ -206,12 +226,14 @@ def _qqmm_op(x: Tensor, x_scales: Optional[Tensor], global_scale_x: Optional[Ten
             w = PreparedWeight(w, w_values)
     return _qq.qqmm(x, w, mode=mode, group_size=group_size, bits=bits,
                     global_scale_x=global_scale_x, global_scale_w=global_scale_w, bias=bias,
-                    c=c, beta=beta, rounding=rounding, fp8_format=fp8_format, dtype=dtype)
+                    c=c, beta=beta, rounding=rounding, fp8_format=fp8_format, dtype=dtype,
+                    x_prepared=x_prepared, w_prepared=w_prepared)
 
 
 @_qqmm_op.register_fake
 def _(x, x_scales, global_scale_x, w, scales, global_scale_w, w_values, bias, c, beta, mode,
-      group_size, bits, rounding, x_layout, w_layout, fp8_format, dtype):
+      group_size, bits, rounding, x_layout, w_layout, fp8_format, dtype, x_prepared=False,
+      w_prepared=False):
     return x.new_empty(_matmul_shape(x.shape, w.shape, w.shape[-2]), dtype=dtype)
 
 
@@ -441,6 +463,17 @@ def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
     return _qa(t, mode, g, b, gs, rounding, scale_layout, fp8_format, x.shape)
 
 
+def quantize_dequantize(x, mode="mxfp8", *, global_scale=None, rowwise=True, colwise=False,
+                        rounding="ceil", fp8_format="e4m3", stream=None):
+    func = "quantize_dequantize"
+    _no_stream(func, stream)
+    if not rowwise and not colwise:
+        raise ValueError(f"{func}: rowwise and colwise are both False; ask for at least one")
+    t = _quantize_dequantize_op(x, _scalar(global_scale, x), mode, rounding, fp8_format,
+                                bool(rowwise), bool(colwise))
+    return (t[0], t[1]) if rowwise and colwise else t[0]
+
+
 def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
                      rounding="ceil", scale_layout="linear", fp8_format="e4m3", rowwise=False,
                      torch_dtypes=True, stream=None):
@@ -504,7 +537,7 @@ def _is_float(t):
 def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
          global_scale_x=None, global_scale_w=None, x_scales=None, bias=None, c=None, beta=1.0,
          rounding="ceil", scale_layout="linear", fp8_format="e4m3", dtype=None, out=None,
-         stream=None):
+         stream=None, x_prepared=False, w_prepared=False):
     func = "qqmm"
     _no_stream(func, stream)
     w_values = None
@@ -552,7 +585,7 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
         w_values = None
     y = _qqmm_op(x, x_scales, _scalar(global_scale_x, x), w, scales, _scalar(global_scale_w, x),
                  w_values, bias, c, float(beta) if c is not None else 0.0, mode, g, b,
-                 rounding, x_layout, w_layout, fp8_format, dt)
+                 rounding, x_layout, w_layout, fp8_format, dt, bool(x_prepared), bool(w_prepared))
     return _finish(y, out)
 
 

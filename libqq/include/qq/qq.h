@@ -292,6 +292,29 @@ QQ_API qqStatus_t qqDequantize(qqHandle_t handle, const DLTensor* data,
                                const DLTensor* global_scale, DLTensor* out,
                                void* stream);
 
+/* Quantize and dequantize in one pass: q(x)'s values in bfloat16, as the
+ * exact path's GEMM reads them (a training step's operands, fake
+ * quantization). The values leave out nvfp4's global scale, as a prepared
+ * operand of qqQqmm does (qqQqmmParams_t.x_prepared / w_prepared): there they
+ * are exact in bfloat16 (docs/formats.md's range caveat aside) and the
+ * global scale goes into qqQqmm's alpha. (0.2)
+ *  x:     float [M, K].
+ *  out:   bfloat16 [M, K], compact: x quantized along K (qqQuantize's blocks;
+ *         K a multiple of the group), or NULL.
+ *  out_t: bfloat16 [M, K], compact: x quantized along M (qqQuantizeColwise's
+ *         blocks: `group` consecutive rows of each column from row 0, a ragged
+ *         last block counting its missing rows as zeros), written in x's own
+ *         orientation, or NULL.
+ *  At least one of the two; both come from one read of x on the GPU.
+ *  params: mode nvfp4, mxfp4 or mxfp8, rounding, fp8_format; group_size and
+ *  bits the mode's; scale_layout is ignored (no scales are written).
+ *  global_scale: nvfp4 only, as qqQuantize's. */
+QQ_API qqStatus_t qqQuantizeDequantize(qqHandle_t handle, const DLTensor* x,
+                                       const qqQuantParams_t* params,
+                                       const DLTensor* global_scale,
+                                       DLTensor* out, DLTensor* out_t,
+                                       void* stream);
+
 /* Convert linear scales [B..., R, C] (uint8) to the blocked layout
  * [B..., roundup(R,128), roundup(C,4)] (zero padding) and back. A 1D input
  * counts as R = 1. unswizzle reads R and C from `linear`'s shape. */
@@ -374,6 +397,13 @@ typedef struct {
    * the GEMM routes use these values instead of dequantizing w on every call.
    * NULL (the default): w alone. Not with w_prepared. */
   const DLTensor* w_values;
+  /* (0.2) 1: x holds q(x)'s values already (qqQuantizeDequantize's form:
+   * float, without the global scale), used as is; the call takes the exact
+   * route (a bf16 GEMM; QQ_STATUS_NOT_SUPPORTED for any other route
+   * requested). 0 by default. A prepared x or w may be a 2-D transposed view
+   * (stride 1 on its first axis, e.g. t.T of a row-major tensor): the GEMM
+   * reads it transposed, no copy. */
+  int x_prepared;
 } qqQqmmParams_t;
 
 QQ_API qqStatus_t qqQqmmParamsInit(qqQqmmParams_t* params, qqMode_t mode);

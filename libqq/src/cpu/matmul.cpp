@@ -87,7 +87,63 @@ void qdq_rows(const Mat& x, int64_t b, const QSpec& q, const float* g, float* ou
   }
 }
 
+// fp32 [R, C] of a prepared operand (q's values already): the rows of entry b
+// of m, or, for a transposed view (trans: m is the stored [C, R]), its columns.
+void load_values(const Mat& m, bool trans, int64_t b, int64_t R, int64_t C, float* out) {
+  const int es = dtype_size(m.dt);
+  const char* base = (const char*)m.ptr + m.offset(b) * es;
+  if (!trans) {
+    for (int64_t r = 0; r < R; ++r) load_row(base + r * m.ld * es, m.dt, C, out + r * C);
+    return;
+  }
+  std::vector<float> row(R);
+  for (int64_t c = 0; c < C; ++c) {
+    load_row(base + c * m.ld * es, m.dt, R, row.data());
+    for (int64_t r = 0; r < R; ++r) out[r * C + c] = row[r];
+  }
+}
+
+// q(m)'s values along the tokens for rows t0 .. t0 + n of m [T, C]: fp32
+// [C, wgrad_span(n)] (m's rows transposed, zero-padded to whole blocks of
+// 32), quantized row-wise - blocks of q.group tokens from row t0.
+std::vector<float> qdq_tokens(const Mat& m, int64_t t0, int64_t n, const QSpec& q, const float* g) {
+  const int64_t C = m.cols, len = wgrad_span(n);
+  std::vector<float> row(C), t(C * len, 0.0f), vals(C * len);
+  for (int64_t r = 0; r < n; ++r) {
+    load_row((const char*)m.ptr + (t0 + r) * m.ld * dtype_size(m.dt), m.dt, C, row.data());
+    for (int64_t k = 0; k < C; ++k) t[k * len + r] = row[k];
+  }
+  Mat tm{};
+  tm.ptr = t.data();
+  tm.dt = DType::F32;
+  tm.rows = C;
+  tm.cols = tm.ld = len;
+  qdq_rows(tm, 0, q, g, vals.data());
+  return vals;
+}
+
 }  // namespace
+
+// q(x)'s values along K (rows) and along M (columns: blocks of q.group rows
+// from row 0, the ragged last one zero-padded), in x's orientation.
+qqStatus_t quantize_dequantize(const QdqArgs& a) {
+  const int64_t M = a.x.rows, K = a.x.cols;
+  if (a.out.ptr) {
+    std::vector<float> v(M * K);
+    qdq_rows(a.x, 0, a.q, a.gs, v.data());
+    for (int64_t m = 0; m < M; ++m) store_row(v.data() + m * K, K, DType::BF16, (char*)a.out.ptr + m * K * 2);
+  }
+  if (a.out_t.ptr) {
+    const int64_t len = wgrad_span(M);
+    const std::vector<float> v = qdq_tokens(a.x, 0, M, a.q, a.gs);  // [K, len]
+    std::vector<float> row(K);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t k = 0; k < K; ++k) row[k] = v[k * len + m];
+      store_row(row.data(), K, DType::BF16, (char*)a.out_t.ptr + m * K * 2);
+    }
+  }
+  return QQ_STATUS_SUCCESS;
+}
 
 qqStatus_t qqmm(const MatmulArgs& a) {
   const int64_t M = a.M, N = a.N, K = a.K;
@@ -97,15 +153,16 @@ qqStatus_t qqmm(const MatmulArgs& a) {
   // q(w)'s values already (a prepared w, or w_values next to a packed w): no dequantization
   const Mat* values = a.w_prepared ? &a.w : (a.w_values.ptr ? &a.w_values : nullptr);
   if (values)
-    for (int64_t n = 0; n < N; ++n)
-      load_row((const char*)values->ptr + n * values->ld * dtype_size(values->dt), values->dt, K, wd.data() + n * K);
+    load_values(*values, a.w_prepared && a.w_trans, 0, N, K, wd.data());
   else if (a.w_packed)
     dequantize_rows(a.w, a.w_scales, nullptr, a.w_blocked, a.q, 1.0f, 0, 0, N, K, wd.data());
   else
     qdq_rows(a.w, 0, a.q, a.gs_w, wd.data());
   const std::vector<float> bias = bias_f32(a.bias, N);
   for (int64_t b = 0; b < a.x.batch(); ++b) {
-    if (a.x_packed)
+    if (a.x_prepared)
+      load_values(a.x, a.x_trans, b, M, K, xd.data());
+    else if (a.x_packed)
       dequantize_rows(a.x, a.x_scales, nullptr, a.x_blocked, a.q, 1.0f, b, 0, M, K, xd.data());
     else
       qdq_rows(a.x, b, a.q, a.gs_x, xd.data());
@@ -135,22 +192,7 @@ qqStatus_t grouped_wgrad(const WgradArgs& a) {
     std::vector<float> c(a.K * a.N, 0.0f);
     if (n > 0) {
       std::vector<float> vals[2];
-      for (int o = 0; o < 2; ++o) {
-        const Mat& m = *ops[o];
-        const int64_t C = m.cols;
-        std::vector<float> row(C), t(C * len, 0.0f);  // the expert's rows, transposed and zero-padded
-        for (int64_t r = 0; r < n; ++r) {
-          load_row((const char*)m.ptr + (t0 + r) * m.ld * dtype_size(m.dt), m.dt, C, row.data());
-          for (int64_t k = 0; k < C; ++k) t[k * len + r] = row[k];
-        }
-        Mat tm{};
-        tm.ptr = t.data();
-        tm.dt = DType::F32;
-        tm.rows = C;
-        tm.cols = tm.ld = len;
-        vals[o].resize(C * len);
-        qdq_rows(tm, 0, a.q, gs[o], vals[o].data());
-      }
+      for (int o = 0; o < 2; ++o) vals[o] = qdq_tokens(*ops[o], t0, n, a.q, gs[o]);  // [C, len]
       gemm_nt(vals[0].data(), a.K, vals[1].data(), a.N, len, alpha, nullptr, c.data());
     }
     store_out(a.out, e, c.data(), a.K, a.N);

@@ -60,18 +60,18 @@ __device__ __forceinline__ float2 decode2(int elem, uint32_t pr) {
 #endif
 }
 
-// One group of G values, in place: q(v)'s values, v = decode(q(v)) * scale -
+// q(v)'s values in place, v = decode(q(v)) * scale -
 // the quantize kernel's scale and element math (codec.h, bit for bit); enc is
 // the nvfp4 global scale's encode factor (1 for none); the global scale itself
 // stays out (the caller folds it into alpha), except gs_post (qdq_kernel).
 // kElem: the element format at compile time (one path, no branch a pair), or
 // -1 for q.elem's at run time.
-template <int G, int kElem = -1>
-__device__ __forceinline__ void qdq_group(float* v, const QSpec& q, float enc, const float* gs_post) {
+// qdq_part: N values v of a group of G whose amax (|x|'s largest bit pattern,
+// NaN above Inf) is ab - the whole group (qdq_group) or a thread's share of
+// one spread over several threads (colqdq_kernel's rows).
+template <int G, int N, int kElem = -1>
+__device__ __forceinline__ void qdq_part(float* v, uint32_t ab, const QSpec& q, float enc, const float* gs_post) {
   const int elem = kElem >= 0 ? kElem : q.elem;
-  uint32_t ab = 0;
-#pragma unroll
-  for (int i = 0; i < G; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
   const float amax = u2f(ab);
   const FpGroupScale gsc = fp_group_scale(amax, G == 16, enc, elem, q.floor_rounding);
   const float f = gsc.factor;
@@ -79,7 +79,7 @@ __device__ __forceinline__ void qdq_group(float* v, const QSpec& q, float enc, c
   float sdec = G == 16 ? e4m3_decode(gsc.code) : ue8m0_decode(gsc.code);
   if (gs_post) sdec = sdec * nvfp4_dec(*gs_post);  // fp32 route only; one extra rounding, within tolerance
 #pragma unroll
-  for (int i = 0; i < G; i += 2) {
+  for (int i = 0; i < N; i += 2) {
     uint32_t pr;
     if (elem == ELEM_E2M1) pr = nan_group ? 0 : e2m1x2_encode(v[i] * f, v[i + 1] * f);
     else if (elem == ELEM_E4M3) pr = nan_group ? 0x7f7f : e4m3x2_encode(v[i] * f, v[i + 1] * f);
@@ -88,6 +88,19 @@ __device__ __forceinline__ void qdq_group(float* v, const QSpec& q, float enc, c
     v[i] = d.x * sdec;
     v[i + 1] = d.y * sdec;
   }
+}
+
+template <int N>
+__device__ __forceinline__ uint32_t abs_bits_max(const float* v) {
+  uint32_t ab = 0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
+  return ab;
+}
+
+template <int G, int kElem = -1>
+__device__ __forceinline__ void qdq_group(float* v, const QSpec& q, float enc, const float* gs_post) {
+  qdq_part<G, G, kElem>(v, abs_bits_max<G>(v), q, enc, gs_post);
 }
 
 // q(x) for one group of G elements per thread: the quantize kernel's scale
@@ -196,7 +209,8 @@ qqStatus_t qdq(const Mat& x, const QSpec& q, const float* gs, const float* gs_po
   }
 }
 
-// A prepared w (q(w)'s values in f16/f32) as compact bf16: exact, the values
+// A prepared operand (q's values in f32/f16, or a bf16 one that is not one
+// [rows, cols] matrix with row pitch ld) as compact bf16: exact, the values
 // are on the quantization grid.
 // out: compact [B, rows, cols] (B = w's batch: grouped_qqmm's experts).
 template <typename T>
@@ -211,7 +225,8 @@ qqStatus_t prepared_to_bf16(const Mat& w, __nv_bfloat16* out, cudaStream_t st) {
   const int64_t total = w.batch() * w.rows * w.cols;
   const unsigned grid = (unsigned)((total + kThreads - 1) / kThreads);
   if (w.dt == DType::F32) to_bf16_kernel<float><<<grid, kThreads, 0, st>>>(w, out, total);
-  else to_bf16_kernel<__half><<<grid, kThreads, 0, st>>>(w, out, total);
+  else if (w.dt == DType::F16) to_bf16_kernel<__half><<<grid, kThreads, 0, st>>>(w, out, total);
+  else to_bf16_kernel<__nv_bfloat16><<<grid, kThreads, 0, st>>>(w, out, total);  // strided or batched
   return check_launch("qqmm");
 }
 
@@ -444,6 +459,8 @@ qqStatus_t qqmm_blockscaled(qqContext* c, const MatmulArgs& a, const float* alph
           "listed only against E4M3)";
   else if (a.w_prepared)
     why = "a prepared w (q(w)'s float values) has no packed form; pass the QuantizedArray instead";
+  else if (a.x_prepared)
+    why = "a prepared x (q(x)'s float values) has no packed form; pass x itself (quantized on the fly)";
   BsOperand x{&a.x, &a.x_scales, a.x_packed, a.x_blocked, a.gs_x, Mtot};
   BsOperand w{&a.w, &a.w_scales, a.w_packed, a.w_blocked, a.gs_w, a.N};
   if (!why) why = bs_operand_refusal(x, "x");
@@ -638,11 +655,12 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
       if (s != QQ_STATUS_NOT_SUPPORTED || !any) return s;
       clear_error();  // refused (it said why): the next route below
     }
-    // The weight-only routes take a float x and a packed w.
-    const bool wonly = a.w_packed && !a.x_packed;
+    // The weight-only routes take a float x (quantized here) and a packed w.
+    const bool wonly = a.w_packed && !a.x_packed && !a.x_prepared;
     if ((want == QQ_ROUTE_QMMA || want == QQ_ROUTE_QMV) && !wonly)
       return set_error(QQ_STATUS_NOT_SUPPORTED, "qqmm: route '%s' needs a float x and a packed w (got %s x, %s "
-                       "w); use route 'auto' or 'exact'", qqGetRouteString(want), a.x_packed ? "a packed" : "a float",
+                       "w); use route 'auto' or 'exact'", qqGetRouteString(want),
+                       a.x_packed ? "a packed" : (a.x_prepared ? "a prepared" : "a float"),
                        a.w_packed ? "a packed" : (a.w_prepared ? "a prepared" : "a float"));
     if ((want == QQ_ROUTE_QMMA && Mtot > kQmmaMaxM) || (want == QQ_ROUTE_QMV && Mtot > kQmvMaxM))
       return set_error(QQ_STATUS_NOT_SUPPORTED, "qqmm: route '%s' takes M <= %d rows (batch folded in); got %lld; "
@@ -675,16 +693,31 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
       if (!any)
         return set_error(QQ_STATUS_NOT_SUPPORTED, "qqmm: route 'qmv' does not take this call; use route 'auto'");
     }
+    // A prepared operand in bf16 that is one matrix (transposed views
+    // included: the GEMM reads them with op T) is used where it lies; other
+    // prepared ones are converted, compact, in their stored orientation.
+    const auto one_bf16 = [](const Mat& m) { return m.dt == DType::BF16 && (m.nb == 0 || m.batch() == 1); };
     __nv_bfloat16 *xb = nullptr, *wb = nullptr;
-    int64_t ldw = K;
-    QQ_TRY(scratch.get("qqmm", (size_t)(Mtot * K) * 2, &xb));
-    QQ_TRY(operand_bf16(c, a.x, a.x_scales, a.x_packed, a.x_blocked, a.q, a.gs_x, M, K, xb, st));
-    if (a.w_prepared && a.w.dt == DType::BF16) {  // the caller keeps q(w) in bf16: no work per call
+    int64_t ldx = K, ldw = K;
+    if (a.x_prepared && one_bf16(a.x)) {
+      xb = (__nv_bfloat16*)a.x.at<__nv_bfloat16>(0);
+      ldx = a.x.ld;
+    } else {
+      QQ_TRY(scratch.get("qqmm", (size_t)(Mtot * K) * 2, &xb));
+      if (a.x_prepared) {
+        QQ_TRY(prepared_to_bf16(a.x, xb, st));
+        ldx = a.x.cols;
+      } else {
+        QQ_TRY(operand_bf16(c, a.x, a.x_scales, a.x_packed, a.x_blocked, a.q, a.gs_x, M, K, xb, st));
+      }
+    }
+    if (a.w_prepared && one_bf16(a.w)) {  // the caller keeps q(w) in bf16: no work per call
       wb = (__nv_bfloat16*)a.w.ptr;
       ldw = a.w.ld;
     } else {
       QQ_TRY(scratch.get("qqmm", (size_t)(N * K) * 2, &wb));
       QQ_TRY(weight_bf16(c, a, a.w, a.w_scales, a.gs_w, 0, wb, st));
+      if (a.w_prepared) ldw = a.w.cols;
     }
     Gemm g;
     g.M = Mtot;
@@ -693,10 +726,11 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
     g.ab = DType::BF16;
     g.d = a.out.dt;
     g.A = xb;
-    g.lda = K;
+    g.lda = ldx;
+    g.a_trans = a.x_trans;
     g.B = wb;
     g.ldb = ldw;
-    g.b_trans = true;
+    g.b_trans = !a.w_trans;
     g.D = a.out.ptr;
     g.ldd = N;
     QQ_TRY(gemm_bias("qqmm", a.bias, &g, scratch, st));
@@ -996,16 +1030,23 @@ template <> __device__ __forceinline__ void unpack2<__half>(const uint2& r, int 
   b = f.y;
 }
 
-template <typename T, int G, bool kVec, int kElem>
+// kRows (vector forms only; x.cols a multiple of G): q(x)'s values along the
+// rows too, into rows_out [rows, cols] compact, from the same registers - a
+// row group's G columns lie on G / C consecutive lanes, which exchange their
+// amax (qqQuantizeDequantize with both outputs: one read of x instead of two).
+template <typename T, int G, bool kVec, int kElem, bool kRows = false>
 __global__ void __launch_bounds__(kThreads)
-    colqdq_kernel(Mat x, const int32_t* end_p, QSpec q, const float* gs, __nv_bfloat16* out) {
+    colqdq_kernel(Mat x, const int32_t* end_p, QSpec q, const float* gs, __nv_bfloat16* out,
+                  __nv_bfloat16* rows_out = nullptr) {
   constexpr int C = 8 / sizeof(T);  // columns per thread: 4 of a 16-bit input, 2 of fp32
   constexpr int EB = 8 * sizeof(T);
+  static_assert(!kRows || kVec, "the row-wise values need whole 8-byte row pieces");
   const int64_t r0 = (int64_t)blockIdx.x * 32;
   const int64_t c0 = ((int64_t)blockIdx.y * kThreads + threadIdx.x) * C;
-  if (c0 >= x.cols) return;
-  const bool bad = group_end_bad(end_p, 0, 1, x.rows);
-  const int64_t rows = x.rows - r0 < 32 ? x.rows - r0 : 32, live = bad ? 0 : rows;  // rows read
+  const bool in = c0 < x.cols;
+  if (!kRows && !in) return;  // (kRows: every lane of a warp takes part in the exchanges)
+  const bool bad = end_p && group_end_bad(end_p, 0, 1, x.rows);
+  const int64_t rows = x.rows - r0 < 32 ? x.rows - r0 : 32, live = (bad || !in) ? 0 : rows;  // rows read
   uint2 raw[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
@@ -1029,6 +1070,26 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   const float enc = (G == 16 && gs) ? nvfp4_enc(*gs) : 1.0f;
+  if constexpr (kRows) {
+    constexpr int L = G / C;  // lanes per row group
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      if (i >= rows) break;  // uniform over the block
+      float v[C];
+#pragma unroll
+      for (int p = 0; p < C / 2; ++p) unpack2<T>(raw[i], p, v[2 * p], v[2 * p + 1]);
+      uint32_t ab = abs_bits_max<C>(v);
+#pragma unroll
+      for (int o = 1; o < L; o <<= 1) ab = max(ab, __shfl_xor_sync(0xffffffffu, ab, o));
+      qdq_part<G, C, kElem>(v, ab, q, enc, nullptr);
+      if (in) {
+        __nv_bfloat16* d = rows_out + (r0 + i) * x.cols + c0;
+        if (C == 4) *reinterpret_cast<uint2*>(d) = make_uint2(bf16x2_bits(v[0], v[1]), bf16x2_bits(v[2], v[3]));
+        else *reinterpret_cast<uint32_t*>(d) = bf16x2_bits(v[0], v[1]);
+      }
+    }
+    if (!in) return;
+  }
   uint32_t o[32][C / 2];  // bf16 pairs of columns (2p, 2p + 1), per row
 #pragma unroll
   for (int p = 0; p < C / 2; ++p) {
@@ -1063,24 +1124,35 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// rows_out (quantize_dequantize, end == nullptr): the row-wise values too, from
+// the same read where x's rows are whole 8-byte pieces; otherwise the caller
+// runs qdq for them.
 template <typename T>
 qqStatus_t launch_colqdq_t(const Mat& x, const int32_t* end, const QSpec& q, const float* gs, __nv_bfloat16* out,
-                           cudaStream_t st) {
+                           __nv_bfloat16* rows_out, const char* op, cudaStream_t st) {
   constexpr int C = 8 / sizeof(T);
   const dim3 grid((unsigned)((x.rows + 31) / 32), (unsigned)((x.cols + (int64_t)kThreads * C - 1) / (kThreads * C)));
   const bool vec = x.cols % C == 0 && x.ld % C == 0 && (uintptr_t)x.ptr % 8 == 0;
   qdq_form(q, vec, [&](auto G, auto kVec, auto kElem) {
+    if constexpr (decltype(kVec)::value) {
+      if (rows_out) {
+        colqdq_kernel<T, G, true, kElem, true><<<grid, kThreads, 0, st>>>(x, end, q, gs, out, rows_out);
+        return;
+      }
+    }
     colqdq_kernel<T, G, kVec, kElem><<<grid, kThreads, 0, st>>>(x, end, q, gs, out);
   });
-  return check_launch("grouped_qqmm_wgrad");
+  QQ_TRY(check_launch(op));
+  if (rows_out && !vec) return qdq<__nv_bfloat16>(x, q, gs, nullptr, rows_out, st);
+  return QQ_STATUS_SUCCESS;
 }
 
 qqStatus_t colqdq(const Mat& x, const int32_t* end, const QSpec& q, const float* gs, __nv_bfloat16* out,
-                  cudaStream_t st) {
+                  cudaStream_t st, __nv_bfloat16* rows_out = nullptr, const char* op = "grouped_qqmm_wgrad") {
   switch (x.dt) {
-    case DType::F32: return launch_colqdq_t<float>(x, end, q, gs, out, st);
-    case DType::F16: return launch_colqdq_t<__half>(x, end, q, gs, out, st);
-    default: return launch_colqdq_t<__nv_bfloat16>(x, end, q, gs, out, st);
+    case DType::F32: return launch_colqdq_t<float>(x, end, q, gs, out, rows_out, op, st);
+    case DType::F16: return launch_colqdq_t<__half>(x, end, q, gs, out, rows_out, op, st);
+    default: return launch_colqdq_t<__nv_bfloat16>(x, end, q, gs, out, rows_out, op, st);
   }
 }
 
@@ -1119,6 +1191,17 @@ qqStatus_t dense_wgrad(qqContext* c, const WgradArgs& a, cudaStream_t st) {
 }
 
 }  // namespace
+
+qqStatus_t quantize_dequantize(qqHandle_t h, const QdqArgs& a, void* stream) {
+  qqContext* c = nullptr;
+  QQ_TRY(resolve_handle("quantize_dequantize", h, a.x.device, &c));
+  return on_device(c->device, [&]() -> qqStatus_t {
+    cudaStream_t st = (cudaStream_t)stream;
+    __nv_bfloat16* rows = (__nv_bfloat16*)a.out.ptr;
+    if (!a.out_t.ptr) return qdq<__nv_bfloat16>(a.x, a.q, a.gs, nullptr, rows, st);
+    return colqdq(a.x, nullptr, a.q, a.gs, (__nv_bfloat16*)a.out_t.ptr, st, rows, "quantize_dequantize");
+  });
+}
 
 qqStatus_t grouped_qqmm_wgrad(qqHandle_t h, const WgradArgs& a, void* stream) {
   qqContext* c = nullptr;
