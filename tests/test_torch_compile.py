@@ -184,9 +184,9 @@ def test_opcheck_matmuls_and_linear():
         br = data(96, seed=3).requires_grad_()
         torch.library.opcheck(torch.ops.qq.linear, (xr, wr, br, mode))
         dy, x2 = data(40, 96, seed=4), data(40, 64)
-        _, *wd = torch.ops.qq.linear(x2, wr.detach(), None, mode)
+        _, *saved = torch.ops.qq.linear(x2, wr.detach(), None, mode)
         torch.library.opcheck(torch.ops.qq.linear_backward,
-                              (dy, x2, wd, mode, True, True, torch.float32))
+                              (dy, saved, mode, True, True, torch.float32, torch.float32))
 
 
 # =========================================================================================

@@ -137,29 +137,73 @@ def _wgrad(dy: torch.Tensor, x: torch.Tensor, mode: str, dtype, gdy=None, gx=Non
     return qq.qqmm(qdy, qx, mode=mode, dtype=dtype)
 
 
+def _values_path(t: torch.Tensor) -> bool:
+    """Whether qqmm runs the exact path here (the CPU, GPUs without block-scaled tensor cores:
+    Hopper and older): there the step works on q's bf16 values (module docstring)."""
+    return not (t.is_cuda and _torch_ops._blockscaled_cuda(t.device.index or 0))
+
+
+def _weight_values(w: torch.Tensor, mode: str):
+    """q(W)'s bf16 values for the exact path: (forward [N, K] along K, dgrad [N, K] along N,
+    nvfp4's global scale or None). mxfp8: one 32x32 quantization, whose values serve both."""
+    if mode == "mxfp8":
+        d1, s1 = qq.quantize_moe(w.t().unsqueeze(0), scaling="32x32", scale_layout="blocked", torch_dtypes=False)
+        v = qq.dequantize(d1[0].t(), s1[0], mode="mxfp8", scale_layout="blocked", dtype="bfloat16")
+        return v, v, None
+    gw = _gs(w, mode)
+    wr, wc = qq.quantize_dequantize(w, mode, global_scale=gw, colwise=True)
+    return wr, wc, gw
+
+
 # The two halves of a training step on 2-D x [T, K], shared by QQLinearFunction (eager)
-# and the qq::linear / qq::linear_backward custom ops (torch.compile). The dgrad weight
-# operand travels between them as tensors: [codes, blocked scales(, nvfp4: W's global
-# scale, x's global scale - qq.amax once a step for each tensor)].
+# and the qq::linear / qq::linear_backward custom ops (torch.compile). What the forward
+# keeps for the backward travels between them as tensors ("saved"):
+#   exact path (_values_path): [q(x)'s bf16 values along T, q(W)'s bf16 values along N]
+#     - the forward computes x's values in both orientations from one read (the
+#     column-wise ones are what wgrad needs), so the backward never reads x;
+#   block-scaled path: [x, W's codes along N, their blocked scales];
+#   then, for nvfp4, [W's global scale, x's global scale] (qq.amax once a step each).
 
 def _linear_forward(x2, weight, bias, mode):
-    """(y [T, N] in x's dtype, the dgrad operand's tensors)."""
+    """(y [T, N] in x's dtype, saved)."""
+    if _values_path(x2):
+        gx = _gs(x2, mode)
+        xr, xc = qq.quantize_dequantize(x2, mode, global_scale=gx, colwise=True)
+        wr, wc, gw = _weight_values(weight, mode)
+        y = qq.qqmm(xr, wr, mode=mode, x_prepared=True, w_prepared=True, global_scale_x=gx,
+                    global_scale_w=gw, bias=bias, dtype=x2.dtype)
+        return y, [xc, wc] + ([gw, gx] if mode == "nvfp4" else [])
     wf, wd = _quantize_weight(weight, mode)
     gx = _gs(x2, mode)
     y = _qqmm(x2, wf, mode, x2.dtype, bias=bias, gs_a=gx)
-    return y, [wd["w"], wd["scales"]] + ([wd["global_scale_w"], gx] if mode == "nvfp4" else [])
+    return y, [x2, wd["w"], wd["scales"]] + ([wd["global_scale_w"], gx] if mode == "nvfp4" else [])
 
 
-def _linear_backward(dy2, x2, wd, mode, need_dx, need_dw, wdtype):
+def _linear_backward(dy2, saved, mode, need_dx, need_dw, xdtype, wdtype):
     """(dx [T, K] or None, dW [N, K] or None) for dy [T, N] (in x's dtype)."""
     dx = dw = None
     nv = mode == "nvfp4"
     gdy = _gs(dy2, mode) if (need_dx or need_dw) else None
+    gw, gx = (saved[-2], saved[-1]) if nv else (None, None)
+    if _values_path(dy2):
+        xc, wc = saved[0], saved[1]
+        if not (need_dx or need_dw):
+            return dx, dw
+        r = qq.quantize_dequantize(dy2, mode, global_scale=gdy, rowwise=need_dx, colwise=need_dw)
+        dyr, dyc = r if (need_dx and need_dw) else ((r, None) if need_dx else (None, r))
+        if need_dx:     # dy [T, N] @ W [N, K]: W's values along N, read transposed
+            dx = qq.qqmm(dyr, wc.t(), mode=mode, x_prepared=True, w_prepared=True, global_scale_x=gdy,
+                         global_scale_w=gw, dtype=xdtype)
+        if need_dw:     # dy^T [N, T] @ x [T, K]: both along T, read transposed
+            dw = qq.qqmm(dyc.t(), xc.t(), mode=mode, x_prepared=True, w_prepared=True, global_scale_x=gdy,
+                         global_scale_w=gx, dtype=wdtype)
+        return dx, dw
+    x2 = saved[0]
     if need_dx:
-        wop = {"w": wd[0], "scales": wd[1], "global_scale_w": wd[2] if nv else None}
-        dx = _qqmm(dy2, wop, mode, x2.dtype, gs_a=gdy)
+        wop = {"w": saved[1], "scales": saved[2], "global_scale_w": gw}
+        dx = _qqmm(dy2, wop, mode, xdtype, gs_a=gdy)
     if need_dw:
-        dw = _wgrad(dy2, x2, mode, wdtype, gdy, wd[3] if nv else None)
+        dw = _wgrad(dy2, x2, mode, wdtype, gdy, gx)
     return dx, dw
 
 
@@ -173,20 +217,20 @@ class QQLinearFunction(torch.autograd.Function):
         _check(x, weight, bias, mode)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).contiguous()
-        y, wd = _linear_forward(x2, weight.detach(), None if bias is None else bias.detach(), mode)
-        ctx.save_for_backward(x2, *wd)
-        ctx.mode, ctx.shape = mode, shape
+        y, saved = _linear_forward(x2, weight.detach(), None if bias is None else bias.detach(), mode)
+        ctx.save_for_backward(*saved)
+        ctx.mode, ctx.shape, ctx.xdtype = mode, shape, x.dtype
         ctx.wdtype, ctx.has_bias = weight.dtype, bias is not None
         return y.reshape(*shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, dy):
-        x2, *wd = ctx.saved_tensors
+        saved = ctx.saved_tensors
         dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
-        if dy2.dtype != x2.dtype:
-            dy2 = dy2.to(x2.dtype)
-        dx, dw = _linear_backward(dy2, x2, wd, ctx.mode, ctx.needs_input_grad[0],
-                                  ctx.needs_input_grad[1], ctx.wdtype)
+        if dy2.dtype != ctx.xdtype:
+            dy2 = dy2.to(ctx.xdtype)
+        dx, dw = _linear_backward(dy2, saved, ctx.mode, ctx.needs_input_grad[0],
+                                  ctx.needs_input_grad[1], ctx.xdtype, ctx.wdtype)
         db = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0, dtype=torch.float32).to(ctx.wdtype)
@@ -199,53 +243,58 @@ class QQLinearFunction(torch.autograd.Function):
 @torch.library.custom_op("qq::linear", mutates_args=())
 def _linear_op(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                mode: str) -> list[torch.Tensor]:
-    y, wd = _linear_forward(x2, weight, bias, mode)
-    return [y] + wd
+    y, saved = _linear_forward(x2, weight, bias, mode)
+    return [y] + saved
 
 
 @_linear_op.register_fake
 def _(x2, weight, bias, mode):
-    (t, _), (n, k) = x2.shape, weight.shape
+    (t, k), (n, _) = x2.shape, weight.shape
     g = _GROUP[mode]
-    # dgrad operand: W^T [K, N] quantized along N; codes [K, N*bits/8], blocked scales
-    # [roundup(K, 128), roundup(N/g, 4)] (qqQuantizedShapes)
-    codes = x2.new_empty((k, n if mode == "mxfp8" else n // 2), dtype=torch.uint8)
-    scales = x2.new_empty(((k + 127) // 128 * 128, (n // g + 3) // 4 * 4), dtype=torch.uint8)
-    out = [x2.new_empty((t, n)), codes, scales]
+    out = [x2.new_empty((t, n))]
+    if _values_path(x2):    # x's values along T [T, K], W's along N [N, K]
+        out += [x2.new_empty((t, k), dtype=torch.bfloat16), x2.new_empty((n, k), dtype=torch.bfloat16)]
+    else:
+        # x; W^T [K, N] quantized along N: codes [K, N*bits/8], blocked scales
+        # [roundup(K, 128), roundup(N/g, 4)] (qqQuantizedShapes)
+        out += [x2.new_empty((t, k)), x2.new_empty((k, n if mode == "mxfp8" else n // 2), dtype=torch.uint8),
+                x2.new_empty(((k + 127) // 128 * 128, (n // g + 3) // 4 * 4), dtype=torch.uint8)]
     if mode == "nvfp4":   # W's and x's global scales
         out += [x2.new_empty((), dtype=torch.float32), x2.new_empty((), dtype=torch.float32)]
     return out
 
 
 @torch.library.custom_op("qq::linear_backward", mutates_args=())
-def _linear_backward_op(dy2: torch.Tensor, x2: torch.Tensor, wd: list[torch.Tensor], mode: str,
-                        need_dx: bool, need_dw: bool, wdtype: torch.dtype) -> list[torch.Tensor]:
+def _linear_backward_op(dy2: torch.Tensor, saved: list[torch.Tensor], mode: str, need_dx: bool,
+                        need_dw: bool, xdtype: torch.dtype, wdtype: torch.dtype) -> list[torch.Tensor]:
     # dy may arrive expanded (the gradient of .sum() has stride 0): libqq reads rows
-    dx, dw = _linear_backward(dy2.contiguous(), x2.contiguous(), wd, mode, need_dx, need_dw, wdtype)
+    dx, dw = _linear_backward(dy2.contiguous(), [t.contiguous() for t in saved], mode, need_dx, need_dw,
+                              xdtype, wdtype)
     return [t for t in (dx, dw) if t is not None]
 
 
 @_linear_backward_op.register_fake
-def _(dy2, x2, wd, mode, need_dx, need_dw, wdtype):
+def _(dy2, saved, mode, need_dx, need_dw, xdtype, wdtype):
+    (t, n), k = dy2.shape, saved[0].shape[1]
     out = []
     if need_dx:
-        out.append(x2.new_empty(x2.shape))
+        out.append(dy2.new_empty((t, k), dtype=xdtype))
     if need_dw:
-        out.append(x2.new_empty((dy2.shape[1], x2.shape[1]), dtype=wdtype))
+        out.append(dy2.new_empty((n, k), dtype=wdtype))
     return out
 
 
 def _linear_setup(ctx, inputs, output):
     x2, weight, bias, mode = inputs
-    ctx.save_for_backward(x2, *output[1:])
-    ctx.mode, ctx.wdtype, ctx.has_bias = mode, weight.dtype, bias is not None
+    ctx.save_for_backward(*output[1:])
+    ctx.mode, ctx.xdtype, ctx.wdtype, ctx.has_bias = mode, x2.dtype, weight.dtype, bias is not None
 
 
 def _linear_grad(ctx, grads):
-    x2, *wd = ctx.saved_tensors
-    dy2 = grads[0].to(x2.dtype).contiguous()
+    saved = list(ctx.saved_tensors)
+    dy2 = grads[0].to(ctx.xdtype).contiguous()
     need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    r = iter(_linear_backward_op(dy2, x2, wd, ctx.mode, need_dx, need_dw, ctx.wdtype))
+    r = iter(_linear_backward_op(dy2, saved, ctx.mode, need_dx, need_dw, ctx.xdtype, ctx.wdtype))
     dx = next(r) if need_dx else None
     dw = next(r) if need_dw else None
     db = dy2.sum(0, dtype=torch.float32).to(ctx.wdtype) if ctx.has_bias and ctx.needs_input_grad[2] else None

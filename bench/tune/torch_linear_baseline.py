@@ -1,0 +1,701 @@
+"""qq.torch: PyTorch training and inference with quantized operands (imported on demand;
+needs torch).
+
+    import qq.torch as qqt
+    report = qqt.quantize_(model, mode="nvfp4")           # inference: nn.Linear -> QuantizedLinear
+    layer = qqt.QQLinear(4096, 4096, mode="mxfp8")        # or qqt.QQLinear.from_linear(linear)
+    model = qqt.convert_linear(model, mode="mxfp8")       # swap every nn.Linear in place
+    y = qqt.qq_linear(x, weight, bias, mode="mxfp8")      # the autograd function
+
+A linear layer y = x @ W^T + b runs three GEMMs per training step, each through libqq's
+qqmm with both operands quantized (docs/adapters.md has the table):
+
+  forward  y  = q(x) @ q(W)^T       contracts K: x in 1xG blocks along K, W in blocks along K
+  dgrad    dx = q(dy) @ q(W)        contracts N: dy in 1xG blocks along N, W in blocks along N
+  wgrad    dW = q(dy)^T @ q(x)      contracts T (tokens): dy and x in blocks along T
+
+G is 32 (mxfp8, mxfp4) or 16 (nvfp4, with per-tensor global scales from qq.amax). For mxfp8
+the weight is quantized once per step with 32x32 tiles (qq.quantize_moe): every element of
+a tile shares one scale, so the same quantized values serve the forward GEMM (blocks along
+K) and the dgrad GEMM (blocks along N) - the two operands are bit-identical up to the
+transpose. nvfp4 and mxfp4 have no 32x32 form: W is quantized along K for the forward and
+along N (qq.quantize_colwise) for dgrad, two different roundings of W. The wgrad operands
+are quantized along T (blocks of G tokens from the first; a ragged last block counts the
+missing tokens as zeros, which add nothing and do not change its scale): through
+qq.grouped_qqmm_wgrad with one expert where qqmm runs the exact path, through
+qq.quantize_colwise and qqmm where the block-scaled tensor cores are. Accumulation is fp32; outputs
+are x's dtype (y, dx) and W's dtype (dW); db = dy summed over tokens in torch.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+import qq
+from qq import _torch_ops  # noqa: F401  (registers qq's torch ops: torch.compile support)
+
+__all__ = ["QQLinear", "QQLinearFunction", "convert_linear", "qq_linear", "MODES",
+           "QQGroupedLinear", "QQGroupedLinearFunction", "qq_grouped_linear",
+           "QuantizedLinear", "QuantizeReport", "quantize_", "INFERENCE_MODES", "save_quantized", "load_quantized"]
+
+MODES = ("mxfp8", "nvfp4", "mxfp4")
+_log = logging.getLogger("qq.torch")
+_GROUP = {m: g for m, (g, _) in qq._qq._mode_defaults().items() if m in MODES}  # libqq's defaults
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, bias, mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"qq_linear: mode must be one of {MODES}; got {mode!r}")
+    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        raise TypeError("qq_linear: x and weight must be torch tensors")
+    if weight.dim() != 2:
+        raise ValueError(f"qq_linear: weight must be [out_features, in_features]; got shape {tuple(weight.shape)}")
+    if x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"qq_linear: x's last axis ({x.shape[-1] if x.dim() else None}) must equal weight's "
+                         f"in_features ({weight.shape[1]})")
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise TypeError(f"qq_linear: {name} must be float32, bfloat16 or float16; got {t.dtype}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"qq_linear: bias must have shape ({weight.shape[0]},); got {tuple(bias.shape)}")
+    if x.device != weight.device or (bias is not None and bias.device != weight.device):
+        raise ValueError(f"qq_linear: x, weight and bias must be on one device; got x on {x.device}, "
+                         f"weight on {weight.device}" + (f", bias on {bias.device}" if bias is not None else ""))
+    g = _GROUP[mode]
+    n, k = weight.shape
+    if k % g or n % g or (mode == "mxfp8" and (n % 32 or k % 32)):
+        raise ValueError(f"qq_linear: in_features ({k}) and out_features ({n}) must be multiples of {g} "
+                         f"for mode {mode!r} (both GEMM directions quantize along them); pad the layer")
+
+
+def _gs(t: torch.Tensor, mode: str):
+    """nvfp4's per-tensor global scale (amax, on t's device), else None."""
+    return qq.amax(t) if mode == "nvfp4" else None
+
+
+def _quantize_weight(w: torch.Tensor, mode: str):
+    """The weight operands of one step: (forward, dgrad), each a dict of qqmm arguments.
+
+    mxfp8: one 32x32 quantization of W (qq.quantize_moe) read in both orientations: the
+    [N, K] operand (blocks along K) and the [K, N] operand (blocks along N) hold the same
+    codes and scales. Other modes: qq.quantize (along K) and qq.quantize_colwise (along N).
+    """
+    if mode == "mxfp8":
+        # [1, K, N] view of W^T (stride 1 on dim 1): D1 = K -> data [1, K, N] column-major,
+        # i.e. W's codes row-major [N, K]; blocked scales [1, R128(N), C4(K/32)]
+        d1, s1 = qq.quantize_moe(w.t().unsqueeze(0), scaling="32x32", scale_layout="blocked", torch_dtypes=False)
+        # [1, N, K] = W: D1 = N -> data column-major [1, N, K], i.e. codes of W^T row-major [K, N]
+        d2, s2 = qq.quantize_moe(w.unsqueeze(0), scaling="32x32", scale_layout="blocked", torch_dtypes=False)
+        fwd = {"w": d1[0].t(), "scales": s1[0]}
+        bwd = {"w": d2[0].t(), "scales": s2[0]}
+        return fwd, bwd
+    gs = _gs(w, mode)
+    qf = qq.quantize(w, mode=mode, global_scale=gs, scale_layout="blocked", torch_dtypes=False)
+    qb = qq.quantize_colwise(w, mode=mode, global_scale=gs, scale_layout="blocked", torch_dtypes=False)
+    fwd = {"w": qf.data, "scales": qf.scales, "global_scale_w": gs}
+    bwd = {"w": qb.data, "scales": qb.scales, "global_scale_w": gs}
+    return fwd, bwd
+
+
+def _qqmm(a: torch.Tensor, wop: dict, mode: str, dtype, bias=None, gs_a=None) -> torch.Tensor:
+    """a @ q(w)^T with a quantized on the fly (global scale gs_a, or qq.amax(a), for nvfp4);
+    wop holds w's packed codes and blocked scales (and nvfp4's global scale)."""
+    return qq.qqmm(a, wop["w"], wop["scales"], mode=mode, global_scale_x=gs_a if gs_a is not None else _gs(a, mode),
+                   global_scale_w=wop.get("global_scale_w"), scale_layout="blocked", bias=bias,
+                   dtype=dtype)
+
+
+def _pad_rows(t: torch.Tensor, g: int) -> torch.Tensor:
+    r = (-t.shape[0]) % g
+    return t if r == 0 else torch.cat([t, t.new_zeros((r, t.shape[1]))], dim=0)
+
+
+def _wgrad(dy: torch.Tensor, x: torch.Tensor, mode: str, dtype, gdy=None, gx=None) -> torch.Tensor:
+    """dW [N, K] = q(dy)^T @ q(x), both quantized along the tokens T.
+
+    Where qqmm runs the exact path (Hopper and older GPUs, the CPU), as qq.grouped_qqmm_wgrad
+    with one expert: the same blocks along T, quantized and dequantized in one pass per operand
+    in its own orientation, then one GEMM that reads them transposed. Where the block-scaled
+    tensor cores are (Blackwell), through quantize_colwise's codes and qqmm's block-scaled route.
+    gdy, gx: nvfp4's global scales of dy and x when the caller has them (qq.amax otherwise)."""
+    if mode == "nvfp4":
+        gdy = gdy if gdy is not None else _gs(dy, mode)
+        gx = gx if gx is not None else _gs(x, mode)
+    if not (dy.is_cuda and _torch_ops._blockscaled_cuda(dy.device.index or 0)):
+        ends = torch.full((1,), dy.shape[0], dtype=torch.int32, device=dy.device)
+        return qq.grouped_qqmm_wgrad(dy, x, ends, mode=mode, global_scale_x=gdy, global_scale_dy=gx,
+                                     dtype=str(dtype).rpartition(".")[2])[0]
+    g = _GROUP[mode]
+    dy, x = _pad_rows(dy, g), _pad_rows(x, g)
+    qdy = qq.quantize_colwise(dy, mode=mode, global_scale=gdy, torch_dtypes=False)   # dy^T [N, T], blocks along T
+    qx = qq.quantize_colwise(x, mode=mode, global_scale=gx, torch_dtypes=False)     # x^T  [K, T], blocks along T
+    return qq.qqmm(qdy, qx, mode=mode, dtype=dtype)
+
+
+# The two halves of a training step on 2-D x [T, K], shared by QQLinearFunction (eager)
+# and the qq::linear / qq::linear_backward custom ops (torch.compile). The dgrad weight
+# operand travels between them as tensors: [codes, blocked scales(, nvfp4: W's global
+# scale, x's global scale - qq.amax once a step for each tensor)].
+
+def _linear_forward(x2, weight, bias, mode):
+    """(y [T, N] in x's dtype, the dgrad operand's tensors)."""
+    wf, wd = _quantize_weight(weight, mode)
+    gx = _gs(x2, mode)
+    y = _qqmm(x2, wf, mode, x2.dtype, bias=bias, gs_a=gx)
+    return y, [wd["w"], wd["scales"]] + ([wd["global_scale_w"], gx] if mode == "nvfp4" else [])
+
+
+def _linear_backward(dy2, x2, wd, mode, need_dx, need_dw, wdtype):
+    """(dx [T, K] or None, dW [N, K] or None) for dy [T, N] (in x's dtype)."""
+    dx = dw = None
+    nv = mode == "nvfp4"
+    gdy = _gs(dy2, mode) if (need_dx or need_dw) else None
+    if need_dx:
+        wop = {"w": wd[0], "scales": wd[1], "global_scale_w": wd[2] if nv else None}
+        dx = _qqmm(dy2, wop, mode, x2.dtype, gs_a=gdy)
+    if need_dw:
+        dw = _wgrad(dy2, x2, mode, wdtype, gdy, wd[3] if nv else None)
+    return dx, dw
+
+
+class QQLinearFunction(torch.autograd.Function):
+    """y = x @ W^T + b with all three GEMMs on quantized operands (module docstring).
+    Eager only: under torch.compile qq_linear runs the qq::linear custom op instead (the
+    same computation, with torch.library.register_autograd)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, mode):
+        _check(x, weight, bias, mode)
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).contiguous()
+        y, wd = _linear_forward(x2, weight.detach(), None if bias is None else bias.detach(), mode)
+        ctx.save_for_backward(x2, *wd)
+        ctx.mode, ctx.shape = mode, shape
+        ctx.wdtype, ctx.has_bias = weight.dtype, bias is not None
+        return y.reshape(*shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, *wd = ctx.saved_tensors
+        dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
+        if dy2.dtype != x2.dtype:
+            dy2 = dy2.to(x2.dtype)
+        dx, dw = _linear_backward(dy2, x2, wd, ctx.mode, ctx.needs_input_grad[0],
+                                  ctx.needs_input_grad[1], ctx.wdtype)
+        db = None
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.sum(0, dtype=torch.float32).to(ctx.wdtype)
+        return None if dx is None else dx.reshape(ctx.shape), dw, db, None
+
+
+# torch.compile: the two halves as custom ops (tensors in, tensors out; libqq runs in their
+# eager implementations, the fake ones give shapes), tied by register_autograd.
+
+@torch.library.custom_op("qq::linear", mutates_args=())
+def _linear_op(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+               mode: str) -> list[torch.Tensor]:
+    y, wd = _linear_forward(x2, weight, bias, mode)
+    return [y] + wd
+
+
+@_linear_op.register_fake
+def _(x2, weight, bias, mode):
+    (t, _), (n, k) = x2.shape, weight.shape
+    g = _GROUP[mode]
+    # dgrad operand: W^T [K, N] quantized along N; codes [K, N*bits/8], blocked scales
+    # [roundup(K, 128), roundup(N/g, 4)] (qqQuantizedShapes)
+    codes = x2.new_empty((k, n if mode == "mxfp8" else n // 2), dtype=torch.uint8)
+    scales = x2.new_empty(((k + 127) // 128 * 128, (n // g + 3) // 4 * 4), dtype=torch.uint8)
+    out = [x2.new_empty((t, n)), codes, scales]
+    if mode == "nvfp4":   # W's and x's global scales
+        out += [x2.new_empty((), dtype=torch.float32), x2.new_empty((), dtype=torch.float32)]
+    return out
+
+
+@torch.library.custom_op("qq::linear_backward", mutates_args=())
+def _linear_backward_op(dy2: torch.Tensor, x2: torch.Tensor, wd: list[torch.Tensor], mode: str,
+                        need_dx: bool, need_dw: bool, wdtype: torch.dtype) -> list[torch.Tensor]:
+    # dy may arrive expanded (the gradient of .sum() has stride 0): libqq reads rows
+    dx, dw = _linear_backward(dy2.contiguous(), x2.contiguous(), wd, mode, need_dx, need_dw, wdtype)
+    return [t for t in (dx, dw) if t is not None]
+
+
+@_linear_backward_op.register_fake
+def _(dy2, x2, wd, mode, need_dx, need_dw, wdtype):
+    out = []
+    if need_dx:
+        out.append(x2.new_empty(x2.shape))
+    if need_dw:
+        out.append(x2.new_empty((dy2.shape[1], x2.shape[1]), dtype=wdtype))
+    return out
+
+
+def _linear_setup(ctx, inputs, output):
+    x2, weight, bias, mode = inputs
+    ctx.save_for_backward(x2, *output[1:])
+    ctx.mode, ctx.wdtype, ctx.has_bias = mode, weight.dtype, bias is not None
+
+
+def _linear_grad(ctx, grads):
+    x2, *wd = ctx.saved_tensors
+    dy2 = grads[0].to(x2.dtype).contiguous()
+    need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    r = iter(_linear_backward_op(dy2, x2, wd, ctx.mode, need_dx, need_dw, ctx.wdtype))
+    dx = next(r) if need_dx else None
+    dw = next(r) if need_dw else None
+    db = dy2.sum(0, dtype=torch.float32).to(ctx.wdtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
+    return dx, dw, db, None
+
+
+_linear_op.register_autograd(_linear_grad, setup_context=_linear_setup)
+
+
+def qq_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+              mode: str = "mxfp8") -> torch.Tensor:
+    """F.linear with quantized operands in the forward and both backward GEMMs.
+
+    Eager: QQLinearFunction. Under torch.compile: the qq::linear custom op (same results),
+    so that a compiled model traces without graph breaks, backward included."""
+    if not torch.compiler.is_compiling():
+        return QQLinearFunction.apply(x, weight, bias, mode)
+    _check(x, weight, bias, mode)
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    y = _linear_op(x2, weight, bias, mode)[0]
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+# ---- mixture of experts: grouped linear layers ------------------------------------------
+
+def _grouped_weight_operands(weight: torch.Tensor, mode: str):
+    """The expert weights [E, N, K] as grouped_qqmm's operands: (forward kwargs, dgrad kwargs).
+    mxfp8: one 32x32 quantization per orientation (qq.quantize_moe; the tiles make both the
+    same values, as _quantize_weight does for one matrix); other modes: the float weight,
+    quantized inside grouped_qqmm along the contracted axis (nvfp4 with per-expert amax)."""
+    if mode == "mxfp8":
+        # forward contracts K: quantize_moe on the [E, K, N] view (D1 = K); dgrad contracts N:
+        # on W itself (D1 = N), read by grouped_qqmm as the [E, K, N] weight of dy @ W
+        fd, fs = qq.quantize_moe(weight.transpose(1, 2), scaling="32x32", scale_layout="blocked", torch_dtypes=False)
+        bd, bs = qq.quantize_moe(weight, scaling="32x32", scale_layout="blocked", torch_dtypes=False)
+        return ({"w": (fd, fs), "moe_scaling": "32x32"}, {"w": (bd, bs), "moe_scaling": "32x32"})
+    wt = weight.transpose(1, 2).contiguous()
+    fwd, bwd = {"w": weight}, {"w": wt}
+    if mode == "nvfp4":
+        fwd["global_scale_w"] = weight.detach().abs().amax(dim=(1, 2)).float()
+        bwd["global_scale_w"] = fwd["global_scale_w"]
+    return fwd, bwd
+
+
+def _grouped(a: torch.Tensor, op: dict, offsets: torch.Tensor, mode: str, dtype) -> torch.Tensor:
+    w = op["w"]
+    kw = {"mode": mode, "dtype": dtype, "global_scale_x": _gs(a, mode)}
+    if "moe_scaling" in op:
+        return qq.grouped_qqmm(a, w[0], offsets, w[1], scale_layout="blocked", moe_scaling=op["moe_scaling"], **kw)
+    return qq.grouped_qqmm(a, w, offsets, global_scale_w=op.get("global_scale_w"), **kw)
+
+
+class QQGroupedLinearFunction(torch.autograd.Function):
+    """Router-free MoE linear: tokens x [T, K] sorted by expert, int32 cumulative group ends
+    `offsets` [E], expert weights [E, N, K] -> y [T, N], y[rows of e] = x_e @ W[e]^T. All three
+    GEMMs quantized as in QQLinear (forward and dgrad through qq.grouped_qqmm, the weight
+    gradient through qq.grouped_qqmm_wgrad, blocks along the tokens of each expert)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, offsets, mode):
+        fwd, bwd = _grouped_weight_operands(weight.detach(), mode)
+        y = _grouped(x, fwd, offsets, mode, x.dtype)
+        ctx.save_for_backward(x, offsets)
+        ctx.bwd, ctx.mode, ctx.wdtype = bwd, mode, weight.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, offsets = ctx.saved_tensors
+        dy = dy.contiguous()
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = _grouped(dy, ctx.bwd, offsets, ctx.mode, x.dtype)
+        if ctx.needs_input_grad[1]:
+            # dW[e] [N, K] = q(dy_e)^T @ q(x_e): grouped_qqmm_wgrad(a, b) gives a_e^T @ b_e
+            # written in the weight's dtype by the GEMM itself (one rounding, as .to() of an
+            # fp32 result would give, without an fp32 [E, N, K] round trip through memory)
+            gdy, gx = (_gs(dy, ctx.mode), _gs(x, ctx.mode))
+            wname = str(ctx.wdtype).rpartition(".")[2]
+            direct = wname in ("float32", "bfloat16", "float16")
+            dw = qq.grouped_qqmm_wgrad(dy, x, offsets, mode=ctx.mode, global_scale_x=gdy, global_scale_dy=gx,
+                                       dtype=wname if direct else "float32")
+            if not direct:
+                dw = dw.to(ctx.wdtype)
+        ctx.bwd = None
+        return dx, dw, None, None
+
+
+def qq_grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor,
+                      mode: str = "mxfp8") -> torch.Tensor:
+    """y [T, N] of tokens x [T, K] sorted by expert through expert weights [E, N, K], with
+    quantized operands in the forward and both backward GEMMs (QQGroupedLinearFunction).
+    offsets: int32 [E], cumulative group ends (the last = T; empty experts allowed)."""
+    if mode not in MODES:
+        raise ValueError(f"qq_grouped_linear: mode must be one of {MODES}; got {mode!r}")
+    if x.dim() != 2 or weight.dim() != 3 or x.shape[1] != weight.shape[2]:
+        raise ValueError(f"qq_grouped_linear: x must be [T, K] and weight [E, N, K] with the same K; got "
+                         f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")
+    g = _GROUP[mode]
+    if weight.shape[1] % 32 or weight.shape[2] % 32:
+        raise ValueError(f"qq_grouped_linear: N ({weight.shape[1]}) and K ({weight.shape[2]}) must be multiples "
+                         f"of 32 (both GEMM directions quantize along them, in blocks of {g}); pad the experts")
+    return QQGroupedLinearFunction.apply(x, weight, offsets, mode)
+
+
+class QQGroupedLinear(nn.Module):
+    """E experts' linear layers [E, N, K] (no bias) applied to tokens sorted by expert:
+    forward(x [T, K], offsets int32 [E]) -> [T, N]; see qq_grouped_linear."""
+
+    def __init__(self, num_experts: int, in_features: int, out_features: int, mode: str = "mxfp8",
+                 device=None, dtype=None):
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"QQGroupedLinear: mode must be one of {MODES}; got {mode!r}")
+        self.num_experts, self.in_features, self.out_features, self.mode = num_experts, in_features, out_features, mode
+        self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features, device=device, dtype=dtype))
+        bound = 1.0 / in_features ** 0.5   # nn.Linear's default init, per expert
+        nn.init.uniform_(self.weight, -bound, bound)
+
+    def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return qq_grouped_linear(x, self.weight, offsets, self.mode)
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, in_features={self.in_features}, "
+                f"out_features={self.out_features}, mode={self.mode!r}")
+
+
+class QQLinear(nn.Linear):
+    """nn.Linear whose forward and backward GEMMs run through qq.qqmm (module docstring).
+
+    Same parameters and state dict as nn.Linear, plus `mode` ("mxfp8", "nvfp4" or
+    "mxfp4"); in_features and out_features must be multiples of the mode's block (32; 16
+    for nvfp4)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
+                 mode: str = "mxfp8"):
+        if mode not in MODES:
+            raise ValueError(f"QQLinear: mode must be one of {MODES}; got {mode!r}")
+        g = _GROUP[mode]
+        if in_features % g or out_features % g:
+            raise ValueError(f"QQLinear: in_features ({in_features}) and out_features ({out_features}) must "
+                             f"be multiples of {g} for mode {mode!r}")
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.mode = mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return qq_linear(x, self.weight, self.bias, self.mode)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", mode={self.mode!r}"
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, mode: str = "mxfp8") -> "QQLinear":
+        """A QQLinear sharing `linear`'s parameters (no copy)."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"QQLinear.from_linear: expected an nn.Linear; got {type(linear).__name__}")
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.mode = mode
+        if mode not in MODES:
+            raise ValueError(f"QQLinear.from_linear: mode must be one of {MODES}; got {mode!r}")
+        g = _GROUP[mode]
+        if new.in_features % g or new.out_features % g:
+            raise ValueError(f"QQLinear.from_linear: in_features ({new.in_features}) and out_features "
+                             f"({new.out_features}) must be multiples of {g} for mode {mode!r}")
+        return new
+
+
+def convert_linear(module: nn.Module, mode: str = "mxfp8", filter_fn=None) -> nn.Module:
+    """Replace every nn.Linear child of `module` (recursively; `module` itself if it is one)
+    by QQLinear.from_linear(child, mode), keeping its parameters. filter_fn(name, linear)
+    -> bool chooses which ones (default: all whose sizes fit the mode's block). Returns the
+    module (changed in place)."""
+    g = _GROUP.get(mode)
+    if g is None:
+        raise ValueError(f"convert_linear: mode must be one of {MODES}; got {mode!r}")
+
+    def want(name, lin):
+        if filter_fn is not None:
+            return filter_fn(name, lin)
+        if lin.in_features % g == 0 and lin.out_features % g == 0:
+            return True
+        # not silent: a layer left in bf16 changes the model's speed and numerics
+        _log.warning("convert_linear: %s (in_features=%d, out_features=%d) left as nn.Linear: both must be "
+                     "multiples of %d for mode %r", name or "<module>", lin.in_features, lin.out_features, g, mode)
+        return False
+
+    if isinstance(module, nn.Linear) and not isinstance(module, QQLinear):
+        return QQLinear.from_linear(module, mode) if want("", module) else module
+    for name, child in list(module.named_modules()):
+        for cname, c in list(child.named_children()):
+            if isinstance(c, nn.Linear) and not isinstance(c, QQLinear):
+                full = f"{name}.{cname}" if name else cname
+                if want(full, c):
+                    setattr(child, cname, QQLinear.from_linear(c, mode))
+    return module
+
+
+# ---------------------------------------------------------------------------
+# Inference: QuantizedLinear and quantize_ (docs/adapters.md, "Inference")
+# ---------------------------------------------------------------------------
+
+
+INFERENCE_MODES = ("nvfp4", "mxfp4", "mxfp8", "affine")
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _inference_params(func: str, mode: str, group_size, bits, weight_only: bool):
+    """(group_size, bits) of `mode` with the caller's overrides; ValueError naming func."""
+    defaults = qq._qq._mode_defaults()
+    if mode not in INFERENCE_MODES:
+        raise ValueError(f"{func}: mode must be one of {INFERENCE_MODES}; got {mode!r}")
+    if mode == "affine" and not weight_only:
+        raise ValueError(f"{func}: mode 'affine' runs weight-only (qqmm has no affine form); "
+                         f"pass weight_only=True or an fp mode")
+    g, b = defaults[mode]
+    return (g if group_size is None else int(group_size)), (b if bits is None else int(bits))
+
+
+class QuantizedLinear(nn.Module):
+    """Inference linear layer holding a packed quantized weight: y = x @ W^T + bias with W
+    = dequantize(weight), through qq.quantized_matmul (weight_only=True: x stays in its
+    dtype) or qq.qqmm (weight_only=False: x is quantized per call too, fp modes only).
+
+    The state is the packed weight as plain tensors (buffers): `weight` (uint8
+    [out, in*bits/8]), `weight_scales` ([out, in/group_size]: uint8 for fp modes, the
+    weight's float dtype for affine), `weight_biases` (affine only), `weight_global_scale`
+    (nvfp4: float32 [], the weight's amax) and `bias`. So `state_dict()` round-trips
+    through torch.save / torch.load(weights_only=True) and safetensors, and the layout is
+    the MLX-compatible one docs/formats.md defines. weight_only=False keeps, in eager mode,
+    qq.prepare_weight's form of the weight as a cache next to it (rebuilt when the buffers
+    change; not part of the state)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, mode: str = "nvfp4",
+                 group_size: Optional[int] = None, bits: Optional[int] = None, weight_only: bool = True,
+                 device=None, dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        g, b = _inference_params("QuantizedLinear", mode, group_size, bits, weight_only)
+        if in_features % g:
+            raise ValueError(f"QuantizedLinear: in_features ({in_features}) must be a multiple of group_size "
+                             f"({g}) for mode {mode!r}")
+        if dtype not in _FLOATS:
+            raise TypeError(f"QuantizedLinear: dtype must be float32, bfloat16 or float16; got {dtype}")
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.mode, self.group_size, self.bits, self.weight_only = mode, g, b, bool(weight_only)
+        fp = mode != "affine"
+        self.register_buffer("weight", torch.zeros(out_features, in_features * b // 8, dtype=torch.uint8,
+                                                   device=device))
+        self.register_buffer("weight_scales", torch.zeros(out_features, in_features // g,
+                                                          dtype=torch.uint8 if fp else dtype, device=device))
+        self.register_buffer("weight_biases", None if fp else torch.zeros(out_features, in_features // g,
+                                                                            dtype=dtype, device=device))
+        self.register_buffer("weight_global_scale",
+                             torch.ones((), dtype=torch.float32, device=device) if mode == "nvfp4" else None)
+        self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
+        self._prepared = None  # (key, qq.PreparedWeight): weight_only=False, eager
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, mode: str = "nvfp4", *, group_size: Optional[int] = None,
+                    bits: Optional[int] = None, weight_only: bool = True) -> "QuantizedLinear":
+        """Quantize `linear`'s weight (qq.quantize, linear scales; nvfp4 with the weight's
+        amax as global scale) into a new QuantizedLinear on the same device, with its bias
+        (and dtype) kept."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"QuantizedLinear.from_linear: expected an nn.Linear; got {type(linear).__name__}")
+        w = linear.weight.detach()
+        if w.dtype not in _FLOATS:
+            raise TypeError(f"QuantizedLinear.from_linear: weight must be float32, bfloat16 or float16; got {w.dtype}")
+        new = cls(linear.in_features, linear.out_features, linear.bias is not None, mode=mode,
+                  group_size=group_size, bits=bits, weight_only=weight_only, device=w.device, dtype=w.dtype)
+        gs = qq.amax(w) if mode == "nvfp4" else None
+        # uint8 bytes (torch_dtypes=False): the buffers' dtype, so copy_ moves bytes, not values
+        q = qq.quantize(w, new.group_size, new.bits, mode, global_scale=gs, torch_dtypes=False)
+        with torch.no_grad():
+            new.weight.copy_(q.data)
+            new.weight_scales.copy_(q.scales)
+            if q.biases is not None:
+                new.weight_biases.copy_(q.biases)
+            if gs is not None:
+                new.weight_global_scale.copy_(gs.reshape(()))
+            if linear.bias is not None:
+                new.bias.copy_(linear.bias.detach())
+        return new
+
+    def _apply(self, fn, recurse=True):
+        # .to(dtype) / .half() cast every float buffer; nvfp4's global scale stays float32
+        # (libqq reads it as float32), taken from its value before the cast.
+        gs = self.weight_global_scale
+        out = super()._apply(fn, recurse)
+        if gs is not None and self.weight_global_scale.dtype != torch.float32:
+            self.weight_global_scale = gs.to(device=self.weight_global_scale.device, dtype=torch.float32)
+        self._prepared = None
+        return out
+
+    def _prepared_weight(self):
+        """qq.prepare_weight's form of the weight, cached while the buffers are unchanged."""
+        key = tuple((t.data_ptr(), t._version) for t in (self.weight, self.weight_scales, self.weight_global_scale)
+                    if t is not None)
+        if self._prepared is None or self._prepared[0] != key:
+            q = qq.QuantizedArray(self.weight, self.weight_scales, None, mode=self.mode, group_size=self.group_size,
+                                  bits=self.bits, global_scale=self.weight_global_scale)
+            self._prepared = (key, qq.prepare_weight(q))
+        return self._prepared[1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"QuantizedLinear: x's last axis ({x.shape[-1]}) must equal in_features "
+                             f"({self.in_features})")
+        x2 = x.reshape(-1, self.in_features)
+        if self.weight_only:
+            y = qq.quantized_matmul(x2, self.weight, self.weight_scales, self.weight_biases,
+                                    group_size=self.group_size, bits=self.bits, mode=self.mode,
+                                    global_scale=self.weight_global_scale, bias=self.bias)
+        else:
+            gsx = qq.amax(x2) if self.mode == "nvfp4" else None
+            if torch.compiler.is_compiling():  # packed form: the prepared cache is eager state
+                y = qq.qqmm(x2, self.weight, self.weight_scales, self.group_size, self.bits, self.mode,
+                            global_scale_x=gsx, global_scale_w=self.weight_global_scale, bias=self.bias)
+            else:
+                y = qq.qqmm(x2, self._prepared_weight(), global_scale_x=gsx, bias=self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"mode={self.mode!r}, group_size={self.group_size}, bits={self.bits}, weight_only={self.weight_only}")
+
+
+@dataclass
+class QuantizeReport:
+    """What quantize_ did: `converted` [(name, in_features, out_features)], `skipped`
+    [(name, reason)]."""
+    converted: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"qq.torch.quantize_: {len(self.converted)} linear layers converted, {len(self.skipped)} skipped"]
+        lines += [f"  skipped {name}: {why}" for name, why in self.skipped]
+        return "\n".join(lines)
+
+
+def quantize_(model: nn.Module, mode: str = "nvfp4", *, weight_only: bool = True,
+              filter_fn: Optional[Callable[[nn.Module, str], bool]] = None, group_size: Optional[int] = None,
+              bits: Optional[int] = None) -> QuantizeReport:
+    """Replace, in place, every nn.Linear of `model` (recursively; not `model` itself) by a
+    QuantizedLinear holding its weight quantized in `mode` (nvfp4, mxfp4, mxfp8, affine with
+    `bits`), run weight-only (qq.quantized_matmul) or with x quantized too
+    (weight_only=False: qq.qqmm). `filter_fn(module, fqn) -> bool` (torchao's signature)
+    picks layers; layers whose in_features is not a multiple of the group size, or whose
+    weight is not float, are skipped. Returns a QuantizeReport and logs it (logger
+    "qq.torch": one INFO line, one WARNING per skipped layer)."""
+    g, b = _inference_params("quantize_", mode, group_size, bits, weight_only)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"quantize_: model must be an nn.Module; got {type(model).__name__}")
+    report = QuantizeReport()
+    for parent_name, parent in list(model.named_modules()):
+        for cname, child in list(parent.named_children()):
+            if not isinstance(child, nn.Linear) or isinstance(child, QQLinear):
+                continue
+            fqn = f"{parent_name}.{cname}" if parent_name else cname
+            if filter_fn is not None and not filter_fn(child, fqn):
+                report.skipped.append((fqn, "filter_fn returned False"))
+                continue
+            if child.in_features % g:
+                report.skipped.append((fqn, f"in_features ({child.in_features}) is not a multiple of group_size "
+                                            f"{g} for mode {mode!r}"))
+                continue
+            if child.weight.dtype not in _FLOATS:
+                report.skipped.append((fqn, f"weight dtype {child.weight.dtype} is not float32/bfloat16/float16"))
+                continue
+            setattr(parent, cname, QuantizedLinear.from_linear(child, mode, group_size=g, bits=b,
+                                                               weight_only=weight_only))
+            report.converted.append((fqn, child.in_features, child.out_features))
+    _log.info("quantize_(mode=%r, weight_only=%s): %d linear layers converted, %d skipped", mode, weight_only,
+              len(report.converted), len(report.skipped))
+    for name, why in report.skipped:
+        _log.warning("quantize_: %s left as nn.Linear: %s", name, why)
+    return report
+
+
+def _layer_config(m: "QuantizedLinear") -> dict:
+    return {"in_features": m.in_features, "out_features": m.out_features, "bias": m.bias is not None,
+            "mode": m.mode, "group_size": m.group_size, "bits": m.bits, "weight_only": m.weight_only,
+            "dtype": str(m.weight_scales.dtype if m.mode == "affine" else
+                         (m.bias.dtype if m.bias is not None else torch.bfloat16)).replace("torch.", "")}
+
+
+def save_quantized(model: nn.Module, path, metadata: Optional[dict] = None) -> None:
+    """Write `model`'s state dict (after quantize_) to the safetensors file `path`, with
+    what load_quantized needs to rebuild its QuantizedLinear layers. The file is also a
+    qq.checkpoint file: qq.checkpoint.load reads each layer's weight as a QuantizedArray
+    (docs/checkpoints.md)."""
+    import json
+    from . import checkpoint as ck
+    try:
+        from safetensors.torch import save_file
+    except ImportError as e:
+        raise ImportError("save_quantized: needs the safetensors package: pip install safetensors") from e
+    layers = {fqn: m for fqn, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    meta = {"qq.format": ck.FORMAT, "qq.torch.layers": json.dumps({f: _layer_config(m) for f, m in layers.items()})}
+    for fqn, m in layers.items():
+        info = {"mode": m.mode, "group_size": m.group_size, "bits": m.bits, "rounding": "ceil",
+                "scale_layout": "linear", "fp8_format": "e4m3", "shape": [m.out_features, m.in_features]}
+        meta[ck._META_PREFIX + (f"{fqn}.weight" if fqn else "weight")] = json.dumps(info, sort_keys=True)
+    for k, v in (metadata or {}).items():
+        if not isinstance(k, str) or not isinstance(v, str) or k.startswith("qq."):
+            raise ValueError(f"save_quantized: metadata: str keys not starting with 'qq.' and str values; got {k!r}")
+        meta[k] = v
+    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path), metadata=meta)
+
+
+def load_quantized(model: nn.Module, path, *, strict: bool = True) -> QuantizeReport:
+    """Load a file written by save_quantized into `model`, which has the architecture the
+    file was saved from (its nn.Linear layers still float, e.g. freshly constructed): the
+    layers the file holds quantized become QuantizedLinear with the saved mode, on the
+    device of the layer they replace, then the state dict is loaded (strict by default).
+    Returns the report of the replaced layers."""
+    import json
+    try:
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+    except ImportError as e:
+        raise ImportError("load_quantized: needs the safetensors package: pip install safetensors") from e
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    if "qq.torch.layers" not in meta:
+        raise ValueError(f"load_quantized: {path}: no 'qq.torch.layers' metadata: not written by "
+                         f"qq.torch.save_quantized")
+    report = QuantizeReport()
+    device = None
+    for fqn, cfg in json.loads(meta["qq.torch.layers"]).items():
+        parent_name, _, cname = fqn.rpartition(".")
+        try:
+            parent = model.get_submodule(parent_name) if parent_name else model
+            child = getattr(parent, cname)
+        except AttributeError as e:
+            raise ValueError(f"load_quantized: {path}: the file has a quantized layer {fqn!r} that the model "
+                             f"lacks; build the model the file was saved from") from e
+        if not isinstance(child, (nn.Linear, QuantizedLinear)) or \
+                (child.in_features, child.out_features) != (cfg["in_features"], cfg["out_features"]):
+            raise ValueError(f"load_quantized: {path}: layer {fqn!r} is {child!r}, the file holds a "
+                             f"{cfg['in_features']} -> {cfg['out_features']} linear layer")
+        dev = child.weight.device if child.weight.device.type != "meta" else torch.device("cpu")
+        device = device or dev
+        setattr(parent, cname, QuantizedLinear(cfg["in_features"], cfg["out_features"], cfg["bias"],
+                                               mode=cfg["mode"], group_size=cfg["group_size"], bits=cfg["bits"],
+                                               weight_only=cfg["weight_only"], device=dev,
+                                               dtype=getattr(torch, cfg["dtype"])))
+        report.converted.append((fqn, cfg["in_features"], cfg["out_features"]))
+    model.load_state_dict(load_file(str(path), device=str(device or "cpu")), strict=strict)
+    return report
