@@ -2,18 +2,21 @@
 # A/B of qq.torch's QQLinear step on the device, one build: A = bench/tune/torch_linear_baseline.py
 # (an older python/qq/torch.py, run against today's libqq - its calls must still exist), B = the
 # working tree's python/qq/torch.py. bench_linear runs A, B, A, B (nn.Linear re-measured in each
-# run: read the ratios); then profile_linear.py on B. Logs under $OUT.
+# run: read the ratios); then profile_linear.py on A and B. Logs under $OUT.
 #   bash bench/tune/ab_linear.sh        (after scripts/gpu_session.sh build)
 set -uo pipefail
 OUT=${OUT:-/tmp/qq-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 cp python/qq/torch.py /tmp/ab_torch_new.py
-for side in a b a b; do
+for side in ${SIDES:-a b a b}; do
   if [ $side = a ]; then cp bench/tune/torch_linear_baseline.py python/qq/torch.py; else cp /tmp/ab_torch_new.py python/qq/torch.py; fi
   echo "=== $side $(date +%T)"
   QQ_BENCH_OUT="$OUT/res_$side" timeout ${BENCH_TIMEOUT:-150} python3 bench/bench_linear.py ${QUICK:+--quick} >> "$OUT/bench_linear_$side.log" 2>&1
   grep -E "qqlinear" "$OUT/bench_linear_$side.log" | tail -6
 done
+for side in a b; do
+  if [ $side = a ]; then cp bench/tune/torch_linear_baseline.py python/qq/torch.py; else cp /tmp/ab_torch_new.py python/qq/torch.py; fi
+  timeout ${PROFILE_TIMEOUT:-150} python3 bench/tune/profile_linear.py ${PROFILE_MODES:-mxfp8 nvfp4} > "$OUT/profile_linear_$side.log" 2>&1
+done
 cp /tmp/ab_torch_new.py python/qq/torch.py
-timeout ${PROFILE_TIMEOUT:-150} python3 bench/tune/profile_linear.py mxfp8 nvfp4 > "$OUT/profile_linear_b.log" 2>&1
 echo "=== done $(date +%T)"

@@ -60,18 +60,18 @@ __device__ __forceinline__ float2 decode2(int elem, uint32_t pr) {
 #endif
 }
 
-// q(v)'s values in place, v = decode(q(v)) * scale -
+// One group of G values, in place: q(v)'s values, v = decode(q(v)) * scale -
 // the quantize kernel's scale and element math (codec.h, bit for bit); enc is
 // the nvfp4 global scale's encode factor (1 for none); the global scale itself
 // stays out (the caller folds it into alpha), except gs_post (qdq_kernel).
 // kElem: the element format at compile time (one path, no branch a pair), or
 // -1 for q.elem's at run time.
-// qdq_part: N values v of a group of G whose amax (|x|'s largest bit pattern,
-// NaN above Inf) is ab - the whole group (qdq_group) or a thread's share of
-// one spread over several threads (colqdq_kernel's rows).
-template <int G, int N, int kElem = -1>
-__device__ __forceinline__ void qdq_part(float* v, uint32_t ab, const QSpec& q, float enc, const float* gs_post) {
+template <int G, int kElem = -1>
+__device__ __forceinline__ void qdq_group(float* v, const QSpec& q, float enc, const float* gs_post) {
   const int elem = kElem >= 0 ? kElem : q.elem;
+  uint32_t ab = 0;
+#pragma unroll
+  for (int i = 0; i < G; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
   const float amax = u2f(ab);
   const FpGroupScale gsc = fp_group_scale(amax, G == 16, enc, elem, q.floor_rounding);
   const float f = gsc.factor;
@@ -79,7 +79,7 @@ __device__ __forceinline__ void qdq_part(float* v, uint32_t ab, const QSpec& q, 
   float sdec = G == 16 ? e4m3_decode(gsc.code) : ue8m0_decode(gsc.code);
   if (gs_post) sdec = sdec * nvfp4_dec(*gs_post);  // fp32 route only; one extra rounding, within tolerance
 #pragma unroll
-  for (int i = 0; i < N; i += 2) {
+  for (int i = 0; i < G; i += 2) {
     uint32_t pr;
     if (elem == ELEM_E2M1) pr = nan_group ? 0 : e2m1x2_encode(v[i] * f, v[i + 1] * f);
     else if (elem == ELEM_E4M3) pr = nan_group ? 0x7f7f : e4m3x2_encode(v[i] * f, v[i + 1] * f);
@@ -88,19 +88,6 @@ __device__ __forceinline__ void qdq_part(float* v, uint32_t ab, const QSpec& q, 
     v[i] = d.x * sdec;
     v[i + 1] = d.y * sdec;
   }
-}
-
-template <int N>
-__device__ __forceinline__ uint32_t abs_bits_max(const float* v) {
-  uint32_t ab = 0;
-#pragma unroll
-  for (int i = 0; i < N; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
-  return ab;
-}
-
-template <int G, int kElem = -1>
-__device__ __forceinline__ void qdq_group(float* v, const QSpec& q, float enc, const float* gs_post) {
-  qdq_part<G, G, kElem>(v, abs_bits_max<G>(v), q, enc, gs_post);
 }
 
 // q(x) for one group of G elements per thread: the quantize kernel's scale
@@ -1031,9 +1018,11 @@ template <> __device__ __forceinline__ void unpack2<__half>(const uint2& r, int 
 }
 
 // kRows (vector forms only; x.cols a multiple of G): q(x)'s values along the
-// rows too, into rows_out [rows, cols] compact, from the same registers - a
-// row group's G columns lie on G / C consecutive lanes, which exchange their
-// amax (qqQuantizeDequantize with both outputs: one read of x instead of two).
+// rows too, into rows_out [rows, cols] compact, from the same registers
+// (qqQuantizeDequantize with both outputs: one read of x instead of two). A
+// row group's G columns lie on G / C lanes; computing its scale on each of them
+// (an amax exchange per row) made the kernel 1.9x slower than the two passes
+// for nvfp4 (H100), so the groups are regrouped through shared memory.
 template <typename T, int G, bool kVec, int kElem, bool kRows = false>
 __global__ void __launch_bounds__(kThreads)
     colqdq_kernel(Mat x, const int32_t* end_p, QSpec q, const float* gs, __nv_bfloat16* out,
@@ -1071,22 +1060,51 @@ __global__ void __launch_bounds__(kThreads)
   }
   const float enc = (G == 16 && gs) ? nvfp4_enc(*gs) : 1.0f;
   if constexpr (kRows) {
-    constexpr int L = G / C;  // lanes per row group
+    // The row groups through shared memory, 16 rows at a time: the warp's 8-byte pieces
+    // go in as they were read, each lane then takes whole groups (G consecutive values of
+    // one row: one scale computation per group, as qdq_kernel's), writes their bf16 values
+    // back in place (an fp32 piece's 2 values into its first 4 bytes), and the pieces go
+    // out as they came in - whole 256-byte row pieces per warp store. Row pitch 34 pieces:
+    // the 8 lanes of a 16-byte access phase read 8 rows of one group, on distinct banks.
+    constexpr int L = G / C;         // pieces per row group
+    constexpr int GPR = 32 / L;      // row groups per warp row
+    constexpr int kPitch = 34;       // uint2 pieces per tile row
+    __shared__ __align__(16) uint2 tile[kThreads / 32][16][kPitch];
+    const int lane = threadIdx.x & 31;
+    uint2 (*t)[kPitch] = tile[threadIdx.x >> 5];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      if (i >= rows) break;  // uniform over the block
-      float v[C];
+    for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int p = 0; p < C / 2; ++p) unpack2<T>(raw[i], p, v[2 * p], v[2 * p + 1]);
-      uint32_t ab = abs_bits_max<C>(v);
+      for (int i = 0; i < 16; ++i) t[i][lane] = raw[16 * h + i];
+      __syncwarp();
 #pragma unroll
-      for (int o = 1; o < L; o <<= 1) ab = max(ab, __shfl_xor_sync(0xffffffffu, ab, o));
-      qdq_part<G, C, kElem>(v, ab, q, enc, nullptr);
-      if (in) {
-        __nv_bfloat16* d = rows_out + (r0 + i) * x.cols + c0;
-        if (C == 4) *reinterpret_cast<uint2*>(d) = make_uint2(bf16x2_bits(v[0], v[1]), bf16x2_bits(v[2], v[3]));
-        else *reinterpret_cast<uint32_t*>(d) = bf16x2_bits(v[0], v[1]);
+      for (int k = 0; k < GPR / 2; ++k) {
+        const int idx = k * 32 + lane, row = idx % 8 + 8 * (idx / (8 * GPR)), g = (idx / 8) % GPR;
+        const T* src = reinterpret_cast<const T*>(&t[row][g * L]);
+        float v[G];
+#pragma unroll
+        for (int i = 0; i < G; i += 8) load8<T>(src + i, v + i);
+        qdq_group<G, kElem>(v, q, enc, nullptr);
+        if constexpr (C == 4) {
+#pragma unroll
+          for (int i = 0; i < G; i += 8)
+            *reinterpret_cast<uint4*>(reinterpret_cast<__nv_bfloat16*>(&t[row][g * L]) + i) = bf16x8_bits(v + i);
+        } else {
+#pragma unroll
+          for (int i = 0; i < G; i += 2) t[row][g * L + i / 2].x = bf16x2_bits(v[i], v[i + 1]);
+        }
       }
+      __syncwarp();
+      if (in) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          if (16 * h + i >= rows) break;
+          __nv_bfloat16* d = rows_out + (r0 + 16 * h + i) * x.cols + c0;
+          if (C == 4) *reinterpret_cast<uint2*>(d) = t[i][lane];
+          else *reinterpret_cast<uint32_t*>(d) = t[i][lane].x;
+        }
+      }
+      __syncwarp();
     }
     if (!in) return;
   }
