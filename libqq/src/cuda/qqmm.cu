@@ -1083,7 +1083,7 @@ __global__ void __launch_bounds__(kThreads)
         const T* src = reinterpret_cast<const T*>(&t[row][g * L]);
         float v[G];
 #pragma unroll
-        for (int i = 0; i < G; i += 8) load8<T>(src + i, v + i);
+        for (int i = 0; i < G; i += 8) load8_generic<T>(src + i, v + i);
         qdq_group<G, kElem>(v, q, enc, nullptr);
         if constexpr (C == 4) {
 #pragma unroll

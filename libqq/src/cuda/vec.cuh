@@ -13,15 +13,9 @@
 namespace qq {
 namespace cuda {
 
-// Load 8 consecutive elements (16-byte aligned) as fp32.
-template <typename T> __device__ __forceinline__ void load8(const T* p, float* v);
-template <> __device__ __forceinline__ void load8<float>(const float* p, float* v) {
-  const float4 a = __ldg(reinterpret_cast<const float4*>(p));
-  const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
-  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-}
-template <> __device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16* p, float* v) {
-  const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
+// 8 consecutive 16-bit elements as fp32 from their 16-byte word.
+template <typename T> __device__ __forceinline__ void unpack8(const uint4& a, float* v);
+template <> __device__ __forceinline__ void unpack8<__nv_bfloat16>(const uint4& a, float* v) {
   const uint32_t w[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -29,14 +23,32 @@ template <> __device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bflo
     v[2 * i + 1] = bf16_to_f((uint16_t)(w[i] >> 16));
   }
 }
-template <> __device__ __forceinline__ void load8<__half>(const __half* p, float* v) {
-  const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
+template <> __device__ __forceinline__ void unpack8<__half>(const uint4& a, float* v) {
   const uint32_t w[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     v[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffff)));
     v[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
   }
+}
+
+// Load 8 consecutive elements (16-byte aligned) as fp32: load8 from global
+// memory through the read-only path, load8_generic from any address space
+// (shared memory).
+template <typename T> __device__ __forceinline__ void load8(const T* p, float* v) {
+  unpack8<T>(__ldg(reinterpret_cast<const uint4*>(p)), v);
+}
+template <> __device__ __forceinline__ void load8<float>(const float* p, float* v) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(p));
+  const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+template <typename T> __device__ __forceinline__ void load8_generic(const T* p, float* v) {
+  unpack8<T>(*reinterpret_cast<const uint4*>(p), v);
+}
+template <> __device__ __forceinline__ void load8_generic<float>(const float* p, float* v) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
 }
 
 // Store 8 fp32 values as T (16-byte aligned), rounding to nearest even.
