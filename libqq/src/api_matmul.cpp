@@ -74,12 +74,6 @@ qqStatus_t qqmm_single(Ctx& c, qqHandle_t handle, const DLTensor* x, const DLTen
     return set_error(QQ_STATUS_INVALID_VALUE,
                      "qqmm: mode affine is not supported (qqmm quantizes both operands with fp formats); use "
                      "quantized_matmul for affine weights, or mode nvfp4, mxfp4 or mxfp8");
-  if (p.w_prepared && w && w->dtype.code == kDLUInt)
-    return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: w_prepared is set but 'w' is packed uint8; a prepared w "
-                     "is a float tensor of q(w)'s values (qq.prepare_weight), or clear w_prepared");
-  if (p.x_prepared && x && x->dtype.code == kDLUInt)
-    return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: x_prepared is set but 'x' is packed uint8; a prepared x "
-                     "is a float tensor of q(x)'s values (quantize_dequantize), or clear x_prepared");
   for (int which = 0; which < 2; ++which) {
     const char* nm = which ? "w" : "x";
     const char* snm = which ? "scales" : "x_scales";
@@ -88,12 +82,16 @@ qqStatus_t qqmm_single(Ctx& c, qqHandle_t handle, const DLTensor* x, const DLTen
     const int lay = raw_enum(which ? p.w_scale_layout : p.x_scale_layout);
     DType dt;
     QQ_TRY(check_tensor(c, nm, t, &dt));
+    const bool prepared = which ? p.w_prepared : p.x_prepared;
+    if (prepared && dt == DType::U8)
+      return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: %s_prepared is set but '%s' is packed (1-byte codes); a "
+                       "prepared %s is a float tensor of q(%s)'s values (qq.quantize_dequantize, qq.prepare_weight), "
+                       "or clear %s_prepared", nm, nm, nm, nm, nm);
     if (t->ndim < 1 || (which && t->ndim != 2))
       return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: argument '%s' has shape %s; expected %s", nm,
                        shape_str(t->ndim, t->shape).c_str(), which ? "[N, K] or [B, N, K]" : "[..., M, K]");
     Mat& m = which ? a.w : a.x;
     Mat& sm = which ? a.w_scales : a.x_scales;
-    const bool prepared = which ? p.w_prepared : p.x_prepared;
     if (prepared && transposed_view(t)) {  // the stored [K, rows] matrix, read with op T
       DLTensor s = *t;
       int64_t sh[2] = {t->shape[1], t->shape[0]}, sd[2] = {t->strides[1], t->strides[0]};

@@ -260,10 +260,14 @@ def quantize_dequantize(x, mode="mxfp8", *, global_scale=None, rowwise=True, col
         if len(xs) != 2:
             raise ValueError(f"{func}: argument 'x' has shape {xs}; expected [M, K]")
         vr = vc = None
-        if rowwise:
-            rows, vr = call.empty(xs, "bfloat16", "rows")
-        if colwise:
-            cols, vc = call.empty(xs, "bfloat16", "cols")
+        try:
+            if rowwise:
+                rows, vr = call.empty(xs, "bfloat16", "rows")
+            if colwise:
+                cols, vc = call.empty(xs, "bfloat16", "cols")
+        except TypeError as e:      # CuPy has no bfloat16
+            raise TypeError(f"{func}: its results are bfloat16, which this framework cannot hold "
+                            f"({e}); pass torch tensors, or call qqQuantizeDequantize from C") from None
         tx, tg, tr, tc = _t(vx), _t(vg), _t(vr), _t(vc)
         s = call.cstream()
         with nogil:
