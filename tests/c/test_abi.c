@@ -585,7 +585,37 @@ static int t_wgrad_null_out(void) {
   return expect(wgrad_call(e, 2, 1), ST(QQ_STATUS_INVALID_VALUE), "out");
 }
 
+/* ======================================================================== */
+/* qqQuantizeDequantize                                                     */
+/* ======================================================================== */
+static float qx[2 * 32];
+static uint16_t qr[2 * 32], qc[2 * 32];
+
+static qqStatus_t qdq_call(int rows, int cols) {
+  int64_t xs[2] = {2, 32};
+  DLTensor x = tens(qx, F32, 2, xs), r = tens(qr, BF16, 2, xs), c = tens(qc, BF16, 2, xs);
+  qqQuantParams_t p;
+  qqQuantParamsInit(&p, QQ_MODE_MXFP8);
+  return qqQuantizeDequantize(NULL, &x, &p, NULL, rows ? &r : NULL, cols ? &c : NULL, NULL);
+}
+static int t_qdq_no_outputs(void) { return expect(qdq_call(0, 0), ST(QQ_STATUS_INVALID_VALUE), "out_t"); }
+/* values a mxfp8 scale holds exactly: both orientations give them back, in bf16 */
+static int t_qdq_valid(void) {
+  for (int i = 0; i < 64; ++i) qx[i] = kRow[i % 8] * (i < 32 ? 1.0f : -2.0f);
+  qqStatus_t st = qdq_call(1, 1);
+  if (st != QQ_STATUS_SUCCESS) return fail("%s: %s", stname(st), qqGetLastErrorMessage());
+  for (int i = 0; i < 64; ++i) {
+    uint32_t b;
+    memcpy(&b, &qx[i], 4);
+    if (qr[i] != (uint16_t)(b >> 16) || qc[i] != (uint16_t)(b >> 16))
+      return fail("element %d: rows 0x%04x cols 0x%04x, expected 0x%04x", i, qr[i], qc[i], (unsigned)(b >> 16));
+  }
+  return pass("64 values back along both axes");
+}
+
 static const struct check kChecks[] = {
+    {"qdq_no_outputs", t_qdq_no_outputs, 0},
+    {"qdq_valid", t_qdq_valid, 0},
     {"wgrad_valid", t_wgrad_valid, 0},
     {"wgrad_bad_offsets", t_wgrad_bad_offsets, 0},
     {"wgrad_last_not_t", t_wgrad_last_not_t, 0},
