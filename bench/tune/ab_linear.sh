@@ -3,6 +3,7 @@
 # (an older python/qq/torch.py, run against today's libqq - its calls must still exist), B = the
 # working tree's python/qq/torch.py. bench_linear runs A, B, A, B (nn.Linear re-measured in each
 # run: read the ratios); then profile_linear.py on A and B. Logs under $OUT.
+#   git show REV:python/qq/torch.py > bench/tune/torch_linear_baseline.py   (ignored: carry it)
 #   bash bench/tune/ab_linear.sh        (after scripts/gpu_session.sh build)
 set -uo pipefail
 OUT=${OUT:-/tmp/qq-out}; mkdir -p "$OUT"
