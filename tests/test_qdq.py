@@ -192,3 +192,49 @@ def test_qdq_torch_compile(rng, device):
                                            x_prepared=True, w_prepared=True, mode="mxfp8"), fullgraph=True)
     torch.testing.assert_close(f(x, wr), qq.qqmm(xr, wr, x_prepared=True, w_prepared=True, mode="mxfp8"),
                                rtol=0, atol=0)
+
+
+def _moe_values_ref(w, rounding, fp8_format):
+    """q(w)'s values under quantize_moe's 32x32 rule, from test_colwise's reference."""
+    from test_colwise import ref_moe
+    w3 = w if w.ndim == 3 else w[None]
+    codes, byte = ref_moe(w3, "32x32", rounding, fp8_format)
+    fmt = R.elem_format("mxfp8", fp8_format)
+    e, d1, d2 = codes.shape
+    scale = np.repeat(np.repeat(R.ue8m0_value(byte), 32, axis=1), 32, axis=2)   # [E, D1, D2]
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = R.f32_to_bf16((R.decode(codes, fmt).astype(np.float64) * scale).astype(F32))
+    loose = np.repeat(np.repeat(np.abs(np.nan_to_num(w3.astype(F32), nan=1.0)).reshape(e, d1 // 32, 32, d2 // 32, 32)
+                                .max(axis=(2, 4)) == 0, 32, axis=1), 32, axis=2)
+    return _Vals(v if w.ndim == 3 else v[0], loose if w.ndim == 3 else loose[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("shape", [(3, 64, 96), (96, 32), (1, 128, 64)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("rounding,fp8", [("ceil", "e4m3"), ("floor", "e4m3"), ("ceil", "e5m2")])
+def test_qdq_moe_equals_quantize_moe(rng, rounding, fp8, shape, dtype, device):
+    """quantize_dequantize_moe: the values of quantize_moe's 32x32 codes (one scale per tile),
+    in w's shape and transposed, from one call; special values included."""
+    w = random_data(rng, shape, dtype)
+    w[..., -32:, -32:] = 0      # an all-zero tile (its zeros may carry either sign)
+    w[..., 3, :] = 0
+    w[..., 5, 7] = np.nan       # a NaN tile
+    w[..., 40 % shape[-2], 1] = np.inf
+    want = _moe_values_ref(w, rounding, fp8)
+    v, t = qq.quantize_dequantize_moe(to_device(w, device), values=True, transposed=True, rounding=rounding,
+                                      fp8_format=fp8)
+    _assert_values(v, want, what=f"values [{device}]")
+    _assert_values(t, want.T if w.ndim == 2 else _Vals(np.ascontiguousarray(np.swapaxes(want.v, -1, -2)),
+                                                       np.ascontiguousarray(np.swapaxes(want.loose, -1, -2))),
+                   what=f"transposed [{device}]")
+    _assert_values(qq.quantize_dequantize_moe(to_device(w, device), rounding=rounding, fp8_format=fp8), want,
+                   what="values only")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_qdq_moe_errors(rng, device):
+    w = to_device(random_data(rng, (2, 64, 64), BF16), device)
+    raises(ValueError, ["values", "transposed"], qq.quantize_dequantize_moe, w, values=False)
+    raises(ValueError, ["w", "32"], qq.quantize_dequantize_moe, to_device(random_data(rng, (2, 48, 64), BF16), device))
+    raises(ValueError, ["w"], qq.quantize_dequantize_moe, to_device(random_data(rng, (64,), BF16), device))

@@ -1,9 +1,11 @@
 // api_quantize.cpp - the C entry points that quantize and dequantize:
-// qqQuantize, qqQuantizeColwise, qqQuantizeMoe, qqDequantize, qqQuantizeDequantize.
+// qqQuantize, qqQuantizeColwise, qqQuantizeMoe, qqDequantize, qqQuantizeDequantize(Moe).
 //
 // Each checks every argument through the validation layer (validate.h),
 // builds the views of internal.h and dispatches on the device: cpu/quantize.cpp
 // or the CUDA kernels (cuda/quantize.cu, colwise.cu, dequantize.cu).
+#include <utility>
+
 #include "internal.h"
 #include "validate.h"
 
@@ -69,14 +71,14 @@ qqStatus_t moe_check(Ctx& c, const qqQuantParams_t* params, int sc, const int64_
                      bool* tile32) {
   QQ_TRY(resolve_params(c, params, q));
   if (q->mode != QQ_MODE_MXFP8)
-    return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: mode %s is not supported; MoE weight scaling "
-                     "(32x1 / 32x32) is defined for mxfp8 only", mode_name(q->mode));
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: mode %s is not supported; MoE weight scaling "
+                     "(32x1 / 32x32) is defined for mxfp8 only", c.op, mode_name(q->mode));
   if (sc != QQ_MOE_32X1 && sc != QQ_MOE_32X32)
     return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: unknown scaling %d; expected 32x1 or 32x32", sc);
   *tile32 = sc == QQ_MOE_32X32;
   if (shape[0] < 0 || shape[1] % 32 || shape[2] % 32 || shape[1] <= 0 || shape[2] <= 0)
-    return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'w' has shape %s; D1 and D2 must be "
-                     "positive multiples of 32", shape_str(3, shape).c_str());
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument 'w' has shape %s; D1 and D2 must be "
+                     "positive multiples of 32", c.op, shape_str(3, shape).c_str());
   return QQ_STATUS_SUCCESS;
 }
 }  // namespace
@@ -244,6 +246,39 @@ QQ_API qqStatus_t qqQuantizeDequantize(qqHandle_t handle, const DLTensor* x, con
     QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, a.q, &a.gs));
     QQ_TRY(check_no_alias(c, {{"out", out}, {"out_t", out_t}}, {{"x", x}, {"global_scale", global_scale}}));
     if (a.x.rows * a.x.cols == 0) return QQ_STATUS_SUCCESS;
+    if (c.device < 0) return cpu::quantize_dequantize(a);
+    return cuda::quantize_dequantize(handle, a, stream);
+  });
+}
+
+QQ_API qqStatus_t qqQuantizeDequantizeMoe(qqHandle_t handle, const DLTensor* w, const qqQuantParams_t* params,
+                                          DLTensor* out, DLTensor* out_t, void* stream) {
+  return guard("quantize_dequantize_moe", [&]() -> qqStatus_t {
+    Ctx c{"quantize_dequantize_moe"};
+    QdqArgs a{};
+    a.tile32 = true;
+    DType wdt;
+    QQ_TRY(check_tensor(c, "w", w, &wdt));
+    QQ_TRY(expect_float(c, "w", w, wdt));
+    if (w->ndim != 2 && w->ndim != 3)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_dequantize_moe: argument 'w' has shape %s; expected "
+                       "[E, D1, D2] or [D1, D2]", shape_str(w->ndim, w->shape).c_str());
+    const int nd = w->ndim;
+    const int64_t shape3[3] = {nd == 3 ? w->shape[0] : 1, w->shape[nd - 2], w->shape[nd - 1]};
+    bool tile32;
+    QQ_TRY(moe_check(c, params, QQ_MOE_32X32, shape3, &a.q, &tile32));
+    if (!out && !out_t)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_dequantize_moe: 'out' and 'out_t' are both NULL; pass "
+                       "at least one of them");
+    QQ_TRY(to_mat(c, "w", w, wdt, &a.x));
+    int64_t tshape[3];
+    for (int i = 0; i < nd; ++i) tshape[i] = w->shape[i];
+    std::swap(tshape[nd - 2], tshape[nd - 1]);
+    if (out) QQ_TRY(output_mat(c, "out", out, nd, w->shape, (int)DType::BF16, "q(w)'s values, w's shape", &a.out));
+    if (out_t)
+      QQ_TRY(output_mat(c, "out_t", out_t, nd, tshape, (int)DType::BF16, "q(w)'s values transposed", &a.out_t));
+    QQ_TRY(check_no_alias(c, {{"out", out}, {"out_t", out_t}}, {{"w", w}}));
+    if (a.x.batch() * a.x.rows * a.x.cols == 0) return QQ_STATUS_SUCCESS;
     if (c.device < 0) return cpu::quantize_dequantize(a);
     return cuda::quantize_dequantize(handle, a, stream);
   });

@@ -227,11 +227,15 @@ struct WgradArgs {
 
 // qqQuantizeDequantize: q(x)'s bf16 values along K (out) and / or along M
 // (out_t, in x's orientation), without the global scale.
+// tile32 (qqQuantizeDequantizeMoe): mxfp8 with one scale per 32x32 tile of each
+// batch entry of x [E, D1, D2]; out [E, D1, D2] and / or out_t [E, D2, D1]
+// (transposed), both compact.
 struct QdqArgs {
-  Mat x;          // float [M, K]
-  Mat out, out_t; // bf16 [M, K] compact, or ptr == nullptr
+  Mat x;          // float [M, K]; tile32: [E, D1, D2] (nb = 1)
+  Mat out, out_t; // bf16 compact, or ptr == nullptr
   const float* gs = nullptr;
   QSpec q;
+  bool tile32 = false;
 };
 
 namespace cpu {

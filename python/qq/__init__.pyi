@@ -51,6 +51,8 @@ def quantize_colwise(x: Array, group_size: Optional[int] = None, bits: Optional[
 def quantize_dequantize(x: Array, mode: str = "mxfp8", *, global_scale: Optional[Array] = None,
                         rowwise: bool = True, colwise: bool = False, rounding: str = "ceil",
                         fp8_format: str = "e4m3", stream: Any = None) -> Union[Array, Tuple[Array, Array]]: ...
+def quantize_dequantize_moe(w: Array, *, values: bool = True, transposed: bool = False, rounding: str = "ceil",
+                            fp8_format: str = "e4m3", stream: Any = None) -> Union[Array, Tuple[Array, Array]]: ...
 def quantize_moe(w: Array, scaling: str = "32x1", *, rounding: str = "ceil", scale_layout: str = "linear",
                  fp8_format: str = "e4m3", torch_dtypes: Union[bool, str] = True,
                  stream: Any = None) -> Tuple[Array, Array]: ...
@@ -88,7 +90,7 @@ def grouped_qqmm(x: Union[Array, QuantizedArray], w: Any, offsets: Array, scales
                  global_scale_x: Optional[Array] = None, global_scale_w: Optional[Array] = None,
                  x_scales: Optional[Array] = None, rounding: str = "ceil", scale_layout: str = "linear",
                  fp8_format: str = "e4m3", moe_scaling: Optional[str] = None, dtype: Any = None,
-                 out: Optional[Array] = None, stream: Any = None) -> Array: ...
+                 out: Optional[Array] = None, stream: Any = None, w_prepared: bool = False) -> Array: ...
 def grouped_qqmm_wgrad(x: Array, dy: Array, offsets: Array, mode: str = "mxfp8", *,
                        global_scale_x: Optional[Array] = None, global_scale_dy: Optional[Array] = None,
                        rounding: str = "ceil", fp8_format: str = "e4m3", dtype: Any = "float32",

@@ -80,6 +80,9 @@ cdef extern from "qq/qq.h" nogil:
                                     const qqQuantParams_t* params,
                                     const DLTensor* global_scale, DLTensor* out,
                                     DLTensor* out_t, void* stream) nogil
+    qqStatus_t qqQuantizeDequantizeMoe(qqHandle_t handle, const DLTensor* w,
+                                       const qqQuantParams_t* params, DLTensor* out,
+                                       DLTensor* out_t, void* stream) nogil
     qqStatus_t qqQuantizeColwise(qqHandle_t handle, const DLTensor* x,
                                  const qqQuantParams_t* params,
                                  const DLTensor* global_scale, DLTensor* data_t,

@@ -144,7 +144,7 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
 def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="mxfp8", *,
                  global_scale_x=None, global_scale_w=None, x_scales=None, rounding="ceil",
                  scale_layout="linear", fp8_format="e4m3", moe_scaling=None, dtype=None, out=None,
-                 stream=None):
+                 stream=None, w_prepared=False):
     """Grouped qqmm for mixture-of-experts layers: tokens x [T, K] sorted by expert,
     offsets int32 [E] (cumulative group ends, last = T; empty groups are legal), weights
     w [E, N, K] -> y [T, N] with y[rows of e] = alpha_e * q(x rows) @ q(w[e]).T.
@@ -156,6 +156,8 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
     QuantizedArray or packed [T, K*bits/8] with linear x_scales; or a PreparedWeight of
     [E, N, K] (qq.prepare_weight: q(w)'s bf16 values, no dequantization per call). nvfp4:
     global_scale_x is a scalar, global_scale_w float32 [E] (or one for all experts).
+    w_prepared=True: a float w [E, N, K] of q(w)'s values (qq.quantize_dequantize_moe), used as
+    it is.
 
     On Hopper (built with CUTLASS's headers) every expert runs in one grouped GEMM whose
     group sizes are read on the device: no host synchronization, capturable in a CUDA
@@ -178,7 +180,11 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
     cdef void* s
     x_layout = "linear"
     w_layout = scale_layout
-    cdef bint w_prepared = False
+    cdef bint w_values = bool(w_prepared)
+    if w_values and (isinstance(w, (PreparedWeight, QuantizedArray, tuple)) or moe_scaling is not None):
+        raise ValueError(f"{func}: w_prepared=True takes a float w [E, N, K] of q(w)'s values; got "
+                         f"{type(w).__name__}{' with moe_scaling' if moe_scaling is not None else ''}: "
+                         f"drop w_prepared")
     if isinstance(w, PreparedWeight):
         # q(w)'s bf16 values where the device multiplies them (no dequantization per call),
         # else the QuantizedArray (Blackwell's block-scaled GEMMs take the packed form).
@@ -190,7 +196,7 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
             global_scale_w = _take_array(func, "global_scale_w", global_scale_w, pw.global_scale,
                                          "w", "global_scale")
             w = pw.values
-            w_prepared = True
+            w_values = True
         else:
             w = pw.quantized
     if moe_scaling is not None:
@@ -231,7 +237,7 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
     _quant_params(func, &qp.quant, mode, group_size, bits, rounding, "linear", fp8_format)
     qp.x_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", x_layout, _LAYOUTS)
     qp.w_scale_layout = <qqScaleLayout_t>_enum(func, "scale_layout", w_layout, _LAYOUTS)
-    qp.w_prepared = 1 if w_prepared else 0
+    qp.w_prepared = 1 if w_values else 0
     out_dtype = _dtype_arg(func, dtype)
     cdef _Call call = _new_call(func, x, "x", stream)
     result = None

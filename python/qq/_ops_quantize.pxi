@@ -1,5 +1,5 @@
 # _ops_quantize.pxi - included by _qq.pyx (one extension module, one file per job).
-# Operations: quantize, quantize_colwise, quantize_moe, quantize_dequantize, dequantize.
+# Operations: quantize, quantize_colwise, quantize_moe, quantize_dequantize(_moe), dequantize.
 
 # =========================================================================================
 # Operations
@@ -279,6 +279,53 @@ def quantize_dequantize(x, mode="mxfp8", *, global_scale=None, rowwise=True, col
     if rowwise and colwise:
         return call.result(rows), call.result(cols)
     return call.result(rows if rowwise else cols)
+
+
+def quantize_dequantize_moe(w, *, values=True, transposed=False, rounding="ceil",
+                            fp8_format="e4m3", stream=None):
+    """MXFP8 with one scale per 32x32 tile (quantize_moe's "32x32" rule) of w [E, D1, D2] or
+    [D1, D2], returned as q(w)'s bfloat16 values: `values` in w's shape, `transposed`
+    [E, D2, D1] - the same values transposed, which the tiles make the other GEMM
+    direction's operand. Both: the pair, from one read of w on the GPU. See docs/api.md.
+    """
+    cdef str func = "quantize_dequantize_moe"
+    cdef _View vw, vo, vt
+    cdef qqQuantParams_t p
+    cdef qqStatus_t st
+    cdef DLTensor *tw
+    cdef DLTensor *to
+    cdef DLTensor *tt
+    cdef void* s
+    if not values and not transposed:
+        raise ValueError(f"{func}: values and transposed are both False; ask for at least one")
+    _quant_params(func, &p, "mxfp8", None, None, rounding, "linear", fp8_format)
+    cdef _Call call = _new_call(func, w, "w", stream)
+    o = t = None
+    try:
+        vw = call.view(w, "w")
+        ws = vw.pyshape()
+        if len(ws) not in (2, 3):
+            raise ValueError(f"{func}: argument 'w' has shape {ws}; expected [E, D1, D2] or [D1, D2]")
+        vo = vt = None
+        try:
+            if values:
+                o, vo = call.empty(ws, "bfloat16", "values")
+            if transposed:
+                t, vt = call.empty(ws[:-2] + (ws[-1], ws[-2]), "bfloat16", "transposed")
+        except TypeError as e:      # CuPy has no bfloat16
+            raise TypeError(f"{func}: its results are bfloat16, which this framework cannot hold "
+                            f"({e}); pass torch tensors, or call qqQuantizeDequantizeMoe from C") from None
+        tw, to, tt = _t(vw), _t(vo), _t(vt)
+        s = call.cstream()
+        with nogil:
+            st = qqQuantizeDequantizeMoe(NULL, tw, &p, to, tt, s)
+        _check(st)
+        call.finish()
+    finally:
+        call.release()
+    if values and transposed:
+        return call.result(o), call.result(t)
+    return call.result(o if values else t)
 
 
 def dequantize(w, scales=None, biases=None, group_size=None, bits=None, mode="affine", *,

@@ -14,6 +14,7 @@ sizes when the batch axes are dynamic, without calling libqq (result dtypes: qq.
   qq::quantize_colwise(... , rowwise, torch_dtypes) -> [data_t, scales_t(, biases_t)(, data, scales(, biases))]
   qq::quantize_dequantize(x, global_scale?, mode, rounding, fp8_format, rowwise, colwise)
                          -> [rows?, cols?]   bfloat16, x's shape
+  qq::quantize_dequantize_moe(w, rounding, fp8_format, values, transposed) -> [values?, transposed?]
   qq::dequantize(w, scales, biases?, global_scale?, mode, group_size, bits, scale_layout,
                  fp8_format, dtype) -> Tensor
   qq::amax(x) -> Tensor                        float32, shape ()
@@ -180,6 +181,25 @@ def _(x, global_scale, mode, rounding, fp8_format, rowwise, colwise):
     torch._check_value(len(xs) == 2, lambda: f"quantize_dequantize: argument 'x' has shape {xs}; "
                                              f"expected [M, K]")
     return [x.new_empty(xs, dtype=torch.bfloat16) for _ in range(int(rowwise) + int(colwise))]
+
+
+@torch.library.custom_op("qq::quantize_dequantize_moe", mutates_args=())
+def _quantize_dequantize_moe_op(w: Tensor, rounding: str, fp8_format: str, values: bool,
+                                transposed: bool) -> list[Tensor]:
+    r = _qq.quantize_dequantize_moe(w, values=values, transposed=transposed, rounding=rounding,
+                                    fp8_format=fp8_format)
+    return list(r) if values and transposed else [r]
+
+
+@_quantize_dequantize_moe_op.register_fake
+def _(w, rounding, fp8_format, values, transposed):
+    ws = tuple(w.shape)
+    torch._check_value(len(ws) in (2, 3), lambda: f"quantize_dequantize_moe: argument 'w' has shape {ws}; "
+                                                  f"expected [E, D1, D2] or [D1, D2]")
+    out = [w.new_empty(ws, dtype=torch.bfloat16)] if values else []
+    if transposed:
+        out.append(w.new_empty(ws[:-2] + (ws[-1], ws[-2]), dtype=torch.bfloat16))
+    return out
 
 
 @torch.library.custom_op("qq::dequantize", mutates_args=())
@@ -474,6 +494,16 @@ def quantize_dequantize(x, mode="mxfp8", *, global_scale=None, rowwise=True, col
     return (t[0], t[1]) if rowwise and colwise else t[0]
 
 
+def quantize_dequantize_moe(w, *, values=True, transposed=False, rounding="ceil", fp8_format="e4m3",
+                            stream=None):
+    func = "quantize_dequantize_moe"
+    _no_stream(func, stream)
+    if not values and not transposed:
+        raise ValueError(f"{func}: values and transposed are both False; ask for at least one")
+    t = _quantize_dequantize_moe_op(w, rounding, fp8_format, bool(values), bool(transposed))
+    return (t[0], t[1]) if values and transposed else t[0]
+
+
 def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
                      rounding="ceil", scale_layout="linear", fp8_format="e4m3", rowwise=False,
                      torch_dtypes=True, stream=None):
@@ -657,11 +687,11 @@ def quantize_moe(w, scaling="32x1", *, rounding="ceil", scale_layout="linear", f
 def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="mxfp8", *,
                  global_scale_x=None, global_scale_w=None, x_scales=None, rounding="ceil",
                  scale_layout="linear", fp8_format="e4m3", moe_scaling=None, dtype=None, out=None,
-                 stream=None):
+                 stream=None, w_prepared=False):
     func = "grouped_qqmm"
     _no_stream(func, stream)
     x_layout, w_layout = "linear", scale_layout
-    w_prepared = False
+    w_prepared = bool(w_prepared)
     if isinstance(w, PreparedWeight):
         if w.values is not None:     # q(w)'s bf16 values, multiplied as they are
             mode = _take(func, "mode", mode, "mxfp8", w.mode, "w")

@@ -147,8 +147,7 @@ def _weight_values(w: torch.Tensor, mode: str):
     """q(W)'s bf16 values for the exact path: (forward [N, K] along K, dgrad [N, K] along N,
     nvfp4's global scale or None). mxfp8: one 32x32 quantization, whose values serve both."""
     if mode == "mxfp8":
-        d1, s1 = qq.quantize_moe(w.t().unsqueeze(0), scaling="32x32", scale_layout="blocked", torch_dtypes=False)
-        v = qq.dequantize(d1[0].t(), s1[0], mode="mxfp8", scale_layout="blocked", dtype="bfloat16")
+        v = qq.quantize_dequantize_moe(w)
         return v, v, None
     gw = _gs(w, mode)
     wr, wc = qq.quantize_dequantize(w, mode, global_scale=gw, colwise=True)
@@ -322,9 +321,15 @@ def qq_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
 
 def _grouped_weight_operands(weight: torch.Tensor, mode: str):
     """The expert weights [E, N, K] as grouped_qqmm's operands: (forward kwargs, dgrad kwargs).
-    mxfp8: one 32x32 quantization per orientation (qq.quantize_moe; the tiles make both the
-    same values, as _quantize_weight does for one matrix); other modes: the float weight,
+    mxfp8: the 32x32 quantization (the tiles make both directions the same values, as for one
+    matrix) - on the exact path its bf16 values [E, N, K] and [E, K, N] from one
+    quantize_dequantize_moe call, where the block-scaled GEMMs are its codes from quantize_moe
+    in each orientation; other modes: the float weight,
     quantized inside grouped_qqmm along the contracted axis (nvfp4 with per-expert amax)."""
+    if mode == "mxfp8" and _values_path(weight):
+        # the exact path multiplies q(W)'s bf16 values: both directions' from one read of W
+        v, vt = qq.quantize_dequantize_moe(weight, values=True, transposed=True)
+        return {"w": v, "values": True}, {"w": vt, "values": True}
     if mode == "mxfp8":
         # forward contracts K: quantize_moe on the [E, K, N] view (D1 = K); dgrad contracts N:
         # on W itself (D1 = N), read by grouped_qqmm as the [E, K, N] weight of dy @ W
@@ -342,6 +347,8 @@ def _grouped_weight_operands(weight: torch.Tensor, mode: str):
 def _grouped(a: torch.Tensor, op: dict, offsets: torch.Tensor, mode: str, dtype) -> torch.Tensor:
     w = op["w"]
     kw = {"mode": mode, "dtype": dtype, "global_scale_x": _gs(a, mode)}
+    if op.get("values"):
+        return qq.grouped_qqmm(a, w, offsets, w_prepared=True, **kw)
     if "moe_scaling" in op:
         return qq.grouped_qqmm(a, w[0], offsets, w[1], scale_layout="blocked", moe_scaling=op["moe_scaling"], **kw)
     return qq.grouped_qqmm(a, w, offsets, global_scale_w=op.get("global_scale_w"), **kw)

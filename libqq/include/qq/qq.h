@@ -315,6 +315,20 @@ QQ_API qqStatus_t qqQuantizeDequantize(qqHandle_t handle, const DLTensor* x,
                                        DLTensor* out, DLTensor* out_t,
                                        void* stream);
 
+/* MoE (or dense) weights as q's bfloat16 values, MXFP8 with one UE8M0 scale
+ * per 32x32 tile (qqQuantizeMoe's QQ_MOE_32X32 rule: the values equal
+ * dequantize of its codes, without a global scale): w float [E, D1, D2] or
+ * [D1, D2], row-major (stride 1 on the last axis), D1 and D2 multiples of 32.
+ *  out:   bfloat16 of w's shape, compact, or NULL.
+ *  out_t: bfloat16 [E, D2, D1] ([D2, D1]), compact: the same values transposed
+ *         (the tiles make one quantization serve both GEMM directions), or NULL.
+ *  At least one; both from one read of w on the GPU. params: mode MXFP8,
+ *  rounding, fp8_format; scale_layout ignored. (0.2) */
+QQ_API qqStatus_t qqQuantizeDequantizeMoe(qqHandle_t handle, const DLTensor* w,
+                                          const qqQuantParams_t* params,
+                                          DLTensor* out, DLTensor* out_t,
+                                          void* stream);
+
 /* Convert linear scales [B..., R, C] (uint8) to the blocked layout
  * [B..., roundup(R,128), roundup(C,4)] (zero padding) and back. A 1D input
  * counts as R = 1. unswizzle reads R and C from `linear`'s shape. */

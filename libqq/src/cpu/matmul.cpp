@@ -7,6 +7,7 @@
 // that the compiler vectorizes them without -ffast-math.
 #include <string.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -128,6 +129,31 @@ std::vector<float> qdq_tokens(const Mat& m, int64_t t0, int64_t n, const QSpec& 
 // from row 0, the ragged last one zero-padded), in x's orientation.
 qqStatus_t quantize_dequantize(const QdqArgs& a) {
   const int64_t M = a.x.rows, K = a.x.cols;
+  if (a.tile32) {  // per entry: 32x32 tile amaxes, then each row quantized with its tiles' amaxes
+    std::vector<float> w(M * K), tamax((M / 32) * (K / 32)), v(K);
+    std::vector<uint8_t> codes(K), sc(K / 32);
+    for (int64_t b = 0; b < a.x.batch(); ++b) {
+      const int es = dtype_size(a.x.dt);
+      std::fill(tamax.begin(), tamax.end(), 0.0f);
+      for (int64_t r = 0; r < M; ++r) {
+        load_row((const char*)a.x.ptr + (a.x.offset(b) + r * a.x.ld) * es, a.x.dt, K, &w[r * K]);
+        for (int64_t k = 0; k < K; ++k) {
+          float& t = tamax[(r / 32) * (K / 32) + k / 32];
+          t = nanmax_f(t, abs_f(w[r * K + k]));
+        }
+      }
+      for (int64_t r = 0; r < M; ++r) {
+        quantize_row(&w[r * K], K, a.q, 1.0f, codes.data(), sc.data(), nullptr, nullptr, a.x.dt,
+                     &tamax[(r / 32) * (K / 32)]);
+        dequantize_row(codes.data(), K, a.q, sc.data(), nullptr, nullptr, 1.0f, v.data());
+        if (a.out.ptr) store_row(v.data(), K, DType::BF16, (char*)a.out.ptr + (b * M + r) * K * 2);
+        if (a.out_t.ptr)
+          for (int64_t k = 0; k < K; ++k)
+            store_row(&v[k], 1, DType::BF16, (char*)a.out_t.ptr + ((b * K + k) * M + r) * 2);
+      }
+    }
+    return QQ_STATUS_SUCCESS;
+  }
   if (a.out.ptr) {
     std::vector<float> v(M * K);
     qdq_rows(a.x, 0, a.q, a.gs, v.data());

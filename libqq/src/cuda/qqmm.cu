@@ -66,12 +66,12 @@ __device__ __forceinline__ float2 decode2(int elem, uint32_t pr) {
 // stays out (the caller folds it into alpha), except gs_post (qdq_kernel).
 // kElem: the element format at compile time (one path, no branch a pair), or
 // -1 for q.elem's at run time.
-template <int G, int kElem = -1>
-__device__ __forceinline__ void qdq_group(float* v, const QSpec& q, float enc, const float* gs_post) {
+// qdq_scaled: the same for N values of a group of G whose amax is given as
+// |x|'s largest bit pattern (NaN above Inf) - a group spread over several
+// values arrays (moe_qdq_kernel's 32x32 tiles). qdq_group: a whole group.
+template <int G, int N, int kElem = -1>
+__device__ __forceinline__ void qdq_scaled(float* v, uint32_t ab, const QSpec& q, float enc, const float* gs_post) {
   const int elem = kElem >= 0 ? kElem : q.elem;
-  uint32_t ab = 0;
-#pragma unroll
-  for (int i = 0; i < G; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
   const float amax = u2f(ab);
   const FpGroupScale gsc = fp_group_scale(amax, G == 16, enc, elem, q.floor_rounding);
   const float f = gsc.factor;
@@ -79,7 +79,7 @@ __device__ __forceinline__ void qdq_group(float* v, const QSpec& q, float enc, c
   float sdec = G == 16 ? e4m3_decode(gsc.code) : ue8m0_decode(gsc.code);
   if (gs_post) sdec = sdec * nvfp4_dec(*gs_post);  // fp32 route only; one extra rounding, within tolerance
 #pragma unroll
-  for (int i = 0; i < G; i += 2) {
+  for (int i = 0; i < N; i += 2) {
     uint32_t pr;
     if (elem == ELEM_E2M1) pr = nan_group ? 0 : e2m1x2_encode(v[i] * f, v[i + 1] * f);
     else if (elem == ELEM_E4M3) pr = nan_group ? 0x7f7f : e4m3x2_encode(v[i] * f, v[i + 1] * f);
@@ -88,6 +88,14 @@ __device__ __forceinline__ void qdq_group(float* v, const QSpec& q, float enc, c
     v[i] = d.x * sdec;
     v[i + 1] = d.y * sdec;
   }
+}
+
+template <int G, int kElem = -1>
+__device__ __forceinline__ void qdq_group(float* v, const QSpec& q, float enc, const float* gs_post) {
+  uint32_t ab = 0;
+#pragma unroll
+  for (int i = 0; i < G; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
+  qdq_scaled<G, G, kElem>(v, ab, q, enc, gs_post);
 }
 
 // q(x) for one group of G elements per thread: the quantize kernel's scale
@@ -1179,6 +1187,79 @@ qqStatus_t colqdq(const Mat& x, const int32_t* end, const QSpec& q, const float*
   }
 }
 
+// MoE expert weights w [E, D1, D2] as q's bf16 values with one UE8M0 scale per
+// 32x32 tile (qqQuantizeMoe's QQ_MOE_32X32 rule: the values are dequantize of its
+// codes) - what the grouped GEMMs read on the exact path, both orientations from
+// one read: a warp per tile, lane r holding the tile's row r; out [E, D1, D2] a
+// 64-byte row piece per lane, out_t [E, D2, D1] through shared memory, a column
+// per lane (pitch 34 halfwords: the column reads and row writes are conflict-free).
+template <typename T, bool kVec, int kElem>
+__global__ void __launch_bounds__(kThreads) moe_qdq_kernel(Mat w, QSpec q, __nv_bfloat16* out, __nv_bfloat16* out_t) {
+  __shared__ __align__(16) uint16_t tile[kThreads / 32][32][34];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t tc = w.cols / 32, t = (int64_t)blockIdx.x * (kThreads / 32) + warp, b = blockIdx.y;
+  if (t >= (w.rows / 32) * tc) return;  // the whole warp
+  const int64_t r0 = (t / tc) * 32, c0 = (t % tc) * 32;
+  const T* src = w.at<T>(b, r0 + lane) + c0;
+  float v[32];
+  if (kVec) {
+#pragma unroll
+    for (int i = 0; i < 32; i += 8) load8<T>(src + i, v + i);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) v[i] = load1<T>(src + i);
+  }
+  uint32_t ab = 0;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) ab = max(ab, __shfl_xor_sync(0xffffffffu, ab, o));  // the tile's amax
+  qdq_scaled<32, 32, kElem>(v, ab, q, 1.0f, nullptr);
+  if (out) {
+    __nv_bfloat16* d = out + (b * w.rows + r0 + lane) * w.cols + c0;
+#pragma unroll
+    for (int i = 0; i < 32; i += 8) *reinterpret_cast<uint4*>(d + i) = bf16x8_bits(v + i);
+  }
+  if (out_t) {
+    uint32_t* row = reinterpret_cast<uint32_t*>(&tile[warp][lane][0]);
+#pragma unroll
+    for (int i = 0; i < 32; i += 2) row[i / 2] = bf16x2_bits(v[i], v[i + 1]);
+    __syncwarp();
+    uint32_t col[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) col[i] = (uint32_t)tile[warp][2 * i][lane] | ((uint32_t)tile[warp][2 * i + 1][lane] << 16);
+    __nv_bfloat16* d = out_t + (b * w.cols + c0 + lane) * w.rows + r0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      *reinterpret_cast<uint4*>(d + 8 * i) = make_uint4(col[4 * i], col[4 * i + 1], col[4 * i + 2], col[4 * i + 3]);
+  }
+}
+
+template <typename T>
+qqStatus_t launch_moe_qdq_t(const QdqArgs& a, cudaStream_t st) {
+  const Mat& w = a.x;
+  const int64_t tiles = (w.rows / 32) * (w.cols / 32);
+  const dim3 grid((unsigned)((tiles + kThreads / 32 - 1) / (kThreads / 32)), (unsigned)w.batch());
+  __nv_bfloat16 *o = (__nv_bfloat16*)a.out.ptr, *ot = (__nv_bfloat16*)a.out_t.ptr;
+  const bool vec = rows_aligned(w);
+  if (a.q.elem == ELEM_E4M3) {
+    if (vec) moe_qdq_kernel<T, true, ELEM_E4M3><<<grid, kThreads, 0, st>>>(w, a.q, o, ot);
+    else moe_qdq_kernel<T, false, ELEM_E4M3><<<grid, kThreads, 0, st>>>(w, a.q, o, ot);
+  } else {
+    if (vec) moe_qdq_kernel<T, true, ELEM_E5M2><<<grid, kThreads, 0, st>>>(w, a.q, o, ot);
+    else moe_qdq_kernel<T, false, ELEM_E5M2><<<grid, kThreads, 0, st>>>(w, a.q, o, ot);
+  }
+  return check_launch("quantize_dequantize_moe");
+}
+
+qqStatus_t moe_qdq(const QdqArgs& a, cudaStream_t st) {
+  switch (a.x.dt) {
+    case DType::F32: return launch_moe_qdq_t<float>(a, st);
+    case DType::F16: return launch_moe_qdq_t<__half>(a, st);
+    default: return launch_moe_qdq_t<__nv_bfloat16>(a, st);
+  }
+}
+
 // grouped_qqmm_wgrad with E = 1: out [K, N] = xq^T @ dyq (colqdq above), one
 // cuBLASLt GEMM with x's values read transposed.
 qqStatus_t dense_wgrad(qqContext* c, const WgradArgs& a, cudaStream_t st) {
@@ -1217,9 +1298,10 @@ qqStatus_t dense_wgrad(qqContext* c, const WgradArgs& a, cudaStream_t st) {
 
 qqStatus_t quantize_dequantize(qqHandle_t h, const QdqArgs& a, void* stream) {
   qqContext* c = nullptr;
-  QQ_TRY(resolve_handle("quantize_dequantize", h, a.x.device, &c));
+  QQ_TRY(resolve_handle(a.tile32 ? "quantize_dequantize_moe" : "quantize_dequantize", h, a.x.device, &c));
   return on_device(c->device, [&]() -> qqStatus_t {
     cudaStream_t st = (cudaStream_t)stream;
+    if (a.tile32) return moe_qdq(a, st);
     __nv_bfloat16* rows = (__nv_bfloat16*)a.out.ptr;
     if (!a.out_t.ptr) return qdq<__nv_bfloat16>(a.x, a.q, a.gs, nullptr, rows, st);
     return colqdq(a.x, nullptr, a.q, a.gs, (__nv_bfloat16*)a.out_t.ptr, st, rows, "quantize_dequantize");
