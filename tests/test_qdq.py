@@ -238,3 +238,25 @@ def test_qdq_moe_errors(rng, device):
     raises(ValueError, ["values", "transposed"], qq.quantize_dequantize_moe, w, values=False)
     raises(ValueError, ["w", "32"], qq.quantize_dequantize_moe, to_device(random_data(rng, (2, 48, 64), BF16), device))
     raises(ValueError, ["w"], qq.quantize_dequantize_moe, to_device(random_data(rng, (64,), BF16), device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grouped_qqmm_prepared_values_and_views(rng, device):
+    """grouped_qqmm(w_prepared=True) on quantize_dequantize_moe's values equals grouped_qqmm on
+    quantize_moe's codes (the same values); the transposed layout given as a view of the other
+    ([E, N, K] as vt.transpose(1, 2)) gives the same result (the per-expert loop reads it)."""
+    e, n, k, t = 3, 64, 96, 70
+    w = to_device(random_data(rng, (e, n, k), BF16, varied=False), device)
+    x = to_device(random_data(rng, (t, k), BF16, varied=False), device)
+    ends = to_device(np.array([20, 20, 70], np.int32), device)
+    swap = (lambda a: np.swapaxes(a, 1, 2)) if device == "cpu" else (lambda a: a.transpose(1, 2))  # noqa: E731
+    v, vt = qq.quantize_dequantize_moe(w, values=True, transposed=True)
+    got = qq.grouped_qqmm(x, v, ends, w_prepared=True, mode="mxfp8", dtype="float32")
+    d, s = qq.quantize_moe(swap(w), scaling="32x32", scale_layout="blocked", torch_dtypes=False)
+    ref = qq.grouped_qqmm(x, (d, s), ends, mode="mxfp8", moe_scaling="32x32", scale_layout="blocked",
+                          dtype="float32")
+    np.testing.assert_allclose(to_numpy(got), to_numpy(ref), rtol=1e-6, atol=1e-6)
+    view = qq.grouped_qqmm(x, swap(vt), ends, w_prepared=True, mode="mxfp8", dtype="float32")
+    np.testing.assert_allclose(to_numpy(view), to_numpy(got), rtol=1e-6, atol=1e-6)
+    raises(ValueError, "w_prepared", qq.grouped_qqmm, x, (d, s), ends, w_prepared=True, moe_scaling="32x32",
+           scale_layout="blocked")

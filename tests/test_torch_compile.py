@@ -483,6 +483,22 @@ def test_qqlinear_forward_backward(device, mode):
     assert_same(got, want)
 
 
+@pytest.mark.parametrize("mode", qqt.MODES)
+def test_qqlinear_codes_path(monkeypatch, mode):
+    """The path block-scaled GPUs take (GEMMs on quantize / quantize_moe codes, x saved for
+    the backward), forced on the CPU: eager and compiled equal each other and, within fp32
+    rounding, the exact path's values route (the same quantized values multiplied). The
+    compiled form must not return its input x from the qq::linear op."""
+    x = data(2, 40, 64)
+    want = train_step(mlp(mode, "cpu"), x)
+    monkeypatch.setattr(qqt, "_values_path", lambda t: False)
+    model = mlp(mode, "cpu")
+    eager = train_step(model, x)
+    assert_same(train_step(compiled(model), x), eager)
+    for a, b in zip(eager, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_qqlinear_bf16_dynamic_batch():
     """bf16 model, dynamic batch: one compile for T = 40 and 72, equal to eager."""
     from torch._dynamo.testing import CompileCounterWithBackend

@@ -8,7 +8,10 @@ needs torch).
     y = qqt.qq_linear(x, weight, bias, mode="mxfp8")      # the autograd function
 
 A linear layer y = x @ W^T + b runs three GEMMs per training step, each through libqq's
-qqmm with both operands quantized (docs/adapters.md has the table):
+qqmm with both operands quantized (docs/adapters.md has the table and says how each device
+runs them: on the exact path - the CPU, Hopper and older - on q's bf16 values from
+qq.quantize_dequantize / quantize_dequantize_moe, x's and dy's two orientations from one
+call, the GEMMs reading transposed views; where block-scaled tensor cores are, on codes):
 
   forward  y  = q(x) @ q(W)^T       contracts K: x in 1xG blocks along K, W in blocks along K
   dgrad    dx = q(dy) @ q(W)        contracts N: dy in 1xG blocks along N, W in blocks along N
@@ -21,9 +24,9 @@ K) and the dgrad GEMM (blocks along N) - the two operands are bit-identical up t
 transpose. nvfp4 and mxfp4 have no 32x32 form: W is quantized along K for the forward and
 along N (qq.quantize_colwise) for dgrad, two different roundings of W. The wgrad operands
 are quantized along T (blocks of G tokens from the first; a ragged last block counts the
-missing tokens as zeros, which add nothing and do not change its scale): through
-qq.grouped_qqmm_wgrad with one expert where qqmm runs the exact path, through
-qq.quantize_colwise and qqmm where the block-scaled tensor cores are. Accumulation is fp32; outputs
+missing tokens as zeros, which add nothing and do not change its scale): their values from
+qq.quantize_dequantize(colwise=True) on the exact path, qq.quantize_colwise's codes where the
+block-scaled tensor cores are. Accumulation is fp32; outputs
 are x's dtype (y, dx) and W's dtype (dW); db = dy summed over tokens in torch.
 """
 
@@ -242,8 +245,10 @@ class QQLinearFunction(torch.autograd.Function):
 @torch.library.custom_op("qq::linear", mutates_args=())
 def _linear_op(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                mode: str) -> list[torch.Tensor]:
+    # [y] + what the backward needs, less x itself on the block-scaled path: a custom op may
+    # not return one of its inputs (_linear_setup saves x2 from the inputs there)
     y, saved = _linear_forward(x2, weight, bias, mode)
-    return [y] + saved
+    return [y] + (saved if _values_path(x2) else saved[1:])
 
 
 @_linear_op.register_fake
@@ -254,9 +259,9 @@ def _(x2, weight, bias, mode):
     if _values_path(x2):    # x's values along T [T, K], W's along N [N, K]
         out += [x2.new_empty((t, k), dtype=torch.bfloat16), x2.new_empty((n, k), dtype=torch.bfloat16)]
     else:
-        # x; W^T [K, N] quantized along N: codes [K, N*bits/8], blocked scales
+        # W^T [K, N] quantized along N: codes [K, N*bits/8], blocked scales
         # [roundup(K, 128), roundup(N/g, 4)] (qqQuantizedShapes)
-        out += [x2.new_empty((t, k)), x2.new_empty((k, n if mode == "mxfp8" else n // 2), dtype=torch.uint8),
+        out += [x2.new_empty((k, n if mode == "mxfp8" else n // 2), dtype=torch.uint8),
                 x2.new_empty(((k + 127) // 128 * 128, (n // g + 3) // 4 * 4), dtype=torch.uint8)]
     if mode == "nvfp4":   # W's and x's global scales
         out += [x2.new_empty((), dtype=torch.float32), x2.new_empty((), dtype=torch.float32)]
@@ -285,7 +290,7 @@ def _(dy2, saved, mode, need_dx, need_dw, xdtype, wdtype):
 
 def _linear_setup(ctx, inputs, output):
     x2, weight, bias, mode = inputs
-    ctx.save_for_backward(*output[1:])
+    ctx.save_for_backward(*(([] if _values_path(x2) else [x2]) + list(output[1:])))
     ctx.mode, ctx.xdtype, ctx.wdtype, ctx.has_bias = mode, x2.dtype, weight.dtype, bias is not None
 
 

@@ -305,7 +305,9 @@ QQ_API qqStatus_t qqDequantize(qqHandle_t handle, const DLTensor* data,
  *         blocks: `group` consecutive rows of each column from row 0, a ragged
  *         last block counting its missing rows as zeros), written in x's own
  *         orientation, or NULL.
- *  At least one of the two; both come from one read of x on the GPU.
+ *  At least one of the two; on the GPU both come from one read of x for
+ *  the fp8 elements (MXFP8) when x's rows are 8-byte aligned, two passes
+ *  otherwise. CUDA outputs must start on a 16-byte boundary.
  *  params: mode nvfp4, mxfp4 or mxfp8, rounding, fp8_format; group_size and
  *  bits the mode's; scale_layout is ignored (no scales are written).
  *  global_scale: nvfp4 only, as qqQuantize's. */
@@ -322,7 +324,8 @@ QQ_API qqStatus_t qqQuantizeDequantize(qqHandle_t handle, const DLTensor* x,
  *  out:   bfloat16 of w's shape, compact, or NULL.
  *  out_t: bfloat16 [E, D2, D1] ([D2, D1]), compact: the same values transposed
  *         (the tiles make one quantization serve both GEMM directions), or NULL.
- *  At least one; both from one read of w on the GPU. params: mode MXFP8,
+ *  At least one; both from one read of w on the GPU (CUDA outputs must start
+ *  on a 16-byte boundary). params: mode MXFP8,
  *  rounding, fp8_format; scale_layout ignored. (0.2) */
 QQ_API qqStatus_t qqQuantizeDequantizeMoe(qqHandle_t handle, const DLTensor* w,
                                           const qqQuantParams_t* params,
@@ -416,7 +419,8 @@ typedef struct {
    * route (a bf16 GEMM; QQ_STATUS_NOT_SUPPORTED for any other route
    * requested). 0 by default. A prepared x or w may be a 2-D transposed view
    * (stride 1 on its first axis, e.g. t.T of a row-major tensor): the GEMM
-   * reads it transposed, no copy. */
+   * reads it transposed (bf16 values without a copy; f32 / f16 ones are
+   * converted to bf16 first, as any prepared operand). */
   int x_prepared;
 } qqQqmmParams_t;
 

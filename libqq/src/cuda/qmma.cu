@@ -475,7 +475,9 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
   const int64_t N = a.N, C = L.C;
   const int64_t groups4 = (C + 3) / 4;  // steps of the whole row
   const int nsteps = (int)(groups4 > ks ? (groups4 - ks + L.KS - 1) / L.KS : 0);
-  const float post = alpha ? *alpha : ((F == QNV4 && a.gs_w) ? nvfp4_dec(*a.gs_w) : 1.0f);
+  // qqmm's small-M route leaves alpha to this kernel: x's global scale (gs_x, set only
+  // there) and w's, as nvfp4_alpha (1 for a missing one; quantized_matmul: w's alone)
+  const float post = alpha ? *alpha : (F == QNV4 ? nvfp4_alpha(a.gs_x, a.gs_w) : 1.0f);
 
   const int64_t items = kSorted ? (int64_t)*G.ntiles : a.out.batch();
   for (int64_t b = blockIdx.y; b < items; b += gridDim.y) {

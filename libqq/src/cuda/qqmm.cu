@@ -629,8 +629,16 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
     cudaStream_t st = (cudaStream_t)stream;
     Scratch scratch(c, st);
     const int64_t M = a.M, N = a.N, K = a.K, Mtot = a.x.batch() * M;
+    // alpha (the nvfp4 global scales' factor) as a device scalar for the GEMM routes,
+    // made once when one of them runs; the weight-only kernels read the two scales
+    // themselves (a launch and a scratch allocation fewer per small-M call).
     float* alpha = nullptr;
-    QQ_TRY(alpha_pair("qqmm", a.gs_x, a.gs_w, scratch, st, &alpha));
+    bool have_alpha = false;
+    const auto gemm_alpha = [&]() -> qqStatus_t {
+      if (!have_alpha) QQ_TRY(alpha_pair("qqmm", a.gs_x, a.gs_w, scratch, st, &alpha));
+      have_alpha = true;
+      return QQ_STATUS_SUCCESS;
+    };
     // The routes in AUTO's order; a requested one runs alone or fails saying why.
     const qqRoute_t want = a.route;
     const bool any = want == QQ_ROUTE_AUTO;
@@ -640,6 +648,7 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
                        "'auto' or 'exact'", c->device, c->cc / 10, c->cc % 10);
     if (want == QQ_ROUTE_BLOCKSCALED || (any && blockscaled_arch(c->cc))) {
 #if QQ_HAVE_BLOCKSCALED
+      QQ_TRY(gemm_alpha());
       const qqStatus_t s = qqmm_blockscaled(c, a, alpha, Mtot, st);
 #else
       const qqStatus_t s = set_error(QQ_STATUS_NOT_SUPPORTED, "qqmm: the block-scaled route does not take this "
@@ -662,14 +671,15 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
                        "use route 'auto' or 'exact'", qqGetRouteString(want),
                        want == QQ_ROUTE_QMMA ? kQmmaMaxM : kQmvMaxM, (long long)Mtot);
     // Small and medium M, stored weight: the tensor-core weight-only kernel
-    // on q(x) in bf16 (exact), alpha applied to its fp32 sums.
+    // on q(x) in bf16 (exact), alpha = nvfp4_alpha(gs_x, gs_w) applied to its
+    // fp32 sums by the kernel.
     if ((any || want == QQ_ROUTE_QMMA) && Mtot <= kQmmaMaxM && wonly) {
       __nv_bfloat16* xq = nullptr;
       QQ_TRY(scratch.get("qqmm", (size_t)(Mtot * K) * 2, &xq));
       const MatmulArgs b = weight_only_args(a, xq, DType::BF16, Mtot);
       if (qmma_takes(b)) {  // asked first: x is quantized only for the route that runs
         QQ_TRY(qdq<__nv_bfloat16>(a.x, a.q, a.gs_x, nullptr, xq, st));
-        return routed(qmma(b, alpha, st), QQ_ROUTE_QMMA);
+        return routed(qmma(b, nullptr, st), QQ_ROUTE_QMMA);
       }
       if (!any)
         return set_error(QQ_STATUS_NOT_SUPPORTED, "qqmm: route 'qmma' does not take this call: it needs w's rows "
@@ -729,6 +739,7 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
     g.D = a.out.ptr;
     g.ldd = N;
     QQ_TRY(gemm_bias("qqmm", a.bias, &g, scratch, st));
+    QQ_TRY(gemm_alpha());
     g.alpha_dev = alpha;
     return routed(gemm(c, g, st), QQ_ROUTE_EXACT);
   });
@@ -771,6 +782,7 @@ qqStatus_t grouped_qqmm(qqHandle_t h, const MatmulArgs& a, int64_t gw_stride, co
       K >= (1ll << 31) || K % 8 || N % 8 || !rows_aligned(a.out))
     return QQ_STATUS_SUCCESS;
   if (w_bf16 && !rows_aligned(a.w)) return QQ_STATUS_SUCCESS;
+  if (a.w_trans) return QQ_STATUS_SUCCESS;  // prepared experts given transposed: the per-expert loop reads them
   *taken = true;
   return on_device(c->device, [&]() -> qqStatus_t {
     cudaStream_t st = (cudaStream_t)stream;
@@ -1311,8 +1323,15 @@ qqStatus_t dense_wgrad(qqContext* c, const WgradArgs& a, cudaStream_t st) {
 }  // namespace
 
 qqStatus_t quantize_dequantize(qqHandle_t h, const QdqArgs& a, void* stream) {
+  const char* op = a.tile32 ? "quantize_dequantize_moe" : "quantize_dequantize";
+  // The kernels store whole 8- and 16-byte pieces (the rows of these compact outputs are
+  // multiples of 16 bytes wherever they do): the outputs' start is the caller's to align.
+  for (const Mat* m : {&a.out, &a.out_t})
+    if (m->ptr && (uintptr_t)m->ptr % 16)
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: on the GPU, argument '%s' must start on a 16-byte boundary; "
+                       "pass a freshly allocated tensor", op, m == &a.out ? "out" : "out_t");
   qqContext* c = nullptr;
-  QQ_TRY(resolve_handle(a.tile32 ? "quantize_dequantize_moe" : "quantize_dequantize", h, a.x.device, &c));
+  QQ_TRY(resolve_handle(op, h, a.x.device, &c));
   return on_device(c->device, [&]() -> qqStatus_t {
     cudaStream_t st = (cudaStream_t)stream;
     if (a.tile32) return moe_qdq(a, st);
