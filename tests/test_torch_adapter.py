@@ -177,3 +177,33 @@ def test_bf16_layer_on_cuda():
     assert y.dtype == torch.bfloat16 and x.grad.dtype == torch.bfloat16
     assert layer.weight.grad.dtype == torch.bfloat16 and layer.bias.grad.shape == (128,)
     assert torch.isfinite(layer.weight.grad.float()).all()
+
+
+@pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])
+def test_forward_skips_wgrad_operand_without_weight_grad(monkeypatch, mode):
+    """x's values along the tokens (wgrad's operand) are made in the forward only when a weight
+    gradient can be asked: not under no_grad, not for a frozen weight; dx still flows."""
+    calls = []
+    real = qq.quantize_dequantize
+
+    def spy(x, mode, **kw):
+        calls.append(kw.get("colwise", False))
+        return real(x, mode, **kw)
+
+    monkeypatch.setattr(qq, "quantize_dequantize", spy)
+    layer = qqt.QQLinear(64, 32, mode=mode)
+    x = torch.randn(40, 64, requires_grad=True)
+    with torch.no_grad():
+        y0 = layer(x)
+    assert calls and not calls[0], calls          # x: rows only
+    calls.clear()
+    layer.weight.requires_grad_(False)
+    y1 = layer(x)
+    assert not calls[0], calls
+    y1.sum().backward()                           # dx only: dy's rows only
+    assert x.grad is not None and layer.weight.grad is None
+    torch.testing.assert_close(y0, y1, rtol=0, atol=0)
+    calls.clear()
+    layer.weight.requires_grad_(True)
+    layer(x).sum().backward()
+    assert calls[0] is True and layer.weight.grad is not None

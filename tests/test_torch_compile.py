@@ -182,9 +182,10 @@ def test_opcheck_matmuls_and_linear():
         xr = data(40, 64).requires_grad_()
         wr = (data(96, 64, seed=2) / 16).requires_grad_()
         br = data(96, seed=3).requires_grad_()
-        torch.library.opcheck(torch.ops.qq.linear, (xr, wr, br, mode))
+        torch.library.opcheck(torch.ops.qq.linear, (xr, wr, br, mode, True))
+        torch.library.opcheck(torch.ops.qq.linear, (xr, wr.detach(), br, mode, False))
         dy, x2 = data(40, 96, seed=4), data(40, 64)
-        _, *saved = torch.ops.qq.linear(x2, wr.detach(), None, mode)
+        _, *saved = torch.ops.qq.linear(x2, wr.detach(), None, mode, True)
         torch.library.opcheck(torch.ops.qq.linear_backward,
                               (dy, saved, mode, True, True, torch.float32, torch.float32))
 

@@ -166,11 +166,16 @@ def _weight_values(w: torch.Tensor, mode: str):
 #   block-scaled path: [x, W's codes along N, their blocked scales];
 #   then, for nvfp4, [W's global scale, x's global scale] (qq.amax once a step each).
 
-def _linear_forward(x2, weight, bias, mode):
-    """(y [T, N] in x's dtype, saved)."""
+def _linear_forward(x2, weight, bias, mode, need_dw=True):
+    """(y [T, N] in x's dtype, saved). need_dw False (no weight gradient will be asked: grad
+    mode off, a frozen weight): x's values along T are not made (an empty stand-in is saved)."""
     if _values_path(x2):
         gx = _gs(x2, mode)
-        xr, xc = qq.quantize_dequantize(x2, mode, global_scale=gx, colwise=True)
+        if need_dw:
+            xr, xc = qq.quantize_dequantize(x2, mode, global_scale=gx, colwise=True)
+        else:
+            xr = qq.quantize_dequantize(x2, mode, global_scale=gx)
+            xc = x2.new_empty((0, x2.shape[1]), dtype=torch.bfloat16)
         wr, wc, gw = _weight_values(weight, mode)
         y = qq.qqmm(xr, wr, mode=mode, x_prepared=True, w_prepared=True, global_scale_x=gx,
                     global_scale_w=gw, bias=bias, dtype=x2.dtype)
@@ -191,6 +196,10 @@ def _linear_backward(dy2, saved, mode, need_dx, need_dw, xdtype, wdtype):
         xc, wc = saved[0], saved[1]
         if not (need_dx or need_dw):
             return dx, dw
+        if need_dw and xc.shape[0] != dy2.shape[0]:
+            raise RuntimeError("qq_linear: a weight gradient is asked of a forward that ran without one "
+                               "(grad mode off or the weight frozen then); run the forward with "
+                               "weight.requires_grad set and grad mode on")
         r = qq.quantize_dequantize(dy2, mode, global_scale=gdy, rowwise=need_dx, colwise=need_dw)
         dyr, dyc = r if (need_dx and need_dw) else ((r, None) if need_dx else (None, r))
         if need_dx:     # dy [T, N] @ W [N, K]: W's values along N, read transposed
@@ -215,11 +224,12 @@ class QQLinearFunction(torch.autograd.Function):
     same computation, with torch.library.register_autograd)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, mode):
+    def forward(ctx, x, weight, bias, mode, need_dw=True):
         _check(x, weight, bias, mode)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).contiguous()
-        y, saved = _linear_forward(x2, weight.detach(), None if bias is None else bias.detach(), mode)
+        y, saved = _linear_forward(x2, weight.detach(), None if bias is None else bias.detach(), mode,
+                                   need_dw)
         ctx.save_for_backward(*saved)
         ctx.mode, ctx.shape, ctx.xdtype = mode, shape, x.dtype
         ctx.wdtype, ctx.has_bias = weight.dtype, bias is not None
@@ -236,7 +246,7 @@ class QQLinearFunction(torch.autograd.Function):
         db = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0, dtype=torch.float32).to(ctx.wdtype)
-        return None if dx is None else dx.reshape(ctx.shape), dw, db, None
+        return None if dx is None else dx.reshape(ctx.shape), dw, db, None, None
 
 
 # torch.compile: the two halves as custom ops (tensors in, tensors out; libqq runs in their
@@ -244,20 +254,21 @@ class QQLinearFunction(torch.autograd.Function):
 
 @torch.library.custom_op("qq::linear", mutates_args=())
 def _linear_op(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-               mode: str) -> list[torch.Tensor]:
+               mode: str, need_dw: bool) -> list[torch.Tensor]:
     # [y] + what the backward needs, less x itself on the block-scaled path: a custom op may
     # not return one of its inputs (_linear_setup saves x2 from the inputs there)
-    y, saved = _linear_forward(x2, weight, bias, mode)
+    y, saved = _linear_forward(x2, weight, bias, mode, need_dw)
     return [y] + (saved if _values_path(x2) else saved[1:])
 
 
 @_linear_op.register_fake
-def _(x2, weight, bias, mode):
+def _(x2, weight, bias, mode, need_dw):
     (t, k), (n, _) = x2.shape, weight.shape
     g = _GROUP[mode]
     out = [x2.new_empty((t, n))]
-    if _values_path(x2):    # x's values along T [T, K], W's along N [N, K]
-        out += [x2.new_empty((t, k), dtype=torch.bfloat16), x2.new_empty((n, k), dtype=torch.bfloat16)]
+    if _values_path(x2):    # x's values along T [T, K] (or an empty stand-in), W's along N [N, K]
+        out += [x2.new_empty((t if need_dw else 0, k), dtype=torch.bfloat16),
+                x2.new_empty((n, k), dtype=torch.bfloat16)]
     else:
         # W^T [K, N] quantized along N: codes [K, N*bits/8], blocked scales
         # [roundup(K, 128), roundup(N/g, 4)] (qqQuantizedShapes)
@@ -289,7 +300,7 @@ def _(dy2, saved, mode, need_dx, need_dw, xdtype, wdtype):
 
 
 def _linear_setup(ctx, inputs, output):
-    x2, weight, bias, mode = inputs
+    x2, weight, bias, mode = inputs[:4]
     ctx.save_for_backward(*(([] if _values_path(x2) else [x2]) + list(output[1:])))
     ctx.mode, ctx.xdtype, ctx.wdtype, ctx.has_bias = mode, x2.dtype, weight.dtype, bias is not None
 
@@ -302,7 +313,7 @@ def _linear_grad(ctx, grads):
     dx = next(r) if need_dx else None
     dw = next(r) if need_dw else None
     db = dy2.sum(0, dtype=torch.float32).to(ctx.wdtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
-    return dx, dw, db, None
+    return dx, dw, db, None, None
 
 
 _linear_op.register_autograd(_linear_grad, setup_context=_linear_setup)
@@ -314,11 +325,14 @@ def qq_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
 
     Eager: QQLinearFunction. Under torch.compile: the qq::linear custom op (same results),
     so that a compiled model traces without graph breaks, backward included."""
+    # Whether a weight gradient can be asked of this call: if not, the forward skips x's
+    # values along the tokens (wgrad's operand)
+    need_dw = torch.is_grad_enabled() and weight.requires_grad
     if not torch.compiler.is_compiling():
-        return QQLinearFunction.apply(x, weight, bias, mode)
+        return QQLinearFunction.apply(x, weight, bias, mode, need_dw)
     _check(x, weight, bias, mode)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
-    y = _linear_op(x2, weight, bias, mode)[0]
+    y = _linear_op(x2, weight, bias, mode, need_dw)[0]
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
