@@ -1208,8 +1208,9 @@ qqStatus_t colqdq(const Mat& x, const int32_t* end, const QSpec& q, const float*
 // half sectors per instruction: 0.43 of copy). The tile amax is a warp max; out_t
 // [E, D2, D1] goes through shared memory (pitch 34 halfwords), 8 rows of a column
 // per lane.
-template <typename T, bool kVec, int kElem>
-__global__ void __launch_bounds__(kThreads) moe_qdq_kernel(Mat w, QSpec q, __nv_bfloat16* out, __nv_bfloat16* out_t) {
+template <typename T, int kElem>
+__global__ void __launch_bounds__(kThreads)
+    moe_qdq_kernel(Mat w, QSpec q, __nv_bfloat16* out, __nv_bfloat16* out_t, bool vec) {
   constexpr int kPitch = 34;
   __shared__ __align__(16) uint16_t tile[kThreads / 32][32][kPitch];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, rq = lane >> 2, cq = lane & 3;
@@ -1220,7 +1221,7 @@ __global__ void __launch_bounds__(kThreads) moe_qdq_kernel(Mat w, QSpec q, __nv_
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const T* src = w.at<T>(b, r0 + rq + 8 * k) + c0;
-    if (kVec) {
+    if (vec) {  // (a uniform branch: one kernel for aligned and unaligned rows)
       load8<T>(src, v + 8 * k);
     } else {
 #pragma unroll
@@ -1268,13 +1269,8 @@ qqStatus_t launch_moe_qdq_t(const QdqArgs& a, cudaStream_t st) {
   const dim3 grid((unsigned)((tiles + kThreads / 32 - 1) / (kThreads / 32)), (unsigned)w.batch());
   __nv_bfloat16 *o = (__nv_bfloat16*)a.out.ptr, *ot = (__nv_bfloat16*)a.out_t.ptr;
   const bool vec = rows_aligned(w);
-  if (a.q.elem == ELEM_E4M3) {
-    if (vec) moe_qdq_kernel<T, true, ELEM_E4M3><<<grid, kThreads, 0, st>>>(w, a.q, o, ot);
-    else moe_qdq_kernel<T, false, ELEM_E4M3><<<grid, kThreads, 0, st>>>(w, a.q, o, ot);
-  } else {
-    if (vec) moe_qdq_kernel<T, true, ELEM_E5M2><<<grid, kThreads, 0, st>>>(w, a.q, o, ot);
-    else moe_qdq_kernel<T, false, ELEM_E5M2><<<grid, kThreads, 0, st>>>(w, a.q, o, ot);
-  }
+  if (a.q.elem == ELEM_E4M3) moe_qdq_kernel<T, ELEM_E4M3><<<grid, kThreads, 0, st>>>(w, a.q, o, ot, vec);
+  else moe_qdq_kernel<T, ELEM_E5M2><<<grid, kThreads, 0, st>>>(w, a.q, o, ot, vec);
   return check_launch("quantize_dequantize_moe");
 }
 
