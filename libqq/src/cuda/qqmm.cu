@@ -1009,7 +1009,7 @@ qqStatus_t seg_qdq(const Mat& x, const int32_t* ends, const int32_t* blk, int E,
   }
 }
 
-// One expert (a dense weight gradient, qq.torch's QQLinear): q(x)'s values
+// One expert (a dense weight gradient): q(x)'s values
 // along the tokens are written in x's own orientation, xq [T, C] bf16 compact,
 // and the GEMM reads them transposed (cuBLASLt's op T) - no transpose here, no
 // per-expert padding, no shared memory; a ragged last block counts its
