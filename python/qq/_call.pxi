@@ -249,6 +249,15 @@ cdef class _Call:
             r = b
         return r, self.view(r, name, True)
 
+    cdef tuple empty_bf16(self, tuple shape, str name, str centry):
+        """empty() of a bfloat16 result, whose framework may have no bfloat16 (CuPy): then a
+        TypeError that says so and names the C entry `centry` as the way around."""
+        try:
+            return self.empty(shape, "bfloat16", name)
+        except TypeError as e:
+            raise TypeError(f"{self.func}: its results are bfloat16, which this framework cannot "
+                            f"hold ({e}); pass torch tensors, or call {centry} from C") from None
+
     cdef _View _result_view(self, r, tuple shape, str dtype, str name):
         """The view of a NumPy array or torch tensor that _empty just made: compact, of a
         known shape and dtype, on the call's device, so only its pointer is asked for."""

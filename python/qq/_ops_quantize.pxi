@@ -260,14 +260,10 @@ def quantize_dequantize(x, mode="mxfp8", *, global_scale=None, rowwise=True, col
         if len(xs) != 2:
             raise ValueError(f"{func}: argument 'x' has shape {xs}; expected [M, K]")
         vr = vc = None
-        try:
-            if rowwise:
-                rows, vr = call.empty(xs, "bfloat16", "rows")
-            if colwise:
-                cols, vc = call.empty(xs, "bfloat16", "cols")
-        except TypeError as e:      # CuPy has no bfloat16
-            raise TypeError(f"{func}: its results are bfloat16, which this framework cannot hold "
-                            f"({e}); pass torch tensors, or call qqQuantizeDequantize from C") from None
+        if rowwise:
+            rows, vr = call.empty_bf16(xs, "rows", "qqQuantizeDequantize")
+        if colwise:
+            cols, vc = call.empty_bf16(xs, "cols", "qqQuantizeDequantize")
         tx, tg, tr, tc = _t(vx), _t(vg), _t(vr), _t(vc)
         s = call.cstream()
         with nogil:
@@ -307,14 +303,10 @@ def quantize_dequantize_moe(w, *, values=True, transposed=False, rounding="ceil"
         if len(ws) not in (2, 3):
             raise ValueError(f"{func}: argument 'w' has shape {ws}; expected [E, D1, D2] or [D1, D2]")
         vo = vt = None
-        try:
-            if values:
-                o, vo = call.empty(ws, "bfloat16", "values")
-            if transposed:
-                t, vt = call.empty(ws[:-2] + (ws[-1], ws[-2]), "bfloat16", "transposed")
-        except TypeError as e:      # CuPy has no bfloat16
-            raise TypeError(f"{func}: its results are bfloat16, which this framework cannot hold "
-                            f"({e}); pass torch tensors, or call qqQuantizeDequantizeMoe from C") from None
+        if values:
+            o, vo = call.empty_bf16(ws, "values", "qqQuantizeDequantizeMoe")
+        if transposed:
+            t, vt = call.empty_bf16(ws[:-2] + (ws[-1], ws[-2]), "transposed", "qqQuantizeDequantizeMoe")
         tw, to, tt = _t(vw), _t(vo), _t(vt)
         s = call.cstream()
         with nogil:

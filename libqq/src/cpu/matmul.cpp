@@ -7,7 +7,6 @@
 // that the compiler vectorizes them without -ffast-math.
 #include <string.h>
 
-#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -134,14 +133,9 @@ qqStatus_t quantize_dequantize(const QdqArgs& a) {
     std::vector<uint8_t> codes(K), sc(K / 32);
     for (int64_t b = 0; b < a.x.batch(); ++b) {
       const int es = dtype_size(a.x.dt);
-      std::fill(tamax.begin(), tamax.end(), 0.0f);
-      for (int64_t r = 0; r < M; ++r) {
+      for (int64_t r = 0; r < M; ++r)
         load_row((const char*)a.x.ptr + (a.x.offset(b) + r * a.x.ld) * es, a.x.dt, K, &w[r * K]);
-        for (int64_t k = 0; k < K; ++k) {
-          float& t = tamax[(r / 32) * (K / 32) + k / 32];
-          t = nanmax_f(t, abs_f(w[r * K + k]));
-        }
-      }
+      tile32_amax(w.data(), M, K, tamax.data());
       for (int64_t r = 0; r < M; ++r) {
         quantize_row(&w[r * K], K, a.q, 1.0f, codes.data(), sc.data(), nullptr, nullptr, a.x.dt,
                      &tamax[(r / 32) * (K / 32)]);

@@ -306,6 +306,15 @@ qqStatus_t quantize(const QuantizeArgs& a) {
   return QQ_STATUS_SUCCESS;
 }
 
+void tile32_amax(const float* v, int64_t R, int64_t C, float* tamax) {
+  std::fill(tamax, tamax + (R / 32) * (C / 32), 0.0f);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      float& t = tamax[(r / 32) * (C / 32) + c / 32];
+      t = nanmax_f(t, abs_f(v[r * C + c]));
+    }
+}
+
 // ---- quantize along rows (x^T), MoE 3D ------------------------------------------
 namespace {
 struct ColJob {
@@ -362,12 +371,8 @@ qqStatus_t quantize_colwise(const ColwiseArgs& a) {
         for (int64_t k = 0; k < K; ++k) xt[k * M + r] = row[k];
     }
     if (a.tile32) {  // amax of each 32x32 tile: [K/32, M/32]
-      tamax.assign((K / 32) * (M / 32), 0.0f);
-      for (int64_t k = 0; k < K; ++k)
-        for (int64_t m = 0; m < M; ++m) {
-          float& t = tamax[(k / 32) * (M / 32) + m / 32];
-          t = nanmax_f(t, abs_f(xt[k * M + m]));
-        }
+      tamax.resize((K / 32) * (M / 32));
+      tile32_amax(xt.data(), K, M, tamax.data());
     }
     ColJob j{&a, xt.data(), a.tile32 ? tamax.data() : nullptr, b, a.gs ? nvfp4_enc(*a.gs) : 1.0f};
     parallel_for(K, M * 4, colwise_range, &j);

@@ -11,6 +11,10 @@ namespace cpu {
 void load_row(const void* p, DType dt, int64_t n, float* out);
 void store_row(const float* in, int64_t n, DType dt, void* p);
 float round_to(float v, DType dt);
+// The amax of each 32x32 tile of v [R, C] (fp32, row-major; R and C multiples of 32),
+// NaN-propagating: tamax [R/32, C/32] - the MXFP8 32x32 scaling's group amax (a row's
+// group g of 32 takes tamax[(r / 32) * (C / 32) + g] as quantize_row's gamax).
+void tile32_amax(const float* v, int64_t R, int64_t C, float* tamax);
 void quantize_row(const float* x, int64_t K, const QSpec& q, float enc, uint8_t* data, uint8_t* sc, float* scf,
                   float* bif, DType sdt, const float* gamax = nullptr);
 void dequantize_row(const uint8_t* data, int64_t K, const QSpec& q, const uint8_t* sc, const float* scf,

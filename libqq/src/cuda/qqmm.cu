@@ -90,12 +90,18 @@ __device__ __forceinline__ void qdq_scaled(float* v, uint32_t ab, const QSpec& q
   }
 }
 
-template <int G, int kElem = -1>
-__device__ __forceinline__ void qdq_group(float* v, const QSpec& q, float enc, const float* gs_post) {
+// |v|'s largest bit pattern over N values (the amax as qdq_scaled takes it; NaN above Inf).
+template <int N>
+__device__ __forceinline__ uint32_t abs_bits_max(const float* v) {
   uint32_t ab = 0;
 #pragma unroll
-  for (int i = 0; i < G; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
-  qdq_scaled<G, G, kElem>(v, ab, q, enc, gs_post);
+  for (int i = 0; i < N; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
+  return ab;
+}
+
+template <int G, int kElem = -1>
+__device__ __forceinline__ void qdq_group(float* v, const QSpec& q, float enc, const float* gs_post) {
+  qdq_scaled<G, G, kElem>(v, abs_bits_max<G>(v), q, enc, gs_post);
 }
 
 // q(x) for one group of G elements per thread: the quantize kernel's scale
@@ -1228,9 +1234,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < 8; ++i) v[8 * k + i] = load1<T>(src + i);
     }
   }
-  uint32_t ab = 0;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
+  uint32_t ab = abs_bits_max<32>(v);
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) ab = max(ab, __shfl_xor_sync(0xffffffffu, ab, o));  // the tile's amax
   qdq_scaled<32, 32, kElem>(v, ab, q, 1.0f, nullptr);  // one scale for the whole tile
