@@ -57,6 +57,9 @@ MODES = {
     "mxfp4": dict(mode="mxfp4"),
     "mxfp8": dict(mode="mxfp8"),
     "affine4": dict(mode="affine", bits=4, group_size=64),
+    # the same fp4 weights in the decode layout (qq.prepare_decode)
+    "nvfp4-decode": dict(mode="nvfp4"),
+    "mxfp4-decode": dict(mode="mxfp4"),
 }
 HOW = ("Wall-clock time per decode step: eager = loops of steps followed by one synchronize "
        "(host cost included), graphed = loops of CUDA graph replays followed by one synchronize; "
@@ -276,8 +279,9 @@ def main() -> None:
             for lw in weights:
                 ql = []
                 for w in lw:
-                    extra = {"global_scale": qq.amax(w)} if mode == "nvfp4" else {}
-                    ql.append(qq.quantize(w, **kw, **extra))
+                    extra = {"global_scale": qq.amax(w)} if kw["mode"] == "nvfp4" else {}
+                    q = qq.quantize(w, **kw, **extra)
+                    ql.append(qq.prepare_decode(q) if mode.endswith("-decode") else q)
                 qweights.append(ql)
             sync()
         except Exception as e:  # noqa: BLE001
@@ -287,7 +291,8 @@ def main() -> None:
             dead = device == "cuda" and not cuda_ok()
             save()
             continue
-        qbytes = sum(nbytes(q.data) + nbytes(q.scales) + nbytes(q.biases) for ql in qweights for q in ql)
+        packed = [getattr(q, "quantized", q) for ql in qweights for q in ql]  # a DecodeWeight's bytes: its packed form's
+        qbytes = sum(nbytes(q.data) + nbytes(q.scales) + nbytes(q.biases) for q in packed)
         lim = limit_us(qbytes)
         # can quantized_matmul read the strided attention stand-in qkv[:, :hidden] as it is?
         mm, x_note = qq_mm_strided, "strided"

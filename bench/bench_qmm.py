@@ -15,7 +15,11 @@ T tokens routed to top_k of E experts (random, distinct per token), x [T, 1, 1, 
 (the down form) against rhs_indices [T, top_k]; GB/s counts the weights of the experts the
 indices touch (each once) + x + y.
 
-    python bench/bench_qmm.py [--quick] [--only dense|gather]
+Then (--only decode) the decode layout (qq.prepare_decode) against the packed weight on the
+decode shapes of an 8B model and 16384^2, nvfp4 / mxfp4, M = 1..16: op "quantized_matmul",
+variant "decode" / "packed", GB/s against copy (its own table, qmm_decode-<gpu>).
+
+    python bench/bench_qmm.py [--quick] [--only dense|gather|decode]
     (--quick: 2 dense shapes, M in 1, 4, 16, one gather shape; < 1 min)
 """
 
@@ -45,7 +49,7 @@ def nbytes(t) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="2 shapes, M in 1, 4, 16, fewer iterations")
-    ap.add_argument("--only", choices=["dense", "gather"], help="one of the two parts")
+    ap.add_argument("--only", choices=["dense", "gather", "decode"], help="one of the parts")
     args = ap.parse_args()
     shapes = SHAPES[:2] if args.quick else SHAPES
     ms = [1, 4, 16] if args.quick else MS
@@ -55,6 +59,9 @@ def main() -> None:
     print(f"device copy bandwidth: {copy_gbps:.1f} GB/s (read + write)")
     skipped: list[str] = []
     torch.manual_seed(0)
+    if args.only == "decode":
+        decode(timer, copy_gbps, args.quick)
+        return
     for n, k in ([] if args.only == "gather" else shapes):
         w = torch.randn((n, k), dtype=torch.bfloat16, device="cuda")
         xs = {m: torch.randn((m, k), dtype=torch.bfloat16, device="cuda") for m in ms}
@@ -112,6 +119,37 @@ def main() -> None:
     for path in (json_path, md_path):
         print("wrote", path)
     print(f"{len(skipped)} points skipped (NotSupportedError)")
+
+
+DECODE_SHAPES = [(16384, 16384), (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+
+
+def decode(timer, copy_gbps, quick) -> None:
+    """The decode layout against the packed weight, same x, same run (a loop of calls with
+    the L2 flushed before each timing, as every row here)."""
+    bench = Bench("qmm_decode")
+    ms = [1, 4, 16] if quick else [1, 2, 4, 8, 16]
+    for n, k in DECODE_SHAPES[:2] if quick else DECODE_SHAPES:
+        w = torch.randn((n, k), dtype=torch.bfloat16, device="cuda")
+        for mode in ("nvfp4", "mxfp4"):
+            qw = qq.quantize(w, mode=mode)
+            dw = qq.prepare_decode(qw)
+            wbytes = nbytes(qw.data) + nbytes(qw.scales)
+            for m in ms:
+                x = torch.randn((m, k), dtype=torch.bfloat16, device="cuda")
+                for variant, wt in (("packed", qw), ("decode", dw)):
+                    for _ in range(3):
+                        qq.quantized_matmul(x, wt)
+                    route = qq.last_route()
+                    moved = wbytes + nbytes(x) + m * n * 2
+                    us = timer(lambda: qq.quantized_matmul(x, wt), moved)
+                    bench.row("quantized_matmul", mode, (m, n, k), "GBps", moved / (us * 1e-6) / 1e9,
+                              "copy", copy_gbps, us=round(us, 2), variant=variant, route=route)
+            del qw, dw
+        del w
+        torch.cuda.empty_cache()
+    for path in bench.save():
+        print("wrote", path)
 
 
 # (name, E, top_k, N, K, x form): DeepSeek-V3-like routed experts (gate/up and down

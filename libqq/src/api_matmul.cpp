@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "codec.h"
+#include "decode_layout.h"
 #include "internal.h"
 #include "validate.h"
 
@@ -598,6 +599,137 @@ QQ_API qqStatus_t qqGatherQmm(qqHandle_t handle, const DLTensor* x, const DLTens
                        "indices (qqQuantizedMatmul multiplies without them)");
     return weight_only_matmul("gather_qmm", handle, x, w, scales, biases, rhs_indices, params, transpose,
                               global_scale, bias, out, stream);
+  });
+}
+
+QQ_API qqStatus_t qqDecodeLayoutSize(int64_t n, int64_t k, int64_t* bytes) {
+  return guard("decode_layout_size", [&]() -> qqStatus_t {
+    if (!bytes) return set_error(QQ_STATUS_INVALID_VALUE, "decode_layout_size: argument 'bytes' is NULL");
+    if (n < 0 || k < 0 || k % kDecChunkK || n > (int64_t(1) << 40) || k > (int64_t(1) << 40))
+      return set_error(QQ_STATUS_INVALID_VALUE, "decode_layout_size: n = %lld, k = %lld; n must be >= 0 and k a "
+                       "multiple of %d (the decode layout's K chunk)", (long long)n, (long long)k, kDecChunkK);
+    *bytes = decode_layout_bytes(n, k);
+    return QQ_STATUS_SUCCESS;
+  });
+}
+
+namespace {
+// The decode layout takes the fp4 modes (decode_layout.h).
+qqStatus_t decode_mode(const char* op, const QSpec& q) {
+  if (q.mode != QQ_MODE_NVFP4 && q.mode != QQ_MODE_MXFP4)
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: the decode layout holds nvfp4 and mxfp4 weights; params.mode "
+                     "is %s (use the packed weight with quantized_matmul)", op, mode_name(q.mode));
+  return QQ_STATUS_SUCCESS;
+}
+// A compact uint8 tensor of exactly `bytes` bytes (any shape): the decode layout.
+qqStatus_t decode_buffer(Ctx& c, const char* name, const DLTensor* t, int64_t bytes) {
+  DType dt;
+  QQ_TRY(check_tensor(c, name, t, &dt));
+  QQ_TRY(expect_bytes(c, name, t, dt, "the decode layout (uint8)"));
+  QQ_TRY(expect_compact(c, name, t));
+  if (numel(t) != bytes)
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' holds %lld bytes; the decode layout of this "
+                     "weight takes %lld (qqDecodeLayoutSize)", c.op, name, (long long)numel(t), (long long)bytes);
+  return QQ_STATUS_SUCCESS;
+}
+}  // namespace
+
+QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w, const DLTensor* scales,
+                                   const qqQuantParams_t* params, DLTensor* out, void* stream) {
+  return guard("to_decode_layout", [&]() -> qqStatus_t {
+    Ctx c{"to_decode_layout"};
+    DecodeLayoutArgs a{};
+    QQ_TRY(resolve_params(c, params, &a.q));
+    QQ_TRY(decode_mode(c.op, a.q));
+    DType wdt;
+    QQ_TRY(check_tensor(c, "w", w, &wdt));
+    QQ_TRY(expect_bytes(c, "w", w, wdt, "packed quantized weights"));
+    QQ_TRY(check_byte_kind(c, "w", w, a.q, ByteRole::DATA));
+    if (w->ndim != 2)
+      return set_error(QQ_STATUS_INVALID_VALUE, "to_decode_layout: argument 'w' must be a packed 2-D weight "
+                       "[N, K*bits/8]; got shape %s", shape_str(w->ndim, w->shape).c_str());
+    QQ_TRY(to_mat(c, "w", w, wdt, &a.w));
+    a.N = w->shape[0];
+    a.K = w->shape[1] * 8 / a.q.bits;
+    if (a.K % kDecChunkK)
+      return set_error(QQ_STATUS_INVALID_VALUE, "to_decode_layout: K = %lld; the decode layout needs K a multiple "
+                       "of %d (keep the packed weight)", (long long)a.K, kDecChunkK);
+    const int64_t fshape[2] = {a.N, a.K};
+    QQ_TRY(input_scales(c, "scales", scales, a.q, 2, fshape, DType::U8, false, &a.scales));
+    QQ_TRY(decode_buffer(c, "out", out, decode_layout_bytes(a.N, a.K)));
+    QQ_TRY(check_no_alias(c, {{"out", out}}, {{"w", w}, {"scales", scales}}));
+    a.out = (uint8_t*)out->data + out->byte_offset;
+    if (c.device >= 0) return cuda::to_decode_layout(handle, a, stream);
+    return cpu::to_decode_layout(a);
+  });
+}
+
+QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x, const DLTensor* w_decode,
+                                 const qqQuantParams_t* params, const DLTensor* global_scale, const DLTensor* bias,
+                                 DLTensor* out, void* stream) {
+  set_route(QQ_ROUTE_AUTO);
+  return guard("quantized_matmul", [&]() -> qqStatus_t {
+    Ctx c{"quantized_matmul"};
+    DecodeMatmulArgs a{};
+    QSpec q;
+    QQ_TRY(resolve_params(c, params, &q));
+    QQ_TRY(decode_mode(c.op, q));
+    DType xdt, odt;
+    QQ_TRY(check_tensor(c, "x", x, &xdt));
+    QQ_TRY(expect_float(c, "x", x, xdt));
+    QQ_TRY(check_tensor(c, "out", out, &odt));
+    QQ_TRY(expect_float(c, "out", out, odt));
+    QQ_TRY(expect_compact(c, "out", out));
+    if (x->ndim < 1 || out->ndim != x->ndim)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: 'x' must be [..., M, K] and 'out' [..., M, N] "
+                       "with the same leading axes; got x %s, out %s", shape_str(x->ndim, x->shape).c_str(),
+                       shape_str(out->ndim, out->shape).c_str());
+    a.K = x->shape[x->ndim - 1];
+    a.N = out->shape[out->ndim - 1];
+    a.M = 1;
+    for (int i = 0; i + 1 < x->ndim; ++i) {
+      if (out->shape[i] != x->shape[i])
+        return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: 'out' %s does not match 'x' %s in its leading "
+                         "axes", shape_str(out->ndim, out->shape).c_str(), shape_str(x->ndim, x->shape).c_str());
+      a.M *= x->shape[i];
+    }
+    if (a.K % kDecChunkK)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: x has K = %lld; a decode-layout weight needs K "
+                       "a multiple of %d", (long long)a.K, kDecChunkK);
+    // x's rows: stride 1 along K, one stride between rows across all leading axes
+    if (a.M > 0 && a.K > 0) {
+      if (stride_of(x, x->ndim - 1) != 1)
+        return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: 'x' needs stride 1 along K");
+      a.x.ld = x->ndim >= 2 ? stride_of(x, x->ndim - 2) : a.K;
+      for (int i = x->ndim - 3; i >= 0; --i)
+        if (x->shape[i] > 1 && stride_of(x, i) != stride_of(x, i + 1) * x->shape[i + 1])
+          return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: the rows of 'x' %s must have one stride "
+                           "across its leading axes (make x contiguous)", shape_str(x->ndim, x->shape).c_str());
+      if (x->ndim >= 2 && x->shape[x->ndim - 2] == 1) a.x.ld = a.K;
+      if (a.x.ld < a.K && a.M > 1)
+        return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: the rows of 'x' overlap (row stride %lld < "
+                         "K = %lld)", (long long)a.x.ld, (long long)a.K);
+    }
+    a.x.ptr = (char*)x->data + x->byte_offset;
+    a.x.dt = xdt;
+    a.x.rows = a.M;
+    a.x.cols = a.K;
+    a.x.device = c.device;
+    QQ_TRY(decode_buffer(c, "w_decode", w_decode, decode_layout_bytes(a.N, a.K)));
+    a.w = (const uint8_t*)w_decode->data + w_decode->byte_offset;
+    QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, q, &a.gs));
+    QQ_TRY(bias_mat(c, bias, a.N, &a.bias));
+    QQ_TRY(check_no_alias(c, {{"out", out}}, {{"x", x}, {"w_decode", w_decode}, {"global_scale", global_scale},
+                                             {"bias", bias}}));
+    a.out.ptr = (char*)out->data + out->byte_offset;
+    a.out.dt = odt;
+    a.out.rows = a.M;
+    a.out.cols = a.N;
+    a.out.ld = a.N;
+    a.out.device = c.device;
+    if (a.M == 0 || a.N == 0) return QQ_STATUS_SUCCESS;
+    if (c.device >= 0) return cuda::decode_matmul(handle, a, stream);
+    return routed(cpu::decode_matmul(a), QQ_ROUTE_CPU);
   });
 }
 

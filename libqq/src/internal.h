@@ -238,7 +238,28 @@ struct QdqArgs {
   bool tile32 = false;
 };
 
+// qqToDecodeLayout: packed nvfp4 / mxfp4 w [N, K] -> the decode layout
+// (decode_layout.h), out compact decode_layout_bytes(N, K) bytes.
+struct DecodeLayoutArgs {
+  QSpec q;
+  Mat w;       // packed [N, K / 2]
+  Mat scales;  // linear [N, K / group] or blocked (q.blocked) [R128, C4]
+  int64_t N = 0, K = 0;
+  uint8_t* out = nullptr;
+};
+// qqDecodeMatmul: out [M, N] = x [M, K] @ W^T (* nvfp4's global factor) (+ bias).
+struct DecodeMatmulArgs {
+  Mat x;                       // [M, K], row stride x.ld
+  const uint8_t* w = nullptr;  // the decode layout of W [N, K]
+  int64_t M = 0, N = 0, K = 0;
+  const float* gs = nullptr;
+  Mat bias;                    // [N] or ptr == nullptr
+  Mat out;                     // compact [M, N]
+};
+
 namespace cpu {
+qqStatus_t to_decode_layout(const DecodeLayoutArgs& a);
+qqStatus_t decode_matmul(const DecodeMatmulArgs& a);
 qqStatus_t quantize_colwise(const ColwiseArgs& a);
 qqStatus_t quantize_dequantize(const QdqArgs& a);
 qqStatus_t quantize(const QuantizeArgs& a);
@@ -278,6 +299,12 @@ qqStatus_t grouped_qqmm(qqHandle_t h, const MatmulArgs& a, int64_t gw_stride, co
 // expert runs as one GEMM.
 qqStatus_t grouped_qqmm_wgrad(qqHandle_t h, const WgradArgs& a, void* stream);
 qqStatus_t quantized_matmul(qqHandle_t h, const MatmulArgs& a, void* stream);
+// The decode layout (cuda/qmmp.cu): the conversion waits for `stream` once (to
+// report a scale that cannot be encoded); the matmul needs compute capability
+// 9.0+, bf16 x of at most 16 rows with 16-byte aligned rows (NOT_SUPPORTED,
+// with a message, otherwise).
+qqStatus_t to_decode_layout(qqHandle_t h, const DecodeLayoutArgs& a, void* stream);
+qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream);
 qqStatus_t create_handle(qqHandle_t* h, int device);
 qqStatus_t destroy_handle(qqHandle_t h);
 qqStatus_t device_alloc(int device, size_t bytes, void** ptr, void* stream);

@@ -58,6 +58,7 @@ QQ_API const char* qqGetRouteString(qqRoute_t route) {
     case QQ_ROUTE_BLOCKSCALED: return "blockscaled";
     case QQ_ROUTE_QMMA: return "qmma";
     case QQ_ROUTE_QMV: return "qmv";
+    case QQ_ROUTE_DECODE: return "decode";
   }
   return "unknown";
 }

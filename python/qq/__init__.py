@@ -29,6 +29,7 @@ _CUBLASLT_PRELOAD = _preload_cublaslt()
 
 from . import _qq  # noqa: E402  (after the preload, which must come first)
 from ._qq import (  # noqa: E402
+    DecodeWeight,
     NotSupportedError,
     PreparedWeight,
     QQError,
@@ -46,6 +47,7 @@ from ._dispatch import (  # noqa: E402
     gather_qmm,
     grouped_qqmm,
     grouped_qqmm_wgrad,
+    prepare_decode,
     prepare_weight,
     qqmm,
     quantize,
@@ -81,6 +83,7 @@ def cmake_prefix_path():
 
 __all__ = [
     "NotSupportedError",
+    "DecodeWeight",
     "PreparedWeight",
     "QQError",
     "QuantizedArray",
@@ -95,6 +98,7 @@ __all__ = [
     "grouped_qqmm",
     "grouped_qqmm_wgrad",
     "last_route",
+    "prepare_decode",
     "prepare_weight",
     "qqmm",
     "quantize",

@@ -120,6 +120,7 @@ cdef extern from "qq/qq.h" nogil:
         QQ_ROUTE_BLOCKSCALED
         QQ_ROUTE_QMMA
         QQ_ROUTE_QMV
+        QQ_ROUTE_DECODE
 
     qqStatus_t qqGetLastRoute(qqRoute_t* route)
     const char* qqGetRouteString(qqRoute_t route)
@@ -163,6 +164,13 @@ cdef extern from "qq/qq.h" nogil:
                                  const DLTensor* global_scale,
                                  const DLTensor* bias, DLTensor* out,
                                  void* stream)
+
+    qqStatus_t qqDecodeLayoutSize(int64_t n, int64_t k, int64_t* bytes)
+    qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w, const DLTensor* scales,
+                                const qqQuantParams_t* params, DLTensor* out, void* stream)
+    qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x, const DLTensor* w_decode,
+                              const qqQuantParams_t* params, const DLTensor* global_scale,
+                              const DLTensor* bias, DLTensor* out, void* stream)
 
     qqStatus_t qqGatherQmm(qqHandle_t handle, const DLTensor* x,
                            const DLTensor* w, const DLTensor* scales,

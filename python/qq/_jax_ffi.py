@@ -34,7 +34,7 @@ import numpy as np
 
 from . import _qq
 from ._dispatch import check_torch_dtypes, require_indices
-from ._qq import NotSupportedError, PreparedWeight, QuantizedArray
+from ._qq import DecodeWeight, NotSupportedError, PreparedWeight, QuantizedArray
 
 #: The operations with XLA handlers (qq_xla_<op>_cpu / _cuda in libqq_xla.so).
 OPS = ("quantize", "quantize_colwise", "dequantize", "amax", "quantize_moe", "qqmm",
@@ -397,6 +397,8 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
                      stream=None):
     func = "quantized_matmul"
     _no_stream_or_out(func, stream, out)
+    if isinstance(w, DecodeWeight):  # under jit: the packed weight (the layout's kernel is eager)
+        w = w.quantized
     (w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format,
      w_logical) = _qq._unpack_weight(func, w, scales, biases, global_scale, mode, group_size,
                                      bits, scale_layout, fp8_format)

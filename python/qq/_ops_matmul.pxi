@@ -337,6 +337,9 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
     added; fp32 accumulation. dtype default: x's dtype.
     """
     cdef str func = "quantized_matmul"
+    if isinstance(w, DecodeWeight):
+        return _decode_matmul(func, x, w, scales, biases, transpose, group_size, bits, mode,
+                              global_scale, bias, scale_layout, dtype, out, stream)
     cdef _View vx, vw, vs, vb, vg, vbias, vo
     cdef qqQuantParams_t p
     cdef qqStatus_t st
@@ -375,6 +378,117 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
         s = call.cstream()
         with nogil:
             st = qqQuantizedMatmul(NULL, tx, tw, ts, tb, &p, ctranspose, tg, tbias, to, s)
+        _check(st)
+        call.finish()
+    finally:
+        call.release()
+    return out if out is not None else call.result(result)
+
+
+def prepare_decode(w, stream=None):
+    """An nvfp4 / mxfp4 QuantizedArray [N, K] (K a multiple of 256) rearranged into the
+    decode layout (a DecodeWeight): qq.quantized_matmul(x, dw) then reads it at close to
+    copy bandwidth for bfloat16 x of at most 16 rows on compute capability 9.0+ GPUs, and
+    uses the packed weight it keeps otherwise. Raises NotSupportedError when a scale cannot
+    be encoded (NaN; an mxfp4 scale outside 2^-20 .. 2^10 over non-zero codes): keep the
+    packed weight then. On the GPU this waits for the stream once. See docs/formats.md.
+    """
+    cdef str func = "prepare_decode"
+    cdef _View vw, vs, vo
+    cdef qqQuantParams_t p
+    cdef qqStatus_t st
+    cdef DLTensor *tw
+    cdef DLTensor *ts
+    cdef DLTensor *to
+    cdef void* s
+    cdef int64_t nbytes = 0
+    if not isinstance(w, QuantizedArray):
+        raise TypeError(f"{func}: w: expected a QuantizedArray (qq.quantize(w, mode='nvfp4' or "
+                        f"'mxfp4')); got {type(w).__name__}")
+    if w.mode not in ("nvfp4", "mxfp4"):
+        raise ValueError(f"{func}: the decode layout holds nvfp4 and mxfp4 weights; w is "
+                         f"{w.mode!r} (use it packed with qq.quantized_matmul)")
+    if len(w.shape) != 2:
+        raise ValueError(f"{func}: w must be a 2-D weight [N, K]; got shape {tuple(w.shape)}")
+    n, k = int(w.shape[0]), int(w.shape[1])
+    if k % 256:
+        raise ValueError(f"{func}: K = {k}; the decode layout needs K a multiple of 256 (keep "
+                         f"the packed weight)")
+    _check(qqDecodeLayoutSize(n, k, &nbytes))
+    _quant_params(func, &p, w.mode, w.group_size, w.bits, "ceil", w.scale_layout, w.fp8_format)
+    cdef _Call call = _new_call(func, w.data, "w", stream)
+    result = None
+    try:
+        vw = call.view(w.data, "w")
+        vs = call.view(w.scales, "scales")
+        result, vo = call.empty((nbytes,), "uint8", "out")
+        tw, ts, to = _t(vw), _t(vs), _t(vo)
+        s = call.cstream()
+        with nogil:
+            st = qqToDecodeLayout(NULL, tw, ts, &p, to, s)
+        _check(st)
+        call.finish()
+    finally:
+        call.release()
+    return DecodeWeight(call.result(result), w)
+
+
+def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mode,
+                   global_scale, bias, scale_layout, dtype, out, stream):
+    """quantized_matmul with a DecodeWeight: the decode layout's kernel where it applies
+    (CPU: always; GPU: bfloat16 x of at most 16 rows, compute capability 9.0+), else the
+    packed weight it keeps."""
+    cdef _View vx, vw, vg, vbias, vo
+    cdef qqQuantParams_t p
+    cdef qqStatus_t st
+    cdef DLTensor *tx
+    cdef DLTensor *tw
+    cdef DLTensor *tg
+    cdef DLTensor *tbias
+    cdef DLTensor *to
+    cdef void* s
+    if (scales is not None or biases is not None or group_size is not None or bits is not None
+            or global_scale is not None or scale_layout != "linear"):
+        raise ValueError(f"{func}: w is a DecodeWeight, which carries its scales, mode and global "
+                         f"scale; pass none of scales, biases, group_size, bits, global_scale, "
+                         f"scale_layout")
+    if mode not in ("affine", dw.mode):  # "affine" is the default: not given
+        raise ValueError(f"{func}: mode={mode!r} but w is a {dw.mode} DecodeWeight")
+    if not transpose:
+        raise ValueError(f"{func}: a DecodeWeight is [N, K] (transpose=True); got transpose=False")
+    shape = tuple(x.shape)
+    rows = 1
+    for d in shape[:-1]:
+        rows *= int(d)
+    qa = dw.quantized
+    if rows > 16:  # prefill: the GEMM routes of the packed weight
+        return quantized_matmul(x, qa, bias=bias, dtype=dtype, out=out, stream=stream)
+    _quant_params(func, &p, qa.mode, qa.group_size, qa.bits, "ceil", "linear", qa.fp8_format)
+    out_dtype = _dtype_arg(func, dtype)
+    cdef _Call call = _new_call(func, x, "x", stream)
+    result = None
+    try:
+        vx = call.view(x, "x")
+        tx = _t(vx)
+        if (tx.device.device_type in (kDLCUDA, kDLCUDAManaged)
+                and not (tx.dtype.code == kDLBfloat and tx.dtype.bits == 16)):
+            call.release()  # the GPU kernel takes bfloat16 x: the packed weight's routes
+            return quantized_matmul(x, qa, bias=bias, dtype=dtype, out=out, stream=stream)
+        vw = call.view(dw.data, "w")
+        vg = call.view(call.scalar(dw.global_scale, "global_scale"), "global_scale")
+        vbias = call.view(bias, "bias")
+        if out is None:
+            result, vo = call.empty(shape[:-1] + (int(dw.shape[0]),), out_dtype or vx.float_dtype(),
+                                    "out")
+        else:
+            vo = _out_view(call, out, out_dtype)
+        tx, tw, tg, tbias, to = _t(vx), _t(vw), _t(vg), _t(vbias), _t(vo)
+        s = call.cstream()
+        with nogil:
+            st = qqDecodeMatmul(NULL, tx, tw, &p, tg, tbias, to, s)
+        if st == QQ_STATUS_NOT_SUPPORTED:  # e.g. an older GPU, unaligned rows: the packed weight
+            call.release()
+            return quantized_matmul(x, qa, bias=bias, dtype=dtype, out=out, stream=stream)
         _check(st)
         call.finish()
     finally:

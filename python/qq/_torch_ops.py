@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from . import _qq
-from ._qq import PreparedWeight, QuantizedArray
+from ._qq import DecodeWeight, PreparedWeight, QuantizedArray
 from ._dispatch import check_torch_dtypes as _check_torch_dtypes
 from ._dispatch import require_indices
 
@@ -642,6 +642,8 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
                      stream=None):
     func = "quantized_matmul"
     _no_stream(func, stream)
+    if isinstance(w, DecodeWeight):  # traced: the packed weight's op (the layout's kernel is eager)
+        w = w.quantized
     w, scales, biases, gs, mode, g, b, scale_layout, fp8_format, n = _weight_only_args(
         func, w, scales, biases, global_scale, transpose, group_size, bits, mode, scale_layout,
         fp8_format, x)

@@ -265,6 +265,29 @@ cdef object _new_quantized_array(data, scales, biases, str mode, const qqQuantPa
     return qa
 
 
+class DecodeWeight:
+    """An nvfp4 / mxfp4 weight in the decode layout (from qq.prepare_decode), for
+    qq.quantized_matmul at decode shapes: with bfloat16 x of at most 16 rows on a GPU of
+    compute capability 9.0+, the kernel reads this layout at close to copy bandwidth; any
+    other call uses the packed weight kept beside it. See docs/formats.md (Decode layout).
+
+    Fields: data (uint8, the layout's bytes, on w's device), quantized (the QuantizedArray
+    it came from), mode, global_scale, shape ([N, K]).
+    """
+    __slots__ = ("data", "quantized", "mode", "global_scale", "shape")
+
+    def __init__(self, data, quantized):
+        self.data = data
+        self.quantized = quantized
+        self.mode = quantized.mode
+        self.global_scale = quantized.global_scale
+        self.shape = quantized.shape
+
+    def __repr__(self):
+        return (f"DecodeWeight(mode={self.mode!r}, shape={self.shape}, "
+                f"data={_array_summary(self.data)})")
+
+
 class PreparedWeight:
     """A qqmm weight kept in the form the current device multiplies fastest (from
     qq.prepare_weight): the QuantizedArray, plus - where qqmm dequantizes to bfloat16

@@ -361,6 +361,8 @@ typedef enum {
                                11.0, 12.x; nvfp4 and mxfp8-e4m3 only) */
   QQ_ROUTE_QMMA = 4,        /* weight-only tensor-core kernel on q(x) in bf16 (M <= 64, packed w) */
   QQ_ROUTE_QMV = 5,         /* weight-only CUDA-core kernel (M <= 4, packed w) */
+  QQ_ROUTE_DECODE = 6,      /* weight-only kernel on the decode layout (qqDecodeMatmul; reported only,
+                               not a route a call can request) */
 } qqRoute_t;
 
 /* The route of the last qqQqmm / qqQuantizedMatmul call on this thread that
@@ -370,7 +372,8 @@ typedef enum {
 QQ_API qqStatus_t qqGetLastRoute(qqRoute_t* route);
 
 /* Static lowercase name of a route: "auto", "cpu", "exact", "blockscaled",
- * "qmma", "qmv" (the strings qq.qqmm's route= takes); "unknown" otherwise. */
+ * "qmma", "qmv" (the strings qq.qqmm's route= takes), "decode"; "unknown"
+ * otherwise. */
 QQ_API const char* qqGetRouteString(qqRoute_t route);
 
 /* qqmm: out [..., M, N] = alpha * q(x) @ q(w)^T (+ bias[N]) (+ beta * C).
@@ -502,6 +505,44 @@ QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x,
                                     const DLTensor* global_scale,
                                     const DLTensor* bias, DLTensor* out,
                                     void* stream);
+
+/* ---------------------------------------------------------------------------
+ * The decode layout (docs/formats.md, "Decode layout"): nvfp4 / mxfp4 weights
+ * rearranged once so that the weight-only matmul at decode shapes (M <= 16
+ * rows of bfloat16 x, compute capability 9.0+) reads them at close to copy
+ * bandwidth. Opaque bytes; the packed layout stays the interchange form.
+ * ------------------------------------------------------------------------- */
+/* Bytes of the decode layout of an [n, k] weight (k a multiple of 256):
+ * roundup(n, 64) / 16 * (k / 64) * 576. INVALID_VALUE for a bad n, k or NULL. */
+QQ_API qqStatus_t qqDecodeLayoutSize(int64_t n, int64_t k, int64_t* bytes);
+
+/* w: packed nvfp4 / mxfp4 uint8 [N, K/2] (2-D, K a multiple of 256), scales
+ * uint8 in params->scale_layout (linear [N, K/group] or blocked); params: mode
+ * NVFP4 or MXFP4 (group 0 or the mode's). out: uint8, compact,
+ * qqDecodeLayoutSize(N, K) bytes (any shape). nvfp4's global scale is not part
+ * of the layout: pass it to qqDecodeMatmul. NOT_SUPPORTED when a scale cannot
+ * be encoded (a NaN scale; an mxfp4 scale outside 2^-20 .. 2^10 over non-zero
+ * codes): keep the packed weight then. On the GPU this waits for `stream`
+ * once (to learn that); not capturable in a CUDA graph. */
+QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w,
+                                   const DLTensor* scales,
+                                   const qqQuantParams_t* params, DLTensor* out,
+                                   void* stream);
+
+/* out [..., M, N] = x [..., M, K] @ W^T (* nvfp4's global factor) (+ bias[N]),
+ * W [N, K] given in the decode layout w_decode (qqToDecodeLayout; N from out's
+ * last axis). x: float, its rows (all leading axes) of uniform stride; out:
+ * float32, float16 or bfloat16, compact. params: the mode (NVFP4 or MXFP4).
+ * fp32 accumulation. On the GPU: compute capability 9.0+, bfloat16 x of at
+ * most 16 rows, rows 16-byte aligned (NOT_SUPPORTED otherwise: use the packed
+ * weight with qqQuantizedMatmul); no host synchronization, capturable; the
+ * same bits on every run. qqGetLastRoute: QQ_ROUTE_DECODE (GPU) or CPU. */
+QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x,
+                                 const DLTensor* w_decode,
+                                 const qqQuantParams_t* params,
+                                 const DLTensor* global_scale,
+                                 const DLTensor* bias, DLTensor* out,
+                                 void* stream);
 
 /* Weight-only matmul with a weight picked per batch entry (mixture-of-experts
  * decode; MLX's gather_qmm with rhs_indices):

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../codec.h"
+#include "../decode_layout.h"
 #include "../group_ends.h"
 #include "../internal.h"
 #include "rows.h"
@@ -247,6 +248,62 @@ qqStatus_t quantized_matmul(const MatmulArgs& a) {
     gemm_nt(xd.data(), M, wd.data(), N, K, 1.0f, bias.empty() ? nullptr : bias.data(), c.data());
     store_out(a.out, b, c.data(), M, N);
   }
+  return QQ_STATUS_SUCCESS;
+}
+
+// The decode layout (decode_layout.h): the CPU writes and reads it element by
+// element through decode_pos / decode_pack_slot, the same functions the GPU's
+// conversion uses, so both produce the same bytes.
+qqStatus_t to_decode_layout(const DecodeLayoutArgs& a) {
+  const int64_t kfb = a.K / 64, sc_cols = a.K / a.q.group, c4 = roundup(sc_cols, 4);
+  memset(a.out, 0, (size_t)decode_layout_bytes(a.N, a.K));
+  for (int64_t R = 0; R < roundup(a.N, 16) / 16; ++R)
+    for (int64_t F = 0; F < kfb; ++F)
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane >> 2, q = lane & 3;
+        const int64_t k0 = F * 64 + 16 * q;
+        uint64_t c[2] = {0, 0};
+        float s[2] = {0.0f, 0.0f};
+        for (int h = 0; h < 2; ++h) {
+          const int64_t n = R * 16 + g + 8 * h;
+          if (n >= a.N) continue;
+          const uint8_t* row = a.w.at<uint8_t>(0, n) + k0 / 2;
+          for (int b = 0; b < 8; ++b) c[h] |= (uint64_t)row[b] << (8 * b);
+          const int64_t kg = k0 / a.q.group;
+          const uint8_t sb = a.q.blocked ? ((const uint8_t*)a.scales.ptr)[blocked_offset(n, kg, c4)]
+                                         : a.scales.at<uint8_t>(0, n)[kg];
+          s[h] = a.q.mode == QQ_MODE_NVFP4 ? e4m3_decode(sb) : ue8m0_decode(sb);
+        }
+        uint32_t words[4];
+        uint8_t sc[2];
+        if (!decode_pack_slot(c, s, words, sc))
+          return set_error(QQ_STATUS_NOT_SUPPORTED, "to_decode_layout: a scale of w (rows %lld / %lld, k %lld) "
+                           "cannot be encoded in the decode layout (NaN, or an mxfp4 scale outside 2^-20 .. "
+                           "2^10 over non-zero codes); keep the packed weight (docs/formats.md, Decode layout)",
+                           (long long)(R * 16 + g), (long long)(R * 16 + g + 8), (long long)k0);
+        uint8_t* fb = a.out + decode_fb(R, F, a.K);
+        memcpy(fb + 16 * lane, words, 16);
+        fb[512 + 2 * lane] = sc[0];
+        fb[512 + 2 * lane + 1] = sc[1];
+      }
+  return QQ_STATUS_SUCCESS;
+}
+
+qqStatus_t decode_matmul(const DecodeMatmulArgs& a) {
+  const int64_t M = a.M, N = a.N, K = a.K;
+  std::vector<float> wd(N * K), xd(M * K), c(M * N);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      const DecPos p = decode_pos(n, k, K);
+      const uint8_t code = (uint8_t)((a.w[p.byte] >> p.shift) & 15);
+      wd[n * K + k] = e2m1_decode(code) * decode_scale_value(a.w[p.sbyte]);  // exact
+    }
+  for (int64_t m = 0; m < M; ++m)
+    load_row((const char*)a.x.ptr + m * a.x.ld * dtype_size(a.x.dt), a.x.dt, K, xd.data() + m * K);
+  const std::vector<float> bias = bias_f32(a.bias, N);
+  gemm_nt(xd.data(), M, wd.data(), N, K, a.gs ? nvfp4_dec(*a.gs) : 1.0f, bias.empty() ? nullptr : bias.data(),
+          c.data());
+  store_out(a.out, 0, c.data(), M, N);
   return QQ_STATUS_SUCCESS;
 }
 

@@ -1,0 +1,397 @@
+// cuda/qmmp.cu - weight-only matmul for decode (M <= 16 rows of bf16 x) on
+// nvfp4 / mxfp4 weights in the decode layout (decode_layout.h), and the
+// conversion of packed weights into that layout.
+//
+// Why a third small-M kernel: qmma.cu reads the packed (MLX) layout with
+// per-lane loads and reaches ~0.6 of copy bandwidth at best; its lanes spend
+// their issue slots on addressing, byte permutes of x and scale decoding
+// (bench/results/qmm-decode-h100-notes.md). Here the weights arrive in the
+// order the mma fragments consume them, and a whole CTA stage (64 rows x 256
+// k: 9216 contiguous bytes, plus the stage's 256 k of each row of x) is one
+// bulk copy into a shared-memory ring (cp.async.bulk completing on an
+// mbarrier, issued by one producer lane). The consumer warps only do shared
+// loads, the decode (two logic ops and one integer multiply per bf16 pair, one
+// packed bf16 multiply by the scale), and mma.sync. Measured on an H100 with
+// the loads alone at 0.84 of copy bandwidth and the full kernel within 3 % of
+// that (bench/tune/qmmp_proto.cu, bench/results/qmm-decode-h100-notes.md).
+//
+// Exactness: as in qmma.cu, a decoded weight e * s * 2^-9 is exact in bf16,
+// each product with x exact in fp32; only the order of the fp32 sums differs
+// from dequantize + matmul. The 2^9 and nvfp4's global factor multiply each
+// sum once at the end.
+//
+// Split K: the CTAs of a thread-block cluster (1, 2, 4 or 8, by the shape)
+// share a row tile's K; rank 0 adds their partial sums from distributed
+// shared memory in rank order. No workspace, no atomics: the same bits on
+// every run, and M does not change the order of any row's sums.
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "../codec.h"
+#include "../decode_layout.h"
+#include "../internal.h"
+#include "common.cuh"
+#include "ops.cuh"
+
+namespace cg = cooperative_groups;
+
+namespace qq {
+namespace cuda {
+namespace {
+
+constexpr int kConsumers = 8, kThreads = 32 * (kConsumers + 1);  // 8 consumer warps + 1 producer warp
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void mbar_init(uint32_t a, int n) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(n));
+}
+__device__ __forceinline__ void mbar_expect(uint32_t a, uint32_t tx) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(tx) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t a) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t a, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(a), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// Bulk copy global -> shared completing on mbarrier `bar`; the weights are read
+// once, so they go with an evict-first L2 policy (measured 3-10 % faster).
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_g2s_evict_first(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                                     uint64_t pol) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(pol)
+      : "memory");
+}
+#endif
+
+__device__ __forceinline__ uint32_t prmt_(uint32_t a, uint32_t b, uint32_t s) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+  return r;
+}
+__device__ __forceinline__ uint32_t bmul_(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ void mma16816_(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                          uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float load_f(const Mat& m, int64_t i) {
+  const char* p = (const char*)m.ptr;
+  switch (m.dt) {
+    case DType::F32: return reinterpret_cast<const float*>(p)[i];
+    case DType::F16: return __half2float(reinterpret_cast<const __half*>(p)[i]);
+    default: return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
+  }
+}
+__device__ __forceinline__ void store_f(const Mat& m, int64_t i, float v) {
+  char* p = (char*)m.ptr;
+  switch (m.dt) {
+    case DType::F32: reinterpret_cast<float*>(p)[i] = v; break;
+    case DType::F16: reinterpret_cast<__half*>(p)[i] = __float2half_rn(v); break;
+    default: reinterpret_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+  }
+}
+
+struct QP {
+  const uint8_t* w;
+  const __nv_bfloat16* x;
+  int64_t xld;  // elements between rows of x
+  int M, N, K;
+  int cps;      // stages per CTA of a cluster (the last ranks may get fewer, even none)
+  const float* gs;
+  Mat bias, out;
+  uint32_t mul0, mul1;  // 65 << 6, 65 << 2: kernel parameters so that ptxas keeps the multiplies (IMAD)
+};
+
+// MT n8 tiles of x rows (M <= 8 MT), S stages of KC chunks (256 k each).
+template <int MT, int S, int KC, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int XS = KC * 512 + 16;  // bytes per row of x in a stage (16 of padding: no bank conflicts)
+  constexpr int SW = KC * kDecStage, STG = SW + MT * 8 * XS, RED = 4 * MT * 4 * 32;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S * STG);  // full[S], empty[S]
+  float* red = reinterpret_cast<float*>(bars + 2 * S);           // the odd warps' partial sums
+  float* part = red + RED;                                        // this CTA's sums, read by the cluster's rank 0
+  cg::cluster_group cluster = cg::this_cluster();
+  const int ks = (int)cluster.dim_blocks().y, rank = (int)cluster.block_rank();
+  const int tile = blockIdx.x, nk = p.K / (kDecChunkK * KC);
+  const int c0 = (blockIdx.y) * p.cps, nch = max(0, min(nk, c0 + p.cps) - c0);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const uint32_t bar0 = smem_u32(bars);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(bar0 + 8 * s, 1);
+      mbar_init(bar0 + 8 * (S + s), kConsumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  // rows of x past M stay zero in every stage (the copies never write them)
+  for (int s = 0; s < S; ++s)
+    for (int i = threadIdx.x; i < (MT * 8 - p.M) * (XS / 16); i += kThreads)
+      reinterpret_cast<uint4*>(smem + s * STG + SW + p.M * XS)[i] = make_uint4(0, 0, 0, 0);
+  __syncthreads();
+  const int rb = warp & 3, fpar = (warp >> 2) & 1, g = lane >> 2, q = lane & 3;
+  float acc[MT][4];
+#pragma unroll
+  for (int t = 0; t < MT; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
+  if (warp == kConsumers) {
+    if (lane == 0) {  // the producer
+      uint64_t pol;
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+      const uint8_t* wt = p.w + ((size_t)tile * (p.K / kDecChunkK) + (size_t)c0 * KC) * kDecStage;
+      const __nv_bfloat16* xs = p.x + (size_t)c0 * KC * kDecChunkK;
+      for (int i = 0; i < nch; ++i) {
+        const int s = i % S;
+        if (i >= S) mbar_wait(bar0 + 8 * (S + s), ((i / S) - 1) & 1);
+        const uint32_t full = bar0 + 8 * s, dst = smem_u32(smem + s * STG);
+        mbar_expect(full, SW + p.M * 512 * KC);
+        bulk_g2s_evict_first(dst, wt + (size_t)i * SW, SW, full, pol);
+        for (int m = 0; m < p.M; ++m)
+          bulk_g2s(dst + SW + m * XS, xs + (size_t)m * p.xld + (size_t)i * KC * kDecChunkK, 512 * KC, full);
+      }
+    }
+  } else {
+    for (int i = 0; i < nch; ++i) {
+      const int s = i % S;
+      mbar_wait(bar0 + 8 * s, (i / S) & 1);
+      const uint8_t* base = smem + s * STG;
+#pragma unroll
+      for (int ff = 0; ff < 2 * KC; ++ff) {
+        const int f = fpar + 2 * ff;  // FB along the stage's K
+        const uint8_t* fb = base + ((f >> 2) * 4 + rb) * 4 * kDecFB + (f & 3) * kDecFB;
+        const uint4 wv = *reinterpret_cast<const uint4*>(fb + 16 * lane);
+        const uint32_t sc = *reinterpret_cast<const uint16_t*>(fb + 512 + 2 * lane);
+        // bf16x2 of s * 2^117 for rows g (Sg) and g + 8 (Sg8), both halves
+        const uint32_t Sg = prmt_(sc, 0, 0x4040u) * 16u + 0x70007000u;
+        const uint32_t Sg8 = prmt_(sc, 0, 0x4141u) * 16u + 0x70007000u;
+        uint4 xa[MT], xb[MT];
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+          const uint8_t* xrow = base + SW + (8 * t + g) * XS + f * 128 + 32 * q;
+          xa[t] = *reinterpret_cast<const uint4*>(xrow);
+          xb[t] = *reinterpret_cast<const uint4*>(xrow + 16);
+        }
+        const uint32_t w4[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          // E2M1 pairs (nibbles i, i + 4) placed as bf16 e * 2^-126: the multiply puts
+          // the magnitude at bits 6..8 and the sign (a copy 6 bits up) at 15
+          const uint32_t w = w4[j], w8 = w >> 8;
+          const uint32_t a0 = bmul_(((w & 0x000f000fu) * p.mul0) & 0x81c081c0u, Sg);
+          const uint32_t a1 = bmul_(((w & 0x00f000f0u) * p.mul1) & 0x81c081c0u, Sg8);
+          const uint32_t a2 = bmul_(((w8 & 0x000f000fu) * p.mul0) & 0x81c081c0u, Sg);
+          const uint32_t a3 = bmul_(((w8 & 0x00f000f0u) * p.mul1) & 0x81c081c0u, Sg8);
+#pragma unroll
+          for (int t = 0; t < MT; ++t) {
+            const uint32_t b0 = j == 0 ? xa[t].x : j == 1 ? xa[t].z : j == 2 ? xb[t].x : xb[t].z;
+            const uint32_t b1 = j == 0 ? xa[t].y : j == 1 ? xa[t].w : j == 2 ? xb[t].y : xb[t].w;
+            mma16816_(acc[t], a0, a1, a2, a3, b0, b1);
+          }
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar0 + 8 * (S + s));
+    }
+  }
+  // The CTA's sum: the two FB-parity warps of a row block, even + odd.
+  if (warp < kConsumers && fpar == 1)
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[((rb * MT + t) * 4 + i) * 32 + lane] = acc[t][i];
+  __syncthreads();
+  if (warp < kConsumers && fpar == 0)
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int o = ((rb * MT + t) * 4 + i) * 32 + lane;
+        part[o] = acc[t][i] + red[o];
+      }
+  cluster.sync();
+  if (rank == 0 && warp < kConsumers && fpar == 0) {
+    const float alpha = p.gs ? nvfp4_dec(*p.gs) * 512.0f : 512.0f;  // 2^9 undoes the decoded weights' 2^-9
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int o = ((rb * MT + t) * 4 + i) * 32 + lane;
+        float v = part[o];
+        for (int r = 1; r < ks; ++r) v += cluster.map_shared_rank(part, r)[o];
+        const int m = 8 * t + 2 * q + (i & 1), n = tile * kDecTileRows + rb * 16 + g + 8 * (i >> 1);
+        if (m < p.M && n < p.N) {
+          v *= alpha;
+          if (p.bias.ptr) v += load_f(p.bias, n);
+          store_f(p.out, (int64_t)m * p.N + n, v);
+        }
+      }
+  }
+  cluster.sync();  // the other ranks' shared memory stays until rank 0 has read it
+#endif
+}
+
+// One thread per lane slot of a fragment block (decode_pack_slot); *bad gets 1
+// when a scale cannot be encoded.
+__global__ void to_decode_kernel(const DecodeLayoutArgs a, int64_t slots, int* bad) {
+  const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= slots) return;
+  const int lane = (int)(t & 31);
+  const int64_t fbi = t >> 5, kfb = a.K / 64;
+  const int64_t R = fbi / kfb, F = fbi % kfb;  // row block, k block
+  const int g = lane >> 2, q = lane & 3;
+  const int64_t k0 = F * 64 + 16 * q;
+  uint64_t c[2] = {0, 0};
+  float s[2] = {0.0f, 0.0f};
+  const int64_t sc_cols = a.K / a.q.group, c4 = roundup(sc_cols, 4);
+  for (int h = 0; h < 2; ++h) {
+    const int64_t n = R * 16 + g + 8 * h;
+    if (n >= a.N) continue;
+    const uint8_t* row = a.w.at<uint8_t>(0, n) + k0 / 2;
+    for (int b = 0; b < 8; ++b) c[h] |= (uint64_t)row[b] << (8 * b);
+    const int64_t kg = k0 / a.q.group;
+    const uint8_t sb = a.q.blocked ? ((const uint8_t*)a.scales.ptr)[blocked_offset(n, kg, c4)]
+                                   : a.scales.at<uint8_t>(0, n)[kg];
+    s[h] = a.q.mode == QQ_MODE_NVFP4 ? e4m3_decode(sb) : ue8m0_decode(sb);
+  }
+  uint32_t words[4];
+  uint8_t sc[2];
+  if (!decode_pack_slot(c, s, words, sc)) {
+    atomicOr(bad, 1);
+    return;
+  }
+  uint8_t* fb = a.out + decode_fb(R, F, a.K);
+  *reinterpret_cast<uint4*>(fb + 16 * lane) = make_uint4(words[0], words[1], words[2], words[3]);
+  fb[512 + 2 * lane] = sc[0];
+  fb[512 + 2 * lane + 1] = sc[1];
+}
+
+template <int MT, int S, int KC, int kMinBlocks>
+qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream) {
+  constexpr int XS = KC * 512 + 16, STG = KC * kDecStage + MT * 8 * XS, RED = 4 * MT * 4 * 32;
+  constexpr size_t smem = (size_t)S * STG + 2 * S * 8 + 2 * RED * 4;
+  auto kern = qmmp_kernel<MT, S, KC, kMinBlocks>;
+  QQ_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "quantized_matmul");
+  QP q = p;
+  const int nk = p.K / (kDecChunkK * KC);
+  q.cps = (nk + ks - 1) / ks;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)tiles, (unsigned)ks, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = (unsigned)ks;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  QQ_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, q), "quantized_matmul");
+  return check_launch("quantized_matmul");
+}
+
+}  // namespace
+
+qqStatus_t to_decode_layout(qqHandle_t h, const DecodeLayoutArgs& a, void* stream) {
+  return on_device(a.w.device, [&]() -> qqStatus_t {
+    qqContext* c = nullptr;
+    QQ_TRY(resolve_handle("to_decode_layout", h, a.w.device, &c));
+    const cudaStream_t st = (cudaStream_t)stream;
+    Scratch scratch(c, st);
+    int* bad = nullptr;
+    QQ_TRY(scratch.get("to_decode_layout", sizeof(int), &bad));
+    const int64_t bytes = decode_layout_bytes(a.N, a.K);
+    QQ_CUDA_TRY(cudaMemsetAsync(a.out, 0, (size_t)bytes, st), "to_decode_layout");
+    QQ_CUDA_TRY(cudaMemsetAsync(bad, 0, sizeof(int), st), "to_decode_layout");
+    const int64_t slots = roundup(a.N, 16) / 16 * (a.K / 64) * 32;
+    if (slots) to_decode_kernel<<<(unsigned)((slots + 255) / 256), 256, 0, st>>>(a, slots, bad);
+    QQ_TRY(check_launch("to_decode_layout"));
+    int hbad = 0;
+    // The one host wait of this one-time conversion: whether every scale fitted.
+    QQ_CUDA_TRY(cudaMemcpyAsync(&hbad, bad, sizeof(int), cudaMemcpyDeviceToHost, st), "to_decode_layout");
+    QQ_CUDA_TRY(cudaStreamSynchronize(st), "to_decode_layout");
+    if (hbad)
+      return set_error(QQ_STATUS_NOT_SUPPORTED, "to_decode_layout: a scale of w cannot be encoded in the decode "
+                       "layout (NaN, or an mxfp4 scale outside 2^-20 .. 2^10 over non-zero codes); keep the "
+                       "packed weight (docs/formats.md, Decode layout)");
+    return QQ_STATUS_SUCCESS;
+  });
+}
+
+qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) {
+  (void)h;
+  const char* op = "quantized_matmul";
+  if (a.M == 0 || a.N == 0) return QQ_STATUS_SUCCESS;
+  return on_device(a.x.device, [&]() -> qqStatus_t {
+    int cc_major = 0;
+    QQ_CUDA_TRY(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, a.x.device), op);
+    if (cc_major < 9)
+      return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's kernel needs compute capability 9.0 or "
+                       "newer (bulk copies); use the packed weight on this GPU", op);
+    if (a.x.dt != DType::BF16 || a.M > 16 || ((uintptr_t)a.x.ptr & 15) || (a.x.ld & 7))
+      return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's GPU kernel takes bfloat16 x of at most "
+                       "16 rows, 16-byte aligned rows; got %s x of %lld rows; use the packed weight", op,
+                       a.x.dt == DType::BF16 ? "bfloat16" : (a.x.dt == DType::F16 ? "float16" : "float32"),
+                       (long long)a.M);
+    QP p{};
+    p.w = a.w;
+    p.x = reinterpret_cast<const __nv_bfloat16*>(a.x.ptr);
+    p.xld = a.x.ld;
+    p.M = (int)a.M, p.N = (int)a.N, p.K = (int)a.K;
+    p.gs = a.gs;
+    p.bias = a.bias;
+    p.out = a.out;
+    p.mul0 = 65u << 6, p.mul1 = 65u << 2;
+    const int tiles = (int)(roundup(a.N, kDecTileRows) / kDecTileRows);
+    // Split K over a cluster until the tiles fill ~1.5 CTAs per SM (measured best on
+    // the H100 across the decode shapes), at most 8 ranks, each with work.
+    const int target = sm_count(a.x.device) * 3 / 2;
+    const cudaStream_t st = (cudaStream_t)stream;
+    if (a.M <= 8) {
+      const int nk = (int)(a.K / kDecChunkK);
+      int ks = 1;
+      while (ks < 8 && tiles * ks < target && ks * 2 <= nk) ks *= 2;
+      return routed(launch<1, 4, 1, 3>(p, tiles, ks, st), QQ_ROUTE_DECODE);
+    }
+    // 9..16 rows: stages of 512 k where K allows (fewer, larger copies: measured
+    // 5 % faster at 16384^2), 256 k otherwise
+    const bool kc2 = a.K % (2 * kDecChunkK) == 0;
+    const int nk = (int)(a.K / (kc2 ? 2 * kDecChunkK : kDecChunkK));
+    int ks = 1;
+    while (ks < 8 && tiles * ks < target && ks * 2 <= nk) ks *= 2;
+    return routed(kc2 ? launch<2, 3, 2, 2>(p, tiles, ks, st) : launch<2, 4, 1, 3>(p, tiles, ks, st),
+                  QQ_ROUTE_DECODE);
+  });
+}
+
+}  // namespace cuda
+}  // namespace qq

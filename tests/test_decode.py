@@ -1,0 +1,340 @@
+"""qq.prepare_decode and quantized_matmul with a DecodeWeight (the decode layout of an nvfp4 /
+mxfp4 weight [N, K] and its small-M kernel).
+
+* CPU (run in CI): NumPy and torch CPU, fp32 and bf16 x, M 1..17, ragged N, zero rows and
+  blocks, group magnitudes spanning many scale codes, nvfp4 global scale, bias. Each result
+  equals (a) quantized_matmul on the packed QuantizedArray and (b) a float64 reference from
+  qq.dequantize, within the fp32-summation bound: every product is exact, only the order of
+  the fp32 sums may differ. Errors, attributes, the mxfp4 scale window and linear == blocked.
+* GPU (`gpu` marker): torch CUDA, route "decode" for bf16 x and M <= 16 (compute capability
+  >= 9.0), other routes beyond, out=, determinism, GPU layout bytes == CPU layout bytes, 3-D x.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import qq
+from helpers import BF16, as_bytes, cast, numpy_to_torch, to_numpy
+
+if not hasattr(qq, "prepare_decode"):  # TODO(lead): drop once the feature lands
+    pytest.skip("qq.prepare_decode is not implemented yet", allow_module_level=True)
+
+F32 = np.float32
+F64 = np.float64
+GROUP = {"nvfp4": 16, "mxfp4": 32}
+# Group magnitudes 10**U(lo, hi): many scale codes; mxfp4 stays inside the UE8M0 window.
+MAGS = {"nvfp4": (-3.0, 3.0), "mxfp4": (-4.0, 2.0)}
+CFGS = ["nvfp4", "nvfp4-gs", "mxfp4"]
+CPU_SHAPES = [(64, 256), (100, 512), (192, 256)]
+GPU_SHAPES = [(64, 256), (200, 768), (4096, 4096)]
+gpu = pytest.mark.gpu
+DEVICES = ["cpu", pytest.param("cuda", marks=gpu)]
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------
+
+def mode_of(cfg):
+    return cfg.split("-")[0]
+
+
+def case_rng(*case):
+    return np.random.default_rng(zlib.crc32(repr(case).encode()))
+
+
+def make_weight(rng, mode, n, k):
+    """float32 [N, K]: normal values times a random magnitude per group, one all-zero row,
+    two zero groups and (K >= 512) a zero 256-wide chunk."""
+    g = GROUP[mode]
+    lo, hi = MAGS[mode]
+    mags = 10.0 ** rng.uniform(lo, hi, size=(n, k // g, 1))
+    w = (rng.standard_normal((n, k // g, g)) * mags).reshape(n, k)
+    w[n // 3] = 0
+    w[1, g:3 * g] = 0
+    if k >= 512:
+        w[2, 256:512] = 0
+    return w.astype(F32)
+
+
+def torch_mod():
+    return pytest.importorskip("torch")
+
+
+def to_fw(a, fw):
+    """A NumPy array as `fw`: "numpy", "torch" (CPU) or "cuda" (torch CUDA)."""
+    if a is None or fw == "numpy":
+        return a
+    t = numpy_to_torch(np.asarray(a), torch_mod())
+    if fw == "cuda":
+        if not torch_mod().cuda.is_available():
+            pytest.skip("torch without CUDA")
+        t = t.cuda()
+    return t
+
+
+def quantize(w, cfg, fw, layout="linear"):
+    """qq.quantize of the float32 NumPy weight `w` in framework `fw`."""
+    wt = to_fw(w, fw)
+    gs = qq.amax(wt) if cfg.endswith("-gs") else None
+    return qq.quantize(wt, mode=mode_of(cfg), global_scale=gs, scale_layout=layout)
+
+
+def rebuild(data, scales, mode, fw, global_scale=None, shape=None):
+    """A linear-layout QuantizedArray of NumPy bytes, in framework `fw`."""
+    return qq.QuantizedArray(to_fw(data, fw), to_fw(scales, fw), mode=mode,
+                             global_scale=to_fw(global_scale, fw), shape=shape)
+
+
+def make_x(rng, shape, dtype, fw):
+    return to_fw(cast(rng.standard_normal(shape), dtype), fw)
+
+
+def reference(x, qa, bias=None, w_dtype=None):
+    """float64 x @ W.T (+ bias) and |x| @ |W|.T, W = qq.dequantize(qa) in fp32 (global factor
+    in), optionally rounded to `w_dtype` (packed paths may round W to x's dtype first)."""
+    w = to_numpy(qq.dequantize(qa, dtype="float32"))
+    w64 = (w if w_dtype is None else w.astype(w_dtype)).astype(F64)
+    x64 = to_numpy(x).astype(F64)
+    b = 0.0 if bias is None else to_numpy(bias).astype(F64)
+    return x64 @ w64.T + b, np.abs(x64) @ np.abs(w64).T
+
+
+def mismatch(got, want, abs_sum, rel=1e-5):
+    """None if |got - want| <= rel * abs_sum (fp32 summation order) + 2^-21 |want| (global
+    factor, bias) + one ulp of got's dtype + its smallest subnormal, elementwise."""
+    g = to_numpy(got)
+    fi = ml_dtypes.finfo(g.dtype)
+    g = g.astype(F64)
+    if g.shape != want.shape:
+        return f"shape {g.shape} != {want.shape}"
+    tol = rel * abs_sum + (2.0 ** -21 + float(fi.eps)) * np.abs(want) + float(fi.smallest_subnormal)
+    bad = ~(np.abs(g - want) <= tol)
+    if not bad.any():
+        return None
+    i = np.unravel_index(np.argmax(bad), bad.shape)
+    return f"{bad.sum()} of {bad.size} off; first at {i}: got {g[i]!r}, want {want[i]!r} +- {tol[i]!r}"
+
+
+def check(x, dw, bias=None, dtype="float32", route=None, **kw):
+    """quantized_matmul(x, dw) equals the float64 reference and the packed path's result.
+    The decode layout's products are exact (routes "decode" and "cpu"): compared with W in
+    fp32 only; a packed route may also have rounded W to bf16. `route`: the expected route."""
+    got = qq.quantized_matmul(x, dw, bias=bias, dtype=dtype, **kw)
+    got_route = qq.last_route()
+    if route is not None:
+        assert got_route == route, (got_route, route)
+    packed = qq.quantized_matmul(x, dw.quantized, bias=bias, dtype=dtype)
+    want, s = reference(x, dw.quantized, bias)
+    bf16_x = to_numpy(x).dtype == BF16
+    for name, res, strict in [("decode", got, got_route in ("decode", "cpu")), ("packed", packed, False)]:
+        msg = mismatch(res, want, s)
+        if msg is not None and not strict and bf16_x:
+            msg2 = mismatch(res, *reference(x, dw.quantized, bias, BF16))
+            msg = None if msg2 is None else f"{msg} (with W in bf16: {msg2})"
+        assert msg is None, f"{name} [{got_route}] vs reference: {msg}"
+    if mismatch(packed, want, s) is None:  # both within the bound of one exact value
+        msg = mismatch(got, to_numpy(packed).astype(F64), s, rel=2e-5)
+        assert msg is None, f"decode [{got_route}] vs packed: {msg}"
+    return got, got_route
+
+
+def decode_expected(x_dtype, m):
+    return x_dtype == BF16 and m <= 16 and qq.device_capability(0) >= (9, 0)
+
+
+# ---------------------------------------------------------------------------
+# CPU
+# ---------------------------------------------------------------------------
+
+X_KINDS = [("numpy", F32), ("numpy", BF16), ("torch", F32), ("torch", BF16)]
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
+@pytest.mark.parametrize("fw,xdt", X_KINDS, ids=["np-f32", "np-bf16", "torch-f32", "torch-bf16"])
+@pytest.mark.parametrize("m", [1, 3, 8, 16, 17])
+@pytest.mark.parametrize("n,k", CPU_SHAPES, ids=str)
+@pytest.mark.parametrize("cfg", CFGS)
+def test_cpu_matches(cfg, n, k, m, fw, xdt, with_bias):
+    rng = case_rng(cfg, n, k, m, fw, str(xdt), with_bias)
+    qa = quantize(make_weight(rng, mode_of(cfg), n, k), cfg, fw)
+    dw = qq.prepare_decode(qa)
+    assert type(dw.data) is type(qa.data)
+    x = make_x(rng, (m, k), xdt, fw)
+    bias = to_fw(rng.standard_normal(n).astype(F32), fw) if with_bias else None
+    check(x, dw, bias, route="cpu")
+
+
+@pytest.mark.parametrize("cfg", CFGS)
+def test_cpu_default_dtype_and_out(cfg):
+    """bf16 x without dtype gives bf16 (one rounding of the fp32 result); out= is written."""
+    torch = torch_mod()
+    rng = case_rng("dtype", cfg)
+    qa = quantize(make_weight(rng, mode_of(cfg), 64, 512), cfg, "torch")
+    dw = qq.prepare_decode(qa)
+    x = make_x(rng, (5, 512), BF16, "torch")
+    got, _ = check(x, dw, dtype=None)
+    assert got.dtype == torch.bfloat16 and tuple(got.shape) == (5, 64)
+    out = torch.full((5, 64), float("nan"))
+    assert check(x, dw, out=out)[0] is out
+    assert not out.isnan().any()
+
+
+@pytest.mark.parametrize("cfg", CFGS)
+@pytest.mark.parametrize("fw", ["numpy", "torch"])
+def test_attributes(cfg, fw):
+    qa = quantize(make_weight(case_rng("attr", cfg), mode_of(cfg), 100, 512), cfg, fw)
+    dw = qq.prepare_decode(qa)
+    assert isinstance(dw, qq.DecodeWeight)
+    assert dw.shape == (100, 512) and dw.mode == mode_of(cfg)
+    assert dw.quantized is qa
+    assert str(dw.data.dtype).endswith("uint8")
+    if qa.global_scale is None:
+        assert dw.global_scale is None
+    else:
+        assert float(to_numpy(dw.global_scale)) == float(to_numpy(qa.global_scale))
+
+
+@pytest.mark.parametrize("n", [64, 100])
+@pytest.mark.parametrize("cfg", CFGS)
+def test_blocked_equals_linear(cfg, n):
+    w = make_weight(case_rng("layout", cfg, n), mode_of(cfg), n, 512)
+    lin = qq.prepare_decode(quantize(w, cfg, "numpy", "linear"))
+    blk = qq.prepare_decode(quantize(w, cfg, "numpy", "blocked"))
+    np.testing.assert_array_equal(as_bytes(blk.data), as_bytes(lin.data))
+
+
+@pytest.mark.parametrize("what", ["affine", "mxfp8", "3d", "k320"])
+def test_errors(what):
+    rng = case_rng("err", what)
+    if what in ("affine", "mxfp8"):
+        qa = qq.quantize(rng.standard_normal((64, 256)).astype(F32), mode=what)
+    elif what == "3d":
+        qa = qq.quantize(rng.standard_normal((2, 64, 256)).astype(F32), mode="nvfp4")
+    else:
+        qa = qq.quantize(rng.standard_normal((64, 320)).astype(F32), mode="nvfp4")
+    with pytest.raises(ValueError, match=r"^prepare_decode:"):
+        qq.prepare_decode(qa)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("byte", [0x7F, 0xFF])
+def test_nvfp4_nan_scale(byte, device):
+    qa = qq.quantize(case_rng("nan").standard_normal((64, 256)).astype(F32), mode="nvfp4")
+    scales = qa.scales.copy()
+    scales[5, 3] = byte
+    with pytest.raises(qq.NotSupportedError):
+        qq.prepare_decode(rebuild(qa.data, scales, "nvfp4", "numpy" if device == "cpu" else "cuda"))
+
+
+def _mx_edit(scale, zero_codes):
+    """An mxfp4 [64, 256] weight with row 5, group 3's scale byte set (and its codes zeroed)."""
+    qa = qq.quantize(case_rng("mx").standard_normal((64, 256)).astype(F32), mode="mxfp4")
+    data, scales = qa.data.copy(), qa.scales.copy()
+    if zero_codes:
+        data[5, 48:64] = 0
+    else:
+        assert data[5, 48:64].any()
+    scales[5, 3] = scale
+    return data, scales
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scale", [0, 100, 106, 138, 200, 254])
+def test_mxfp4_scale_out_of_window(scale, device):
+    data, scales = _mx_edit(scale, zero_codes=False)
+    with pytest.raises(qq.NotSupportedError):
+        qq.prepare_decode(rebuild(data, scales, "mxfp4", "numpy" if device == "cpu" else "cuda"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scale,zero_codes", [(107, False), (137, False), (0, True), (100, True),
+                                              (138, True), (254, True)])
+def test_mxfp4_scale_accepted(scale, zero_codes, device):
+    """Window edges with nonzero codes; any non-NaN scale on an all-zero-codes block."""
+    fw = "torch" if device == "cpu" else "cuda"
+    dw = qq.prepare_decode(rebuild(*_mx_edit(scale, zero_codes), "mxfp4", fw))
+    x = make_x(case_rng("mxx", scale), (4, 256), BF16, fw)
+    check(x, dw, route="cpu" if device == "cpu" else ("decode" if decode_expected(BF16, 4) else None))
+
+
+# ---------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=4)
+def gpu_weight(cfg, n, k, layout="linear"):
+    qa = quantize(make_weight(case_rng("gpu", cfg, n, k), mode_of(cfg), n, k), cfg, "cuda", layout)
+    return qq.prepare_decode(qa)
+
+
+@gpu
+@pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 9, 16])
+@pytest.mark.parametrize("n,k", GPU_SHAPES, ids=str)
+@pytest.mark.parametrize("cfg", CFGS)
+def test_gpu_matches(cfg, n, k, m, with_bias):
+    rng = case_rng("gpu-x", cfg, n, k, m, with_bias)
+    dw = gpu_weight(cfg, n, k)
+    assert dw.data.is_cuda
+    bias = to_fw(rng.standard_normal(n).astype(F32), "cuda") if with_bias else None
+    route = "decode" if decode_expected(BF16, m) else None
+    check(make_x(rng, (m, k), BF16, "cuda"), dw, bias, route=route)
+    check(make_x(rng, (m, k), BF16, "cuda"), dw, bias, dtype=None, route=route)  # bf16 out
+
+
+@gpu
+@pytest.mark.parametrize("m,xdt", [(17, BF16), (32, BF16), (1, F32), (16, F32)],
+                         ids=["17-bf16", "32-bf16", "1-f32", "16-f32"])
+@pytest.mark.parametrize("cfg", CFGS)
+def test_gpu_other_routes(cfg, m, xdt):
+    """M > 16 or fp32 x: another route (the packed path), same numbers."""
+    dw = gpu_weight(cfg, 200, 768)
+    _, route = check(make_x(case_rng("other", cfg, m), (m, 768), xdt, "cuda"), dw)
+    assert route != "decode"
+
+
+@gpu
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("cfg", CFGS)
+def test_gpu_out_and_determinism(cfg, out_dtype):
+    torch = torch_mod()
+    dw = gpu_weight(cfg, 200, 768)
+    x = make_x(case_rng("out", cfg), (9, 768), BF16, "cuda")
+    out = torch.full((9, 200), float("nan"), dtype=getattr(torch, out_dtype), device="cuda")
+    got, _ = check(x, dw, dtype=out_dtype, out=out, route="decode" if decode_expected(BF16, 9) else None)
+    assert got is out and not out.isnan().any()
+    again = qq.quantized_matmul(x, dw, dtype=out_dtype)
+    np.testing.assert_array_equal(to_numpy(again).view(np.uint8), to_numpy(out).view(np.uint8))
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["linear", "blocked"])
+@pytest.mark.parametrize("cfg", CFGS)
+def test_gpu_data_equals_cpu(cfg, layout):
+    """The decode layout's bytes are the same whether prepared on the GPU or the CPU."""
+    dw = gpu_weight(cfg, 200, 768, layout)
+    qa = dw.quantized
+    cpu = lambda a: None if a is None else a.cpu()  # noqa: E731
+    qa_cpu = qq.QuantizedArray(qa.data.cpu(), qa.scales.cpu(), mode=qa.mode, global_scale=cpu(qa.global_scale),
+                               scale_layout=qa.scale_layout, shape=qa.shape)
+    np.testing.assert_array_equal(as_bytes(dw.data), as_bytes(qq.prepare_decode(qa_cpu).data))
+
+
+@gpu
+@pytest.mark.parametrize("b,mb", [(2, 4), (4, 4), (3, 1)])
+@pytest.mark.parametrize("cfg", CFGS)
+def test_gpu_batched_x(cfg, b, mb):
+    """x [B, M/B, K]: rows are the product of the leading dims."""
+    dw = gpu_weight(cfg, 200, 768)
+    x = make_x(case_rng("3d", cfg, b, mb), (b, mb, 768), BF16, "cuda")
+    got, _ = check(x, dw, route="decode" if decode_expected(BF16, b * mb) else None)
+    assert tuple(got.shape) == (b, mb, 200)
+    flat = qq.quantized_matmul(x.reshape(b * mb, 768), dw, dtype="float32")
+    np.testing.assert_array_equal(to_numpy(got).reshape(b * mb, 200), to_numpy(flat))
