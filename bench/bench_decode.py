@@ -60,6 +60,7 @@ MODES = {
     # the same fp4 weights in the decode layout (qq.prepare_decode)
     "nvfp4-decode": dict(mode="nvfp4"),
     "mxfp4-decode": dict(mode="mxfp4"),
+    "mxfp8-decode": dict(mode="mxfp8"),
 }
 HOW = ("Wall-clock time per decode step: eager = loops of steps followed by one synchronize "
        "(host cost included), graphed = loops of CUDA graph replays followed by one synchronize; "

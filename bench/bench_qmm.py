@@ -16,7 +16,7 @@ T tokens routed to top_k of E experts (random, distinct per token), x [T, 1, 1, 
 indices touch (each once) + x + y.
 
 Then (--only decode) the decode layout (qq.prepare_decode) against the packed weight on the
-decode shapes of an 8B model and 16384^2, nvfp4 / mxfp4, M = 1..16: op "quantized_matmul",
+decode shapes of an 8B model and 16384^2, nvfp4 / mxfp4 / mxfp8, M = 1..16: op "quantized_matmul",
 variant "decode" / "packed", GB/s against copy (its own table, qmm_decode-<gpu>).
 
     python bench/bench_qmm.py [--quick] [--only dense|gather|decode]
@@ -131,7 +131,7 @@ def decode(timer, copy_gbps, quick) -> None:
     ms = [1, 4, 16] if quick else [1, 2, 4, 8, 16]
     for n, k in DECODE_SHAPES[:2] if quick else DECODE_SHAPES:
         w = torch.randn((n, k), dtype=torch.bfloat16, device="cuda")
-        for mode in ("nvfp4", "mxfp4"):
+        for mode in ("nvfp4", "mxfp4", "mxfp8"):
             qw = qq.quantize(w, mode=mode)
             dw = qq.prepare_decode(qw)
             wbytes = nbytes(qw.data) + nbytes(qw.scales)

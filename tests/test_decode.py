@@ -1,11 +1,13 @@
 """qq.prepare_decode and quantized_matmul with a DecodeWeight (the decode layout of an nvfp4 /
-mxfp4 weight [N, K] and its small-M kernel).
+mxfp4 / mxfp8 (E4M3) weight [N, K] and its small-M kernel).
 
-* CPU (run in CI): NumPy and torch CPU, fp32 and bf16 x, M 1..17, ragged N, zero rows and
-  blocks, group magnitudes spanning many scale codes, nvfp4 global scale, bias. Each result
-  equals (a) quantized_matmul on the packed QuantizedArray and (b) a float64 reference from
-  qq.dequantize, within the fp32-summation bound: every product is exact, only the order of
-  the fp32 sums may differ. Errors, attributes, the mxfp4 scale window and linear == blocked.
+* CPU (run in CI): NumPy and torch CPU, fp32 and bf16 x (mxfp8: NumPy fp32 and torch bf16),
+  M 1..17, ragged N, zero rows and blocks, group magnitudes spanning many scale codes, nvfp4
+  global scale, bias. Each result equals (a) quantized_matmul on the packed QuantizedArray and
+  (b) a float64 reference from qq.dequantize, within the fp32-summation bound: every product
+  is exact, only the order of the fp32 sums may differ. Errors (mxfp8 e5m2 among them),
+  attributes, NaN scales / mxfp8 NaN codes, the mx scale windows (mxfp4 2^-20 .. 2^10, mxfp8
+  2^-108 .. 2^16 over codes that are not all +-0) and linear == blocked.
 * GPU (`gpu` marker): torch CUDA, route "decode" for bf16 x and M <= 16 (compute capability
   >= 9.0), other routes beyond, out=, determinism, GPU layout bytes == CPU layout bytes, 3-D x.
 """
@@ -24,10 +26,11 @@ from helpers import BF16, as_bytes, cast, numpy_to_torch, to_numpy
 
 F32 = np.float32
 F64 = np.float64
-GROUP = {"nvfp4": 16, "mxfp4": 32}
-# Group magnitudes 10**U(lo, hi): many scale codes; mxfp4 stays inside the UE8M0 window.
-MAGS = {"nvfp4": (-3.0, 3.0), "mxfp4": (-4.0, 2.0)}
-CFGS = ["nvfp4", "nvfp4-gs", "mxfp4"]
+GROUP = {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32}
+# Group magnitudes 10**U(lo, hi): many scale codes; the mx modes stay inside their UE8M0
+# windows (mxfp8: scales 2^-47 .. 2^7 of 2^-108 .. 2^16).
+MAGS = {"nvfp4": (-3.0, 3.0), "mxfp4": (-4.0, 2.0), "mxfp8": (-12.0, 5.0)}
+CFGS = ["nvfp4", "nvfp4-gs", "mxfp4", "mxfp8"]
 CPU_SHAPES = [(64, 256), (100, 512), (192, 256)]
 GPU_SHAPES = [(64, 256), (200, 768), (4096, 4096)]
 gpu = pytest.mark.gpu
@@ -146,14 +149,17 @@ def decode_expected(x_dtype, m):
 # CPU
 # ---------------------------------------------------------------------------
 
-X_KINDS = [("numpy", F32), ("numpy", BF16), ("torch", F32), ("torch", BF16)]
+X_KINDS = {"np-f32": ("numpy", F32), "np-bf16": ("numpy", BF16), "torch-f32": ("torch", F32),
+           "torch-bf16": ("torch", BF16)}
+# cfg x x kind; mxfp8 with two x kinds (both frameworks, both dtypes) to keep the count down.
+CPU_CFG_X = [pytest.param(cfg, *X_KINDS[xid], id=f"{cfg}-{xid}") for cfg in CFGS for xid in X_KINDS
+             if mode_of(cfg) != "mxfp8" or xid in ("np-f32", "torch-bf16")]
 
 
 @pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
-@pytest.mark.parametrize("fw,xdt", X_KINDS, ids=["np-f32", "np-bf16", "torch-f32", "torch-bf16"])
 @pytest.mark.parametrize("m", [1, 3, 8, 16, 17])
 @pytest.mark.parametrize("n,k", CPU_SHAPES, ids=str)
-@pytest.mark.parametrize("cfg", CFGS)
+@pytest.mark.parametrize("cfg,fw,xdt", CPU_CFG_X)
 def test_cpu_matches(cfg, n, k, m, fw, xdt, with_bias):
     rng = case_rng(cfg, n, k, m, fw, str(xdt), with_bias)
     qa = quantize(make_weight(rng, mode_of(cfg), n, k), cfg, fw)
@@ -203,11 +209,14 @@ def test_blocked_equals_linear(cfg, n):
     np.testing.assert_array_equal(as_bytes(blk.data), as_bytes(lin.data))
 
 
-@pytest.mark.parametrize("what", ["affine", "mxfp8", "3d", "k320"])
+@pytest.mark.parametrize("what", ["affine", "e5m2", "3d", "k320"])
 def test_errors(what):
     rng = case_rng("err", what)
-    if what in ("affine", "mxfp8"):
+    if what == "affine":
         qa = qq.quantize(rng.standard_normal((64, 256)).astype(F32), mode=what)
+    elif what == "e5m2":
+        qa = qq.quantize(rng.standard_normal((64, 256)).astype(F32), mode="mxfp8", fp8_format="e5m2")
+        assert qa.fp8_format == "e5m2"
     elif what == "3d":
         qa = qq.quantize(rng.standard_normal((2, 64, 256)).astype(F32), mode="nvfp4")
     else:
@@ -257,11 +266,119 @@ def test_mxfp4_scale_accepted(scale, zero_codes, device):
     check(x, dw, route="cpu" if device == "cpu" else ("decode" if decode_expected(BF16, 4) else None))
 
 
+def _mx8(edits=()):
+    """An mxfp8 (E4M3) [100, 256] weight's NumPy data and scales (every group's codes non-zero)
+    after `edits`: (row, k_slice, codes or None, scale byte or None); codes are assigned to
+    data[row, k_slice], the scale byte to every group that k_slice touches."""
+    qa = qq.quantize(case_rng("mx8").standard_normal((100, 256)).astype(F32), mode="mxfp8")
+    data, scales = qa.data.copy(), qa.scales.copy()
+    assert (data.reshape(100, 8, 32) & 0x7F).any(axis=2).all()
+    for row, ks, codes, scale in edits:
+        if codes is not None:
+            data[row, ks] = codes
+        if scale is not None:
+            scales[row, ks.start // 32:(ks.stop - 1) // 32 + 1] = scale
+    return data, scales
+
+
+def _mx8_fw(device):
+    return "numpy" if device == "cpu" else "cuda"
+
+
+def _grp(j):
+    return slice(32 * j, 32 * j + 32)
+
+
+# +-0 codes (0x00 and 0x80 mixed) for one 32-element group.
+PM_ZEROS = np.where(np.arange(32) % 3 == 1, 0x80, 0x00).astype(np.uint8)
+# (row, k): rows g and g + 8 of a 16-row block, every 8-k slot of a group, the ragged last row.
+MX8_SPOTS = [(0, 0), (5, 107), (13, 46), (40, 152), (99, 255)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("spot", MX8_SPOTS, ids=str)
+@pytest.mark.parametrize("byte", [0x7F, 0xFF], ids=hex)
+def test_mxfp8_nan_code(byte, spot, device):
+    """An E4M3 NaN code anywhere: NotSupportedError."""
+    r, k = spot
+    data, scales = _mx8([(r, slice(k, k + 1), byte, None)])
+    with pytest.raises(qq.NotSupportedError):
+        qq.prepare_decode(rebuild(data, scales, "mxfp8", _mx8_fw(device)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("byte", [0x7F, 0xFF], ids=hex)
+def test_mxfp8_nan_code_in_zero_group(byte, device):
+    """A NaN code among +-0 codes, under an in-window scale: NotSupportedError."""
+    codes = PM_ZEROS.copy()
+    codes[20] = byte
+    data, scales = _mx8([(13, _grp(5), codes, 127)])
+    with pytest.raises(qq.NotSupportedError):
+        qq.prepare_decode(rebuild(data, scales, "mxfp8", _mx8_fw(device)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("zero_codes", [False, True], ids=["codes", "zero-codes"])
+@pytest.mark.parametrize("spot", MX8_SPOTS, ids=str)
+def test_mxfp8_nan_scale(spot, zero_codes, device):
+    """Scale byte 255 (NaN) anywhere, over all-zero codes too: NotSupportedError."""
+    r, k = spot
+    g = _grp(k // 32)
+    data, scales = _mx8([(r, g, PM_ZEROS if zero_codes else None, 255)])
+    with pytest.raises(qq.NotSupportedError):
+        qq.prepare_decode(rebuild(data, scales, "mxfp8", _mx8_fw(device)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("codes", ["codes", "one-nonzero"])
+@pytest.mark.parametrize("scale", [0, 5, 18, 144, 200, 254])
+def test_mxfp8_scale_out_of_window(scale, codes, device):
+    """A scale byte outside [19, 143] over codes that are not all +-0 (the quantized codes, or
+    +-0 codes but for one smallest subnormal -0x81- in the group's last 8-k slot): error."""
+    if codes == "codes":
+        edits = [(5, _grp(3), None, scale)]
+    else:
+        one = PM_ZEROS.copy()
+        one[27] = 0x81
+        edits = [(13, _grp(6), one, scale)]
+    data, scales = _mx8(edits)
+    with pytest.raises(qq.NotSupportedError):
+        qq.prepare_decode(rebuild(data, scales, "mxfp8", _mx8_fw(device)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scale,zero_codes", [(19, False), (143, False), (0, True), (5, True),
+                                              (18, True), (144, True), (200, True), (254, True)])
+def test_mxfp8_scale_accepted(scale, zero_codes, device):
+    """Window edges 2^-108 / 2^16 over non-zero codes: whole rows 5 and 99 at the edge (their
+    results are of the edge's magnitude, so the relative bound stays meaningful) and one group
+    of row 13. Any non-NaN scale over +-0 codes: one group of row 5, all of row 13 (row 99
+    all-zero with scale 0)."""
+    if zero_codes:
+        edits = [(5, _grp(3), PM_ZEROS, scale), (13, slice(0, 256), np.tile(PM_ZEROS, 8), scale),
+                 (99, slice(0, 256), 0, 0)]
+    else:
+        edits = [(5, slice(0, 256), None, scale), (99, slice(0, 256), None, scale),
+                 (13, _grp(2), None, scale)]
+    data, scales = _mx8(edits)
+    fw = "torch" if device == "cpu" else "cuda"
+    dw = qq.prepare_decode(rebuild(data, scales, "mxfp8", fw))
+    x = make_x(case_rng("mx8x", scale, zero_codes), (4, 256), BF16, fw)
+    route = "cpu" if device == "cpu" else ("decode" if decode_expected(BF16, 4) else None)
+    got, _ = check(x, dw, route=route)
+    if not zero_codes:  # the edge rows really are at the edge's magnitude
+        mag = np.abs(to_numpy(got)[:, [5, 99]]).max()
+        assert (2.0 ** -120 < mag < 2.0 ** -80) if scale == 19 else (2.0 ** 16 < mag < 2.0 ** 32), mag
+    if device != "cpu":  # GPU layout bytes == CPU layout bytes
+        cpu = qq.prepare_decode(rebuild(data, scales, "mxfp8", "numpy"))
+        np.testing.assert_array_equal(as_bytes(dw.data), as_bytes(cpu.data))
+
+
 # ---------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=16)
 def gpu_weight(cfg, n, k, layout="linear"):
     qa = quantize(make_weight(case_rng("gpu", cfg, n, k), mode_of(cfg), n, k), cfg, "cuda", layout)
     return qq.prepare_decode(qa)

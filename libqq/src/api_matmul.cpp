@@ -602,23 +602,30 @@ QQ_API qqStatus_t qqGatherQmm(qqHandle_t handle, const DLTensor* x, const DLTens
   });
 }
 
-QQ_API qqStatus_t qqDecodeLayoutSize(int64_t n, int64_t k, int64_t* bytes) {
+QQ_API qqStatus_t qqDecodeLayoutSize(qqMode_t mode, int64_t n, int64_t k, int64_t* bytes) {
   return guard("decode_layout_size", [&]() -> qqStatus_t {
     if (!bytes) return set_error(QQ_STATUS_INVALID_VALUE, "decode_layout_size: argument 'bytes' is NULL");
+    const int m = (int)mode;
+    if (m != QQ_MODE_NVFP4 && m != QQ_MODE_MXFP4 && m != QQ_MODE_MXFP8)
+      return set_error(QQ_STATUS_INVALID_VALUE, "decode_layout_size: mode %d; the decode layout holds nvfp4, "
+                       "mxfp4 and mxfp8 weights", m);
     if (n < 0 || k < 0 || k % kDecChunkK || n > (int64_t(1) << 40) || k > (int64_t(1) << 40))
       return set_error(QQ_STATUS_INVALID_VALUE, "decode_layout_size: n = %lld, k = %lld; n must be >= 0 and k a "
                        "multiple of %d (the decode layout's K chunk)", (long long)n, (long long)k, kDecChunkK);
-    *bytes = decode_layout_bytes(n, k);
+    *bytes = decode_layout_bytes(n, k, m == QQ_MODE_MXFP8);
     return QQ_STATUS_SUCCESS;
   });
 }
 
 namespace {
-// The decode layout takes the fp4 modes (decode_layout.h).
+// The decode layout takes nvfp4, mxfp4 and mxfp8 with E4M3 elements (decode_layout.h).
 qqStatus_t decode_mode(const char* op, const QSpec& q) {
-  if (q.mode != QQ_MODE_NVFP4 && q.mode != QQ_MODE_MXFP4)
-    return set_error(QQ_STATUS_INVALID_VALUE, "%s: the decode layout holds nvfp4 and mxfp4 weights; params.mode "
-                     "is %s (use the packed weight with quantized_matmul)", op, mode_name(q.mode));
+  if (q.mode != QQ_MODE_NVFP4 && q.mode != QQ_MODE_MXFP4 && q.mode != QQ_MODE_MXFP8)
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: the decode layout holds nvfp4, mxfp4 and mxfp8 weights; "
+                     "params.mode is %s (use the packed weight with quantized_matmul)", op, mode_name(q.mode));
+  if (q.mode == QQ_MODE_MXFP8 && q.elem != ELEM_E4M3)
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: the decode layout holds mxfp8 with E4M3 elements; params."
+                     "fp8_format is E5M2 (use the packed weight with quantized_matmul)", op);
   return QQ_STATUS_SUCCESS;
 }
 // A compact uint8 tensor of exactly `bytes` bytes (any shape): the decode layout.
@@ -656,7 +663,7 @@ QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w, const D
                        "of %d (keep the packed weight)", (long long)a.K, kDecChunkK);
     const int64_t fshape[2] = {a.N, a.K};
     QQ_TRY(input_scales(c, "scales", scales, a.q, 2, fshape, DType::U8, false, &a.scales));
-    QQ_TRY(decode_buffer(c, "out", out, decode_layout_bytes(a.N, a.K)));
+    QQ_TRY(decode_buffer(c, "out", out, decode_layout_bytes(a.N, a.K, a.q.bits == 8)));
     QQ_TRY(check_no_alias(c, {{"out", out}}, {{"w", w}, {"scales", scales}}));
     a.out = (uint8_t*)out->data + out->byte_offset;
     if (c.device >= 0) return cuda::to_decode_layout(handle, a, stream);
@@ -715,7 +722,8 @@ QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x, const DLT
     a.x.rows = a.M;
     a.x.cols = a.K;
     a.x.device = c.device;
-    QQ_TRY(decode_buffer(c, "w_decode", w_decode, decode_layout_bytes(a.N, a.K)));
+    QQ_TRY(decode_buffer(c, "w_decode", w_decode, decode_layout_bytes(a.N, a.K, q.bits == 8)));
+    a.q = q;
     a.w = (const uint8_t*)w_decode->data + w_decode->byte_offset;
     QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, q, &a.gs));
     QQ_TRY(bias_mat(c, bias, a.N, &a.bias));

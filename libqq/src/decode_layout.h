@@ -15,6 +15,16 @@
 // stored tile-major, [N/64][K/256][4 row blocks][4 FBs], so one CTA's stage (64
 // rows x 256 k) is one contiguous 9216-byte span.
 //
+// mxfp8 (E4M3 elements) has its own fragment block: 16 rows x 32 k = 512 code
+// bytes + 16 scale codes (one group per row), 528 bytes, stored [N/64][K/256][4
+// row blocks][8 FBs] (a stage is again 64 rows x 256 k). Lane l's 16 bytes are
+// words 2 t + h = k-step t, row g + 8 h: the codes of k = 8 q + 4 t + {0, 1, 2,
+// 3} in bytes {0, 2, 1, 3}, so that bytes (0, 2) / (1, 3) are the pairs of the fp8
+// placement (vec.cuh's fp8_place) for A registers a_h / a_{2+h}; lane q's x is 8
+// contiguous values. Scale codes: halfword g = (row g, row g + 8), each the bf16
+// exponent field of s * 2^111 (u + 111 for UE8M0 u; the placement's 2^-120 then
+// leaves products e * s * 2^-9), which fits for u in [19, 143].
+//
 // Scale codes: the bf16 bits of s * 2^117 are code * 16 + 0x7000 (an exponent
 // offset of 5 bits above 224 and s's 3 mantissa bits), built in the kernel by
 // one byte permute and one integer multiply-add. Every E4M3 scale fits; a UE8M0
@@ -37,9 +47,16 @@ constexpr int kDecFB = 576;        // bytes per fragment block
 constexpr int kDecTileRows = 64;   // N is padded to this
 constexpr int kDecChunkK = 256;    // K must be a multiple of this
 constexpr int kDecStage = 16 * kDecFB;  // one tile x chunk: 4 row blocks x 4 FBs
+constexpr int kDecFB8 = 528;            // mxfp8: 16 rows x 32 k + 16 scale codes
+constexpr int kDecStage8 = 32 * kDecFB8;  // 4 row blocks x 8 FBs
+constexpr int kDecU8Lo = 19, kDecU8Hi = 143;  // the UE8M0 scales mxfp8's codes hold
 
-QQ_HD int64_t decode_layout_bytes(int64_t n, int64_t k) {
-  return roundup(n, kDecTileRows) / 16 * (k / 64) * kDecFB;
+QQ_HD int64_t decode_layout_bytes(int64_t n, int64_t k, bool bits8 = false) {
+  return bits8 ? roundup(n, kDecTileRows) / 16 * (k / 32) * kDecFB8 : roundup(n, kDecTileRows) / 16 * (k / 64) * kDecFB;
+}
+// mxfp8: fragment block (R = n / 16, F = k / 32).
+QQ_HD int64_t decode_fb8(int64_t R, int64_t F, int64_t K) {
+  return (((R >> 2) * (K / kDecChunkK) + (F >> 3)) * 4 + (R & 3)) * 8 * kDecFB8 + (F & 7) * kDecFB8;
 }
 
 // Offset of fragment block (row block R = n / 16, k block F = k / 64).
@@ -62,6 +79,18 @@ QQ_HD DecPos decode_pos(int64_t n, int64_t k, int64_t K) {
   p.byte = fb + 16 * lane + 4 * j + (nib >> 1);
   p.shift = 4 * (nib & 1);
   p.sbyte = fb + 512 + 2 * lane + half;
+  return p;
+}
+
+// mxfp8: where element (n, k) lives (shift 0: a whole byte).
+QQ_HD DecPos decode_pos8(int64_t n, int64_t k, int64_t K) {
+  const int r = (int)(n & 15), kk = (int)(k & 31);
+  const int g = r & 7, half = r >> 3, q = kk >> 3, t = (kk >> 2) & 1, e = kk & 3;
+  const int64_t fb = decode_fb8(n >> 4, k >> 5, K);
+  DecPos p;
+  p.byte = fb + 16 * (4 * g + q) + 4 * (2 * t + half) + ((e & 1) << 1) + (e >> 1);
+  p.shift = 0;
+  p.sbyte = fb + 512 + 2 * g + half;
   return p;
 }
 
@@ -118,6 +147,34 @@ QQ_HD bool decode_pack_slot(const uint64_t (&c_in)[2], const float (&s_in)[2], u
       }
     words[j] = w;
   }
+  return true;
+}
+
+// mxfp8: one lane slot (8 k of rows g and g + 8): c[h] the 8 E4M3 codes of row
+// g + 8h (element i in byte i), u[h] its UE8M0 scale. Fills the 4 code words and
+// the 2 scale codes; false for a NaN code or scale, or a scale outside the
+// window over non-zero codes (code 0 then stands for "these codes are zeros").
+QQ_HD bool decode_pack_slot8(const uint64_t (&c)[2], const uint8_t (&u)[2], uint32_t (&words)[4], uint8_t (&sc)[2]) {
+  for (int h = 0; h < 2; ++h) {
+    if (u[h] == 255) return false;
+    for (int i = 0; i < 8; ++i)
+      if (((c[h] >> (8 * i)) & 0x7f) == 0x7f) return false;  // an E4M3 NaN code
+    const bool zeros = (c[h] & 0x7f7f7f7f7f7f7f7full) == 0;
+    if (u[h] >= kDecU8Lo && u[h] <= kDecU8Hi) {
+      sc[h] = (uint8_t)(u[h] + 111);
+    } else if (zeros) {
+      sc[h] = 0;
+    } else {
+      return false;
+    }
+  }
+  for (int t = 0; t < 2; ++t)
+    for (int h = 0; h < 2; ++h) {
+      uint32_t w = 0;
+      for (int e = 0; e < 4; ++e)
+        w |= (uint32_t)((c[h] >> (8 * (4 * t + e))) & 0xff) << (8 * (((e & 1) << 1) + (e >> 1)));
+      words[2 * t + h] = w;
+    }
   return true;
 }
 

@@ -238,17 +238,18 @@ struct QdqArgs {
   bool tile32 = false;
 };
 
-// qqToDecodeLayout: packed nvfp4 / mxfp4 w [N, K] -> the decode layout
-// (decode_layout.h), out compact decode_layout_bytes(N, K) bytes.
+// qqToDecodeLayout: packed nvfp4 / mxfp4 / mxfp8 w [N, K] -> the decode layout
+// (decode_layout.h), out compact decode_layout_bytes(N, K, mxfp8) bytes.
 struct DecodeLayoutArgs {
   QSpec q;
-  Mat w;       // packed [N, K / 2]
+  Mat w;       // packed [N, K * bits / 8]
   Mat scales;  // linear [N, K / group] or blocked (q.blocked) [R128, C4]
   int64_t N = 0, K = 0;
   uint8_t* out = nullptr;
 };
 // qqDecodeMatmul: out [M, N] = x [M, K] @ W^T (* nvfp4's global factor) (+ bias).
 struct DecodeMatmulArgs {
+  QSpec q;                     // nvfp4, mxfp4 or mxfp8 (E4M3)
   Mat x;                       // [M, K], row stride x.ld
   const uint8_t* w = nullptr;  // the decode layout of W [N, K]
   int64_t M = 0, N = 0, K = 0;

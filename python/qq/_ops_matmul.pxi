@@ -386,12 +386,14 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
 
 
 def prepare_decode(w, stream=None):
-    """An nvfp4 / mxfp4 QuantizedArray [N, K] (K a multiple of 256) rearranged into the
-    decode layout (a DecodeWeight): qq.quantized_matmul(x, dw) then reads it at close to
-    copy bandwidth for bfloat16 x of at most 16 rows on compute capability 9.0+ GPUs, and
-    uses the packed weight it keeps otherwise. Raises NotSupportedError when a scale cannot
-    be encoded (NaN; an mxfp4 scale outside 2^-20 .. 2^10 over non-zero codes): keep the
-    packed weight then. On the GPU this waits for the stream once. See docs/formats.md.
+    """An nvfp4 / mxfp4 / mxfp8 (E4M3) QuantizedArray [N, K] (K a multiple of 256)
+    rearranged into the decode layout (a DecodeWeight): qq.quantized_matmul(x, dw) then
+    reads it at close to copy bandwidth for bfloat16 x of at most 16 rows on compute
+    capability 9.0+ GPUs, and uses the packed weight it keeps otherwise. Raises
+    NotSupportedError when the weight cannot be encoded (a NaN scale or mxfp8 element; an
+    mx scale outside its window over non-zero codes: mxfp4 2^-20 .. 2^10, mxfp8
+    2^-108 .. 2^16): keep the packed weight then. On the GPU this waits for the stream
+    once. See docs/formats.md (Decode layout).
     """
     cdef str func = "prepare_decode"
     cdef _View vw, vs, vo
@@ -405,17 +407,18 @@ def prepare_decode(w, stream=None):
     if not isinstance(w, QuantizedArray):
         raise TypeError(f"{func}: w: expected a QuantizedArray (qq.quantize(w, mode='nvfp4' or "
                         f"'mxfp4')); got {type(w).__name__}")
-    if w.mode not in ("nvfp4", "mxfp4"):
-        raise ValueError(f"{func}: the decode layout holds nvfp4 and mxfp4 weights; w is "
-                         f"{w.mode!r} (use it packed with qq.quantized_matmul)")
+    if w.mode not in ("nvfp4", "mxfp4", "mxfp8") or (w.mode == "mxfp8" and w.fp8_format != "e4m3"):
+        raise ValueError(f"{func}: the decode layout holds nvfp4, mxfp4 and mxfp8 (e4m3) weights; "
+                         f"w is {w.mode!r}{' e5m2' if w.mode == 'mxfp8' else ''} (use it packed with "
+                         f"qq.quantized_matmul)")
     if len(w.shape) != 2:
         raise ValueError(f"{func}: w must be a 2-D weight [N, K]; got shape {tuple(w.shape)}")
     n, k = int(w.shape[0]), int(w.shape[1])
     if k % 256:
         raise ValueError(f"{func}: K = {k}; the decode layout needs K a multiple of 256 (keep "
                          f"the packed weight)")
-    _check(qqDecodeLayoutSize(n, k, &nbytes))
     _quant_params(func, &p, w.mode, w.group_size, w.bits, "ceil", w.scale_layout, w.fp8_format)
+    _check(qqDecodeLayoutSize(p.mode, n, k, &nbytes))
     cdef _Call call = _new_call(func, w.data, "w", stream)
     result = None
     try:

@@ -507,23 +507,26 @@ QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x,
                                     void* stream);
 
 /* ---------------------------------------------------------------------------
- * The decode layout (docs/formats.md, "Decode layout"): nvfp4 / mxfp4 weights
- * rearranged once so that the weight-only matmul at decode shapes (M <= 16
- * rows of bfloat16 x, compute capability 9.0+) reads them at close to copy
- * bandwidth. Opaque bytes; the packed layout stays the interchange form.
+ * The decode layout (docs/formats.md, "Decode layout"): nvfp4, mxfp4 and mxfp8
+ * (E4M3) weights rearranged once so that the weight-only matmul at decode
+ * shapes (M <= 16 rows of bfloat16 x, compute capability 9.0+) reads them at
+ * close to copy bandwidth. Opaque bytes; the packed layout stays the
+ * interchange form.
  * ------------------------------------------------------------------------- */
-/* Bytes of the decode layout of an [n, k] weight (k a multiple of 256):
- * roundup(n, 64) / 16 * (k / 64) * 576. INVALID_VALUE for a bad n, k or NULL. */
-QQ_API qqStatus_t qqDecodeLayoutSize(int64_t n, int64_t k, int64_t* bytes);
+/* Bytes of the decode layout of an [n, k] weight of `mode` (k a multiple of
+ * 256): fp4 roundup(n, 64) / 16 * (k / 64) * 576, mxfp8 roundup(n, 64) / 16 *
+ * (k / 32) * 528. INVALID_VALUE for another mode, a bad n, k or NULL. */
+QQ_API qqStatus_t qqDecodeLayoutSize(qqMode_t mode, int64_t n, int64_t k, int64_t* bytes);
 
-/* w: packed nvfp4 / mxfp4 uint8 [N, K/2] (2-D, K a multiple of 256), scales
- * uint8 in params->scale_layout (linear [N, K/group] or blocked); params: mode
- * NVFP4 or MXFP4 (group 0 or the mode's). out: uint8, compact,
- * qqDecodeLayoutSize(N, K) bytes (any shape). nvfp4's global scale is not part
- * of the layout: pass it to qqDecodeMatmul. NOT_SUPPORTED when a scale cannot
- * be encoded (a NaN scale; an mxfp4 scale outside 2^-20 .. 2^10 over non-zero
- * codes): keep the packed weight then. On the GPU this waits for `stream`
- * once (to learn that); not capturable in a CUDA graph. */
+/* w: packed uint8 [N, K*bits/8] (2-D, K a multiple of 256), scales uint8 in
+ * params->scale_layout (linear [N, K/group] or blocked); params: mode NVFP4,
+ * MXFP4 or MXFP8 with E4M3 elements (group 0 or the mode's). out: uint8,
+ * compact, qqDecodeLayoutSize bytes (any shape). nvfp4's global scale is not
+ * part of the layout: pass it to qqDecodeMatmul. NOT_SUPPORTED when the weight
+ * cannot be encoded (a NaN scale or mxfp8 element; an mx scale outside its
+ * window over non-zero codes: mxfp4 2^-20 .. 2^10, mxfp8 2^-108 .. 2^16):
+ * keep the packed weight then. On the GPU this waits for `stream` once (to
+ * learn that); not capturable in a CUDA graph. */
 QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w,
                                    const DLTensor* scales,
                                    const qqQuantParams_t* params, DLTensor* out,
@@ -532,11 +535,12 @@ QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w,
 /* out [..., M, N] = x [..., M, K] @ W^T (* nvfp4's global factor) (+ bias[N]),
  * W [N, K] given in the decode layout w_decode (qqToDecodeLayout; N from out's
  * last axis). x: float, its rows (all leading axes) of uniform stride; out:
- * float32, float16 or bfloat16, compact. params: the mode (NVFP4 or MXFP4).
- * fp32 accumulation. On the GPU: compute capability 9.0+, bfloat16 x of at
- * most 16 rows, rows 16-byte aligned (NOT_SUPPORTED otherwise: use the packed
- * weight with qqQuantizedMatmul); no host synchronization, capturable; the
- * same bits on every run. qqGetLastRoute: QQ_ROUTE_DECODE (GPU) or CPU. */
+ * float32, float16 or bfloat16, compact. params: the weight's mode (and
+ * fp8_format). fp32 accumulation. On the GPU: compute capability 9.0+,
+ * bfloat16 x of at most 16 rows, rows 16-byte aligned (NOT_SUPPORTED
+ * otherwise: use the packed weight with qqQuantizedMatmul); no host
+ * synchronization, capturable; the same bits on every run and for every M.
+ * qqGetLastRoute: QQ_ROUTE_DECODE (GPU) or QQ_ROUTE_CPU. */
 QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x,
                                  const DLTensor* w_decode,
                                  const qqQuantParams_t* params,

@@ -256,7 +256,39 @@ qqStatus_t quantized_matmul(const MatmulArgs& a) {
 // conversion uses, so both produce the same bytes.
 qqStatus_t to_decode_layout(const DecodeLayoutArgs& a) {
   const int64_t kfb = a.K / 64, sc_cols = a.K / a.q.group, c4 = roundup(sc_cols, 4);
-  memset(a.out, 0, (size_t)decode_layout_bytes(a.N, a.K));
+  memset(a.out, 0, (size_t)decode_layout_bytes(a.N, a.K, a.q.bits == 8));
+  auto scale_byte = [&](int64_t n, int64_t kg) {
+    return a.q.blocked ? ((const uint8_t*)a.scales.ptr)[blocked_offset(n, kg, c4)] : a.scales.at<uint8_t>(0, n)[kg];
+  };
+  if (a.q.bits == 8) {  // mxfp8: FB = 16 rows x 32 k, lane slot = 8 k
+    for (int64_t R = 0; R < roundup(a.N, 16) / 16; ++R)
+      for (int64_t F = 0; F < a.K / 32; ++F)
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane >> 2, q = lane & 3;
+          const int64_t k0 = F * 32 + 8 * q;
+          uint64_t c[2] = {0, 0};
+          uint8_t u[2] = {127, 127};
+          for (int h = 0; h < 2; ++h) {
+            const int64_t n = R * 16 + g + 8 * h;
+            if (n >= a.N) continue;
+            const uint8_t* row = a.w.at<uint8_t>(0, n) + k0;
+            for (int b = 0; b < 8; ++b) c[h] |= (uint64_t)row[b] << (8 * b);
+            u[h] = scale_byte(n, k0 / a.q.group);
+          }
+          uint32_t words[4];
+          uint8_t sc[2];
+          if (!decode_pack_slot8(c, u, words, sc))
+            return set_error(QQ_STATUS_NOT_SUPPORTED, "to_decode_layout: rows %lld / %lld, k %lld of w cannot be "
+                             "encoded in the decode layout (a NaN element or scale, or a scale outside 2^-108 .. "
+                             "2^16 over non-zero codes); keep the packed weight (docs/formats.md, Decode layout)",
+                             (long long)(R * 16 + g), (long long)(R * 16 + g + 8), (long long)k0);
+          uint8_t* fb = a.out + decode_fb8(R, F, a.K);
+          memcpy(fb + 16 * lane, words, 16);
+          fb[512 + 2 * g] = sc[0];
+          fb[512 + 2 * g + 1] = sc[1];
+        }
+    return QQ_STATUS_SUCCESS;
+  }
   for (int64_t R = 0; R < roundup(a.N, 16) / 16; ++R)
     for (int64_t F = 0; F < kfb; ++F)
       for (int lane = 0; lane < 32; ++lane) {
@@ -269,9 +301,7 @@ qqStatus_t to_decode_layout(const DecodeLayoutArgs& a) {
           if (n >= a.N) continue;
           const uint8_t* row = a.w.at<uint8_t>(0, n) + k0 / 2;
           for (int b = 0; b < 8; ++b) c[h] |= (uint64_t)row[b] << (8 * b);
-          const int64_t kg = k0 / a.q.group;
-          const uint8_t sb = a.q.blocked ? ((const uint8_t*)a.scales.ptr)[blocked_offset(n, kg, c4)]
-                                         : a.scales.at<uint8_t>(0, n)[kg];
+          const uint8_t sb = scale_byte(n, k0 / a.q.group);
           s[h] = a.q.mode == QQ_MODE_NVFP4 ? e4m3_decode(sb) : ue8m0_decode(sb);
         }
         uint32_t words[4];
@@ -292,11 +322,18 @@ qqStatus_t to_decode_layout(const DecodeLayoutArgs& a) {
 qqStatus_t decode_matmul(const DecodeMatmulArgs& a) {
   const int64_t M = a.M, N = a.N, K = a.K;
   std::vector<float> wd(N * K), xd(M * K), c(M * N);
+  const bool f8 = a.q.bits == 8;
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) {
-      const DecPos p = decode_pos(n, k, K);
-      const uint8_t code = (uint8_t)((a.w[p.byte] >> p.shift) & 15);
-      wd[n * K + k] = e2m1_decode(code) * decode_scale_value(a.w[p.sbyte]);  // exact
+      if (f8) {  // scale code: the bf16 exponent field of s * 2^111 (0: zero codes)
+        const DecPos p = decode_pos8(n, k, K);
+        const int sc = a.w[p.sbyte];
+        wd[n * K + k] = sc ? e4m3_decode(a.w[p.byte]) * exp2i(sc - 238) : 0.0f;  // exact
+      } else {
+        const DecPos p = decode_pos(n, k, K);
+        const uint8_t code = (uint8_t)((a.w[p.byte] >> p.shift) & 15);
+        wd[n * K + k] = e2m1_decode(code) * decode_scale_value(a.w[p.sbyte]);  // exact
+      }
     }
   for (int64_t m = 0; m < M; ++m)
     load_row((const char*)a.x.ptr + m * a.x.ld * dtype_size(a.x.dt), a.x.dt, K, xd.data() + m * K);

@@ -34,6 +34,7 @@
 #include "../internal.h"
 #include "common.cuh"
 #include "ops.cuh"
+#include "vec.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -129,12 +130,23 @@ struct QP {
   uint32_t mul0, mul1;  // 65 << 6, 65 << 2: kernel parameters so that ptxas keeps the multiplies (IMAD)
 };
 
-// MT n8 tiles of x rows (M <= 8 MT), S stages of KC chunks (256 k each).
-template <int MT, int S, int KC, int kMinBlocks>
+// The layout's geometry per element width (decode_layout.h): bytes per fragment
+// block, FBs per row block in a 256-k chunk, bytes per chunk; x's row pitch in
+// shared memory pads each row so that the 8 lanes of a shared-load phase hit
+// distinct banks (fp4: 32-byte x reads per lane, +16; fp8: 16-byte, +64).
+template <bool F8> struct Geo {
+  static constexpr int FB = F8 ? kDecFB8 : kDecFB, FBS = F8 ? 8 : 4, STAGE = F8 ? kDecStage8 : kDecStage,
+                       XPAD = F8 ? 64 : 16;
+};
+
+// MT n8 tiles of x rows (M <= 8 MT), S stages of KC chunks (256 k each); F8:
+// mxfp8 (E4M3) codes, else E2M1.
+template <bool F8, int MT, int S, int KC, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int XS = KC * 512 + 16;  // bytes per row of x in a stage (16 of padding: no bank conflicts)
-  constexpr int SW = KC * kDecStage, STG = SW + MT * 8 * XS, RED = 4 * MT * 4 * 32;
+  using G = Geo<F8>;
+  constexpr int XS = KC * 512 + G::XPAD;  // bytes per row of x in a stage
+  constexpr int SW = KC * G::STAGE, STG = SW + MT * 8 * XS, RED = 4 * MT * 4 * 32;
   extern __shared__ __align__(128) uint8_t smem[];
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S * STG);  // full[S], empty[S]
   float* red = reinterpret_cast<float*>(bars + 2 * S);           // the odd warps' partial sums
@@ -157,6 +169,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
     for (int i = threadIdx.x; i < (MT * 8 - p.M) * (XS / 16); i += kThreads)
       reinterpret_cast<uint4*>(smem + s * STG + SW + p.M * XS)[i] = make_uint4(0, 0, 0, 0);
   __syncthreads();
+  // The next kernel in the stream may start its own weight prefetch now (it waits
+  // for this one to finish before it reads x or writes anything).
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int rb = warp & 3, fpar = (warp >> 2) & 1, g = lane >> 2, q = lane & 3;
   float acc[MT][4];
 #pragma unroll
@@ -167,14 +182,27 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
     if (lane == 0) {  // the producer
       uint64_t pol;
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-      const uint8_t* wt = p.w + ((size_t)tile * (p.K / kDecChunkK) + (size_t)c0 * KC) * kDecStage;
+      const uint8_t* wt = p.w + ((size_t)tile * (p.K / kDecChunkK) + (size_t)c0 * KC) * G::STAGE;
       const __nv_bfloat16* xs = p.x + (size_t)c0 * KC * kDecChunkK;
+      // Programmatic dependent launch: the weights do not depend on the previous
+      // kernel in the stream, so the first stages' weight copies go out before
+      // waiting for it (overlapping its tail with this kernel's ramp); x, and with
+      // it everything this kernel writes, comes after the wait.
+      const int pre = nch < S ? nch : S;
+      for (int i = 0; i < pre; ++i) {
+        const uint32_t full = bar0 + 8 * i;
+        mbar_expect(full, SW + p.M * 512 * KC);
+        bulk_g2s_evict_first(smem_u32(smem + i * STG), wt + (size_t)i * SW, SW, full, pol);
+      }
+      asm volatile("griddepcontrol.wait;" ::: "memory");
       for (int i = 0; i < nch; ++i) {
         const int s = i % S;
-        if (i >= S) mbar_wait(bar0 + 8 * (S + s), ((i / S) - 1) & 1);
         const uint32_t full = bar0 + 8 * s, dst = smem_u32(smem + s * STG);
-        mbar_expect(full, SW + p.M * 512 * KC);
-        bulk_g2s_evict_first(dst, wt + (size_t)i * SW, SW, full, pol);
+        if (i >= pre) {
+          mbar_wait(bar0 + 8 * (S + s), ((i / S) - 1) & 1);
+          mbar_expect(full, SW + p.M * 512 * KC);
+          bulk_g2s_evict_first(dst, wt + (size_t)i * SW, SW, full, pol);
+        }
         for (int m = 0; m < p.M; ++m)
           bulk_g2s(dst + SW + m * XS, xs + (size_t)m * p.xld + (size_t)i * KC * kDecChunkK, 512 * KC, full);
       }
@@ -185,36 +213,56 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
       mbar_wait(bar0 + 8 * s, (i / S) & 1);
       const uint8_t* base = smem + s * STG;
 #pragma unroll
-      for (int ff = 0; ff < 2 * KC; ++ff) {
+      for (int ff = 0; ff < G::FBS * KC / 2; ++ff) {
         const int f = fpar + 2 * ff;  // FB along the stage's K
-        const uint8_t* fb = base + ((f >> 2) * 4 + rb) * 4 * kDecFB + (f & 3) * kDecFB;
+        const uint8_t* fb = base + ((f / G::FBS) * 4 + rb) * G::FBS * G::FB + (f % G::FBS) * G::FB;
         const uint4 wv = *reinterpret_cast<const uint4*>(fb + 16 * lane);
-        const uint32_t sc = *reinterpret_cast<const uint16_t*>(fb + 512 + 2 * lane);
-        // bf16x2 of s * 2^117 for rows g (Sg) and g + 8 (Sg8), both halves
-        const uint32_t Sg = prmt_(sc, 0, 0x4040u) * 16u + 0x70007000u;
-        const uint32_t Sg8 = prmt_(sc, 0, 0x4141u) * 16u + 0x70007000u;
-        uint4 xa[MT], xb[MT];
-#pragma unroll
-        for (int t = 0; t < MT; ++t) {
-          const uint8_t* xrow = base + SW + (8 * t + g) * XS + f * 128 + 32 * q;
-          xa[t] = *reinterpret_cast<const uint4*>(xrow);
-          xb[t] = *reinterpret_cast<const uint4*>(xrow + 16);
-        }
         const uint32_t w4[4] = {wv.x, wv.y, wv.z, wv.w};
+        if constexpr (F8) {
+          // bf16x2 of s * 2^111 (the code is its exponent field) for rows g, g + 8
+          const uint32_t sc = *reinterpret_cast<const uint16_t*>(fb + 512 + 2 * g);
+          const uint32_t Sg = prmt_(sc, 0, 0x4040u) * 128u, Sg8 = prmt_(sc, 0, 0x4141u) * 128u;
+          uint4 xa[MT];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          // E2M1 pairs (nibbles i, i + 4) placed as bf16 e * 2^-126: the multiply puts
-          // the magnitude at bits 6..8 and the sign (a copy 6 bits up) at 15
-          const uint32_t w = w4[j], w8 = w >> 8;
-          const uint32_t a0 = bmul_(((w & 0x000f000fu) * p.mul0) & 0x81c081c0u, Sg);
-          const uint32_t a1 = bmul_(((w & 0x00f000f0u) * p.mul1) & 0x81c081c0u, Sg8);
-          const uint32_t a2 = bmul_(((w8 & 0x000f000fu) * p.mul0) & 0x81c081c0u, Sg);
-          const uint32_t a3 = bmul_(((w8 & 0x00f000f0u) * p.mul1) & 0x81c081c0u, Sg8);
+          for (int t = 0; t < MT; ++t)
+            xa[t] = *reinterpret_cast<const uint4*>(base + SW + (8 * t + g) * XS + f * 64 + 16 * q);
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {  // k-step j: word 2j is row g, 2j + 1 row g + 8
+            uint32_t p0g, p1g, p0h, p1h;
+            fp8_place(w4[2 * j], 4, 4, 0x07f007f0u, p0g, p1g);  // E4M3 as e * 2^-120
+            fp8_place(w4[2 * j + 1], 4, 4, 0x07f007f0u, p0h, p1h);
+            const uint32_t a0 = bmul_(p0g, Sg), a1 = bmul_(p0h, Sg8), a2 = bmul_(p1g, Sg), a3 = bmul_(p1h, Sg8);
+#pragma unroll
+            for (int t = 0; t < MT; ++t)
+              mma16816_(acc[t], a0, a1, a2, a3, j ? xa[t].z : xa[t].x, j ? xa[t].w : xa[t].y);
+          }
+        } else {
+          const uint32_t sc = *reinterpret_cast<const uint16_t*>(fb + 512 + 2 * lane);
+          // bf16x2 of s * 2^117 for rows g (Sg) and g + 8 (Sg8), both halves
+          const uint32_t Sg = prmt_(sc, 0, 0x4040u) * 16u + 0x70007000u;
+          const uint32_t Sg8 = prmt_(sc, 0, 0x4141u) * 16u + 0x70007000u;
+          uint4 xa[MT], xb[MT];
 #pragma unroll
           for (int t = 0; t < MT; ++t) {
-            const uint32_t b0 = j == 0 ? xa[t].x : j == 1 ? xa[t].z : j == 2 ? xb[t].x : xb[t].z;
-            const uint32_t b1 = j == 0 ? xa[t].y : j == 1 ? xa[t].w : j == 2 ? xb[t].y : xb[t].w;
-            mma16816_(acc[t], a0, a1, a2, a3, b0, b1);
+            const uint8_t* xrow = base + SW + (8 * t + g) * XS + f * 128 + 32 * q;
+            xa[t] = *reinterpret_cast<const uint4*>(xrow);
+            xb[t] = *reinterpret_cast<const uint4*>(xrow + 16);
+          }
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            // E2M1 pairs (nibbles i, i + 4) placed as bf16 e * 2^-126: the multiply puts
+            // the magnitude at bits 6..8 and the sign (a copy 6 bits up) at 15
+            const uint32_t w = w4[j], w8 = w >> 8;
+            const uint32_t a0 = bmul_(((w & 0x000f000fu) * p.mul0) & 0x81c081c0u, Sg);
+            const uint32_t a1 = bmul_(((w & 0x00f000f0u) * p.mul1) & 0x81c081c0u, Sg8);
+            const uint32_t a2 = bmul_(((w8 & 0x000f000fu) * p.mul0) & 0x81c081c0u, Sg);
+            const uint32_t a3 = bmul_(((w8 & 0x00f000f0u) * p.mul1) & 0x81c081c0u, Sg8);
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {
+              const uint32_t b0 = j == 0 ? xa[t].x : j == 1 ? xa[t].z : j == 2 ? xb[t].x : xb[t].z;
+              const uint32_t b1 = j == 0 ? xa[t].y : j == 1 ? xa[t].w : j == 2 ? xb[t].y : xb[t].w;
+              mma16816_(acc[t], a0, a1, a2, a3, b0, b1);
+            }
           }
         }
       }
@@ -238,6 +286,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
         part[o] = acc[t][i] + red[o];
       }
   cluster.sync();
+  // (rank 0 has a stage, so its threads are past the producer's wait; this is for the
+  // reads of gs and bias, which the previous kernel may have written)
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   if (rank == 0 && warp < kConsumers && fpar == 0) {
     const float alpha = p.gs ? nvfp4_dec(*p.gs) * 512.0f : 512.0f;  // 2^9 undoes the decoded weights' 2^-9
 #pragma unroll
@@ -266,12 +317,38 @@ __global__ void to_decode_kernel(const DecodeLayoutArgs a, int64_t slots, int* b
   if (t >= slots) return;
   const int lane = (int)(t & 31);
   const int64_t fbi = t >> 5, kfb = a.K / 64;
-  const int64_t R = fbi / kfb, F = fbi % kfb;  // row block, k block
+  const int64_t R = fbi / kfb, F = fbi % kfb;  // row block, k block (fp4)
   const int g = lane >> 2, q = lane & 3;
+  const int64_t sc_cols = a.K / a.q.group, c4 = roundup(sc_cols, 4);
+  if (a.q.bits == 8) {  // mxfp8: FB = 16 rows x 32 k, lane slot = 8 k
+    const int64_t kfb8 = a.K / 32, R8 = fbi / kfb8, Fb8 = fbi % kfb8, k8 = Fb8 * 32 + 8 * q;
+    uint64_t c8[2] = {0, 0};
+    uint8_t u[2] = {127, 127};
+    for (int h = 0; h < 2; ++h) {
+      const int64_t n = R8 * 16 + g + 8 * h;
+      if (n >= a.N) continue;
+      const uint8_t* row = a.w.at<uint8_t>(0, n) + k8;
+      for (int b = 0; b < 8; ++b) c8[h] |= (uint64_t)row[b] << (8 * b);
+      const int64_t kg = k8 / a.q.group;
+      u[h] = a.q.blocked ? ((const uint8_t*)a.scales.ptr)[blocked_offset(n, kg, c4)] : a.scales.at<uint8_t>(0, n)[kg];
+    }
+    uint32_t words[4];
+    uint8_t sc[2];
+    if (!decode_pack_slot8(c8, u, words, sc)) {
+      atomicOr(bad, 1);
+      return;
+    }
+    uint8_t* fb = a.out + decode_fb8(R8, Fb8, a.K);
+    *reinterpret_cast<uint4*>(fb + 16 * lane) = make_uint4(words[0], words[1], words[2], words[3]);
+    if (q == 0) {
+      fb[512 + 2 * g] = sc[0];
+      fb[512 + 2 * g + 1] = sc[1];
+    }
+    return;
+  }
   const int64_t k0 = F * 64 + 16 * q;
   uint64_t c[2] = {0, 0};
   float s[2] = {0.0f, 0.0f};
-  const int64_t sc_cols = a.K / a.q.group, c4 = roundup(sc_cols, 4);
   for (int h = 0; h < 2; ++h) {
     const int64_t n = R * 16 + g + 8 * h;
     if (n >= a.N) continue;
@@ -294,11 +371,12 @@ __global__ void to_decode_kernel(const DecodeLayoutArgs a, int64_t slots, int* b
   fb[512 + 2 * lane + 1] = sc[1];
 }
 
-template <int MT, int S, int KC, int kMinBlocks>
+template <bool F8, int MT, int S, int KC, int kMinBlocks>
 qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream) {
-  constexpr int XS = KC * 512 + 16, STG = KC * kDecStage + MT * 8 * XS, RED = 4 * MT * 4 * 32;
+  using G = Geo<F8>;
+  constexpr int XS = KC * 512 + G::XPAD, STG = KC * G::STAGE + MT * 8 * XS, RED = 4 * MT * 4 * 32;
   constexpr size_t smem = (size_t)S * STG + 2 * S * 8 + 2 * RED * 4;
-  auto kern = qmmp_kernel<MT, S, KC, kMinBlocks>;
+  auto kern = qmmp_kernel<F8, MT, S, KC, kMinBlocks>;
   QQ_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "quantized_matmul");
   QP q = p;
   const int nk = p.K / (kDecChunkK * KC);
@@ -308,13 +386,15 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream) {
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 1;
   attr[0].val.clusterDim.y = (unsigned)ks;
   attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // see the producer
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = 2;
   QQ_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, q), "quantized_matmul");
   return check_launch("quantized_matmul");
 }
@@ -329,10 +409,10 @@ qqStatus_t to_decode_layout(qqHandle_t h, const DecodeLayoutArgs& a, void* strea
     Scratch scratch(c, st);
     int* bad = nullptr;
     QQ_TRY(scratch.get("to_decode_layout", sizeof(int), &bad));
-    const int64_t bytes = decode_layout_bytes(a.N, a.K);
+    const int64_t bytes = decode_layout_bytes(a.N, a.K, a.q.bits == 8);
     QQ_CUDA_TRY(cudaMemsetAsync(a.out, 0, (size_t)bytes, st), "to_decode_layout");
     QQ_CUDA_TRY(cudaMemsetAsync(bad, 0, sizeof(int), st), "to_decode_layout");
-    const int64_t slots = roundup(a.N, 16) / 16 * (a.K / 64) * 32;
+    const int64_t slots = roundup(a.N, 16) / 16 * (a.K / (a.q.bits == 8 ? 32 : 64)) * 32;
     if (slots) to_decode_kernel<<<(unsigned)((slots + 255) / 256), 256, 0, st>>>(a, slots, bad);
     QQ_TRY(check_launch("to_decode_layout"));
     int hbad = 0;
@@ -341,8 +421,9 @@ qqStatus_t to_decode_layout(qqHandle_t h, const DecodeLayoutArgs& a, void* strea
     QQ_CUDA_TRY(cudaStreamSynchronize(st), "to_decode_layout");
     if (hbad)
       return set_error(QQ_STATUS_NOT_SUPPORTED, "to_decode_layout: a scale of w cannot be encoded in the decode "
-                       "layout (NaN, or an mxfp4 scale outside 2^-20 .. 2^10 over non-zero codes); keep the "
-                       "packed weight (docs/formats.md, Decode layout)");
+                       "layout (a NaN scale or element, or an mx scale outside its window over non-zero codes: "
+                       "mxfp4 2^-20 .. 2^10, mxfp8 2^-108 .. 2^16); keep the packed weight (docs/formats.md, "
+                       "Decode layout)");
     return QQ_STATUS_SUCCESS;
   });
 }
@@ -376,20 +457,21 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     // the H100 across the decode shapes), at most 8 ranks, each with work.
     const int target = sm_count(a.x.device) * 3 / 2;
     const cudaStream_t st = (cudaStream_t)stream;
-    if (a.M <= 8) {
-      const int nk = (int)(a.K / kDecChunkK);
-      int ks = 1;
-      while (ks < 8 && tiles * ks < target && ks * 2 <= nk) ks *= 2;
-      return routed(launch<1, 4, 1, 3>(p, tiles, ks, st), QQ_ROUTE_DECODE);
-    }
-    // 9..16 rows: stages of 512 k where K allows (fewer, larger copies: measured
+    const bool f8 = a.q.bits == 8;
+    // 9..16 rows of fp4: stages of 512 k where K allows (fewer, larger copies: measured
     // 5 % faster at 16384^2), 256 k otherwise
-    const bool kc2 = a.K % (2 * kDecChunkK) == 0;
+    const bool kc2 = !f8 && a.M > 8 && a.K % (2 * kDecChunkK) == 0;
     const int nk = (int)(a.K / (kc2 ? 2 * kDecChunkK : kDecChunkK));
     int ks = 1;
     while (ks < 8 && tiles * ks < target && ks * 2 <= nk) ks *= 2;
-    return routed(kc2 ? launch<2, 3, 2, 2>(p, tiles, ks, st) : launch<2, 4, 1, 3>(p, tiles, ks, st),
-                  QQ_ROUTE_DECODE);
+    qqStatus_t r;
+    if (f8)
+      r = a.M <= 8 ? launch<true, 1, 3, 1, 3>(p, tiles, ks, st) : launch<true, 2, 3, 1, 2>(p, tiles, ks, st);
+    else if (a.M <= 8)
+      r = launch<false, 1, 4, 1, 3>(p, tiles, ks, st);
+    else
+      r = kc2 ? launch<false, 2, 3, 2, 2>(p, tiles, ks, st) : launch<false, 2, 4, 1, 3>(p, tiles, ks, st);
+    return routed(r, QQ_ROUTE_DECODE);
   });
 }
 
