@@ -10,19 +10,21 @@
 // k: 9216 contiguous bytes, plus the stage's 256 k of each row of x) is one
 // bulk copy into a shared-memory ring (cp.async.bulk completing on an
 // mbarrier, issued by one producer lane). The consumer warps only do shared
-// loads, the decode (two logic ops and one integer multiply per bf16 pair, one
-// packed bf16 multiply by the scale), and mma.sync. Measured on an H100 with
-// the loads alone at 0.84 of copy bandwidth and the full kernel within 3 % of
-// that (bench/tune/qmmp_proto.cu, bench/results/qmm-decode-h100-notes.md).
+// loads, the decode (fp4: two logic ops and one integer multiply per bf16
+// pair; fp8: vec.cuh's placement), one packed bf16 multiply by the scale, and
+// mma.sync. On an H100 a 16384^2 nvfp4 weight at M = 1 takes 55 us in a CUDA
+// graph (0.92 of copy bandwidth; the packed layout's qmma 77 us): the
+// prototype (bench/tune/qmmp_proto.cu) had the loads alone within 3 % of the
+// full kernel (bench/results/qmm-decode-h100-notes.md).
 //
 // Exactness: as in qmma.cu, a decoded weight e * s * 2^-9 is exact in bf16,
 // each product with x exact in fp32; only the order of the fp32 sums differs
 // from dequantize + matmul. The 2^9 and nvfp4's global factor multiply each
 // sum once at the end.
 //
-// Split K: the CTAs of a thread-block cluster (1, 2, 4 or 8, by the shape)
-// share a row tile's K; rank 0 adds their partial sums from distributed
-// shared memory in rank order. No workspace, no atomics: the same bits on
+// Split K: where the 64-row tiles alone leave SMs idle, the 2 CTAs of a
+// thread-block cluster share a tile's K; rank 0 adds their partial sums from
+// distributed shared memory in rank order. No workspace, no atomics: the same bits on
 // every run, and M does not change the order of any row's sums.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -453,8 +455,6 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     p.out = a.out;
     p.mul0 = 65u << 6, p.mul1 = 65u << 2;
     const int tiles = (int)(roundup(a.N, kDecTileRows) / kDecTileRows);
-    // Split K over a cluster until the tiles fill ~1.5 CTAs per SM (measured best on
-    // the H100 across the decode shapes), at most 8 ranks, each with work.
     const int target = sm_count(a.x.device) * 3 / 2;
     const cudaStream_t st = (cudaStream_t)stream;
     const bool f8 = a.q.bits == 8;
@@ -462,15 +462,23 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     // 5 % faster at 16384^2), 256 k otherwise
     const bool kc2 = !f8 && a.M > 8 && a.K % (2 * kDecChunkK) == 0;
     const int nk = (int)(a.K / (kc2 ? 2 * kDecChunkK : kDecChunkK));
-    int ks = 1;
-    while (ks < 8 && tiles * ks < target && ks * 2 <= nk) ks *= 2;
+    // A cluster of 2 where the row tiles alone leave SMs idle: larger clusters were
+    // slower at every decode shape (a rank waits for its cluster before it exits).
+    // Deeper rings (2 CTAs per SM) where the tiles fill the GPU at M <= 8: 16384^2
+    // nvfp4 M = 1 55 us against 62 with 4 stages; the shallower ones win elsewhere
+    // (bench/results/qmm-decode-h100-notes.md, 2026-11-26 i).
+    const int ks = tiles < target && nk >= 2 ? 2 : 1;
     qqStatus_t r;
-    if (f8)
-      r = a.M <= 8 ? launch<true, 1, 3, 1, 3>(p, tiles, ks, st) : launch<true, 2, 3, 1, 2>(p, tiles, ks, st);
-    else if (a.M <= 8)
-      r = launch<false, 1, 4, 1, 3>(p, tiles, ks, st);
-    else
+    if (f8) {
+      if (a.M > 8)
+        r = launch<true, 2, 3, 1, 2>(p, tiles, ks, st);
+      else
+        r = ks == 1 ? launch<true, 1, 5, 1, 2>(p, tiles, ks, st) : launch<true, 1, 3, 1, 3>(p, tiles, ks, st);
+    } else if (a.M > 8) {
       r = kc2 ? launch<false, 2, 3, 2, 2>(p, tiles, ks, st) : launch<false, 2, 4, 1, 3>(p, tiles, ks, st);
+    } else {
+      r = ks == 1 ? launch<false, 1, 8, 1, 2>(p, tiles, ks, st) : launch<false, 1, 4, 1, 3>(p, tiles, ks, st);
+    }
     return routed(r, QQ_ROUTE_DECODE);
   });
 }

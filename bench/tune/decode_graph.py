@@ -1,0 +1,75 @@
+"""Per-call time of quantized_matmul inside a CUDA graph: NW distinct weights (together larger
+than the L2) multiplied back to back, as a decode step does, packed against the decode layout
+(qq.prepare_decode). The graph removes host cost; back-to-back decode-layout kernels overlap
+through programmatic dependent launch. Prints one line per (shape, mode, M).
+
+    python bench/tune/decode_graph.py
+"""
+import torch
+
+import qq
+
+import os
+SHAPES = [(16384, 16384), (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+if os.environ.get("SHAPES"):
+    SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["SHAPES"].split(",")]
+MODES = os.environ.get("MODES", "nvfp4,mxfp4,mxfp8").split(",")
+MS = [int(v) for v in os.environ.get("MS", "1,4,16").split(",")]
+
+
+def graph_us(fn, reps=20):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0.record()
+    for _ in range(reps):
+        g.replay()
+    t1.record()
+    torch.cuda.synchronize()
+    return t0.elapsed_time(t1) * 1000 / reps
+
+
+def main():
+    torch.manual_seed(0)
+    # copy bandwidth (read + write) for the ratio
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    cp = graph_us(lambda: b.copy_(a), reps=10)
+    copy_gbps = 2 * a.numel() / (cp * 1e-6) / 1e9
+    del a, b
+    print(f"copy {copy_gbps:.0f} GB/s")
+    for n, k in SHAPES:
+        nw = max(2, min(8, int(160e6 // (n * k * 0.53))))  # > the 50 MB L2 in all
+        w = [torch.randn((n, k), dtype=torch.bfloat16, device="cuda") for _ in range(nw)]
+        for mode in MODES:
+            qw = [qq.quantize(t, mode=mode) for t in w]
+            dw = [qq.prepare_decode(q) for q in qw]
+            wbytes = qw[0].data.numel() + qw[0].scales.numel()
+            for m in MS:
+                x = torch.randn((m, k), dtype=torch.bfloat16, device="cuda")
+                res = {}
+                for name, ws in (("packed", qw), ("decode", dw)):
+                    def f(ws=ws):
+                        for t in ws:
+                            qq.quantized_matmul(x, t)
+                    res[name] = graph_us(f) / nw
+                gb = {kk: wbytes / (v * 1e-6) / 1e9 for kk, v in res.items()}
+                print(f"{mode:6s} ({n:5d},{k:5d}) M={m:2d}: packed {res['packed']:7.2f} us "
+                      f"({gb['packed'] / copy_gbps:.2f} of copy)  decode {res['decode']:7.2f} us "
+                      f"({gb['decode'] / copy_gbps:.2f})  x{res['packed'] / res['decode']:.2f}", flush=True)
+            del qw, dw
+        del w
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
