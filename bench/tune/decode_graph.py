@@ -62,10 +62,21 @@ def main():
                         for t in ws:
                             qq.quantized_matmul(x, t)
                     res[name] = graph_us(f) / nw
+                    # eager: the same calls in a loop, then one synchronize (host cost included)
+                    f()
+                    torch.cuda.synchronize()
+                    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    t0.record()
+                    for _ in range(10):
+                        f()
+                    t1.record()
+                    torch.cuda.synchronize()
+                    res[name + "_eager"] = t0.elapsed_time(t1) * 1000 / (10 * nw)
                 gb = {kk: wbytes / (v * 1e-6) / 1e9 for kk, v in res.items()}
                 print(f"{mode:6s} ({n:5d},{k:5d}) M={m:2d}: packed {res['packed']:7.2f} us "
                       f"({gb['packed'] / copy_gbps:.2f} of copy)  decode {res['decode']:7.2f} us "
-                      f"({gb['decode'] / copy_gbps:.2f})  x{res['packed'] / res['decode']:.2f}", flush=True)
+                      f"({gb['decode'] / copy_gbps:.2f})  x{res['packed'] / res['decode']:.2f}  eager: packed "
+                      f"{res['packed_eager']:7.2f} decode {res['decode_eager']:7.2f} us", flush=True)
             del qw, dw
         del w
         torch.cuda.empty_cache()

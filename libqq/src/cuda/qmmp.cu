@@ -31,6 +31,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "../codec.h"
 #include "../decode_layout.h"
 #include "../internal.h"
@@ -379,7 +381,17 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream) {
   constexpr int XS = KC * 512 + G::XPAD, STG = KC * G::STAGE + MT * 8 * XS, RED = 4 * MT * 4 * 32;
   constexpr size_t smem = (size_t)S * STG + 2 * S * 8 + 2 * RED * 4;
   auto kern = qmmp_kernel<F8, MT, S, KC, kMinBlocks>;
-  QQ_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "quantized_matmul");
+  // Once per device and instantiation: the attribute call costs host time on every call
+  // otherwise (decode is a loop of small calls). Devices past 63 set it every time.
+  static std::atomic<uint64_t> smem_set{0};
+  int dev = 0;
+  QQ_CUDA_TRY(cudaGetDevice(&dev), "quantized_matmul");
+  const uint64_t bit = dev < 64 ? 1ull << dev : 0;
+  if (!bit || !(smem_set.load(std::memory_order_relaxed) & bit)) {
+    QQ_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                "quantized_matmul");
+    smem_set.fetch_or(bit, std::memory_order_relaxed);
+  }
   QP q = p;
   const int nk = p.K / (kDecChunkK * KC);
   q.cps = (nk + ks - 1) / ks;
@@ -435,7 +447,7 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
   const char* op = "quantized_matmul";
   if (a.M == 0 || a.N == 0) return QQ_STATUS_SUCCESS;
   return on_device(a.x.device, [&]() -> qqStatus_t {
-    int cc_major = 0;
+    int cc_major = 0;  // a host-side attribute read (no driver round trip)
     QQ_CUDA_TRY(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, a.x.device), op);
     if (cc_major < 9)
       return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's kernel needs compute capability 9.0 or "
