@@ -450,3 +450,64 @@ def test_gpu_batched_x(cfg, b, mb):
     assert tuple(got.shape) == (b, mb, 200)
     flat = qq.quantized_matmul(x.reshape(b * mb, 768), dw, dtype="float32")
     np.testing.assert_array_equal(to_numpy(got).reshape(b * mb, 200), to_numpy(flat))
+
+
+# ---------------------------------------------------------------------------
+# x's row stride, alignment, and the summation order across M (review findings)
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cfg", ["nvfp4", "mxfp8"])
+def test_strided_rows(cfg, device):
+    """x [B, 1, K] sliced from [B, 1, 2K]: rows B apart by 2K elements though the axis of one
+    row has its own stride; and [B, R, K] slices of [B, R, 2K]. Both must equal the packed
+    path (an earlier version read them K apart)."""
+    torch = torch_mod()
+    n, k = 192, 256
+    qa = quantize(make_weight(case_rng("strided", cfg), mode_of(cfg), n, k), cfg,
+                  "torch" if device == "cpu" else "cuda")
+    dw = qq.prepare_decode(qa)
+    for shape in [(4, 1, 2 * k), (3, 2, 2 * k), (1, 5, 2 * k)]:
+        base = torch.from_numpy(case_rng("sx", cfg, shape).standard_normal(shape).astype(F32))
+        base = base.to(torch.bfloat16).to(device)
+        x = base[..., :k]
+        assert not x.is_contiguous()
+        route = "decode" if device == "cuda" and decode_expected(BF16, x.shape[0] * x.shape[1]) else None
+        got, _ = check(x, dw, route=route if device == "cuda" else "cpu")
+        np.testing.assert_array_equal(to_numpy(got), to_numpy(qq.quantized_matmul(x.contiguous(), dw,
+                                                                                   dtype="float32")))
+
+
+def test_x_wrong_k():
+    qa = quantize(make_weight(case_rng("wk"), "nvfp4", 64, 256), "nvfp4", "numpy")
+    with pytest.raises(ValueError, match=r"^quantized_matmul: x has shape"):
+        qq.quantized_matmul(np.zeros((1, 512), F32), qq.prepare_decode(qa))
+
+
+@gpu
+def test_gpu_misaligned_x_falls_back():
+    """x starting 2 bytes into its buffer cannot be bulk-copied: the packed weight's route,
+    the same numbers."""
+    torch = torch_mod()
+    dw = gpu_weight("nvfp4", 200, 768)
+    base = torch.randn((3, 769), dtype=torch.bfloat16, device="cuda")
+    _, route = check(base[:, 1:], dw)
+    assert route != "decode"
+
+
+@gpu
+@pytest.mark.parametrize("k", [512, 1536, 2048, 3584])
+@pytest.mark.parametrize("cfg", CFGS)
+def test_gpu_same_bits_for_every_m(cfg, k):
+    """Row m of the product has the same bits whatever M is (the K split and the stage size
+    may change with M only where the summation order does not): rows 0..M-1 of x at M = 16
+    against each M alone. N = 256 leaves SMs idle, so K is split over two CTAs."""
+    torch = torch_mod()
+    dw = gpu_weight(cfg, 256, k)
+    x = make_x(case_rng("bits", cfg, k), (16, k), BF16, "cuda")
+    full = to_numpy(qq.quantized_matmul(x, dw, dtype="float32"))
+    assert qq.last_route() == ("decode" if decode_expected(BF16, 16) else qq.last_route())
+    for m in (1, 5, 8, 9, 15):
+        part = to_numpy(qq.quantized_matmul(x[:m].contiguous(), dw, dtype="float32"))
+        np.testing.assert_array_equal(part.view(np.uint32), full[:m].view(np.uint32))
+    del torch

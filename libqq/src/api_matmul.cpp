@@ -609,7 +609,7 @@ QQ_API qqStatus_t qqDecodeLayoutSize(qqMode_t mode, int64_t n, int64_t k, int64_
     if (m != QQ_MODE_NVFP4 && m != QQ_MODE_MXFP4 && m != QQ_MODE_MXFP8)
       return set_error(QQ_STATUS_INVALID_VALUE, "decode_layout_size: mode %d; the decode layout holds nvfp4, "
                        "mxfp4 and mxfp8 weights", m);
-    if (n < 0 || k < 0 || k % kDecChunkK || n > (int64_t(1) << 40) || k > (int64_t(1) << 40))
+    if (n < 0 || k < 0 || k % kDecChunkK || n > INT32_MAX || k > INT32_MAX)
       return set_error(QQ_STATUS_INVALID_VALUE, "decode_layout_size: n = %lld, k = %lld; n must be >= 0 and k a "
                        "multiple of %d (the decode layout's K chunk)", (long long)n, (long long)k, kDecChunkK);
     *bytes = decode_layout_bytes(n, k, m == QQ_MODE_MXFP8);
@@ -658,6 +658,9 @@ QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w, const D
     QQ_TRY(to_mat(c, "w", w, wdt, &a.w));
     a.N = w->shape[0];
     a.K = w->shape[1] * 8 / a.q.bits;
+    if (a.N > INT32_MAX || a.K > INT32_MAX)
+      return set_error(QQ_STATUS_INVALID_VALUE, "to_decode_layout: N = %lld, K = %lld; each must be below 2^31",
+                       (long long)a.N, (long long)a.K);
     if (a.K % kDecChunkK)
       return set_error(QQ_STATUS_INVALID_VALUE, "to_decode_layout: K = %lld; the decode layout needs K a multiple "
                        "of %d (keep the packed weight)", (long long)a.K, kDecChunkK);
@@ -675,8 +678,8 @@ QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x, const DLT
                                  const qqQuantParams_t* params, const DLTensor* global_scale, const DLTensor* bias,
                                  DLTensor* out, void* stream) {
   set_route(QQ_ROUTE_AUTO);
-  return guard("quantized_matmul", [&]() -> qqStatus_t {
-    Ctx c{"quantized_matmul"};
+  return guard("decode_matmul", [&]() -> qqStatus_t {
+    Ctx c{"decode_matmul"};
     DecodeMatmulArgs a{};
     QSpec q;
     QQ_TRY(resolve_params(c, params, &q));
@@ -688,7 +691,7 @@ QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x, const DLT
     QQ_TRY(expect_float(c, "out", out, odt));
     QQ_TRY(expect_compact(c, "out", out));
     if (x->ndim < 1 || out->ndim != x->ndim)
-      return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: 'x' must be [..., M, K] and 'out' [..., M, N] "
+      return set_error(QQ_STATUS_INVALID_VALUE, "decode_matmul: 'x' must be [..., M, K] and 'out' [..., M, N] "
                        "with the same leading axes; got x %s, out %s", shape_str(x->ndim, x->shape).c_str(),
                        shape_str(out->ndim, out->shape).c_str());
     a.K = x->shape[x->ndim - 1];
@@ -696,26 +699,40 @@ QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x, const DLT
     a.M = 1;
     for (int i = 0; i + 1 < x->ndim; ++i) {
       if (out->shape[i] != x->shape[i])
-        return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: 'out' %s does not match 'x' %s in its leading "
+        return set_error(QQ_STATUS_INVALID_VALUE, "decode_matmul: 'out' %s does not match 'x' %s in its leading "
                          "axes", shape_str(out->ndim, out->shape).c_str(), shape_str(x->ndim, x->shape).c_str());
       a.M *= x->shape[i];
     }
     if (a.K % kDecChunkK)
-      return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: x has K = %lld; a decode-layout weight needs K "
+      return set_error(QQ_STATUS_INVALID_VALUE, "decode_matmul: x has K = %lld; a decode-layout weight needs K "
                        "a multiple of %d", (long long)a.K, kDecChunkK);
-    // x's rows: stride 1 along K, one stride between rows across all leading axes
+    if (a.K > INT32_MAX || a.N > INT32_MAX || a.M > INT32_MAX)
+      return set_error(QQ_STATUS_INVALID_VALUE, "decode_matmul: M = %lld, N = %lld, K = %lld; each must be below "
+                       "2^31", (long long)a.M, (long long)a.N, (long long)a.K);
+    // x's rows: stride 1 along K, and one stride between consecutive rows across all
+    // leading axes: the innermost leading axis of extent > 1 gives it, each outer one
+    // of extent > 1 must step by it times the rows inside (axes of extent 1 have no
+    // stride that matters).
     if (a.M > 0 && a.K > 0) {
-      if (stride_of(x, x->ndim - 1) != 1)
-        return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: 'x' needs stride 1 along K");
-      a.x.ld = x->ndim >= 2 ? stride_of(x, x->ndim - 2) : a.K;
-      for (int i = x->ndim - 3; i >= 0; --i)
-        if (x->shape[i] > 1 && stride_of(x, i) != stride_of(x, i + 1) * x->shape[i + 1])
-          return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: the rows of 'x' %s must have one stride "
+      if (a.K > 1 && stride_of(x, x->ndim - 1) != 1)
+        return set_error(QQ_STATUS_INVALID_VALUE, "decode_matmul: 'x' needs stride 1 along K (make x contiguous)");
+      a.x.ld = a.K;
+      int64_t inner = 1;  // rows inside the axis being checked
+      bool first = true;
+      for (int i = x->ndim - 2; i >= 0; --i) {
+        if (x->shape[i] == 1) continue;
+        if (first) {
+          a.x.ld = stride_of(x, i);
+          first = false;
+        } else if (stride_of(x, i) != a.x.ld * inner) {
+          return set_error(QQ_STATUS_INVALID_VALUE, "decode_matmul: the rows of 'x' %s are not evenly spaced "
                            "across its leading axes (make x contiguous)", shape_str(x->ndim, x->shape).c_str());
-      if (x->ndim >= 2 && x->shape[x->ndim - 2] == 1) a.x.ld = a.K;
-      if (a.x.ld < a.K && a.M > 1)
-        return set_error(QQ_STATUS_INVALID_VALUE, "quantized_matmul: the rows of 'x' overlap (row stride %lld < "
-                         "K = %lld)", (long long)a.x.ld, (long long)a.K);
+        }
+        inner *= x->shape[i];
+      }
+      if (a.M > 1 && a.x.ld < a.K)
+        return set_error(QQ_STATUS_INVALID_VALUE, "decode_matmul: the rows of 'x' overlap (row stride %lld < K = "
+                         "%lld)", (long long)a.x.ld, (long long)a.K);
     }
     a.x.ptr = (char*)x->data + x->byte_offset;
     a.x.dt = xdt;

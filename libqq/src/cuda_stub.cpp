@@ -35,7 +35,7 @@ qqStatus_t grouped_qqmm(qqHandle_t, const MatmulArgs&, int64_t, const int32_t*, 
 }
 qqStatus_t quantized_matmul(qqHandle_t, const MatmulArgs&, void*) { return no_cuda("quantized_matmul"); }
 qqStatus_t to_decode_layout(qqHandle_t, const DecodeLayoutArgs&, void*) { return no_cuda("to_decode_layout"); }
-qqStatus_t decode_matmul(qqHandle_t, const DecodeMatmulArgs&, void*) { return no_cuda("quantized_matmul"); }
+qqStatus_t decode_matmul(qqHandle_t, const DecodeMatmulArgs&, void*) { return no_cuda("decode_matmul"); }
 
 void cuda_info(qqCudaInfo_t* info) {
   info->cuda_built = 0;

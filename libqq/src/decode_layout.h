@@ -1,5 +1,5 @@
 // decode_layout.h - the decode layout of nvfp4 / mxfp4 weights: the one home of
-// its addressing and scale codes, for the CPU backend (cpu/decode.cpp) and the
+// its addressing and scale codes, for the CPU backend (cpu/matmul.cpp) and the
 // GPU (cuda/qmmp.cu). docs/formats.md ("Decode layout") is its contract.
 //
 // Why a second layout: the weight-only kernel for decode (M <= 16) is bound by
@@ -40,6 +40,7 @@
 #include <stdint.h>
 
 #include "codec.h"
+#include "internal.h"
 
 namespace qq {
 
@@ -175,6 +176,54 @@ QQ_HD bool decode_pack_slot8(const uint64_t (&c)[2], const uint8_t (&u)[2], uint
         w |= (uint32_t)((c[h] >> (8 * (4 * t + e))) & 0xff) << (8 * (((e & 1) << 1) + (e >> 1)));
       words[2 * t + h] = w;
     }
+  return true;
+}
+
+// Number of lane slots of the conversion: 32 per fragment block, rows padded to 16
+// (the rest of the 64-row padding stays zero).
+QQ_HD int64_t decode_slots(const DecodeLayoutArgs& a) {
+  return roundup(a.N, 16) / 16 * (a.K / (a.q.bits == 8 ? 32 : 64)) * 32;
+}
+// The conversion of one lane slot (slot / 32 = fragment block in [row block][k block]
+// order, slot % 32 = the lane), the same on the CPU and the GPU: reads the slot's
+// codes of rows g and g + 8 (8 bytes each) and their scales from a.w / a.scales,
+// writes the lane's 16 code bytes and its scale codes (mxfp8: lane q = 0 writes its
+// row pair's) into a.out, byte by byte (a.out needs no alignment). False when a
+// scale cannot be encoded; rows past N read as zeros.
+QQ_HD bool decode_convert_slot(const DecodeLayoutArgs& a, int64_t fbi, int lane) {
+  const bool f8 = a.q.bits == 8;
+  const int g = lane >> 2, q = lane & 3;
+  const int64_t kfb = a.K / (f8 ? 32 : 64), R = fbi / kfb, F = fbi % kfb;
+  const int64_t k0 = F * (f8 ? 32 : 64) + (f8 ? 8 : 16) * q, kg = k0 / a.q.group;
+  const int64_t c4 = roundup(a.K / a.q.group, 4);
+  uint64_t c[2] = {0, 0};
+  uint8_t sb[2] = {127, 127};  // mxfp8 rows past N: zero codes under 2^0
+  bool live[2] = {false, false};
+  for (int h = 0; h < 2; ++h) {
+    const int64_t n = R * 16 + g + 8 * h;
+    if (n >= a.N) continue;
+    live[h] = true;
+    const uint8_t* row = a.w.at<uint8_t>(0, n) + (f8 ? k0 : k0 / 2);
+    for (int b = 0; b < 8; ++b) c[h] |= (uint64_t)row[b] << (8 * b);
+    sb[h] = a.q.blocked ? ((const uint8_t*)a.scales.ptr)[blocked_offset(n, kg, c4)] : a.scales.at<uint8_t>(0, n)[kg];
+  }
+  uint32_t words[4];
+  uint8_t sc[2];
+  if (f8) {
+    if (!decode_pack_slot8(c, sb, words, sc)) return false;
+  } else {
+    float s[2] = {0.0f, 0.0f};  // fp4 rows past N: zero codes under a zero scale
+    for (int h = 0; h < 2; ++h)
+      if (live[h]) s[h] = a.q.mode == QQ_MODE_NVFP4 ? e4m3_decode(sb[h]) : ue8m0_decode(sb[h]);
+    if (!decode_pack_slot(c, s, words, sc)) return false;
+  }
+  uint8_t* fb = a.out + (f8 ? decode_fb8(R, F, a.K) : decode_fb(R, F, a.K));
+  for (int i = 0; i < 16; ++i) fb[16 * lane + i] = (uint8_t)(words[i >> 2] >> (8 * (i & 3)));
+  if (!f8 || q == 0) {
+    const int o = 512 + 2 * (f8 ? g : lane);
+    fb[o] = sc[0];
+    fb[o + 1] = sc[1];
+  }
   return true;
 }
 

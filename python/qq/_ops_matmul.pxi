@@ -405,8 +405,8 @@ def prepare_decode(w, stream=None):
     cdef void* s
     cdef int64_t nbytes = 0
     if not isinstance(w, QuantizedArray):
-        raise TypeError(f"{func}: w: expected a QuantizedArray (qq.quantize(w, mode='nvfp4' or "
-                        f"'mxfp4')); got {type(w).__name__}")
+        raise TypeError(f"{func}: w: expected a QuantizedArray (qq.quantize(w, mode='nvfp4', "
+                        f"'mxfp4' or 'mxfp8')); got {type(w).__name__}")
     if w.mode not in ("nvfp4", "mxfp4", "mxfp8") or (w.mode == "mxfp8" and w.fp8_format != "e4m3"):
         raise ValueError(f"{func}: the decode layout holds nvfp4, mxfp4 and mxfp8 (e4m3) weights; "
                          f"w is {w.mode!r}{' e5m2' if w.mode == 'mxfp8' else ''} (use it packed with "
@@ -464,6 +464,9 @@ def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mod
     for d in shape[:-1]:
         rows *= int(d)
     qa = dw.quantized
+    if len(shape) == 0 or int(shape[-1]) != int(dw.shape[1]):
+        raise ValueError(f"{func}: x has shape {shape} but the DecodeWeight is {tuple(dw.shape)} "
+                         f"(x must be [..., M, K] with K = {dw.shape[1]})")
     if rows > 16:  # prefill: the GEMM routes of the packed weight
         return quantized_matmul(x, qa, bias=bias, dtype=dtype, out=out, stream=stream)
     _quant_params(func, &p, qa.mode, qa.group_size, qa.bits, "ceil", "linear", qa.fp8_format)
@@ -477,7 +480,7 @@ def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mod
                 and not (tx.dtype.code == kDLBfloat and tx.dtype.bits == 16)):
             call.release()  # the GPU kernel takes bfloat16 x: the packed weight's routes
             return quantized_matmul(x, qa, bias=bias, dtype=dtype, out=out, stream=stream)
-        vw = call.view(dw.data, "w")
+        vw = call.view(dw.data, "w_decode")
         vg = call.view(call.scalar(dw.global_scale, "global_scale"), "global_scale")
         vbias = call.view(bias, "bias")
         if out is None:

@@ -255,67 +255,17 @@ qqStatus_t quantized_matmul(const MatmulArgs& a) {
 // element through decode_pos / decode_pack_slot, the same functions the GPU's
 // conversion uses, so both produce the same bytes.
 qqStatus_t to_decode_layout(const DecodeLayoutArgs& a) {
-  const int64_t kfb = a.K / 64, sc_cols = a.K / a.q.group, c4 = roundup(sc_cols, 4);
   memset(a.out, 0, (size_t)decode_layout_bytes(a.N, a.K, a.q.bits == 8));
-  auto scale_byte = [&](int64_t n, int64_t kg) {
-    return a.q.blocked ? ((const uint8_t*)a.scales.ptr)[blocked_offset(n, kg, c4)] : a.scales.at<uint8_t>(0, n)[kg];
-  };
-  if (a.q.bits == 8) {  // mxfp8: FB = 16 rows x 32 k, lane slot = 8 k
-    for (int64_t R = 0; R < roundup(a.N, 16) / 16; ++R)
-      for (int64_t F = 0; F < a.K / 32; ++F)
-        for (int lane = 0; lane < 32; ++lane) {
-          const int g = lane >> 2, q = lane & 3;
-          const int64_t k0 = F * 32 + 8 * q;
-          uint64_t c[2] = {0, 0};
-          uint8_t u[2] = {127, 127};
-          for (int h = 0; h < 2; ++h) {
-            const int64_t n = R * 16 + g + 8 * h;
-            if (n >= a.N) continue;
-            const uint8_t* row = a.w.at<uint8_t>(0, n) + k0;
-            for (int b = 0; b < 8; ++b) c[h] |= (uint64_t)row[b] << (8 * b);
-            u[h] = scale_byte(n, k0 / a.q.group);
-          }
-          uint32_t words[4];
-          uint8_t sc[2];
-          if (!decode_pack_slot8(c, u, words, sc))
-            return set_error(QQ_STATUS_NOT_SUPPORTED, "to_decode_layout: rows %lld / %lld, k %lld of w cannot be "
-                             "encoded in the decode layout (a NaN element or scale, or a scale outside 2^-108 .. "
-                             "2^16 over non-zero codes); keep the packed weight (docs/formats.md, Decode layout)",
-                             (long long)(R * 16 + g), (long long)(R * 16 + g + 8), (long long)k0);
-          uint8_t* fb = a.out + decode_fb8(R, F, a.K);
-          memcpy(fb + 16 * lane, words, 16);
-          fb[512 + 2 * g] = sc[0];
-          fb[512 + 2 * g + 1] = sc[1];
-        }
-    return QQ_STATUS_SUCCESS;
-  }
-  for (int64_t R = 0; R < roundup(a.N, 16) / 16; ++R)
-    for (int64_t F = 0; F < kfb; ++F)
-      for (int lane = 0; lane < 32; ++lane) {
-        const int g = lane >> 2, q = lane & 3;
-        const int64_t k0 = F * 64 + 16 * q;
-        uint64_t c[2] = {0, 0};
-        float s[2] = {0.0f, 0.0f};
-        for (int h = 0; h < 2; ++h) {
-          const int64_t n = R * 16 + g + 8 * h;
-          if (n >= a.N) continue;
-          const uint8_t* row = a.w.at<uint8_t>(0, n) + k0 / 2;
-          for (int b = 0; b < 8; ++b) c[h] |= (uint64_t)row[b] << (8 * b);
-          const uint8_t sb = scale_byte(n, k0 / a.q.group);
-          s[h] = a.q.mode == QQ_MODE_NVFP4 ? e4m3_decode(sb) : ue8m0_decode(sb);
-        }
-        uint32_t words[4];
-        uint8_t sc[2];
-        if (!decode_pack_slot(c, s, words, sc))
-          return set_error(QQ_STATUS_NOT_SUPPORTED, "to_decode_layout: a scale of w (rows %lld / %lld, k %lld) "
-                           "cannot be encoded in the decode layout (NaN, or an mxfp4 scale outside 2^-20 .. "
-                           "2^10 over non-zero codes); keep the packed weight (docs/formats.md, Decode layout)",
-                           (long long)(R * 16 + g), (long long)(R * 16 + g + 8), (long long)k0);
-        uint8_t* fb = a.out + decode_fb(R, F, a.K);
-        memcpy(fb + 16 * lane, words, 16);
-        fb[512 + 2 * lane] = sc[0];
-        fb[512 + 2 * lane + 1] = sc[1];
-      }
+  const int64_t slots = decode_slots(a), kfb = a.K / (a.q.bits == 8 ? 32 : 64);
+  for (int64_t t = 0; t < slots; ++t)
+    if (!decode_convert_slot(a, t >> 5, (int)(t & 31))) {
+      const int64_t row = (t >> 5) / kfb * 16 + ((t & 31) >> 2);
+      return set_error(QQ_STATUS_NOT_SUPPORTED, "to_decode_layout: w's rows %lld / %lld near k %lld cannot be "
+                       "encoded in the decode layout (a NaN scale or mxfp8 element, or an mx scale outside its "
+                       "window over non-zero codes: mxfp4 2^-20 .. 2^10, mxfp8 2^-108 .. 2^16); keep the packed "
+                       "weight (docs/formats.md, Decode layout)", (long long)row, (long long)(row + 8),
+                       (long long)((t >> 5) % kfb * (a.q.bits == 8 ? 32 : 64)));
+    }
   return QQ_STATUS_SUCCESS;
 }
 

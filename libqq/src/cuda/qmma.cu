@@ -104,14 +104,6 @@ __device__ __forceinline__ void x_pairs4(const uint4& v, uint32_t& b0, uint32_t&
   b2 = prmt(v.y, v.w, 0x5410u);
   b3 = prmt(v.y, v.w, 0x7632u);
 }
-__device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // Scale factors as bf16x2 (both halves equal). UE8M0 u is 2^(u-127); times
 // 2^fix it is the bf16 with exponent field u + fix (valid while u + fix <=

@@ -87,25 +87,6 @@ __device__ __forceinline__ void bulk_g2s_evict_first(uint32_t dst, const void* s
 }
 #endif
 
-__device__ __forceinline__ uint32_t prmt_(uint32_t a, uint32_t b, uint32_t s) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
-  return r;
-}
-__device__ __forceinline__ uint32_t bmul_(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-__device__ __forceinline__ void mma16816_(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                          uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ float load_f(const Mat& m, int64_t i) {
   const char* p = (const char*)m.ptr;
   switch (m.dt) {
@@ -225,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
         if constexpr (F8) {
           // bf16x2 of s * 2^111 (the code is its exponent field) for rows g, g + 8
           const uint32_t sc = *reinterpret_cast<const uint16_t*>(fb + 512 + 2 * g);
-          const uint32_t Sg = prmt_(sc, 0, 0x4040u) * 128u, Sg8 = prmt_(sc, 0, 0x4141u) * 128u;
+          const uint32_t Sg = prmt(sc, 0, 0x4040u) * 128u, Sg8 = prmt(sc, 0, 0x4141u) * 128u;
           uint4 xa[MT];
 #pragma unroll
           for (int t = 0; t < MT; ++t)
@@ -235,16 +216,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
             uint32_t p0g, p1g, p0h, p1h;
             fp8_place(w4[2 * j], 4, 4, 0x07f007f0u, p0g, p1g);  // E4M3 as e * 2^-120
             fp8_place(w4[2 * j + 1], 4, 4, 0x07f007f0u, p0h, p1h);
-            const uint32_t a0 = bmul_(p0g, Sg), a1 = bmul_(p0h, Sg8), a2 = bmul_(p1g, Sg), a3 = bmul_(p1h, Sg8);
+            const uint32_t a0 = bmul(p0g, Sg), a1 = bmul(p0h, Sg8), a2 = bmul(p1g, Sg), a3 = bmul(p1h, Sg8);
 #pragma unroll
             for (int t = 0; t < MT; ++t)
-              mma16816_(acc[t], a0, a1, a2, a3, j ? xa[t].z : xa[t].x, j ? xa[t].w : xa[t].y);
+              mma16816(acc[t], a0, a1, a2, a3, j ? xa[t].z : xa[t].x, j ? xa[t].w : xa[t].y);
           }
         } else {
           const uint32_t sc = *reinterpret_cast<const uint16_t*>(fb + 512 + 2 * lane);
           // bf16x2 of s * 2^117 for rows g (Sg) and g + 8 (Sg8), both halves
-          const uint32_t Sg = prmt_(sc, 0, 0x4040u) * 16u + 0x70007000u;
-          const uint32_t Sg8 = prmt_(sc, 0, 0x4141u) * 16u + 0x70007000u;
+          const uint32_t Sg = prmt(sc, 0, 0x4040u) * 16u + 0x70007000u;
+          const uint32_t Sg8 = prmt(sc, 0, 0x4141u) * 16u + 0x70007000u;
           uint4 xa[MT], xb[MT];
 #pragma unroll
           for (int t = 0; t < MT; ++t) {
@@ -257,15 +238,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
             // E2M1 pairs (nibbles i, i + 4) placed as bf16 e * 2^-126: the multiply puts
             // the magnitude at bits 6..8 and the sign (a copy 6 bits up) at 15
             const uint32_t w = w4[j], w8 = w >> 8;
-            const uint32_t a0 = bmul_(((w & 0x000f000fu) * p.mul0) & 0x81c081c0u, Sg);
-            const uint32_t a1 = bmul_(((w & 0x00f000f0u) * p.mul1) & 0x81c081c0u, Sg8);
-            const uint32_t a2 = bmul_(((w8 & 0x000f000fu) * p.mul0) & 0x81c081c0u, Sg);
-            const uint32_t a3 = bmul_(((w8 & 0x00f000f0u) * p.mul1) & 0x81c081c0u, Sg8);
+            const uint32_t a0 = bmul(((w & 0x000f000fu) * p.mul0) & 0x81c081c0u, Sg);
+            const uint32_t a1 = bmul(((w & 0x00f000f0u) * p.mul1) & 0x81c081c0u, Sg8);
+            const uint32_t a2 = bmul(((w8 & 0x000f000fu) * p.mul0) & 0x81c081c0u, Sg);
+            const uint32_t a3 = bmul(((w8 & 0x00f000f0u) * p.mul1) & 0x81c081c0u, Sg8);
 #pragma unroll
             for (int t = 0; t < MT; ++t) {
               const uint32_t b0 = j == 0 ? xa[t].x : j == 1 ? xa[t].z : j == 2 ? xb[t].x : xb[t].z;
               const uint32_t b1 = j == 0 ? xa[t].y : j == 1 ? xa[t].w : j == 2 ? xb[t].y : xb[t].w;
-              mma16816_(acc[t], a0, a1, a2, a3, b0, b1);
+              mma16816(acc[t], a0, a1, a2, a3, b0, b1);
             }
           }
         }
@@ -311,86 +292,51 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
       }
   }
   cluster.sync();  // the other ranks' shared memory stays until rank 0 has read it
+#else
+  __trap();  // never launched: launch() refuses code compiled below sm_90
 #endif
 }
 
-// One thread per lane slot of a fragment block (decode_pack_slot); *bad gets 1
-// when a scale cannot be encoded.
+// One thread per lane slot of a fragment block (decode_layout.h's
+// decode_convert_slot, as on the CPU); *bad gets 1 when a scale cannot be encoded.
 __global__ void to_decode_kernel(const DecodeLayoutArgs a, int64_t slots, int* bad) {
   const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= slots) return;
-  const int lane = (int)(t & 31);
-  const int64_t fbi = t >> 5, kfb = a.K / 64;
-  const int64_t R = fbi / kfb, F = fbi % kfb;  // row block, k block (fp4)
-  const int g = lane >> 2, q = lane & 3;
-  const int64_t sc_cols = a.K / a.q.group, c4 = roundup(sc_cols, 4);
-  if (a.q.bits == 8) {  // mxfp8: FB = 16 rows x 32 k, lane slot = 8 k
-    const int64_t kfb8 = a.K / 32, R8 = fbi / kfb8, Fb8 = fbi % kfb8, k8 = Fb8 * 32 + 8 * q;
-    uint64_t c8[2] = {0, 0};
-    uint8_t u[2] = {127, 127};
-    for (int h = 0; h < 2; ++h) {
-      const int64_t n = R8 * 16 + g + 8 * h;
-      if (n >= a.N) continue;
-      const uint8_t* row = a.w.at<uint8_t>(0, n) + k8;
-      for (int b = 0; b < 8; ++b) c8[h] |= (uint64_t)row[b] << (8 * b);
-      const int64_t kg = k8 / a.q.group;
-      u[h] = a.q.blocked ? ((const uint8_t*)a.scales.ptr)[blocked_offset(n, kg, c4)] : a.scales.at<uint8_t>(0, n)[kg];
-    }
-    uint32_t words[4];
-    uint8_t sc[2];
-    if (!decode_pack_slot8(c8, u, words, sc)) {
-      atomicOr(bad, 1);
-      return;
-    }
-    uint8_t* fb = a.out + decode_fb8(R8, Fb8, a.K);
-    *reinterpret_cast<uint4*>(fb + 16 * lane) = make_uint4(words[0], words[1], words[2], words[3]);
-    if (q == 0) {
-      fb[512 + 2 * g] = sc[0];
-      fb[512 + 2 * g + 1] = sc[1];
-    }
-    return;
-  }
-  const int64_t k0 = F * 64 + 16 * q;
-  uint64_t c[2] = {0, 0};
-  float s[2] = {0.0f, 0.0f};
-  for (int h = 0; h < 2; ++h) {
-    const int64_t n = R * 16 + g + 8 * h;
-    if (n >= a.N) continue;
-    const uint8_t* row = a.w.at<uint8_t>(0, n) + k0 / 2;
-    for (int b = 0; b < 8; ++b) c[h] |= (uint64_t)row[b] << (8 * b);
-    const int64_t kg = k0 / a.q.group;
-    const uint8_t sb = a.q.blocked ? ((const uint8_t*)a.scales.ptr)[blocked_offset(n, kg, c4)]
-                                   : a.scales.at<uint8_t>(0, n)[kg];
-    s[h] = a.q.mode == QQ_MODE_NVFP4 ? e4m3_decode(sb) : ue8m0_decode(sb);
-  }
-  uint32_t words[4];
-  uint8_t sc[2];
-  if (!decode_pack_slot(c, s, words, sc)) {
-    atomicOr(bad, 1);
-    return;
-  }
-  uint8_t* fb = a.out + decode_fb(R, F, a.K);
-  *reinterpret_cast<uint4*>(fb + 16 * lane) = make_uint4(words[0], words[1], words[2], words[3]);
-  fb[512 + 2 * lane] = sc[0];
-  fb[512 + 2 * lane + 1] = sc[1];
+  if (t < slots && !decode_convert_slot(a, t >> 5, (int)(t & 31))) atomicOr(bad, 1);
 }
 
+// The shared memory of a configuration (the ring, its barriers, the two partial-sum arrays).
+template <bool F8, int MT, int S, int KC>
+constexpr size_t smem_bytes() {
+  using G = Geo<F8>;
+  return (size_t)S * (KC * G::STAGE + MT * 8 * (KC * 512 + G::XPAD)) + 2 * S * 8 + 2 * (4 * MT * 4 * 32) * 4;
+}
+
+// Launches one configuration; kRefused (no message) when it cannot run on this device:
+// its shared memory is over the device's per-block limit (compute capability 12.x
+// allows 99 KB), or the loaded code is not sm_90+ (a PTX of an older architecture,
+// JIT-compiled, would have an empty body). Known per device and configuration after
+// the first call, which also sets the shared-memory attribute once.
+constexpr qqStatus_t kRefused = QQ_STATUS_NOT_SUPPORTED;
 template <bool F8, int MT, int S, int KC, int kMinBlocks>
 qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream) {
-  using G = Geo<F8>;
-  constexpr int XS = KC * 512 + G::XPAD, STG = KC * G::STAGE + MT * 8 * XS, RED = 4 * MT * 4 * 32;
-  constexpr size_t smem = (size_t)S * STG + 2 * S * 8 + 2 * RED * 4;
+  constexpr size_t smem = smem_bytes<F8, MT, S, KC>();
   auto kern = qmmp_kernel<F8, MT, S, KC, kMinBlocks>;
-  // Once per device and instantiation: the attribute call costs host time on every call
-  // otherwise (decode is a loop of small calls). Devices past 63 set it every time.
-  static std::atomic<uint64_t> smem_set{0};
+  static std::atomic<uint64_t> ok{0}, refused{0};  // bit d: device d (devices past 63 ask every time)
   int dev = 0;
-  QQ_CUDA_TRY(cudaGetDevice(&dev), "quantized_matmul");
+  QQ_CUDA_TRY(cudaGetDevice(&dev), "decode_matmul");
   const uint64_t bit = dev < 64 ? 1ull << dev : 0;
-  if (!bit || !(smem_set.load(std::memory_order_relaxed) & bit)) {
-    QQ_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                "quantized_matmul");
-    smem_set.fetch_or(bit, std::memory_order_relaxed);
+  if (bit && (refused.load(std::memory_order_relaxed) & bit)) return kRefused;
+  if (!bit || !(ok.load(std::memory_order_relaxed) & bit)) {
+    int optin = 0;
+    cudaFuncAttributes fa{};
+    QQ_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "decode_matmul");
+    QQ_CUDA_TRY(cudaFuncGetAttributes(&fa, kern), "decode_matmul");
+    if ((size_t)optin < smem || fa.ptxVersion < 90) {
+      refused.fetch_or(bit, std::memory_order_relaxed);
+      return kRefused;
+    }
+    QQ_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "decode_matmul");
+    ok.fetch_or(bit, std::memory_order_relaxed);
   }
   QP q = p;
   const int nk = p.K / (kDecChunkK * KC);
@@ -409,8 +355,8 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream) {
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 2;
-  QQ_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, q), "quantized_matmul");
-  return check_launch("quantized_matmul");
+  QQ_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, q), "decode_matmul");
+  return check_launch("decode_matmul");
 }
 
 }  // namespace
@@ -426,7 +372,7 @@ qqStatus_t to_decode_layout(qqHandle_t h, const DecodeLayoutArgs& a, void* strea
     const int64_t bytes = decode_layout_bytes(a.N, a.K, a.q.bits == 8);
     QQ_CUDA_TRY(cudaMemsetAsync(a.out, 0, (size_t)bytes, st), "to_decode_layout");
     QQ_CUDA_TRY(cudaMemsetAsync(bad, 0, sizeof(int), st), "to_decode_layout");
-    const int64_t slots = roundup(a.N, 16) / 16 * (a.K / (a.q.bits == 8 ? 32 : 64)) * 32;
+    const int64_t slots = decode_slots(a);
     if (slots) to_decode_kernel<<<(unsigned)((slots + 255) / 256), 256, 0, st>>>(a, slots, bad);
     QQ_TRY(check_launch("to_decode_layout"));
     int hbad = 0;
@@ -444,7 +390,7 @@ qqStatus_t to_decode_layout(qqHandle_t h, const DecodeLayoutArgs& a, void* strea
 
 qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) {
   (void)h;
-  const char* op = "quantized_matmul";
+  const char* op = "decode_matmul";
   if (a.M == 0 || a.N == 0) return QQ_STATUS_SUCCESS;
   return on_device(a.x.device, [&]() -> qqStatus_t {
     int cc_major = 0;  // a host-side attribute read (no driver round trip)
@@ -452,11 +398,15 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     if (cc_major < 9)
       return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's kernel needs compute capability 9.0 or "
                        "newer (bulk copies); use the packed weight on this GPU", op);
-    if (a.x.dt != DType::BF16 || a.M > 16 || ((uintptr_t)a.x.ptr & 15) || (a.x.ld & 7))
+    if (a.x.dt != DType::BF16 || a.M > 16)
       return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's GPU kernel takes bfloat16 x of at most "
-                       "16 rows, 16-byte aligned rows; got %s x of %lld rows; use the packed weight", op,
+                       "16 rows; got %s x of %lld rows; use the packed weight", op,
                        a.x.dt == DType::BF16 ? "bfloat16" : (a.x.dt == DType::F16 ? "float16" : "float32"),
                        (long long)a.M);
+    if (((uintptr_t)a.x.ptr & 15) || (a.x.ld & 7) || ((uintptr_t)a.w & 15))
+      return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's GPU kernel reads x's rows and w_decode with "
+                       "16-byte bulk copies: x's start, its row stride (%lld elements) and w_decode's start must be "
+                       "multiples of 16 bytes; use the packed weight or aligned buffers", op, (long long)a.x.ld);
     QP p{};
     p.w = a.w;
     p.x = reinterpret_cast<const __nv_bfloat16*>(a.x.ptr);
@@ -470,27 +420,37 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     const int target = sm_count(a.x.device) * 3 / 2;
     const cudaStream_t st = (cudaStream_t)stream;
     const bool f8 = a.q.bits == 8;
-    // 9..16 rows of fp4: stages of 512 k where K allows (fewer, larger copies: measured
-    // 5 % faster at 16384^2), 256 k otherwise
-    const bool kc2 = !f8 && a.M > 8 && a.K % (2 * kDecChunkK) == 0;
-    const int nk = (int)(a.K / (kc2 ? 2 * kDecChunkK : kDecChunkK));
     // A cluster of 2 where the row tiles alone leave SMs idle: larger clusters were
     // slower at every decode shape (a rank waits for its cluster before it exits).
-    // Deeper rings (2 CTAs per SM) where the tiles fill the GPU at M <= 8: 16384^2
-    // nvfp4 M = 1 55 us against 62 with 4 stages; the shallower ones win elsewhere
-    // (bench/results/qmm-decode-h100-notes.md, 2026-11-26 i).
+    // The split point is in 256-k chunks and does not depend on M, so a row's sums
+    // run in the same order for every M.
+    const int nk = (int)(a.K / kDecChunkK);
     const int ks = tiles < target && nk >= 2 ? 2 : 1;
+    // 9..16 rows of fp4: stages of 512 k where the split allows it (fewer, larger copies:
+    // 5 % faster at 16384^2), 256 k otherwise. Deeper rings (2 CTAs per SM) where the
+    // tiles fill the GPU at M <= 8: 16384^2 nvfp4 M = 1 55 us against 62 with 4 stages;
+    // the shallower ones win elsewhere (bench/results/qmm-decode-h100-notes.md, session
+    // i). A configuration the device cannot run (shared memory) falls to the shallower.
+    const bool kc2 = !f8 && a.M > 8 && nk % 2 == 0 && (ks == 1 || nk % 4 == 0);
     qqStatus_t r;
     if (f8) {
-      if (a.M > 8)
+      if (a.M > 8) {
         r = launch<true, 2, 3, 1, 2>(p, tiles, ks, st);
-      else
-        r = ks == 1 ? launch<true, 1, 5, 1, 2>(p, tiles, ks, st) : launch<true, 1, 3, 1, 3>(p, tiles, ks, st);
+      } else {
+        r = ks == 1 ? launch<true, 1, 5, 1, 2>(p, tiles, ks, st) : kRefused;
+        if (r == kRefused) r = launch<true, 1, 3, 1, 3>(p, tiles, ks, st);
+      }
     } else if (a.M > 8) {
-      r = kc2 ? launch<false, 2, 3, 2, 2>(p, tiles, ks, st) : launch<false, 2, 4, 1, 3>(p, tiles, ks, st);
+      r = kc2 ? launch<false, 2, 3, 2, 2>(p, tiles, ks, st) : kRefused;
+      if (r == kRefused) r = launch<false, 2, 4, 1, 2>(p, tiles, ks, st);
     } else {
-      r = ks == 1 ? launch<false, 1, 8, 1, 2>(p, tiles, ks, st) : launch<false, 1, 4, 1, 3>(p, tiles, ks, st);
+      r = ks == 1 ? launch<false, 1, 8, 1, 2>(p, tiles, ks, st) : kRefused;
+      if (r == kRefused) r = launch<false, 1, 4, 1, 3>(p, tiles, ks, st);
     }
+    if (r == kRefused)
+      return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's kernel cannot run on this GPU (compute "
+                       "capability %d.x: no sm_90a / sm_100a / sm_120a code for it in this build, or too little "
+                       "shared memory); use the packed weight", op, cc_major);
     return routed(r, QQ_ROUTE_DECODE);
   });
 }
