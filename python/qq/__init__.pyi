@@ -33,6 +33,13 @@ class QuantizedArray:
     def __iter__(self) -> Iterator[Array]: ...
     def __getitem__(self, index: int) -> Array: ...
 
+class DecodeWeight:
+    data: Array
+    quantized: QuantizedArray
+    mode: str
+    global_scale: Optional[Array]
+    shape: Tuple[int, ...]
+
 class PreparedWeight:
     quantized: QuantizedArray
     values: Optional[Array]
@@ -71,7 +78,7 @@ def qqmm(x: Union[Array, QuantizedArray], w: Union[Array, QuantizedArray, Prepar
          beta: float = 1.0, rounding: str = "ceil", scale_layout: str = "linear", fp8_format: str = "e4m3",
          dtype: Any = None, out: Optional[Array] = None, stream: Any = None, route: str = "auto",
          x_prepared: bool = False, w_prepared: bool = False) -> Array: ...
-def quantized_matmul(x: Array, w: Union[Array, QuantizedArray], scales: Optional[Array] = None,
+def quantized_matmul(x: Array, w: Union[Array, QuantizedArray, DecodeWeight], scales: Optional[Array] = None,
                      biases: Optional[Array] = None, transpose: bool = True, group_size: Optional[int] = None,
                      bits: Optional[int] = None, mode: str = "affine", *, global_scale: Optional[Array] = None,
                      bias: Optional[Array] = None, scale_layout: str = "linear", fp8_format: str = "e4m3",
@@ -82,6 +89,7 @@ def gather_qmm(x: Array, w: Union[Array, QuantizedArray], scales: Optional[Array
                global_scale: Optional[Array] = None, bias: Optional[Array] = None,
                scale_layout: str = "linear", fp8_format: str = "e4m3", dtype: Any = None,
                out: Optional[Array] = None, stream: Any = None) -> Array: ...
+def prepare_decode(w: QuantizedArray, stream: Any = None) -> DecodeWeight: ...
 def prepare_weight(w: Union[Array, QuantizedArray], mode: str = "nvfp4", *, global_scale: Optional[Array] = None,
                    rounding: str = "ceil", fp8_format: str = "e4m3", torch_dtypes: Union[bool, str] = True,
                    stream: Any = None) -> PreparedWeight: ...
