@@ -174,6 +174,11 @@ def gather(bench, timer, copy_gbps, quick) -> None:
             biases = torch.cat([p.biases for p in parts]) if parts[0].biases is not None else None
             kwq = dict(group_size=parts[0].group_size, bits=parts[0].bits, mode=parts[0].mode)
             per_expert = (nbytes(data) + nbytes(scales) + nbytes(biases)) // e
+            # the same experts in the decode layout (fp modes; variant "decode" rows)
+            dw = None
+            if kw["mode"] != "affine":
+                qa = qq.QuantizedArray(data, scales, mode=kw["mode"], shape=(e, n, k))
+                dw = qq.prepare_decode(qa)
             del parts
             for t in ([1, 16] if quick else GATHER_T):
                 idx = torch.rand((t, e), device="cuda", generator=gen).topk(top, dim=1).indices.to(torch.int32)
@@ -185,8 +190,18 @@ def gather(bench, timer, copy_gbps, quick) -> None:
                 fn()
                 us = timer(fn, moved)
                 bench.row("gather_qmm", mode, (t, top, e, n, k), "GBps", moved / (us * 1e-6) / 1e9, "copy",
-                          copy_gbps, us=round(us, 2), experts_touched=touched, case=name)
-            del data, scales, biases
+                          copy_gbps, us=round(us, 2), experts_touched=touched, case=name, variant="packed")
+                if dw is not None:
+                    fd = lambda: qq.gather_qmm(x, dw, rhs_indices=idx)  # noqa: E731
+                    fd()
+                    route = qq.last_route()
+                    # the same bytes counted (the touched experts once), though this path reads an
+                    # expert once per entry that names it
+                    us = timer(fd, moved)
+                    bench.row("gather_qmm", mode, (t, top, e, n, k), "GBps", moved / (us * 1e-6) / 1e9, "copy",
+                              copy_gbps, us=round(us, 2), experts_touched=touched, case=name, variant="decode",
+                              route=route)
+            del data, scales, biases, dw
             torch.cuda.empty_cache()
 
 

@@ -209,7 +209,7 @@ def test_blocked_equals_linear(cfg, n):
     np.testing.assert_array_equal(as_bytes(blk.data), as_bytes(lin.data))
 
 
-@pytest.mark.parametrize("what", ["affine", "e5m2", "3d", "k320"])
+@pytest.mark.parametrize("what", ["affine", "e5m2", "4d", "k320"])
 def test_errors(what):
     rng = case_rng("err", what)
     if what == "affine":
@@ -217,8 +217,8 @@ def test_errors(what):
     elif what == "e5m2":
         qa = qq.quantize(rng.standard_normal((64, 256)).astype(F32), mode="mxfp8", fp8_format="e5m2")
         assert qa.fp8_format == "e5m2"
-    elif what == "3d":
-        qa = qq.quantize(rng.standard_normal((2, 64, 256)).astype(F32), mode="nvfp4")
+    elif what == "4d":  # experts [E, N, K] are taken (gather_qmm); more axes are not
+        qa = qq.quantize(rng.standard_normal((2, 2, 64, 256)).astype(F32), mode="nvfp4")
     else:
         qa = qq.quantize(rng.standard_normal((64, 320)).astype(F32), mode="nvfp4")
     with pytest.raises(ValueError, match=r"^prepare_decode:"):
@@ -511,3 +511,88 @@ def test_gpu_same_bits_for_every_m(cfg, k):
         part = to_numpy(qq.quantized_matmul(x[:m].contiguous(), dw, dtype="float32"))
         np.testing.assert_array_equal(part.view(np.uint32), full[:m].view(np.uint32))
     del torch
+
+
+# ---------------------------------------------------------------------------
+# gather_qmm on experts in the decode layout (MoE decode)
+# ---------------------------------------------------------------------------
+
+def gather_case(cfg, fw, e, n, k):
+    mode = mode_of(cfg)
+    w = np.stack([make_weight(case_rng("gw", cfg, i, n, k), mode, n, k) for i in range(e)])
+    qa = quantize(w, cfg, fw)
+    return qa, qq.prepare_decode(qa)
+
+
+def gather_reference(x, qa, idx, bias=None):
+    """float64 per entry: x[b] @ W[idx[b]].T (+ bias), and the |.| sums."""
+    w = to_numpy(qq.dequantize(qa, dtype="float32")).astype(F64)
+    x64, i64 = to_numpy(x).astype(F64), to_numpy(idx)
+    bshape = np.broadcast_shapes(x64.shape[:-2], i64.shape)
+    xb = np.broadcast_to(x64, bshape + x64.shape[-2:])
+    ib = np.broadcast_to(i64, bshape)
+    want = np.einsum("...mk,...nk->...mn", xb, w[ib]) + (0.0 if bias is None else to_numpy(bias).astype(F64))
+    mag = np.einsum("...mk,...nk->...mn", np.abs(xb), np.abs(w[ib]))
+    return want, mag
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("t,top,m", [(1, 2, 1), (2, 2, 3), (1, 4, 16), (3, 4, 2)])
+@pytest.mark.parametrize("cfg", ["nvfp4-gs", "mxfp4", "mxfp8"])
+def test_gather_matches(cfg, t, top, m, device):
+    """x [T, 1, M, K] against rhs_indices [T, top] (the decode call), E = 8 experts: the
+    decode layout where the entries are at most E / 2 (here up to 12 > 4: both paths),
+    equal to the packed experts' gather_qmm and to the float64 reference."""
+    torch = torch_mod()
+    fw = "torch" if device == "cpu" else "cuda"
+    e, n, k = 8, 100, 512
+    qa, dw = gather_case(cfg, fw, e, n, k)
+    assert tuple(dw.shape) == (e, n, k) and tuple(dw.data.shape)[0] == e
+    rng = case_rng("gx", cfg, t, top, m)
+    x = make_x(rng, (t, 1, m, k), BF16, fw)
+    idx = torch.from_numpy(np.stack([rng.permutation(e)[:top] for _ in range(t)]).astype(np.int32)).to(device)
+    bias = to_fw(rng.standard_normal(n).astype(F32), fw)
+    got = qq.gather_qmm(x, dw, rhs_indices=idx, bias=bias, dtype="float32")
+    route = qq.last_route()
+    if device == "cuda" and 2 * t * top <= e and decode_expected(BF16, m):
+        assert route == "decode"
+    want, mag = gather_reference(x, qa, idx, bias)
+    msg = mismatch(got, want, mag)
+    assert msg is None, f"[{route}] {msg}"
+    packed = qq.gather_qmm(x, qa, rhs_indices=idx, bias=bias, dtype="float32")
+    assert mismatch(got, to_numpy(packed).astype(F64), mag, rel=2e-5) is None
+
+
+def test_gather_bad_index_cpu():
+    qa, dw = gather_case("nvfp4", "numpy", 8, 64, 256)
+    x = np.ones((1, 1, 1, 256), F32)
+    with pytest.raises(ValueError, match="decode_gather_qmm: rhs_indices holds 8"):
+        qq.gather_qmm(x, dw, rhs_indices=np.array([[8]], np.int32))
+
+
+@gpu
+@pytest.mark.parametrize("cfg", ["nvfp4", "mxfp8"])
+def test_gpu_gather_bad_index_nan_and_graph(cfg):
+    """On the GPU an index out of range gives NaN rows (no host read); captured in a CUDA
+    graph, a replay on new indices equals the eager call."""
+    torch = torch_mod()
+    qa, dw = gather_case(cfg, "cuda", 8, 128, 256)
+    x = make_x(case_rng("gb", cfg), (2, 1, 1, 256), BF16, "cuda")
+    idx = torch.tensor([[1, 9], [3, -1]], dtype=torch.int32, device="cuda")
+    got = qq.gather_qmm(x, dw, rhs_indices=idx, dtype="float32")
+    assert qq.last_route() == "decode"
+    g = to_numpy(got)
+    assert np.isnan(g[0, 1]).all() and np.isnan(g[1, 1]).all()
+    assert np.isfinite(g[0, 0]).all() and np.isfinite(g[1, 0]).all()
+    good = torch.tensor([[1, 2], [3, 0]], dtype=torch.int32, device="cuda")
+    out = torch.empty((2, 2, 1, 128), dtype=torch.float32, device="cuda")
+    qq.gather_qmm(x, dw, rhs_indices=good, out=out, dtype="float32")  # warm-up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        qq.gather_qmm(x, dw, rhs_indices=good, out=out, dtype="float32")
+    good.copy_(torch.tensor([[4, 2], [0, 3]], dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = qq.gather_qmm(x, dw, rhs_indices=good, dtype="float32")
+    np.testing.assert_array_equal(to_numpy(out), to_numpy(eager))

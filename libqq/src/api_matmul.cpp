@@ -652,21 +652,26 @@ QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w, const D
     QQ_TRY(check_tensor(c, "w", w, &wdt));
     QQ_TRY(expect_bytes(c, "w", w, wdt, "packed quantized weights"));
     QQ_TRY(check_byte_kind(c, "w", w, a.q, ByteRole::DATA));
-    if (w->ndim != 2)
-      return set_error(QQ_STATUS_INVALID_VALUE, "to_decode_layout: argument 'w' must be a packed 2-D weight "
-                       "[N, K*bits/8]; got shape %s", shape_str(w->ndim, w->shape).c_str());
+    if (w->ndim != 2 && w->ndim != 3)
+      return set_error(QQ_STATUS_INVALID_VALUE, "to_decode_layout: argument 'w' must be a packed weight [N, "
+                       "K*bits/8] or experts [E, N, K*bits/8]; got shape %s", shape_str(w->ndim, w->shape).c_str());
     QQ_TRY(to_mat(c, "w", w, wdt, &a.w));
-    a.N = w->shape[0];
-    a.K = w->shape[1] * 8 / a.q.bits;
+    a.E = w->ndim == 3 ? w->shape[0] : 1;
+    a.N = w->shape[w->ndim - 2];
+    a.K = w->shape[w->ndim - 1] * 8 / a.q.bits;
     if (a.N > INT32_MAX || a.K > INT32_MAX)
       return set_error(QQ_STATUS_INVALID_VALUE, "to_decode_layout: N = %lld, K = %lld; each must be below 2^31",
                        (long long)a.N, (long long)a.K);
     if (a.K % kDecChunkK)
       return set_error(QQ_STATUS_INVALID_VALUE, "to_decode_layout: K = %lld; the decode layout needs K a multiple "
                        "of %d (keep the packed weight)", (long long)a.K, kDecChunkK);
-    const int64_t fshape[2] = {a.N, a.K};
-    QQ_TRY(input_scales(c, "scales", scales, a.q, 2, fshape, DType::U8, false, &a.scales));
-    QQ_TRY(decode_buffer(c, "out", out, decode_layout_bytes(a.N, a.K, a.q.bits == 8)));
+    if (a.E > INT32_MAX)
+      return set_error(QQ_STATUS_INVALID_VALUE, "to_decode_layout: E = %lld experts; at most 2^31 - 1",
+                       (long long)a.E);
+    const int64_t fshape[3] = {a.E, a.N, a.K};
+    QQ_TRY(input_scales(c, "scales", scales, a.q, w->ndim, fshape + (3 - w->ndim), DType::U8, false, &a.scales));
+    if (a.q.blocked) blocked_batch_strides(&a.scales);
+    QQ_TRY(decode_buffer(c, "out", out, a.E * decode_layout_bytes(a.N, a.K, a.q.bits == 8)));
     QQ_TRY(check_no_alias(c, {{"out", out}}, {{"w", w}, {"scales", scales}}));
     a.out = (uint8_t*)out->data + out->byte_offset;
     if (c.device >= 0) return cuda::to_decode_layout(handle, a, stream);
@@ -754,6 +759,95 @@ QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x, const DLT
     a.out.device = c.device;
     if (a.M == 0 || a.N == 0) return QQ_STATUS_SUCCESS;
     if (c.device >= 0) return cuda::decode_matmul(handle, a, stream);
+    return routed(cpu::decode_matmul(a), QQ_ROUTE_CPU);
+  });
+}
+
+QQ_API qqStatus_t qqDecodeGatherQmm(qqHandle_t handle, const DLTensor* x, const DLTensor* w_decode,
+                                    const DLTensor* rhs_indices, const qqQuantParams_t* params,
+                                    const DLTensor* global_scale, const DLTensor* bias, DLTensor* out,
+                                    void* stream) {
+  set_route(QQ_ROUTE_AUTO);
+  return guard("decode_gather_qmm", [&]() -> qqStatus_t {
+    Ctx c{"decode_gather_qmm"};
+    DecodeMatmulArgs a{};
+    QQ_TRY(resolve_params(c, params, &a.q));
+    QQ_TRY(decode_mode(c.op, a.q));
+    DType xdt, odt, wdt, idt;
+    QQ_TRY(check_tensor(c, "x", x, &xdt));
+    QQ_TRY(expect_float(c, "x", x, xdt));
+    if (x->ndim < 2)
+      return set_error(QQ_STATUS_INVALID_VALUE, "decode_gather_qmm: 'x' must be [..., M, K]; got %s",
+                       shape_str(x->ndim, x->shape).c_str());
+    QQ_TRY(check_tensor(c, "w_decode", w_decode, &wdt));
+    QQ_TRY(expect_bytes(c, "w_decode", w_decode, wdt, "the decode layouts of the experts (uint8 [E, bytes])"));
+    QQ_TRY(expect_compact(c, "w_decode", w_decode));
+    if (w_decode->ndim != 2)
+      return set_error(QQ_STATUS_INVALID_VALUE, "decode_gather_qmm: 'w_decode' must be uint8 [E, bytes] (one "
+                       "decode layout per expert, qqToDecodeLayout of [E, N, K]); got %s",
+                       shape_str(w_decode->ndim, w_decode->shape).c_str());
+    QQ_TRY(check_header(c, "out", out));
+    if (out->ndim < 2)
+      return set_error(QQ_STATUS_INVALID_VALUE, "decode_gather_qmm: 'out' must be [batch..., M, N]; got %s",
+                       shape_str(out->ndim, out->shape).c_str());
+    a.K = x->shape[x->ndim - 1];
+    a.M = x->shape[x->ndim - 2];
+    a.N = out->shape[out->ndim - 1];
+    a.E = w_decode->shape[0];
+    if (a.K % kDecChunkK || a.K > INT32_MAX || a.N > INT32_MAX || a.M > INT32_MAX || a.E > INT32_MAX)
+      return set_error(QQ_STATUS_INVALID_VALUE, "decode_gather_qmm: M = %lld, N = %lld, K = %lld, E = %lld; K "
+                       "must be a multiple of %d and each below 2^31", (long long)a.M, (long long)a.N,
+                       (long long)a.K, (long long)a.E, kDecChunkK);
+    if (w_decode->shape[1] != decode_layout_bytes(a.N, a.K, a.q.bits == 8))
+      return set_error(QQ_STATUS_INVALID_VALUE, "decode_gather_qmm: 'w_decode' holds %lld bytes per expert; the "
+                       "decode layout of [%lld, %lld] takes %lld (qqDecodeLayoutSize)",
+                       (long long)w_decode->shape[1], (long long)a.N, (long long)a.K,
+                       (long long)decode_layout_bytes(a.N, a.K, a.q.bits == 8));
+    a.w = (const uint8_t*)w_decode->data + w_decode->byte_offset;
+    QQ_TRY(to_mat(c, "x", x, xdt, &a.x));
+    QQ_TRY(check_tensor(c, "rhs_indices", rhs_indices, &idt));
+    if (idt != DType::I32)
+      return set_error(QQ_STATUS_INVALID_VALUE, "decode_gather_qmm: argument 'rhs_indices' must be int32 (expert "
+                       "indices); got %s", dtype_str(rhs_indices->dtype).c_str());
+    if (rhs_indices->ndim > kMaxDims - 2)
+      return set_error(QQ_STATUS_INVALID_VALUE, "decode_gather_qmm: argument 'rhs_indices' has %d dimensions; at "
+                       "most %d", rhs_indices->ndim, kMaxDims - 2);
+    Mat& g = a.gidx;
+    g.ptr = (char*)rhs_indices->data + rhs_indices->byte_offset;
+    g.dt = DType::I32;
+    g.device = c.device;
+    g.rows = g.cols = g.ld = 1;
+    g.nb = rhs_indices->ndim;
+    for (int i = 0; i < g.nb; ++i) {
+      g.bshape[i] = rhs_indices->shape[i];
+      g.bstride[i] = rhs_indices->shape[i] == 1 ? 0 : stride_of(rhs_indices, i);
+    }
+    int nb;
+    int64_t bshape[kMaxDims];
+    QQ_TRY(broadcast_batch(c, &a.x, &a.gidx, &nb, bshape, "rhs_indices"));
+    align_batch(&a.x, nb, bshape);
+    align_batch(&a.gidx, nb, bshape);
+    int64_t oshape[kMaxDims];
+    int ond = 0;
+    for (int i = 0; i < nb; ++i) oshape[ond++] = bshape[i];
+    oshape[ond++] = a.M;
+    oshape[ond++] = a.N;
+    QQ_TRY(output_mat(c, "out", out, ond, oshape, -1, "[broadcast batch..., M, N]", &a.out));
+    (void)odt;
+    QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, a.q, &a.gs));
+    QQ_TRY(bias_mat(c, bias, a.N, &a.bias));
+    QQ_TRY(check_no_alias(c, {{"out", out}}, {{"x", x}, {"w_decode", w_decode}, {"rhs_indices", rhs_indices},
+                                             {"global_scale", global_scale}, {"bias", bias}}));
+    a.B = a.out.batch();
+    a.out.nb = 0;  // compact [B, M, N]: the kernels index it as b * M * N
+    if (a.B == 0 || a.M == 0 || a.N == 0) return QQ_STATUS_SUCCESS;
+    if (c.device >= 0) return cuda::decode_matmul(handle, a, stream);
+    for (int64_t b = 0; b < a.B; ++b) {  // the CPU reads the indices: out of range is an error there
+      const int32_t e = *((const int32_t*)a.gidx.ptr + a.gidx.offset(b));
+      if (e < 0 || e >= a.E)
+        return set_error(QQ_STATUS_INVALID_VALUE, "decode_gather_qmm: rhs_indices holds %d at entry %lld; expert "
+                         "indices must be in [0, %lld)", e, (long long)b, (long long)a.E);
+    }
     return routed(cpu::decode_matmul(a), QQ_ROUTE_CPU);
   });
 }

@@ -184,13 +184,15 @@ QQ_HD bool decode_pack_slot8(const uint64_t (&c)[2], const uint8_t (&u)[2], uint
 QQ_HD int64_t decode_slots(const DecodeLayoutArgs& a) {
   return roundup(a.N, 16) / 16 * (a.K / (a.q.bits == 8 ? 32 : 64)) * 32;
 }
-// The conversion of one lane slot (slot / 32 = fragment block in [row block][k block]
-// order, slot % 32 = the lane), the same on the CPU and the GPU: reads the slot's
+// Bytes of one expert's layout in a DecodeLayoutArgs' out.
+QQ_HD int64_t decode_expert_bytes(const DecodeLayoutArgs& a) { return decode_layout_bytes(a.N, a.K, a.q.bits == 8); }
+// The conversion of one lane slot of expert e (slot / 32 = fragment block in [row block][k
+// block] order, slot % 32 = the lane), the same on the CPU and the GPU: reads the slot's
 // codes of rows g and g + 8 (8 bytes each) and their scales from a.w / a.scales,
 // writes the lane's 16 code bytes and its scale codes (mxfp8: lane q = 0 writes its
 // row pair's) into a.out, byte by byte (a.out needs no alignment). False when a
 // scale cannot be encoded; rows past N read as zeros.
-QQ_HD bool decode_convert_slot(const DecodeLayoutArgs& a, int64_t fbi, int lane) {
+QQ_HD bool decode_convert_slot(const DecodeLayoutArgs& a, int64_t e, int64_t fbi, int lane) {
   const bool f8 = a.q.bits == 8;
   const int g = lane >> 2, q = lane & 3;
   const int64_t kfb = a.K / (f8 ? 32 : 64), R = fbi / kfb, F = fbi % kfb;
@@ -203,9 +205,9 @@ QQ_HD bool decode_convert_slot(const DecodeLayoutArgs& a, int64_t fbi, int lane)
     const int64_t n = R * 16 + g + 8 * h;
     if (n >= a.N) continue;
     live[h] = true;
-    const uint8_t* row = a.w.at<uint8_t>(0, n) + (f8 ? k0 : k0 / 2);
+    const uint8_t* row = a.w.at<uint8_t>(e, n) + (f8 ? k0 : k0 / 2);
     for (int b = 0; b < 8; ++b) c[h] |= (uint64_t)row[b] << (8 * b);
-    sb[h] = a.q.blocked ? ((const uint8_t*)a.scales.ptr)[blocked_offset(n, kg, c4)] : a.scales.at<uint8_t>(0, n)[kg];
+    sb[h] = a.q.blocked ? a.scales.at<uint8_t>(e)[blocked_offset(n, kg, c4)] : a.scales.at<uint8_t>(e, n)[kg];
   }
   uint32_t words[4];
   uint8_t sc[2];
@@ -217,7 +219,7 @@ QQ_HD bool decode_convert_slot(const DecodeLayoutArgs& a, int64_t fbi, int lane)
       if (live[h]) s[h] = a.q.mode == QQ_MODE_NVFP4 ? e4m3_decode(sb[h]) : ue8m0_decode(sb[h]);
     if (!decode_pack_slot(c, s, words, sc)) return false;
   }
-  uint8_t* fb = a.out + (f8 ? decode_fb8(R, F, a.K) : decode_fb(R, F, a.K));
+  uint8_t* fb = a.out + e * decode_expert_bytes(a) + (f8 ? decode_fb8(R, F, a.K) : decode_fb(R, F, a.K));
   for (int i = 0; i < 16; ++i) fb[16 * lane + i] = (uint8_t)(words[i >> 2] >> (8 * (i & 3)));
   if (!f8 || q == 0) {
     const int o = 512 + 2 * (f8 ? g : lane);

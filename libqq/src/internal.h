@@ -242,20 +242,24 @@ struct QdqArgs {
 // (decode_layout.h), out compact decode_layout_bytes(N, K, mxfp8) bytes.
 struct DecodeLayoutArgs {
   QSpec q;
-  Mat w;       // packed [N, K * bits / 8]
-  Mat scales;  // linear [N, K / group] or blocked (q.blocked) [R128, C4]
-  int64_t N = 0, K = 0;
-  uint8_t* out = nullptr;
+  Mat w;       // packed [E, N, K * bits / 8] (nb = 1; E = 1 for a 2-D weight)
+  Mat scales;  // linear [E, N, K / group] or blocked (q.blocked) [E, R128, C4], batch-strided like w
+  int64_t E = 1, N = 0, K = 0;
+  uint8_t* out = nullptr;  // E layouts of decode_layout_bytes(N, K, mxfp8) bytes, one after another
 };
 // qqDecodeMatmul: out [M, N] = x [M, K] @ W^T (* nvfp4's global factor) (+ bias).
+// qqDecodeGatherQmm: the same per batch entry b of out [B..., M, N], with x's batch entry
+// b (broadcast) and the expert gidx[b] of the E layouts in w.
 struct DecodeMatmulArgs {
   QSpec q;                     // nvfp4, mxfp4 or mxfp8 (E4M3)
-  Mat x;                       // [M, K], row stride x.ld
-  const uint8_t* w = nullptr;  // the decode layout of W [N, K]
+  Mat x;                       // [M, K], row stride x.ld; gather: batch-aligned with gidx
+  const uint8_t* w = nullptr;  // the decode layout of W [N, K] (gather: E of them)
   int64_t M = 0, N = 0, K = 0;
   const float* gs = nullptr;
   Mat bias;                    // [N] or ptr == nullptr
-  Mat out;                     // compact [M, N]
+  Mat out;                     // compact [B, M, N]
+  Mat gidx;                    // gather: int32 expert per batch entry (batch-only Mat); else ptr == nullptr
+  int64_t B = 1, E = 1;        // batch entries of out, layouts in w
 };
 
 namespace cpu {

@@ -83,7 +83,7 @@ def quantized_matmul(x: Array, w: Union[Array, QuantizedArray, DecodeWeight], sc
                      bits: Optional[int] = None, mode: str = "affine", *, global_scale: Optional[Array] = None,
                      bias: Optional[Array] = None, scale_layout: str = "linear", fp8_format: str = "e4m3",
                      dtype: Any = None, out: Optional[Array] = None, stream: Any = None) -> Array: ...
-def gather_qmm(x: Array, w: Union[Array, QuantizedArray], scales: Optional[Array] = None,
+def gather_qmm(x: Array, w: Union[Array, QuantizedArray, DecodeWeight], scales: Optional[Array] = None,
                biases: Optional[Array] = None, rhs_indices: Optional[Array] = None, transpose: bool = True,
                group_size: Optional[int] = None, bits: Optional[int] = None, mode: str = "affine", *,
                global_scale: Optional[Array] = None, bias: Optional[Array] = None,

@@ -172,6 +172,11 @@ cdef extern from "qq/qq.h" nogil:
                               const qqQuantParams_t* params, const DLTensor* global_scale,
                               const DLTensor* bias, DLTensor* out, void* stream)
 
+    qqStatus_t qqDecodeGatherQmm(qqHandle_t handle, const DLTensor* x, const DLTensor* w_decode,
+                                 const DLTensor* rhs_indices, const qqQuantParams_t* params,
+                                 const DLTensor* global_scale, const DLTensor* bias, DLTensor* out,
+                                 void* stream)
+
     qqStatus_t qqGatherQmm(qqHandle_t handle, const DLTensor* x,
                            const DLTensor* w, const DLTensor* scales,
                            const DLTensor* biases, const DLTensor* rhs_indices,

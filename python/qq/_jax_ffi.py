@@ -421,6 +421,8 @@ def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
     func = "gather_qmm"
     _no_stream_or_out(func, stream, out)
     require_indices(func, rhs_indices)
+    if isinstance(w, DecodeWeight):  # under jit: the packed experts (the layout's kernel is eager)
+        w = w.quantized
     (w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format,
      w_logical) = _qq._unpack_weight(func, w, scales, biases, global_scale, mode, group_size,
                                      bits, scale_layout, fp8_format)

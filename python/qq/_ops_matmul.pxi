@@ -411,9 +411,10 @@ def prepare_decode(w, stream=None):
         raise ValueError(f"{func}: the decode layout holds nvfp4, mxfp4 and mxfp8 (e4m3) weights; "
                          f"w is {w.mode!r}{' e5m2' if w.mode == 'mxfp8' else ''} (use it packed with "
                          f"qq.quantized_matmul)")
-    if len(w.shape) != 2:
-        raise ValueError(f"{func}: w must be a 2-D weight [N, K]; got shape {tuple(w.shape)}")
-    n, k = int(w.shape[0]), int(w.shape[1])
+    if len(w.shape) not in (2, 3):
+        raise ValueError(f"{func}: w must be a weight [N, K] or experts [E, N, K]; got shape "
+                         f"{tuple(w.shape)}")
+    n, k = int(w.shape[-2]), int(w.shape[-1])
     if k % 256:
         raise ValueError(f"{func}: K = {k}; the decode layout needs K a multiple of 256 (keep "
                          f"the packed weight)")
@@ -424,7 +425,8 @@ def prepare_decode(w, stream=None):
     try:
         vw = call.view(w.data, "w")
         vs = call.view(w.scales, "scales")
-        result, vo = call.empty((nbytes,), "uint8", "out")
+        result, vo = call.empty((nbytes,) if len(w.shape) == 2 else (int(w.shape[0]), nbytes),
+                                "uint8", "out")
         tw, ts, to = _t(vw), _t(vs), _t(vo)
         s = call.cstream()
         with nogil:
@@ -464,6 +466,8 @@ def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mod
     for d in shape[:-1]:
         rows *= int(d)
     qa = dw.quantized
+    if len(dw.shape) == 3:  # experts: the batched packed weight
+        return quantized_matmul(x, qa, bias=bias, dtype=dtype, out=out, stream=stream)
     if len(shape) == 0 or int(shape[-1]) != int(dw.shape[1]):
         raise ValueError(f"{func}: x has shape {shape} but the DecodeWeight is {tuple(dw.shape)} "
                          f"(x must be [..., M, K] with K = {dw.shape[1]})")
@@ -502,6 +506,81 @@ def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mod
     return out if out is not None else call.result(result)
 
 
+def _decode_gather(func, x, dw, rhs_indices, scales, biases, transpose, group_size, bits, mode,
+                   global_scale, bias, scale_layout, dtype, out, stream):
+    """gather_qmm with experts in the decode layout (a DecodeWeight of [E, N, K]): each batch
+    entry reads its expert's layout, for bfloat16 x of at most 16 rows per entry on the GPU
+    (compute capability 9.0+) when the entries rarely share an expert (no more entries than
+    half the experts); otherwise the packed experts (gather_qmm groups entries by expert)."""
+    cdef _View vx, vw, vi, vg, vbias, vo
+    cdef qqQuantParams_t p
+    cdef qqStatus_t st
+    cdef DLTensor *tx
+    cdef DLTensor *tw
+    cdef DLTensor *ti
+    cdef DLTensor *tg
+    cdef DLTensor *tbias
+    cdef DLTensor *to
+    cdef void* s
+    if (scales is not None or biases is not None or group_size is not None or bits is not None
+            or global_scale is not None or scale_layout != "linear"):
+        raise ValueError(f"{func}: w is a DecodeWeight, which carries its scales, mode and global "
+                         f"scale; pass none of scales, biases, group_size, bits, global_scale, "
+                         f"scale_layout")
+    if mode not in ("affine", dw.mode):
+        raise ValueError(f"{func}: mode={mode!r} but w is a {dw.mode} DecodeWeight")
+    if not transpose:
+        raise ValueError(f"{func}: a DecodeWeight is [E, N, K] (transpose=True); got transpose=False")
+    if len(dw.shape) != 3:
+        raise ValueError(f"{func}: w must hold experts [E, N, K]; the DecodeWeight is {tuple(dw.shape)}")
+    qa = dw.quantized
+    shape = tuple(x.shape)
+    if len(shape) < 2 or int(shape[-1]) != int(dw.shape[2]):
+        raise ValueError(f"{func}: x has shape {shape} but the experts are {tuple(dw.shape)} (x must "
+                         f"be [..., M, K] with K = {dw.shape[2]})")
+    entries = 1
+    for d in tuple(rhs_indices.shape):
+        entries *= int(d)
+    if int(shape[-2]) > 16 or 2 * entries > int(dw.shape[0]):
+        return gather_qmm(x, qa, rhs_indices=rhs_indices, bias=bias, dtype=dtype, out=out,
+                          stream=stream)
+    _quant_params(func, &p, qa.mode, qa.group_size, qa.bits, "ceil", "linear", qa.fp8_format)
+    out_dtype = _dtype_arg(func, dtype)
+    cdef _Call call = _new_call(func, x, "x", stream)
+    result = None
+    try:
+        vx = call.view(x, "x")
+        tx = _t(vx)
+        if (tx.device.device_type in (kDLCUDA, kDLCUDAManaged)
+                and not (tx.dtype.code == kDLBfloat and tx.dtype.bits == 16)):
+            call.release()
+            return gather_qmm(x, qa, rhs_indices=rhs_indices, bias=bias, dtype=dtype, out=out,
+                              stream=stream)
+        vw = call.view(dw.data, "w_decode")
+        vi = call.view(rhs_indices, "rhs_indices")
+        vg = call.view(call.scalar(dw.global_scale, "global_scale"), "global_scale")
+        vbias = call.view(bias, "bias")
+        if out is None:
+            bshape = np.broadcast_shapes(shape[:-2], tuple(int(d) for d in rhs_indices.shape))
+            result, vo = call.empty(tuple(bshape) + (int(shape[-2]), int(dw.shape[1])),
+                                    out_dtype or vx.float_dtype(), "out")
+        else:
+            vo = _out_view(call, out, out_dtype)
+        tw, ti, tg, tbias, to = _t(vw), _t(vi), _t(vg), _t(vbias), _t(vo)
+        s = call.cstream()
+        with nogil:
+            st = qqDecodeGatherQmm(NULL, tx, tw, ti, &p, tg, tbias, to, s)
+        if st == QQ_STATUS_NOT_SUPPORTED:  # e.g. unaligned rows, an older GPU: the packed experts
+            call.release()
+            return gather_qmm(x, qa, rhs_indices=rhs_indices, bias=bias, dtype=dtype, out=out,
+                              stream=stream)
+        _check(st)
+        call.finish()
+    finally:
+        call.release()
+    return out if out is not None else call.result(result)
+
+
 def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
                group_size=None, bits=None, mode="affine", *, global_scale=None, bias=None,
                scale_layout="linear", fp8_format="e4m3", dtype=None, out=None, stream=None):
@@ -531,6 +610,9 @@ def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
     cdef DLTensor *to
     cdef void* s
     cdef int ctranspose = 1 if transpose else 0
+    if isinstance(w, DecodeWeight) and rhs_indices is not None:
+        return _decode_gather(func, x, w, rhs_indices, scales, biases, transpose, group_size, bits,
+                              mode, global_scale, bias, scale_layout, dtype, out, stream)
     if rhs_indices is None:
         raise TypeError(f"{func}: argument 'rhs_indices' is required (int32 expert indices); "
                         f"quantized_matmul multiplies without them")

@@ -659,6 +659,8 @@ def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
     func = "gather_qmm"
     _no_stream(func, stream)
     require_indices(func, rhs_indices)
+    if isinstance(w, DecodeWeight):  # traced: the packed experts' op (the layout's kernel is eager)
+        w = w.quantized
     w, scales, biases, gs, mode, g, b, scale_layout, fp8_format, n = _weight_only_args(
         func, w, scales, biases, global_scale, transpose, group_size, bits, mode, scale_layout,
         fp8_format, x)

@@ -518,10 +518,12 @@ QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x,
  * (k / 32) * 528. INVALID_VALUE for another mode, a bad n, k or NULL. */
 QQ_API qqStatus_t qqDecodeLayoutSize(qqMode_t mode, int64_t n, int64_t k, int64_t* bytes);
 
-/* w: packed uint8 [N, K*bits/8] (2-D, K a multiple of 256), scales uint8 in
- * params->scale_layout (linear [N, K/group] or blocked); params: mode NVFP4,
+/* w: packed uint8 [N, K*bits/8] (K a multiple of 256) or experts [E, N,
+ * K*bits/8], scales uint8 in params->scale_layout (linear [(E,) N, K/group] or
+ * blocked, one matrix per expert); params: mode NVFP4,
  * MXFP4 or MXFP8 with E4M3 elements (group 0 or the mode's). out: uint8,
- * compact, qqDecodeLayoutSize bytes (any shape). nvfp4's global scale is not
+ * compact, E * qqDecodeLayoutSize bytes (any shape; [E, bytes] for
+ * qqDecodeGatherQmm), expert e's layout at e * qqDecodeLayoutSize. nvfp4's global scale is not
  * part of the layout: pass it to qqDecodeMatmul. NOT_SUPPORTED when the weight
  * cannot be encoded (a NaN scale or mxfp8 element; an mx scale outside its
  * window over non-zero codes: mxfp4 2^-20 .. 2^10, mxfp8 2^-108 .. 2^16):
@@ -547,6 +549,25 @@ QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x,
                                  const DLTensor* global_scale,
                                  const DLTensor* bias, DLTensor* out,
                                  void* stream);
+
+/* gather_qmm on experts in the decode layout: out[b..., :, :] = x[b..., :, :] @
+ * W[rhs_indices[b...]]^T (* nvfp4's global factor) (+ bias[N]), as qqGatherQmm
+ * (x's batch and rhs_indices' shape broadcast together; int32 indices read on
+ * the device, no host synchronization, capturable; an index out of range gives
+ * NaN rows on the GPU, INVALID_VALUE on the CPU). w_decode: uint8 [E, bytes],
+ * qqToDecodeLayout of experts [E, N, K] (N from out's last axis). Each batch
+ * entry reads its expert's layout: suited to entries that rarely share an
+ * expert (a decode step over many experts); qqGatherQmm on the packed experts
+ * groups the entries by expert first. GPU: as qqDecodeMatmul (bfloat16 x, M <=
+ * 16, 16-byte aligned rows and batch entries; NOT_SUPPORTED otherwise), at
+ * most 65535 entries. */
+QQ_API qqStatus_t qqDecodeGatherQmm(qqHandle_t handle, const DLTensor* x,
+                                    const DLTensor* w_decode,
+                                    const DLTensor* rhs_indices,
+                                    const qqQuantParams_t* params,
+                                    const DLTensor* global_scale,
+                                    const DLTensor* bias, DLTensor* out,
+                                    void* stream);
 
 /* Weight-only matmul with a weight picked per batch entry (mixture-of-experts
  * decode; MLX's gather_qmm with rhs_indices):

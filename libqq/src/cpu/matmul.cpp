@@ -255,42 +255,56 @@ qqStatus_t quantized_matmul(const MatmulArgs& a) {
 // element through decode_pos / decode_pack_slot, the same functions the GPU's
 // conversion uses, so both produce the same bytes.
 qqStatus_t to_decode_layout(const DecodeLayoutArgs& a) {
-  memset(a.out, 0, (size_t)decode_layout_bytes(a.N, a.K, a.q.bits == 8));
+  memset(a.out, 0, (size_t)(a.E * decode_expert_bytes(a)));
   const int64_t slots = decode_slots(a), kfb = a.K / (a.q.bits == 8 ? 32 : 64);
+  for (int64_t e = 0; e < a.E; ++e)
   for (int64_t t = 0; t < slots; ++t)
-    if (!decode_convert_slot(a, t >> 5, (int)(t & 31))) {
+    if (!decode_convert_slot(a, e, t >> 5, (int)(t & 31))) {
       const int64_t row = (t >> 5) / kfb * 16 + ((t & 31) >> 2);
-      return set_error(QQ_STATUS_NOT_SUPPORTED, "to_decode_layout: w's rows %lld / %lld near k %lld cannot be "
+      return set_error(QQ_STATUS_NOT_SUPPORTED, "to_decode_layout: w's rows %lld / %lld near k %lld (expert "
+                       "%lld) cannot be "
                        "encoded in the decode layout (a NaN scale or mxfp8 element, or an mx scale outside its "
                        "window over non-zero codes: mxfp4 2^-20 .. 2^10, mxfp8 2^-108 .. 2^16); keep the packed "
                        "weight (docs/formats.md, Decode layout)", (long long)row, (long long)(row + 8),
-                       (long long)((t >> 5) % kfb * (a.q.bits == 8 ? 32 : 64)));
+                       (long long)((t >> 5) % kfb * (a.q.bits == 8 ? 32 : 64)), (long long)e);
     }
   return QQ_STATUS_SUCCESS;
 }
 
 qqStatus_t decode_matmul(const DecodeMatmulArgs& a) {
   const int64_t M = a.M, N = a.N, K = a.K;
-  std::vector<float> wd(N * K), xd(M * K), c(M * N);
   const bool f8 = a.q.bits == 8;
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t k = 0; k < K; ++k) {
-      if (f8) {  // scale code: the bf16 exponent field of s * 2^111 (0: zero codes)
-        const DecPos p = decode_pos8(n, k, K);
-        const int sc = a.w[p.sbyte];
-        wd[n * K + k] = sc ? e4m3_decode(a.w[p.byte]) * exp2i(sc - 238) : 0.0f;  // exact
-      } else {
-        const DecPos p = decode_pos(n, k, K);
-        const uint8_t code = (uint8_t)((a.w[p.byte] >> p.shift) & 15);
-        wd[n * K + k] = e2m1_decode(code) * decode_scale_value(a.w[p.sbyte]);  // exact
-      }
-    }
-  for (int64_t m = 0; m < M; ++m)
-    load_row((const char*)a.x.ptr + m * a.x.ld * dtype_size(a.x.dt), a.x.dt, K, xd.data() + m * K);
+  const int64_t per = decode_layout_bytes(N, K, f8);
+  std::vector<float> wd(N * K), xd(M * K), c(M * N);
   const std::vector<float> bias = bias_f32(a.bias, N);
-  gemm_nt(xd.data(), M, wd.data(), N, K, a.gs ? nvfp4_dec(*a.gs) : 1.0f, bias.empty() ? nullptr : bias.data(),
-          c.data());
-  store_out(a.out, 0, c.data(), M, N);
+  int64_t last = -2;
+  for (int64_t b = 0; b < a.B; ++b) {
+    // the expert of entry b (gather: range-checked by the API), its layout decoded once in a row
+    const int64_t e = a.gidx.ptr ? *((const int32_t*)a.gidx.ptr + a.gidx.offset(b)) : 0;
+    if (e != last) {
+      const uint8_t* w = a.w + e * per;
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) {
+          if (f8) {  // scale code: the bf16 exponent field of s * 2^111 (0: zero codes)
+            const DecPos p = decode_pos8(n, k, K);
+            const int sc = w[p.sbyte];
+            wd[n * K + k] = sc ? e4m3_decode(w[p.byte]) * exp2i(sc - 238) : 0.0f;  // exact
+          } else {
+            const DecPos p = decode_pos(n, k, K);
+            const uint8_t code = (uint8_t)((w[p.byte] >> p.shift) & 15);
+            wd[n * K + k] = e2m1_decode(code) * decode_scale_value(w[p.sbyte]);  // exact
+          }
+        }
+      last = e;
+    }
+    const char* xb = (const char*)a.x.ptr + a.x.offset(b) * dtype_size(a.x.dt);
+    for (int64_t m = 0; m < M; ++m) load_row(xb + m * a.x.ld * dtype_size(a.x.dt), a.x.dt, K, xd.data() + m * K);
+    gemm_nt(xd.data(), M, wd.data(), N, K, a.gs ? nvfp4_dec(*a.gs) : 1.0f, bias.empty() ? nullptr : bias.data(),
+            c.data());
+    Mat o = a.out;
+    o.ptr = (char*)a.out.ptr + b * M * N * dtype_size(a.out.dt);
+    store_out(o, 0, c.data(), M, N);
+  }
   return QQ_STATUS_SUCCESS;
 }
 

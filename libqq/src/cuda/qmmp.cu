@@ -108,7 +108,12 @@ struct QP {
   const uint8_t* w;
   const __nv_bfloat16* x;
   int64_t xld;  // elements between rows of x
-  int M, N, K;
+  // gather (gidx.ptr set): batch entry blockIdx.z multiplies x's entry (xb's batch offset)
+  // by expert gidx[entry] of E layouts of wper bytes; out entry b at b * M * N
+  Mat xb, gidx;
+  int64_t wper;
+  int E;
+  int M, N, K, B;
   int cps;      // stages per CTA of a cluster (the last ranks may get fewer, even none)
   const float* gs;
   Mat bias, out;
@@ -138,8 +143,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
   float* part = red + RED;                                        // this CTA's sums, read by the cluster's rank 0
   cg::cluster_group cluster = cg::this_cluster();
   const int ks = (int)cluster.dim_blocks().y, rank = (int)cluster.block_rank();
-  const int tile = blockIdx.x, nk = p.K / (kDecChunkK * KC);
-  const int c0 = (blockIdx.y) * p.cps, nch = max(0, min(nk, c0 + p.cps) - c0);
+  const int tile = blockIdx.x, nk = p.K / (kDecChunkK * KC), entry = blockIdx.z;
+  // gather: the expert comes from memory the previous kernel may have written (a router's
+  // top-k), so every thread waits for it first; an index out of range gives NaN rows
+  int64_t expert = 0;
+  bool bad = false;
+  if (p.gidx.ptr) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    expert = *((const int32_t*)p.gidx.ptr + p.gidx.offset(entry));
+    bad = expert < 0 || expert >= p.E;
+    if (bad) expert = 0;
+  }
+  const int c0 = (blockIdx.y) * p.cps, nch = bad ? 0 : max(0, min(nk, c0 + p.cps) - c0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint32_t bar0 = smem_u32(bars);
   if (threadIdx.x == 0) {
@@ -167,8 +182,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
     if (lane == 0) {  // the producer
       uint64_t pol;
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-      const uint8_t* wt = p.w + ((size_t)tile * (p.K / kDecChunkK) + (size_t)c0 * KC) * G::STAGE;
-      const __nv_bfloat16* xs = p.x + (size_t)c0 * KC * kDecChunkK;
+      const uint8_t* wt = p.w + expert * p.wper + ((size_t)tile * (p.K / kDecChunkK) + (size_t)c0 * KC) * G::STAGE;
+      const __nv_bfloat16* xs = p.x + (p.gidx.ptr ? p.xb.offset(entry) : 0) + (size_t)c0 * KC * kDecChunkK;
       // Programmatic dependent launch: the weights do not depend on the previous
       // kernel in the stream, so the first stages' weight copies go out before
       // waiting for it (overlapping its tail with this kernel's ramp); x, and with
@@ -287,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
         if (m < p.M && n < p.N) {
           v *= alpha;
           if (p.bias.ptr) v += load_f(p.bias, n);
-          store_f(p.out, (int64_t)m * p.N + n, v);
+          store_f(p.out, ((int64_t)entry * p.M + m) * p.N + n, bad ? __int_as_float(0x7fc00000) : v);
         }
       }
   }
@@ -301,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
 // decode_convert_slot, as on the CPU); *bad gets 1 when a scale cannot be encoded.
 __global__ void to_decode_kernel(const DecodeLayoutArgs a, int64_t slots, int* bad) {
   const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t < slots && !decode_convert_slot(a, t >> 5, (int)(t & 31))) atomicOr(bad, 1);
+  if (t < slots && !decode_convert_slot(a, blockIdx.y, t >> 5, (int)(t & 31))) atomicOr(bad, 1);
 }
 
 // The shared memory of a configuration (the ring, its barriers, the two partial-sum arrays).
@@ -342,7 +357,7 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream) {
   const int nk = p.K / (kDecChunkK * KC);
   q.cps = (nk + ks - 1) / ks;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)tiles, (unsigned)ks, 1);
+  cfg.gridDim = dim3((unsigned)tiles, (unsigned)ks, (unsigned)p.B);
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
@@ -369,11 +384,11 @@ qqStatus_t to_decode_layout(qqHandle_t h, const DecodeLayoutArgs& a, void* strea
     Scratch scratch(c, st);
     int* bad = nullptr;
     QQ_TRY(scratch.get("to_decode_layout", sizeof(int), &bad));
-    const int64_t bytes = decode_layout_bytes(a.N, a.K, a.q.bits == 8);
+    const int64_t bytes = a.E * decode_expert_bytes(a);
     QQ_CUDA_TRY(cudaMemsetAsync(a.out, 0, (size_t)bytes, st), "to_decode_layout");
     QQ_CUDA_TRY(cudaMemsetAsync(bad, 0, sizeof(int), st), "to_decode_layout");
     const int64_t slots = decode_slots(a);
-    if (slots) to_decode_kernel<<<(unsigned)((slots + 255) / 256), 256, 0, st>>>(a, slots, bad);
+    if (slots && a.E) to_decode_kernel<<<dim3((unsigned)((slots + 255) / 256), (unsigned)a.E), 256, 0, st>>>(a, slots, bad);
     QQ_TRY(check_launch("to_decode_layout"));
     int hbad = 0;
     // The one host wait of this one-time conversion: whether every scale fitted.
@@ -391,7 +406,7 @@ qqStatus_t to_decode_layout(qqHandle_t h, const DecodeLayoutArgs& a, void* strea
 qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) {
   (void)h;
   const char* op = "decode_matmul";
-  if (a.M == 0 || a.N == 0) return QQ_STATUS_SUCCESS;
+  if (a.M == 0 || a.N == 0 || a.B == 0) return QQ_STATUS_SUCCESS;
   return on_device(a.x.device, [&]() -> qqStatus_t {
     int cc_major = 0;  // a host-side attribute read (no driver round trip)
     QQ_CUDA_TRY(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, a.x.device), op);
@@ -403,7 +418,13 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
                        "16 rows; got %s x of %lld rows; use the packed weight", op,
                        a.x.dt == DType::BF16 ? "bfloat16" : (a.x.dt == DType::F16 ? "float16" : "float32"),
                        (long long)a.M);
-    if (((uintptr_t)a.x.ptr & 15) || (a.x.ld & 7) || ((uintptr_t)a.w & 15))
+    bool xb_aligned = true;  // every batch entry of x starts 16-byte aligned (gather)
+    for (int i = 0; i < a.x.nb; ++i) xb_aligned = xb_aligned && (a.x.bstride[i] & 7) == 0;
+    if (a.B > 65535 || a.E > 65535)
+      return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's GPU kernel takes at most 65535 batch "
+                       "entries and experts; got %lld and %lld; use the packed weight", op, (long long)a.B,
+                       (long long)a.E);
+    if (((uintptr_t)a.x.ptr & 15) || (a.x.ld & 7) || ((uintptr_t)a.w & 15) || !xb_aligned)
       return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's GPU kernel reads x's rows and w_decode with "
                        "16-byte bulk copies: x's start, its row stride (%lld elements) and w_decode's start must be "
                        "multiples of 16 bytes; use the packed weight or aligned buffers", op, (long long)a.x.ld);
@@ -416,6 +437,11 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     p.bias = a.bias;
     p.out = a.out;
     p.mul0 = 65u << 6, p.mul1 = 65u << 2;
+    p.xb = a.x;
+    p.gidx = a.gidx;
+    p.wper = decode_layout_bytes(a.N, a.K, a.q.bits == 8);
+    p.E = (int)a.E;
+    p.B = (int)a.B;
     const int tiles = (int)(roundup(a.N, kDecTileRows) / kDecTileRows);
     const int target = sm_count(a.x.device) * 3 / 2;
     const cudaStream_t st = (cudaStream_t)stream;
