@@ -184,6 +184,32 @@ qqStatus_t qqmm_single(Ctx& c, qqHandle_t handle, const DLTensor* x, const DLTen
 // quantized_matmul, and gather_qmm when `indices` is given: w is [E, ...] and batch
 // entry b of out multiplies x's entry b by expert indices[b] (x's batch and the
 // indices broadcast together).
+// gather_qmm's expert indices (int32, any shape and strides) as a batch-only Mat, their
+// shape broadcast with x's batch (NumPy rules) into nb / bshape, both Mats aligned to it.
+qqStatus_t gather_indices(Ctx& c, const DLTensor* indices, Mat* x, Mat* g, int* nb, int64_t* bshape) {
+  DType idt;
+  QQ_TRY(check_tensor(c, "rhs_indices", indices, &idt));
+  if (idt != DType::I32)
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument 'rhs_indices' must be int32 (expert indices); got %s",
+                     c.op, dtype_str(indices->dtype).c_str());
+  if (indices->ndim > kMaxDims - 2)
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument 'rhs_indices' has %d dimensions; at most %d", c.op,
+                     indices->ndim, kMaxDims - 2);
+  g->ptr = (char*)indices->data + indices->byte_offset;
+  g->dt = DType::I32;
+  g->device = c.device;
+  g->rows = g->cols = g->ld = 1;
+  g->nb = indices->ndim;
+  for (int i = 0; i < g->nb; ++i) {
+    g->bshape[i] = indices->shape[i];
+    g->bstride[i] = indices->shape[i] == 1 ? 0 : stride_of(indices, i);
+  }
+  QQ_TRY(broadcast_batch(c, x, g, nb, bshape, "rhs_indices"));
+  align_batch(x, *nb, bshape);
+  align_batch(g, *nb, bshape);
+  return QQ_STATUS_SUCCESS;
+}
+
 qqStatus_t weight_only_matmul(const char* op, qqHandle_t handle, const DLTensor* x, const DLTensor* w,
                               const DLTensor* scales, const DLTensor* biases, const DLTensor* indices,
                               const qqQuantParams_t* params, int transpose, const DLTensor* global_scale,
@@ -247,27 +273,7 @@ qqStatus_t weight_only_matmul(const char* op, qqHandle_t handle, const DLTensor*
   if (indices) {
     // The indices as a batch-only Mat (one int32 per entry), broadcast with x's batch;
     // w keeps its own batch [E], indexed through them (weight_entry).
-    DType idt;
-    QQ_TRY(check_tensor(c, "rhs_indices", indices, &idt));
-    if (idt != DType::I32)
-      return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument 'rhs_indices' must be int32 (expert indices); got "
-                       "%s", op, dtype_str(indices->dtype).c_str());
-    if (indices->ndim > kMaxDims - 2)
-      return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument 'rhs_indices' has %d dimensions; at most %d", op,
-                       indices->ndim, kMaxDims - 2);
-    Mat& g = a.gidx;
-    g.ptr = (char*)indices->data + indices->byte_offset;
-    g.dt = DType::I32;
-    g.device = c.device;
-    g.rows = g.cols = g.ld = 1;
-    g.nb = indices->ndim;
-    for (int i = 0; i < g.nb; ++i) {
-      g.bshape[i] = indices->shape[i];
-      g.bstride[i] = indices->shape[i] == 1 ? 0 : stride_of(indices, i);
-    }
-    QQ_TRY(broadcast_batch(c, &a.x, &a.gidx, &nb, bshape, "rhs_indices"));
-    align_batch(&a.x, nb, bshape);
-    align_batch(&a.gidx, nb, bshape);
+    QQ_TRY(gather_indices(c, indices, &a.x, &a.gidx, &nb, bshape));
   } else {
     QQ_TRY(broadcast_batch(c, &a.x, &a.w, &nb, bshape));
     align_batch(&a.x, nb, bshape);
@@ -773,7 +779,7 @@ QQ_API qqStatus_t qqDecodeGatherQmm(qqHandle_t handle, const DLTensor* x, const 
     DecodeMatmulArgs a{};
     QQ_TRY(resolve_params(c, params, &a.q));
     QQ_TRY(decode_mode(c.op, a.q));
-    DType xdt, odt, wdt, idt;
+    DType xdt, wdt;
     QQ_TRY(check_tensor(c, "x", x, &xdt));
     QQ_TRY(expect_float(c, "x", x, xdt));
     if (x->ndim < 2)
@@ -805,35 +811,15 @@ QQ_API qqStatus_t qqDecodeGatherQmm(qqHandle_t handle, const DLTensor* x, const 
                        (long long)decode_layout_bytes(a.N, a.K, a.q.bits == 8));
     a.w = (const uint8_t*)w_decode->data + w_decode->byte_offset;
     QQ_TRY(to_mat(c, "x", x, xdt, &a.x));
-    QQ_TRY(check_tensor(c, "rhs_indices", rhs_indices, &idt));
-    if (idt != DType::I32)
-      return set_error(QQ_STATUS_INVALID_VALUE, "decode_gather_qmm: argument 'rhs_indices' must be int32 (expert "
-                       "indices); got %s", dtype_str(rhs_indices->dtype).c_str());
-    if (rhs_indices->ndim > kMaxDims - 2)
-      return set_error(QQ_STATUS_INVALID_VALUE, "decode_gather_qmm: argument 'rhs_indices' has %d dimensions; at "
-                       "most %d", rhs_indices->ndim, kMaxDims - 2);
-    Mat& g = a.gidx;
-    g.ptr = (char*)rhs_indices->data + rhs_indices->byte_offset;
-    g.dt = DType::I32;
-    g.device = c.device;
-    g.rows = g.cols = g.ld = 1;
-    g.nb = rhs_indices->ndim;
-    for (int i = 0; i < g.nb; ++i) {
-      g.bshape[i] = rhs_indices->shape[i];
-      g.bstride[i] = rhs_indices->shape[i] == 1 ? 0 : stride_of(rhs_indices, i);
-    }
     int nb;
     int64_t bshape[kMaxDims];
-    QQ_TRY(broadcast_batch(c, &a.x, &a.gidx, &nb, bshape, "rhs_indices"));
-    align_batch(&a.x, nb, bshape);
-    align_batch(&a.gidx, nb, bshape);
+    QQ_TRY(gather_indices(c, rhs_indices, &a.x, &a.gidx, &nb, bshape));
     int64_t oshape[kMaxDims];
     int ond = 0;
     for (int i = 0; i < nb; ++i) oshape[ond++] = bshape[i];
     oshape[ond++] = a.M;
     oshape[ond++] = a.N;
     QQ_TRY(output_mat(c, "out", out, ond, oshape, -1, "[broadcast batch..., M, N]", &a.out));
-    (void)odt;
     QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, a.q, &a.gs));
     QQ_TRY(bias_mat(c, bias, a.N, &a.bias));
     QQ_TRY(check_no_alias(c, {{"out", out}}, {{"x", x}, {"w_decode", w_decode}, {"rhs_indices", rhs_indices},
