@@ -164,7 +164,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  __syncthreads();  // the barriers are initialized: the producer may start
+  // rows of x past M stay zero in every stage (the copies never write them)
+  for (int s = 0; s < S; ++s)
+    for (int i = threadIdx.x; i < (MT * 8 - p.M) * (XS / 16); i += kThreads)
+      reinterpret_cast<uint4*>(smem + s * STG + SW + p.M * XS)[i] = make_uint4(0, 0, 0, 0);
+  __syncthreads();
   // The next kernel in the stream may start its own weight prefetch now (it waits
   // for this one to finish before it reads x or writes anything).
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -204,13 +208,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
       }
     }
   } else {
-    // Rows of x past M stay zero in every stage (the copies never write them): the
-    // consumers zero them while the producer's first copies are in flight, then wait for
-    // each other (named barrier 1, the 8 consumer warps).
-    for (int s = 0; s < S; ++s)
-      for (int i = threadIdx.x; i < (MT * 8 - p.M) * (XS / 16); i += 32 * kConsumers)
-        reinterpret_cast<uint4*>(smem + s * STG + SW + p.M * XS)[i] = make_uint4(0, 0, 0, 0);
-    asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumers) : "memory");
     for (int i = 0; i < nch; ++i) {
       const int s = i % S;
       mbar_wait(bar0 + 8 * s, (i / S) & 1);
