@@ -129,26 +129,21 @@ template <bool F8> struct Geo {
                        XPAD = F8 ? 64 : 16;
 };
 
-// MT n8 tiles of x rows (M <= 8 MT), S stages of KC chunks (256 k each) of RB row
-// blocks (16 rows each; RB = 4: a 64-row tile, RB = 1: one row block, for weights whose
-// tiles would leave SMs idle: more CTAs, each with less serial work); F8: mxfp8 (E4M3)
-// codes, else E2M1. The 8 consumer warps take the RB row blocks x 8 / RB FB parities.
-template <bool F8, int MT, int S, int KC, int RB, int kMinBlocks>
+// MT n8 tiles of x rows (M <= 8 MT), S stages of KC chunks (256 k each); F8:
+// mxfp8 (E4M3) codes, else E2M1.
+template <bool F8, int MT, int S, int KC, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using G = Geo<F8>;
-  constexpr int NP = kConsumers / RB;     // FB parities: warps per row block
   constexpr int XS = KC * 512 + G::XPAD;  // bytes per row of x in a stage
-  constexpr int SPAN = RB * G::FBS * G::FB;  // one chunk of the CTA's row blocks: contiguous in the layout
-  constexpr int SW = KC * SPAN, STG = SW + MT * 8 * XS, RED = (NP - 1) * RB * MT * 4 * 32;
+  constexpr int SW = KC * G::STAGE, STG = SW + MT * 8 * XS, RED = 4 * MT * 4 * 32;
   extern __shared__ __align__(128) uint8_t smem[];
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S * STG);  // full[S], empty[S]
   float* red = reinterpret_cast<float*>(bars + 2 * S);           // the odd warps' partial sums
   float* part = red + RED;                                        // this CTA's sums, read by the cluster's rank 0
-  const int R0 = blockIdx.x * RB;                                 // the CTA's first row block
   cg::cluster_group cluster = cg::this_cluster();
   const int ks = (int)cluster.dim_blocks().y, rank = (int)cluster.block_rank();
-  const int nk = p.K / (kDecChunkK * KC), entry = blockIdx.z;
+  const int tile = blockIdx.x, nk = p.K / (kDecChunkK * KC), entry = blockIdx.z;
   // gather: the expert comes from memory the previous kernel may have written (a router's
   // top-k), so every thread waits for it first; an index out of range gives NaN rows
   int64_t expert = 0;
@@ -177,7 +172,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
   // The next kernel in the stream may start its own weight prefetch now (it waits
   // for this one to finish before it reads x or writes anything).
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  const int rb = warp % RB, fpar = warp / RB, g = lane >> 2, q = lane & 3;
+  const int rb = warp & 3, fpar = (warp >> 2) & 1, g = lane >> 2, q = lane & 3;
   float acc[MT][4];
 #pragma unroll
   for (int t = 0; t < MT; ++t)
@@ -187,19 +182,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
     if (lane == 0) {  // the producer
       uint64_t pol;
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-      // chunk c of the CTA's row blocks: tile R0 / 4, row block R0 % 4 within it
-      const uint8_t* wt = p.w + expert * p.wper +
-                          (((size_t)(R0 >> 2) * (p.K / kDecChunkK) + (size_t)c0 * KC) * 4 + (R0 & 3)) * G::FBS * G::FB;
-      // a stage's KC chunks: one copy where they are contiguous (RB = 4), else one per chunk
-      auto copy_stage = [&](uint32_t dst, int i, uint32_t full) {
-        if (RB == 4) {
-          bulk_g2s_evict_first(dst, wt + (size_t)i * SW, SW, full, pol);
-        } else {
-#pragma unroll
-          for (int j = 0; j < KC; ++j)
-            bulk_g2s_evict_first(dst + j * SPAN, wt + (size_t)(i * KC + j) * G::STAGE, SPAN, full, pol);
-        }
-      };
+      const uint8_t* wt = p.w + expert * p.wper + ((size_t)tile * (p.K / kDecChunkK) + (size_t)c0 * KC) * G::STAGE;
       const __nv_bfloat16* xs = p.x + (p.gidx.ptr ? p.xb.offset(entry) : 0) + (size_t)c0 * KC * kDecChunkK;
       // Programmatic dependent launch: the weights do not depend on the previous
       // kernel in the stream, so the first stages' weight copies go out before
@@ -209,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
       for (int i = 0; i < pre; ++i) {
         const uint32_t full = bar0 + 8 * i;
         mbar_expect(full, SW + p.M * 512 * KC);
-        copy_stage(smem_u32(smem + i * STG), i, full);
+        bulk_g2s_evict_first(smem_u32(smem + i * STG), wt + (size_t)i * SW, SW, full, pol);
       }
       asm volatile("griddepcontrol.wait;" ::: "memory");
       for (int i = 0; i < nch; ++i) {
@@ -218,7 +201,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
         if (i >= pre) {
           mbar_wait(bar0 + 8 * (S + s), ((i / S) - 1) & 1);
           mbar_expect(full, SW + p.M * 512 * KC);
-          copy_stage(dst, i, full);
+          bulk_g2s_evict_first(dst, wt + (size_t)i * SW, SW, full, pol);
         }
         for (int m = 0; m < p.M; ++m)
           bulk_g2s(dst + SW + m * XS, xs + (size_t)m * p.xld + (size_t)i * KC * kDecChunkK, 512 * KC, full);
@@ -230,9 +213,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
       mbar_wait(bar0 + 8 * s, (i / S) & 1);
       const uint8_t* base = smem + s * STG;
 #pragma unroll
-      for (int ff = 0; ff < G::FBS * KC / NP; ++ff) {
-        const int f = fpar + NP * ff;  // FB along the stage's K
-        const uint8_t* fb = base + ((f / G::FBS) * RB + rb) * G::FBS * G::FB + (f % G::FBS) * G::FB;
+      for (int ff = 0; ff < G::FBS * KC / 2; ++ff) {
+        const int f = fpar + 2 * ff;  // FB along the stage's K
+        const uint8_t* fb = base + ((f / G::FBS) * 4 + rb) * G::FBS * G::FB + (f % G::FBS) * G::FB;
         const uint4 wv = *reinterpret_cast<const uint4*>(fb + 16 * lane);
         const uint32_t w4[4] = {wv.x, wv.y, wv.z, wv.w};
         if constexpr (F8) {
@@ -287,22 +270,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
       if (lane == 0) mbar_arrive(bar0 + 8 * (S + s));
     }
   }
-  // The CTA's sum: the FB-parity warps of a row block, added in parity order.
-  if (warp < kConsumers && fpar > 0)
+  // The CTA's sum: the two FB-parity warps of a row block, even + odd.
+  if (warp < kConsumers && fpar == 1)
 #pragma unroll
     for (int t = 0; t < MT; ++t)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) red[((((fpar - 1) * RB + rb) * MT + t) * 4 + i) * 32 + lane] = acc[t][i];
+      for (int i = 0; i < 4; ++i) red[((rb * MT + t) * 4 + i) * 32 + lane] = acc[t][i];
   __syncthreads();
   if (warp < kConsumers && fpar == 0)
 #pragma unroll
     for (int t = 0; t < MT; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        float v = acc[t][i];
-#pragma unroll
-        for (int f = 1; f < NP; ++f) v += red[((((f - 1) * RB + rb) * MT + t) * 4 + i) * 32 + lane];
-        part[((rb * MT + t) * 4 + i) * 32 + lane] = v;
+        const int o = ((rb * MT + t) * 4 + i) * 32 + lane;
+        part[o] = acc[t][i] + red[o];
       }
   cluster.sync();
   // (rank 0 has a stage, so its threads are past the producer's wait; this is for the
@@ -317,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
         const int o = ((rb * MT + t) * 4 + i) * 32 + lane;
         float v = part[o];
         for (int r = 1; r < ks; ++r) v += cluster.map_shared_rank(part, r)[o];
-        const int m = 8 * t + 2 * q + (i & 1), n = (R0 + rb) * 16 + g + 8 * (i >> 1);
+        const int m = 8 * t + 2 * q + (i & 1), n = tile * kDecTileRows + rb * 16 + g + 8 * (i >> 1);
         if (m < p.M && n < p.N) {
           v *= alpha;
           if (p.bias.ptr) v += load_f(p.bias, n);
@@ -339,11 +320,10 @@ __global__ void to_decode_kernel(const DecodeLayoutArgs a, int64_t slots, int* b
 }
 
 // The shared memory of a configuration (the ring, its barriers, the two partial-sum arrays).
-template <bool F8, int MT, int S, int KC, int RB>
+template <bool F8, int MT, int S, int KC>
 constexpr size_t smem_bytes() {
   using G = Geo<F8>;
-  return (size_t)S * (KC * RB * G::FBS * G::FB + MT * 8 * (KC * 512 + G::XPAD)) + 2 * S * 8 +
-         ((kConsumers / RB - 1) * RB + RB) * MT * 4 * 32 * 4;
+  return (size_t)S * (KC * G::STAGE + MT * 8 * (KC * 512 + G::XPAD)) + 2 * S * 8 + 2 * (4 * MT * 4 * 32) * 4;
 }
 
 // Launches one configuration; kRefused (no message) when it cannot run on this device:
@@ -352,10 +332,10 @@ constexpr size_t smem_bytes() {
 // JIT-compiled, would have an empty body). Known per device and configuration after
 // the first call, which also sets the shared-memory attribute once.
 constexpr qqStatus_t kRefused = QQ_STATUS_NOT_SUPPORTED;
-template <bool F8, int MT, int S, int KC, int RB, int kMinBlocks>
+template <bool F8, int MT, int S, int KC, int kMinBlocks>
 qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream) {
-  constexpr size_t smem = smem_bytes<F8, MT, S, KC, RB>();
-  auto kern = qmmp_kernel<F8, MT, S, KC, RB, kMinBlocks>;
+  constexpr size_t smem = smem_bytes<F8, MT, S, KC>();
+  auto kern = qmmp_kernel<F8, MT, S, KC, kMinBlocks>;
   static std::atomic<uint64_t> ok{0}, refused{0};  // bit d: device d (devices past 63 ask every time)
   int dev = 0;
   QQ_CUDA_TRY(cudaGetDevice(&dev), "decode_matmul");
@@ -466,44 +446,32 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     const int target = sm_count(a.x.device) * 3 / 2;
     const cudaStream_t st = (cudaStream_t)stream;
     const bool f8 = a.q.bits == 8;
+    // A cluster of 2 where the row tiles alone leave SMs idle: larger clusters were
+    // slower at every decode shape (a rank waits for its cluster before it exits).
+    // The split point is in 256-k chunks and does not depend on M, so a row's sums
+    // run in the same order for every M.
     const int nk = (int)(a.K / kDecChunkK);
-    // Where the 64-row tiles (times the gather's entries) leave SMs idle, CTAs of one row
-    // block each (RB = 1, stages of 512 k): 4x the CTAs, each with a quarter of the serial
-    // work; 4096^2 at M = 1 ran 9.5 us with 64-row tiles whether its weights came from DRAM
-    // or from the L2 (bench/tune/graph_floor.py): the CTAs' work, not the memory, bounded
-    // it. Where even those leave SMs idle, a cluster of 2 splits K (larger clusters were
-    // slower at every decode shape: a rank waits for its cluster before it exits). None of
-    // these choices depends on M, nor does the split point (256-k chunks): a row's sums run
-    // in the same order for every M.
-    const bool rb1 = (int64_t)tiles * a.B < target && nk % 2 == 0;
-    const int64_t ctas = rb1 ? (int64_t)((a.N + 15) / 16) * a.B : (int64_t)tiles * a.B;
-    const int ks = ctas < target && nk >= (rb1 ? 4 : 2) ? 2 : 1;
-    // 9..16 rows of fp4 in 64-row tiles: stages of 512 k where the split allows it (fewer,
-    // larger copies: 5 % faster at 16384^2), 256 k otherwise. Deeper rings (2 CTAs per
-    // SM) where the tiles fill the GPU at M <= 8: 16384^2 nvfp4 M = 1 55 us against 62
-    // with 4 stages; the shallower ones win elsewhere (bench/results/qmm-decode-h100-notes.md,
-    // session i). A configuration the device cannot run (shared memory) falls to the shallower.
+    const int ks = tiles < target && nk >= 2 ? 2 : 1;
+    // 9..16 rows of fp4: stages of 512 k where the split allows it (fewer, larger copies:
+    // 5 % faster at 16384^2), 256 k otherwise. Deeper rings (2 CTAs per SM) where the
+    // tiles fill the GPU at M <= 8: 16384^2 nvfp4 M = 1 55 us against 62 with 4 stages;
+    // the shallower ones win elsewhere (bench/results/qmm-decode-h100-notes.md, session
+    // i). A configuration the device cannot run (shared memory) falls to the shallower.
     const bool kc2 = !f8 && a.M > 8 && nk % 2 == 0 && (ks == 1 || nk % 4 == 0);
     qqStatus_t r;
-    if (rb1) {
-      const int rtiles = (int)((a.N + 15) / 16);
-      if (f8)
-        r = a.M > 8 ? launch<true, 2, 3, 2, 1, 2>(p, rtiles, ks, st) : launch<true, 1, 4, 2, 1, 3>(p, rtiles, ks, st);
-      else
-        r = a.M > 8 ? launch<false, 2, 4, 2, 1, 2>(p, rtiles, ks, st) : launch<false, 1, 5, 2, 1, 3>(p, rtiles, ks, st);
-    } else if (f8) {
+    if (f8) {
       if (a.M > 8) {
-        r = launch<true, 2, 3, 1, 4, 2>(p, tiles, ks, st);
+        r = launch<true, 2, 3, 1, 2>(p, tiles, ks, st);
       } else {
-        r = ks == 1 ? launch<true, 1, 5, 1, 4, 2>(p, tiles, ks, st) : kRefused;
-        if (r == kRefused) r = launch<true, 1, 3, 1, 4, 3>(p, tiles, ks, st);
+        r = ks == 1 ? launch<true, 1, 5, 1, 2>(p, tiles, ks, st) : kRefused;
+        if (r == kRefused) r = launch<true, 1, 3, 1, 3>(p, tiles, ks, st);
       }
     } else if (a.M > 8) {
-      r = kc2 ? launch<false, 2, 3, 2, 4, 2>(p, tiles, ks, st) : kRefused;
-      if (r == kRefused) r = launch<false, 2, 4, 1, 4, 2>(p, tiles, ks, st);
+      r = kc2 ? launch<false, 2, 3, 2, 2>(p, tiles, ks, st) : kRefused;
+      if (r == kRefused) r = launch<false, 2, 4, 1, 2>(p, tiles, ks, st);
     } else {
-      r = ks == 1 ? launch<false, 1, 8, 1, 4, 2>(p, tiles, ks, st) : kRefused;
-      if (r == kRefused) r = launch<false, 1, 4, 1, 4, 3>(p, tiles, ks, st);
+      r = ks == 1 ? launch<false, 1, 8, 1, 2>(p, tiles, ks, st) : kRefused;
+      if (r == kRefused) r = launch<false, 1, 4, 1, 3>(p, tiles, ks, st);
     }
     if (r == kRefused)
       return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's kernel cannot run on this GPU (compute "
