@@ -5,28 +5,9 @@ of the decode layout and the packed one, and torch's own bf16 matmul of the same
     python bench/tune/graph_floor.py
 """
 import torch
+from decode_graph import graph_us  # same folder: a graph of fn, replayed, us per replay
 
 import qq
-
-
-def graph_us(fn, reps=50):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        g.replay()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) * 1000 / reps
 
 
 for n, k in [(64, 256), (4096, 4096)]:
@@ -37,5 +18,5 @@ for n, k in [(64, 256), (4096, 4096)]:
     calls = 16
     for name, f in [("decode", lambda: qq.quantized_matmul(x, dw)), ("packed", lambda: qq.quantized_matmul(x, qw)),
                     ("torch bf16", lambda: x @ w.t())]:
-        us = graph_us(lambda: [f() for _ in range(calls)]) / calls
+        us = graph_us(lambda: [f() for _ in range(calls)], reps=50) / calls
         print(f"({n}, {k}) {name:10s} {us:6.2f} us per call in a graph of {calls}", flush=True)

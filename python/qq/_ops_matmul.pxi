@@ -438,6 +438,28 @@ def prepare_decode(w, stream=None):
     return DecodeWeight(call.result(result), w)
 
 
+def _decode_weight_args(func, dw, shape_text, scales, biases, transpose, group_size, bits, mode,
+                        global_scale, scale_layout):
+    """A DecodeWeight carries its scales, mode and global scale: the weight arguments of
+    quantized_matmul / gather_qmm must be left at their defaults (mode may name its own)."""
+    if (scales is not None or biases is not None or group_size is not None or bits is not None
+            or global_scale is not None or scale_layout != "linear"):
+        raise ValueError(f"{func}: w is a DecodeWeight, which carries its scales, mode and global "
+                         f"scale; pass none of scales, biases, group_size, bits, global_scale, "
+                         f"scale_layout")
+    if mode not in ("affine", dw.mode):  # "affine" is the default: not given
+        raise ValueError(f"{func}: mode={mode!r} but w is a {dw.mode} DecodeWeight")
+    if not transpose:
+        raise ValueError(f"{func}: a DecodeWeight is {shape_text} (transpose=True); got "
+                         f"transpose=False")
+
+
+cdef inline bint _gpu_not_bf16(DLTensor* t):
+    """x on a GPU in another dtype than bfloat16 (the decode layout's kernel takes bf16)."""
+    return (t.device.device_type in (kDLCUDA, kDLCUDAManaged)
+            and not (t.dtype.code == kDLBfloat and t.dtype.bits == 16))
+
+
 def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mode,
                    global_scale, bias, scale_layout, dtype, out, stream):
     """quantized_matmul with a DecodeWeight: the decode layout's kernel where it applies
@@ -452,15 +474,8 @@ def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mod
     cdef DLTensor *tbias
     cdef DLTensor *to
     cdef void* s
-    if (scales is not None or biases is not None or group_size is not None or bits is not None
-            or global_scale is not None or scale_layout != "linear"):
-        raise ValueError(f"{func}: w is a DecodeWeight, which carries its scales, mode and global "
-                         f"scale; pass none of scales, biases, group_size, bits, global_scale, "
-                         f"scale_layout")
-    if mode not in ("affine", dw.mode):  # "affine" is the default: not given
-        raise ValueError(f"{func}: mode={mode!r} but w is a {dw.mode} DecodeWeight")
-    if not transpose:
-        raise ValueError(f"{func}: a DecodeWeight is [N, K] (transpose=True); got transpose=False")
+    _decode_weight_args(func, dw, "[N, K]", scales, biases, transpose, group_size, bits, mode,
+                        global_scale, scale_layout)
     shape = tuple(x.shape)
     rows = 1
     for d in shape[:-1]:
@@ -480,9 +495,8 @@ def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mod
     try:
         vx = call.view(x, "x")
         tx = _t(vx)
-        if (tx.device.device_type in (kDLCUDA, kDLCUDAManaged)
-                and not (tx.dtype.code == kDLBfloat and tx.dtype.bits == 16)):
-            call.release()  # the GPU kernel takes bfloat16 x: the packed weight's routes
+        if _gpu_not_bf16(tx):  # the GPU kernel takes bfloat16 x: the packed weight's routes
+            call.release()
             return quantized_matmul(x, qa, bias=bias, dtype=dtype, out=out, stream=stream)
         vw = call.view(dw.data, "w_decode")
         vg = call.view(call.scalar(dw.global_scale, "global_scale"), "global_scale")
@@ -523,15 +537,8 @@ def _decode_gather(func, x, dw, rhs_indices, scales, biases, transpose, group_si
     cdef DLTensor *tbias
     cdef DLTensor *to
     cdef void* s
-    if (scales is not None or biases is not None or group_size is not None or bits is not None
-            or global_scale is not None or scale_layout != "linear"):
-        raise ValueError(f"{func}: w is a DecodeWeight, which carries its scales, mode and global "
-                         f"scale; pass none of scales, biases, group_size, bits, global_scale, "
-                         f"scale_layout")
-    if mode not in ("affine", dw.mode):
-        raise ValueError(f"{func}: mode={mode!r} but w is a {dw.mode} DecodeWeight")
-    if not transpose:
-        raise ValueError(f"{func}: a DecodeWeight is [E, N, K] (transpose=True); got transpose=False")
+    _decode_weight_args(func, dw, "[E, N, K]", scales, biases, transpose, group_size, bits, mode,
+                        global_scale, scale_layout)
     if len(dw.shape) != 3:
         raise ValueError(f"{func}: w must hold experts [E, N, K]; the DecodeWeight is {tuple(dw.shape)}")
     qa = dw.quantized
@@ -557,8 +564,7 @@ def _decode_gather(func, x, dw, rhs_indices, scales, biases, transpose, group_si
     try:
         vx = call.view(x, "x")
         tx = _t(vx)
-        if (tx.device.device_type in (kDLCUDA, kDLCUDAManaged)
-                and not (tx.dtype.code == kDLBfloat and tx.dtype.bits == 16)):
+        if _gpu_not_bf16(tx):
             call.release()
             return gather_qmm(x, qa, rhs_indices=rhs_indices, bias=bias, dtype=dtype, out=out,
                               stream=stream)

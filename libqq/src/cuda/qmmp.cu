@@ -1,6 +1,7 @@
 // cuda/qmmp.cu - weight-only matmul for decode (M <= 16 rows of bf16 x) on
-// nvfp4 / mxfp4 weights in the decode layout (decode_layout.h), and the
-// conversion of packed weights into that layout.
+// nvfp4 / mxfp4 / mxfp8 weights in the decode layout (decode_layout.h), one
+// weight or one expert per batch entry (gather_qmm), and the conversion of
+// packed weights into that layout.
 //
 // Why a third small-M kernel: qmma.cu reads the packed (MLX) layout with
 // per-lane loads and reaches ~0.6 of copy bandwidth at best; its lanes spend
@@ -86,23 +87,6 @@ __device__ __forceinline__ void bulk_g2s_evict_first(uint32_t dst, const void* s
       : "memory");
 }
 #endif
-
-__device__ __forceinline__ float load_f(const Mat& m, int64_t i) {
-  const char* p = (const char*)m.ptr;
-  switch (m.dt) {
-    case DType::F32: return reinterpret_cast<const float*>(p)[i];
-    case DType::F16: return __half2float(reinterpret_cast<const __half*>(p)[i]);
-    default: return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
-  }
-}
-__device__ __forceinline__ void store_f(const Mat& m, int64_t i, float v) {
-  char* p = (char*)m.ptr;
-  switch (m.dt) {
-    case DType::F32: reinterpret_cast<float*>(p)[i] = v; break;
-    case DType::F16: reinterpret_cast<__half*>(p)[i] = __float2half_rn(v); break;
-    default: reinterpret_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
-  }
-}
 
 struct QP {
   const uint8_t* w;
@@ -299,11 +283,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
         float v = part[o];
         for (int r = 1; r < ks; ++r) v += cluster.map_shared_rank(part, r)[o];
         const int m = 8 * t + 2 * q + (i & 1), n = tile * kDecTileRows + rb * 16 + g + 8 * (i >> 1);
-        if (m < p.M && n < p.N) {
-          v *= alpha;
-          if (p.bias.ptr) v += load_f(p.bias, n);
-          store_f(p.out, ((int64_t)entry * p.M + m) * p.N + n, bad ? __int_as_float(0x7fc00000) : v);
-        }
+        if (m < p.M && n < p.N)
+          store_biased(p.out, p.bias, ((int64_t)entry * p.M + m) * p.N + n, n,
+                       bad ? __int_as_float(0x7fc00000) : v * alpha);
       }
   }
   cluster.sync();  // the other ranks' shared memory stays until rank 0 has read it

@@ -78,18 +78,21 @@ template <> __device__ __forceinline__ float load1<__nv_bfloat16>(const __nv_bfl
   return __bfloat162float(__ldg(p));
 }
 
-// One output value of a weight-only matmul (qmv.cu, qmma.cu): + bias[n], rounded once to out's dtype (RNE, as the CPU).
-__device__ __forceinline__ void store_out(const MatmulArgs& a, int64_t b, int64_t m, int64_t n, float v) {
-  if (a.bias.ptr) {
-    const void* bp = a.bias.ptr;
-    v += a.bias.dt == DType::F32 ? ((const float*)bp)[n]
-                                 : (a.bias.dt == DType::BF16 ? bf16_to_f(((const uint16_t*)bp)[n])
-                                                             : fp16_to_f(((const uint16_t*)bp)[n]));
+// One output value of a weight-only matmul (qmv.cu, qmma.cu, qmmp.cu): + bias[n] (if
+// any), rounded once to out's dtype (RNE, as the CPU), at element i of out.
+__device__ __forceinline__ void store_biased(const Mat& out, const Mat& bias, int64_t i, int64_t n, float v) {
+  if (bias.ptr) {
+    const void* bp = bias.ptr;
+    v += bias.dt == DType::F32 ? ((const float*)bp)[n]
+                               : (bias.dt == DType::BF16 ? bf16_to_f(((const uint16_t*)bp)[n])
+                                                         : fp16_to_f(((const uint16_t*)bp)[n]));
   }
-  const int64_t i = a.out.offset(b) + m * a.out.ld + n;
-  if (a.out.dt == DType::F32) ((float*)a.out.ptr)[i] = v;
-  else if (a.out.dt == DType::BF16) ((uint16_t*)a.out.ptr)[i] = f_to_bf16(v);
-  else ((uint16_t*)a.out.ptr)[i] = f_to_fp16(v);
+  if (out.dt == DType::F32) ((float*)out.ptr)[i] = v;
+  else if (out.dt == DType::BF16) ((uint16_t*)out.ptr)[i] = f_to_bf16(v);
+  else ((uint16_t*)out.ptr)[i] = f_to_fp16(v);
+}
+__device__ __forceinline__ void store_out(const MatmulArgs& a, int64_t b, int64_t m, int64_t n, float v) {
+  store_biased(a.out, a.bias, a.out.offset(b) + m * a.out.ld + n, n, v);
 }
 
 // ---- bf16x2 arithmetic of the weight decoders (qmma.cu, dequantize.cu) ----
