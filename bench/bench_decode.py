@@ -57,10 +57,13 @@ MODES = {
     "mxfp4": dict(mode="mxfp4"),
     "mxfp8": dict(mode="mxfp8"),
     "affine4": dict(mode="affine", bits=4, group_size=64),
-    # the same fp4 weights in the decode layout (qq.prepare_decode)
+    "affine8": dict(mode="affine", bits=8, group_size=64),
+    # the same weights in the decode layout (qq.prepare_decode)
     "nvfp4-decode": dict(mode="nvfp4"),
     "mxfp4-decode": dict(mode="mxfp4"),
     "mxfp8-decode": dict(mode="mxfp8"),
+    "affine4-decode": dict(mode="affine", bits=4, group_size=64),
+    "affine8-decode": dict(mode="affine", bits=8, group_size=64),
 }
 HOW = ("Wall-clock time per decode step: eager = loops of steps followed by one synchronize "
        "(host cost included), graphed = loops of CUDA graph replays followed by one synchronize; "

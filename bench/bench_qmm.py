@@ -16,7 +16,8 @@ T tokens routed to top_k of E experts (random, distinct per token), x [T, 1, 1, 
 indices touch (each once) + x + y.
 
 Then (--only decode) the decode layout (qq.prepare_decode) against the packed weight on the
-decode shapes of an 8B model and 16384^2, nvfp4 / mxfp4 / mxfp8, M = 1..16: op "quantized_matmul",
+decode shapes of an 8B model and 16384^2, nvfp4 / mxfp4 / mxfp8 / affine 4- and 8-bit (group 64),
+M = 1..16: op "quantized_matmul",
 variant "decode" / "packed", GB/s against copy (its own table, qmm_decode-<gpu>).
 
     python bench/bench_qmm.py [--quick] [--only dense|gather|decode]
@@ -131,10 +132,10 @@ def decode(timer, copy_gbps, quick) -> None:
     ms = [1, 4, 16] if quick else [1, 2, 4, 8, 16]
     for n, k in DECODE_SHAPES[:2] if quick else DECODE_SHAPES:
         w = torch.randn((n, k), dtype=torch.bfloat16, device="cuda")
-        for mode in ("nvfp4", "mxfp4", "mxfp8"):
-            qw = qq.quantize(w, mode=mode)
+        for mode, kw in MODES:
+            qw = qq.quantize(w, **kw)
             dw = qq.prepare_decode(qw)
-            wbytes = nbytes(qw.data) + nbytes(qw.scales)
+            wbytes = nbytes(qw.data) + nbytes(qw.scales) + nbytes(qw.biases)
             for m in ms:
                 x = torch.randn((m, k), dtype=torch.bfloat16, device="cuda")
                 for variant, wt in (("packed", qw), ("decode", dw)):
@@ -174,11 +175,9 @@ def gather(bench, timer, copy_gbps, quick) -> None:
             biases = torch.cat([p.biases for p in parts]) if parts[0].biases is not None else None
             kwq = dict(group_size=parts[0].group_size, bits=parts[0].bits, mode=parts[0].mode)
             per_expert = (nbytes(data) + nbytes(scales) + nbytes(biases)) // e
-            # the same experts in the decode layout (fp modes; variant "decode" rows)
-            dw = None
-            if kw["mode"] != "affine":
-                qa = qq.QuantizedArray(data, scales, mode=kw["mode"], shape=(e, n, k))
-                dw = qq.prepare_decode(qa)
+            # the same experts in the decode layout (variant "decode" rows)
+            qa = qq.QuantizedArray(data, scales, biases, shape=(e, n, k), **kwq)
+            dw = qq.prepare_decode(qa)
             del parts
             for t in ([1, 16] if quick else GATHER_T):
                 idx = torch.rand((t, e), device="cuda", generator=gen).topk(top, dim=1).indices.to(torch.int32)

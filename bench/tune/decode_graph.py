@@ -13,7 +13,9 @@ import os
 SHAPES = [(16384, 16384), (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 if os.environ.get("SHAPES"):
     SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["SHAPES"].split(",")]
-MODES = os.environ.get("MODES", "nvfp4,mxfp4,mxfp8").split(",")
+MODES = os.environ.get("MODES", "nvfp4,mxfp4,mxfp8,affine4,affine8").split(",")
+# affine4 / affine8: MLX's default affine (group_size 64) at 4 / 8 bits
+QUANT = {"affine4": dict(mode="affine", bits=4, group_size=64), "affine8": dict(mode="affine", bits=8, group_size=64)}
 MS = [int(v) for v in os.environ.get("MS", "1,4,16").split(",")]
 
 
@@ -51,9 +53,10 @@ def main():
         nw = max(2, min(8, int(160e6 // (n * k * 0.53))))  # > the 50 MB L2 in all
         w = [torch.randn((n, k), dtype=torch.bfloat16, device="cuda") for _ in range(nw)]
         for mode in MODES:
-            qw = [qq.quantize(t, mode=mode) for t in w]
+            qw = [qq.quantize(t, **QUANT.get(mode, dict(mode=mode))) for t in w]
             dw = [qq.prepare_decode(q) for q in qw]
-            wbytes = qw[0].data.numel() + qw[0].scales.numel()
+            q0 = qw[0]  # the packed weight's bytes (codes, scales, affine biases)
+            wbytes = sum(t.numel() * t.element_size() for t in (q0.data, q0.scales, q0.biases) if t is not None)
             for m in MS:
                 x = torch.randn((m, k), dtype=torch.bfloat16, device="cuda")
                 res = {}
@@ -73,7 +76,7 @@ def main():
                     torch.cuda.synchronize()
                     res[name + "_eager"] = t0.elapsed_time(t1) * 1000 / (10 * nw)
                 gb = {kk: wbytes / (v * 1e-6) / 1e9 for kk, v in res.items()}
-                print(f"{mode:6s} ({n:5d},{k:5d}) M={m:2d}: packed {res['packed']:7.2f} us "
+                print(f"{mode:7s} ({n:5d},{k:5d}) M={m:2d}: packed {res['packed']:7.2f} us "
                       f"({gb['packed'] / copy_gbps:.2f} of copy)  decode {res['decode']:7.2f} us "
                       f"({gb['decode'] / copy_gbps:.2f})  x{res['packed'] / res['decode']:.2f}  eager: packed "
                       f"{res['packed_eager']:7.2f} decode {res['decode_eager']:7.2f} us", flush=True)

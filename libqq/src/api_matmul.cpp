@@ -608,32 +608,47 @@ QQ_API qqStatus_t qqGatherQmm(qqHandle_t handle, const DLTensor* x, const DLTens
   });
 }
 
-QQ_API qqStatus_t qqDecodeLayoutSize(qqMode_t mode, int64_t n, int64_t k, int64_t* bytes) {
-  return guard("decode_layout_size", [&]() -> qqStatus_t {
-    if (!bytes) return set_error(QQ_STATUS_INVALID_VALUE, "decode_layout_size: argument 'bytes' is NULL");
-    const int m = (int)mode;
-    if (m != QQ_MODE_NVFP4 && m != QQ_MODE_MXFP4 && m != QQ_MODE_MXFP8)
-      return set_error(QQ_STATUS_INVALID_VALUE, "decode_layout_size: mode %d; the decode layout holds nvfp4, "
-                       "mxfp4 and mxfp8 weights", m);
-    if (n < 0 || k < 0 || k % kDecChunkK || n > INT32_MAX || k > INT32_MAX)
-      return set_error(QQ_STATUS_INVALID_VALUE, "decode_layout_size: n = %lld, k = %lld; n must be >= 0 and k a "
-                       "multiple of %d (the decode layout's K chunk)", (long long)n, (long long)k, kDecChunkK);
-    *bytes = decode_layout_bytes(n, k, m == QQ_MODE_MXFP8);
-    return QQ_STATUS_SUCCESS;
-  });
-}
-
 namespace {
-// The decode layout takes nvfp4, mxfp4 and mxfp8 with E4M3 elements (decode_layout.h).
+// The decode layout takes nvfp4, mxfp4, mxfp8 with E4M3 elements, affine 4-bit with
+// group 64 or 128 and affine 8-bit (decode_layout.h: a fragment block must lie in one group).
 qqStatus_t decode_mode(const char* op, const QSpec& q) {
+  if (q.mode == QQ_MODE_AFFINE) {
+    if (q.bits != 4 && q.bits != 8)
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: the decode layout holds affine weights of 4 or 8 bits; "
+                       "params.bits is %d (use the packed weight with quantized_matmul)", op, q.bits);
+    if (q.bits == 4 && q.group < 64)
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: the decode layout holds affine 4-bit weights of group_size "
+                       "64 or 128; params.group_size is %d (use the packed weight with quantized_matmul)", op,
+                       q.group);
+    return QQ_STATUS_SUCCESS;
+  }
   if (q.mode != QQ_MODE_NVFP4 && q.mode != QQ_MODE_MXFP4 && q.mode != QQ_MODE_MXFP8)
-    return set_error(QQ_STATUS_INVALID_VALUE, "%s: the decode layout holds nvfp4, mxfp4 and mxfp8 weights; "
-                     "params.mode is %s (use the packed weight with quantized_matmul)", op, mode_name(q.mode));
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: the decode layout holds nvfp4, mxfp4, mxfp8 and affine 4- / "
+                     "8-bit weights; params.mode is %s (use the packed weight with quantized_matmul)", op,
+                     mode_name(q.mode));
   if (q.mode == QQ_MODE_MXFP8 && q.elem != ELEM_E4M3)
     return set_error(QQ_STATUS_INVALID_VALUE, "%s: the decode layout holds mxfp8 with E4M3 elements; params."
                      "fp8_format is E5M2 (use the packed weight with quantized_matmul)", op);
   return QQ_STATUS_SUCCESS;
 }
+}  // namespace
+
+QQ_API qqStatus_t qqDecodeLayoutSize(const qqQuantParams_t* params, int64_t n, int64_t k, int64_t* bytes) {
+  return guard("decode_layout_size", [&]() -> qqStatus_t {
+    Ctx c{"decode_layout_size"};
+    QSpec q;
+    QQ_TRY(resolve_params(c, params, &q));
+    QQ_TRY(decode_mode(c.op, q));
+    if (!bytes) return set_error(QQ_STATUS_INVALID_VALUE, "decode_layout_size: argument 'bytes' is NULL");
+    if (n < 0 || k < 0 || k % kDecChunkK || n > INT32_MAX || k > INT32_MAX)
+      return set_error(QQ_STATUS_INVALID_VALUE, "decode_layout_size: n = %lld, k = %lld; n must be >= 0 and k a "
+                       "multiple of %d (the decode layout's K chunk)", (long long)n, (long long)k, kDecChunkK);
+    *bytes = decode_layout_bytes(n, k, decode_fmt(q));
+    return QQ_STATUS_SUCCESS;
+  });
+}
+
+namespace {
 // A compact uint8 tensor of exactly `bytes` bytes (any shape): the decode layout.
 qqStatus_t decode_buffer(Ctx& c, const char* name, const DLTensor* t, int64_t bytes) {
   DType dt;
@@ -648,7 +663,8 @@ qqStatus_t decode_buffer(Ctx& c, const char* name, const DLTensor* t, int64_t by
 }  // namespace
 
 QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w, const DLTensor* scales,
-                                   const qqQuantParams_t* params, DLTensor* out, void* stream) {
+                                   const DLTensor* biases, const qqQuantParams_t* params, DLTensor* out,
+                                   void* stream) {
   return guard("to_decode_layout", [&]() -> qqStatus_t {
     Ctx c{"to_decode_layout"};
     DecodeLayoutArgs a{};
@@ -677,8 +693,9 @@ QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w, const D
     const int64_t fshape[3] = {a.E, a.N, a.K};
     QQ_TRY(input_scales(c, "scales", scales, a.q, w->ndim, fshape + (3 - w->ndim), DType::U8, false, &a.scales));
     if (a.q.blocked) blocked_batch_strides(&a.scales);
-    QQ_TRY(decode_buffer(c, "out", out, a.E * decode_layout_bytes(a.N, a.K, a.q.bits == 8)));
-    QQ_TRY(check_no_alias(c, {{"out", out}}, {{"w", w}, {"scales", scales}}));
+    QQ_TRY(input_biases(c, biases, a.q, w->ndim, fshape + (3 - w->ndim), a.scales.dt, &a.biases));
+    QQ_TRY(decode_buffer(c, "out", out, a.E * decode_layout_bytes(a.N, a.K, decode_fmt(a.q))));
+    QQ_TRY(check_no_alias(c, {{"out", out}}, {{"w", w}, {"scales", scales}, {"biases", biases}}));
     a.out = (uint8_t*)out->data + out->byte_offset;
     if (c.device >= 0) return cuda::to_decode_layout(handle, a, stream);
     return cpu::to_decode_layout(a);
@@ -750,7 +767,7 @@ QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x, const DLT
     a.x.rows = a.M;
     a.x.cols = a.K;
     a.x.device = c.device;
-    QQ_TRY(decode_buffer(c, "w_decode", w_decode, decode_layout_bytes(a.N, a.K, q.bits == 8)));
+    QQ_TRY(decode_buffer(c, "w_decode", w_decode, decode_layout_bytes(a.N, a.K, decode_fmt(q))));
     a.q = q;
     a.w = (const uint8_t*)w_decode->data + w_decode->byte_offset;
     QQ_TRY(global_scale_ptr(c, "global_scale", global_scale, q, &a.gs));
@@ -804,11 +821,11 @@ QQ_API qqStatus_t qqDecodeGatherQmm(qqHandle_t handle, const DLTensor* x, const 
       return set_error(QQ_STATUS_INVALID_VALUE, "decode_gather_qmm: M = %lld, N = %lld, K = %lld, E = %lld; K "
                        "must be a multiple of %d and each below 2^31", (long long)a.M, (long long)a.N,
                        (long long)a.K, (long long)a.E, kDecChunkK);
-    if (w_decode->shape[1] != decode_layout_bytes(a.N, a.K, a.q.bits == 8))
+    if (w_decode->shape[1] != decode_layout_bytes(a.N, a.K, decode_fmt(a.q)))
       return set_error(QQ_STATUS_INVALID_VALUE, "decode_gather_qmm: 'w_decode' holds %lld bytes per expert; the "
                        "decode layout of [%lld, %lld] takes %lld (qqDecodeLayoutSize)",
                        (long long)w_decode->shape[1], (long long)a.N, (long long)a.K,
-                       (long long)decode_layout_bytes(a.N, a.K, a.q.bits == 8));
+                       (long long)decode_layout_bytes(a.N, a.K, decode_fmt(a.q)));
     a.w = (const uint8_t*)w_decode->data + w_decode->byte_offset;
     QQ_TRY(to_mat(c, "x", x, xdt, &a.x));
     int nb;

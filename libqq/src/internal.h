@@ -238,20 +238,21 @@ struct QdqArgs {
   bool tile32 = false;
 };
 
-// qqToDecodeLayout: packed nvfp4 / mxfp4 / mxfp8 w [N, K] -> the decode layout
-// (decode_layout.h), out compact decode_layout_bytes(N, K, mxfp8) bytes.
+// qqToDecodeLayout: packed nvfp4 / mxfp4 / mxfp8 / affine 4- or 8-bit w [N, K] -> the
+// decode layout (decode_layout.h), out compact decode_layout_bytes(N, K, fmt) bytes.
 struct DecodeLayoutArgs {
   QSpec q;
   Mat w;       // packed [E, N, K * bits / 8] (nb = 1; E = 1 for a 2-D weight)
   Mat scales;  // linear [E, N, K / group] or blocked (q.blocked) [E, R128, C4], batch-strided like w
+  Mat biases;  // affine: like linear scales; else ptr == nullptr
   int64_t E = 1, N = 0, K = 0;
-  uint8_t* out = nullptr;  // E layouts of decode_layout_bytes(N, K, mxfp8) bytes, one after another
+  uint8_t* out = nullptr;  // E layouts of decode_layout_bytes(N, K, fmt) bytes, one after another
 };
 // qqDecodeMatmul: out [M, N] = x [M, K] @ W^T (* nvfp4's global factor) (+ bias).
 // qqDecodeGatherQmm: the same per batch entry b of out [B..., M, N], with x's batch entry
 // b (broadcast) and the expert gidx[b] of the E layouts in w.
 struct DecodeMatmulArgs {
-  QSpec q;                     // nvfp4, mxfp4 or mxfp8 (E4M3)
+  QSpec q;                     // nvfp4, mxfp4, mxfp8 (E4M3), affine 4-bit (group 64, 128) or 8-bit
   Mat x;                       // [M, K], row stride x.ld; gather: batch-aligned with gidx
   const uint8_t* w = nullptr;  // the decode layout of W [N, K] (gather: E of them)
   int64_t M = 0, N = 0, K = 0;

@@ -165,9 +165,10 @@ cdef extern from "qq/qq.h" nogil:
                                  const DLTensor* bias, DLTensor* out,
                                  void* stream)
 
-    qqStatus_t qqDecodeLayoutSize(qqMode_t mode, int64_t n, int64_t k, int64_t* bytes)
+    qqStatus_t qqDecodeLayoutSize(const qqQuantParams_t* params, int64_t n, int64_t k, int64_t* bytes)
     qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w, const DLTensor* scales,
-                                const qqQuantParams_t* params, DLTensor* out, void* stream)
+                                const DLTensor* biases, const qqQuantParams_t* params, DLTensor* out,
+                                void* stream)
     qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x, const DLTensor* w_decode,
                               const qqQuantParams_t* params, const DLTensor* global_scale,
                               const DLTensor* bias, DLTensor* out, void* stream)

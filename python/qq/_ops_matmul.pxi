@@ -386,31 +386,37 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
 
 
 def prepare_decode(w, stream=None):
-    """An nvfp4 / mxfp4 / mxfp8 (E4M3) QuantizedArray [N, K] (K a multiple of 256)
-    rearranged into the decode layout (a DecodeWeight): qq.quantized_matmul(x, dw) then
-    reads it at close to copy bandwidth for bfloat16 x of at most 16 rows on compute
-    capability 9.0+ GPUs, and uses the packed weight it keeps otherwise. Raises
-    NotSupportedError when the weight cannot be encoded (a NaN scale or mxfp8 element; an
-    mx scale outside its window over non-zero codes: mxfp4 2^-20 .. 2^10, mxfp8
-    2^-108 .. 2^16): keep the packed weight then. On the GPU this waits for the stream
-    once. See docs/formats.md (Decode layout).
+    """A QuantizedArray [N, K] or experts [E, N, K] (K a multiple of 256) of mode nvfp4,
+    mxfp4, mxfp8 (E4M3), affine 4-bit (group_size 64 or 128) or affine 8-bit, rearranged
+    into the decode layout (a DecodeWeight): qq.quantized_matmul(x, dw) then reads it at
+    close to copy bandwidth for bfloat16 x of at most 16 rows on compute capability 9.0+
+    GPUs, and uses the packed weight it keeps otherwise. Raises NotSupportedError when
+    the weight cannot be encoded (a NaN scale or mxfp8 element; an mx scale outside its
+    window over non-zero codes: mxfp4 2^-20 .. 2^10, mxfp8 2^-108 .. 2^16; an affine
+    scale or bias that is not exactly a bfloat16 value): keep the packed weight then. On
+    the GPU this waits for the stream once. See docs/formats.md (Decode layout).
     """
     cdef str func = "prepare_decode"
-    cdef _View vw, vs, vo
+    cdef _View vw, vs, vb, vo
     cdef qqQuantParams_t p
     cdef qqStatus_t st
     cdef DLTensor *tw
     cdef DLTensor *ts
+    cdef DLTensor *tb
     cdef DLTensor *to
     cdef void* s
     cdef int64_t nbytes = 0
     if not isinstance(w, QuantizedArray):
         raise TypeError(f"{func}: w: expected a QuantizedArray (qq.quantize(w, mode='nvfp4', "
-                        f"'mxfp4' or 'mxfp8')); got {type(w).__name__}")
-    if w.mode not in ("nvfp4", "mxfp4", "mxfp8") or (w.mode == "mxfp8" and w.fp8_format != "e4m3"):
-        raise ValueError(f"{func}: the decode layout holds nvfp4, mxfp4 and mxfp8 (e4m3) weights; "
-                         f"w is {w.mode!r}{' e5m2' if w.mode == 'mxfp8' else ''} (use it packed with "
-                         f"qq.quantized_matmul)")
+                        f"'mxfp4', 'mxfp8' or 'affine')); got {type(w).__name__}")
+    if w.mode not in ("nvfp4", "mxfp4", "mxfp8", "affine") or (w.mode == "mxfp8" and w.fp8_format != "e4m3"):
+        raise ValueError(f"{func}: the decode layout holds nvfp4, mxfp4, mxfp8 (e4m3) and affine "
+                         f"4- / 8-bit weights; w is {w.mode!r}{' e5m2' if w.mode == 'mxfp8' else ''} "
+                         f"(use it packed with qq.quantized_matmul)")
+    if w.mode == "affine" and (w.bits not in (4, 8) or (w.bits == 4 and w.group_size < 64)):
+        raise ValueError(f"{func}: the decode layout holds affine weights of 4 bits (group_size 64 "
+                         f"or 128) or 8 bits; w has bits={w.bits}, group_size={w.group_size} (use "
+                         f"it packed with qq.quantized_matmul)")
     if len(w.shape) not in (2, 3):
         raise ValueError(f"{func}: w must be a weight [N, K] or experts [E, N, K]; got shape "
                          f"{tuple(w.shape)}")
@@ -419,18 +425,19 @@ def prepare_decode(w, stream=None):
         raise ValueError(f"{func}: K = {k}; the decode layout needs K a multiple of 256 (keep "
                          f"the packed weight)")
     _quant_params(func, &p, w.mode, w.group_size, w.bits, "ceil", w.scale_layout, w.fp8_format)
-    _check(qqDecodeLayoutSize(p.mode, n, k, &nbytes))
+    _check(qqDecodeLayoutSize(&p, n, k, &nbytes))
     cdef _Call call = _new_call(func, w.data, "w", stream)
     result = None
     try:
         vw = call.view(w.data, "w")
         vs = call.view(w.scales, "scales")
+        vb = call.view(w.biases, "biases")
         result, vo = call.empty((nbytes,) if len(w.shape) == 2 else (int(w.shape[0]), nbytes),
                                 "uint8", "out")
-        tw, ts, to = _t(vw), _t(vs), _t(vo)
+        tw, ts, tb, to = _t(vw), _t(vs), _t(vb), _t(vo)
         s = call.cstream()
         with nogil:
-            st = qqToDecodeLayout(NULL, tw, ts, &p, to, s)
+            st = qqToDecodeLayout(NULL, tw, ts, tb, &p, to, s)
         _check(st)
         call.finish()
     finally:
@@ -553,7 +560,7 @@ def _decode_gather(func, x, dw, rhs_indices, scales, biases, transpose, group_si
     # as many as experts), and for fp4 over a short K with many entries (each entry's CTAs
     # then stream too little: DeepSeek-like down projection, K = 2048, 128 entries, was
     # 0.49 of copy against 0.61 packed on the H100; bench/results/gather_qmm-h100.md).
-    fp4_short = dw.mode != "mxfp8" and int(dw.shape[2]) < 4096 and entries > 32
+    fp4_short = qa.bits == 4 and int(dw.shape[2]) < 4096 and entries > 32
     if int(shape[-2]) > 16 or 2 * entries > int(dw.shape[0]) or fp4_short:
         return gather_qmm(x, qa, rhs_indices=rhs_indices, bias=bias, dtype=dtype, out=out,
                           stream=stream)

@@ -507,30 +507,37 @@ QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x,
                                     void* stream);
 
 /* ---------------------------------------------------------------------------
- * The decode layout (docs/formats.md, "Decode layout"): nvfp4, mxfp4 and mxfp8
- * (E4M3) weights rearranged once so that the weight-only matmul at decode
- * shapes (M <= 16 rows of bfloat16 x, compute capability 9.0+) reads them at
- * close to copy bandwidth. Opaque bytes; the packed layout stays the
- * interchange form.
+ * The decode layout (docs/formats.md, "Decode layout"): nvfp4, mxfp4, mxfp8
+ * (E4M3) and affine 4-bit (group 64 or 128) or 8-bit weights rearranged once
+ * so that the weight-only matmul at decode shapes (M <= 16 rows of bfloat16 x,
+ * compute capability 9.0+) reads them at close to copy bandwidth. Opaque
+ * bytes; the packed layout stays the interchange form.
  * ------------------------------------------------------------------------- */
-/* Bytes of the decode layout of an [n, k] weight of `mode` (k a multiple of
- * 256): fp4 roundup(n, 64) / 16 * (k / 64) * 576, mxfp8 roundup(n, 64) / 16 *
- * (k / 32) * 528. INVALID_VALUE for another mode, a bad n, k or NULL. */
-QQ_API qqStatus_t qqDecodeLayoutSize(qqMode_t mode, int64_t n, int64_t k, int64_t* bytes);
+/* Bytes of the decode layout of an [n, k] weight quantized with `params` (k a
+ * multiple of 256): 4-bit roundup(n, 64) / 16 * (k / 64) * 576, mxfp8
+ * roundup(n, 64) / 16 * (k / 32) * 528, affine 8-bit roundup(n, 64) / 16 *
+ * (k / 32) * 576. INVALID_VALUE for a mode the layout does not hold, a bad n,
+ * k or NULL. */
+QQ_API qqStatus_t qqDecodeLayoutSize(const qqQuantParams_t* params, int64_t n,
+                                     int64_t k, int64_t* bytes);
 
 /* w: packed uint8 [N, K*bits/8] (K a multiple of 256) or experts [E, N,
- * K*bits/8], scales uint8 in params->scale_layout (linear [(E,) N, K/group] or
- * blocked, one matrix per expert); params: mode NVFP4,
- * MXFP4 or MXFP8 with E4M3 elements (group 0 or the mode's). out: uint8,
+ * K*bits/8], scales in params->scale_layout (fp modes: uint8, linear [(E,) N,
+ * K/group] or blocked, one matrix per expert; affine: float [(E,) N, K/group]
+ * with biases of the same dtype and shape; biases NULL otherwise); params:
+ * mode NVFP4, MXFP4, MXFP8 with E4M3 elements (group 0 or the mode's), or
+ * AFFINE with bits 4 (group_size 64 or 128) or 8 (32, 64 or 128). out: uint8,
  * compact, E * qqDecodeLayoutSize bytes (any shape; [E, bytes] for
- * qqDecodeGatherQmm), expert e's layout at e * qqDecodeLayoutSize. nvfp4's global scale is not
- * part of the layout: pass it to qqDecodeMatmul. NOT_SUPPORTED when the weight
- * cannot be encoded (a NaN scale or mxfp8 element; an mx scale outside its
- * window over non-zero codes: mxfp4 2^-20 .. 2^10, mxfp8 2^-108 .. 2^16):
- * keep the packed weight then. On the GPU this waits for `stream` once (to
- * learn that); not capturable in a CUDA graph. */
+ * qqDecodeGatherQmm), expert e's layout at e * qqDecodeLayoutSize. nvfp4's
+ * global scale is not part of the layout: pass it to qqDecodeMatmul.
+ * NOT_SUPPORTED when the weight cannot be encoded (a NaN scale or mxfp8
+ * element; an mx scale outside its window over non-zero codes: mxfp4 2^-20 ..
+ * 2^10, mxfp8 2^-108 .. 2^16; an affine scale or bias that is not exactly a
+ * bfloat16 value): keep the packed weight then. On the GPU this waits for
+ * `stream` once (to learn that); not capturable in a CUDA graph. */
 QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w,
                                    const DLTensor* scales,
+                                   const DLTensor* biases,
                                    const qqQuantParams_t* params, DLTensor* out,
                                    void* stream);
 
@@ -538,11 +545,11 @@ QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w,
  * W [N, K] given in the decode layout w_decode (qqToDecodeLayout; N from out's
  * last axis). x: float, its rows (all leading axes) of uniform stride; out:
  * float32, float16 or bfloat16, compact. params: the weight's mode (and
- * fp8_format). fp32 accumulation. On the GPU: compute capability 9.0+,
- * bfloat16 x of at most 16 rows, rows 16-byte aligned (NOT_SUPPORTED
- * otherwise: use the packed weight with qqQuantizedMatmul); no host
- * synchronization, capturable; the same bits on every run and for every M.
- * qqGetLastRoute: QQ_ROUTE_DECODE (GPU) or QQ_ROUTE_CPU. */
+ * fp8_format, or affine bits and group_size). fp32 accumulation. On the GPU:
+ * compute capability 9.0+, bfloat16 x of at most 16 rows, rows 16-byte
+ * aligned (NOT_SUPPORTED otherwise: use the packed weight with
+ * qqQuantizedMatmul); no host synchronization, capturable; the same bits on
+ * every run and for every M. qqGetLastRoute: QQ_ROUTE_DECODE (GPU) or QQ_ROUTE_CPU. */
 QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x,
                                  const DLTensor* w_decode,
                                  const qqQuantParams_t* params,

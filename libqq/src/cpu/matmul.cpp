@@ -256,25 +256,24 @@ qqStatus_t quantized_matmul(const MatmulArgs& a) {
 // conversion uses, so both produce the same bytes.
 qqStatus_t to_decode_layout(const DecodeLayoutArgs& a) {
   memset(a.out, 0, (size_t)(a.E * decode_expert_bytes(a)));
-  const int64_t slots = decode_slots(a), kfb = a.K / (a.q.bits == 8 ? 32 : 64);
+  const int fk = dec_fb_k(decode_fmt(a.q));
+  const int64_t slots = decode_slots(a), kfb = a.K / fk;
   for (int64_t e = 0; e < a.E; ++e)
   for (int64_t t = 0; t < slots; ++t)
     if (!decode_convert_slot(a, e, t >> 5, (int)(t & 31))) {
       const int64_t row = (t >> 5) / kfb * 16 + ((t & 31) >> 2);
       return set_error(QQ_STATUS_NOT_SUPPORTED, "to_decode_layout: w's rows %lld / %lld near k %lld (expert "
-                       "%lld) cannot be "
-                       "encoded in the decode layout (a NaN scale or mxfp8 element, or an mx scale outside its "
-                       "window over non-zero codes: mxfp4 2^-20 .. 2^10, mxfp8 2^-108 .. 2^16); keep the packed "
-                       "weight (docs/formats.md, Decode layout)", (long long)row, (long long)(row + 8),
-                       (long long)((t >> 5) % kfb * (a.q.bits == 8 ? 32 : 64)), (long long)e);
+                       "%lld) cannot be encoded in the decode layout (%s); keep the packed weight "
+                       "(docs/formats.md, Decode layout)", (long long)row, (long long)(row + 8),
+                       (long long)((t >> 5) % kfb * fk), (long long)e, decode_unencodable(a.q));
     }
   return QQ_STATUS_SUCCESS;
 }
 
 qqStatus_t decode_matmul(const DecodeMatmulArgs& a) {
   const int64_t M = a.M, N = a.N, K = a.K;
-  const bool f8 = a.q.bits == 8;
-  const int64_t per = decode_layout_bytes(N, K, f8);
+  const int fmt = decode_fmt(a.q);
+  const int64_t per = decode_layout_bytes(N, K, fmt);
   std::vector<float> wd(N * K), xd(M * K), c(M * N);
   const std::vector<float> bias = bias_f32(a.bias, N);
   int64_t last = -2;
@@ -285,15 +284,19 @@ qqStatus_t decode_matmul(const DecodeMatmulArgs& a) {
       const uint8_t* w = a.w + e * per;
       for (int64_t n = 0; n < N; ++n)
         for (int64_t k = 0; k < K; ++k) {
-          if (f8) {  // scale code: the bf16 exponent field of s * 2^111 (0: zero codes)
-            const DecPos p = decode_pos8(n, k, K);
+          const DecPos p = decode_pos(fmt, n, k, K);
+          const uint8_t code = (uint8_t)((w[p.byte] >> p.shift) & (dec_bits8(fmt) ? 255 : 15));
+          float v;
+          if (dec_affine(fmt)) {  // as dequantize: fma(code, scale, bias)
+            v = affine_decode(code, bf16_to_f((uint16_t)(w[p.sbyte] | w[p.sbyte + 1] << 8)),
+                              bf16_to_f((uint16_t)(w[p.sbyte + 4] | w[p.sbyte + 5] << 8)));
+          } else if (fmt == kDecFp8) {  // scale code: the bf16 exponent field of s * 2^111 (0: zero codes)
             const int sc = w[p.sbyte];
-            wd[n * K + k] = sc ? e4m3_decode(w[p.byte]) * exp2i(sc - 238) : 0.0f;  // exact
+            v = sc ? e4m3_decode(code) * exp2i(sc - 238) : 0.0f;  // exact
           } else {
-            const DecPos p = decode_pos(n, k, K);
-            const uint8_t code = (uint8_t)((w[p.byte] >> p.shift) & 15);
-            wd[n * K + k] = e2m1_decode(code) * decode_scale_value(w[p.sbyte]);  // exact
+            v = e2m1_decode(code) * decode_scale_value(w[p.sbyte]);  // exact
           }
+          wd[n * K + k] = v;
         }
       last = e;
     }

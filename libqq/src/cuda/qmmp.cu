@@ -1,7 +1,7 @@
 // cuda/qmmp.cu - weight-only matmul for decode (M <= 16 rows of bf16 x) on
-// nvfp4 / mxfp4 / mxfp8 weights in the decode layout (decode_layout.h), one
-// weight or one expert per batch entry (gather_qmm), and the conversion of
-// packed weights into that layout.
+// nvfp4 / mxfp4 / mxfp8 / affine 4- and 8-bit weights in the decode layout
+// (decode_layout.h), one weight or one expert per batch entry (gather_qmm), and
+// the conversion of packed weights into that layout.
 //
 // Why a third small-M kernel: qmma.cu reads the packed (MLX) layout with
 // per-lane loads and reaches ~0.6 of copy bandwidth at best; its lanes spend
@@ -21,7 +21,9 @@
 // Exactness: as in qmma.cu, a decoded weight e * s * 2^-9 is exact in bf16,
 // each product with x exact in fp32; only the order of the fp32 sums differs
 // from dequantize + matmul. The 2^9 and nvfp4's global factor multiply each
-// sum once at the end.
+// sum once at the end. Affine weights go in as exact codes and their scale and
+// bias are applied per fragment block to fp32 sums (s * sum x c + b * sum x, as
+// qmma.cu); a result that comes out non-finite is redone weight by weight.
 //
 // Split K: where the 64-row tiles alone leave SMs idle, the 2 CTAs of a
 // thread-block cluster share a tile's K; rank 0 adds their partial sums from
@@ -104,21 +106,58 @@ struct QP {
   uint32_t mul0, mul1;  // 65 << 6, 65 << 2: kernel parameters so that ptxas keeps the multiplies (IMAD)
 };
 
-// The layout's geometry per element width (decode_layout.h): bytes per fragment
+// The layout's geometry per format (decode_layout.h): bytes per fragment
 // block, FBs per row block in a 256-k chunk, bytes per chunk; x's row pitch in
 // shared memory pads each row so that the 8 lanes of a shared-load phase hit
-// distinct banks (fp4: 32-byte x reads per lane, +16; fp8: 16-byte, +64).
-template <bool F8> struct Geo {
-  static constexpr int FB = F8 ? kDecFB8 : kDecFB, FBS = F8 ? 8 : 4, STAGE = F8 ? kDecStage8 : kDecStage,
-                       XPAD = F8 ? 64 : 16;
+// distinct banks (4-bit: 32-byte x reads per lane, +16; 8-bit: 16-byte, +64).
+template <int FM> struct Geo {
+  static constexpr int FB = dec_fb_bytes(FM), FBS = dec_fbs(FM), STAGE = dec_stage(FM), XPAD = dec_bits8(FM) ? 64 : 16;
 };
 
-// MT n8 tiles of x rows (M <= 8 MT), S stages of KC chunks (256 k each); F8:
-// mxfp8 (E4M3) codes, else E2M1.
-template <bool F8, int MT, int S, int KC, int kMinBlocks>
+__device__ __forceinline__ float bf_lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+
+// Affine: acc += s * 2^7 * tmp + b * xs for one fragment block, tmp holding its sums
+// of x * c * 2^-7 and xs its sums of x (the same for rows g and g + 8); sb: the FB's
+// (s_g | s_g+8 << 16, b_g | b_g+8 << 16).
+template <int MT>
+__device__ __forceinline__ void affine_apply(float (&acc)[MT][4], const float (&tmp)[MT][4],
+                                             const float (&xs)[MT][4], uint2 sb) {
+  const float s0 = bf_lo(sb.x) * 128.0f, s1 = bf_hi(sb.x) * 128.0f, b0 = bf_lo(sb.y), b1 = bf_hi(sb.y);
+#pragma unroll
+  for (int t = 0; t < MT; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      acc[t][i] = fmaf(i < 2 ? b0 : b1, xs[t][i], fmaf(i < 2 ? s0 : s1, tmp[t][i], acc[t][i]));
+}
+
+// Affine: one result weight by weight from the layout, sum_k x_k * fma(c_k, s, b) in
+// fp32 (as the CPU backend), for a result that came out non-finite. The factoring
+// differs there (an Inf in x meets a code 0 as Inf * 0 = NaN where the weight is b; an
+// Inf scale or bias; fp32 overflow), so such results are redone exactly; rare, slow.
+template <int FM>
+__device__ __noinline__ float affine_exact(const uint8_t* w, const __nv_bfloat16* x, int K, int n) {
+  float acc = 0.0f;
+  for (int k = 0; k < K; ++k) {
+    const DecPos d = decode_pos(FM, n, k, K);
+    const uint32_t c = (w[d.byte] >> d.shift) & (dec_bits8(FM) ? 255u : 15u);
+    const float s = bf16_to_f((uint16_t)(w[d.sbyte] | w[d.sbyte + 1] << 8));
+    const float b = bf16_to_f((uint16_t)(w[d.sbyte + 4] | w[d.sbyte + 5] << 8));
+    acc = fmaf(__bfloat162float(x[k]), affine_decode(c, s, b), acc);
+  }
+  return acc;
+}
+
+// MT n8 tiles of x rows (M <= 8 MT), S stages of KC chunks (256 k each); FM: the
+// layout's format (DecFmt).
+template <int FM, int MT, int S, int KC, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using G = Geo<F8>;
+  using G = Geo<FM>;
+  constexpr bool F8 = dec_bits8(FM), AFF = dec_affine(FM);
+  // affine codes: a code c in the low bits of a bf16 is the subnormal c * 2^-133 (4-bit
+  // codes at bits 4..7: c * 2^-129); one exact multiply makes it c * 2^-7
+  constexpr uint32_t kOnes = 0x3f803f80u, k126 = 0x7e807e80u, k122 = 0x7c807c80u;
   constexpr int XS = KC * 512 + G::XPAD;  // bytes per row of x in a stage
   constexpr int SW = KC * G::STAGE, STG = SW + MT * 8 * XS, RED = 4 * MT * 4 * 32;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -202,7 +241,57 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
         const uint8_t* fb = base + ((f / G::FBS) * 4 + rb) * G::FBS * G::FB + (f % G::FBS) * G::FB;
         const uint4 wv = *reinterpret_cast<const uint4*>(fb + 16 * lane);
         const uint32_t w4[4] = {wv.x, wv.y, wv.z, wv.w};
-        if constexpr (F8) {
+        if constexpr (AFF) {
+          // codes exact into the mma; the FB's scales and biases applied to its fp32 sums
+          // (qmma.cu's factoring: sum x (s c + b) = s sum x c + b sum x, the sums of x from
+          // an mma with ones for A)
+          const uint2 sb = *reinterpret_cast<const uint2*>(fb + 512 + 8 * g);
+          float tmp[MT][4], xs[MT][4];
+#pragma unroll
+          for (int t = 0; t < MT; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) tmp[t][i] = xs[t][i] = 0.0f;
+          if constexpr (F8) {
+            uint4 xa[MT];
+#pragma unroll
+            for (int t = 0; t < MT; ++t)
+              xa[t] = *reinterpret_cast<const uint4*>(base + SW + (8 * t + g) * XS + f * 64 + 16 * q);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {  // k-step j: word 2j is row g, 2j + 1 row g + 8; bytes (0, 2), (1, 3)
+              const uint32_t wg = w4[2 * j], wh = w4[2 * j + 1];
+              const uint32_t a0 = bmul(wg & 0x00ff00ffu, k126), a2 = bmul((wg >> 8) & 0x00ff00ffu, k126);
+              const uint32_t a1 = bmul(wh & 0x00ff00ffu, k126), a3 = bmul((wh >> 8) & 0x00ff00ffu, k126);
+#pragma unroll
+              for (int t = 0; t < MT; ++t) {
+                const uint32_t b0 = j ? xa[t].z : xa[t].x, b1 = j ? xa[t].w : xa[t].y;
+                mma16816(tmp[t], a0, a1, a2, a3, b0, b1);
+                mma16816(xs[t], kOnes, kOnes, kOnes, kOnes, b0, b1);
+              }
+            }
+          } else {
+            uint4 xa[MT], xb[MT];
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {
+              const uint8_t* xrow = base + SW + (8 * t + g) * XS + f * 128 + 32 * q;
+              xa[t] = *reinterpret_cast<const uint4*>(xrow);
+              xb[t] = *reinterpret_cast<const uint4*>(xrow + 16);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {  // nibbles (0, 4) / (1, 5) / (2, 6) / (3, 7): a0 / a1 / a2 / a3
+              const uint32_t w = w4[j], w8 = w >> 8;
+              const uint32_t a0 = bmul(w & 0x000f000fu, k126), a1 = bmul(w & 0x00f000f0u, k122);
+              const uint32_t a2 = bmul(w8 & 0x000f000fu, k126), a3 = bmul(w8 & 0x00f000f0u, k122);
+#pragma unroll
+              for (int t = 0; t < MT; ++t) {
+                const uint32_t b0 = j == 0 ? xa[t].x : j == 1 ? xa[t].z : j == 2 ? xb[t].x : xb[t].z;
+                const uint32_t b1 = j == 0 ? xa[t].y : j == 1 ? xa[t].w : j == 2 ? xb[t].y : xb[t].w;
+                mma16816(tmp[t], a0, a1, a2, a3, b0, b1);
+                mma16816(xs[t], kOnes, kOnes, kOnes, kOnes, b0, b1);
+              }
+            }
+          }
+          affine_apply<MT>(acc, tmp, xs, sb);
+        } else if constexpr (F8) {
           // bf16x2 of s * 2^111 (the code is its exponent field) for rows g, g + 8
           const uint32_t sc = *reinterpret_cast<const uint16_t*>(fb + 512 + 2 * g);
           const uint32_t Sg = prmt(sc, 0, 0x4040u) * 128u, Sg8 = prmt(sc, 0, 0x4141u) * 128u;
@@ -274,7 +363,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
   // reads of gs and bias, which the previous kernel may have written)
   asm volatile("griddepcontrol.wait;" ::: "memory");
   if (rank == 0 && warp < kConsumers && fpar == 0) {
-    const float alpha = p.gs ? nvfp4_dec(*p.gs) * 512.0f : 512.0f;  // 2^9 undoes the decoded weights' 2^-9
+    // 2^9 undoes the fp decoders' 2^-9 (affine: the scales took the 2^7)
+    const float alpha = AFF ? 1.0f : p.gs ? nvfp4_dec(*p.gs) * 512.0f : 512.0f;
 #pragma unroll
     for (int t = 0; t < MT; ++t)
 #pragma unroll
@@ -283,9 +373,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
         float v = part[o];
         for (int r = 1; r < ks; ++r) v += cluster.map_shared_rank(part, r)[o];
         const int m = 8 * t + 2 * q + (i & 1), n = tile * kDecTileRows + rb * 16 + g + 8 * (i >> 1);
-        if (m < p.M && n < p.N)
+        if (m < p.M && n < p.N) {
+          if (AFF && !bad && !isfinite(v))
+            v = affine_exact<FM>(p.w + expert * p.wper,
+                                 p.x + (p.gidx.ptr ? p.xb.offset(entry) : 0) + (int64_t)m * p.xld, p.K, n);
           store_biased(p.out, p.bias, ((int64_t)entry * p.M + m) * p.N + n, n,
                        bad ? __int_as_float(0x7fc00000) : v * alpha);
+        }
       }
   }
   cluster.sync();  // the other ranks' shared memory stays until rank 0 has read it
@@ -302,9 +396,9 @@ __global__ void to_decode_kernel(const DecodeLayoutArgs a, int64_t slots, int* b
 }
 
 // The shared memory of a configuration (the ring, its barriers, the two partial-sum arrays).
-template <bool F8, int MT, int S, int KC>
+template <int FM, int MT, int S, int KC>
 constexpr size_t smem_bytes() {
-  using G = Geo<F8>;
+  using G = Geo<FM>;
   return (size_t)S * (KC * G::STAGE + MT * 8 * (KC * 512 + G::XPAD)) + 2 * S * 8 + 2 * (4 * MT * 4 * 32) * 4;
 }
 
@@ -314,10 +408,10 @@ constexpr size_t smem_bytes() {
 // JIT-compiled, would have an empty body). Known per device and configuration after
 // the first call, which also sets the shared-memory attribute once.
 constexpr qqStatus_t kRefused = QQ_STATUS_NOT_SUPPORTED;
-template <bool F8, int MT, int S, int KC, int kMinBlocks>
+template <int FM, int MT, int S, int KC, int kMinBlocks>
 qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream) {
-  constexpr size_t smem = smem_bytes<F8, MT, S, KC>();
-  auto kern = qmmp_kernel<F8, MT, S, KC, kMinBlocks>;
+  constexpr size_t smem = smem_bytes<FM, MT, S, KC>();
+  auto kern = qmmp_kernel<FM, MT, S, KC, kMinBlocks>;
   static std::atomic<uint64_t> ok{0}, refused{0};  // bit d: device d (devices past 63 ask every time)
   int dev = 0;
   QQ_CUDA_TRY(cudaGetDevice(&dev), "decode_matmul");
@@ -356,6 +450,33 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream) {
   return check_launch("decode_matmul");
 }
 
+// The configurations of a format. 9..16 rows of 4-bit codes: stages of 512 k where the
+// split allows it (fewer, larger copies: 5 % faster at 16384^2), 256 k otherwise. Deeper
+// rings (2 CTAs per SM) where the tiles fill the GPU at M <= 8: 16384^2 nvfp4 M = 1 55 us
+// against 62 with 4 stages; the shallower ones win elsewhere
+// (bench/results/qmm-decode-h100-notes.md, session i). Affine 8-bit's stage (18 KB) fits 4
+// deep for 2 CTAs, not mxfp8's 5. A configuration the device cannot run (shared memory)
+// falls to the shallower.
+template <int FM>
+qqStatus_t dispatch(const QP& p, int64_t M, int tiles, int ks, int nk, cudaStream_t st) {
+  qqStatus_t r;
+  if constexpr (dec_bits8(FM)) {
+    if (M > 8) return launch<FM, 2, 3, 1, 2>(p, tiles, ks, st);
+    r = ks == 1 ? launch<FM, 1, FM == kDecFp8 ? 5 : 4, 1, 2>(p, tiles, ks, st) : kRefused;
+    if (r == kRefused) r = launch<FM, 1, 3, 1, 3>(p, tiles, ks, st);
+  } else if (M > 8) {
+    // (affine's 512-k stage needs more than the 96 registers of 2 CTAs per SM: spills)
+    const bool kc2 = !dec_affine(FM) && nk % 2 == 0 && (ks == 1 || nk % 4 == 0);
+    if constexpr (!dec_affine(FM)) r = kc2 ? launch<FM, 2, 3, 2, 2>(p, tiles, ks, st) : kRefused;
+    else r = kRefused;
+    if (r == kRefused) r = launch<FM, 2, 4, 1, 2>(p, tiles, ks, st);
+  } else {
+    r = ks == 1 ? launch<FM, 1, 8, 1, 2>(p, tiles, ks, st) : kRefused;
+    if (r == kRefused) r = launch<FM, 1, 4, 1, 3>(p, tiles, ks, st);
+  }
+  return r;
+}
+
 }  // namespace
 
 qqStatus_t to_decode_layout(qqHandle_t h, const DecodeLayoutArgs& a, void* stream) {
@@ -377,10 +498,8 @@ qqStatus_t to_decode_layout(qqHandle_t h, const DecodeLayoutArgs& a, void* strea
     QQ_CUDA_TRY(cudaMemcpyAsync(&hbad, bad, sizeof(int), cudaMemcpyDeviceToHost, st), "to_decode_layout");
     QQ_CUDA_TRY(cudaStreamSynchronize(st), "to_decode_layout");
     if (hbad)
-      return set_error(QQ_STATUS_NOT_SUPPORTED, "to_decode_layout: a scale of w cannot be encoded in the decode "
-                       "layout (a NaN scale or element, or an mx scale outside its window over non-zero codes: "
-                       "mxfp4 2^-20 .. 2^10, mxfp8 2^-108 .. 2^16); keep the packed weight (docs/formats.md, "
-                       "Decode layout)");
+      return set_error(QQ_STATUS_NOT_SUPPORTED, "to_decode_layout: w cannot be encoded in the decode layout (%s); "
+                       "keep the packed weight (docs/formats.md, Decode layout)", decode_unencodable(a.q));
     return QQ_STATUS_SUCCESS;
   });
 }
@@ -421,39 +540,25 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     p.mul0 = 65u << 6, p.mul1 = 65u << 2;
     p.xb = a.x;
     p.gidx = a.gidx;
-    p.wper = decode_layout_bytes(a.N, a.K, a.q.bits == 8);
+    const int fmt = decode_fmt(a.q);
+    p.wper = decode_layout_bytes(a.N, a.K, fmt);
     p.E = (int)a.E;
     p.B = (int)a.B;
     const int tiles = (int)(roundup(a.N, kDecTileRows) / kDecTileRows);
     const int target = sm_count(a.x.device) * 3 / 2;
     const cudaStream_t st = (cudaStream_t)stream;
-    const bool f8 = a.q.bits == 8;
     // A cluster of 2 where the row tiles alone leave SMs idle: larger clusters were
     // slower at every decode shape (a rank waits for its cluster before it exits).
     // The split point is in 256-k chunks and does not depend on M, so a row's sums
     // run in the same order for every M.
     const int nk = (int)(a.K / kDecChunkK);
     const int ks = tiles < target && nk >= 2 ? 2 : 1;
-    // 9..16 rows of fp4: stages of 512 k where the split allows it (fewer, larger copies:
-    // 5 % faster at 16384^2), 256 k otherwise. Deeper rings (2 CTAs per SM) where the
-    // tiles fill the GPU at M <= 8: 16384^2 nvfp4 M = 1 55 us against 62 with 4 stages;
-    // the shallower ones win elsewhere (bench/results/qmm-decode-h100-notes.md, session
-    // i). A configuration the device cannot run (shared memory) falls to the shallower.
-    const bool kc2 = !f8 && a.M > 8 && nk % 2 == 0 && (ks == 1 || nk % 4 == 0);
     qqStatus_t r;
-    if (f8) {
-      if (a.M > 8) {
-        r = launch<true, 2, 3, 1, 2>(p, tiles, ks, st);
-      } else {
-        r = ks == 1 ? launch<true, 1, 5, 1, 2>(p, tiles, ks, st) : kRefused;
-        if (r == kRefused) r = launch<true, 1, 3, 1, 3>(p, tiles, ks, st);
-      }
-    } else if (a.M > 8) {
-      r = kc2 ? launch<false, 2, 3, 2, 2>(p, tiles, ks, st) : kRefused;
-      if (r == kRefused) r = launch<false, 2, 4, 1, 2>(p, tiles, ks, st);
-    } else {
-      r = ks == 1 ? launch<false, 1, 8, 1, 2>(p, tiles, ks, st) : kRefused;
-      if (r == kRefused) r = launch<false, 1, 4, 1, 3>(p, tiles, ks, st);
+    switch (fmt) {
+      case kDecFp4: r = dispatch<kDecFp4>(p, a.M, tiles, ks, nk, st); break;
+      case kDecFp8: r = dispatch<kDecFp8>(p, a.M, tiles, ks, nk, st); break;
+      case kDecAff4: r = dispatch<kDecAff4>(p, a.M, tiles, ks, nk, st); break;
+      default: r = dispatch<kDecAff8>(p, a.M, tiles, ks, nk, st); break;
     }
     if (r == kRefused)
       return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's kernel cannot run on this GPU (compute "
