@@ -49,7 +49,9 @@ namespace qq {
 namespace cuda {
 namespace {
 
-constexpr int kConsumers = 8, kThreads = 32 * (kConsumers + 1);  // 8 consumer warps + 1 producer warp
+// 8 consumer warps, 1 producer warp, and for affine 1 warp that sums x per fragment block
+constexpr int kConsumers = 8;
+constexpr int threads_of(int fm) { return 32 * (kConsumers + 1 + (dec_affine(fm) ? 1 : 0)); }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -118,17 +120,17 @@ __device__ __forceinline__ float bf_lo(uint32_t v) { return __uint_as_float(v <<
 __device__ __forceinline__ float bf_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 
 // Affine: acc += s * 2^7 * tmp + b * xs for one fragment block, tmp holding its sums
-// of x * c * 2^-7 and xs its sums of x (the same for rows g and g + 8); sb: the FB's
-// (s_g | s_g+8 << 16, b_g | b_g+8 << 16).
+// of x * c * 2^-7 (acc's layout) and xs[t] the FB's sums of x rows 8t + 2q and
+// 8t + 2q + 1; sb: the FB's (s_g | s_g+8 << 16, b_g | b_g+8 << 16).
 template <int MT>
-__device__ __forceinline__ void affine_apply(float (&acc)[MT][4], const float (&tmp)[MT][4],
-                                             const float (&xs)[MT][4], uint2 sb) {
+__device__ __forceinline__ void affine_apply(float (&acc)[MT][4], const float (&tmp)[MT][4], const float2 (&xs)[MT],
+                                             uint2 sb) {
   const float s0 = bf_lo(sb.x) * 128.0f, s1 = bf_hi(sb.x) * 128.0f, b0 = bf_lo(sb.y), b1 = bf_hi(sb.y);
 #pragma unroll
   for (int t = 0; t < MT; ++t)
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      acc[t][i] = fmaf(i < 2 ? b0 : b1, xs[t][i], fmaf(i < 2 ? s0 : s1, tmp[t][i], acc[t][i]));
+      acc[t][i] = fmaf(i < 2 ? b0 : b1, i & 1 ? xs[t].y : xs[t].x, fmaf(i < 2 ? s0 : s1, tmp[t][i], acc[t][i]));
 }
 
 // Affine: one result weight by weight from the layout, sum_k x_k * fma(c_k, s, b) in
@@ -151,19 +153,22 @@ __device__ __noinline__ float affine_exact(const uint8_t* w, const __nv_bfloat16
 // MT n8 tiles of x rows (M <= 8 MT), S stages of KC chunks (256 k each); FM: the
 // layout's format (DecFmt).
 template <int FM, int MT, int S, int KC, int kMinBlocks>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) {
+__global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const QP p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using G = Geo<FM>;
   constexpr bool F8 = dec_bits8(FM), AFF = dec_affine(FM);
   // affine codes: a code c in the low bits of a bf16 is the subnormal c * 2^-133 (4-bit
   // codes at bits 4..7: c * 2^-129); one exact multiply makes it c * 2^-7
-  constexpr uint32_t kOnes = 0x3f803f80u, k126 = 0x7e807e80u, k122 = 0x7c807c80u;
+  constexpr uint32_t k126 = 0x7e807e80u, k122 = 0x7c807c80u;
+  constexpr int kThreads = threads_of(FM);
   constexpr int XS = KC * 512 + G::XPAD;  // bytes per row of x in a stage
   constexpr int SW = KC * G::STAGE, STG = SW + MT * 8 * XS, RED = 4 * MT * 4 * 32;
+  constexpr int NF = G::FBS * KC, XSUM = AFF ? NF * MT * 8 : 0;  // affine: sums of x per stage [FB][row]
   extern __shared__ __align__(128) uint8_t smem[];
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S * STG);  // full[S], empty[S]
-  float* red = reinterpret_cast<float*>(bars + 2 * S);           // the odd warps' partial sums
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S * STG);  // full[S], empty[S], affine: xready[S]
+  float* red = reinterpret_cast<float*>(bars + 3 * S);           // the odd warps' partial sums
   float* part = red + RED;                                        // this CTA's sums, read by the cluster's rank 0
+  float* xsum = part + RED;                                       // affine: [S][NF][MT * 8]
   cg::cluster_group cluster = cg::this_cluster();
   const int ks = (int)cluster.dim_blocks().y, rank = (int)cluster.block_rank();
   const int tile = blockIdx.x, nk = p.K / (kDecChunkK * KC), entry = blockIdx.z;
@@ -184,6 +189,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
     for (int s = 0; s < S; ++s) {
       mbar_init(bar0 + 8 * s, 1);
       mbar_init(bar0 + 8 * (S + s), kConsumers);
+      mbar_init(bar0 + 8 * (2 * S + s), 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -191,6 +197,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
   for (int s = 0; s < S; ++s)
     for (int i = threadIdx.x; i < (MT * 8 - p.M) * (XS / 16); i += kThreads)
       reinterpret_cast<uint4*>(smem + s * STG + SW + p.M * XS)[i] = make_uint4(0, 0, 0, 0);
+  for (int i = threadIdx.x; i < S * XSUM; i += kThreads) xsum[i] = 0.0f;  // rows past M stay 0
   __syncthreads();
   // The next kernel in the stream may start its own weight prefetch now (it waits
   // for this one to finish before it reads x or writes anything).
@@ -230,10 +237,38 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
           bulk_g2s(dst + SW + m * XS, xs + (size_t)m * p.xld + (size_t)i * KC * kDecChunkK, 512 * KC, full);
       }
     }
+  } else if (warp > kConsumers) {
+    if constexpr (AFF) {
+      // Affine: the sums of x over each fragment block's k, one per (FB, row) of a stage,
+      // for the consumers' b * sum(x) (in a fixed order: the same bits for every M)
+      constexpr int FK = dec_fb_k(FM);  // k per FB: 64 / 32 (8 / 4 uint4 of bf16)
+      for (int i = 0; i < nch; ++i) {
+        const int s = i % S;
+        mbar_wait(bar0 + 8 * s, (i / S) & 1);
+        const uint8_t* xbase = smem + s * STG + SW;
+        for (int j = lane; j < NF * p.M; j += 32) {
+          const int f = j / p.M, m = j % p.M;
+          const uint4* xv = reinterpret_cast<const uint4*>(xbase + m * XS + f * FK * 2);
+          float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+          for (int u = 0; u < FK / 8; ++u) {
+            const uint4 v = xv[u];
+            a[0] += bf_lo(v.x) + bf_hi(v.x);
+            a[1] += bf_lo(v.y) + bf_hi(v.y);
+            a[2] += bf_lo(v.z) + bf_hi(v.z);
+            a[3] += bf_lo(v.w) + bf_hi(v.w);
+          }
+          xsum[(s * NF + f) * MT * 8 + m] = (a[0] + a[1]) + (a[2] + a[3]);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar0 + 8 * (2 * S + s));
+      }
+    }
   } else {
     for (int i = 0; i < nch; ++i) {
       const int s = i % S;
       mbar_wait(bar0 + 8 * s, (i / S) & 1);
+      if constexpr (AFF) mbar_wait(bar0 + 8 * (2 * S + s), (i / S) & 1);  // x's sums of the stage
       const uint8_t* base = smem + s * STG;
 #pragma unroll
       for (int ff = 0; ff < G::FBS * KC / 2; ++ff) {
@@ -244,13 +279,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
         if constexpr (AFF) {
           // codes exact into the mma; the FB's scales and biases applied to its fp32 sums
           // (qmma.cu's factoring: sum x (s c + b) = s sum x c + b sum x, the sums of x from
-          // an mma with ones for A)
+          // the x-sum warp)
           const uint2 sb = *reinterpret_cast<const uint2*>(fb + 512 + 8 * g);
-          float tmp[MT][4], xs[MT][4];
+          float tmp[MT][4];
+          float2 xs[MT];
 #pragma unroll
-          for (int t = 0; t < MT; ++t)
+          for (int t = 0; t < MT; ++t) {
+            xs[t] = *reinterpret_cast<const float2*>(xsum + (s * NF + f) * MT * 8 + 8 * t + 2 * q);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) tmp[t][i] = xs[t][i] = 0.0f;
+            for (int i = 0; i < 4; ++i) tmp[t][i] = 0.0f;
+          }
           if constexpr (F8) {
             uint4 xa[MT];
 #pragma unroll
@@ -265,7 +303,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
               for (int t = 0; t < MT; ++t) {
                 const uint32_t b0 = j ? xa[t].z : xa[t].x, b1 = j ? xa[t].w : xa[t].y;
                 mma16816(tmp[t], a0, a1, a2, a3, b0, b1);
-                mma16816(xs[t], kOnes, kOnes, kOnes, kOnes, b0, b1);
               }
             }
           } else {
@@ -286,7 +323,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) qmmp_kernel(const QP p) 
                 const uint32_t b0 = j == 0 ? xa[t].x : j == 1 ? xa[t].z : j == 2 ? xb[t].x : xb[t].z;
                 const uint32_t b1 = j == 0 ? xa[t].y : j == 1 ? xa[t].w : j == 2 ? xb[t].y : xb[t].w;
                 mma16816(tmp[t], a0, a1, a2, a3, b0, b1);
-                mma16816(xs[t], kOnes, kOnes, kOnes, kOnes, b0, b1);
               }
             }
           }
@@ -399,7 +435,8 @@ __global__ void to_decode_kernel(const DecodeLayoutArgs a, int64_t slots, int* b
 template <int FM, int MT, int S, int KC>
 constexpr size_t smem_bytes() {
   using G = Geo<FM>;
-  return (size_t)S * (KC * G::STAGE + MT * 8 * (KC * 512 + G::XPAD)) + 2 * S * 8 + 2 * (4 * MT * 4 * 32) * 4;
+  const size_t xsum = dec_affine(FM) ? (size_t)S * G::FBS * KC * MT * 8 * 4 : 0;
+  return (size_t)S * (KC * G::STAGE + MT * 8 * (KC * 512 + G::XPAD)) + 3 * S * 8 + 2 * (4 * MT * 4 * 32) * 4 + xsum;
 }
 
 // Launches one configuration; kRefused (no message) when it cannot run on this device:
@@ -434,7 +471,7 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream) {
   q.cps = (nk + ks - 1) / ks;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)tiles, (unsigned)ks, (unsigned)p.B);
-  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.blockDim = dim3(threads_of(FM), 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
@@ -465,10 +502,8 @@ qqStatus_t dispatch(const QP& p, int64_t M, int tiles, int ks, int nk, cudaStrea
     r = ks == 1 ? launch<FM, 1, FM == kDecFp8 ? 5 : 4, 1, 2>(p, tiles, ks, st) : kRefused;
     if (r == kRefused) r = launch<FM, 1, 3, 1, 3>(p, tiles, ks, st);
   } else if (M > 8) {
-    // (affine's 512-k stage needs more than the 96 registers of 2 CTAs per SM: spills)
-    const bool kc2 = !dec_affine(FM) && nk % 2 == 0 && (ks == 1 || nk % 4 == 0);
-    if constexpr (!dec_affine(FM)) r = kc2 ? launch<FM, 2, 3, 2, 2>(p, tiles, ks, st) : kRefused;
-    else r = kRefused;
+    const bool kc2 = nk % 2 == 0 && (ks == 1 || nk % 4 == 0);
+    r = kc2 ? launch<FM, 2, 3, 2, 2>(p, tiles, ks, st) : kRefused;
     if (r == kRefused) r = launch<FM, 2, 4, 1, 2>(p, tiles, ks, st);
   } else {
     r = ks == 1 ? launch<FM, 1, 8, 1, 2>(p, tiles, ks, st) : kRefused;
