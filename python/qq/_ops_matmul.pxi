@@ -532,7 +532,7 @@ def _decode_gather(func, x, dw, rhs_indices, scales, biases, transpose, group_si
     """gather_qmm with experts in the decode layout (a DecodeWeight of [E, N, K]): each batch
     entry reads its expert's layout, for bfloat16 x of at most 16 rows per entry on the GPU
     (compute capability 9.0+) when the entries rarely share an expert (no more entries than
-    half the experts; fp4 over K < 4096 at most 32 entries); otherwise the packed experts
+    half the experts; 4-bit codes over K < 4096 at most 32 entries); otherwise the packed experts
     (gather_qmm groups entries by expert). The CPU reads the layout."""
     cdef _View vx, vw, vi, vg, vbias, vo
     cdef qqQuantParams_t p
@@ -557,7 +557,7 @@ def _decode_gather(func, x, dw, rhs_indices, scales, biases, transpose, group_si
     for d in tuple(rhs_indices.shape):
         entries *= int(d)
     # The packed experts (grouped by expert) where entries share experts (more than half
-    # as many as experts), and for fp4 over a short K with many entries (each entry's CTAs
+    # as many as experts), and for 4-bit codes over a short K with many entries (each entry's CTAs
     # then stream too little: DeepSeek-like down projection, K = 2048, 128 entries, was
     # 0.49 of copy against 0.61 packed on the H100; bench/results/gather_qmm-h100.md).
     fp4_short = qa.bits == 4 and int(dw.shape[2]) < 4096 and entries > 32
