@@ -246,6 +246,9 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
       constexpr int FK = dec_fb_k(FM);  // k per FB: 64 / 32 (8 / 4 uint4 of bf16)
       for (int i = 0; i < nch; ++i) {
         const int s = i % S;
+        // xsum[s] was read by the consumers of stage i - S: their release of the slot
+        // (the producer waits for it too before the copies that complete full[s])
+        if (i >= S) mbar_wait(bar0 + 8 * (S + s), ((i / S) - 1) & 1);
         mbar_wait(bar0 + 8 * s, (i / S) & 1);
         const uint8_t* xbase = smem + s * STG + SW;
         for (int j = lane; j < NF * p.M; j += 32) {
