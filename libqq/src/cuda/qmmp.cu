@@ -167,9 +167,9 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
   constexpr int SW = KC * G::STAGE, STG = SW + MT * 8 * XS, RED = 4 * MT * 4 * 32;
   constexpr int NF = G::FBS * KC, XSUM = AFF ? NF * MT * 8 : 0;  // affine: sums of x per stage [FB][row]
   extern __shared__ __align__(128) uint8_t smem[];
-  // full[S], empty[S], affine: xready[S] (the sums of x are in), xfree[S] (read by every consumer)
+  // full[S], empty[S], affine: xready[S] (the stage's sums of x are in)
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S * STG);
-  float* red = reinterpret_cast<float*>(bars + 4 * S);           // the odd warps' partial sums
+  float* red = reinterpret_cast<float*>(bars + 3 * S);           // the odd warps' partial sums
   float* part = red + RED;                                        // this CTA's sums, read by the cluster's rank 0
   float* xsum = part + RED;                                       // affine: [S][NF][MT * 8]
   cg::cluster_group cluster = cg::this_cluster();
@@ -191,11 +191,14 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(bar0 + 8 * s, 1);
-      mbar_init(bar0 + 8 * (S + s), kConsumers);
-      // every thread of the x-sum warp / of the consumers arrives: an arrive releases the
-      // arriving thread's own accesses (the sums are plain shared stores and loads)
+      // Every consumer thread (empty) and every x-sum thread (xready) arrives: an arrive
+      // releases only the arriving thread's own accesses, so a lane's shared loads of a
+      // stage are ordered before the slot's next copy (or sums) by its own arrive, not by
+      // one elected lane's (compute-sanitizer's racecheck sees the difference: with one
+      // lane per warp it reported the slot's next bulk copy as racing with the loads of
+      // lanes that had not arrived, wherever the ring wrapped in a cluster of 2).
+      mbar_init(bar0 + 8 * (S + s), 32 * kConsumers);
       mbar_init(bar0 + 8 * (2 * S + s), 32);
-      mbar_init(bar0 + 8 * (3 * S + s), 32 * kConsumers);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -250,8 +253,8 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
       constexpr int FK = dec_fb_k(FM);  // k per FB: 64 / 32 (8 / 4 uint4 of bf16)
       for (int i = 0; i < nch; ++i) {
         const int s = i % S;
-        // xsum[s] was read by the consumers of stage i - S
-        if (i >= S) mbar_wait(bar0 + 8 * (3 * S + s), ((i / S) - 1) & 1);
+        // xsum[s] was read by the consumers of stage i - S: wait for their release of the slot
+        if (i >= S) mbar_wait(bar0 + 8 * (S + s), ((i / S) - 1) & 1);
         mbar_wait(bar0 + 8 * s, (i / S) & 1);
         const uint8_t* xbase = smem + s * STG + SW;
         for (int j = lane; j < NF * p.M; j += 32) {
@@ -382,9 +385,7 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
           }
         }
       }
-      if constexpr (AFF) mbar_arrive(bar0 + 8 * (3 * S + s));  // done with xsum[s]
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar0 + 8 * (S + s));
+      mbar_arrive(bar0 + 8 * (S + s));  // this thread is done with slot s (and its xsum)
     }
   }
   // The CTA's sum: the two FB-parity warps of a row block, even + odd.
@@ -444,7 +445,7 @@ template <int FM, int MT, int S, int KC>
 constexpr size_t smem_bytes() {
   using G = Geo<FM>;
   const size_t xsum = dec_affine(FM) ? (size_t)S * G::FBS * KC * MT * 8 * 4 : 0;
-  return (size_t)S * (KC * G::STAGE + MT * 8 * (KC * 512 + G::XPAD)) + 4 * S * 8 + 2 * (4 * MT * 4 * 32) * 4 + xsum;
+  return (size_t)S * (KC * G::STAGE + MT * 8 * (KC * 512 + G::XPAD)) + 3 * S * 8 + 2 * (4 * MT * 4 * 32) * 4 + xsum;
 }
 
 // Launches one configuration; kRefused (no message) when it cannot run on this device:
