@@ -286,74 +286,104 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
         const uint8_t* fb = base + ((f / G::FBS) * 4 + rb) * G::FBS * G::FB + (f % G::FBS) * G::FB;
         const uint4 wv = *reinterpret_cast<const uint4*>(fb + 16 * lane);
         const uint32_t w4[4] = {wv.x, wv.y, wv.z, wv.w};
-        // x: the lane's 16 (4-bit) or 8 (8-bit) contiguous values of row 8t + g in this FB;
-        // k-step j's B registers are their words 2j and 2j + 1
-        uint4 xv[MT][F8 ? 1 : 2];
-#pragma unroll
-        for (int t = 0; t < MT; ++t) {
-          const uint8_t* xrow = base + SW + (8 * t + g) * XS + f * (F8 ? 64 : 128) + (F8 ? 16 : 32) * q;
-          xv[t][0] = *reinterpret_cast<const uint4*>(xrow);
-          if constexpr (!F8) xv[t][1] = *reinterpret_cast<const uint4*>(xrow + 16);
-        }
-        // Scales: bf16x2 of the rows g (Sg) and g + 8 (Sg8), both halves. fp4: s * 2^117 from
-        // the code (code * 16 + 0x7000); mxfp8: s * 2^111 (the code is its exponent field).
-        // Affine: the FB's (s_g | s_g+8 << 16, b_g | b_g+8 << 16) and its sums of x.
-        uint32_t Sg = 0, Sg8 = 0;
-        uint2 sb = make_uint2(0, 0);
-        float tmp[MT][4];  // affine: the FB's sums of x * c * 2^-7
-        float2 xs[MT];     // affine: the FB's sums of x rows 8t + 2q, 8t + 2q + 1
         if constexpr (AFF) {
-          sb = *reinterpret_cast<const uint2*>(fb + 512 + 8 * g);
+          // codes exact into the mma; the FB's scales and biases applied to its fp32 sums
+          // (qmma.cu's factoring: sum x (s c + b) = s sum x c + b sum x, the sums of x from
+          // the x-sum warp)
+          const uint2 sb = *reinterpret_cast<const uint2*>(fb + 512 + 8 * g);
+          float tmp[MT][4];
+          float2 xs[MT];
 #pragma unroll
           for (int t = 0; t < MT; ++t) {
             xs[t] = *reinterpret_cast<const float2*>(xsum + (s * NF + f) * MT * 8 + 8 * t + 2 * q);
 #pragma unroll
             for (int i = 0; i < 4; ++i) tmp[t][i] = 0.0f;
           }
+          if constexpr (F8) {
+            uint4 xa[MT];
+#pragma unroll
+            for (int t = 0; t < MT; ++t)
+              xa[t] = *reinterpret_cast<const uint4*>(base + SW + (8 * t + g) * XS + f * 64 + 16 * q);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {  // k-step j: word 2j is row g, 2j + 1 row g + 8; bytes (0, 2), (1, 3)
+              const uint32_t wg = w4[2 * j], wh = w4[2 * j + 1];
+              const uint32_t a0 = bmul(wg & 0x00ff00ffu, k126), a2 = bmul((wg >> 8) & 0x00ff00ffu, k126);
+              const uint32_t a1 = bmul(wh & 0x00ff00ffu, k126), a3 = bmul((wh >> 8) & 0x00ff00ffu, k126);
+#pragma unroll
+              for (int t = 0; t < MT; ++t) {
+                const uint32_t b0 = j ? xa[t].z : xa[t].x, b1 = j ? xa[t].w : xa[t].y;
+                mma16816(tmp[t], a0, a1, a2, a3, b0, b1);
+              }
+            }
+          } else {
+            uint4 xa[MT], xb[MT];
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {
+              const uint8_t* xrow = base + SW + (8 * t + g) * XS + f * 128 + 32 * q;
+              xa[t] = *reinterpret_cast<const uint4*>(xrow);
+              xb[t] = *reinterpret_cast<const uint4*>(xrow + 16);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {  // nibbles (0, 4) / (1, 5) / (2, 6) / (3, 7): a0 / a1 / a2 / a3
+              const uint32_t w = w4[j], w8 = w >> 8;
+              const uint32_t a0 = bmul(w & 0x000f000fu, k126), a1 = bmul(w & 0x00f000f0u, k122);
+              const uint32_t a2 = bmul(w8 & 0x000f000fu, k126), a3 = bmul(w8 & 0x00f000f0u, k122);
+#pragma unroll
+              for (int t = 0; t < MT; ++t) {
+                const uint32_t b0 = j == 0 ? xa[t].x : j == 1 ? xa[t].z : j == 2 ? xb[t].x : xb[t].z;
+                const uint32_t b1 = j == 0 ? xa[t].y : j == 1 ? xa[t].w : j == 2 ? xb[t].y : xb[t].w;
+                mma16816(tmp[t], a0, a1, a2, a3, b0, b1);
+              }
+            }
+          }
+          affine_apply<MT>(acc, tmp, xs, sb);
         } else if constexpr (F8) {
+          // bf16x2 of s * 2^111 (the code is its exponent field) for rows g, g + 8
           const uint32_t sc = *reinterpret_cast<const uint16_t*>(fb + 512 + 2 * g);
-          Sg = prmt(sc, 0, 0x4040u) * 128u, Sg8 = prmt(sc, 0, 0x4141u) * 128u;
+          const uint32_t Sg = prmt(sc, 0, 0x4040u) * 128u, Sg8 = prmt(sc, 0, 0x4141u) * 128u;
+          uint4 xa[MT];
+#pragma unroll
+          for (int t = 0; t < MT; ++t)
+            xa[t] = *reinterpret_cast<const uint4*>(base + SW + (8 * t + g) * XS + f * 64 + 16 * q);
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {  // k-step j: word 2j is row g, 2j + 1 row g + 8
+            uint32_t p0g, p1g, p0h, p1h;
+            fp8_place(w4[2 * j], 4, 4, 0x07f007f0u, p0g, p1g);  // E4M3 as e * 2^-120
+            fp8_place(w4[2 * j + 1], 4, 4, 0x07f007f0u, p0h, p1h);
+            const uint32_t a0 = bmul(p0g, Sg), a1 = bmul(p0h, Sg8), a2 = bmul(p1g, Sg), a3 = bmul(p1h, Sg8);
+#pragma unroll
+            for (int t = 0; t < MT; ++t)
+              mma16816(acc[t], a0, a1, a2, a3, j ? xa[t].z : xa[t].x, j ? xa[t].w : xa[t].y);
+          }
         } else {
           const uint32_t sc = *reinterpret_cast<const uint16_t*>(fb + 512 + 2 * lane);
-          Sg = prmt(sc, 0, 0x4040u) * 16u + 0x70007000u, Sg8 = prmt(sc, 0, 0x4141u) * 16u + 0x70007000u;
-        }
-#pragma unroll
-        for (int j = 0; j < (F8 ? 2 : 4); ++j) {
-          // k-step j's A registers (rows g, g + 8, g, g + 8)
-          uint32_t a0, a1, a2, a3;
-          if constexpr (F8) {  // word 2j is row g, 2j + 1 row g + 8; bytes (0, 2) / (1, 3) pair up
-            const uint32_t wg = w4[2 * j], wh = w4[2 * j + 1];
-            if constexpr (AFF) {  // codes exact: c * 2^-133 times 2^126
-              a0 = bmul(wg & 0x00ff00ffu, k126), a2 = bmul((wg >> 8) & 0x00ff00ffu, k126);
-              a1 = bmul(wh & 0x00ff00ffu, k126), a3 = bmul((wh >> 8) & 0x00ff00ffu, k126);
-            } else {
-              uint32_t p0g, p1g, p0h, p1h;
-              fp8_place(wg, 4, 4, 0x07f007f0u, p0g, p1g);  // E4M3 as e * 2^-120
-              fp8_place(wh, 4, 4, 0x07f007f0u, p0h, p1h);
-              a0 = bmul(p0g, Sg), a1 = bmul(p0h, Sg8), a2 = bmul(p1g, Sg), a3 = bmul(p1h, Sg8);
-            }
-          } else {  // nibbles (0, 4) / (1, 5) / (2, 6) / (3, 7) of word j: a0 / a1 / a2 / a3
-            const uint32_t w = w4[j], w8 = w >> 8;
-            if constexpr (AFF) {  // codes exact: c * 2^-133 (c * 2^-129 at bits 4..7) times 2^126 (2^122)
-              a0 = bmul(w & 0x000f000fu, k126), a1 = bmul(w & 0x00f000f0u, k122);
-              a2 = bmul(w8 & 0x000f000fu, k126), a3 = bmul(w8 & 0x00f000f0u, k122);
-            } else {
-              // E2M1 pairs placed as bf16 e * 2^-126: the multiply puts the magnitude at bits
-              // 6..8 and the sign (a copy 6 bits up) at 15
-              a0 = bmul(((w & 0x000f000fu) * p.mul0) & 0x81c081c0u, Sg);
-              a1 = bmul(((w & 0x00f000f0u) * p.mul1) & 0x81c081c0u, Sg8);
-              a2 = bmul(((w8 & 0x000f000fu) * p.mul0) & 0x81c081c0u, Sg);
-              a3 = bmul(((w8 & 0x00f000f0u) * p.mul1) & 0x81c081c0u, Sg8);
-            }
-          }
+          // bf16x2 of s * 2^117 for rows g (Sg) and g + 8 (Sg8), both halves
+          const uint32_t Sg = prmt(sc, 0, 0x4040u) * 16u + 0x70007000u;
+          const uint32_t Sg8 = prmt(sc, 0, 0x4141u) * 16u + 0x70007000u;
+          uint4 xa[MT], xb[MT];
 #pragma unroll
           for (int t = 0; t < MT; ++t) {
-            const uint4 v = xv[t][j >> 1];
-            mma16816(AFF ? tmp[t] : acc[t], a0, a1, a2, a3, j & 1 ? v.z : v.x, j & 1 ? v.w : v.y);
+            const uint8_t* xrow = base + SW + (8 * t + g) * XS + f * 128 + 32 * q;
+            xa[t] = *reinterpret_cast<const uint4*>(xrow);
+            xb[t] = *reinterpret_cast<const uint4*>(xrow + 16);
+          }
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            // E2M1 pairs (nibbles i, i + 4) placed as bf16 e * 2^-126: the multiply puts
+            // the magnitude at bits 6..8 and the sign (a copy 6 bits up) at 15
+            const uint32_t w = w4[j], w8 = w >> 8;
+            const uint32_t a0 = bmul(((w & 0x000f000fu) * p.mul0) & 0x81c081c0u, Sg);
+            const uint32_t a1 = bmul(((w & 0x00f000f0u) * p.mul1) & 0x81c081c0u, Sg8);
+            const uint32_t a2 = bmul(((w8 & 0x000f000fu) * p.mul0) & 0x81c081c0u, Sg);
+            const uint32_t a3 = bmul(((w8 & 0x00f000f0u) * p.mul1) & 0x81c081c0u, Sg8);
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {
+              const uint32_t b0 = j == 0 ? xa[t].x : j == 1 ? xa[t].z : j == 2 ? xb[t].x : xb[t].z;
+              const uint32_t b1 = j == 0 ? xa[t].y : j == 1 ? xa[t].w : j == 2 ? xb[t].y : xb[t].w;
+              mma16816(acc[t], a0, a1, a2, a3, b0, b1);
+            }
           }
         }
-        // affine (qmma.cu's factoring): sum x (s c + b) = s sum x c + b sum x per FB
-        if constexpr (AFF) affine_apply<MT>(acc, tmp, xs, sb);
       }
       mbar_arrive(bar0 + 8 * (S + s));  // this thread is done with slot s (and its xsum)
     }
