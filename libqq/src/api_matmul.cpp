@@ -641,8 +641,8 @@ QQ_API qqStatus_t qqDecodeLayoutSize(const qqQuantParams_t* params, int64_t n, i
     QQ_TRY(decode_mode(c.op, q));
     if (!bytes) return set_error(QQ_STATUS_INVALID_VALUE, "decode_layout_size: argument 'bytes' is NULL");
     if (n < 0 || k < 0 || k % kDecChunkK || n > INT32_MAX || k > INT32_MAX)
-      return set_error(QQ_STATUS_INVALID_VALUE, "decode_layout_size: n = %lld, k = %lld; n must be >= 0 and k a "
-                       "multiple of %d (the decode layout's K chunk)", (long long)n, (long long)k, kDecChunkK);
+      return set_error(QQ_STATUS_INVALID_VALUE, "decode_layout_size: n = %lld, k = %lld; each must be in [0, 2^31) "
+                       "and k a multiple of %d (the decode layout's K chunk)", (long long)n, (long long)k, kDecChunkK);
     *bytes = decode_layout_bytes(n, k, decode_fmt(q));
     return QQ_STATUS_SUCCESS;
   });

@@ -613,6 +613,115 @@ static int t_qdq_valid(void) {
   return pass("64 values back along both axes");
 }
 
+/* ---- the decode layout ----------------------------------------------------- */
+static int t_decode_size_null_params(void) {
+  int64_t b = 0;
+  return expect(qqDecodeLayoutSize(NULL, 64, 256, &b), ST(QQ_STATUS_INVALID_VALUE), "params");
+}
+
+static int t_decode_size_affine_3bit(void) {
+  qqQuantParams_t p;
+  qqQuantParamsInit(&p, QQ_MODE_AFFINE);
+  p.bits = 3;
+  int64_t b = 0;
+  return expect(qqDecodeLayoutSize(&p, 64, 256, &b), ST(QQ_STATUS_INVALID_VALUE), "4 or 8 bits");
+}
+
+static int t_decode_size_huge_n(void) {
+  qqQuantParams_t p;
+  qqQuantParamsInit(&p, QQ_MODE_NVFP4);
+  int64_t b = 0;
+  return expect(qqDecodeLayoutSize(&p, P2(62), 256, &b), ST(QQ_STATUS_INVALID_VALUE), "n = ");
+}
+
+/* An affine [64, 256] weight of bf16 values, quantized here (bf16 scales and biases). */
+enum { DN = 64, DK = 256 };
+static uint16_t d_w[DN * DK], d_sc[DN * DK / 64], d_bi[DN * DK / 64];
+static uint8_t d_q[DN * DK];
+static int affine_weight(int bits) {
+  for (int i = 0; i < DN * DK; ++i) {
+    float v = kRow[(i * 7 + i / DK) % 8] * (1.0f + (float)(i % 13) * 0.25f);
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    d_w[i] = (uint16_t)(u >> 16);
+  }
+  int64_t ws[2] = {DN, DK}, qs[2] = {DN, DK * bits / 8}, ss[2] = {DN, DK / 64};
+  DLTensor w = tens(d_w, BF16, 2, ws), q = tens(d_q, U8, 2, qs), sc = tens(d_sc, BF16, 2, ss),
+           bi = tens(d_bi, BF16, 2, ss);
+  qqQuantParams_t p;
+  qqQuantParamsInit(&p, QQ_MODE_AFFINE);
+  p.bits = bits;
+  return qqQuantize(NULL, &w, &p, NULL, &q, &sc, &bi, NULL) == QQ_STATUS_SUCCESS;
+}
+
+static int t_decode_affine_no_biases(void) {
+  if (!affine_weight(4)) return fail("quantize failed: %s", qqGetLastErrorMessage());
+  static uint8_t out[DN / 16 * (DK / 64) * 576];
+  int64_t qs[2] = {DN, DK / 2}, ss[2] = {DN, DK / 64}, os[1] = {(int64_t)sizeof out};
+  DLTensor q = tens(d_q, U8, 2, qs), sc = tens(d_sc, BF16, 2, ss), o = tens(out, U8, 1, os);
+  qqQuantParams_t p;
+  qqQuantParamsInit(&p, QQ_MODE_AFFINE);
+  return expect(qqToDecodeLayout(NULL, &q, &sc, NULL, &p, &o, NULL), ST(QQ_STATUS_INVALID_VALUE), "'biases'");
+}
+
+static int t_decode_nvfp4_with_biases(void) {
+  int64_t qs[2] = {DN, DK / 2}, ss[2] = {DN, DK / 16}, os[1] = {DN / 16 * (DK / 64) * 576};
+  static uint8_t q8[DN * DK / 2], s8[DN * DK / 16], out[DN / 16 * (DK / 64) * 576];
+  DLTensor q = tens(q8, U8, 2, qs), sc = tens(s8, U8, 2, ss), bi = tens(s8, U8, 2, ss), o = tens(out, U8, 1, os);
+  qqQuantParams_t p;
+  qqQuantParamsInit(&p, QQ_MODE_NVFP4);
+  return expect(qqToDecodeLayout(NULL, &q, &sc, &bi, &p, &o, NULL), ST(QQ_STATUS_INVALID_VALUE), "'biases'");
+}
+
+static int t_decode_affine_fp32_scales(void) {
+  if (!affine_weight(8)) return fail("quantize failed: %s", qqGetLastErrorMessage());
+  static float sc32[DN * DK / 64], bi32[DN * DK / 64];
+  static uint8_t out[DN / 16 * (DK / 32) * 576];
+  for (int i = 0; i < DN * DK / 64; ++i) {
+    /* the bf16 values in fp32, but for scale 5: one more fp32 ulp makes it no bf16 value */
+    uint32_t u = ((uint32_t)d_sc[i] << 16) + (i == 5), v = (uint32_t)d_bi[i] << 16;
+    memcpy(&sc32[i], &u, 4);
+    memcpy(&bi32[i], &v, 4);
+  }
+  int64_t qs[2] = {DN, DK}, ss[2] = {DN, DK / 64}, os[1] = {(int64_t)sizeof out};
+  DLTensor q = tens(d_q, U8, 2, qs), sc = tens(sc32, F32, 2, ss), bi = tens(bi32, F32, 2, ss),
+           o = tens(out, U8, 1, os);
+  qqQuantParams_t p;
+  qqQuantParamsInit(&p, QQ_MODE_AFFINE);
+  p.bits = 8;
+  return expect(qqToDecodeLayout(NULL, &q, &sc, &bi, &p, &o, NULL), ST(QQ_STATUS_NOT_SUPPORTED), "bfloat16");
+}
+
+/* The whole C path for an affine weight: size, layout, matmul; equal to qqQuantizedMatmul on
+ * the packed weight bit for bit (both dequantize with fma(c, s, b) and sum in one order). */
+static int decode_affine_matches(int bits) {
+  if (!affine_weight(bits)) return fail("quantize failed: %s", qqGetLastErrorMessage());
+  qqQuantParams_t p;
+  qqQuantParamsInit(&p, QQ_MODE_AFFINE);
+  p.bits = bits;
+  int64_t nbytes = 0;
+  qqStatus_t st = qqDecodeLayoutSize(&p, DN, DK, &nbytes);
+  if (st != QQ_STATUS_SUCCESS) return fail("qqDecodeLayoutSize: %s", qqGetLastErrorMessage());
+  if (nbytes != (int64_t)DN / 16 * (DK / (bits == 8 ? 32 : 64)) * 576)
+    return fail("qqDecodeLayoutSize gave %lld bytes", (long long)nbytes);
+  uint8_t* lay = (uint8_t*)malloc((size_t)nbytes);
+  static float x[3 * DK], y0[3 * DN], y1[3 * DN];
+  for (int i = 0; i < 3 * DK; ++i) x[i] = kRow[i % 7] * (i % 2 ? -0.5f : 1.0f);
+  int64_t qs[2] = {DN, DK * bits / 8}, ss[2] = {DN, DK / 64}, ls[1] = {nbytes}, xs[2] = {3, DK}, ys[2] = {3, DN};
+  DLTensor q = tens(d_q, U8, 2, qs), sc = tens(d_sc, BF16, 2, ss), bi = tens(d_bi, BF16, 2, ss),
+           l = tens(lay, U8, 1, ls), tx = tens(x, F32, 2, xs), o0 = tens(y0, F32, 2, ys), o1 = tens(y1, F32, 2, ys);
+  st = qqToDecodeLayout(NULL, &q, &sc, &bi, &p, &l, NULL);
+  if (st == QQ_STATUS_SUCCESS) st = qqDecodeMatmul(NULL, &tx, &l, &p, NULL, NULL, &o0, NULL);
+  if (st == QQ_STATUS_SUCCESS) st = qqQuantizedMatmul(NULL, &tx, &q, &sc, &bi, &p, 1, NULL, NULL, &o1, NULL);
+  free(lay);
+  if (st != QQ_STATUS_SUCCESS) return fail("%s: %s", stname(st), qqGetLastErrorMessage());
+  if (memcmp(y0, y1, sizeof y0)) return fail("decode-layout result differs from the packed weight's");
+  return pass("%d-bit: %lld layout bytes, the same %d results as the packed weight", bits, (long long)nbytes,
+              3 * DN);
+}
+static int t_decode_affine4_matches(void) { return decode_affine_matches(4); }
+static int t_decode_affine8_matches(void) { return decode_affine_matches(8); }
+
 static const struct check kChecks[] = {
     {"qdq_no_outputs", t_qdq_no_outputs, 0},
     {"qdq_valid", t_qdq_valid, 0},
@@ -661,6 +770,14 @@ static const struct check kChecks[] = {
     {"qqmm_w3d_null_out", t_qqmm_w3d_null_out, 0},
     {"amax_null_out", t_amax_null_out, 0},
     {"last_error_empty_after_success", t_last_error_cleared, 0},
+    {"decode_size_null_params", t_decode_size_null_params, 0},
+    {"decode_size_affine_3bit", t_decode_size_affine_3bit, 0},
+    {"decode_size_huge_n", t_decode_size_huge_n, 0},
+    {"decode_affine_no_biases", t_decode_affine_no_biases, 0},
+    {"decode_nvfp4_with_biases", t_decode_nvfp4_with_biases, 0},
+    {"decode_affine_fp32_scales", t_decode_affine_fp32_scales, 0},
+    {"decode_affine4_matches", t_decode_affine4_matches, 0},
+    {"decode_affine8_matches", t_decode_affine8_matches, 0},
 };
 
 static int is_asan_oom(const char* err) {
