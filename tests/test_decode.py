@@ -440,24 +440,45 @@ def exact_reference(x, qa, bias=None):
     return out + (0.0 if bias is None else to_numpy(bias).astype(F64))
 
 
+def check_non_finite(got, want, x, w, route):
+    """got has want's NaN / +Inf / -Inf pattern, and its finite results are within the bound
+    (|x| @ |W| with the non-finite entries of x and W taken as 0)."""
+    assert not np.isfinite(want).all()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"NaN pattern [{route}]")
+    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want), err_msg=f"+Inf pattern [{route}]")
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want), err_msg=f"-Inf pattern [{route}]")
+    fin = np.isfinite(want)
+    x64 = np.where(np.isfinite(x), x, 0).astype(F64)
+    w64 = np.where(np.isfinite(w), w, 0).astype(F64)
+    mag = np.abs(x64) @ np.abs(np.swapaxes(w64, -1, -2)) if w64.ndim == 2 else np.einsum(
+        "...mk,...nk->...mn", np.abs(x64), np.abs(w64))
+    msg = mismatch(got[fin], want[fin], mag[fin], rel_of("affine"))
+    assert msg is None, f"[{route}] {msg}"
+
+
+# (cfg, K): K = 1024 with N = 64 splits K over a 2-CTA cluster on the GPU (the recomputation
+# then runs on rank 0 after the split)
+NONFINITE_CASES = [("a4g64", 256), ("a4g128", 256), ("a8g32", 256), ("a4g64", 1024), ("a8g32", 1024)]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("what", ["x-inf", "x-nan", "scale-inf", "bias-inf", "group-nan"])
-@pytest.mark.parametrize("cfg", ["a4g64", "a4g128", "a8g32"])
-def test_affine_non_finite(cfg, what, device):
+@pytest.mark.parametrize("cfg,k", NONFINITE_CASES, ids=str)
+def test_affine_non_finite(cfg, k, what, device):
     """An Inf / NaN in x, an Inf scale (over codes 1) or bias, a NaN group (quantize's NaN
     scale and bias): the NaN / +-Inf pattern of the elementwise reference, the finite results
     within the bound. On the GPU the kernel's factored sums break there (Inf * 0 where the
     weight is b) and such results are redone weight by weight."""
     fw = "numpy" if device == "cpu" else "cuda"
-    data, scales, biases = _affine_np(cfg, tag=what)
+    data, scales, biases = _affine_np(cfg, k=k, tag=what)
     bits, group = AFFINE[cfg]
     per = 8 // bits  # codes per byte
     g1 = slice(group // per, 2 * group // per)  # group 1's bytes
-    rng = case_rng("anf", cfg, what)
-    x = cast(np.abs(rng.standard_normal((3, 256))) + 0.01, BF16)  # positive: Inf weights give +-Inf sums
+    rng = case_rng("anf", cfg, k, what)
+    x = cast(np.abs(rng.standard_normal((3, k))) + 0.01, BF16)  # positive: Inf weights give +-Inf sums
     if what == "x-inf":
         x[1, 37] = np.inf
-        x[2, 200] = -np.inf
+        x[2, k - 56] = -np.inf
     elif what == "x-nan":
         x[0, 5] = np.nan
     elif what == "scale-inf":
@@ -474,17 +495,42 @@ def test_affine_non_finite(cfg, what, device):
     route = qq.last_route()
     if device == "cuda" and decode_expected(BF16, 3):
         assert route == "decode"
-    want = exact_reference(xt, qa)
-    assert not np.isfinite(want).all()
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"NaN pattern [{route}]")
-    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want), err_msg=f"+Inf pattern [{route}]")
-    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want), err_msg=f"-Inf pattern [{route}]")
-    fin = np.isfinite(want)
-    _, mag = reference(np.where(np.isfinite(to_numpy(x).astype(F32)), x, 0).astype(F32), qa)
-    w = to_numpy(qq.dequantize(qa, dtype="float32"))
-    if np.isfinite(w).all():
-        msg = mismatch(got[fin], want[fin], mag[fin], rel_of("affine"))
-        assert msg is None, f"[{route}] {msg}"
+    check_non_finite(got, exact_reference(xt, qa), to_numpy(x).astype(F32),
+                     to_numpy(qq.dequantize(qa, dtype="float32")), route)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cfg", ["a4g64", "a8g32"])
+def test_affine_non_finite_gather(cfg, device):
+    """gather_qmm on the layout with an Inf in x's entry 1 (expert 3) and a NaN group in expert
+    2 (entry 2): the recomputation reads the right expert and x entry (the reference's pattern
+    and values), K = 1024 split over a cluster on the GPU."""
+    torch = torch_mod()
+    fw = "torch" if device == "cpu" else "cuda"
+    e, n, k = 8, 64, 1024  # 3 entries <= E / 2: the decode layout's kernel on the GPU
+    bits, group = AFFINE[cfg]
+    w = cast(np.stack([make_weight(case_rng("agw", cfg, i), cfg, n, k) for i in range(e)]), BF16)
+    qa0 = qq.quantize(w, mode="affine", bits=bits, group_size=group)
+    data, scales, biases = qa0.data.copy(), qa0.scales.copy(), qa0.biases.copy()
+    scales[2, 9, 3] = biases[2, 9, 3] = np.nan
+    qa = qq.QuantizedArray(to_fw(data, fw), to_fw(scales, fw), to_fw(biases, fw), mode="affine", bits=bits,
+                           group_size=group)
+    dw = qq.prepare_decode(qa)
+    rng = case_rng("agx", cfg)
+    x = cast(np.abs(rng.standard_normal((3, 1, 1, k))) + 0.01, BF16)
+    x[1, 0, 0, 700] = np.inf
+    idx = torch.tensor([[0], [3], [2]], dtype=torch.int32, device=device)
+    got = to_numpy(qq.gather_qmm(to_fw(x, fw), dw, rhs_indices=idx, dtype="float32")).astype(F64)
+    route = qq.last_route()
+    if device == "cuda" and decode_expected(BF16, 1):
+        assert route == "decode"
+    wd = to_numpy(qq.dequantize(qa, dtype="float32"))
+    i64 = to_numpy(idx)
+    x64 = to_numpy(x).astype(F64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = np.stack([(x64[b, 0][:, None, :] * wd[i64[b, 0]][None, :, :]).sum(axis=2)[None] for b in range(3)])
+    check_non_finite(got, want, np.stack([x64[b] for b in range(3)]).astype(F32),
+                     np.stack([wd[i64[b, 0]] for b in range(3)])[:, None], route)
 
 
 # ---------------------------------------------------------------------------

@@ -545,7 +545,8 @@ QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w,
  * W [N, K] given in the decode layout w_decode (qqToDecodeLayout; N from out's
  * last axis). x: float, its rows (all leading axes) of uniform stride; out:
  * float32, float16 or bfloat16, compact. params: the weight's mode (and
- * fp8_format, or affine bits and group_size). fp32 accumulation. On the GPU:
+ * fp8_format, or affine bits and group_size), as given to qqToDecodeLayout: the
+ * layout carries no format tag. fp32 accumulation. On the GPU:
  * compute capability 9.0+, bfloat16 x of at most 16 rows, rows 16-byte
  * aligned (NOT_SUPPORTED otherwise: use the packed weight with
  * qqQuantizedMatmul); no host synchronization, capturable; the same bits on

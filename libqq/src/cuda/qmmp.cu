@@ -524,6 +524,9 @@ qqStatus_t dispatch(const QP& p, int64_t M, int tiles, int ks, int nk, cudaStrea
 }  // namespace
 
 qqStatus_t to_decode_layout(qqHandle_t h, const DecodeLayoutArgs& a, void* stream) {
+  if (a.E > 65535)  // one grid row per expert (and the decode kernels take as many)
+    return set_error(QQ_STATUS_NOT_SUPPORTED, "to_decode_layout: %lld experts; the GPU conversion takes at most "
+                     "65535 (convert them in parts, or on the CPU)", (long long)a.E);
   return on_device(a.w.device, [&]() -> qqStatus_t {
     qqContext* c = nullptr;
     QQ_TRY(resolve_handle("to_decode_layout", h, a.w.device, &c));
