@@ -257,6 +257,19 @@ def test_quantized_matmul(mode, kw, transpose, m, dev, rng):
     assert R.matmul_mismatch(to_numpy(got), ref) is None
 
 
+@pytest.mark.parametrize("mode,kw", [("affine", {"bits": 4, "group_size": 64}), ("affine", {"bits": 8}),
+                                     ("nvfp4", {})], ids=["affine4", "affine8", "nvfp4"])
+def test_quantized_matmul_decode_weight(mode, kw, rng):
+    """A DecodeWeight closed over under jit: the packed weight it keeps goes in (the layout's
+    kernel is eager); on the CPU that equals the eager call on the layout bit for bit."""
+    cpu = jax.devices("cpu")[0]
+    x = random_data(rng, (3, 256), BF16, 32, varied=False)
+    w = random_data(rng, (64, 256), BF16, 32, varied=False)
+    dw = qq.prepare_decode(qq.quantize(put(w, cpu), mode=mode, **kw))
+    got = jax.jit(lambda x: qq.quantized_matmul(x, dw))(put(x, cpu))
+    assert_same(got, qq.quantized_matmul(put(x, cpu), dw), "quantized_matmul(DecodeWeight) jit vs eager")
+
+
 @pytest.mark.parametrize("mode,kw", [("affine", {"bits": 4, "group_size": 64}), ("nvfp4", {}),
                                      ("mxfp8", {})], ids=["affine4", "nvfp4", "mxfp8"])
 def test_gather_qmm(mode, kw, dev, rng):

@@ -308,6 +308,25 @@ def test_quantized_matmul(device):
     check(f, x, qa, qt, qn, bias)
 
 
+@pytest.mark.parametrize("mode,kw", [("affine", {"bits": 4, "group_size": 64}), ("affine", {"bits": 8}),
+                                     ("nvfp4", {})], ids=["affine4", "affine8", "nvfp4"])
+def test_quantized_matmul_decode_weight(mode, kw):
+    """A DecodeWeight from outside the compiled function: traced, quantized_matmul and
+    gather_qmm take the packed weight it keeps; on the CPU that equals the eager call on the
+    layout bit for bit (both dequantize, then one summation order)."""
+    x = data(3, 256, dtype=torch.bfloat16)
+    w = data(64, 256, seed=1, dtype=torch.bfloat16)
+    dw = qq.prepare_decode(qq.quantize(w, mode=mode, **kw))
+    de = qq.prepare_decode(qq.quantize(data(4, 64, 256, seed=2, dtype=torch.bfloat16), mode=mode, **kw))
+    xe = data(3, 1, 1, 256, seed=3, dtype=torch.bfloat16)
+    idx = torch.tensor([[2], [0], [3]], dtype=torch.int32)
+
+    def f(x, xe, idx):
+        return qq.quantized_matmul(x, dw, dtype=torch.float32), qq.gather_qmm(xe, de, rhs_indices=idx)
+
+    check(f, x, xe, idx)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_gather_qmm(device):
     """MoE decode: each token's top-2 experts from device-side indices; nvfp4 experts from a
