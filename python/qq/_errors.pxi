@@ -21,10 +21,27 @@ cdef int _check(qqStatus_t status) except -1:
     """
     if status == QQ_STATUS_SUCCESS:
         return 0
+    return _raise(status, _last_message(status))
+
+
+cdef int _check_as(qqStatus_t status, str c_op, str func) except -1:
+    """_check for a C function called on behalf of `func`: libqq's message names the C
+    function (c_op, e.g. "quantized_shapes"); the exception names the caller's operation."""
+    if status == QQ_STATUS_SUCCESS:
+        return 0
+    msg = _last_message(status)
+    if msg.startswith(c_op + ":"):
+        msg = func + msg[len(c_op):]
+    return _raise(status, msg)
+
+
+cdef str _last_message(qqStatus_t status):
     cdef const char* c_msg = qqGetLastErrorMessage()
     msg = c_msg.decode("utf-8", "replace") if c_msg != NULL else ""
-    if not msg:
-        msg = qqGetStatusString(status).decode("ascii", "replace")
+    return msg or qqGetStatusString(status).decode("ascii", "replace")
+
+
+cdef int _raise(qqStatus_t status, str msg) except -1:
     if status == QQ_STATUS_INVALID_DTYPE:
         raise TypeError(msg)
     if status == QQ_STATUS_INVALID_VALUE:

@@ -409,23 +409,13 @@ def prepare_decode(w, stream=None):
     if not isinstance(w, QuantizedArray):
         raise TypeError(f"{func}: w: expected a QuantizedArray (qq.quantize(w, mode='nvfp4', "
                         f"'mxfp4', 'mxfp8' or 'affine')); got {type(w).__name__}")
-    if w.mode not in ("nvfp4", "mxfp4", "mxfp8", "affine") or (w.mode == "mxfp8" and w.fp8_format != "e4m3"):
-        raise ValueError(f"{func}: the decode layout holds nvfp4, mxfp4, mxfp8 (e4m3) and affine "
-                         f"4- / 8-bit weights; w is {w.mode!r}{' e5m2' if w.mode == 'mxfp8' else ''} "
-                         f"(use it packed with qq.quantized_matmul)")
-    if w.mode == "affine" and (w.bits not in (4, 8) or (w.bits == 4 and w.group_size < 64)):
-        raise ValueError(f"{func}: the decode layout holds affine weights of 4 bits (group_size 64 "
-                         f"or 128) or 8 bits; w has bits={w.bits}, group_size={w.group_size} (use "
-                         f"it packed with qq.quantized_matmul)")
     if len(w.shape) not in (2, 3):
         raise ValueError(f"{func}: w must be a weight [N, K] or experts [E, N, K]; got shape "
                          f"{tuple(w.shape)}")
     n, k = int(w.shape[-2]), int(w.shape[-1])
-    if k % 256:
-        raise ValueError(f"{func}: K = {k}; the decode layout needs K a multiple of 256 (keep "
-                         f"the packed weight)")
     _quant_params(func, &p, w.mode, w.group_size, w.bits, "ceil", w.scale_layout, w.fp8_format)
-    _check(qqDecodeLayoutSize(&p, n, k, &nbytes))
+    # libqq decides which modes and K the layout holds (ValueError otherwise)
+    _check_as(qqDecodeLayoutSize(&p, n, k, &nbytes), "decode_layout_size", func)
     cdef _Call call = _new_call(func, w.data, "w", stream)
     result = None
     try:
@@ -560,8 +550,8 @@ def _decode_gather(func, x, dw, rhs_indices, scales, biases, transpose, group_si
     # as many as experts), and for 4-bit codes over a short K with many entries (each entry's CTAs
     # then stream too little: DeepSeek-like down projection, K = 2048, 128 entries, was
     # 0.49 of copy against 0.61 packed on the H100; bench/results/gather_qmm-h100.md).
-    fp4_short = qa.bits == 4 and int(dw.shape[2]) < 4096 and entries > 32
-    if int(shape[-2]) > 16 or 2 * entries > int(dw.shape[0]) or fp4_short:
+    short_k_4bit = qa.bits == 4 and int(dw.shape[2]) < 4096 and entries > 32
+    if int(shape[-2]) > 16 or 2 * entries > int(dw.shape[0]) or short_k_4bit:
         return gather_qmm(x, qa, rhs_indices=rhs_indices, bias=bias, dtype=dtype, out=out,
                           stream=stream)
     _quant_params(func, &p, qa.mode, qa.group_size, qa.bits, "ceil", "linear", qa.fp8_format)

@@ -85,10 +85,7 @@ cdef int _quant_params(str func, qqQuantParams_t* p, mode, group_size, bits, rou
     cdef int64_t ds
     cdef int64_t ss[2]
     cdef int sn = 0
-    st = qqQuantizedShapes(p, 1, &xs, &ds, ss, &sn)
-    if st != QQ_STATUS_SUCCESS:
-        msg = qqGetLastErrorMessage().decode("utf-8", "replace").replace("quantized_shapes:", f"{func}:", 1)
-        raise ValueError(msg)
+    _check_as(qqQuantizedShapes(p, 1, &xs, &ds, ss, &sn), "quantized_shapes", func)
     if len(_PARAMS_CACHE) < 256:
         _PARAMS_CACHE[key] = (<char*>p)[:sizeof(qqQuantParams_t)]
     return 0

@@ -23,12 +23,11 @@ cdef tuple _quantized_shapes(str func, const qqQuantParams_t* p, tuple x_shape, 
     with nogil:
         st = qqQuantizedShapes(p, nd, xs, ds, ss, &sn)
     try:
-        _check(st)
-    except ValueError as e:         # the message is about the caller's operation, not this helper
-        msg = str(e).replace("quantized_shapes:", f"{func}:", 1)
-        if axis != "K":
-            msg = msg.replace(" K=", f" {axis}=").replace("pad K", f"pad {axis}")
-        raise ValueError(msg) from None
+        _check_as(st, "quantized_shapes", func)  # about the caller's operation, not this helper
+    except ValueError as e:
+        if axis == "K":
+            raise
+        raise ValueError(str(e).replace(" K=", f" {axis}=").replace("pad K", f"pad {axis}")) from None
     return _int_tuple(ds, nd), _int_tuple(ss, sn)
 
 
