@@ -129,7 +129,7 @@ def decode(timer, copy_gbps, quick) -> None:
     """The decode layout against the packed weight, same x, same run (a loop of calls with
     the L2 flushed before each timing, as every row here)."""
     bench = Bench("qmm_decode")
-    ms = [1, 4, 16] if quick else [1, 2, 4, 8, 16]
+    ms = [1, 4, 16, 64] if quick else [1, 2, 4, 8, 16, 32, 64]
     for n, k in DECODE_SHAPES[:2] if quick else DECODE_SHAPES:
         w = torch.randn((n, k), dtype=torch.bfloat16, device="cuda")
         for mode, kw in MODES:

@@ -12,8 +12,8 @@ kernel).
   scale windows (mxfp4 2^-20 .. 2^10, mxfp8 2^-108 .. 2^16 over codes that are not all +-0),
   affine scales that are not bf16 values, affine Inf / NaN in x, scales and biases, and
   linear == blocked.
-* GPU (`gpu` marker): torch CUDA, route "decode" for bf16 x and M <= 16 (compute capability
-  >= 9.0), other routes beyond, out=, determinism, GPU layout bytes == CPU layout bytes, 3-D x.
+* GPU (`gpu` marker): torch CUDA, route "decode" for bf16 x and M <= 64 (compute capability
+  >= 9.0; 17..64 rows run 32- and 64-row tiles of x), other routes beyond, out=, determinism, GPU layout bytes == CPU layout bytes, 3-D x.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def check(x, dw, bias=None, dtype="float32", route=None, **kw):
 
 
 def decode_expected(x_dtype, m):
-    return x_dtype == BF16 and m <= 16 and qq.device_capability(0) >= (9, 0)
+    return x_dtype == BF16 and m <= 64 and qq.device_capability(0) >= (9, 0)
 
 
 # ---------------------------------------------------------------------------
@@ -545,7 +545,7 @@ def gpu_weight(cfg, n, k, layout="linear"):
 
 @gpu
 @pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
-@pytest.mark.parametrize("m", [1, 2, 5, 8, 9, 16])
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 9, 16, 17, 32, 33, 64])
 @pytest.mark.parametrize("n,k", GPU_SHAPES, ids=str)
 @pytest.mark.parametrize("cfg", CFGS)
 def test_gpu_matches(cfg, n, k, m, with_bias):
@@ -559,11 +559,11 @@ def test_gpu_matches(cfg, n, k, m, with_bias):
 
 
 @gpu
-@pytest.mark.parametrize("m,xdt", [(17, BF16), (32, BF16), (1, F32), (16, F32)],
-                         ids=["17-bf16", "32-bf16", "1-f32", "16-f32"])
+@pytest.mark.parametrize("m,xdt", [(65, BF16), (100, BF16), (1, F32), (16, F32), (40, F32)],
+                         ids=["65-bf16", "100-bf16", "1-f32", "16-f32", "40-f32"])
 @pytest.mark.parametrize("cfg", CFGS)
 def test_gpu_other_routes(cfg, m, xdt):
-    """M > 16 or fp32 x: another route (the packed path), same numbers."""
+    """M > 64 or fp32 x: another route (the packed path), same numbers."""
     dw = gpu_weight(cfg, 200, 768)
     _, route = check(make_x(case_rng("other", cfg, m), (m, 768), xdt, "cuda"), dw)
     assert route != "decode"
@@ -571,7 +571,7 @@ def test_gpu_other_routes(cfg, m, xdt):
 
 @gpu
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("m", [1, 9])
+@pytest.mark.parametrize("m", [1, 9, 40])
 @pytest.mark.parametrize("cfg", CFGS)
 def test_gpu_out_and_determinism(cfg, m, out_dtype):
     """out= prefilled with NaN is fully written; a second call gives the same bits."""
@@ -603,7 +603,7 @@ def test_gpu_data_equals_cpu(cfg, layout):
 
 
 @gpu
-@pytest.mark.parametrize("b,mb", [(2, 4), (4, 4), (3, 1)])
+@pytest.mark.parametrize("b,mb", [(2, 4), (4, 4), (3, 1), (4, 16), (5, 13)])
 @pytest.mark.parametrize("cfg", CFGS)
 def test_gpu_batched_x(cfg, b, mb):
     """x [B, M/B, K]: rows are the product of the leading dims."""
@@ -663,14 +663,14 @@ def test_gpu_misaligned_x_falls_back():
 @pytest.mark.parametrize("cfg", CFGS)
 def test_gpu_same_bits_for_every_m(cfg, k):
     """Row m of the product has the same bits whatever M is (the K split and the stage size
-    may change with M only where the summation order does not): rows 0..M-1 of x at M = 16
+    may change with M only where the summation order does not): rows 0..M-1 of x at M = 64
     against each M alone. N = 256 leaves SMs idle, so K is split over two CTAs."""
     torch = torch_mod()
     dw = gpu_weight(cfg, 256, k)
-    x = make_x(case_rng("bits", cfg, k), (16, k), BF16, "cuda")
+    x = make_x(case_rng("bits", cfg, k), (64, k), BF16, "cuda")
     full = to_numpy(qq.quantized_matmul(x, dw, dtype="float32"))
-    assert qq.last_route() == ("decode" if decode_expected(BF16, 16) else qq.last_route())
-    for m in (1, 5, 8, 9, 15):
+    assert qq.last_route() == ("decode" if decode_expected(BF16, 64) else qq.last_route())
+    for m in (1, 5, 8, 9, 15, 16, 17, 32, 33, 63):
         part = to_numpy(qq.quantized_matmul(x[:m].contiguous(), dw, dtype="float32"))
         np.testing.assert_array_equal(part.view(np.uint32), full[:m].view(np.uint32))
     del torch
@@ -759,3 +759,18 @@ def test_gpu_gather_bad_index_nan_and_graph(cfg):
     torch.cuda.synchronize()
     eager = qq.gather_qmm(x, dw, rhs_indices=good, dtype="float32")
     np.testing.assert_array_equal(to_numpy(out), to_numpy(eager))
+
+
+@gpu
+def test_gpu_conversion_refuses_more_than_65535_experts():
+    """The GPU conversion runs one grid row per expert: 65536 experts are refused on the host,
+    before any CUDA call, with a message that says how to go on."""
+    torch = torch_mod()
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    e, n, k = 65536, 64, 256
+    data = torch.zeros((e, n, k // 2), dtype=torch.uint8, device="cuda")
+    scales = torch.zeros((e, n, k // 16), dtype=torch.uint8, device="cuda")
+    qa = qq.QuantizedArray(data, scales, mode="nvfp4", shape=(e, n, k))
+    with pytest.raises(qq.NotSupportedError, match="65536 experts; the GPU conversion takes at most 65535"):
+        qq.prepare_decode(qa)

@@ -56,6 +56,7 @@ namespace qq {
 constexpr int kDecFB = 576;        // bytes per fragment block (fp4; affine 4- and 8-bit too)
 constexpr int kDecTileRows = 64;   // N is padded to this
 constexpr int kDecChunkK = 256;    // K must be a multiple of this
+constexpr int kDecMaxM = 64;       // rows of x the GPU kernel takes (cuda/qmmp.cu)
 constexpr int kDecFB8 = 528;       // mxfp8: 16 rows x 32 k + 16 scale codes
 constexpr int kDecU8Lo = 19, kDecU8Hi = 143;  // the UE8M0 scales mxfp8's codes hold
 

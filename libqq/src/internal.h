@@ -307,7 +307,7 @@ qqStatus_t grouped_qqmm_wgrad(qqHandle_t h, const WgradArgs& a, void* stream);
 qqStatus_t quantized_matmul(qqHandle_t h, const MatmulArgs& a, void* stream);
 // The decode layout (cuda/qmmp.cu): the conversion waits for `stream` once (to
 // report a scale that cannot be encoded); the matmul needs compute capability
-// 9.0+, bf16 x of at most 16 rows with 16-byte aligned rows (NOT_SUPPORTED,
+// 9.0+, bf16 x of at most kDecMaxM (64) rows with 16-byte aligned rows (NOT_SUPPORTED,
 // with a message, otherwise).
 qqStatus_t to_decode_layout(qqHandle_t h, const DecodeLayoutArgs& a, void* stream);
 qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream);

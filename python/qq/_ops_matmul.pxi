@@ -389,8 +389,8 @@ def prepare_decode(w, stream=None):
     """A QuantizedArray [N, K] or experts [E, N, K] (K a multiple of 256) of mode nvfp4,
     mxfp4, mxfp8 (E4M3), affine 4-bit (group_size 64 or 128) or affine 8-bit, rearranged
     into the decode layout (a DecodeWeight): qq.quantized_matmul(x, dw) then reads it at
-    close to copy bandwidth for bfloat16 x of at most 16 rows on compute capability 9.0+
-    GPUs, and uses the packed weight it keeps otherwise. Raises NotSupportedError when
+    close to copy bandwidth for bfloat16 x of at most 64 rows on compute capability 9.0+
+    GPUs (gather_qmm: 16 rows per entry), and uses the packed weight it keeps otherwise. Raises NotSupportedError when
     the weight cannot be encoded (a NaN scale or mxfp8 element; an mx scale outside its
     window over non-zero codes: mxfp4 2^-20 .. 2^10, mxfp8 2^-108 .. 2^16; an affine
     scale or bias that is not exactly a bfloat16 value): keep the packed weight then. On
@@ -460,8 +460,8 @@ cdef inline bint _gpu_not_bf16(DLTensor* t):
 def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mode,
                    global_scale, bias, scale_layout, dtype, out, stream):
     """quantized_matmul with a DecodeWeight: the decode layout's kernel where it applies
-    (CPU: always; GPU: bfloat16 x of at most 16 rows, compute capability 9.0+), else the
-    packed weight it keeps."""
+    (CPU: always; GPU: bfloat16 x of at most 64 rows, compute capability 9.0+: libqq says,
+    with NOT_SUPPORTED), else the packed weight it keeps (prefill: its GEMM routes)."""
     cdef _View vx, vw, vg, vbias, vo
     cdef qqQuantParams_t p
     cdef qqStatus_t st
@@ -483,8 +483,6 @@ def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mod
     if len(shape) == 0 or int(shape[-1]) != int(dw.shape[1]):
         raise ValueError(f"{func}: x has shape {shape} but the DecodeWeight is {tuple(dw.shape)} "
                          f"(x must be [..., M, K] with K = {dw.shape[1]})")
-    if rows > 16:  # prefill: the GEMM routes of the packed weight
-        return quantized_matmul(x, qa, bias=bias, dtype=dtype, out=out, stream=stream)
     _quant_params(func, &p, qa.mode, qa.group_size, qa.bits, "ceil", "linear", qa.fp8_format)
     out_dtype = _dtype_arg(func, dtype)
     cdef _Call call = _new_call(func, x, "x", stream)

@@ -267,8 +267,8 @@ cdef object _new_quantized_array(data, scales, biases, str mode, const qqQuantPa
 class DecodeWeight:
     """An nvfp4 / mxfp4 / mxfp8 (e4m3) / affine 4- or 8-bit weight in the decode layout (from
     qq.prepare_decode), for qq.quantized_matmul at decode shapes: with bfloat16 x of at most
-    16 rows on a GPU of compute capability 9.0+, the kernel reads this layout at close to
-    copy bandwidth; any other call uses the packed weight kept beside it. See
+    64 rows (gather_qmm: 16 per entry) on a GPU of compute capability 9.0+, the kernel reads
+    this layout at close to copy bandwidth; any other call uses the packed weight kept beside it. See
     docs/formats.md (Decode layout).
 
     Fields: data (uint8, the layout's bytes, on w's device), quantized (the QuantizedArray

@@ -1,4 +1,4 @@
-// cuda/qmmp.cu - weight-only matmul for decode (M <= 16 rows of bf16 x) on
+// cuda/qmmp.cu - weight-only matmul for decode (M <= 64 rows of bf16 x) on
 // nvfp4 / mxfp4 / mxfp8 / affine 4- and 8-bit weights in the decode layout
 // (decode_layout.h), one weight or one expert per batch entry (gather_qmm), and
 // the conversion of packed weights into that layout.
@@ -218,33 +218,41 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
   if (warp == kConsumers) {
-    if (lane == 0) {  // the producer
-      uint64_t pol;
-      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-      const uint8_t* wt = p.w + expert * p.wper + ((size_t)tile * (p.K / kDecChunkK) + (size_t)c0 * KC) * G::STAGE;
-      const __nv_bfloat16* xs = p.x + (p.gidx.ptr ? p.xb.offset(entry) : 0) + (size_t)c0 * KC * kDecChunkK;
-      // Programmatic dependent launch: the weights do not depend on the previous
-      // kernel in the stream, so the first stages' weight copies go out before
-      // waiting for it (overlapping its tail with this kernel's ramp); x, and with
-      // it everything this kernel writes, comes after the wait.
-      const int pre = nch < S ? nch : S;
+    // The producer warp: lane 0 arms each stage's barrier and copies its weights; the
+    // rows of x are copied by all 32 lanes (up to 64 rows: one lane issuing them all
+    // would serialize 64 copies per stage).
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    const uint8_t* wt = p.w + expert * p.wper + ((size_t)tile * (p.K / kDecChunkK) + (size_t)c0 * KC) * G::STAGE;
+    const __nv_bfloat16* xs = p.x + (p.gidx.ptr ? p.xb.offset(entry) : 0) + (size_t)c0 * KC * kDecChunkK;
+    // Programmatic dependent launch: the weights do not depend on the previous
+    // kernel in the stream, so the first stages' weight copies go out before
+    // waiting for it (overlapping its tail with this kernel's ramp); x, and with
+    // it everything this kernel writes, comes after the wait.
+    const int pre = nch < S ? nch : S;
+    if (lane == 0)
       for (int i = 0; i < pre; ++i) {
         const uint32_t full = bar0 + 8 * i;
         mbar_expect(full, SW + p.M * 512 * KC);
         bulk_g2s_evict_first(smem_u32(smem + i * STG), wt + (size_t)i * SW, SW, full, pol);
       }
-      asm volatile("griddepcontrol.wait;" ::: "memory");
-      for (int i = 0; i < nch; ++i) {
-        const int s = i % S;
-        const uint32_t full = bar0 + 8 * s, dst = smem_u32(smem + s * STG);
-        if (i >= pre) {
-          mbar_wait(bar0 + 8 * (S + s), ((i / S) - 1) & 1);
+    // (a stage's x copies after its expect: the barrier's transaction count never runs
+    // ahead of what it was armed for)
+    __syncwarp();
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    for (int i = 0; i < nch; ++i) {
+      const int s = i % S;
+      const uint32_t full = bar0 + 8 * s, dst = smem_u32(smem + s * STG);
+      if (i >= pre) {
+        mbar_wait(bar0 + 8 * (S + s), ((i / S) - 1) & 1);
+        if (lane == 0) {
           mbar_expect(full, SW + p.M * 512 * KC);
           bulk_g2s_evict_first(dst, wt + (size_t)i * SW, SW, full, pol);
         }
-        for (int m = 0; m < p.M; ++m)
-          bulk_g2s(dst + SW + m * XS, xs + (size_t)m * p.xld + (size_t)i * KC * kDecChunkK, 512 * KC, full);
+        __syncwarp();
       }
+      for (int m = lane; m < p.M; m += 32)
+        bulk_g2s(dst + SW + m * XS, xs + (size_t)m * p.xld + (size_t)i * KC * kDecChunkK, 512 * KC, full);
     }
   } else if (warp > kConsumers) {
     if constexpr (AFF) {
@@ -506,6 +514,13 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream) {
 template <int FM>
 qqStatus_t dispatch(const QP& p, int64_t M, int tiles, int ks, int nk, cudaStream_t st) {
   qqStatus_t r;
+  if (M > 16) {
+    // 17..64 rows: 32- or 64-row tiles of x, one CTA per SM (x's rows fill the shared
+    // memory: 64 rows of 256 k are 33-37 KB a stage), 256-k stages as at M <= 8, so a
+    // row's sums run in the same order for every M.
+    if (M > 32) return launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1>(p, tiles, ks, st);
+    return launch<FM, 4, 4, 1, 1>(p, tiles, ks, st);
+  }
   if constexpr (dec_bits8(FM)) {
     if (M > 8) return launch<FM, 2, 3, 1, 2>(p, tiles, ks, st);
     r = ks == 1 ? launch<FM, 1, FM == kDecFp8 ? 5 : 4, 1, 2>(p, tiles, ks, st) : kRefused;
@@ -561,9 +576,9 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     if (cc_major < 9)
       return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's kernel needs compute capability 9.0 or "
                        "newer (bulk copies); use the packed weight on this GPU", op);
-    if (a.x.dt != DType::BF16 || a.M > 16)
+    if (a.x.dt != DType::BF16 || a.M > kDecMaxM)
       return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's GPU kernel takes bfloat16 x of at most "
-                       "16 rows; got %s x of %lld rows; use the packed weight", op,
+                       "%d rows; got %s x of %lld rows; use the packed weight", op, kDecMaxM,
                        a.x.dt == DType::BF16 ? "bfloat16" : (a.x.dt == DType::F16 ? "float16" : "float32"),
                        (long long)a.M);
     bool xb_aligned = true;  // every batch entry of x starts 16-byte aligned (gather)
