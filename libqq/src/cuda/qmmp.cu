@@ -98,6 +98,10 @@ struct QP {
   const uint8_t* w;
   const __nv_bfloat16* x;
   int64_t xld;  // elements between rows of x
+  // 17..64 rows: x rearranged by x_stage_kernel, stage c's M rows at xt + c * M * XS
+  // bytes in shared memory's row pitch, so that a stage's x is one bulk copy (else one
+  // copy per row and stage)
+  const uint8_t* xt;
   // gather (gidx.ptr set): batch entry blockIdx.z multiplies x's entry (xb's batch offset)
   // by expert gidx[entry] of E layouts of wper bytes; out entry b at b * M * N
   Mat xb, gidx;
@@ -230,10 +234,11 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
     // waiting for it (overlapping its tail with this kernel's ramp); x, and with
     // it everything this kernel writes, comes after the wait.
     const int pre = nch < S ? nch : S;
+    const uint32_t xbytes = p.xt ? p.M * XS : p.M * 512 * KC;
     if (lane == 0)
       for (int i = 0; i < pre; ++i) {
         const uint32_t full = bar0 + 8 * i;
-        mbar_expect(full, SW + p.M * 512 * KC);
+        mbar_expect(full, SW + xbytes);
         bulk_g2s_evict_first(smem_u32(smem + i * STG), wt + (size_t)i * SW, SW, full, pol);
       }
     // (a stage's x copies after its expect: the barrier's transaction count never runs
@@ -246,13 +251,17 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
       if (i >= pre) {
         mbar_wait(bar0 + 8 * (S + s), ((i / S) - 1) & 1);
         if (lane == 0) {
-          mbar_expect(full, SW + p.M * 512 * KC);
+          mbar_expect(full, SW + xbytes);
           bulk_g2s_evict_first(dst, wt + (size_t)i * SW, SW, full, pol);
         }
         __syncwarp();
       }
-      for (int m = lane; m < p.M; m += 32)
-        bulk_g2s(dst + SW + m * XS, xs + (size_t)m * p.xld + (size_t)i * KC * kDecChunkK, 512 * KC, full);
+      if (p.xt) {
+        if (lane == 0) bulk_g2s(dst + SW, p.xt + (size_t)(c0 + i) * xbytes, xbytes, full);
+      } else {
+        for (int m = lane; m < p.M; m += 32)
+          bulk_g2s(dst + SW + m * XS, xs + (size_t)m * p.xld + (size_t)i * KC * kDecChunkK, 512 * KC, full);
+      }
     }
   } else if (warp > kConsumers) {
     if constexpr (AFF) {
@@ -441,6 +450,22 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
 #endif
 }
 
+// x [M, K] (row stride xld) into stages: chunk c of KC * 256 k, row m at (c * M + m) * XS
+// bytes, the row's pad zeroed. One block per chunk; 16-byte copies.
+__global__ void x_stage_kernel(const __nv_bfloat16* x, int64_t xld, int M, int kc, int xs, uint8_t* xt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // x comes from the previous kernel
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  const int c = blockIdx.x, per = xs / 16, data = kc * kDecChunkK / 8;  // uint4 per row: all, of x
+  uint4* dst = reinterpret_cast<uint4*>(xt + (size_t)c * M * xs);
+  for (int i = threadIdx.x; i < M * per; i += blockDim.x) {
+    const int m = i / per, j = i % per;
+    dst[i] = j < data ? *reinterpret_cast<const uint4*>(x + (size_t)m * xld + (size_t)c * kc * kDecChunkK + 8 * j)
+                      : make_uint4(0, 0, 0, 0);
+  }
+}
+
 // One thread per lane slot of a fragment block (decode_layout.h's
 // decode_convert_slot, as on the CPU); *bad gets 1 when a scale cannot be encoded.
 __global__ void to_decode_kernel(const DecodeLayoutArgs a, int64_t slots, int* bad) {
@@ -462,8 +487,9 @@ constexpr size_t smem_bytes() {
 // JIT-compiled, would have an empty body). Known per device and configuration after
 // the first call, which also sets the shared-memory attribute once.
 constexpr qqStatus_t kRefused = QQ_STATUS_NOT_SUPPORTED;
+// xt: where x_stage_kernel's buffer comes from (17..64 rows of a dense call), else null.
 template <int FM, int MT, int S, int KC, int kMinBlocks>
-qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream) {
+qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* xt = nullptr) {
   constexpr size_t smem = smem_bytes<FM, MT, S, KC>();
   auto kern = qmmp_kernel<FM, MT, S, KC, kMinBlocks>;
   static std::atomic<uint64_t> ok{0}, refused{0};  // bit d: device d (devices past 63 ask every time)
@@ -486,11 +512,6 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream) {
   QP q = p;
   const int nk = p.K / (kDecChunkK * KC);
   q.cps = (nk + ks - 1) / ks;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)tiles, (unsigned)ks, (unsigned)p.B);
-  cfg.blockDim = dim3(threads_of(FM), 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 1;
@@ -498,6 +519,24 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream) {
   attr[0].val.clusterDim.z = 1;
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // see the producer
   attr[1].val.programmaticStreamSerializationAllowed = 1;
+  if (xt) {
+    constexpr int XS = KC * 512 + Geo<FM>::XPAD;
+    uint8_t* buf = nullptr;
+    QQ_TRY(xt->get("decode_matmul", (size_t)nk * p.M * XS, &buf));
+    cudaLaunchConfig_t xc = {};
+    xc.gridDim = dim3((unsigned)nk, 1, 1);
+    xc.blockDim = dim3(256, 1, 1);
+    xc.stream = stream;
+    xc.attrs = attr + 1;
+    xc.numAttrs = 1;
+    QQ_CUDA_TRY(cudaLaunchKernelEx(&xc, x_stage_kernel, p.x, p.xld, p.M, KC, XS, buf), "decode_matmul");
+    q.xt = buf;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)tiles, (unsigned)ks, (unsigned)p.B);
+  cfg.blockDim = dim3(threads_of(FM), 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 2;
   QQ_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, q), "decode_matmul");
@@ -512,14 +551,16 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream) {
 // deep for 2 CTAs, not mxfp8's 5. A configuration the device cannot run (shared memory)
 // falls to the shallower.
 template <int FM>
-qqStatus_t dispatch(const QP& p, int64_t M, int tiles, int ks, int nk, cudaStream_t st) {
+qqStatus_t dispatch(const QP& p, int64_t M, int tiles, int ks, int nk, cudaStream_t st, Scratch* xt) {
   qqStatus_t r;
   if (M > 16) {
     // 17..64 rows: 32- or 64-row tiles of x, one CTA per SM (x's rows fill the shared
     // memory: 64 rows of 256 k are 33-37 KB a stage), 256-k stages as at M <= 8, so a
-    // row's sums run in the same order for every M.
-    if (M > 32) return launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1>(p, tiles, ks, st);
-    return launch<FM, 4, 4, 1, 1>(p, tiles, ks, st);
+    // row's sums run in the same order for every M. x staged first (xt, dense calls):
+    // one copy per row and stage made M = 32 slower than M = 16 by 3.6x
+    // (qmm-decode-h100-notes.md, session k).
+    if (M > 32) return launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1>(p, tiles, ks, st, xt);
+    return launch<FM, 4, 4, 1, 1>(p, tiles, ks, st, xt);
   }
   if constexpr (dec_bits8(FM)) {
     if (M > 8) return launch<FM, 2, 3, 1, 2>(p, tiles, ks, st);
@@ -567,7 +608,6 @@ qqStatus_t to_decode_layout(qqHandle_t h, const DecodeLayoutArgs& a, void* strea
 }
 
 qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) {
-  (void)h;
   const char* op = "decode_matmul";
   if (a.M == 0 || a.N == 0 || a.B == 0) return QQ_STATUS_SUCCESS;
   return on_device(a.x.device, [&]() -> qqStatus_t {
@@ -615,12 +655,18 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     // run in the same order for every M.
     const int nk = (int)(a.K / kDecChunkK);
     const int ks = tiles < target && nk >= 2 ? 2 : 1;
+    // 17..64 rows of a dense call: x staged in scratch first (x_stage_kernel)
+    const bool stage = a.M > 16 && !a.gidx.ptr && a.B == 1;
+    qqContext* c = nullptr;
+    if (stage) QQ_TRY(resolve_handle(op, h, a.x.device, &c));
+    Scratch scratch(c, st);
+    Scratch* xt = stage ? &scratch : nullptr;
     qqStatus_t r;
     switch (fmt) {
-      case kDecFp4: r = dispatch<kDecFp4>(p, a.M, tiles, ks, nk, st); break;
-      case kDecFp8: r = dispatch<kDecFp8>(p, a.M, tiles, ks, nk, st); break;
-      case kDecAff4: r = dispatch<kDecAff4>(p, a.M, tiles, ks, nk, st); break;
-      default: r = dispatch<kDecAff8>(p, a.M, tiles, ks, nk, st); break;
+      case kDecFp4: r = dispatch<kDecFp4>(p, a.M, tiles, ks, nk, st, xt); break;
+      case kDecFp8: r = dispatch<kDecFp8>(p, a.M, tiles, ks, nk, st, xt); break;
+      case kDecAff4: r = dispatch<kDecAff4>(p, a.M, tiles, ks, nk, st, xt); break;
+      default: r = dispatch<kDecAff8>(p, a.M, tiles, ks, nk, st, xt); break;
     }
     if (r == kRefused)
       return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's kernel cannot run on this GPU (compute "
