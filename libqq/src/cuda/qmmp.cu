@@ -139,6 +139,22 @@ __device__ __forceinline__ void affine_apply(float (&acc)[MT][4], const float (&
       acc[t][i] = fmaf(i < 2 ? b0 : b1, i & 1 ? xs[t].y : xs[t].x, fmaf(i < 2 ? s0 : s1, tmp[t][i], acc[t][i]));
 }
 
+// Affine: the sum of x over one fragment block's k for one row (N uint4 of bf16), in one
+// fixed order: the x-sum warp and x_stage_kernel give the same bits, so every M does.
+template <int N>
+__device__ __forceinline__ float fb_xsum(const uint4* xv) {
+  float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    const uint4 v = xv[u];
+    a[0] += bf_lo(v.x) + bf_hi(v.x);
+    a[1] += bf_lo(v.y) + bf_hi(v.y);
+    a[2] += bf_lo(v.z) + bf_hi(v.z);
+    a[3] += bf_lo(v.w) + bf_hi(v.w);
+  }
+  return (a[0] + a[1]) + (a[2] + a[3]);
+}
+
 // Affine: one result weight by weight from the layout, sum_k x_k * fma(c_k, s, b) in
 // fp32 (as the CPU backend), for a result that came out non-finite. The factoring
 // differs there (an Inf in x meets a code 0 as Inf * 0 = NaN where the weight is b; an
@@ -172,10 +188,10 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
   constexpr int NF = G::FBS * KC, XSUM = AFF ? NF * MT * 8 : 0;  // affine: sums of x per stage [FB][row]
   extern __shared__ __align__(128) uint8_t smem[];
   // full[S], empty[S], affine: xready[S] (the stage's sums of x are in)
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S * STG);
-  float* red = reinterpret_cast<float*>(bars + 3 * S);           // the odd warps' partial sums
-  float* part = red + RED;                                        // this CTA's sums, read by the cluster's rank 0
-  float* xsum = part + RED;                                       // affine: [S][NF][MT * 8]
+  float* xsum = reinterpret_cast<float*>(smem + S * STG);  // affine: [S][NF][MT * 8] (16-byte aligned: copied to)
+  uint64_t* bars = reinterpret_cast<uint64_t*>(xsum + S * XSUM);
+  float* red = reinterpret_cast<float*>(bars + 3 * S);  // the odd warps' partial sums
+  float* part = red + RED;                              // this CTA's sums, read by the cluster's rank 0
   cg::cluster_group cluster = cg::this_cluster();
   const int ks = (int)cluster.dim_blocks().y, rank = (int)cluster.block_rank();
   const int tile = blockIdx.x, nk = p.K / (kDecChunkK * KC), entry = blockIdx.z;
@@ -210,7 +226,8 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
   for (int s = 0; s < S; ++s)
     for (int i = threadIdx.x; i < (MT * 8 - p.M) * (XS / 16); i += kThreads)
       reinterpret_cast<uint4*>(smem + s * STG + SW + p.M * XS)[i] = make_uint4(0, 0, 0, 0);
-  for (int i = threadIdx.x; i < S * XSUM; i += kThreads) xsum[i] = 0.0f;  // rows past M stay 0
+  if (!p.xt)  // (staged: the copies bring the sums, zeros past M included)
+    for (int i = threadIdx.x; i < S * XSUM; i += kThreads) xsum[i] = 0.0f;  // rows past M stay 0
   __syncthreads();
   // The next kernel in the stream may start its own weight prefetch now (it waits
   // for this one to finish before it reads x or writes anything).
@@ -234,11 +251,12 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
     // waiting for it (overlapping its tail with this kernel's ramp); x, and with
     // it everything this kernel writes, comes after the wait.
     const int pre = nch < S ? nch : S;
-    const uint32_t xbytes = p.xt ? p.M * XS : p.M * 512 * KC;
+    // staged x: the stage's rows, then (affine) its sums of x, from x_stage_kernel
+    const uint32_t xbytes = p.xt ? p.M * XS : p.M * 512 * KC, sbytes = AFF && p.xt ? XSUM * 4 : 0;
     if (lane == 0)
       for (int i = 0; i < pre; ++i) {
         const uint32_t full = bar0 + 8 * i;
-        mbar_expect(full, SW + xbytes);
+        mbar_expect(full, SW + xbytes + sbytes);
         bulk_g2s_evict_first(smem_u32(smem + i * STG), wt + (size_t)i * SW, SW, full, pol);
       }
     // (a stage's x copies after its expect: the barrier's transaction count never runs
@@ -251,20 +269,24 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
       if (i >= pre) {
         mbar_wait(bar0 + 8 * (S + s), ((i / S) - 1) & 1);
         if (lane == 0) {
-          mbar_expect(full, SW + xbytes);
+          mbar_expect(full, SW + xbytes + sbytes);
           bulk_g2s_evict_first(dst, wt + (size_t)i * SW, SW, full, pol);
         }
         __syncwarp();
       }
       if (p.xt) {
-        if (lane == 0) bulk_g2s(dst + SW, p.xt + (size_t)(c0 + i) * xbytes, xbytes, full);
+        if (lane == 0) {
+          const uint8_t* blk = p.xt + (size_t)(c0 + i) * (xbytes + sbytes);
+          bulk_g2s(dst + SW, blk, xbytes, full);
+          if (sbytes) bulk_g2s(smem_u32(xsum + s * XSUM), blk + xbytes, sbytes, full);
+        }
       } else {
         for (int m = lane; m < p.M; m += 32)
           bulk_g2s(dst + SW + m * XS, xs + (size_t)m * p.xld + (size_t)i * KC * kDecChunkK, 512 * KC, full);
       }
     }
   } else if (warp > kConsumers) {
-    if constexpr (AFF) {
+    if (AFF && !p.xt) {
       // Affine: the sums of x over each fragment block's k, one per (FB, row) of a stage,
       // for the consumers' b * sum(x) (in a fixed order: the same bits for every M)
       constexpr int FK = dec_fb_k(FM);  // k per FB: 64 / 32 (8 / 4 uint4 of bf16)
@@ -276,17 +298,7 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
         const uint8_t* xbase = smem + s * STG + SW;
         for (int j = lane; j < NF * p.M; j += 32) {
           const int f = j / p.M, m = j % p.M;
-          const uint4* xv = reinterpret_cast<const uint4*>(xbase + m * XS + f * FK * 2);
-          float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-          for (int u = 0; u < FK / 8; ++u) {
-            const uint4 v = xv[u];
-            a[0] += bf_lo(v.x) + bf_hi(v.x);
-            a[1] += bf_lo(v.y) + bf_hi(v.y);
-            a[2] += bf_lo(v.z) + bf_hi(v.z);
-            a[3] += bf_lo(v.w) + bf_hi(v.w);
-          }
-          xsum[(s * NF + f) * MT * 8 + m] = (a[0] + a[1]) + (a[2] + a[3]);
+          xsum[(s * NF + f) * MT * 8 + m] = fb_xsum<FK / 8>(reinterpret_cast<const uint4*>(xbase + m * XS + f * FK * 2));
         }
         mbar_arrive(bar0 + 8 * (2 * S + s));
       }
@@ -295,7 +307,7 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
     for (int i = 0; i < nch; ++i) {
       const int s = i % S;
       mbar_wait(bar0 + 8 * s, (i / S) & 1);
-      if constexpr (AFF) mbar_wait(bar0 + 8 * (2 * S + s), (i / S) & 1);  // x's sums of the stage
+      if (AFF && !p.xt) mbar_wait(bar0 + 8 * (2 * S + s), (i / S) & 1);  // x's sums of the stage
       const uint8_t* base = smem + s * STG;
 #pragma unroll
       for (int ff = 0; ff < G::FBS * KC / 2; ++ff) {
@@ -450,19 +462,39 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
 #endif
 }
 
-// x [M, K] (row stride xld) into stages: chunk c of KC * 256 k, row m at (c * M + m) * XS
-// bytes, the row's pad zeroed. One block per chunk; 16-byte copies.
-__global__ void x_stage_kernel(const __nv_bfloat16* x, int64_t xld, int M, int kc, int xs, uint8_t* xt) {
+// Bytes per stage that x_stage_kernel writes: M rows of x in shared memory's row pitch,
+// then (affine) the stage's sums of x [NF][R] (R = MT * 8 rows, zeros past M).
+template <int FM, int KC>
+constexpr size_t x_stage_bytes(int M, int R) {
+  using G = Geo<FM>;
+  return (size_t)M * (KC * 512 + G::XPAD) + (dec_affine(FM) ? (size_t)G::FBS * KC * R * 4 : 0);
+}
+
+// x [M, K] (row stride xld) into stages: stage c (KC * 256 k) at c * x_stage_bytes, its rows
+// with their pads zeroed, then for affine the sums of x per (fragment block, row) in the
+// x-sum warp's order. One block per stage; 16-byte copies.
+template <int FM, int KC>
+__global__ void x_stage_kernel(const __nv_bfloat16* x, int64_t xld, int M, int R, uint8_t* xt) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");  // x comes from the previous kernel
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-  const int c = blockIdx.x, per = xs / 16, data = kc * kDecChunkK / 8;  // uint4 per row: all, of x
-  uint4* dst = reinterpret_cast<uint4*>(xt + (size_t)c * M * xs);
+  constexpr int XS = KC * 512 + Geo<FM>::XPAD, per = XS / 16, data = KC * kDecChunkK / 8;  // uint4 per row
+  const int c = blockIdx.x;
+  const __nv_bfloat16* xc = x + (size_t)c * KC * kDecChunkK;
+  uint8_t* blk = xt + (size_t)c * x_stage_bytes<FM, KC>(M, R);
+  uint4* dst = reinterpret_cast<uint4*>(blk);
   for (int i = threadIdx.x; i < M * per; i += blockDim.x) {
     const int m = i / per, j = i % per;
-    dst[i] = j < data ? *reinterpret_cast<const uint4*>(x + (size_t)m * xld + (size_t)c * kc * kDecChunkK + 8 * j)
-                      : make_uint4(0, 0, 0, 0);
+    dst[i] = j < data ? *reinterpret_cast<const uint4*>(xc + (size_t)m * xld + 8 * j) : make_uint4(0, 0, 0, 0);
+  }
+  if constexpr (dec_affine(FM)) {
+    constexpr int FK = dec_fb_k(FM), NF = Geo<FM>::FBS * KC;
+    float* sums = reinterpret_cast<float*>(blk + (size_t)M * XS);
+    for (int i = threadIdx.x; i < NF * R; i += blockDim.x) {
+      const int f = i / R, m = i % R;
+      sums[i] = m < M ? fb_xsum<FK / 8>(reinterpret_cast<const uint4*>(xc + (size_t)m * xld + f * FK)) : 0.0f;
+    }
   }
 }
 
@@ -520,16 +552,15 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // see the producer
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   if (xt) {
-    constexpr int XS = KC * 512 + Geo<FM>::XPAD;
     uint8_t* buf = nullptr;
-    QQ_TRY(xt->get("decode_matmul", (size_t)nk * p.M * XS, &buf));
+    QQ_TRY(xt->get("decode_matmul", (size_t)nk * x_stage_bytes<FM, KC>(p.M, MT * 8), &buf));
     cudaLaunchConfig_t xc = {};
     xc.gridDim = dim3((unsigned)nk, 1, 1);
     xc.blockDim = dim3(256, 1, 1);
     xc.stream = stream;
     xc.attrs = attr + 1;
     xc.numAttrs = 1;
-    QQ_CUDA_TRY(cudaLaunchKernelEx(&xc, x_stage_kernel, p.x, p.xld, p.M, KC, XS, buf), "decode_matmul");
+    QQ_CUDA_TRY(cudaLaunchKernelEx(&xc, x_stage_kernel<FM, KC>, p.x, p.xld, p.M, MT * 8, buf), "decode_matmul");
     q.xt = buf;
   }
   cudaLaunchConfig_t cfg = {};
