@@ -51,9 +51,11 @@ namespace qq {
 namespace cuda {
 namespace {
 
-// 8 consumer warps, 1 producer warp, and for affine 1 warp that sums x per fragment block
+// 8 consumer warps per RS (row split: RS warps share a (row block, fragment-block parity)
+// and take 1 / RS of x's row tiles each), 1 producer warp, and for affine 1 warp that sums
+// x per fragment block
 constexpr int kConsumers = 8;
-constexpr int threads_of(int fm) { return 32 * (kConsumers + 1 + (dec_affine(fm) ? 1 : 0)); }
+constexpr int threads_of(int fm, int rs) { return 32 * (kConsumers * rs + 1 + (dec_affine(fm) ? 1 : 0)); }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -173,16 +175,18 @@ __device__ __noinline__ float affine_exact(const uint8_t* w, const __nv_bfloat16
 }
 
 // MT n8 tiles of x rows (M <= 8 MT), S stages of KC chunks (256 k each); FM: the
-// layout's format (DecFmt).
-template <int FM, int MT, int S, int KC, int kMinBlocks>
-__global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const QP p) {
+// layout's format (DecFmt); RS: consumer warps per (row block, parity), each with MT / RS
+// of the row tiles (a row's sums run in the same order for every RS).
+template <int FM, int MT, int S, int KC, int kMinBlocks, int RS>
+__global__ void __launch_bounds__(threads_of(FM, RS), kMinBlocks) qmmp_kernel(const QP p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using G = Geo<FM>;
   constexpr bool F8 = dec_bits8(FM), AFF = dec_affine(FM);
   // affine codes: a code c in the low bits of a bf16 is the subnormal c * 2^-133 (4-bit
   // codes at bits 4..7: c * 2^-129); one exact multiply makes it c * 2^-7
   constexpr uint32_t k126 = 0x7e807e80u, k122 = 0x7c807c80u;
-  constexpr int kThreads = threads_of(FM);
+  constexpr int kThreads = threads_of(FM, RS), kCons = kConsumers * RS, MW = MT / RS;
+  static_assert(MT % RS == 0, "row tiles split evenly");
   constexpr int XS = KC * 512 + G::XPAD;  // bytes per row of x in a stage
   constexpr int SW = KC * G::STAGE, STG = SW + MT * 8 * XS, RED = 4 * MT * 4 * 32;
   constexpr int NF = G::FBS * KC, XSUM = AFF ? NF * MT * 8 : 0;  // affine: sums of x per stage [FB][row]
@@ -217,7 +221,7 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
       // one elected lane's (compute-sanitizer's racecheck sees the difference: with one
       // lane per warp it reported the slot's next bulk copy as racing with the loads of
       // lanes that had not arrived, wherever the ring wrapped in a cluster of 2).
-      mbar_init(bar0 + 8 * (S + s), 32 * kConsumers);
+      mbar_init(bar0 + 8 * (S + s), 32 * kCons);
       mbar_init(bar0 + 8 * (2 * S + s), 32);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -232,13 +236,14 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
   // The next kernel in the stream may start its own weight prefetch now (it waits
   // for this one to finish before it reads x or writes anything).
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  const int rb = warp & 3, fpar = (warp >> 2) & 1, g = lane >> 2, q = lane & 3;
-  float acc[MT][4];
+  // consumer: row block rb of the tile, fragment blocks of parity fpar, row tiles T0 .. T0 + MW - 1
+  const int rb = warp & 3, fpar = (warp >> 2) & 1, T0 = (warp >> 3) * MW, g = lane >> 2, q = lane & 3;
+  float acc[MW][4];
 #pragma unroll
-  for (int t = 0; t < MT; ++t)
+  for (int t = 0; t < MW; ++t)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
-  if (warp == kConsumers) {
+  if (warp == kCons) {
     // The producer warp: lane 0 arms each stage's barrier and copies its weights; the
     // rows of x are copied by all 32 lanes (up to 64 rows: one lane issuing them all
     // would serialize 64 copies per stage).
@@ -285,7 +290,7 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
           bulk_g2s(dst + SW + m * XS, xs + (size_t)m * p.xld + (size_t)i * KC * kDecChunkK, 512 * KC, full);
       }
     }
-  } else if (warp > kConsumers) {
+  } else if (warp > kCons) {
     if (AFF && !p.xt) {
       // Affine: the sums of x over each fragment block's k, one per (FB, row) of a stage,
       // for the consumers' b * sum(x) (in a fixed order: the same bits for every M)
@@ -320,35 +325,35 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
           // (qmma.cu's factoring: sum x (s c + b) = s sum x c + b sum x, the sums of x from
           // the x-sum warp)
           const uint2 sb = *reinterpret_cast<const uint2*>(fb + 512 + 8 * g);
-          float tmp[MT][4];
-          float2 xs[MT];
+          float tmp[MW][4];
+          float2 xs[MW];
 #pragma unroll
-          for (int t = 0; t < MT; ++t) {
-            xs[t] = *reinterpret_cast<const float2*>(xsum + (s * NF + f) * MT * 8 + 8 * t + 2 * q);
+          for (int t = 0; t < MW; ++t) {
+            xs[t] = *reinterpret_cast<const float2*>(xsum + (s * NF + f) * MT * 8 + 8 * (T0 + t) + 2 * q);
 #pragma unroll
             for (int i = 0; i < 4; ++i) tmp[t][i] = 0.0f;
           }
           if constexpr (F8) {
-            uint4 xa[MT];
+            uint4 xa[MW];
 #pragma unroll
-            for (int t = 0; t < MT; ++t)
-              xa[t] = *reinterpret_cast<const uint4*>(base + SW + (8 * t + g) * XS + f * 64 + 16 * q);
+            for (int t = 0; t < MW; ++t)
+              xa[t] = *reinterpret_cast<const uint4*>(base + SW + (8 * (T0 + t) + g) * XS + f * 64 + 16 * q);
 #pragma unroll
             for (int j = 0; j < 2; ++j) {  // k-step j: word 2j is row g, 2j + 1 row g + 8; bytes (0, 2), (1, 3)
               const uint32_t wg = w4[2 * j], wh = w4[2 * j + 1];
               const uint32_t a0 = bmul(wg & 0x00ff00ffu, k126), a2 = bmul((wg >> 8) & 0x00ff00ffu, k126);
               const uint32_t a1 = bmul(wh & 0x00ff00ffu, k126), a3 = bmul((wh >> 8) & 0x00ff00ffu, k126);
 #pragma unroll
-              for (int t = 0; t < MT; ++t) {
+              for (int t = 0; t < MW; ++t) {
                 const uint32_t b0 = j ? xa[t].z : xa[t].x, b1 = j ? xa[t].w : xa[t].y;
                 mma16816(tmp[t], a0, a1, a2, a3, b0, b1);
               }
             }
           } else {
-            uint4 xa[MT], xb[MT];
+            uint4 xa[MW], xb[MW];
 #pragma unroll
-            for (int t = 0; t < MT; ++t) {
-              const uint8_t* xrow = base + SW + (8 * t + g) * XS + f * 128 + 32 * q;
+            for (int t = 0; t < MW; ++t) {
+              const uint8_t* xrow = base + SW + (8 * (T0 + t) + g) * XS + f * 128 + 32 * q;
               xa[t] = *reinterpret_cast<const uint4*>(xrow);
               xb[t] = *reinterpret_cast<const uint4*>(xrow + 16);
             }
@@ -358,22 +363,22 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
               const uint32_t a0 = bmul(w & 0x000f000fu, k126), a1 = bmul(w & 0x00f000f0u, k122);
               const uint32_t a2 = bmul(w8 & 0x000f000fu, k126), a3 = bmul(w8 & 0x00f000f0u, k122);
 #pragma unroll
-              for (int t = 0; t < MT; ++t) {
+              for (int t = 0; t < MW; ++t) {
                 const uint32_t b0 = j == 0 ? xa[t].x : j == 1 ? xa[t].z : j == 2 ? xb[t].x : xb[t].z;
                 const uint32_t b1 = j == 0 ? xa[t].y : j == 1 ? xa[t].w : j == 2 ? xb[t].y : xb[t].w;
                 mma16816(tmp[t], a0, a1, a2, a3, b0, b1);
               }
             }
           }
-          affine_apply<MT>(acc, tmp, xs, sb);
+          affine_apply<MW>(acc, tmp, xs, sb);
         } else if constexpr (F8) {
           // bf16x2 of s * 2^111 (the code is its exponent field) for rows g, g + 8
           const uint32_t sc = *reinterpret_cast<const uint16_t*>(fb + 512 + 2 * g);
           const uint32_t Sg = prmt(sc, 0, 0x4040u) * 128u, Sg8 = prmt(sc, 0, 0x4141u) * 128u;
-          uint4 xa[MT];
+          uint4 xa[MW];
 #pragma unroll
-          for (int t = 0; t < MT; ++t)
-            xa[t] = *reinterpret_cast<const uint4*>(base + SW + (8 * t + g) * XS + f * 64 + 16 * q);
+          for (int t = 0; t < MW; ++t)
+            xa[t] = *reinterpret_cast<const uint4*>(base + SW + (8 * (T0 + t) + g) * XS + f * 64 + 16 * q);
 #pragma unroll
           for (int j = 0; j < 2; ++j) {  // k-step j: word 2j is row g, 2j + 1 row g + 8
             uint32_t p0g, p1g, p0h, p1h;
@@ -381,7 +386,7 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
             fp8_place(w4[2 * j + 1], 4, 4, 0x07f007f0u, p0h, p1h);
             const uint32_t a0 = bmul(p0g, Sg), a1 = bmul(p0h, Sg8), a2 = bmul(p1g, Sg), a3 = bmul(p1h, Sg8);
 #pragma unroll
-            for (int t = 0; t < MT; ++t)
+            for (int t = 0; t < MW; ++t)
               mma16816(acc[t], a0, a1, a2, a3, j ? xa[t].z : xa[t].x, j ? xa[t].w : xa[t].y);
           }
         } else {
@@ -389,10 +394,10 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
           // bf16x2 of s * 2^117 for rows g (Sg) and g + 8 (Sg8), both halves
           const uint32_t Sg = prmt(sc, 0, 0x4040u) * 16u + 0x70007000u;
           const uint32_t Sg8 = prmt(sc, 0, 0x4141u) * 16u + 0x70007000u;
-          uint4 xa[MT], xb[MT];
+          uint4 xa[MW], xb[MW];
 #pragma unroll
-          for (int t = 0; t < MT; ++t) {
-            const uint8_t* xrow = base + SW + (8 * t + g) * XS + f * 128 + 32 * q;
+          for (int t = 0; t < MW; ++t) {
+            const uint8_t* xrow = base + SW + (8 * (T0 + t) + g) * XS + f * 128 + 32 * q;
             xa[t] = *reinterpret_cast<const uint4*>(xrow);
             xb[t] = *reinterpret_cast<const uint4*>(xrow + 16);
           }
@@ -406,7 +411,7 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
             const uint32_t a2 = bmul(((w8 & 0x000f000fu) * p.mul0) & 0x81c081c0u, Sg);
             const uint32_t a3 = bmul(((w8 & 0x00f000f0u) * p.mul1) & 0x81c081c0u, Sg8);
 #pragma unroll
-            for (int t = 0; t < MT; ++t) {
+            for (int t = 0; t < MW; ++t) {
               const uint32_t b0 = j == 0 ? xa[t].x : j == 1 ? xa[t].z : j == 2 ? xb[t].x : xb[t].z;
               const uint32_t b1 = j == 0 ? xa[t].y : j == 1 ? xa[t].w : j == 2 ? xb[t].y : xb[t].w;
               mma16816(acc[t], a0, a1, a2, a3, b0, b1);
@@ -418,35 +423,35 @@ __global__ void __launch_bounds__(threads_of(FM), kMinBlocks) qmmp_kernel(const 
     }
   }
   // The CTA's sum: the two FB-parity warps of a row block, even + odd.
-  if (warp < kConsumers && fpar == 1)
+  if (warp < kCons && fpar == 1)
 #pragma unroll
-    for (int t = 0; t < MT; ++t)
+    for (int t = 0; t < MW; ++t)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) red[((rb * MT + t) * 4 + i) * 32 + lane] = acc[t][i];
+      for (int i = 0; i < 4; ++i) red[((rb * MT + T0 + t) * 4 + i) * 32 + lane] = acc[t][i];
   __syncthreads();
-  if (warp < kConsumers && fpar == 0)
+  if (warp < kCons && fpar == 0)
 #pragma unroll
-    for (int t = 0; t < MT; ++t)
+    for (int t = 0; t < MW; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int o = ((rb * MT + t) * 4 + i) * 32 + lane;
+        const int o = ((rb * MT + T0 + t) * 4 + i) * 32 + lane;
         part[o] = acc[t][i] + red[o];
       }
   cluster.sync();
   // (rank 0 has a stage, so its threads are past the producer's wait; this is for the
   // reads of gs and bias, which the previous kernel may have written)
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (rank == 0 && warp < kConsumers && fpar == 0) {
+  if (rank == 0 && warp < kCons && fpar == 0) {
     // 2^9 undoes the fp decoders' 2^-9 (affine: the scales took the 2^7)
     const float alpha = AFF ? 1.0f : p.gs ? nvfp4_dec(*p.gs) * 512.0f : 512.0f;
 #pragma unroll
-    for (int t = 0; t < MT; ++t)
+    for (int t = 0; t < MW; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int o = ((rb * MT + t) * 4 + i) * 32 + lane;
+        const int o = ((rb * MT + T0 + t) * 4 + i) * 32 + lane;
         float v = part[o];
         for (int r = 1; r < ks; ++r) v += cluster.map_shared_rank(part, r)[o];
-        const int m = 8 * t + 2 * q + (i & 1), n = tile * kDecTileRows + rb * 16 + g + 8 * (i >> 1);
+        const int m = 8 * (T0 + t) + 2 * q + (i & 1), n = tile * kDecTileRows + rb * 16 + g + 8 * (i >> 1);
         if (m < p.M && n < p.N) {
           if (AFF && !bad && !isfinite(v))
             v = affine_exact<FM>(p.w + expert * p.wper,
@@ -520,10 +525,10 @@ constexpr size_t smem_bytes() {
 // the first call, which also sets the shared-memory attribute once.
 constexpr qqStatus_t kRefused = QQ_STATUS_NOT_SUPPORTED;
 // xt: where x_stage_kernel's buffer comes from (17..64 rows of a dense call), else null.
-template <int FM, int MT, int S, int KC, int kMinBlocks>
+template <int FM, int MT, int S, int KC, int kMinBlocks, int RS = 1>
 qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* xt = nullptr) {
   constexpr size_t smem = smem_bytes<FM, MT, S, KC>();
-  auto kern = qmmp_kernel<FM, MT, S, KC, kMinBlocks>;
+  auto kern = qmmp_kernel<FM, MT, S, KC, kMinBlocks, RS>;
   static std::atomic<uint64_t> ok{0}, refused{0};  // bit d: device d (devices past 63 ask every time)
   int dev = 0;
   QQ_CUDA_TRY(cudaGetDevice(&dev), "decode_matmul");
@@ -565,7 +570,7 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)tiles, (unsigned)ks, (unsigned)p.B);
-  cfg.blockDim = dim3(threads_of(FM), 1, 1);
+  cfg.blockDim = dim3(threads_of(FM, RS), 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
@@ -590,7 +595,11 @@ qqStatus_t dispatch(const QP& p, int64_t M, int tiles, int ks, int nk, cudaStrea
     // row's sums run in the same order for every M. x staged first (xt, dense calls):
     // one copy per row and stage made M = 32 slower than M = 16 by 3.6x
     // (qmm-decode-h100-notes.md, session k).
-    if (M > 32) return launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1>(p, tiles, ks, st, xt);
+    // 33..64 rows: 16 consumer warps, each pair of a (row block, parity) sharing the
+    // row tiles: with 8 warps (2 per scheduler) the kernel waited on its own latencies
+    // (ncu: 30 % issue slots busy); 28672 x 4096 nvfp4 M = 64 104 -> 90 us, 4096^2 32 ->
+    // 21, 16384^2 126 -> 136 (each FB is decoded twice). At 17..32 rows 8 warps win.
+    if (M > 32) return launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1, 2>(p, tiles, ks, st, xt);
     return launch<FM, 4, 4, 1, 1>(p, tiles, ks, st, xt);
   }
   if constexpr (dec_bits8(FM)) {
