@@ -547,10 +547,10 @@ QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w,
  * float32, float16 or bfloat16, compact. params: the weight's mode (and
  * fp8_format, or affine bits and group_size), as given to qqToDecodeLayout: the
  * layout carries no format tag. fp32 accumulation. On the GPU:
- * compute capability 9.0+, bfloat16 x of at most 16 rows, rows 16-byte
+ * compute capability 9.0+, bfloat16 x of at most 64 rows, rows 16-byte
  * aligned (NOT_SUPPORTED otherwise: use the packed weight with
- * qqQuantizedMatmul); no host synchronization, capturable; the same bits on
- * every run and for every M. qqGetLastRoute: QQ_ROUTE_DECODE (GPU) or QQ_ROUTE_CPU. */
+ * qqQuantizedMatmul); no host synchronization, capturable (17..64 rows use
+ * stream-ordered scratch for x); the same bits on every run and for every M. qqGetLastRoute: QQ_ROUTE_DECODE (GPU) or QQ_ROUTE_CPU. */
 QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x,
                                  const DLTensor* w_decode,
                                  const qqQuantParams_t* params,
@@ -567,8 +567,8 @@ QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x,
  * entry reads its expert's layout: suited to entries that rarely share an
  * expert (a decode step over many experts); qqGatherQmm on the packed experts
  * groups the entries by expert first. GPU: as qqDecodeMatmul (bfloat16 x, M <=
- * 16, 16-byte aligned rows and batch entries; NOT_SUPPORTED otherwise), at
- * most 65535 entries. */
+ * 64, 16-byte aligned rows and batch entries; NOT_SUPPORTED otherwise; tuned
+ * for M <= 16 per entry), at most 65535 entries. */
 QQ_API qqStatus_t qqDecodeGatherQmm(qqHandle_t handle, const DLTensor* x,
                                     const DLTensor* w_decode,
                                     const DLTensor* rhs_indices,
