@@ -603,16 +603,16 @@ qqStatus_t dispatch(const QP& p, int64_t M, int tiles, int ks, int nk, cudaStrea
     return launch<FM, 4, 4, 1, 1>(p, tiles, ks, st, xt);
   }
   if constexpr (dec_bits8(FM)) {
-    if (M > 8) return launch<FM, 2, 3, 1, 2>(p, tiles, ks, st);
-    r = ks == 1 ? launch<FM, 1, FM == kDecFp8 ? 5 : 4, 1, 2>(p, tiles, ks, st) : kRefused;
-    if (r == kRefused) r = launch<FM, 1, 3, 1, 3>(p, tiles, ks, st);
+    if (M > 8) return launch<FM, 2, 3, 1, 2>(p, tiles, ks, st, xt);
+    r = ks == 1 ? launch<FM, 1, FM == kDecFp8 ? 5 : 4, 1, 2>(p, tiles, ks, st, xt) : kRefused;
+    if (r == kRefused) r = launch<FM, 1, 3, 1, 3>(p, tiles, ks, st, xt);
   } else if (M > 8) {
     const bool kc2 = nk % 2 == 0 && (ks == 1 || nk % 4 == 0);
-    r = kc2 ? launch<FM, 2, 3, 2, 2>(p, tiles, ks, st) : kRefused;
-    if (r == kRefused) r = launch<FM, 2, 4, 1, 2>(p, tiles, ks, st);
+    r = kc2 ? launch<FM, 2, 3, 2, 2>(p, tiles, ks, st, xt) : kRefused;
+    if (r == kRefused) r = launch<FM, 2, 4, 1, 2>(p, tiles, ks, st, xt);
   } else {
-    r = ks == 1 ? launch<FM, 1, 8, 1, 2>(p, tiles, ks, st) : kRefused;
-    if (r == kRefused) r = launch<FM, 1, 4, 1, 3>(p, tiles, ks, st);
+    r = ks == 1 ? launch<FM, 1, 8, 1, 2>(p, tiles, ks, st, xt) : kRefused;
+    if (r == kRefused) r = launch<FM, 1, 4, 1, 3>(p, tiles, ks, st, xt);
   }
   return r;
 }
@@ -695,8 +695,12 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     // run in the same order for every M.
     const int nk = (int)(a.K / kDecChunkK);
     const int ks = tiles < target && nk >= 2 ? 2 : 1;
-    // 17..64 rows of a dense call: x staged in scratch first (x_stage_kernel)
-    const bool stage = a.M > 16 && !a.gidx.ptr && a.B == 1;
+    // x staged in scratch first (x_stage_kernel) for 17..64 rows of a dense call, and for
+    // 9..16 where the tiles fill the GPU without a K split: one bulk copy of x per stage
+    // instead of one per row, and affine's sums of x made there (16384^2 M = 16: nvfp4
+    // 63.5 -> 59.7 us, affine 4-bit 70.1 -> 60.4). The extra kernel's latency lost ~3 us
+    // at the K-split shapes (4096^2 nvfp4 M = 16 11.7 -> 14.8), which copy row by row.
+    const bool stage = !a.gidx.ptr && a.B == 1 && (a.M > 16 || (a.M > 8 && ks == 1));
     qqContext* c = nullptr;
     if (stage) QQ_TRY(resolve_handle(op, h, a.x.device, &c));
     Scratch scratch(c, st);
