@@ -587,7 +587,7 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
 // deep for 2 CTAs, not mxfp8's 5. A configuration the device cannot run (shared memory)
 // falls to the shallower.
 template <int FM>
-qqStatus_t dispatch(const QP& p, int64_t M, int tiles, int ks, int nk, cudaStream_t st, Scratch* xt) {
+qqStatus_t dispatch(const QP& p, int64_t M, int tiles, int ks, int nk, int sms, cudaStream_t st, Scratch* xt) {
   qqStatus_t r;
   if (M > 16) {
     // 17..64 rows: 32- or 64-row tiles of x, one CTA per SM (x's rows fill the shared
@@ -600,6 +600,11 @@ qqStatus_t dispatch(const QP& p, int64_t M, int tiles, int ks, int nk, cudaStrea
     // (ncu: 30 % issue slots busy); 28672 x 4096 nvfp4 M = 64 104 -> 90 us, 4096^2 32 ->
     // 21, 16384^2 126 -> 136 (each FB is decoded twice). At 17..32 rows 8 warps win.
     if (M > 32) return launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1, 2>(p, tiles, ks, st, xt);
+    // 17..32 rows: two CTAs per SM (3 stages, 8-bit 2) where the CTAs are more than one
+    // wave at one per SM (16384^2 nvfp4 M = 32 82.5 -> 72.6 us, 6144 x 4096 29.0 -> 19.4,
+    // 28672 x 4096 60.4 -> 46.0); with fewer CTAs two per SM leave SMs idle (4096 x 14336
+    // 26.2 -> 37.2), so one, 4 stages deep.
+    if ((int64_t)tiles * ks > sms) return launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2>(p, tiles, ks, st, xt);
     return launch<FM, 4, 4, 1, 1>(p, tiles, ks, st, xt);
   }
   if constexpr (dec_bits8(FM)) {
@@ -687,7 +692,7 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     p.E = (int)a.E;
     p.B = (int)a.B;
     const int tiles = (int)(roundup(a.N, kDecTileRows) / kDecTileRows);
-    const int target = sm_count(a.x.device) * 3 / 2;
+    const int sms = sm_count(a.x.device), target = sms * 3 / 2;
     const cudaStream_t st = (cudaStream_t)stream;
     // A cluster of 2 where the row tiles alone leave SMs idle: larger clusters were
     // slower at every decode shape (a rank waits for its cluster before it exits).
@@ -707,10 +712,10 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     Scratch* xt = stage ? &scratch : nullptr;
     qqStatus_t r;
     switch (fmt) {
-      case kDecFp4: r = dispatch<kDecFp4>(p, a.M, tiles, ks, nk, st, xt); break;
-      case kDecFp8: r = dispatch<kDecFp8>(p, a.M, tiles, ks, nk, st, xt); break;
-      case kDecAff4: r = dispatch<kDecAff4>(p, a.M, tiles, ks, nk, st, xt); break;
-      default: r = dispatch<kDecAff8>(p, a.M, tiles, ks, nk, st, xt); break;
+      case kDecFp4: r = dispatch<kDecFp4>(p, a.M, tiles, ks, nk, sms, st, xt); break;
+      case kDecFp8: r = dispatch<kDecFp8>(p, a.M, tiles, ks, nk, sms, st, xt); break;
+      case kDecAff4: r = dispatch<kDecAff4>(p, a.M, tiles, ks, nk, sms, st, xt); break;
+      default: r = dispatch<kDecAff8>(p, a.M, tiles, ks, nk, sms, st, xt); break;
     }
     if (r == kRefused)
       return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's kernel cannot run on this GPU (compute "
