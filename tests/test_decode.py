@@ -559,6 +559,17 @@ def test_gpu_matches(cfg, n, k, m, with_bias):
 
 
 @gpu
+@pytest.mark.parametrize("m", [9, 16, 17, 32, 33, 64])
+@pytest.mark.parametrize("cfg", CFGS)
+def test_gpu_matches_many_tiles(cfg, m):
+    """N = 16384: 256 row tiles, no K split, more CTAs than SMs: x staged from 9 rows, and
+    17..32 rows on the two-CTAs-per-SM configuration (the shapes above run one per SM)."""
+    rng = case_rng("many", cfg, m)
+    dw = gpu_weight(cfg, 16384, 256)
+    check(make_x(rng, (m, 256), BF16, "cuda"), dw, route="decode" if decode_expected(BF16, m) else None)
+
+
+@gpu
 @pytest.mark.parametrize("m,xdt", [(65, BF16), (100, BF16), (1, F32), (16, F32), (40, F32)],
                          ids=["65-bf16", "100-bf16", "1-f32", "16-f32", "40-f32"])
 @pytest.mark.parametrize("cfg", CFGS)
