@@ -28,6 +28,7 @@ import pytest
 import qq
 from helpers import BF16, as_bytes, cast, numpy_to_torch, to_numpy
 
+F16 = np.float16
 F32 = np.float32
 F64 = np.float64
 GROUP = {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32}
@@ -163,7 +164,9 @@ def check(x, dw, bias=None, dtype="float32", route=None, **kw):
 
 
 def decode_expected(x_dtype, m):
-    return x_dtype == BF16 and m <= 64 and qq.device_capability(0) >= (9, 0)
+    """Route "decode" on this GPU: bf16 x of at most 64 rows, float16 of at most 32 (dense)."""
+    rows = 64 if x_dtype == BF16 else 32 if x_dtype == F16 else 0
+    return m <= rows and qq.device_capability(0) >= (9, 0)
 
 
 # ---------------------------------------------------------------------------
@@ -563,10 +566,70 @@ def test_gpu_matches(cfg, n, k, m, with_bias):
 @pytest.mark.parametrize("cfg", CFGS)
 def test_gpu_matches_many_tiles(cfg, m):
     """N = 16384: 256 row tiles, no K split, more CTAs than SMs: x staged from 9 rows, and
-    17..32 rows on the two-CTAs-per-SM configuration (the shapes above run one per SM)."""
+    17..32 rows on the two-CTAs-per-SM configuration (the shapes above run one per SM); K
+    = 1280, so that the rings wrap (racecheck runs these)."""
     rng = case_rng("many", cfg, m)
-    dw = gpu_weight(cfg, 16384, 256)
-    check(make_x(rng, (m, 256), BF16, "cuda"), dw, route="decode" if decode_expected(BF16, m) else None)
+    dw = gpu_weight(cfg, 16384, 1280)  # 5 stages a CTA: the rings of 2 to 4 slots wrap
+    check(make_x(rng, (m, 1280), BF16, "cuda"), dw, route="decode" if decode_expected(BF16, m) else None)
+
+
+@gpu
+@pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
+@pytest.mark.parametrize("m", [1, 5, 9, 16, 17, 32])
+@pytest.mark.parametrize("n,k", [(200, 768), (4096, 4096), (16384, 256)], ids=str)
+@pytest.mark.parametrize("cfg", CFGS)
+def test_gpu_matches_f16(cfg, n, k, m, with_bias):
+    """float16 x on the decode kernel (staged as bf16 high parts and exact remainders, twice
+    the rows): equal to the float64 reference within the fp32 summation bound, fp16 and
+    fp32 out."""
+    rng = case_rng("f16", cfg, n, k, m, with_bias)
+    dw = gpu_weight(cfg, n, k)
+    x = make_x(rng, (m, k), F16, "cuda")
+    bias = to_fw(rng.standard_normal(n).astype(F32), "cuda") if with_bias else None
+    want, mag = reference(x, dw.quantized, bias)
+    for dtype in ("float32", None):
+        got = qq.quantized_matmul(x, dw, bias=bias, dtype=dtype)
+        assert qq.last_route() == ("decode" if decode_expected(F16, m) else qq.last_route())
+        assert to_numpy(got).dtype == (F32 if dtype else F16)
+        msg = mismatch(got, want, mag, rel_of(dw.mode))
+        assert msg is None, msg
+
+
+@gpu
+@pytest.mark.parametrize("cfg", ["nvfp4", "mxfp8", "a4g64", "a8g32"])
+def test_gpu_f16_non_finite(cfg):
+    """float16 x holding +Inf, -Inf and NaN: the remainder of a non-finite value is 0, so the
+    result has the reference's NaN / +-Inf pattern (affine: recomputed from the fp16 x), and
+    finite rows are unaffected."""
+    dw = gpu_weight(cfg, 200, 768)
+    x = cast(case_rng("f16nf", cfg).standard_normal((4, 768)), F16)
+    x[0, 5], x[1, 700], x[2, 300] = np.inf, -np.inf, np.nan
+    xt = to_fw(x, "cuda")
+    got = to_numpy(qq.quantized_matmul(xt, dw, dtype="float32")).astype(F64)
+    assert qq.last_route() == ("decode" if decode_expected(F16, 4) else qq.last_route())
+    w = to_numpy(qq.dequantize(dw.quantized, dtype="float32")).astype(F64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = x.astype(F64) @ w.T
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want))
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))
+    assert mismatch(got[3:], want[3:], np.abs(x[3:].astype(F64)) @ np.abs(w).T, rel_of(dw.mode)) is None
+
+
+@gpu
+@pytest.mark.parametrize("n,k", [(256, 1536), (16384, 512)], ids=str)
+@pytest.mark.parametrize("cfg", CFGS)
+def test_gpu_f16_same_bits_for_every_m(cfg, n, k):
+    """float16 x: row m has the same bits whatever M is (its remainder row moves with M);
+    33 rows take the packed weight (the kernel's 64 rows hold 32 of float16)."""
+    dw = gpu_weight(cfg, n, k)
+    x = make_x(case_rng("f16bits", cfg, k), (33, k), F16, "cuda")
+    qq.quantized_matmul(x, dw, dtype="float32")
+    assert qq.last_route() != "decode"
+    full = to_numpy(qq.quantized_matmul(x[:32].contiguous(), dw, dtype="float32"))
+    for m in (1, 5, 9, 16, 17):
+        part = to_numpy(qq.quantized_matmul(x[:m].contiguous(), dw, dtype="float32"))
+        np.testing.assert_array_equal(part.view(np.uint32), full[:m].view(np.uint32))
 
 
 @gpu
@@ -574,7 +637,7 @@ def test_gpu_matches_many_tiles(cfg, m):
                          ids=["65-bf16", "100-bf16", "1-f32", "16-f32", "40-f32"])
 @pytest.mark.parametrize("cfg", CFGS)
 def test_gpu_other_routes(cfg, m, xdt):
-    """M > 64 or fp32 x: another route (the packed path), same numbers."""
+    """M > 64 (float16: 32) or fp32 x: another route (the packed path), same numbers."""
     dw = gpu_weight(cfg, 200, 768)
     _, route = check(make_x(case_rng("other", cfg, m), (m, 768), xdt, "cuda"), dw)
     assert route != "decode"
@@ -650,6 +713,27 @@ def test_strided_rows(cfg, device):
         got, _ = check(x, dw, route=route if device == "cuda" else "cpu")
         np.testing.assert_array_equal(to_numpy(got), to_numpy(qq.quantized_matmul(x.contiguous(), dw,
                                                                                    dtype="float32")))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows", [3, 24])
+def test_uneven_rows_take_the_packed_weight(rows, device):
+    """x whose rows are not evenly spaced across its leading axes (a slice of a batch): libqq
+    answers NOT_SUPPORTED and the packed weight computes it, into the result already made.
+    x not stride 1 along K: the packed weight's clear error."""
+    torch = torch_mod()
+    fw = "torch" if device == "cpu" else "cuda"
+    qa = quantize(make_weight(case_rng("uneven"), "nvfp4", 64, 256), "nvfp4", fw)
+    dw = qq.prepare_decode(qa)
+    base = torch.from_numpy(case_rng("ux", rows).standard_normal((2, rows + 1, 512)).astype(F32))
+    base = base.to(torch.bfloat16).to(device)
+    x = base[:, :rows, :256]
+    got = qq.quantized_matmul(x, dw, dtype="float32")
+    assert qq.last_route() != "decode"
+    want = qq.quantized_matmul(x, dw.quantized, dtype="float32")
+    np.testing.assert_array_equal(to_numpy(got), to_numpy(want))
+    with pytest.raises(ValueError, match=r"^quantized_matmul: argument 'x' has stride 2 on its last axis"):
+        qq.quantized_matmul(base[:, :rows, ::2], dw)
 
 
 def test_x_wrong_k():

@@ -1,4 +1,4 @@
-"""Per-call time of quantized_matmul inside a CUDA graph: NW distinct weights (together larger
+"""Per-call time of quantized_matmul inside a CUDA graph (x bf16, or XDTYPE=float16): NW distinct weights (together larger
 than the L2) multiplied back to back, as a decode step does, packed against the decode layout
 (qq.prepare_decode). The graph removes host cost; back-to-back decode-layout kernels overlap
 through programmatic dependent launch. Prints one line per (shape, mode, M).
@@ -17,6 +17,7 @@ MODES = os.environ.get("MODES", "nvfp4,mxfp4,mxfp8,affine4,affine8").split(",")
 # affine4 / affine8: MLX's default affine (group_size 64) at 4 / 8 bits
 QUANT = {"affine4": dict(mode="affine", bits=4, group_size=64), "affine8": dict(mode="affine", bits=8, group_size=64)}
 MS = [int(v) for v in os.environ.get("MS", "1,4,16").split(",")]
+XDTYPE = getattr(torch, os.environ.get("XDTYPE", "bfloat16"))  # x's dtype (float16: the staged split)
 
 
 def graph_us(fn, reps=20):
@@ -58,7 +59,7 @@ def main():
             q0 = qw[0]  # the packed weight's bytes (codes, scales, affine biases)
             wbytes = sum(t.numel() * t.element_size() for t in (q0.data, q0.scales, q0.biases) if t is not None)
             for m in MS:
-                x = torch.randn((m, k), dtype=torch.bfloat16, device="cuda")
+                x = torch.randn((m, k), dtype=XDTYPE, device="cuda")
                 res = {}
                 for name, ws in (("packed", qw), ("decode", dw)):
                     def f(ws=ws):

@@ -743,7 +743,8 @@ QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x, const DLT
     // stride that matters).
     if (a.M > 0 && a.K > 0) {
       if (a.K > 1 && stride_of(x, x->ndim - 1) != 1)
-        return set_error(QQ_STATUS_INVALID_VALUE, "decode_matmul: 'x' needs stride 1 along K (make x contiguous)");
+        return set_error(QQ_STATUS_NOT_SUPPORTED, "decode_matmul: 'x' needs stride 1 along K (make x contiguous, or "
+                         "use the packed weight)");
       a.x.ld = a.K;
       int64_t inner = 1;  // rows inside the axis being checked
       bool first = true;
@@ -753,14 +754,15 @@ QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x, const DLT
           a.x.ld = stride_of(x, i);
           first = false;
         } else if (stride_of(x, i) != a.x.ld * inner) {
-          return set_error(QQ_STATUS_INVALID_VALUE, "decode_matmul: the rows of 'x' %s are not evenly spaced "
-                           "across its leading axes (make x contiguous)", shape_str(x->ndim, x->shape).c_str());
+          return set_error(QQ_STATUS_NOT_SUPPORTED, "decode_matmul: the rows of 'x' %s are not evenly spaced "
+                           "across its leading axes (make x contiguous, or use the packed weight)",
+                           shape_str(x->ndim, x->shape).c_str());
         }
         inner *= x->shape[i];
       }
       if (a.M > 1 && a.x.ld < a.K)
-        return set_error(QQ_STATUS_INVALID_VALUE, "decode_matmul: the rows of 'x' overlap (row stride %lld < K = "
-                         "%lld)", (long long)a.x.ld, (long long)a.K);
+        return set_error(QQ_STATUS_NOT_SUPPORTED, "decode_matmul: the rows of 'x' overlap (row stride %lld < K = "
+                         "%lld; use the packed weight)", (long long)a.x.ld, (long long)a.K);
     }
     a.x.ptr = (char*)x->data + x->byte_offset;
     a.x.dt = xdt;

@@ -451,17 +451,12 @@ def _decode_weight_args(func, dw, shape_text, scales, biases, transpose, group_s
                          f"transpose=False")
 
 
-cdef inline bint _gpu_not_bf16(DLTensor* t):
-    """x on a GPU in another dtype than bfloat16 (the decode layout's kernel takes bf16)."""
-    return (t.device.device_type in (kDLCUDA, kDLCUDAManaged)
-            and not (t.dtype.code == kDLBfloat and t.dtype.bits == 16))
-
-
 def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mode,
                    global_scale, bias, scale_layout, dtype, out, stream):
     """quantized_matmul with a DecodeWeight: the decode layout's kernel where it applies
-    (CPU: always; GPU: bfloat16 x of at most 64 rows, compute capability 9.0+: libqq says,
-    with NOT_SUPPORTED), else the packed weight it keeps (prefill: its GEMM routes)."""
+    (CPU: always; GPU: bfloat16 x of at most 64 rows or float16 of at most 32, compute
+    capability 9.0+: libqq says, with NOT_SUPPORTED), else the packed weight it keeps
+    (prefill: its GEMM routes)."""
     cdef _View vx, vw, vg, vbias, vo
     cdef qqQuantParams_t p
     cdef qqStatus_t st
@@ -474,9 +469,6 @@ def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mod
     _decode_weight_args(func, dw, "[N, K]", scales, biases, transpose, group_size, bits, mode,
                         global_scale, scale_layout)
     shape = tuple(x.shape)
-    rows = 1
-    for d in shape[:-1]:
-        rows *= int(d)
     qa = dw.quantized
     if len(dw.shape) == 3:  # experts: the batched packed weight
         return quantized_matmul(x, qa, bias=bias, dtype=dtype, out=out, stream=stream)
@@ -489,10 +481,6 @@ def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mod
     result = None
     try:
         vx = call.view(x, "x")
-        tx = _t(vx)
-        if _gpu_not_bf16(tx):  # the GPU kernel takes bfloat16 x: the packed weight's routes
-            call.release()
-            return quantized_matmul(x, qa, bias=bias, dtype=dtype, out=out, stream=stream)
         vw = call.view(dw.data, "w_decode")
         vg = call.view(call.scalar(dw.global_scale, "global_scale"), "global_scale")
         vbias = call.view(bias, "bias")
@@ -505,9 +493,13 @@ def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mod
         s = call.cstream()
         with nogil:
             st = qqDecodeMatmul(NULL, tx, tw, &p, tg, tbias, to, s)
-        if st == QQ_STATUS_NOT_SUPPORTED:  # e.g. an older GPU, unaligned rows: the packed weight
-            call.release()
-            return quantized_matmul(x, qa, bias=bias, dtype=dtype, out=out, stream=stream)
+        if st == QQ_STATUS_NOT_SUPPORTED:
+            # libqq's kernel does not apply (prefill, float32 x, an older GPU, unaligned rows):
+            # the packed weight, into the result already made
+            quantized_matmul(x, qa, bias=bias, dtype=dtype, out=out if out is not None else result,
+                             stream=stream)
+            call.finish()
+            return out if out is not None else call.result(result)
         _check(st)
         call.finish()
     finally:
@@ -558,11 +550,6 @@ def _decode_gather(func, x, dw, rhs_indices, scales, biases, transpose, group_si
     result = None
     try:
         vx = call.view(x, "x")
-        tx = _t(vx)
-        if _gpu_not_bf16(tx):
-            call.release()
-            return gather_qmm(x, qa, rhs_indices=rhs_indices, bias=bias, dtype=dtype, out=out,
-                              stream=stream)
         vw = call.view(dw.data, "w_decode")
         vi = call.view(rhs_indices, "rhs_indices")
         vg = call.view(call.scalar(dw.global_scale, "global_scale"), "global_scale")
@@ -573,14 +560,15 @@ def _decode_gather(func, x, dw, rhs_indices, scales, biases, transpose, group_si
                                     out_dtype or vx.float_dtype(), "out")
         else:
             vo = _out_view(call, out, out_dtype)
-        tw, ti, tg, tbias, to = _t(vw), _t(vi), _t(vg), _t(vbias), _t(vo)
+        tx, tw, ti, tg, tbias, to = _t(vx), _t(vw), _t(vi), _t(vg), _t(vbias), _t(vo)
         s = call.cstream()
         with nogil:
             st = qqDecodeGatherQmm(NULL, tx, tw, ti, &p, tg, tbias, to, s)
-        if st == QQ_STATUS_NOT_SUPPORTED:  # e.g. unaligned rows, an older GPU: the packed experts
-            call.release()
-            return gather_qmm(x, qa, rhs_indices=rhs_indices, bias=bias, dtype=dtype, out=out,
-                              stream=stream)
+        if st == QQ_STATUS_NOT_SUPPORTED:  # e.g. float x, unaligned rows, an older GPU: the packed experts
+            gather_qmm(x, qa, rhs_indices=rhs_indices, bias=bias, dtype=dtype,
+                       out=out if out is not None else result, stream=stream)
+            call.finish()
+            return out if out is not None else call.result(result)
         _check(st)
         call.finish()
     finally:

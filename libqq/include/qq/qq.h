@@ -543,7 +543,9 @@ QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w,
 
 /* out [..., M, N] = x [..., M, K] @ W^T (* nvfp4's global factor) (+ bias[N]),
  * W [N, K] given in the decode layout w_decode (qqToDecodeLayout; N from out's
- * last axis). x: float, its rows (all leading axes) of uniform stride; out:
+ * last axis). x: float, its rows (all leading axes) of uniform stride, stride
+ * 1 along K, not overlapping (NOT_SUPPORTED otherwise: the packed weight takes
+ * any x); out:
  * float32, float16 or bfloat16, compact. params: the weight's mode (and
  * fp8_format, or affine bits and group_size), as given to qqToDecodeLayout: the
  * layout carries no format tag. fp32 accumulation. On the GPU:

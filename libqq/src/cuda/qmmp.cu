@@ -100,9 +100,9 @@ struct QP {
   const uint8_t* w;
   const __nv_bfloat16* x;
   int64_t xld;  // elements between rows of x
-  // 17..64 rows: x rearranged by x_stage_kernel, stage c's M rows at xt + c * M * XS
-  // bytes in shared memory's row pitch, so that a stage's x is one bulk copy (else one
-  // copy per row and stage)
+  // staged x (see decode_matmul's `stage`): x rearranged by x_stage_kernel, stage c's M
+  // rows in shared memory's row pitch (then affine's sums) at xt + c * x_stage_bytes, so
+  // that a stage's x is one bulk copy (else one copy per row and stage)
   const uint8_t* xt;
   // gather (gidx.ptr set): batch entry blockIdx.z multiplies x's entry (xb's batch offset)
   // by expert gidx[entry] of E layouts of wper bytes; out entry b at b * M * N
@@ -110,6 +110,11 @@ struct QP {
   int64_t wper;
   int E;
   int M, N, K, B;
+  // float16 x (dense calls): staged as 2 Mo bf16 rows, x's high parts (rows 0 .. Mo - 1) and
+  // their exact remainders (Mo .. 2 Mo - 1); output row m adds the two rows' sums. Mo = M for
+  // bf16 x.
+  int Mo;
+  bool x16;
   int cps;      // stages per CTA of a cluster (the last ranks may get fewer, even none)
   const float* gs;
   Mat bias, out;
@@ -162,14 +167,15 @@ __device__ __forceinline__ float fb_xsum(const uint4* xv) {
 // differs there (an Inf in x meets a code 0 as Inf * 0 = NaN where the weight is b; an
 // Inf scale or bias; fp32 overflow), so such results are redone exactly; rare, slow.
 template <int FM>
-__device__ __noinline__ float affine_exact(const uint8_t* w, const __nv_bfloat16* x, int K, int n) {
+__device__ __noinline__ float affine_exact(const uint8_t* w, const __nv_bfloat16* x, bool x16, int K, int n) {
   float acc = 0.0f;
   for (int k = 0; k < K; ++k) {
+    const float xk = x16 ? __half2float(reinterpret_cast<const __half*>(x)[k]) : __bfloat162float(x[k]);
     const DecPos d = decode_pos(FM, n, k, K);
     const uint32_t c = (w[d.byte] >> d.shift) & (dec_bits8(FM) ? 255u : 15u);
     const float s = bf16_to_f((uint16_t)(w[d.sbyte] | w[d.sbyte + 1] << 8));
     const float b = bf16_to_f((uint16_t)(w[d.sbyte + 4] | w[d.sbyte + 5] << 8));
-    acc = fmaf(__bfloat162float(x[k]), affine_decode(c, s, b), acc);
+    acc = fmaf(xk, affine_decode(c, s, b), acc);
   }
   return acc;
 }
@@ -449,14 +455,21 @@ __global__ void __launch_bounds__(threads_of(FM, RS), kMinBlocks) qmmp_kernel(co
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int o = ((rb * MT + T0 + t) * 4 + i) * 32 + lane;
-        float v = part[o];
-        for (int r = 1; r < ks; ++r) v += cluster.map_shared_rank(part, r)[o];
         const int m = 8 * (T0 + t) + 2 * q + (i & 1), n = tile * kDecTileRows + rb * 16 + g + 8 * (i >> 1);
-        if (m < p.M && n < p.N) {
+        if (m < p.Mo && n < p.N) {
+          float v = part[o];
+          for (int r = 1; r < ks; ++r) v += cluster.map_shared_rank(part, r)[o];
+          if (p.x16) {  // + the sums of row m's remainder row, m + Mo (the same column n)
+            const int h = m + p.Mo;
+            const int o2 = ((rb * MT + (h >> 3)) * 4 + ((i & 2) | (h & 1))) * 32 + 4 * g + ((h & 7) >> 1);
+            float v2 = part[o2];
+            for (int r = 1; r < ks; ++r) v2 += cluster.map_shared_rank(part, r)[o2];
+            v += v2;
+          }
           if (AFF && !bad && !isfinite(v))
             v = affine_exact<FM>(p.w + expert * p.wper,
-                                 p.x + (p.gidx.ptr ? p.xb.offset(entry) : 0) + (int64_t)m * p.xld, p.K, n);
-          store_biased(p.out, p.bias, ((int64_t)entry * p.M + m) * p.N + n, n,
+                                 p.x + (p.gidx.ptr ? p.xb.offset(entry) : 0) + (int64_t)m * p.xld, p.x16, p.K, n);
+          store_biased(p.out, p.bias, ((int64_t)entry * p.Mo + m) * p.N + n, n,
                        bad ? __int_as_float(0x7fc00000) : v * alpha);
         }
       }
@@ -475,30 +488,56 @@ constexpr size_t x_stage_bytes(int M, int R) {
   return (size_t)M * (KC * 512 + G::XPAD) + (dec_affine(FM) ? (size_t)G::FBS * KC * R * 4 : 0);
 }
 
-// x [M, K] (row stride xld) into stages: stage c (KC * 256 k) at c * x_stage_bytes, its rows
-// with their pads zeroed, then for affine the sums of x per (fragment block, row) in the
-// x-sum warp's order. One block per stage; 16-byte copies.
-template <int FM, int KC>
-__global__ void x_stage_kernel(const __nv_bfloat16* x, int64_t xld, int M, int R, uint8_t* xt) {
+// A pair of float16 values as bf16 high parts (round to nearest) and their remainders,
+// which bf16 holds exactly (at most 4 significant bits left, no exponent below bf16's):
+// x = hi + lo with both products by a weight exact in fp32. A non-finite x keeps lo = 0.
+__device__ __forceinline__ void f16_split(uint32_t v, uint32_t& hi, uint32_t& lo) {
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&v));
+  const __nv_bfloat162 h = __floats2bfloat162_rn(f.x, f.y);
+  const float2 hf = __bfloat1622float2(h);
+  const float l0 = isfinite(hf.x) ? f.x - hf.x : 0.0f, l1 = isfinite(hf.y) ? f.y - hf.y : 0.0f;
+  const __nv_bfloat162 l = __floats2bfloat162_rn(l0, l1);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+// x [Mx, K] (row stride xld) into stages: stage c (KC * 256 k) at c * x_stage_bytes, its rows
+// with their pads zeroed (float16 x: Mx high-part rows, then Mx remainder rows), then for
+// affine the sums of each staged row per fragment block in the x-sum warp's order. One block
+// per stage; 16-byte copies.
+template <int FM, int KC, bool X16>
+__global__ void x_stage_kernel(const __nv_bfloat16* x, int64_t xld, int Mx, int R, uint8_t* xt) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");  // x comes from the previous kernel
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
   constexpr int XS = KC * 512 + Geo<FM>::XPAD, per = XS / 16, data = KC * kDecChunkK / 8;  // uint4 per row
-  const int c = blockIdx.x;
+  const int c = blockIdx.x, M = X16 ? 2 * Mx : Mx;  // staged rows
   const __nv_bfloat16* xc = x + (size_t)c * KC * kDecChunkK;
   uint8_t* blk = xt + (size_t)c * x_stage_bytes<FM, KC>(M, R);
   uint4* dst = reinterpret_cast<uint4*>(blk);
-  for (int i = threadIdx.x; i < M * per; i += blockDim.x) {
+  for (int i = threadIdx.x; i < Mx * per; i += blockDim.x) {
     const int m = i / per, j = i % per;
-    dst[i] = j < data ? *reinterpret_cast<const uint4*>(xc + (size_t)m * xld + 8 * j) : make_uint4(0, 0, 0, 0);
+    const uint4 v = j < data ? *reinterpret_cast<const uint4*>(xc + (size_t)m * xld + 8 * j) : make_uint4(0, 0, 0, 0);
+    if constexpr (X16) {
+      uint4 hi, lo;
+      f16_split(v.x, hi.x, lo.x);
+      f16_split(v.y, hi.y, lo.y);
+      f16_split(v.z, hi.z, lo.z);
+      f16_split(v.w, hi.w, lo.w);
+      dst[i] = hi;
+      dst[i + Mx * per] = lo;
+    } else {
+      dst[i] = v;
+    }
   }
   if constexpr (dec_affine(FM)) {
     constexpr int FK = dec_fb_k(FM), NF = Geo<FM>::FBS * KC;
+    __syncthreads();  // the sums read the staged rows (this block's global writes)
     float* sums = reinterpret_cast<float*>(blk + (size_t)M * XS);
     for (int i = threadIdx.x; i < NF * R; i += blockDim.x) {
       const int f = i / R, m = i % R;
-      sums[i] = m < M ? fb_xsum<FK / 8>(reinterpret_cast<const uint4*>(xc + (size_t)m * xld + f * FK)) : 0.0f;
+      sums[i] = m < M ? fb_xsum<FK / 8>(reinterpret_cast<const uint4*>(blk + (size_t)m * XS + f * FK * 2)) : 0.0f;
     }
   }
 }
@@ -524,7 +563,7 @@ constexpr size_t smem_bytes() {
 // JIT-compiled, would have an empty body). Known per device and configuration after
 // the first call, which also sets the shared-memory attribute once.
 constexpr qqStatus_t kRefused = QQ_STATUS_NOT_SUPPORTED;
-// xt: where x_stage_kernel's buffer comes from (17..64 rows of a dense call), else null.
+// xt: where x_stage_kernel's buffer comes from when x is staged, else null.
 template <int FM, int MT, int S, int KC, int kMinBlocks, int RS = 1>
 qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* xt = nullptr) {
   constexpr size_t smem = smem_bytes<FM, MT, S, KC>();
@@ -565,7 +604,10 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
     xc.stream = stream;
     xc.attrs = attr + 1;
     xc.numAttrs = 1;
-    QQ_CUDA_TRY(cudaLaunchKernelEx(&xc, x_stage_kernel<FM, KC>, p.x, p.xld, p.M, MT * 8, buf), "decode_matmul");
+    if (p.x16)
+      QQ_CUDA_TRY(cudaLaunchKernelEx(&xc, x_stage_kernel<FM, KC, true>, p.x, p.xld, p.Mo, MT * 8, buf), "decode_matmul");
+    else
+      QQ_CUDA_TRY(cudaLaunchKernelEx(&xc, x_stage_kernel<FM, KC, false>, p.x, p.xld, p.M, MT * 8, buf), "decode_matmul");
     q.xt = buf;
   }
   cudaLaunchConfig_t cfg = {};
@@ -603,9 +645,13 @@ qqStatus_t dispatch(const QP& p, int64_t M, int tiles, int ks, int nk, int sms, 
     // 17..32 rows: two CTAs per SM (3 stages, 8-bit 2) where the CTAs are more than one
     // wave at one per SM (16384^2 nvfp4 M = 32 82.5 -> 72.6 us, 6144 x 4096 29.0 -> 19.4,
     // 28672 x 4096 60.4 -> 46.0); with fewer CTAs two per SM leave SMs idle (4096 x 14336
-    // 26.2 -> 37.2), so one, 4 stages deep.
-    if ((int64_t)tiles * ks > sms) return launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2>(p, tiles, ks, st, xt);
-    return launch<FM, 4, 4, 1, 1>(p, tiles, ks, st, xt);
+    // 26.2 -> 37.2), so one, 4 stages deep, unless its shared memory is over the device's
+    // limit (99 KB on compute capability 12.x: only the two-per-SM one fits; 33..64 rows
+    // fit nowhere there and take the packed weight).
+    r = (int64_t)tiles * ks > sms ? launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2>(p, tiles, ks, st, xt) : kRefused;
+    if (r == kRefused) r = launch<FM, 4, 4, 1, 1>(p, tiles, ks, st, xt);
+    if (r == kRefused) r = launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2>(p, tiles, ks, st, xt);
+    return r;
   }
   if constexpr (dec_bits8(FM)) {
     if (M > 8) return launch<FM, 2, 3, 1, 2>(p, tiles, ks, st, xt);
@@ -661,11 +707,14 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     if (cc_major < 9)
       return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's kernel needs compute capability 9.0 or "
                        "newer (bulk copies); use the packed weight on this GPU", op);
-    if (a.x.dt != DType::BF16 || a.M > kDecMaxM)
+    // float16 x runs as twice the rows of bf16 (high parts and remainders), dense calls only
+    const bool x16 = a.x.dt == DType::F16;
+    const bool dense = !a.gidx.ptr;  // (B is 1)
+    if (!(a.x.dt == DType::BF16 && a.M <= kDecMaxM) && !(x16 && dense && 2 * a.M <= kDecMaxM))
       return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's GPU kernel takes bfloat16 x of at most "
-                       "%d rows; got %s x of %lld rows; use the packed weight", op, kDecMaxM,
-                       a.x.dt == DType::BF16 ? "bfloat16" : (a.x.dt == DType::F16 ? "float16" : "float32"),
-                       (long long)a.M);
+                       "%d rows, or float16 x of at most %d (not per gather_qmm entry); got %s x of %lld rows; use "
+                       "the packed weight", op, kDecMaxM, kDecMaxM / 2,
+                       a.x.dt == DType::BF16 ? "bfloat16" : (x16 ? "float16" : "float32"), (long long)a.M);
     bool xb_aligned = true;  // every batch entry of x starts 16-byte aligned (gather)
     for (int i = 0; i < a.x.nb; ++i) xb_aligned = xb_aligned && (a.x.bstride[i] & 7) == 0;
     if (a.B > 65535 || a.E > 65535)
@@ -680,7 +729,9 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     p.w = a.w;
     p.x = reinterpret_cast<const __nv_bfloat16*>(a.x.ptr);
     p.xld = a.x.ld;
-    p.M = (int)a.M, p.N = (int)a.N, p.K = (int)a.K;
+    p.Mo = (int)a.M, p.N = (int)a.N, p.K = (int)a.K;
+    p.x16 = x16;
+    p.M = x16 ? 2 * p.Mo : p.Mo;  // the kernel's rows
     p.gs = a.gs;
     p.bias = a.bias;
     p.out = a.out;
@@ -705,17 +756,18 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     // instead of one per row, and affine's sums of x made there (16384^2 M = 16: nvfp4
     // 63.5 -> 59.7 us, affine 4-bit 70.1 -> 60.4). The extra kernel's latency lost ~3 us
     // at the K-split shapes (4096^2 nvfp4 M = 16 11.7 -> 14.8), which copy row by row.
-    const bool stage = !a.gidx.ptr && a.B == 1 && (a.M > 16 || (a.M > 8 && ks == 1));
+    // float16 x is always staged: the staging kernel splits it into bf16 rows.
+    const bool stage = dense && nk > 0 && (x16 || p.M > 16 || (p.M > 8 && ks == 1));
     qqContext* c = nullptr;
-    if (stage) QQ_TRY(resolve_handle(op, h, a.x.device, &c));
+    QQ_TRY(resolve_handle(op, h, a.x.device, &c));
     Scratch scratch(c, st);
     Scratch* xt = stage ? &scratch : nullptr;
     qqStatus_t r;
     switch (fmt) {
-      case kDecFp4: r = dispatch<kDecFp4>(p, a.M, tiles, ks, nk, sms, st, xt); break;
-      case kDecFp8: r = dispatch<kDecFp8>(p, a.M, tiles, ks, nk, sms, st, xt); break;
-      case kDecAff4: r = dispatch<kDecAff4>(p, a.M, tiles, ks, nk, sms, st, xt); break;
-      default: r = dispatch<kDecAff8>(p, a.M, tiles, ks, nk, sms, st, xt); break;
+      case kDecFp4: r = dispatch<kDecFp4>(p, p.M, tiles, ks, nk, sms, st, xt); break;
+      case kDecFp8: r = dispatch<kDecFp8>(p, p.M, tiles, ks, nk, sms, st, xt); break;
+      case kDecAff4: r = dispatch<kDecAff4>(p, p.M, tiles, ks, nk, sms, st, xt); break;
+      default: r = dispatch<kDecAff8>(p, p.M, tiles, ks, nk, sms, st, xt); break;
     }
     if (r == kRefused)
       return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's kernel cannot run on this GPU (compute "
