@@ -549,8 +549,8 @@ QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w,
  * float32, float16 or bfloat16, compact. params: the weight's mode (and
  * fp8_format, or affine bits and group_size), as given to qqToDecodeLayout: the
  * layout carries no format tag. fp32 accumulation. On the GPU:
- * compute capability 9.0+, bfloat16 x of at most 64 rows, rows 16-byte
- * aligned (NOT_SUPPORTED otherwise: use the packed weight with
+ * compute capability 9.0+, bfloat16 x of at most 64 rows or float16 x of at
+ * most 32 (qqDecodeMatmul only), rows 16-byte aligned (NOT_SUPPORTED otherwise: use the packed weight with
  * qqQuantizedMatmul); no host synchronization, capturable (17..64 rows use
  * stream-ordered scratch for x); the same bits on every run and for every M. qqGetLastRoute: QQ_ROUTE_DECODE (GPU) or QQ_ROUTE_CPU. */
 QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x,
