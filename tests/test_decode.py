@@ -887,3 +887,21 @@ def test_gpu_conversion_refuses_more_than_65535_experts():
     qa = qq.QuantizedArray(data, scales, mode="nvfp4", shape=(e, n, k))
     with pytest.raises(qq.NotSupportedError, match="65536 experts; the GPU conversion takes at most 65535"):
         qq.prepare_decode(qa)
+
+
+@gpu
+@pytest.mark.parametrize("xdt", [F32, F16], ids=["f32", "f16"])
+@pytest.mark.parametrize("cfg", ["nvfp4", "a4g64"])
+def test_gpu_gather_other_x_dtypes(cfg, xdt):
+    """gather_qmm on decode-layout experts with float32 / float16 x: libqq answers
+    NOT_SUPPORTED and the packed experts compute it, into the result already made: the same
+    bits as gather_qmm on the packed experts."""
+    torch = torch_mod()
+    qa, dw = gather_case(cfg, "cuda", 8, 100, 512)
+    rng = case_rng("gxd", cfg, str(xdt))
+    x = make_x(rng, (2, 1, 3, 512), xdt, "cuda")
+    idx = torch.tensor([[1, 5], [7, 0]], dtype=torch.int32, device="cuda")
+    got = qq.gather_qmm(x, dw, rhs_indices=idx, dtype="float32")
+    assert qq.last_route() != "decode"
+    want = qq.gather_qmm(x, qa, rhs_indices=idx, dtype="float32")
+    np.testing.assert_array_equal(to_numpy(got), to_numpy(want))
