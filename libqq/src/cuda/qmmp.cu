@@ -180,11 +180,32 @@ __device__ __noinline__ float affine_exact(const uint8_t* w, const __nv_bfloat16
   return acc;
 }
 
+// The shared memory of a configuration (the ring, its barriers, the two partial-sum arrays).
+template <int FM, int MT, int S, int KC>
+constexpr size_t smem_bytes() {
+  using G = Geo<FM>;
+  const size_t xsum = dec_affine(FM) ? (size_t)S * G::FBS * KC * MT * 8 * 4 : 0;
+  return (size_t)S * (KC * G::STAGE + MT * 8 * (KC * 512 + G::XPAD)) + 3 * S * 8 + 2 * (4 * MT * 4 * 32) * 4 + xsum;
+}
+
+// Whether this architecture's code of a configuration is built: compute capability 12.x
+// gives a block at most 99 KB of shared memory, so the larger configurations (most of them)
+// compile there as an empty body that launch() never reaches (it refuses them first); this
+// keeps nvcc's time for sm_120a down.
+template <int FM, int MT, int S, int KC>
+__device__ constexpr bool built_here() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200 && __CUDA_ARCH__ < 1300
+  return smem_bytes<FM, MT, S, KC>() <= 99 * 1024;
+#else
+  return true;
+#endif
+}
+
 // MT n8 tiles of x rows (M <= 8 MT), S stages of KC chunks (256 k each); FM: the
 // layout's format (DecFmt); RS: consumer warps per (row block, parity), each with MT / RS
 // of the row tiles (a row's sums run in the same order for every RS).
-template <int FM, int MT, int S, int KC, int kMinBlocks, int RS>
-__global__ void __launch_bounds__(threads_of(FM, RS), kMinBlocks) qmmp_kernel(const QP p) {
+template <int FM, int MT, int S, int KC, int RS>
+__device__ __forceinline__ void qmmp_body(const QP p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using G = Geo<FM>;
   constexpr bool F8 = dec_bits8(FM), AFF = dec_affine(FM);
@@ -480,6 +501,14 @@ __global__ void __launch_bounds__(threads_of(FM, RS), kMinBlocks) qmmp_kernel(co
 #endif
 }
 
+template <int FM, int MT, int S, int KC, int kMinBlocks, int RS>
+__global__ void __launch_bounds__(threads_of(FM, RS), kMinBlocks) qmmp_kernel(const QP p) {
+  if constexpr (built_here<FM, MT, S, KC>())
+    qmmp_body<FM, MT, S, KC, RS>(p);
+  else
+    __trap();
+}
+
 // Bytes per stage that x_stage_kernel writes: M rows of x in shared memory's row pitch,
 // then (affine) the stage's sums of x [NF][R] (R = MT * 8 rows, zeros past M).
 template <int FM, int KC>
@@ -547,14 +576,6 @@ __global__ void x_stage_kernel(const __nv_bfloat16* x, int64_t xld, int Mx, int 
 __global__ void to_decode_kernel(const DecodeLayoutArgs a, int64_t slots, int* bad) {
   const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (t < slots && !decode_convert_slot(a, blockIdx.y, t >> 5, (int)(t & 31))) atomicOr(bad, 1);
-}
-
-// The shared memory of a configuration (the ring, its barriers, the two partial-sum arrays).
-template <int FM, int MT, int S, int KC>
-constexpr size_t smem_bytes() {
-  using G = Geo<FM>;
-  const size_t xsum = dec_affine(FM) ? (size_t)S * G::FBS * KC * MT * 8 * 4 : 0;
-  return (size_t)S * (KC * G::STAGE + MT * 8 * (KC * 512 + G::XPAD)) + 3 * S * 8 + 2 * (4 * MT * 4 * 32) * 4 + xsum;
 }
 
 // Launches one configuration; kRefused (no message) when it cannot run on this device:
