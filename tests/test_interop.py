@@ -169,6 +169,49 @@ def test_torch_cuda_stream(rng):
         assert_quantized_equal(got, ref, x)
 
 
+def _no_torch_dlpack(monkeypatch, torch):
+    def refuse(self, *a, **k):
+        raise AssertionError("torch's __dlpack__ was called")
+    monkeypatch.setattr(torch.Tensor, "__dlpack__", refuse)
+
+
+def test_torch_cpu_explicit_stream_reads_tensors_directly(rng, monkeypatch):
+    """CPU tensors ignore stream=, so an explicit one takes the direct read too (not
+    torch's __dlpack__, several microseconds a tensor): refused here, the call still works."""
+    torch = pytest.importorskip("torch")
+    x = random_data(rng, (4, 64), F32, 16, varied=False)
+    _no_torch_dlpack(monkeypatch, torch)
+    got = qq.quantize(torch.from_numpy(x), mode="mxfp8", torch_dtypes=False, stream=0)
+    assert_quantized_equal(got, R.quantize(x, mode="mxfp8"), x)
+
+
+@pytest.mark.gpu
+def test_torch_cuda_explicit_current_stream(rng, monkeypatch):
+    """stream= naming torch's current stream (a side stream here) reads the tensors as
+    stream=None does, without torch's __dlpack__ (~10 us a tensor on CUDA); another stream
+    still goes through __dlpack__, which orders it after torch's current stream."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    x = random_data(rng, (256, 512), F32, 16)
+    ref = R.quantize(x, mode="nvfp4")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        xt = torch.from_numpy(x).cuda() * 1     # produced on s
+        with monkeypatch.context() as m:
+            _no_torch_dlpack(m, torch)
+            got = [qq.quantize(xt, mode="nvfp4", stream=s.cuda_stream),
+                   qq.quantize(xt, mode="nvfp4", stream=s)]
+        with pytest.raises(AssertionError, match="__dlpack__"):
+            with monkeypatch.context() as m:
+                _no_torch_dlpack(m, torch)
+                qq.quantize(xt, mode="nvfp4", stream=torch.cuda.default_stream().cuda_stream)
+    s.synchronize()
+    for q in got:
+        assert_quantized_equal(q, ref, x)
+
+
 # ---------------------------------------------------------------------------
 # JAX and CuPy
 # ---------------------------------------------------------------------------

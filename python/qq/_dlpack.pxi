@@ -16,6 +16,10 @@ cdef enum:
     _INLINE_NDIM = 8   # libqq's limit (kMaxDims): shapes and strides up to this fit in the view
 
 
+# Views live for one call and never join a reference cycle: a free list instead of malloc,
+# and no GC tracking (both measurable at a few hundred nanoseconds a call).
+@cython.freelist(16)
+@cython.no_gc
 cdef class _View:
     """A DLTensor over an argument's memory, valid until _release_view.
 

@@ -52,6 +52,8 @@ cdef extern from "Python.h":
         PyMemberDef* d_member
     object PyType_GenericAlloc(type t, Py_ssize_t nitems)
 
+cimport cython
+
 import numbers
 import operator
 import sys

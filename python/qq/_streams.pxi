@@ -13,6 +13,8 @@ cdef intptr_t _stream_arg(str func, stream) except? -1:
     """An explicit `stream=`: an int (a cudaStream_t value) or an object with
     __cuda_stream__ (CUDA stream protocol: a (version, handle) tuple, version 0).
     Anything else is refused rather than guessed at."""
+    if type(stream) is int and stream >= 0:     # the common case, before the ABC checks
+        return stream
     if isinstance(stream, bool):
         raise TypeError(f"{func}: stream: expected None, an int (a cudaStream_t value) or an "
                         f"object with __cuda_stream__, got bool {stream!r}")
