@@ -669,7 +669,7 @@ qqStatus_t dispatch(const QP& p, int64_t M, int tiles, int ks, int nk, int sms, 
     // 26.2 -> 37.2), so one, 4 stages deep, unless its shared memory is over the device's
     // limit (99 KB on compute capability 12.x: only the two-per-SM one fits; 33..64 rows
     // fit nowhere there and take the packed weight).
-    r = (int64_t)tiles * ks > sms ? launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2>(p, tiles, ks, st, xt) : kRefused;
+    r = (int64_t)tiles * ks * p.B > sms ? launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 4, 4, 1, 1>(p, tiles, ks, st, xt);
     if (r == kRefused) r = launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2>(p, tiles, ks, st, xt);
     return r;
@@ -766,12 +766,15 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     const int tiles = (int)(roundup(a.N, kDecTileRows) / kDecTileRows);
     const int sms = sm_count(a.x.device), target = sms * 3 / 2;
     const cudaStream_t st = (cudaStream_t)stream;
-    // A cluster of 2 where the row tiles alone leave SMs idle: larger clusters were
-    // slower at every decode shape (a rank waits for its cluster before it exits).
-    // The split point is in 256-k chunks and does not depend on M, so a row's sums
-    // run in the same order for every M.
+    // A cluster of 2 where the CTAs without a split (row tiles x batch entries) leave
+    // SMs idle: larger clusters were slower at every decode shape (a rank waits for its
+    // cluster before it exits). Counting the entries matters for gather_qmm: one
+    // DeepSeek-like token (8 entries of 2048 x 7168) is 256 CTAs, a wave at two per SM;
+    // split, 512 CTAs at three per SM were 1.3 waves. The split point is in 256-k chunks
+    // and does not depend on M, so a row's sums run in the same order for every M (they
+    // may differ with N, K and the number of entries).
     const int nk = (int)(a.K / kDecChunkK);
-    const int ks = tiles < target && nk >= 2 ? 2 : 1;
+    const int ks = (int64_t)tiles * a.B < target && nk >= 2 ? 2 : 1;
     // x staged in scratch first (x_stage_kernel) for 17..64 rows of a dense call, and for
     // 9..16 where the tiles fill the GPU without a K split: one bulk copy of x per stage
     // instead of one per row, and affine's sums of x made there (16384^2 M = 16: nvfp4

@@ -1,0 +1,75 @@
+"""A/B helper for the decode layout's gather_qmm (MoE decode) and a few dense decode shapes:
+prints us per call and the fraction of copy bandwidth, counted as bench_qmm counts it (the
+touched experts once, x and y), with bench/harness.py's Timer (L2 flushed, median). Run it
+once per build and compare the two outputs line by line.
+
+    python bench/tune/gather_ab.py [--modes nvfp4,mxfp8,affine4]      (H100: ~1 minute)
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from harness import Timer, copy_bandwidth  # noqa: E402
+
+import qq  # noqa: E402
+
+KW = {"nvfp4": {"mode": "nvfp4"}, "mxfp4": {"mode": "mxfp4"}, "mxfp8": {"mode": "mxfp8"},
+      "affine4": {"mode": "affine", "bits": 4}}
+CASES = [("deepseek-up", 256, 8, 2048, 7168, "up", (1, 4, 16)),
+         ("deepseek-down", 256, 8, 7168, 2048, "down", (1, 4)),
+         ("mixtral-up", 8, 2, 14336, 4096, "up", (1, 4))]
+DENSE = [(4096, 4096), (28672, 4096), (2048, 7168)]
+
+
+def nbytes(t):
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--modes", default="nvfp4,mxfp8,affine4")
+    args = ap.parse_args()
+    timer = Timer(warmup=5, iters=30)
+    copy = copy_bandwidth(timer)
+    print(f"copy {copy:.0f} GB/s", flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for mode in args.modes.split(","):
+        kw = KW[mode]
+        for n, k in DENSE:
+            qa = qq.quantize(torch.randn((n, k), dtype=torch.bfloat16, device="cuda", generator=gen), **kw)
+            dw = qq.prepare_decode(qa)
+            x = torch.randn((1, k), dtype=torch.bfloat16, device="cuda", generator=gen)
+            moved = nbytes(qa.data) + nbytes(qa.scales) + nbytes(qa.biases) + nbytes(x) + 2 * n
+            us = timer(lambda: qq.quantized_matmul(x, dw), moved)
+            print(f"{mode:8s} dense {n}x{k} M=1 {us:8.2f} us {moved / us / 1e3 / copy:6.3f} "
+                  f"[{qq.last_route()}]", flush=True)
+            del qa, dw
+        for name, e, top, n, k, form, ts in CASES:
+            parts = [qq.quantize(torch.randn((1, n, k), dtype=torch.bfloat16, device="cuda", generator=gen),
+                                 torch_dtypes=False, **kw) for _ in range(e)]
+            data = torch.cat([p.data for p in parts])
+            scales = torch.cat([p.scales for p in parts])
+            biases = torch.cat([p.biases for p in parts]) if parts[0].biases is not None else None
+            qa = qq.QuantizedArray(data, scales, biases, shape=(e, n, k), group_size=parts[0].group_size,
+                                   bits=parts[0].bits, mode=parts[0].mode)
+            per_expert = (nbytes(data) + nbytes(scales) + nbytes(biases)) // e
+            dw = qq.prepare_decode(qa)
+            del parts
+            for t in ts:
+                idx = torch.rand((t, e), device="cuda", generator=gen).topk(top, dim=1).indices.to(torch.int32)
+                x = torch.randn((t, 1, 1, k) if form == "up" else (t, top, 1, k), dtype=torch.bfloat16,
+                                device="cuda", generator=gen)
+                touched = int(torch.unique(idx).numel())
+                moved = touched * per_expert + nbytes(x) + t * top * n * 2
+                us = timer(lambda: qq.gather_qmm(x, dw, rhs_indices=idx), moved)
+                print(f"{mode:8s} {name:13s} t={t:<3d} {us:8.2f} us {moved / us / 1e3 / copy:6.3f} "
+                      f"[{qq.last_route()}]", flush=True)
+            del data, scales, biases, qa, dw
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
