@@ -209,7 +209,7 @@ cdef class _Call:
             torch = sys.modules["torch"]
             # a fill kernel with v as its argument: no host-to-device copy, so this also
             # works inside a CUDA graph capture
-            return torch.full((), v, dtype=torch.float32, device=torch.device("cuda", self.dev_id))
+            return torch.full(size=(), fill_value=v, dtype=torch.float32, device=_torch_device(self.dev_id))
         if self.fw == "cupy":
             cupy = sys.modules["cupy"]
             with cupy.cuda.Device(self.dev_id):
@@ -473,6 +473,14 @@ cdef dict _TORCH_DTYPES = {}
 cdef dict _TORCH_DEVICES = {}
 
 
+cdef object _torch_device(int dev_id):
+    """torch.device("cuda", dev_id), made once per device id."""
+    dev = _TORCH_DEVICES.get(dev_id)
+    if dev is None:
+        dev = _TORCH_DEVICES[dev_id] = sys.modules["torch"].device("cuda", dev_id)
+    return dev
+
+
 cdef object _torch_empty(tuple shape, str dtype, int dev_id):
     """torch.empty on the CPU (dev_id < 0) or cuda:dev_id, with dtype and device objects
     cached (each lookup of torch.<name> or torch.device(...) is a Python call)."""
@@ -485,9 +493,7 @@ cdef object _torch_empty(tuple shape, str dtype, int dev_id):
     # torch parses as fast (a positional () takes the slow tuple path).
     if dev_id < 0:
         return torch.empty(*shape, dtype=dt) if shape else torch.empty(size=(), dtype=dt)
-    dev = _TORCH_DEVICES.get(dev_id)
-    if dev is None:
-        dev = _TORCH_DEVICES[dev_id] = torch.device("cuda", dev_id)
+    dev = _torch_device(dev_id)
     return (torch.empty(*shape, dtype=dt, device=dev) if shape
             else torch.empty(size=(), dtype=dt, device=dev))
 

