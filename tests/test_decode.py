@@ -573,6 +573,25 @@ def test_gpu_matches_many_tiles(cfg, m):
     check(make_x(rng, (m, 1280), BF16, "cuda"), dw, route="decode" if decode_expected(BF16, m) else None)
 
 
+@gpu
+@pytest.mark.parametrize("cfg", CFGS)
+def test_gpu_past_two_waves(cfg):
+    """N = 64 (2 SMs + 3): more row tiles than two CTAs per SM hold, where fp4 at M <= 16
+    runs four CTAs per SM (3 / 2 stages): right against the reference at 1..16 rows, and
+    each row the same bits as in the 64-row call (its 16-warp configuration). K = 1280:
+    the rings wrap."""
+    torch = torch_mod()
+    n, k = 64 * (2 * torch.cuda.get_device_properties(0).multi_processor_count + 3), 1280
+    dw = gpu_weight(cfg, n, k)
+    rng = case_rng("waves", cfg)
+    x = make_x(rng, (64, k), BF16, "cuda")
+    full = to_numpy(qq.quantized_matmul(x, dw, dtype="float32"))
+    for m in (1, 5, 8, 9, 16):
+        check(x[:m].contiguous(), dw, route="decode" if decode_expected(BF16, m) else None)
+        part = to_numpy(qq.quantized_matmul(x[:m].contiguous(), dw, dtype="float32"))
+        np.testing.assert_array_equal(part.view(np.uint32), full[:m].view(np.uint32))
+
+
 def check_f16_out(got, want, mag, rel):
     """A float16 result: within the bound where |want| is well inside float16's range, +-Inf
     where it rounds past 65504 (the weights here reach 10^5 per group)."""
@@ -836,6 +855,31 @@ def test_gather_matches(cfg, t, top, m, device):
     msg = mismatch(got, want, mag, rel)
     assert msg is None, f"[{route}] {msg}"
     packed = qq.gather_qmm(x, qa, rhs_indices=idx, bias=bias, dtype="float32")
+    assert mismatch(got, to_numpy(packed).astype(F64), mag, rel=2 * rel) is None
+
+
+@gpu
+@pytest.mark.parametrize("cfg", ["nvfp4-gs", "mxfp4", "mxfp8", "a4g64"])
+def test_gpu_gather_past_two_waves(cfg):
+    """32 entries of 4 tokens (top-8 of 64 experts) whose row tiles are more CTAs than two
+    per SM hold: fp4 runs four per SM there. Against the float64 reference and the packed
+    experts (not bit for bit against lone calls of each expert: an entry's K split may
+    differ from a lone call's, docs/formats.md)."""
+    torch = torch_mod()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    e, t, top, k = 64, 4, 8, 512
+    n = 64 * (-(-(2 * sms + 1) // (t * top)))      # row tiles x 32 entries > 2 SMs
+    qa, dw = gather_case(cfg, "cuda", e, n, k)
+    rng = case_rng("gwave", cfg)
+    x = make_x(rng, (t, 1, 1, k), BF16, "cuda")
+    idx = torch.from_numpy(np.stack([rng.permutation(e)[:top] for _ in range(t)]).astype(np.int32)).cuda()
+    got = qq.gather_qmm(x, dw, rhs_indices=idx, dtype="float32")
+    assert qq.last_route() == "decode"
+    want, mag = gather_reference(x, qa, idx)
+    rel = rel_of(mode_of(cfg))
+    msg = mismatch(got, want, mag, rel)
+    assert msg is None, msg
+    packed = qq.gather_qmm(x, qa, rhs_indices=idx, dtype="float32")
     assert mismatch(got, to_numpy(packed).astype(F64), mag, rel=2 * rel) is None
 
 
