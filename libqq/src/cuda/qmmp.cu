@@ -680,21 +680,19 @@ qqStatus_t dispatch(const QP& p, int64_t M, int tiles, int ks, int nk, int sms, 
     if (r == kRefused) r = launch<FM, 1, 3, 1, 3>(p, tiles, ks, st, xt);
   } else if (M > 8) {
     const bool kc2 = nk % 2 == 0 && (ks == 1 || nk % 4 == 0);
-    r = kRefused;
     // four CTAs per SM past a wave of two, as at M <= 8 below (2 stages: 16 rows of x make
     // a stage 17 KB, and three would not fit four CTAs in 228 KB)
-    if constexpr (FM == kDecFp4)
-      if (ks == 1 && (int64_t)tiles * p.B > 2 * sms) r = launch<FM, 2, 2, 1, 4>(p, tiles, ks, st, xt);
+    r = ks == 1 && (int64_t)tiles * p.B > 2 * sms ? launch<FM, 2, 2, 1, 4>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = kc2 ? launch<FM, 2, 3, 2, 2>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 2, 4, 1, 2>(p, tiles, ks, st, xt);
   } else {
-    // fp4 past one wave of two CTAs per SM (28672 x 4096: 448 tiles on 264 slots): four per
-    // SM (3 stages of 13 KB, 56 registers), so that every tile is resident at once and no
-    // SM is left with one CTA's decode throughput in a second wave.
-    // (Affine 4-bit's tenth warp would not fit four CTAs' registers.)
-    r = kRefused;
-    if constexpr (FM == kDecFp4)
-      if (ks == 1 && (int64_t)tiles * p.B > 2 * sms) r = launch<FM, 1, 3, 1, 4>(p, tiles, ks, st, xt);
+    // 4-bit codes past one wave of two CTAs per SM (28672 x 4096: 448 tiles on 264 slots):
+    // four per SM (3 stages of 13 KB), so that every tile is resident at once and no SM is
+    // left with one CTA's decode throughput in a second wave. fp4 fits 56 registers; affine
+    // (a tenth warp) gets 48 and spills 16 bytes, and still gains as much (H100 A/B, CUDA
+    // graphs, 28672 x 4096 M = 1: nvfp4 32.8 -> 27.8 us, affine 4-bit 35.3 -> 28.4;
+    // qmm-decode-h100-notes.md, session l).
+    r = ks == 1 && (int64_t)tiles * p.B > 2 * sms ? launch<FM, 1, 3, 1, 4>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = ks == 1 ? launch<FM, 1, 8, 1, 2>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 1, 4, 1, 3>(p, tiles, ks, st, xt);
   }
