@@ -25,8 +25,6 @@ from __future__ import annotations
 import functools
 import sys
 
-from numpy import ndarray as _ndarray
-
 from . import _qq
 
 _modules = sys.modules
@@ -81,18 +79,14 @@ def _dispatching(name, eager=None):
     eager = eager or getattr(_qq, name)
 
     def f(*args, **kwargs):
-        # A NumPy first argument is never a torch.compile graph input: the check below
-        # (two Python calls into torch) is skipped. Inside a compiled region Dynamo then
-        # calls the eager function (a graph break) and the result stays NumPy, as in eager.
-        if not (args and type(args[0]) is _ndarray):
-            c = _is_compiling
-            if c is not None:
-                if c():
-                    return getattr(_torch_ops(), name)(*args, **kwargs)
-            elif "torch" in _modules:       # torch imported after qq
-                if _compiling():
-                    return getattr(_torch_ops(), name)(*args, **kwargs)
-                _torch_ops()                # eager: register the ops now, which sets _is_compiling
+        c = _is_compiling
+        if c is not None:
+            if c():
+                return getattr(_torch_ops(), name)(*args, **kwargs)
+        elif "torch" in _modules:       # torch imported after qq
+            if _compiling():
+                return getattr(_torch_ops(), name)(*args, **kwargs)
+            _torch_ops()                # eager: register the ops now, which sets _is_compiling
         try:
             return eager(*args, **kwargs)
         except Exception:
