@@ -859,19 +859,21 @@ def test_gather_matches(cfg, t, top, m, device):
 
 
 @gpu
+@pytest.mark.parametrize("m,k", [(1, 512), (1, 1280), (16, 1280)], ids=str)
 @pytest.mark.parametrize("cfg", ["nvfp4-gs", "mxfp4", "mxfp8", "a4g64"])
-def test_gpu_gather_past_two_waves(cfg):
+def test_gpu_gather_past_two_waves(cfg, m, k):
     """32 entries of 4 tokens (top-8 of 64 experts) whose row tiles are more CTAs than two
-    per SM hold: fp4 runs four per SM there. Against the float64 reference and the packed
-    experts (not bit for bit against lone calls of each expert: an entry's K split may
-    differ from a lone call's, docs/formats.md)."""
+    per SM hold: 4-bit codes run four per SM there at one row per entry. K = 1280 wraps the
+    rings; 16 rows per entry take the two-per-SM configurations. Against the float64
+    reference and the packed experts (not bit for bit against lone calls of each expert: an
+    entry's K split may differ from a lone call's, docs/formats.md)."""
     torch = torch_mod()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    e, t, top, k = 64, 4, 8, 512
+    e, t, top = 64, 4, 8
     n = 64 * (-(-(2 * sms + 1) // (t * top)))      # row tiles x 32 entries > 2 SMs
     qa, dw = gather_case(cfg, "cuda", e, n, k)
-    rng = case_rng("gwave", cfg)
-    x = make_x(rng, (t, 1, 1, k), BF16, "cuda")
+    rng = case_rng("gwave", cfg, m, k)
+    x = make_x(rng, (t, 1, m, k), BF16, "cuda")
     idx = torch.from_numpy(np.stack([rng.permutation(e)[:top] for _ in range(t)]).astype(np.int32)).cuda()
     got = qq.gather_qmm(x, dw, rhs_indices=idx, dtype="float32")
     assert qq.last_route() == "decode"

@@ -681,8 +681,10 @@ qqStatus_t dispatch(const QP& p, int64_t M, int tiles, int ks, int nk, int sms, 
   } else if (M > 8) {
     const bool kc2 = nk % 2 == 0 && (ks == 1 || nk % 4 == 0);
     // four CTAs per SM past a wave of two, as at M <= 8 below (2 stages: 16 rows of x make
-    // a stage 17 KB, and three would not fit four CTAs in 228 KB)
-    r = ks == 1 && (int64_t)tiles * p.B > 2 * sms ? launch<FM, 2, 2, 1, 4>(p, tiles, ks, st, xt) : kRefused;
+    // a stage 17 KB, and three would not fit four CTAs in 228 KB); staged x only (dense
+    // calls): gather_qmm's 9..16-row entries keep the configurations below, which is what
+    // has run on a GPU
+    r = ks == 1 && xt && (int64_t)tiles * p.B > 2 * sms ? launch<FM, 2, 2, 1, 4>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = kc2 ? launch<FM, 2, 3, 2, 2>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 2, 4, 1, 2>(p, tiles, ks, st, xt);
   } else {
