@@ -650,7 +650,9 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
 // deep for 2 CTAs, not mxfp8's 5. A configuration the device cannot run (shared memory)
 // falls to the shallower.
 template <int FM>
-qqStatus_t dispatch(const QP& p, int64_t M, int tiles, int ks, int nk, int sms, cudaStream_t st, Scratch* xt) {
+qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, cudaStream_t st, Scratch* xt) {
+  const int M = p.M;  // the kernel's rows
+  const int64_t ctas = (int64_t)tiles * p.B;  // before the K split
   qqStatus_t r;
   if (M > 16) {
     // 17..64 rows: 32- or 64-row tiles of x, one CTA per SM (x's rows fill the shared
@@ -669,7 +671,7 @@ qqStatus_t dispatch(const QP& p, int64_t M, int tiles, int ks, int nk, int sms, 
     // 26.2 -> 37.2), so one, 4 stages deep, unless its shared memory is over the device's
     // limit (99 KB on compute capability 12.x: only the two-per-SM one fits; 33..64 rows
     // fit nowhere there and take the packed weight).
-    r = (int64_t)tiles * ks * p.B > sms ? launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2>(p, tiles, ks, st, xt) : kRefused;
+    r = ctas * ks > sms ? launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 4, 4, 1, 1>(p, tiles, ks, st, xt);
     if (r == kRefused) r = launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2>(p, tiles, ks, st, xt);
     return r;
@@ -684,7 +686,7 @@ qqStatus_t dispatch(const QP& p, int64_t M, int tiles, int ks, int nk, int sms, 
     // a stage 17 KB, and three would not fit four CTAs in 228 KB); staged x only (dense
     // calls): gather_qmm's 9..16-row entries keep the configurations below, which is what
     // has run on a GPU
-    r = ks == 1 && xt && (int64_t)tiles * p.B > 2 * sms ? launch<FM, 2, 2, 1, 4>(p, tiles, ks, st, xt) : kRefused;
+    r = ks == 1 && xt && ctas > 2 * sms ? launch<FM, 2, 2, 1, 4>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = kc2 ? launch<FM, 2, 3, 2, 2>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 2, 4, 1, 2>(p, tiles, ks, st, xt);
   } else {
@@ -694,7 +696,7 @@ qqStatus_t dispatch(const QP& p, int64_t M, int tiles, int ks, int nk, int sms, 
     // (a tenth warp) gets 48 and spills 16 bytes, and still gains as much (H100 A/B, CUDA
     // graphs, 28672 x 4096 M = 1: nvfp4 32.8 -> 27.8 us, affine 4-bit 35.3 -> 28.4;
     // qmm-decode-h100-notes.md, session l).
-    r = ks == 1 && (int64_t)tiles * p.B > 2 * sms ? launch<FM, 1, 3, 1, 4>(p, tiles, ks, st, xt) : kRefused;
+    r = ks == 1 && ctas > 2 * sms ? launch<FM, 1, 3, 1, 4>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = ks == 1 ? launch<FM, 1, 8, 1, 2>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 1, 4, 1, 3>(p, tiles, ks, st, xt);
   }
@@ -800,10 +802,10 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     Scratch* xt = stage ? &scratch : nullptr;
     qqStatus_t r;
     switch (fmt) {
-      case kDecFp4: r = dispatch<kDecFp4>(p, p.M, tiles, ks, nk, sms, st, xt); break;
-      case kDecFp8: r = dispatch<kDecFp8>(p, p.M, tiles, ks, nk, sms, st, xt); break;
-      case kDecAff4: r = dispatch<kDecAff4>(p, p.M, tiles, ks, nk, sms, st, xt); break;
-      default: r = dispatch<kDecAff8>(p, p.M, tiles, ks, nk, sms, st, xt); break;
+      case kDecFp4: r = dispatch<kDecFp4>(p, tiles, ks, nk, sms, st, xt); break;
+      case kDecFp8: r = dispatch<kDecFp8>(p, tiles, ks, nk, sms, st, xt); break;
+      case kDecAff4: r = dispatch<kDecAff4>(p, tiles, ks, nk, sms, st, xt); break;
+      default: r = dispatch<kDecAff8>(p, tiles, ks, nk, sms, st, xt); break;
     }
     if (r == kRefused)
       return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's kernel cannot run on this GPU (compute "
