@@ -169,6 +169,17 @@ def decode_expected(x_dtype, m):
     return m <= rows and qq.device_capability(0) >= (9, 0)
 
 
+def assert_rows_same_bits(x, dw, ms, route=None):
+    """Rows 0..m-1 of quantized_matmul(x[:m], dw) have the bits of the same rows of the call
+    on all of x, for each m in ms (fp32 out); `route`: the full call's expected route."""
+    full = to_numpy(qq.quantized_matmul(x, dw, dtype="float32"))
+    if route is not None:
+        assert qq.last_route() == route
+    for m in ms:
+        part = to_numpy(qq.quantized_matmul(x[:m].contiguous(), dw, dtype="float32"))
+        np.testing.assert_array_equal(part.view(np.uint32), full[:m].view(np.uint32))
+
+
 # ---------------------------------------------------------------------------
 # CPU
 # ---------------------------------------------------------------------------
@@ -585,11 +596,9 @@ def test_gpu_past_two_waves(cfg):
     dw = gpu_weight(cfg, n, k)
     rng = case_rng("waves", cfg)
     x = make_x(rng, (64, k), BF16, "cuda")
-    full = to_numpy(qq.quantized_matmul(x, dw, dtype="float32"))
     for m in (1, 5, 8, 9, 16):
         check(x[:m].contiguous(), dw, route="decode" if decode_expected(BF16, m) else None)
-        part = to_numpy(qq.quantized_matmul(x[:m].contiguous(), dw, dtype="float32"))
-        np.testing.assert_array_equal(part.view(np.uint32), full[:m].view(np.uint32))
+    assert_rows_same_bits(x, dw, (1, 5, 8, 9, 16))
 
 
 def check_f16_out(got, want, mag, rel):
@@ -661,10 +670,7 @@ def test_gpu_f16_same_bits_for_every_m(cfg, n, k):
     x = make_x(case_rng("f16bits", cfg, k), (33, k), F16, "cuda")
     qq.quantized_matmul(x, dw, dtype="float32")
     assert qq.last_route() != "decode"
-    full = to_numpy(qq.quantized_matmul(x[:32].contiguous(), dw, dtype="float32"))
-    for m in (1, 5, 9, 16, 17):
-        part = to_numpy(qq.quantized_matmul(x[:m].contiguous(), dw, dtype="float32"))
-        np.testing.assert_array_equal(part.view(np.uint32), full[:m].view(np.uint32))
+    assert_rows_same_bits(x[:32].contiguous(), dw, (1, 5, 9, 16, 17))
 
 
 @gpu
@@ -800,11 +806,8 @@ def test_gpu_same_bits_for_every_m(cfg, n, k):
     torch = torch_mod()
     dw = gpu_weight(cfg, n, k)
     x = make_x(case_rng("bits", cfg, k), (64, k), BF16, "cuda")
-    full = to_numpy(qq.quantized_matmul(x, dw, dtype="float32"))
-    assert qq.last_route() == ("decode" if decode_expected(BF16, 64) else qq.last_route())
-    for m in (1, 5, 8, 9, 15, 16, 17, 32, 33, 63):
-        part = to_numpy(qq.quantized_matmul(x[:m].contiguous(), dw, dtype="float32"))
-        np.testing.assert_array_equal(part.view(np.uint32), full[:m].view(np.uint32))
+    assert_rows_same_bits(x, dw, (1, 5, 8, 9, 15, 16, 17, 32, 33, 63),
+                          route="decode" if decode_expected(BF16, 64) else None)
     del torch
 
 
@@ -830,6 +833,20 @@ def gather_reference(x, qa, idx, bias=None):
     return want, mag
 
 
+def check_gather(cfg, x, qa, dw, idx, bias=None):
+    """gather_qmm on the decode-layout experts dw equals the float64 reference and, within
+    twice the bound, gather_qmm on the packed experts qa. Returns the decode call's route."""
+    got = qq.gather_qmm(x, dw, rhs_indices=idx, bias=bias, dtype="float32")
+    route = qq.last_route()
+    want, mag = gather_reference(x, qa, idx, bias)
+    rel = rel_of(mode_of(cfg))
+    msg = mismatch(got, want, mag, rel)
+    assert msg is None, f"[{route}] {msg}"
+    packed = qq.gather_qmm(x, qa, rhs_indices=idx, bias=bias, dtype="float32")
+    assert mismatch(got, to_numpy(packed).astype(F64), mag, rel=2 * rel) is None
+    return route
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("t,top,m", [(1, 2, 1), (2, 2, 3), (1, 4, 16), (3, 4, 2)])
 @pytest.mark.parametrize("cfg", ["nvfp4-gs", "mxfp4", "mxfp8", "a4g64", "a8g32"])
@@ -846,16 +863,9 @@ def test_gather_matches(cfg, t, top, m, device):
     x = make_x(rng, (t, 1, m, k), BF16, fw)
     idx = torch.from_numpy(np.stack([rng.permutation(e)[:top] for _ in range(t)]).astype(np.int32)).to(device)
     bias = to_fw(rng.standard_normal(n).astype(F32), fw)
-    got = qq.gather_qmm(x, dw, rhs_indices=idx, bias=bias, dtype="float32")
-    route = qq.last_route()
+    route = check_gather(cfg, x, qa, dw, idx, bias)
     if device == "cuda" and 2 * t * top <= e and decode_expected(BF16, m):
         assert route == "decode"
-    want, mag = gather_reference(x, qa, idx, bias)
-    rel = rel_of(mode_of(cfg))
-    msg = mismatch(got, want, mag, rel)
-    assert msg is None, f"[{route}] {msg}"
-    packed = qq.gather_qmm(x, qa, rhs_indices=idx, bias=bias, dtype="float32")
-    assert mismatch(got, to_numpy(packed).astype(F64), mag, rel=2 * rel) is None
 
 
 @gpu
@@ -875,14 +885,7 @@ def test_gpu_gather_past_two_waves(cfg, m, k):
     rng = case_rng("gwave", cfg, m, k)
     x = make_x(rng, (t, 1, m, k), BF16, "cuda")
     idx = torch.from_numpy(np.stack([rng.permutation(e)[:top] for _ in range(t)]).astype(np.int32)).cuda()
-    got = qq.gather_qmm(x, dw, rhs_indices=idx, dtype="float32")
-    assert qq.last_route() == "decode"
-    want, mag = gather_reference(x, qa, idx)
-    rel = rel_of(mode_of(cfg))
-    msg = mismatch(got, want, mag, rel)
-    assert msg is None, msg
-    packed = qq.gather_qmm(x, qa, rhs_indices=idx, dtype="float32")
-    assert mismatch(got, to_numpy(packed).astype(F64), mag, rel=2 * rel) is None
+    assert check_gather(cfg, x, qa, dw, idx) == "decode"
 
 
 def test_gather_bad_index_cpu():
