@@ -888,6 +888,57 @@ def test_gpu_gather_past_two_waves(cfg, m, k):
     assert check_gather(cfg, x, qa, dw, idx) == "decode"
 
 
+@gpu
+@pytest.mark.parametrize("t,top,m,skew", [(4, 2, 1, False), (16, 2, 1, False), (40, 2, 1, True),
+                                          (8, 2, 3, False), (64, 6, 1, False)], ids=str)
+@pytest.mark.parametrize("cfg", ["nvfp4-gs", "mxfp4", "mxfp8", "a4g64", "a8g32"])
+def test_gpu_gather_grouped(cfg, t, top, m, skew):
+    """Entries that share experts (E = 8: 4 .. 384 entries) are grouped by expert before the
+    decode kernel (the plan, then work items of up to 8 or 16 rows of one expert), each
+    touched expert's layout read once: the rows of an expert past one item (skew: every token
+    sends its first pick to expert 3, 40 rows there), entries of 3 rows split across items,
+    an index out of range (NaN rows, the others computed), against the float64 reference and
+    the packed experts; the same bits on a second call (the plan places an expert's entries
+    by atomics: a row's sums never depend on its place in a tile); captured in a CUDA graph,
+    a replay on new indices equals the eager call."""
+    torch = torch_mod()
+    e, n, k = 8, 192, 512
+    qa, dw = gather_case(cfg, "cuda", e, n, k)
+    rng = case_rng("ggrp", cfg, t, top, m, skew)
+    x = make_x(rng, (t, 1, m, k), BF16, "cuda")
+    picks = np.stack([rng.permutation(e)[:top] for _ in range(t)]).astype(np.int32)
+    if skew:
+        picks[:, 0] = 3
+        picks[:, 1] = np.where(picks[:, 1] == 3, 5, picks[:, 1])
+    idx = torch.from_numpy(picks).cuda()
+    bias = to_fw(rng.standard_normal(n).astype(F32), "cuda")
+    assert check_gather(cfg, x, qa, dw, idx, bias) == "decode"
+    first = to_numpy(qq.gather_qmm(x, dw, rhs_indices=idx, bias=bias, dtype="float32"))
+    again = to_numpy(qq.gather_qmm(x, dw, rhs_indices=idx, bias=bias, dtype="float32"))
+    np.testing.assert_array_equal(first, again)
+    # indices out of range: those entries' rows NaN, the others as before
+    bad = picks.copy()
+    bad[0, 0], bad[t - 1, top - 1] = -1, e
+    got = to_numpy(qq.gather_qmm(x, dw, rhs_indices=torch.from_numpy(bad).cuda(), bias=bias, dtype="float32"))
+    assert qq.last_route() == "decode"
+    assert np.isnan(got[0, 0]).all() and np.isnan(got[t - 1, top - 1]).all()
+    keep = np.ones((t, top), bool)
+    keep[0, 0] = keep[t - 1, top - 1] = False
+    np.testing.assert_array_equal(got[keep], first[keep])
+    # a CUDA graph replayed on new indices
+    out = torch.empty(first.shape, dtype=torch.float32, device="cuda")
+    qq.gather_qmm(x, dw, rhs_indices=idx, bias=bias, out=out, dtype="float32")  # warm-up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        qq.gather_qmm(x, dw, rhs_indices=idx, bias=bias, out=out, dtype="float32")
+    idx.copy_(torch.from_numpy(np.ascontiguousarray(picks[::-1])))
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = qq.gather_qmm(x, dw, rhs_indices=idx, bias=bias, dtype="float32")
+    np.testing.assert_array_equal(to_numpy(out), to_numpy(eager))
+
+
 def test_gather_bad_index_cpu():
     qa, dw = gather_case("nvfp4", "numpy", 8, 64, 256)
     x = np.ones((1, 1, 1, 256), F32)

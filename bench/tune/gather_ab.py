@@ -3,7 +3,10 @@ prints us per call and the fraction of copy bandwidth, counted as bench_qmm coun
 touched experts once, x and y), with bench/harness.py's Timer (L2 flushed, median). Run it
 once per build and compare the two outputs line by line.
 
-    python bench/tune/gather_ab.py [--modes nvfp4,mxfp8,affine4]      (H100: ~1 minute)
+    python bench/tune/gather_ab.py [--modes nvfp4,mxfp8,affine4] [--packed] [--always-decode]
+    (H100: ~1 minute; --packed adds the packed experts' time per case, --always-decode sends
+    every case to the decode layout, past the Python rule that keeps short-K 4-bit cases on
+    the packed experts)
 """
 import argparse
 import os
@@ -18,9 +21,9 @@ import qq  # noqa: E402
 
 KW = {"nvfp4": {"mode": "nvfp4"}, "mxfp4": {"mode": "mxfp4"}, "mxfp8": {"mode": "mxfp8"},
       "affine4": {"mode": "affine", "bits": 4}}
-CASES = [("deepseek-up", 256, 8, 2048, 7168, "up", (1, 4, 16)),
-         ("deepseek-down", 256, 8, 7168, 2048, "down", (1, 4)),
-         ("mixtral-up", 8, 2, 14336, 4096, "up", (1, 4))]
+CASES = [("deepseek-up", 256, 8, 2048, 7168, "up", (1, 4, 16, 64)),
+         ("deepseek-down", 256, 8, 7168, 2048, "down", (1, 4, 16, 64)),
+         ("mixtral-up", 8, 2, 14336, 4096, "up", (1, 4, 16, 64))]
 DENSE = [(4096, 4096), (28672, 4096), (2048, 7168)]
 
 
@@ -31,7 +34,11 @@ def nbytes(t):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--modes", default="nvfp4,mxfp8,affine4")
+    ap.add_argument("--packed", action="store_true")
+    ap.add_argument("--always-decode", action="store_true")
     args = ap.parse_args()
+    if args.always_decode:
+        qq._qq._TUNE_DECODE_GATHER_ALWAYS = True
     timer = Timer(warmup=5, iters=30)
     copy = copy_bandwidth(timer)
     print(f"copy {copy:.0f} GB/s", flush=True)
@@ -65,8 +72,14 @@ def main():
                 touched = int(torch.unique(idx).numel())
                 moved = touched * per_expert + nbytes(x) + t * top * n * 2
                 us = timer(lambda: qq.gather_qmm(x, dw, rhs_indices=idx), moved)
+                route = qq.last_route()
+                extra = ""
+                if args.packed:
+                    kwq = dict(group_size=qa.group_size, bits=qa.bits, mode=qa.mode)
+                    up = timer(lambda: qq.gather_qmm(x, data, scales, biases, rhs_indices=idx, **kwq), moved)
+                    extra = f"  packed {up:8.2f} us {moved / up / 1e3 / copy:6.3f} [{qq.last_route()}]"
                 print(f"{mode:8s} {name:13s} t={t:<3d} {us:8.2f} us {moved / us / 1e3 / copy:6.3f} "
-                      f"[{qq.last_route()}]", flush=True)
+                      f"[{route}] touched={touched}{extra}", flush=True)
             del data, scales, biases, qa, dw
             torch.cuda.empty_cache()
 

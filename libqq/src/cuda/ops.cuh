@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include "../internal.h"
+#include "common.cuh"  // Scratch
 
 namespace qq {
 namespace cuda {
@@ -39,6 +40,32 @@ constexpr int kPackedOverValuesMaxM = 16;
 // likely share experts are grouped by expert first, each expert's weights then read once
 // (qmma.cu, gather_grouped); c == nullptr keeps one work item per batch entry.
 qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream, qqContext* c = nullptr);
+
+// gather_qmm's entries grouped by expert (qmma.cu; used by qmma's and qmmp's gather
+// kernels): tables built on the device by one small kernel from the int32 indices, so that
+// a work item is a tile of up to MT rows of one expert (entry-major: row r of an expert is
+// row r % M of entry perm[seg_start[e] + r / M]) and each expert's weights are read once
+// however many entries name it. The order of an expert's entries in perm is free (atomics):
+// a row's sums never depend on the rows beside it in a tile.
+struct GPlan {
+  const int32_t* perm = nullptr;       // [B] batch entries, grouped by expert (expert E: index out of range)
+  const int32_t* seg_start = nullptr;  // [E + 2] where each expert's entries start in perm; [E + 1] = B
+  const int32_t* tile_seg = nullptr;   // [max_items] the expert of each work item
+  const int32_t* tile_row0 = nullptr;  // [max_items] its first row among that expert's rows
+  const int32_t* ntiles = nullptr;     // [1] work items in all (<= max_items)
+  int E = 0;
+};
+constexpr int kPlanMaxE = 4000;  // the plan's tables live in shared memory
+// The work items the plan can make at most: every row in full tiles, plus one partial tile
+// per expert touched (and the out-of-range bin).
+inline int64_t gather_plan_max_items(int64_t B, int64_t M, int64_t E, int MT) {
+  return B * M / MT + (E + 1 < B ? E + 1 : B);
+}
+// Launches the plan for B entries of M rows, indices `gidx` (batch Mat, int32) into E <=
+// kPlanMaxE experts, tiles of MT rows; its tables in `scratch` (valid on the stream until
+// scratch goes out of scope). Entries * M must stay below 2^31.
+qqStatus_t gather_plan(const Mat& gidx, int64_t B, int64_t M, int E, int MT, Scratch& scratch, cudaStream_t st,
+                       const char* op, GPlan* G);
 // Whether qmma takes call `a` (the same checks, no launch): qqmm asks before it
 // quantizes x for it.
 bool qmma_takes(const MatmulArgs& a);

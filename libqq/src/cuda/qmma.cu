@@ -437,18 +437,8 @@ __device__ __forceinline__ AffPart<NT> aff_exact_warp(const AffRows R, const QL 
   return out;
 }
 
-// gather_qmm with its batch entries grouped by expert (kSorted): gather_plan_kernel's
-// tables. A work item is then a tile of MT rows of one expert (entry-major, M rows per
-// entry, from consecutive entries of perm) instead of one batch entry, so that each
-// expert's weights are read once however many rows route to it.
-struct GPlan {
-  const int32_t* perm;       // [B] batch entries, grouped by expert (expert E: index out of range)
-  const int32_t* seg_start;  // [E + 2] where each expert's entries start in perm; [E + 1] = B
-  const int32_t* tile_seg;   // [tiles] the expert of each work item
-  const int32_t* tile_row0;  // [tiles] its first row among that expert's rows
-  const int32_t* ntiles;     // [1] work items in all
-  int E;
-};
+// gather_qmm with its batch entries grouped by expert (kSorted): a work item is then a
+// tile of MT rows of one expert (GPlan, ops.cuh) instead of one batch entry.
 
 template <int F, int MT, bool kSorted>
 __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, const QL L, const float* alpha,
@@ -715,10 +705,9 @@ using PlanScan = cub::BlockScan<int, kPlanThreads, cub::BLOCK_SCAN_WARP_SCANS>;
 // (static), within the 48 KB a launch gets without opting in. (The bound was 4095 before,
 // where from E = 4074 the total passed 48 KB: by that rule the plan could not launch.)
 constexpr size_t plan_smem(int64_t E) { return (size_t)(E + 1) * 3 * sizeof(int32_t); }
-constexpr int kPlanMaxE = 4000;
 static_assert(plan_smem(kPlanMaxE) + sizeof(PlanScan::TempStorage) <= 48 * 1024, "gather plan: shared memory");
 
-__global__ void __launch_bounds__(kPlanThreads) gather_plan_kernel(const MatmulArgs a, int64_t B, int E, int MT,
+__global__ void __launch_bounds__(kPlanThreads) gather_plan_kernel(const Mat gidx, int64_t B, int M, int E, int MT,
                                                                    int32_t* perm, int32_t* seg_start,
                                                                    int32_t* tile_seg, int32_t* tile_row0,
                                                                    int32_t* ntiles) {
@@ -732,14 +721,13 @@ __global__ void __launch_bounds__(kPlanThreads) gather_plan_kernel(const MatmulA
   for (int i = tid; i < NE; i += kPlanThreads) cnt[i] = fill[i] = 0;
   __syncthreads();
   auto expert = [&](int64_t b) {
-    const int64_t e = weight_entry(a, b);
-    return e < 0 ? E : (int)e;
+    const int32_t e = *((const int32_t*)gidx.ptr + gidx.offset(b));
+    return e >= 0 && e < E ? (int)e : E;
   };
   for (int64_t b = tid; b < B; b += kPlanThreads) atomicAdd(&cnt[expert(b)], 1);
   __syncthreads();
   // exclusive prefix sums of the entry counts and of the tile counts, over a chunk of
   // experts per thread
-  const int M = (int)a.M;
   auto tiles_of = [&](int e) { return (cnt[e] * M + MT - 1) / MT; };
   const int chunk = (NE + kPlanThreads - 1) / kPlanThreads, lo = tid * chunk, hi = min(lo + chunk, NE);
   int se = 0, st = 0;
@@ -802,6 +790,27 @@ void launch_k(const MatmulArgs& a, QL L, const float* alpha, const GPlan& G, int
   }
 }
 
+}  // namespace
+
+qqStatus_t gather_plan(const Mat& gidx, int64_t B, int64_t M, int E, int MT, Scratch& scratch, cudaStream_t st,
+                       const char* op, GPlan* G) {
+  const int64_t max_items = gather_plan_max_items(B, M, E, MT);
+  int32_t* buf = nullptr;
+  QQ_TRY(scratch.get(op, (size_t)(B + (E + 2) + 2 * max_items + 1) * 4, &buf));
+  G->perm = buf;
+  G->seg_start = buf + B;
+  G->tile_seg = buf + B + (E + 2);
+  G->tile_row0 = G->tile_seg + max_items;
+  G->ntiles = G->tile_row0 + max_items;
+  G->E = E;
+  gather_plan_kernel<<<1, kPlanThreads, plan_smem(E), st>>>(gidx, B, (int)M, E, MT, buf, buf + B,
+                                                           buf + B + (E + 2), buf + B + (E + 2) + max_items,
+                                                           buf + B + (E + 2) + 2 * max_items);
+  return check_launch(op);
+}
+
+namespace {
+
 // Whether gather_qmm's entries are grouped by expert before the kernel (launch), so that
 // an expert's weights are read once however many entries name it: where entries likely
 // share experts - more than 8 entries, or 4 or more with at least as many entries as
@@ -826,19 +835,10 @@ qqStatus_t launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st
   if (c && gather_grouped(a)) {
     const int64_t spread = B < E ? B : E, per_expert = (B * a.M + spread - 1) / spread;
     const int MT = per_expert > 12 && !is_aff(F) ? 32 : (per_expert > 6 ? 16 : 8);
-    const int64_t max_items = B * a.M / MT + (E + 1 < B ? E + 1 : B);
+    const int64_t max_items = gather_plan_max_items(B, a.M, E, MT);
     Scratch scratch(c, st);
-    int32_t* buf = nullptr;
-    QQ_TRY(scratch.get("gather_qmm", (size_t)(B + (E + 2) + 2 * max_items + 1) * 4, &buf));
     GPlan G;
-    int32_t* perm = buf;
-    int32_t* seg = perm + B;
-    int32_t* tseg = seg + (E + 2);
-    int32_t* trow = tseg + max_items;
-    int32_t* nt = trow + max_items;
-    G.perm = perm, G.seg_start = seg, G.tile_seg = tseg, G.tile_row0 = trow, G.ntiles = nt, G.E = (int)E;
-    gather_plan_kernel<<<1, kPlanThreads, plan_smem(E), st>>>(a, B, (int)E, MT, perm, seg, tseg, trow, nt);
-    QQ_TRY(check_launch("gather_qmm"));
+    QQ_TRY(gather_plan(a.gidx, B, a.M, (int)E, MT, scratch, st, "gather_qmm", &G));
     // expected work items, for the k-split: the rows over the experts they can touch
     const int64_t est = B * a.M / MT > spread ? B * a.M / MT : spread;
     launch_k<F, true>(a, L, alpha, G, est < max_items ? est : max_items, MT, st);

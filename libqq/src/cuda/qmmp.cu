@@ -37,6 +37,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cmath>
 
 #include "../codec.h"
 #include "../decode_layout.h"
@@ -105,11 +106,16 @@ struct QP {
   // that a stage's x is one bulk copy (else one copy per row and stage)
   const uint8_t* xt;
   // gather (gidx.ptr set): batch entry blockIdx.z multiplies x's entry (xb's batch offset)
-  // by expert gidx[entry] of E layouts of wper bytes; out entry b at b * M * N
+  // by expert gidx[entry] of E layouts of wper bytes; out entry b at b * Mo * N.
+  // Grouped by expert (plan.ntiles set): blockIdx.z is work item z of the plan (ops.cuh,
+  // GPlan), up to M rows of one expert from the entries naming it (Mo rows each); z past
+  // the plan's count exits.
   Mat xb, gidx;
+  GPlan plan;
   int64_t wper;
   int E;
   int M, N, K, B;
+  int zest;  // the z slices expected to have work (B; grouped: the plan's likely item count)
   // float16 x (dense calls): staged as 2 Mo bf16 rows, x's high parts (rows 0 .. Mo - 1) and
   // their exact remainders (Mo .. 2 Mo - 1); output row m adds the two rows' sums. Mo = M for
   // bf16 x.
@@ -227,16 +233,46 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
   const int ks = (int)cluster.dim_blocks().y, rank = (int)cluster.block_rank();
   const int tile = blockIdx.x, nk = p.K / (kDecChunkK * KC), entry = blockIdx.z;
   // gather: the expert comes from memory the previous kernel may have written (a router's
-  // top-k), so every thread waits for it first; an index out of range gives NaN rows
+  // top-k, or the plan), so every thread waits for it first; an index out of range gives
+  // NaN rows
   int64_t expert = 0;
   bool bad = false;
-  if (p.gidx.ptr) {
+  // This CTA's rows: rows 0 .. M - 1 of entry blockIdx.z, or (grouped) Mc rows of the
+  // plan's item, row r being row (row0 + r) % Mo of entry ents[(row0 + r) / Mo].
+  int Mc = p.M, row0 = 0;
+  const int32_t* ents = nullptr;
+  if (p.plan.ntiles) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (entry >= *p.plan.ntiles) return;  // (both ranks of a cluster: one z)
+    const int e = p.plan.tile_seg[entry], s0 = p.plan.seg_start[e];
+    ents = p.plan.perm + s0;
+    row0 = p.plan.tile_row0[entry];
+    Mc = min(MT * 8, (p.plan.seg_start[e + 1] - s0) * p.Mo - row0);
+    bad = e >= p.E;  // the plan's bin of indices out of range
+    expert = bad ? 0 : e;
+  } else if (p.gidx.ptr) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     expert = *((const int32_t*)p.gidx.ptr + p.gidx.offset(entry));
     bad = expert < 0 || expert >= p.E;
     if (bad) expert = 0;
   }
   const int c0 = (blockIdx.y) * p.cps, nch = bad ? 0 : max(0, min(nk, c0 + p.cps) - c0);
+  // row r of this CTA: its batch entry (*e) and its row within it
+  auto row_of = [&](int r, int64_t* e) -> int {
+    if (ents) {
+      const int gr = row0 + r;
+      *e = ents[gr / p.Mo];
+      return gr % p.Mo;
+    }
+    *e = entry;
+    return r;
+  };
+  // the start of row r of x (bf16 x: gather entries and grouped rows)
+  auto x_row = [&](int r) -> const __nv_bfloat16* {
+    int64_t e;
+    const int m = row_of(r, &e);
+    return p.x + (p.gidx.ptr ? p.xb.offset(e) : 0) + (int64_t)m * p.xld;
+  };
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint32_t bar0 = smem_u32(bars);
   if (threadIdx.x == 0) {
@@ -255,8 +291,8 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
   }
   // rows of x past M stay zero in every stage (the copies never write them)
   for (int s = 0; s < S; ++s)
-    for (int i = threadIdx.x; i < (MT * 8 - p.M) * (XS / 16); i += kThreads)
-      reinterpret_cast<uint4*>(smem + s * STG + SW + p.M * XS)[i] = make_uint4(0, 0, 0, 0);
+    for (int i = threadIdx.x; i < (MT * 8 - Mc) * (XS / 16); i += kThreads)
+      reinterpret_cast<uint4*>(smem + s * STG + SW + Mc * XS)[i] = make_uint4(0, 0, 0, 0);
   if (!p.xt)  // (staged: the copies bring the sums, zeros past M included)
     for (int i = threadIdx.x; i < S * XSUM; i += kThreads) xsum[i] = 0.0f;  // rows past M stay 0
   __syncthreads();
@@ -277,14 +313,16 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     uint64_t pol;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     const uint8_t* wt = p.w + expert * p.wper + ((size_t)tile * (p.K / kDecChunkK) + (size_t)c0 * KC) * G::STAGE;
-    const __nv_bfloat16* xs = p.x + (p.gidx.ptr ? p.xb.offset(entry) : 0) + (size_t)c0 * KC * kDecChunkK;
+    // (unstaged x) this lane's rows of x, lane and lane + 32, from this CTA's first stage
+    const __nv_bfloat16* xr0 = lane < Mc ? x_row(lane) + (size_t)c0 * KC * kDecChunkK : nullptr;
+    const __nv_bfloat16* xr1 = lane + 32 < Mc ? x_row(lane + 32) + (size_t)c0 * KC * kDecChunkK : nullptr;
     // Programmatic dependent launch: the weights do not depend on the previous
     // kernel in the stream, so the first stages' weight copies go out before
     // waiting for it (overlapping its tail with this kernel's ramp); x, and with
     // it everything this kernel writes, comes after the wait.
     const int pre = nch < S ? nch : S;
     // staged x: the stage's rows, then (affine) its sums of x, from x_stage_kernel
-    const uint32_t xbytes = p.xt ? p.M * XS : p.M * 512 * KC, sbytes = AFF && p.xt ? XSUM * 4 : 0;
+    const uint32_t xbytes = p.xt ? Mc * XS : Mc * 512 * KC, sbytes = AFF && p.xt ? XSUM * 4 : 0;
     if (lane == 0)
       for (int i = 0; i < pre; ++i) {
         const uint32_t full = bar0 + 8 * i;
@@ -313,8 +351,9 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
           if (sbytes) bulk_g2s(smem_u32(xsum + s * XSUM), blk + xbytes, sbytes, full);
         }
       } else {
-        for (int m = lane; m < p.M; m += 32)
-          bulk_g2s(dst + SW + m * XS, xs + (size_t)m * p.xld + (size_t)i * KC * kDecChunkK, 512 * KC, full);
+        static_assert(kDecMaxM <= 64, "two rows of x per producer lane");
+        if (xr0) bulk_g2s(dst + SW + lane * XS, xr0 + (size_t)i * KC * kDecChunkK, 512 * KC, full);
+        if (xr1) bulk_g2s(dst + SW + (lane + 32) * XS, xr1 + (size_t)i * KC * kDecChunkK, 512 * KC, full);
       }
     }
   } else if (warp > kCons) {
@@ -328,8 +367,8 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
         if (i >= S) mbar_wait(bar0 + 8 * (S + s), ((i / S) - 1) & 1);
         mbar_wait(bar0 + 8 * s, (i / S) & 1);
         const uint8_t* xbase = smem + s * STG + SW;
-        for (int j = lane; j < NF * p.M; j += 32) {
-          const int f = j / p.M, m = j % p.M;
+        for (int j = lane; j < NF * Mc; j += 32) {
+          const int f = j / Mc, m = j % Mc;
           xsum[(s * NF + f) * MT * 8 + m] = fb_xsum<FK / 8>(reinterpret_cast<const uint4*>(xbase + m * XS + f * FK * 2));
         }
         mbar_arrive(bar0 + 8 * (2 * S + s));
@@ -487,11 +526,10 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
             for (int r = 1; r < ks; ++r) v2 += cluster.map_shared_rank(part, r)[o2];
             v += v2;
           }
-          if (AFF && !bad && !isfinite(v))
-            v = affine_exact<FM>(p.w + expert * p.wper,
-                                 p.x + (p.gidx.ptr ? p.xb.offset(entry) : 0) + (int64_t)m * p.xld, p.x16, p.K, n);
-          store_biased(p.out, p.bias, ((int64_t)entry * p.Mo + m) * p.N + n, n,
-                       bad ? __int_as_float(0x7fc00000) : v * alpha);
+          if (AFF && !bad && !isfinite(v)) v = affine_exact<FM>(p.w + expert * p.wper, x_row(m), p.x16, p.K, n);
+          int64_t e;
+          const int mm = row_of(m, &e);
+          store_biased(p.out, p.bias, (e * p.Mo + mm) * p.N + n, n, bad ? __int_as_float(0x7fc00000) : v * alpha);
         }
       }
   }
@@ -652,7 +690,7 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
 template <int FM>
 qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, cudaStream_t st, Scratch* xt) {
   const int M = p.M;  // the kernel's rows
-  const int64_t ctas = (int64_t)tiles * p.B;  // before the K split
+  const int64_t ctas = (int64_t)tiles * p.zest;  // before the K split (grouped: the likely ones)
   qqStatus_t r;
   if (M > 16) {
     // 17..64 rows: 32- or 64-row tiles of x, one CTA per SM (x's rows fill the shared
@@ -777,9 +815,35 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     p.wper = decode_layout_bytes(a.N, a.K, fmt);
     p.E = (int)a.E;
     p.B = (int)a.B;
+    p.zest = p.B;
     const int tiles = (int)(roundup(a.N, kDecTileRows) / kDecTileRows);
     const int sms = sm_count(a.x.device), target = sms * 3 / 2;
     const cudaStream_t st = (cudaStream_t)stream;
+    qqContext* c = nullptr;
+    QQ_TRY(resolve_handle(op, h, a.x.device, &c));
+    Scratch scratch(c, st);
+    // gather_qmm whose entries likely share experts: grouped by expert first (the plan,
+    // one small kernel), so that each touched expert's layout is read once, by work items
+    // of up to 8 or 16 rows (the rows an expert is expected to get, B * M over at most
+    // min(B, E) experts); the grid covers the most items the plan can make and the items
+    // past its count exit at once. Likely sharing: the expected number of distinct experts
+    // of B uniform picks, E (1 - (1 - 1/E)^B), is below 0.9 B (DeepSeek-like E = 256: from
+    // 64 entries, 8 tokens; Mixtral-like E = 8: from 4 entries).
+    const double distinct = a.E * (1.0 - std::pow(1.0 - 1.0 / (double)a.E, (double)a.B));
+    const bool grouped = !dense && !x16 && a.M <= 16 && a.E <= kPlanMaxE && distinct < 0.9 * (double)a.B;
+    if (grouped) {
+      const int64_t spread = a.B < a.E ? a.B : a.E, per_expert = (a.B * a.M + spread - 1) / spread;
+      const int R = per_expert > 6 ? 16 : 8;
+      QQ_TRY(gather_plan(a.gidx, a.B, a.M, (int)a.E, R, scratch, st, op, &p.plan));
+      const int64_t most = gather_plan_max_items(a.B, a.M, a.E, R);
+      const int64_t est = a.B * a.M / R > spread ? a.B * a.M / R : spread;
+      if (most > 65535)
+        return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: %lld work items; the decode layout's GPU kernel takes at "
+                         "most 65535; use the packed weight", op, (long long)most);
+      p.M = R;  // the configuration's rows; each item has its own count
+      p.B = (int)most;
+      p.zest = (int)(est < most ? est : most);
+    }
     // A cluster of 2 where the CTAs without a split (row tiles x batch entries) leave
     // SMs idle: larger clusters were slower at every decode shape (a rank waits for its
     // cluster before it exits). Counting the entries matters for gather_qmm: one
@@ -788,7 +852,7 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     // and does not depend on M, so a row's sums run in the same order for every M (they
     // may differ with N, K and the number of entries).
     const int nk = (int)(a.K / kDecChunkK);
-    const int ks = (int64_t)tiles * a.B < target && nk >= 2 ? 2 : 1;
+    const int ks = (int64_t)tiles * p.zest < target && nk >= 2 ? 2 : 1;
     // x staged in scratch first (x_stage_kernel) for 17..64 rows of a dense call, and for
     // 9..16 where the tiles fill the GPU without a K split: one bulk copy of x per stage
     // instead of one per row, and affine's sums of x made there (16384^2 M = 16: nvfp4
@@ -796,9 +860,6 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     // at the K-split shapes (4096^2 nvfp4 M = 16 11.7 -> 14.8), which copy row by row.
     // float16 x is always staged: the staging kernel splits it into bf16 rows.
     const bool stage = dense && nk > 0 && (x16 || p.M > 16 || (p.M > 8 && ks == 1));
-    qqContext* c = nullptr;
-    QQ_TRY(resolve_handle(op, h, a.x.device, &c));
-    Scratch scratch(c, st);
     Scratch* xt = stage ? &scratch : nullptr;
     qqStatus_t r;
     switch (fmt) {
