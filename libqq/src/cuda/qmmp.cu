@@ -207,6 +207,22 @@ __device__ constexpr bool built_here() {
 #endif
 }
 
+// A CTA's rows of x and out: row r is row r of batch entry `entry`, or (gather grouped by
+// expert, ents set) row (row0 + r) % Mo of entry ents[(row0 + r) / Mo].
+struct RowMap {
+  const int32_t* ents;
+  int row0, Mo, entry;
+  __device__ __forceinline__ int of(int r, int64_t* e) const {
+    if (ents) {
+      const int gr = row0 + r;
+      *e = ents[gr / Mo];
+      return gr % Mo;
+    }
+    *e = entry;
+    return r;
+  }
+};
+
 // MT n8 tiles of x rows (M <= 8 MT), S stages of KC chunks (256 k each); FM: the
 // layout's format (DecFmt); RS: consumer warps per (row block, parity), each with MT / RS
 // of the row tiles (a row's sums run in the same order for every RS).
@@ -257,22 +273,9 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     if (bad) expert = 0;
   }
   const int c0 = (blockIdx.y) * p.cps, nch = bad ? 0 : max(0, min(nk, c0 + p.cps) - c0);
-  // row r of this CTA: its batch entry (*e) and its row within it
-  auto row_of = [&](int r, int64_t* e) -> int {
-    if (ents) {
-      const int gr = row0 + r;
-      *e = ents[gr / p.Mo];
-      return gr % p.Mo;
-    }
-    *e = entry;
-    return r;
-  };
-  // the start of row r of x (bf16 x: gather entries and grouped rows)
-  auto x_row = [&](int r) -> const __nv_bfloat16* {
-    int64_t e;
-    const int m = row_of(r, &e);
-    return p.x + (p.gidx.ptr ? p.xb.offset(e) : 0) + (int64_t)m * p.xld;
-  };
+  // (plain values, not a lambda capturing p: a closure holding p's address put the whole
+  // parameter block on the stack, 848 bytes, and made every kernel 2-3x slower)
+  const RowMap rows{ents, row0, p.Mo, entry};
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint32_t bar0 = smem_u32(bars);
   if (threadIdx.x == 0) {
@@ -314,8 +317,18 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     const uint8_t* wt = p.w + expert * p.wper + ((size_t)tile * (p.K / kDecChunkK) + (size_t)c0 * KC) * G::STAGE;
     // (unstaged x) this lane's rows of x, lane and lane + 32, from this CTA's first stage
-    const __nv_bfloat16* xr0 = lane < Mc ? x_row(lane) + (size_t)c0 * KC * kDecChunkK : nullptr;
-    const __nv_bfloat16* xr1 = lane + 32 < Mc ? x_row(lane + 32) + (size_t)c0 * KC * kDecChunkK : nullptr;
+    const __nv_bfloat16* xr0 = nullptr;
+    const __nv_bfloat16* xr1 = nullptr;
+    if (lane < Mc) {
+      int64_t e;
+      const int m = rows.of(lane, &e);
+      xr0 = p.x + (p.gidx.ptr ? p.xb.offset(e) : 0) + (int64_t)m * p.xld + (size_t)c0 * KC * kDecChunkK;
+    }
+    if (MT * 8 > 32 && lane + 32 < Mc) {
+      int64_t e;
+      const int m = rows.of(lane + 32, &e);
+      xr1 = p.x + (p.gidx.ptr ? p.xb.offset(e) : 0) + (int64_t)m * p.xld + (size_t)c0 * KC * kDecChunkK;
+    }
     // Programmatic dependent launch: the weights do not depend on the previous
     // kernel in the stream, so the first stages' weight copies go out before
     // waiting for it (overlapping its tail with this kernel's ramp); x, and with
@@ -526,9 +539,11 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
             for (int r = 1; r < ks; ++r) v2 += cluster.map_shared_rank(part, r)[o2];
             v += v2;
           }
-          if (AFF && !bad && !isfinite(v)) v = affine_exact<FM>(p.w + expert * p.wper, x_row(m), p.x16, p.K, n);
           int64_t e;
-          const int mm = row_of(m, &e);
+          const int mm = rows.of(m, &e);
+          if (AFF && !bad && !isfinite(v))
+            v = affine_exact<FM>(p.w + expert * p.wper, p.x + (p.gidx.ptr ? p.xb.offset(e) : 0) + (int64_t)mm * p.xld,
+                                 p.x16, p.K, n);
           store_biased(p.out, p.bias, (e * p.Mo + mm) * p.N + n, n, bad ? __int_as_float(0x7fc00000) : v * alpha);
         }
       }
