@@ -38,6 +38,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 
 #include "../codec.h"
 #include "../decode_layout.h"
@@ -690,7 +691,8 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = 2;
+  static const int dbg = getenv("QQ_DBG_PDL") ? atoi(getenv("QQ_DBG_PDL")) : 0;  // DEBUG (temporary)
+  cfg.numAttrs = (dbg == 1 && p.plan.ntiles) || dbg == 2 ? 1 : 2;
   QQ_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, q), "decode_matmul");
   return check_launch("decode_matmul");
 }
