@@ -38,7 +38,6 @@
 
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 
 #include "../codec.h"
 #include "../decode_layout.h"
@@ -224,6 +223,17 @@ struct RowMap {
   }
 };
 
+// Work item z of a grouped gather (p.plan): its rows (RowMap), their count (*rows_out, at
+// most cap) and its expert (*e; p.E for the plan's bin of indices out of range).
+// (Plain values: a lambda capturing p by reference put the whole parameter block on the
+// stack, 848 bytes, and made every kernel 2-3x slower on the H100.)
+__device__ __forceinline__ RowMap item_rows(const QP& p, int z, int cap, int* rows_out, int* e) {
+  *e = p.plan.tile_seg[z];
+  const int s0 = p.plan.seg_start[*e], row0 = p.plan.tile_row0[z];
+  *rows_out = min(cap, (p.plan.seg_start[*e + 1] - s0) * p.Mo - row0);
+  return RowMap{p.plan.perm + s0, row0, p.Mo, z};
+}
+
 // MT n8 tiles of x rows (M <= 8 MT), S stages of KC chunks (256 k each); FM: the
 // layout's format (DecFmt); RS: consumer warps per (row block, parity), each with MT / RS
 // of the row tiles (a row's sums run in the same order for every RS).
@@ -256,15 +266,13 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
   bool bad = false;
   // This CTA's rows: rows 0 .. M - 1 of entry blockIdx.z, or (grouped) Mc rows of the
   // plan's item, row r being row (row0 + r) % Mo of entry ents[(row0 + r) / Mo].
-  int Mc = p.M, row0 = 0;
-  const int32_t* ents = nullptr;
+  int Mc = p.M;
+  RowMap rows{nullptr, 0, p.Mo, entry};
   if (p.plan.ntiles) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if (entry >= *p.plan.ntiles) return;  // (both ranks of a cluster: one z)
-    const int e = p.plan.tile_seg[entry], s0 = p.plan.seg_start[e];
-    ents = p.plan.perm + s0;
-    row0 = p.plan.tile_row0[entry];
-    Mc = min(MT * 8, (p.plan.seg_start[e + 1] - s0) * p.Mo - row0);
+    int e;
+    rows = item_rows(p, entry, MT * 8, &Mc, &e);
     bad = e >= p.E;  // the plan's bin of indices out of range
     expert = bad ? 0 : e;
   } else if (p.gidx.ptr) {
@@ -274,9 +282,6 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     if (bad) expert = 0;
   }
   const int c0 = (blockIdx.y) * p.cps, nch = bad ? 0 : max(0, min(nk, c0 + p.cps) - c0);
-  // (plain values, not a lambda capturing p: a closure holding p's address put the whole
-  // parameter block on the stack, 848 bytes, and made every kernel 2-3x slower)
-  const RowMap rows{ents, row0, p.Mo, entry};
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint32_t bar0 = smem_u32(bars);
   if (threadIdx.x == 0) {
@@ -524,13 +529,20 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
   if (rank == 0 && warp < kCons && fpar == 0) {
     // 2^9 undoes the fp decoders' 2^-9 (affine: the scales took the 2^7)
     const float alpha = AFF ? 1.0f : p.gs ? nvfp4_dec(*p.gs) * 512.0f : 512.0f;
+    // output rows (float16 x: Mo of the 2 Mo staged); grouped: the item's, read again here
+    // rather than kept in registers through the main loop
+    int Mout = p.Mo;
+    if (p.plan.ntiles) {
+      int e;
+      rows = item_rows(p, entry, MT * 8, &Mout, &e);
+    }
 #pragma unroll
     for (int t = 0; t < MW; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int o = ((rb * MT + T0 + t) * 4 + i) * 32 + lane;
         const int m = 8 * (T0 + t) + 2 * q + (i & 1), n = tile * kDecTileRows + rb * 16 + g + 8 * (i >> 1);
-        if (m < p.Mo && n < p.N) {
+        if (m < Mout && n < p.N) {
           float v = part[o];
           for (int r = 1; r < ks; ++r) v += cluster.map_shared_rank(part, r)[o];
           if (p.x16) {  // + the sums of row m's remainder row, m + Mo (the same column n)
@@ -691,8 +703,7 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  static const int dbg = getenv("QQ_DBG_PDL") ? atoi(getenv("QQ_DBG_PDL")) : 0;  // DEBUG (temporary)
-  cfg.numAttrs = (dbg == 1 && p.plan.ntiles) || dbg == 2 ? 1 : 2;
+  cfg.numAttrs = 2;
   QQ_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, q), "decode_matmul");
   return check_launch("decode_matmul");
 }
