@@ -3,10 +3,8 @@ prints us per call and the fraction of copy bandwidth, counted as bench_qmm coun
 touched experts once, x and y), with bench/harness.py's Timer (L2 flushed, median). Run it
 once per build and compare the two outputs line by line.
 
-    python bench/tune/gather_ab.py [--modes nvfp4,mxfp8,affine4] [--packed] [--always-decode]
-    (H100: ~1 minute; --packed adds the packed experts' time per case, --always-decode sends
-    every case to the decode layout, past the Python rule that keeps short-K 4-bit cases on
-    the packed experts)
+    python bench/tune/gather_ab.py [--modes nvfp4,mxfp8,affine4] [--packed]
+    (H100: ~1 minute; --packed adds the packed experts' time per case)
 """
 import argparse
 import os
@@ -35,10 +33,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--modes", default="nvfp4,mxfp8,affine4")
     ap.add_argument("--packed", action="store_true")
-    ap.add_argument("--always-decode", action="store_true")
     args = ap.parse_args()
-    if args.always_decode:
-        qq._qq._TUNE_DECODE_GATHER_ALWAYS = True
     timer = Timer(warmup=5, iters=30)
     copy = copy_bandwidth(timer)
     print(f"copy {copy:.0f} GB/s", flush=True)

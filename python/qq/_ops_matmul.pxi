@@ -507,15 +507,11 @@ def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mod
     return out if out is not None else call.result(result)
 
 
-# bench/tune only: send every gather_qmm on a DecodeWeight of M <= 16 to the decode layout
-_TUNE_DECODE_GATHER_ALWAYS = False
-
-
 def _decode_gather(func, x, dw, rhs_indices, scales, biases, transpose, group_size, bits, mode,
                    global_scale, bias, scale_layout, dtype, out, stream):
     """gather_qmm with experts in the decode layout (a DecodeWeight of [E, N, K]), for bfloat16
-    x of at most 16 rows per entry on the GPU (compute capability 9.0+; 4-bit codes over
-    K < 4096: at most 32 entries): each batch entry reads its expert's layout, or, where the
+    x of at most 16 rows per entry on the GPU (compute capability 9.0+): each batch entry
+    reads its expert's layout, or, where the
     entries likely share experts, they are grouped by expert first (qqDecodeGatherQmm decides);
     otherwise the packed experts. The CPU reads the layout."""
     cdef _View vx, vw, vi, vg, vbias, vo
@@ -540,13 +536,10 @@ def _decode_gather(func, x, dw, rhs_indices, scales, biases, transpose, group_si
     entries = 1
     for d in tuple(rhs_indices.shape):
         entries *= int(d)
-    # The packed experts for 4-bit codes over a short K with many entries (each entry's CTAs
-    # then stream too little: DeepSeek-like down projection, K = 2048, 128 entries, was
-    # 0.49 of copy against 0.61 packed on the H100; bench/results/gather_qmm-h100.md).
-    # Entries that share experts are grouped by expert in C (qqDecodeGatherQmm).
-    short_k_4bit = (qa.bits == 4 and int(dw.shape[2]) < 4096 and entries > 32
-                    and not _TUNE_DECODE_GATHER_ALWAYS)
-    if int(shape[-2]) > 16 or short_k_4bit:
+    # More than 16 rows per entry: the packed experts. Entries that share experts are grouped
+    # by expert in C (qqDecodeGatherQmm), which made the decode layout faster than the packed
+    # experts at every measured case (bench/results/gather_qmm-h100.md).
+    if int(shape[-2]) > 16:
         return gather_qmm(x, qa, rhs_indices=rhs_indices, bias=bias, dtype=dtype, out=out,
                           stream=stream)
     _quant_params(func, &p, qa.mode, qa.group_size, qa.bits, "ceil", "linear", qa.fp8_format)

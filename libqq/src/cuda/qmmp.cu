@@ -237,7 +237,10 @@ __device__ __forceinline__ RowMap item_rows(const QP& p, int z, int cap, int* ro
 // MT n8 tiles of x rows (M <= 8 MT), S stages of KC chunks (256 k each); FM: the
 // layout's format (DecFmt); RS: consumer warps per (row block, parity), each with MT / RS
 // of the row tiles (a row's sums run in the same order for every RS).
-template <int FM, int MT, int S, int KC, int RS>
+// GR: gather grouped by expert (p.plan), its own instantiations so that the dense and
+// per-entry kernels keep their registers (the grouped rows cost affine's 17..64-row tiles
+// 10-23 % when compiled into every kernel, H100).
+template <int FM, int MT, int S, int KC, int RS, bool GR>
 __device__ __forceinline__ void qmmp_body(const QP p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using G = Geo<FM>;
@@ -268,7 +271,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
   // plan's item, row r being row (row0 + r) % Mo of entry ents[(row0 + r) / Mo].
   int Mc = p.M;
   RowMap rows{nullptr, 0, p.Mo, entry};
-  if (p.plan.ntiles) {
+  if constexpr (GR) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if (entry >= *p.plan.ntiles) return;  // (both ranks of a cluster: one z)
     int e;
@@ -322,18 +325,14 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     uint64_t pol;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     const uint8_t* wt = p.w + expert * p.wper + ((size_t)tile * (p.K / kDecChunkK) + (size_t)c0 * KC) * G::STAGE;
-    // (unstaged x) this lane's rows of x, lane and lane + 32, from this CTA's first stage
-    const __nv_bfloat16* xr0 = nullptr;
-    const __nv_bfloat16* xr1 = nullptr;
-    if (lane < Mc) {
+    // unstaged x from this CTA's first stage: rows 0 .. M - 1 of the entry at xs, or
+    // (grouped, at most 16 rows) this lane's row of the item at xr
+    const __nv_bfloat16* xs = p.x + (p.gidx.ptr ? p.xb.offset(entry) : 0) + (size_t)c0 * KC * kDecChunkK;
+    const __nv_bfloat16* xr = nullptr;
+    if (GR && lane < Mc) {
       int64_t e;
       const int m = rows.of(lane, &e);
-      xr0 = p.x + (p.gidx.ptr ? p.xb.offset(e) : 0) + (int64_t)m * p.xld + (size_t)c0 * KC * kDecChunkK;
-    }
-    if (MT * 8 > 32 && lane + 32 < Mc) {
-      int64_t e;
-      const int m = rows.of(lane + 32, &e);
-      xr1 = p.x + (p.gidx.ptr ? p.xb.offset(e) : 0) + (int64_t)m * p.xld + (size_t)c0 * KC * kDecChunkK;
+      xr = p.x + p.xb.offset(e) + (int64_t)m * p.xld + (size_t)c0 * KC * kDecChunkK;
     }
     // Programmatic dependent launch: the weights do not depend on the previous
     // kernel in the stream, so the first stages' weight copies go out before
@@ -370,9 +369,13 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
           if (sbytes) bulk_g2s(smem_u32(xsum + s * XSUM), blk + xbytes, sbytes, full);
         }
       } else {
-        static_assert(kDecMaxM <= 64, "two rows of x per producer lane");
-        if (xr0) bulk_g2s(dst + SW + lane * XS, xr0 + (size_t)i * KC * kDecChunkK, 512 * KC, full);
-        if (xr1) bulk_g2s(dst + SW + (lane + 32) * XS, xr1 + (size_t)i * KC * kDecChunkK, 512 * KC, full);
+        if constexpr (GR) {
+          static_assert(!GR || MT * 8 <= 32, "one row of x per producer lane");
+          if (xr) bulk_g2s(dst + SW + lane * XS, xr + (size_t)i * KC * kDecChunkK, 512 * KC, full);
+        } else {
+          for (int m = lane; m < Mc; m += 32)
+            bulk_g2s(dst + SW + m * XS, xs + (size_t)m * p.xld + (size_t)i * KC * kDecChunkK, 512 * KC, full);
+        }
       }
     }
   } else if (warp > kCons) {
@@ -532,7 +535,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     // output rows (float16 x: Mo of the 2 Mo staged); grouped: the item's, read again here
     // rather than kept in registers through the main loop
     int Mout = p.Mo;
-    if (p.plan.ntiles) {
+    if constexpr (GR) {
       int e;
       rows = item_rows(p, entry, MT * 8, &Mout, &e);
     }
@@ -567,10 +570,10 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
 #endif
 }
 
-template <int FM, int MT, int S, int KC, int kMinBlocks, int RS>
+template <int FM, int MT, int S, int KC, int kMinBlocks, int RS, bool GR>
 __global__ void __launch_bounds__(threads_of(FM, RS), kMinBlocks) qmmp_kernel(const QP p) {
   if constexpr (built_here<FM, MT, S, KC>())
-    qmmp_body<FM, MT, S, KC, RS>(p);
+    qmmp_body<FM, MT, S, KC, RS, GR>(p);
   else
     __trap();
 }
@@ -651,10 +654,10 @@ __global__ void to_decode_kernel(const DecodeLayoutArgs a, int64_t slots, int* b
 // the first call, which also sets the shared-memory attribute once.
 constexpr qqStatus_t kRefused = QQ_STATUS_NOT_SUPPORTED;
 // xt: where x_stage_kernel's buffer comes from when x is staged, else null.
-template <int FM, int MT, int S, int KC, int kMinBlocks, int RS = 1>
+template <int FM, int MT, int S, int KC, int kMinBlocks, int RS = 1, bool GR = false>
 qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* xt = nullptr) {
   constexpr size_t smem = smem_bytes<FM, MT, S, KC>();
-  auto kern = qmmp_kernel<FM, MT, S, KC, kMinBlocks, RS>;
+  auto kern = qmmp_kernel<FM, MT, S, KC, kMinBlocks, RS, GR>;
   static std::atomic<uint64_t> ok{0}, refused{0};  // bit d: device d (devices past 63 ask every time)
   int dev = 0;
   QQ_CUDA_TRY(cudaGetDevice(&dev), "decode_matmul");
@@ -715,11 +718,12 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
 // (bench/results/qmm-decode-h100-notes.md, session i). Affine 8-bit's stage (18 KB) fits 4
 // deep for 2 CTAs, not mxfp8's 5. A configuration the device cannot run (shared memory)
 // falls to the shallower.
-template <int FM>
+template <int FM, bool GR>
 qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, cudaStream_t st, Scratch* xt) {
   const int M = p.M;  // the kernel's rows
   const int64_t ctas = (int64_t)tiles * p.zest;  // before the K split (grouped: the likely ones)
   qqStatus_t r;
+  if constexpr (!GR) {  // (grouped items have at most 16 rows)
   if (M > 16) {
     // 17..64 rows: 32- or 64-row tiles of x, one CTA per SM (x's rows fill the shared
     // memory: 64 rows of 256 k are 33-37 KB a stage), 256-k stages as at M <= 8, so a
@@ -730,31 +734,34 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, cudaStream_
     // row tiles: with 8 warps (2 per scheduler) the kernel waited on its own latencies
     // (ncu: 30 % issue slots busy); 28672 x 4096 nvfp4 M = 64 104 -> 90 us, 4096^2 32 ->
     // 21, 16384^2 126 -> 136 (each FB is decoded twice). At 17..32 rows 8 warps win.
-    if (M > 32) return launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1, 2>(p, tiles, ks, st, xt);
+    if (M > 32) return launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1, 2, GR>(p, tiles, ks, st, xt);
     // 17..32 rows: two CTAs per SM (3 stages, 8-bit 2) where the CTAs are more than one
     // wave at one per SM (16384^2 nvfp4 M = 32 82.5 -> 72.6 us, 6144 x 4096 29.0 -> 19.4,
     // 28672 x 4096 60.4 -> 46.0); with fewer CTAs two per SM leave SMs idle (4096 x 14336
     // 26.2 -> 37.2), so one, 4 stages deep, unless its shared memory is over the device's
     // limit (99 KB on compute capability 12.x: only the two-per-SM one fits; 33..64 rows
     // fit nowhere there and take the packed weight).
-    r = ctas * ks > sms ? launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2>(p, tiles, ks, st, xt) : kRefused;
-    if (r == kRefused) r = launch<FM, 4, 4, 1, 1>(p, tiles, ks, st, xt);
-    if (r == kRefused) r = launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2>(p, tiles, ks, st, xt);
+    r = ctas * ks > sms ? launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
+    if (r == kRefused) r = launch<FM, 4, 4, 1, 1, 1, GR>(p, tiles, ks, st, xt);
+    if (r == kRefused) r = launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2, 1, GR>(p, tiles, ks, st, xt);
     return r;
   }
+  }
   if constexpr (dec_bits8(FM)) {
-    if (M > 8) return launch<FM, 2, 3, 1, 2>(p, tiles, ks, st, xt);
-    r = ks == 1 ? launch<FM, 1, FM == kDecFp8 ? 5 : 4, 1, 2>(p, tiles, ks, st, xt) : kRefused;
-    if (r == kRefused) r = launch<FM, 1, 3, 1, 3>(p, tiles, ks, st, xt);
+    if (M > 8) return launch<FM, 2, 3, 1, 2, 1, GR>(p, tiles, ks, st, xt);
+    r = ks == 1 ? launch<FM, 1, FM == kDecFp8 ? 5 : 4, 1, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
+    if (r == kRefused) r = launch<FM, 1, 3, 1, 3, 1, GR>(p, tiles, ks, st, xt);
   } else if (M > 8) {
     const bool kc2 = nk % 2 == 0 && (ks == 1 || nk % 4 == 0);
     // four CTAs per SM past a wave of two, as at M <= 8 below (2 stages: 16 rows of x make
     // a stage 17 KB, and three would not fit four CTAs in 228 KB); staged x only (dense
     // calls): gather_qmm's 9..16-row entries keep the configurations below, which is what
     // has run on a GPU
-    r = ks == 1 && xt && ctas > 2 * sms ? launch<FM, 2, 2, 1, 4>(p, tiles, ks, st, xt) : kRefused;
-    if (r == kRefused) r = kc2 ? launch<FM, 2, 3, 2, 2>(p, tiles, ks, st, xt) : kRefused;
-    if (r == kRefused) r = launch<FM, 2, 4, 1, 2>(p, tiles, ks, st, xt);
+    r = kRefused;
+    if constexpr (!GR)  // (staged x: dense calls only)
+      r = ks == 1 && xt && ctas > 2 * sms ? launch<FM, 2, 2, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
+    if (r == kRefused) r = kc2 ? launch<FM, 2, 3, 2, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
+    if (r == kRefused) r = launch<FM, 2, 4, 1, 2, 1, GR>(p, tiles, ks, st, xt);
   } else {
     // 4-bit codes past one wave of two CTAs per SM (28672 x 4096: 448 tiles on 264 slots):
     // four per SM (3 stages of 13 KB), so that every tile is resident at once and no SM is
@@ -762,9 +769,9 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, cudaStream_
     // (a tenth warp) gets 48 and spills 16 bytes, and still gains as much (H100 A/B, CUDA
     // graphs, 28672 x 4096 M = 1: nvfp4 32.8 -> 27.8 us, affine 4-bit 35.3 -> 28.4;
     // qmm-decode-h100-notes.md, session l).
-    r = ks == 1 && ctas > 2 * sms ? launch<FM, 1, 3, 1, 4>(p, tiles, ks, st, xt) : kRefused;
-    if (r == kRefused) r = ks == 1 ? launch<FM, 1, 8, 1, 2>(p, tiles, ks, st, xt) : kRefused;
-    if (r == kRefused) r = launch<FM, 1, 4, 1, 3>(p, tiles, ks, st, xt);
+    r = ks == 1 && ctas > 2 * sms ? launch<FM, 1, 3, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
+    if (r == kRefused) r = ks == 1 ? launch<FM, 1, 8, 1, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
+    if (r == kRefused) r = launch<FM, 1, 4, 1, 3, 1, GR>(p, tiles, ks, st, xt);
   }
   return r;
 }
@@ -890,11 +897,20 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     const bool stage = dense && nk > 0 && (x16 || p.M > 16 || (p.M > 8 && ks == 1));
     Scratch* xt = stage ? &scratch : nullptr;
     qqStatus_t r;
-    switch (fmt) {
-      case kDecFp4: r = dispatch<kDecFp4>(p, tiles, ks, nk, sms, st, xt); break;
-      case kDecFp8: r = dispatch<kDecFp8>(p, tiles, ks, nk, sms, st, xt); break;
-      case kDecAff4: r = dispatch<kDecAff4>(p, tiles, ks, nk, sms, st, xt); break;
-      default: r = dispatch<kDecAff8>(p, tiles, ks, nk, sms, st, xt); break;
+    if (grouped) {
+      switch (fmt) {
+        case kDecFp4: r = dispatch<kDecFp4, true>(p, tiles, ks, nk, sms, st, xt); break;
+        case kDecFp8: r = dispatch<kDecFp8, true>(p, tiles, ks, nk, sms, st, xt); break;
+        case kDecAff4: r = dispatch<kDecAff4, true>(p, tiles, ks, nk, sms, st, xt); break;
+        default: r = dispatch<kDecAff8, true>(p, tiles, ks, nk, sms, st, xt); break;
+      }
+    } else {
+      switch (fmt) {
+        case kDecFp4: r = dispatch<kDecFp4, false>(p, tiles, ks, nk, sms, st, xt); break;
+        case kDecFp8: r = dispatch<kDecFp8, false>(p, tiles, ks, nk, sms, st, xt); break;
+        case kDecAff4: r = dispatch<kDecAff4, false>(p, tiles, ks, nk, sms, st, xt); break;
+        default: r = dispatch<kDecAff8, false>(p, tiles, ks, nk, sms, st, xt); break;
+      }
     }
     if (r == kRefused)
       return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's kernel cannot run on this GPU (compute "
