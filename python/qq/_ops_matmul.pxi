@@ -533,9 +533,6 @@ def _decode_gather(func, x, dw, rhs_indices, scales, biases, transpose, group_si
     if len(shape) < 2 or int(shape[-1]) != int(dw.shape[2]):
         raise ValueError(f"{func}: x has shape {shape} but the experts are {tuple(dw.shape)} (x must "
                          f"be [..., M, K] with K = {dw.shape[2]})")
-    entries = 1
-    for d in tuple(rhs_indices.shape):
-        entries *= int(d)
     # More than 16 rows per entry: the packed experts. Entries that share experts are grouped
     # by expert in C (qqDecodeGatherQmm), which made the decode layout faster than the packed
     # experts at every measured case (bench/results/gather_qmm-h100.md).
