@@ -566,9 +566,10 @@ QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x,
  * the device, no host synchronization, capturable; an index out of range gives
  * NaN rows on the GPU, INVALID_VALUE on the CPU). w_decode: uint8 [E, bytes],
  * qqToDecodeLayout of experts [E, N, K] (N from out's last axis). Each batch
- * entry reads its expert's layout: suited to entries that rarely share an
- * expert (a decode step over many experts); qqGatherQmm on the packed experts
- * groups the entries by expert first. GPU: as qqDecodeMatmul (bfloat16 x, M <=
+ * entry reads its expert's layout, or, where the entries likely share experts
+ * (E <= 4000, at most 16 rows per entry), a first small kernel groups them by
+ * expert and each touched expert's layout is read once (two launches; stream-
+ * ordered scratch from the handle's pool). GPU: as qqDecodeMatmul (bfloat16 x, M <=
  * 64, 16-byte aligned rows and batch entries; NOT_SUPPORTED otherwise; tuned
  * for M <= 16 per entry), at most 65535 entries. */
 QQ_API qqStatus_t qqDecodeGatherQmm(qqHandle_t handle, const DLTensor* x,
