@@ -275,7 +275,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if (entry >= *p.plan.ntiles) return;  // (both ranks of a cluster: one z)
     int e;
-    rows = item_rows(p, entry, MT * 8, &Mc, &e);
+    rows = item_rows(p, entry, p.M, &Mc, &e);  // (p.M: the plan's rows per item)
     bad = e >= p.E;  // the plan's bin of indices out of range
     expert = bad ? 0 : e;
   } else if (p.gidx.ptr) {
@@ -537,7 +537,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     int Mout = p.Mo;
     if constexpr (GR) {
       int e;
-      rows = item_rows(p, entry, MT * 8, &Mout, &e);
+      rows = item_rows(p, entry, p.M, &Mout, &e);
     }
 #pragma unroll
     for (int t = 0; t < MW; ++t)
@@ -863,18 +863,17 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     // min(B, E) experts); the grid covers the most items the plan can make and the items
     // past its count exit at once. Likely sharing: the expected number of distinct experts
     // of B uniform picks, E (1 - (1 - 1/E)^B), is below 0.9 B (DeepSeek-like E = 256: from
-    // 64 entries, 8 tokens; Mixtral-like E = 8: from 4 entries).
+    // 56 entries, 7 tokens of top-8; Mixtral-like E = 8: from 3 entries). Not where the
+    // items could pass the grid's 65535 (per entry then).
     const double distinct = a.E * (1.0 - std::pow(1.0 - 1.0 / (double)a.E, (double)a.B));
-    const bool grouped = !dense && !x16 && a.M <= 16 && a.E <= kPlanMaxE && distinct < 0.9 * (double)a.B;
+    const int64_t spread = a.B < a.E ? a.B : a.E, per_expert = (a.B * a.M + spread - 1) / spread;
+    const int R = per_expert > 6 ? 16 : 8;  // rows per work item
+    const int64_t most = gather_plan_max_items(a.B, a.M, a.E, R);
+    const bool grouped = !dense && !x16 && a.M <= 16 && a.E <= kPlanMaxE && most <= 65535 &&
+                         distinct < 0.9 * (double)a.B;
     if (grouped) {
-      const int64_t spread = a.B < a.E ? a.B : a.E, per_expert = (a.B * a.M + spread - 1) / spread;
-      const int R = per_expert > 6 ? 16 : 8;
       QQ_TRY(gather_plan(a.gidx, a.B, a.M, (int)a.E, R, scratch, st, op, &p.plan));
-      const int64_t most = gather_plan_max_items(a.B, a.M, a.E, R);
       const int64_t est = a.B * a.M / R > spread ? a.B * a.M / R : spread;
-      if (most > 65535)
-        return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: %lld work items; the decode layout's GPU kernel takes at "
-                         "most 65535; use the packed weight", op, (long long)most);
       p.M = R;  // the configuration's rows; each item has its own count
       p.B = (int)most;
       p.zest = (int)(est < most ? est : most);
