@@ -224,7 +224,9 @@ struct RowMap {
 };
 
 // Work item z of a grouped gather (p.plan): its rows (RowMap), their count (*rows_out, at
-// most cap) and its expert (*e; p.E for the plan's bin of indices out of range).
+// most cap: the tile's rows, MT * 8, which must equal the plan's rows per item: dispatch
+// gives the plan's 8 rows MT = 1 and its 16 rows MT = 2) and its expert (*e; p.E for the
+// plan's bin of indices out of range).
 // (Plain values: a lambda capturing p by reference put the whole parameter block on the
 // stack, 848 bytes, and made every kernel 2-3x slower on the H100.)
 __device__ __forceinline__ RowMap item_rows(const QP& p, int z, int cap, int* rows_out, int* e) {
@@ -275,7 +277,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if (entry >= *p.plan.ntiles) return;  // (both ranks of a cluster: one z)
     int e;
-    rows = item_rows(p, entry, p.M, &Mc, &e);  // (p.M: the plan's rows per item)
+    rows = item_rows(p, entry, MT * 8, &Mc, &e);
     bad = e >= p.E;  // the plan's bin of indices out of range
     expert = bad ? 0 : e;
   } else if (p.gidx.ptr) {
@@ -537,7 +539,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     int Mout = p.Mo;
     if constexpr (GR) {
       int e;
-      rows = item_rows(p, entry, p.M, &Mout, &e);
+      rows = item_rows(p, entry, MT * 8, &Mout, &e);
     }
 #pragma unroll
     for (int t = 0; t < MW; ++t)
