@@ -893,7 +893,7 @@ def test_gpu_gather_past_two_waves(cfg, m, k):
                                           (8, 2, 3, False), (64, 6, 1, False)], ids=str)
 @pytest.mark.parametrize("cfg", ["nvfp4-gs", "mxfp4", "mxfp8", "a4g64", "a8g32"])
 def test_gpu_gather_grouped(cfg, t, top, m, skew):
-    """Entries that share experts (E = 8: 4 .. 384 entries) are grouped by expert before the
+    """Entries that share experts (E = 8: 8 .. 384 entries) are grouped by expert before the
     decode kernel (the plan, then work items of up to 8 or 16 rows of one expert), each
     touched expert's layout read once: the rows of an expert past one item (skew: every token
     sends its first pick to expert 3, 40 rows there), entries of 3 rows split across items,
