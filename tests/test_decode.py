@@ -939,10 +939,72 @@ def test_gpu_gather_grouped(cfg, t, top, m, skew):
     np.testing.assert_array_equal(to_numpy(out), to_numpy(eager))
 
 
+@pytest.mark.parametrize("fw", ["numpy", "torch"])
+def test_decode_weight_argument_checks(fw):
+    """A DecodeWeight's N is checked exactly against out= (libqq can check it only against the
+    layout's size, rows rounded up to 64: out [3, 128] for N = 70 was accepted, its columns
+    70.. zero); fp8_format= must agree with it; x / rhs_indices given only through __dlpack__
+    are read (the packed weight's path); x and rhs_indices that do not broadcast are named;
+    libqq's messages name the Python function."""
+    if fw == "torch":
+        torch_mod()
+    qa = quantize(make_weight(case_rng("dwarg"), "nvfp4", 70, 256), "nvfp4", fw)
+    dw = qq.prepare_decode(qa)
+    rng = case_rng("dwarg-x")
+    x = to_fw(rng.standard_normal((3, 256)).astype(F32), fw)
+    for bad in ((3, 128), (3, 65)):
+        out = to_fw(np.zeros(bad, F32), fw)
+        with pytest.raises(ValueError, match=r"quantized_matmul: argument 'out' has shape"):
+            qq.quantized_matmul(x, dw, out=out)
+    with pytest.raises(ValueError, match="fp8_format='e5m2' contradicts"):
+        qq.quantized_matmul(x, dw, fp8_format="e5m2")
+
+    class DL:  # an array known only through DLPack
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, *args, **kwargs):
+            return self.a.__dlpack__(*args, **kwargs)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    want = to_numpy(qq.quantized_matmul(x, dw))
+    np.testing.assert_array_equal(to_numpy(qq.quantized_matmul(DL(x), dw)), want)
+    with pytest.raises(TypeError, match="quantized_matmul"):
+        qq.quantized_matmul([[1.0] * 256], dw)
+    experts = np.stack([make_weight(case_rng("dwarg-e", i), "nvfp4", 70, 256) for i in range(4)])
+    qe = quantize(experts, "nvfp4", fw)
+    de = qq.prepare_decode(qe)
+    xe = to_fw(rng.standard_normal((3, 1, 1, 256)).astype(F32), fw)
+    idx = to_fw(np.array([[0, 2], [1, 3], [2, 2]], np.int32), fw)
+    got = to_numpy(qq.gather_qmm(xe, de, rhs_indices=DL(idx)))
+    np.testing.assert_array_equal(got, to_numpy(qq.gather_qmm(xe, qe, rhs_indices=idx)))
+    with pytest.raises(ValueError, match=r"gather_qmm: argument 'out' has shape"):
+        qq.gather_qmm(xe, de, rhs_indices=idx, out=to_fw(np.zeros((3, 2, 1, 64), F32), fw))
+    with pytest.raises(ValueError, match=r"gather_qmm: the batch axes of x \(3, 1\) and the shape "
+                                         r"of rhs_indices \(2, 2\) do not broadcast"):
+        qq.gather_qmm(xe, de, rhs_indices=to_fw(np.array([[0, 1], [1, 0]], np.int32), fw))
+    with pytest.raises(ValueError, match="^gather_qmm: "):
+        qq.gather_qmm(xe, de, rhs_indices=to_fw(np.array([[0, 9], [1, 3], [2, 2]], np.int32), fw))
+
+
+def test_gather_cpu_decodes_each_expert_once():
+    """Entries that interleave experts (0, 1, 0, 1, ...) give the packed experts' result; the
+    CPU decodes each expert's layout once (in expert order), not once per change of expert."""
+    experts = np.stack([make_weight(case_rng("dwonce", i), "mxfp8", 64, 256) for i in range(2)])
+    qe = quantize(experts, "mxfp8", "numpy")
+    de = qq.prepare_decode(qe)
+    x = case_rng("dwonce-x").standard_normal((64, 1, 1, 256)).astype(F32)
+    idx = np.tile(np.array([[0], [1]], np.int32), (32, 1))
+    np.testing.assert_array_equal(qq.gather_qmm(x, de, rhs_indices=idx),
+                                  qq.gather_qmm(x, qe, rhs_indices=idx))
+
+
 def test_gather_bad_index_cpu():
     qa, dw = gather_case("nvfp4", "numpy", 8, 64, 256)
     x = np.ones((1, 1, 1, 256), F32)
-    with pytest.raises(ValueError, match="decode_gather_qmm: rhs_indices holds 8"):
+    with pytest.raises(ValueError, match="^gather_qmm: rhs_indices holds 8"):
         qq.gather_qmm(x, dw, rhs_indices=np.array([[8]], np.int32))
 
 

@@ -339,7 +339,7 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
     cdef str func = "quantized_matmul"
     if isinstance(w, DecodeWeight):
         return _decode_matmul(func, x, w, scales, biases, transpose, group_size, bits, mode,
-                              global_scale, bias, scale_layout, dtype, out, stream)
+                              global_scale, bias, scale_layout, fp8_format, dtype, out, stream)
     cdef _View vx, vw, vs, vb, vg, vbias, vo
     cdef qqQuantParams_t p
     cdef qqStatus_t st
@@ -436,7 +436,7 @@ def prepare_decode(w, stream=None):
 
 
 def _decode_weight_args(func, dw, shape_text, scales, biases, transpose, group_size, bits, mode,
-                        global_scale, scale_layout):
+                        global_scale, scale_layout, fp8_format):
     """A DecodeWeight carries its scales, mode and global scale: the weight arguments of
     quantized_matmul / gather_qmm must be left at their defaults (mode may name its own)."""
     if (scales is not None or biases is not None or group_size is not None or bits is not None
@@ -446,13 +446,16 @@ def _decode_weight_args(func, dw, shape_text, scales, biases, transpose, group_s
                          f"scale_layout")
     if mode not in ("affine", dw.mode):  # "affine" is the default: not given
         raise ValueError(f"{func}: mode={mode!r} but w is a {dw.mode} DecodeWeight")
+    if fp8_format != dw.quantized.fp8_format:  # (the decode layout's mxfp8 is E4M3, the default)
+        raise ValueError(f"{func}: fp8_format={fp8_format!r} contradicts the DecodeWeight's "
+                         f"{dw.quantized.fp8_format!r}; leave fp8_format out")
     if not transpose:
         raise ValueError(f"{func}: a DecodeWeight is {shape_text} (transpose=True); got "
                          f"transpose=False")
 
 
 def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mode,
-                   global_scale, bias, scale_layout, dtype, out, stream):
+                   global_scale, bias, scale_layout, fp8_format, dtype, out, stream):
     """quantized_matmul with a DecodeWeight: the decode layout's kernel where it applies
     (CPU: always; GPU: bfloat16 x of at most 64 rows or float16 of at most 32, compute
     capability 9.0+: libqq says, with NOT_SUPPORTED), else the packed weight it keeps
@@ -467,14 +470,21 @@ def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mod
     cdef DLTensor *to
     cdef void* s
     _decode_weight_args(func, dw, "[N, K]", scales, biases, transpose, group_size, bits, mode,
-                        global_scale, scale_layout)
-    shape = tuple(x.shape)
+                        global_scale, scale_layout, fp8_format)
     qa = dw.quantized
-    if len(dw.shape) == 3:  # experts: the batched packed weight
+    # experts: the batched packed weight; an x without .shape (only __dlpack__, or not an
+    # array at all): the packed weight's path too, which reads it or says what it expected
+    if len(dw.shape) == 3 or not hasattr(x, "shape"):
         return quantized_matmul(x, qa, bias=bias, dtype=dtype, out=out, stream=stream)
+    shape = tuple(x.shape)
     if len(shape) == 0 or int(shape[-1]) != int(dw.shape[1]):
         raise ValueError(f"{func}: x has shape {shape} but the DecodeWeight is {tuple(dw.shape)} "
                          f"(x must be [..., M, K] with K = {dw.shape[1]})")
+    want = shape[:-1] + (int(dw.shape[0]),)
+    # (libqq takes N from out's last axis and can check it only against the layout's size,
+    # rows rounded up to 64: the exact N is checked here)
+    if out is not None and hasattr(out, "shape") and tuple(out.shape) != want:
+        raise ValueError(f"{func}: argument 'out' has shape {tuple(out.shape)}; expected {want}")
     _quant_params(func, &p, qa.mode, qa.group_size, qa.bits, "ceil", "linear", qa.fp8_format)
     out_dtype = _dtype_arg(func, dtype)
     cdef _Call call = _new_call(func, x, "x", stream)
@@ -485,8 +495,7 @@ def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mod
         vg = call.view(call.scalar(dw.global_scale, "global_scale"), "global_scale")
         vbias = call.view(bias, "bias")
         if out is None:
-            result, vo = call.empty(shape[:-1] + (int(dw.shape[0]),), out_dtype or vx.float_dtype(),
-                                    "out")
+            result, vo = call.empty(want, out_dtype or vx.float_dtype(), "out")
         else:
             vo = _out_view(call, out, out_dtype)
         tx, tw, tg, tbias, to = _t(vx), _t(vw), _t(vg), _t(vbias), _t(vo)
@@ -500,7 +509,7 @@ def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mod
                              stream=stream)
             call.finish()
             return out if out is not None else call.result(result)
-        _check(st)
+        _check_as(st, "decode_matmul", func)
         call.finish()
     finally:
         call.release()
@@ -508,7 +517,7 @@ def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mod
 
 
 def _decode_gather(func, x, dw, rhs_indices, scales, biases, transpose, group_size, bits, mode,
-                   global_scale, bias, scale_layout, dtype, out, stream):
+                   global_scale, bias, scale_layout, fp8_format, dtype, out, stream):
     """gather_qmm with experts in the decode layout (a DecodeWeight of [E, N, K]), for bfloat16
     x of at most 16 rows per entry on the GPU (compute capability 9.0+): each batch entry
     reads its expert's layout, or, where the
@@ -525,20 +534,34 @@ def _decode_gather(func, x, dw, rhs_indices, scales, biases, transpose, group_si
     cdef DLTensor *to
     cdef void* s
     _decode_weight_args(func, dw, "[E, N, K]", scales, biases, transpose, group_size, bits, mode,
-                        global_scale, scale_layout)
+                        global_scale, scale_layout, fp8_format)
     if len(dw.shape) != 3:
         raise ValueError(f"{func}: w must hold experts [E, N, K]; the DecodeWeight is {tuple(dw.shape)}")
     qa = dw.quantized
+    # More than 16 rows per entry: the packed experts. Entries that share experts are grouped
+    # by expert in C (qqDecodeGatherQmm), which made the decode layout faster than the packed
+    # experts at every measured case (bench/results/gather_qmm-h100.md). An x or rhs_indices
+    # without .shape (only __dlpack__, or not an array): the packed experts' path too, which
+    # reads it or says what it expected.
+    if not hasattr(x, "shape") or not hasattr(rhs_indices, "shape") or (
+            len(x.shape) >= 2 and int(x.shape[-2]) > 16):
+        return gather_qmm(x, qa, rhs_indices=rhs_indices, bias=bias, dtype=dtype, out=out,
+                          stream=stream)
     shape = tuple(x.shape)
     if len(shape) < 2 or int(shape[-1]) != int(dw.shape[2]):
         raise ValueError(f"{func}: x has shape {shape} but the experts are {tuple(dw.shape)} (x must "
                          f"be [..., M, K] with K = {dw.shape[2]})")
-    # More than 16 rows per entry: the packed experts. Entries that share experts are grouped
-    # by expert in C (qqDecodeGatherQmm), which made the decode layout faster than the packed
-    # experts at every measured case (bench/results/gather_qmm-h100.md).
-    if int(shape[-2]) > 16:
-        return gather_qmm(x, qa, rhs_indices=rhs_indices, bias=bias, dtype=dtype, out=out,
-                          stream=stream)
+    ishape = tuple(int(d) for d in rhs_indices.shape)
+    try:
+        bshape = tuple(np.broadcast_shapes(shape[:-2], ishape))
+    except ValueError:
+        raise ValueError(f"{func}: the batch axes of x {shape[:-2]} and the shape of rhs_indices "
+                         f"{ishape} do not broadcast") from None
+    want = bshape + (int(shape[-2]), int(dw.shape[1]))
+    # (libqq takes N from out's last axis and can check it only against the layout's size,
+    # rows rounded up to 64: the exact shape is checked here)
+    if out is not None and hasattr(out, "shape") and tuple(out.shape) != want:
+        raise ValueError(f"{func}: argument 'out' has shape {tuple(out.shape)}; expected {want}")
     _quant_params(func, &p, qa.mode, qa.group_size, qa.bits, "ceil", "linear", qa.fp8_format)
     out_dtype = _dtype_arg(func, dtype)
     cdef _Call call = _new_call(func, x, "x", stream)
@@ -550,9 +573,7 @@ def _decode_gather(func, x, dw, rhs_indices, scales, biases, transpose, group_si
         vg = call.view(call.scalar(dw.global_scale, "global_scale"), "global_scale")
         vbias = call.view(bias, "bias")
         if out is None:
-            bshape = np.broadcast_shapes(shape[:-2], tuple(int(d) for d in rhs_indices.shape))
-            result, vo = call.empty(tuple(bshape) + (int(shape[-2]), int(dw.shape[1])),
-                                    out_dtype or vx.float_dtype(), "out")
+            result, vo = call.empty(want, out_dtype or vx.float_dtype(), "out")
         else:
             vo = _out_view(call, out, out_dtype)
         tx, tw, ti, tg, tbias, to = _t(vx), _t(vw), _t(vi), _t(vg), _t(vbias), _t(vo)
@@ -564,7 +585,7 @@ def _decode_gather(func, x, dw, rhs_indices, scales, biases, transpose, group_si
                        out=out if out is not None else result, stream=stream)
             call.finish()
             return out if out is not None else call.result(result)
-        _check(st)
+        _check_as(st, "decode_gather_qmm", func)
         call.finish()
     finally:
         call.release()
@@ -602,7 +623,7 @@ def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
     cdef int ctranspose = 1 if transpose else 0
     if isinstance(w, DecodeWeight) and rhs_indices is not None:
         return _decode_gather(func, x, w, rhs_indices, scales, biases, transpose, group_size, bits,
-                              mode, global_scale, bias, scale_layout, dtype, out, stream)
+                              mode, global_scale, bias, scale_layout, fp8_format, dtype, out, stream)
     if rhs_indices is None:
         raise TypeError(f"{func}: argument 'rhs_indices' is required (int32 expert indices); "
                         f"quantized_matmul multiplies without them")

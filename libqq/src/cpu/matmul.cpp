@@ -7,7 +7,9 @@
 // that the compiler vectorizes them without -ffast-math.
 #include <string.h>
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "../codec.h"
@@ -276,10 +278,19 @@ qqStatus_t decode_matmul(const DecodeMatmulArgs& a) {
   const int64_t per = decode_layout_bytes(N, K, fmt);
   std::vector<float> wd(N * K), xd(M * K), c(M * N);
   const std::vector<float> bias = bias_f32(a.bias, N);
+  // The entries in expert order (stable), so that each expert's layout is decoded once
+  // however the entries interleave (decoding costs far more than an entry's product:
+  // 4000 entries over 8 experts of 512 x 1024 took 17 s decoding expert by entry).
+  std::vector<std::pair<int64_t, int64_t>> order((size_t)a.B);  // (expert, entry)
+  for (int64_t b = 0; b < a.B; ++b)  // gather: range-checked by the API
+    order[(size_t)b] = {a.gidx.ptr ? *((const int32_t*)a.gidx.ptr + a.gidx.offset(b)) : 0, b};
+  std::stable_sort(order.begin(), order.end(),
+                   [](const std::pair<int64_t, int64_t>& u, const std::pair<int64_t, int64_t>& v) {
+                     return u.first < v.first;
+                   });
   int64_t last = -2;
-  for (int64_t b = 0; b < a.B; ++b) {
-    // the expert of entry b (gather: range-checked by the API), its layout decoded once in a row
-    const int64_t e = a.gidx.ptr ? *((const int32_t*)a.gidx.ptr + a.gidx.offset(b)) : 0;
+  for (const auto& eb : order) {
+    const int64_t e = eb.first, b = eb.second;
     if (e != last) {
       const uint8_t* w = a.w + e * per;
       for (int64_t n = 0; n < N; ++n)
