@@ -454,6 +454,14 @@ def _decode_weight_args(func, dw, shape_text, scales, biases, transpose, group_s
                          f"transpose=False")
 
 
+cdef int _check_decode_out(str func, out, tuple want) except -1:
+    """out= of a DecodeWeight call has the result's exact shape: libqq takes N from out's
+    last axis and can check it only against the layout's size, rows rounded up to 64."""
+    if out is not None and hasattr(out, "shape") and tuple(out.shape) != want:
+        raise ValueError(f"{func}: argument 'out' has shape {tuple(out.shape)}; expected {want}")
+    return 0
+
+
 def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mode,
                    global_scale, bias, scale_layout, fp8_format, dtype, out, stream):
     """quantized_matmul with a DecodeWeight: the decode layout's kernel where it applies
@@ -481,10 +489,7 @@ def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mod
         raise ValueError(f"{func}: x has shape {shape} but the DecodeWeight is {tuple(dw.shape)} "
                          f"(x must be [..., M, K] with K = {dw.shape[1]})")
     want = shape[:-1] + (int(dw.shape[0]),)
-    # (libqq takes N from out's last axis and can check it only against the layout's size,
-    # rows rounded up to 64: the exact N is checked here)
-    if out is not None and hasattr(out, "shape") and tuple(out.shape) != want:
-        raise ValueError(f"{func}: argument 'out' has shape {tuple(out.shape)}; expected {want}")
+    _check_decode_out(func, out, want)
     _quant_params(func, &p, qa.mode, qa.group_size, qa.bits, "ceil", "linear", qa.fp8_format)
     out_dtype = _dtype_arg(func, dtype)
     cdef _Call call = _new_call(func, x, "x", stream)
@@ -558,10 +563,7 @@ def _decode_gather(func, x, dw, rhs_indices, scales, biases, transpose, group_si
         raise ValueError(f"{func}: the batch axes of x {shape[:-2]} and the shape of rhs_indices "
                          f"{ishape} do not broadcast") from None
     want = bshape + (int(shape[-2]), int(dw.shape[1]))
-    # (libqq takes N from out's last axis and can check it only against the layout's size,
-    # rows rounded up to 64: the exact shape is checked here)
-    if out is not None and hasattr(out, "shape") and tuple(out.shape) != want:
-        raise ValueError(f"{func}: argument 'out' has shape {tuple(out.shape)}; expected {want}")
+    _check_decode_out(func, out, want)
     _quant_params(func, &p, qa.mode, qa.group_size, qa.bits, "ceil", "linear", qa.fp8_format)
     out_dtype = _dtype_arg(func, dtype)
     cdef _Call call = _new_call(func, x, "x", stream)

@@ -281,13 +281,10 @@ qqStatus_t decode_matmul(const DecodeMatmulArgs& a) {
   // The entries in expert order (stable), so that each expert's layout is decoded once
   // however the entries interleave (decoding costs far more than an entry's product:
   // 4000 entries over 8 experts of 512 x 1024 took 17 s decoding expert by entry).
-  std::vector<std::pair<int64_t, int64_t>> order((size_t)a.B);  // (expert, entry)
+  std::vector<std::pair<int64_t, int64_t>> order((size_t)a.B);  // (expert, entry): sorted, entry order within an expert
   for (int64_t b = 0; b < a.B; ++b)  // gather: range-checked by the API
     order[(size_t)b] = {a.gidx.ptr ? *((const int32_t*)a.gidx.ptr + a.gidx.offset(b)) : 0, b};
-  std::stable_sort(order.begin(), order.end(),
-                   [](const std::pair<int64_t, int64_t>& u, const std::pair<int64_t, int64_t>& v) {
-                     return u.first < v.first;
-                   });
+  std::sort(order.begin(), order.end());
   int64_t last = -2;
   for (const auto& eb : order) {
     const int64_t e = eb.first, b = eb.second;

@@ -372,7 +372,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
         }
       } else {
         if constexpr (GR) {
-          static_assert(!GR || MT * 8 <= 32, "one row of x per producer lane");
+          static_assert(MT * 8 <= 32, "one row of x per producer lane");
           if (xr) bulk_g2s(dst + SW + lane * XS, xr + (size_t)i * KC * kDecChunkK, 512 * KC, full);
         } else {
           for (int m = lane; m < Mc; m += 32)
@@ -778,6 +778,17 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, cudaStream_
   return r;
 }
 
+// dispatch<FM, GR> for the layout's format `fmt`.
+template <bool GR>
+qqStatus_t dispatch_fmt(int fmt, const QP& p, int tiles, int ks, int nk, int sms, cudaStream_t st, Scratch* xt) {
+  switch (fmt) {
+    case kDecFp4: return dispatch<kDecFp4, GR>(p, tiles, ks, nk, sms, st, xt);
+    case kDecFp8: return dispatch<kDecFp8, GR>(p, tiles, ks, nk, sms, st, xt);
+    case kDecAff4: return dispatch<kDecAff4, GR>(p, tiles, ks, nk, sms, st, xt);
+    default: return dispatch<kDecAff8, GR>(p, tiles, ks, nk, sms, st, xt);
+  }
+}
+
 }  // namespace
 
 qqStatus_t to_decode_layout(qqHandle_t h, const DecodeLayoutArgs& a, void* stream) {
@@ -897,22 +908,8 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     // float16 x is always staged: the staging kernel splits it into bf16 rows.
     const bool stage = dense && nk > 0 && (x16 || p.M > 16 || (p.M > 8 && ks == 1));
     Scratch* xt = stage ? &scratch : nullptr;
-    qqStatus_t r;
-    if (grouped) {
-      switch (fmt) {
-        case kDecFp4: r = dispatch<kDecFp4, true>(p, tiles, ks, nk, sms, st, xt); break;
-        case kDecFp8: r = dispatch<kDecFp8, true>(p, tiles, ks, nk, sms, st, xt); break;
-        case kDecAff4: r = dispatch<kDecAff4, true>(p, tiles, ks, nk, sms, st, xt); break;
-        default: r = dispatch<kDecAff8, true>(p, tiles, ks, nk, sms, st, xt); break;
-      }
-    } else {
-      switch (fmt) {
-        case kDecFp4: r = dispatch<kDecFp4, false>(p, tiles, ks, nk, sms, st, xt); break;
-        case kDecFp8: r = dispatch<kDecFp8, false>(p, tiles, ks, nk, sms, st, xt); break;
-        case kDecAff4: r = dispatch<kDecAff4, false>(p, tiles, ks, nk, sms, st, xt); break;
-        default: r = dispatch<kDecAff8, false>(p, tiles, ks, nk, sms, st, xt); break;
-      }
-    }
+    const qqStatus_t r = grouped ? dispatch_fmt<true>(fmt, p, tiles, ks, nk, sms, st, xt)
+                                 : dispatch_fmt<false>(fmt, p, tiles, ks, nk, sms, st, xt);
     if (r == kRefused)
       return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's kernel cannot run on this GPU (compute "
                        "capability %d.x: no sm_90a / sm_100a / sm_120a code for it in this build, or too little "
