@@ -426,6 +426,104 @@ def test_affine_rounds_half_away_from_zero(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("bits", [4, 8, 3])
+def test_affine_group_range_edges(bits, group, dtype, device, rng):
+    """The GPU takes a group's min and max two 16-bit elements at a time, with a NaN passed
+    through, and finiteness from the two results. Groups with one NaN, +Inf or -Inf at
+    positions of either half of a packed pair and of every 32-element thread of the group;
+    all -0, mixed -0 / +0 with positives or negatives (which zero a min keeps must not
+    matter), all-negative (max(0, max) = +0), one tiny positive, all equal: codes, scales
+    and biases equal the reference and the CPU bit for bit."""
+    rows = []
+
+    def row():
+        r = (rng.standard_normal(2 * group) * 3).astype(F32)
+        rows.append(r)
+        return r
+
+    for p in sorted({0, 1, 6, 7, 30, 31, 32, 33, group - 2, group - 1}):
+        for v in (np.nan, np.inf, -np.inf):
+            row()[p] = v
+    for g0 in (0, group):  # the first group or the second of a row
+        r = row(); r[g0:g0 + group] = -0.0
+        r = row(); r[g0:g0 + group] = np.abs(r[g0:g0 + group]); r[g0:g0 + group:3] = -0.0; r[g0 + 1:g0 + group:5] = 0.0
+        r = row(); r[g0:g0 + group] = -np.abs(r[g0:g0 + group]); r[g0 + 2:g0 + group:4] = -0.0; r[g0 + 3] = 0.0
+        r = row(); r[g0:g0 + group] = -np.abs(r[g0:g0 + group]) - 0.5
+        r = row(); r[g0:g0 + group] = 0.0; r[g0 + group // 2 + 1] = 2.0 ** -20
+        r = row(); r[g0:g0 + group] = -1.25
+    x = cast(np.stack(rows), dtype)
+    check_quantize(x, device, group_size=group, bits=bits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", [4, 8])
+def test_affine_data_not_16_byte_aligned_gpu(bits, rng):
+    """The GPU kernel stores a thread's 4- / 8-bit codes in 16-byte stores where the data
+    pointer allows, else in 4- / 8-byte ones. qq's own outputs are always aligned, so the
+    second path is reached through the C ABI (ctypes) with a data buffer 4 / 8 bytes past a
+    16-byte boundary: the same bytes as qq.quantize's, nothing written outside the rows."""
+    import ctypes
+    import re
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    with open("/proc/self/maps") as f:
+        path = next(ln.split()[-1] for ln in f if re.search(r"/libqq\.so(\.\d+)*$", ln.rstrip()))
+    lib = ctypes.CDLL(path)
+
+    class DLDevice(ctypes.Structure):
+        _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+    class DLDataType(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+    class DLTensor(ctypes.Structure):
+        _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                    ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                    ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+    class Params(ctypes.Structure):
+        _fields_ = [("struct_size", ctypes.c_size_t)] + [
+            (n, ctypes.c_int) for n in ("mode", "group_size", "bits", "rounding", "scale_layout", "fp8_format")]
+
+    keep = []
+
+    def dl(ptr, shape, code, nbits):
+        sh = (ctypes.c_int64 * len(shape))(*shape)
+        keep.append(sh)
+        return DLTensor(ptr, DLDevice(2, torch.cuda.current_device()), len(shape), DLDataType(code, nbits, 1), sh,
+                        None, 0)
+
+    rows, k, group = 8, 512, 64
+    x = torch.from_numpy(rng.standard_normal((rows, k)).astype(F32)).to("cuda", torch.bfloat16)
+    nbytes = rows * k * bits // 8
+    off = bits  # 4 or 8 bytes past the (256-byte aligned) allocation
+    buf = torch.full((nbytes + 64,), 0xAB, dtype=torch.uint8, device="cuda")
+    scales = torch.empty((rows, k // group), dtype=torch.bfloat16, device="cuda")
+    biases = torch.empty_like(scales)
+    p = Params()
+    assert lib.qqQuantParamsInit(ctypes.byref(p), 0) == 0  # QQ_MODE_AFFINE
+    p.bits, p.group_size = bits, group
+    tx = dl(x.data_ptr(), (rows, k), 4, 16)  # kDLBfloat
+    td = dl(buf.data_ptr() + off, (rows, nbytes // rows), 1, 8)  # kDLUInt
+    ts = dl(scales.data_ptr(), tuple(scales.shape), 4, 16)
+    tb = dl(biases.data_ptr(), tuple(biases.shape), 4, 16)
+    assert (buf.data_ptr() + off) % 16 == off
+    st = lib.qqQuantize(None, ctypes.byref(tx), ctypes.byref(p), None, ctypes.byref(td), ctypes.byref(ts),
+                        ctypes.byref(tb), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+    torch.cuda.synchronize()
+    assert st == 0
+    want = qq.quantize(x, group_size=group, bits=bits)
+    got = buf.cpu().numpy()
+    assert (got[:off] == 0xAB).all() and (got[off + nbytes:] == 0xAB).all()
+    assert_bits_equal(got[off:off + nbytes].reshape(rows, -1), as_bytes(want.data), "data")
+    assert_bits_equal(scales, want.scales, "scales")
+    assert_bits_equal(biases, want.biases, "biases")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", dtype_params())
 def test_affine_zero_group(dtype, device):
     """All zeros: scale = max(0, 1e-7) negated (edge = w_max = 0) = -1e-7 in x's dtype,
     bias 0, codes 0."""

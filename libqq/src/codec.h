@@ -539,7 +539,15 @@ QQ_HD float add_rd(float a, float b) {
 // clamp(t, 0, n), and round_half_away(c) of a clamped 0 <= c <= 255 in the GPU form:
 // for such c, floor(RD(c + 0.5)) = floor(c + 0.5) = round_half_away(c) (RD never crosses
 // an integer), and RD(x + 2^23) = 2^23 + floor(x).
-QQ_HD float affine_clamp(float t, float n) { return t > 0.0f ? (t < n ? t : n) : 0.0f; }
+QQ_HD float affine_clamp(float t, float n) {
+#if defined(__CUDA_ARCH__)
+  return fminf(fmaxf(t, 0.0f), n);  // two FMNMX; fmaxf takes a NaN to 0 as the select form does
+#elif defined(QQ_CODEC_GPU_FORMS)
+  return __builtin_fminf(__builtin_fmaxf(t, 0.0f), n);
+#else
+  return t > 0.0f ? (t < n ? t : n) : 0.0f;
+#endif
+}
 QQ_HD uint32_t affine_round_clamped(float c) { return f2u(add_rd(add_rd(c, 0.5f), 8388608.0f)) - 0x4b000000u; }
 // clamp(round_half_away(t), 0, n) as an integer, n = 2^bits - 1.
 QQ_HD uint32_t affine_round_clamp(float t, float n) {
@@ -560,10 +568,24 @@ QQ_HD uint32_t affine_round_clamp(float t, float n) {
 // of the divided one (two roundings against one, each half an ulp), and
 // tests/cpp/codec_proofs.cpp proves for every fp32 t that when this test passes, t and
 // every quotient within 4 ulp of it round and clamp to the same code.
-QQ_HD bool affine_band_clamped(float c) {
+// (In two steps so that the GPU can test eight quotients at once on the largest distance.)
+QQ_HD float affine_round_dist(float c) {  // |c - the integer nearest c|, in [0, 0.5]
   const float ri = (c + 8388608.0f) - 8388608.0f;  // c rounded to an integer (0 <= c <= 255)
-  return abs_f(c - ri) > 0.499f;
+#if defined(__CUDA_ARCH__)
+  return fabsf(c - ri);  // (the |.| folds into the instruction that reads it; abs_f's mask does not)
+#else
+  return abs_f(c - ri);
+#endif
 }
+QQ_HD bool affine_dist_in_band(float dist) { return dist > 0.499f; }
+QQ_HD bool affine_band_clamped(float c) { return affine_dist_in_band(affine_round_dist(c)); }
+// The code of a clamped quotient outside that band: c + 2^23, rounded to nearest, holds the
+// integer nearest c in its low bits, and away from a .5 boundary that integer is
+// round_half_away(c) = affine_round_clamped(c) (codec_proofs check 7). The sum is the band
+// test's own, so the fast path's code costs no instruction beyond the test; the two
+// round-down adds of affine_round_clamped are left to the quotients inside the band.
+constexpr uint32_t kAffineCodeBias = 0x4b000000u;  // the bits of 2^23: code = bits(2^23 + code) - this
+QQ_HD uint32_t affine_rn_code(float c) { return f2u(c + 8388608.0f) - kAffineCodeBias; }
 QQ_HD uint32_t affine_encode(float w, float scale, float inv, float bias, int bits) {
   const float d = w - bias;
   float t = d * inv;

@@ -25,7 +25,9 @@
 //      cuda/quant.cuh's affine_encode8): for every x it passes, the code the
 //      fast path takes (affine_round_clamped of the clamped x) is the code of
 //      x and of every quotient within 4 ulp of x, for every bit width - the
-//      reciprocal quotient's distance from the divided one.
+//      reciprocal quotient's distance from the divided one; and the code the
+//      GPU's fast path reads from the band test's own sum (affine_rn_code) is
+//      that code too.
 // `codec_proofs --exhaustive` checks 1, 3, 5 and 7 for all 2^32 fp32 bit
 // patterns (add_rd for every operand in [0, 256]) and 20M tuples for 2: the
 // proof, about 1 minute of CPU time, and 6 for the GPU forms (software fmaf). Without
@@ -186,7 +188,7 @@ int main(int argc, char** argv) {
         const float c = qq::affine_clamp(x, nmax);
         if (qq::affine_band_clamped(c)) continue;
         const uint32_t q = qq::affine_round_clamped(c);
-        bool ok = q == affine_round_clamp_ref(x, nmax);
+        bool ok = q == affine_round_clamp_ref(x, nmax) && qq::affine_rn_code(c) == q;
         if (qq::abs_f(x) < 1024.0f)
           ok = ok && q == affine_round_clamp_ref(lo, nmax) && q == affine_round_clamp_ref(hi, nmax);
         if (!ok && bad_band++ < 10) printf("affine band MISMATCH 0x%08x (%g) bits %d\n", u, x, bits);

@@ -36,7 +36,10 @@ constexpr int kTM = 128, kTK = 64, kPitch = kTK + 1;
 // group's own, or its 32x32 tile's) into G*bits/8 bytes at dst (4-byte
 // aligned). Returns the scale byte (fp modes) or writes *scale / *bias
 // (affine, fp32; the caller rounds them to the stored dtype).
-template <int G, typename Get>
+// kFastAffine: affine groups through affine_encode8 at 4 and 8 bits (the kernels of 64- and
+// 128-row groups; in the G = 32 kernel, which also holds the fp modes and the row-wise
+// groups, its registers spilled at the 40-register budget, so that one encodes per element).
+template <int G, bool kFastAffine, typename Get>
 __device__ __forceinline__ uint8_t encode_group(const QSpec& q, float enc, float amax, float wmin, float wmax,
                                                 bool finite, Get get, uint8_t* dst, float* scale, float* bias) {
   constexpr int kMaxWords = G * 8 / 32;  // words for the widest element (8 bits)
@@ -81,10 +84,17 @@ __device__ __forceinline__ uint8_t encode_group(const QSpec& q, float enc, float
     }
     *scale = s;
     *bias = b;
+    // 4 and 8 bits (the common widths) with the width at compile time: eight quotients
+    // tested at once and the multiply-add packing of affine_encode8
 #pragma unroll
     for (int j = 0; j < G / 8; ++j) {
       uint64_t acc = 0;
-      if (finite) {
+      if (kFastAffine && finite && (bits == 4 || bits == 8)) {
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = get(8 * j + i);
+        acc = bits == 4 ? affine_encode8<4>(v, s, inv, b, 4) : affine_encode8<8>(v, s, inv, b, 8);
+      } else if (finite) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc |= (uint64_t)affine_encode(get(8 * j + i), s, inv, b, bits) << (i * bits);
       }
@@ -129,18 +139,19 @@ __device__ __forceinline__ void group_stats(bool fp, Get get, float* amax, float
     *finite = true;
     return;
   }
-  float lo = get(0), hi = 0.0f;
-  bool f = true;
+  // min and max that pass NaN through: the group is finite exactly when both are (two
+  // instructions an element where compare-and-select plus a finiteness test took seven;
+  // the sign of a zero min does not matter to affine_params: vec.cuh, minmax_nan)
+  float lo = get(0), hi = lo;
 #pragma unroll 8
   for (int i = 0; i < G; ++i) {
     const float v = get(i);
-    f = f && is_finite_f(v);
-    lo = v < lo ? v : lo;
-    hi = v > hi ? v : hi;
+    lo = fmin_nan(lo, v);
+    hi = fmax_nan(hi, v);
   }
   *amax = 0.0f;
-  *wmin = lo, *wmax = hi;
-  *finite = f;
+  *finite = is_finite_f(lo) && is_finite_f(hi);
+  *wmin = lo, *wmax = hi > 0.0f ? hi : 0.0f;
 }
 
 // Where the scale byte of column k's group g (batch entry b; ng = M / G groups, from
@@ -226,8 +237,8 @@ __global__ void __launch_bounds__(kThreads, 6) quantize_tile_kernel(ColwiseArgs 
     part_lo[sub][c] = wmin, part_hi[sub][c] = wmax, part_fin[sub][c] = finite;
     __syncthreads();
     const int first = sub / (G / 32) * (G / 32);  // the group's first sub
-    // the group's min and max in the order one thread would have met its rows: a
-    // strict comparison keeps the first of equal values (+-0), as group_stats does
+    // the group's min and max from its subs' (which zero a tie of -0 and +0 keeps does
+    // not matter to affine_params)
     wmin = part_lo[first][c], wmax = part_hi[first][c], finite = part_fin[first][c];
 #pragma unroll
     for (int j = 1; j < G / 32; ++j) {
@@ -239,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 6) quantize_tile_kernel(ColwiseArgs 
     if (k < K && m < M) {  // M % G == 0: a group is all in or all out
       uint8_t* dst = (uint8_t*)a.data_t.ptr + (b * K + k) * a.data_t.cols + m * a.q.bits / 8;
       float s = 0.0f, bi = 0.0f;
-      encode_group<32>(a.q, enc, amax, wmin, wmax, finite, get, dst, &s, &bi);
+      encode_group<32, true>(a.q, enc, amax, wmin, wmax, finite, get, dst, &s, &bi);
       if (sub == first) {
         const int64_t ng = M / G, g = m / G;
         reinterpret_cast<T*>(a.scales_t.ptr)[(b * K + k) * ng + g] = store_cast<T>(s);
@@ -271,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, 6) quantize_tile_kernel(ColwiseArgs 
       if (!valid) continue;
       uint8_t* dst = (uint8_t*)a.data_t.ptr + (b * K + k) * a.data_t.cols + m * a.q.bits / 8;
       float s = 0.0f, bi = 0.0f;
-      const uint8_t sc = encode_group<G>(a.q, enc, amax, wmin, wmax, finite, get, dst, &s, &bi);
+      const uint8_t sc = encode_group<G, false>(a.q, enc, amax, wmin, wmax, finite, get, dst, &s, &bi);
       const int64_t ng = M / G, g = m / G;
       if (!a.q.fp()) {
         reinterpret_cast<T*>(a.scales_t.ptr)[(b * K + k) * ng + g] = store_cast<T>(s);
@@ -300,7 +311,7 @@ __global__ void __launch_bounds__(kThreads, 6) quantize_tile_kernel(ColwiseArgs 
       group_stats<G>(a.q.fp(), get, &amax, &wmin, &wmax, &finite);
       uint8_t* dst = (uint8_t*)r.data.ptr + (b * M + m) * r.data.cols + k * a.q.bits / 8;
       float s = 0.0f, bi = 0.0f;
-      const uint8_t sc = encode_group<G>(a.q, enc, amax, wmin, wmax, finite, get, dst, &s, &bi);
+      const uint8_t sc = encode_group<G, false>(a.q, enc, amax, wmin, wmax, finite, get, dst, &s, &bi);
       const int64_t ng = K / G, g = k / G;
       if (!a.q.fp()) {
         reinterpret_cast<T*>(r.scales.ptr)[(b * M + m) * ng + g] = store_cast<T>(s);

@@ -36,30 +36,52 @@ __device__ __forceinline__ uint32_t fp8x2_code(int elem, float lo, float hi, boo
 // Eight affine codes (codec.h's affine_encode, bit for bit) packed little-endian at `bits`
 // bits each (kBits: the width at compile time, 0 = the run-time `bits`). The fast quotients
 // come first, clamped, and tested on the clamped value (affine_band_clamped: 4 instructions
-// where affine_needs_div on the raw quotient takes 7); the exact division is taken for the
-// eight behind one branch, almost never entered. affine_encode's per-element
-// test-and-divide made every element a divergent branch (BSSY / BRA / BSYNC), and a
-// run-time width made every shift a 64-bit variable shift.
+// where affine_needs_div on the raw quotient takes 7); outside the band the code is read
+// from the test's own sum (affine_rn_code). The exact division and round-half-away
+// rounding are taken for the eight behind one branch, almost never entered.
+// affine_encode's per-element test-and-divide made every element a divergent branch
+// (BSSY / BRA / BSYNC), and a run-time width made every shift a 64-bit variable shift.
+// The eight tests are one, on the largest distance (a max a quotient): short-circuiting
+// (`||`) made the tests predicated and the sums they share with the codes computed twice,
+// and `|=` kept a predicate a quotient for the rare branch.
 template <int kBits>
 __device__ __forceinline__ uint64_t affine_encode8(const float* v, float scale, float inv, float bias, int bits) {
   const int nb = kBits ? kBits : bits;
   const float n = (float)((1 << nb) - 1);
-  float c[8];
-  bool any = false;
+  uint32_t u[8];  // kAffineCodeBias + code: the bits of 2^23 + code
+  float dmax = 0.0f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    c[i] = affine_clamp((v[i] - bias) * inv, n);
-    any = any || affine_band_clamped(c[i]);
+    const float c = affine_clamp((v[i] - bias) * inv, n);
+    u[i] = affine_rn_code(c) + kAffineCodeBias;
+    dmax = fmaxf(dmax, affine_round_dist(c));
   }
-  if (any) {
+  if (affine_dist_in_band(dmax)) {  // (the quotients again: fewer registers held across)
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      if (affine_band_clamped(c[i])) c[i] = affine_clamp((v[i] - bias) / scale, n);
+      if (affine_band_clamped(affine_clamp((v[i] - bias) * inv, n)))
+        u[i] = affine_round_clamped(affine_clamp((v[i] - bias) / scale, n)) + kAffineCodeBias;
   }
-  uint64_t acc = 0;
+  // Packing: Horner's multiply-adds sum u_i * 2^(nb i) in 32 bits, where the biases
+  // B * 2^(nb i) wrap to 0 once nb i >= 8 (B's low 24 bits are 0), so one subtraction of
+  // what is left removes them: one IMAD a code where bias, shift and or took about 2.5.
+  constexpr uint32_t B = kAffineCodeBias;
+  if constexpr (kBits == 4) {
+    uint32_t w = u[7];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) acc |= (uint64_t)affine_round_clamped(c[i]) << (i * nb);
-  return acc;
+    for (int i = 6; i >= 0; --i) w = w * 16u + u[i];
+    return w - (B + (B << 4));
+  } else if constexpr (kBits == 8) {
+    uint32_t lo = u[3], hi = u[7];
+#pragma unroll
+    for (int i = 2; i >= 0; --i) lo = lo * 256u + u[i], hi = hi * 256u + u[i + 4];
+    return (uint64_t)(lo - B) | ((uint64_t)(hi - B) << 32);
+  } else {
+    uint64_t acc = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc |= (uint64_t)(u[i] - B) << (i * nb);
+    return acc;
+  }
 }
 
 // Shape counts a row in chunks of kVec elements (one 16-byte load of 16-bit

@@ -205,17 +205,25 @@ __global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeAr
   const int64_t g = chunk / kLanes, ng = s.chunks / kLanes;
   const int bits = kBits ? kBits : a.q.bits;
 
+  constexpr int kWords = kAff * (int)sizeof(T) / 16;
+  uint4 raw[kWords];
+  const uint4* src = reinterpret_cast<const uint4*>(a.x.at<T>(b, r) + chunk * kAff);
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) raw[i] = __ldg(src + i);
+  float wmin, wmax;
+  minmax_nan<T, kWords>(raw, &wmin, &wmax);
+  int finite = is_finite_f(wmin) && is_finite_f(wmax) ? 1 : 0;
+  wmax = wmax > 0.0f ? wmax : 0.0f;  // max(0, max(w)): +0 when no element is positive
   float v[kAff];
-  const T* src = a.x.at<T>(b, r) + chunk * kAff;
+  if constexpr (sizeof(T) == 4) {
 #pragma unroll
-  for (int i = 0; i < kAff; i += kVec) load8<T>(src + i, v + i);
-  float wmin = v[0], wmax = 0.0f;
-  int finite = 1;
+    for (int i = 0; i < kWords; ++i) {
+      v[4 * i] = __uint_as_float(raw[i].x), v[4 * i + 1] = __uint_as_float(raw[i].y);
+      v[4 * i + 2] = __uint_as_float(raw[i].z), v[4 * i + 3] = __uint_as_float(raw[i].w);
+    }
+  } else {
 #pragma unroll
-  for (int i = 0; i < kAff; ++i) {
-    finite &= is_finite_f(v[i]) ? 1 : 0;
-    wmin = v[i] < wmin ? v[i] : wmin;
-    wmax = v[i] > wmax ? v[i] : wmax;
+    for (int i = 0; i < kWords; ++i) unpack8<T>(raw[i], v + 8 * i);
   }
   if (kLanes > 1) {
     wmin = group_min<kLanes>(wmin);
@@ -231,16 +239,30 @@ __global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeAr
   } else {
     scale = bias = u2f(0x7fc00000u);
   }
-  // 8 elements * bits bits = `bits` whole bytes: encode and store 8 at a time
+  // 8 elements * bits bits = `bits` whole bytes: encoded 8 at a time. The 4- and 8-bit
+  // codes of the 32 elements (16 / 32 bytes) go out in 16-byte stores where the row allows
+  // (a row of K % 32 == 0 codes at 4 bits, K % 16 at 8), else in 4- / 8-byte ones.
   uint8_t* d = (uint8_t*)a.data.ptr + row * a.data.cols + chunk * kAff * bits / 8;
+  uint64_t acc[kAff / 8];
 #pragma unroll
-  for (int j = 0; j < kAff / 8; ++j) {
-    const uint64_t acc = finite ? affine_encode8<kBits>(v + 8 * j, scale, inv, bias, bits) : 0;
-    uint8_t* dj = d + j * bits;
-    if (bits == 4) *reinterpret_cast<uint32_t*>(dj) = (uint32_t)acc;
-    else if (bits == 8) *reinterpret_cast<uint2*>(dj) = make_uint2((uint32_t)acc, (uint32_t)(acc >> 32));
-    else
-      for (int i = 0; i < bits; ++i) dj[i] = (uint8_t)(acc >> (8 * i));
+  for (int j = 0; j < kAff / 8; ++j) acc[j] = finite ? affine_encode8<kBits>(v + 8 * j, scale, inv, bias, bits) : 0;
+  const bool v16 = ((uintptr_t)d & 15) == 0;
+  if (kBits == 4 && v16) {
+    *reinterpret_cast<uint4*>(d) = make_uint4((uint32_t)acc[0], (uint32_t)acc[1], (uint32_t)acc[2], (uint32_t)acc[3]);
+  } else if (kBits == 8 && v16) {
+#pragma unroll
+    for (int j = 0; j < kAff / 8; j += 2)
+      reinterpret_cast<uint4*>(d)[j / 2] = make_uint4((uint32_t)acc[j], (uint32_t)(acc[j] >> 32),
+                                                      (uint32_t)acc[j + 1], (uint32_t)(acc[j + 1] >> 32));
+  } else {
+#pragma unroll
+    for (int j = 0; j < kAff / 8; ++j) {
+      uint8_t* dj = d + j * bits;
+      if (bits == 4) *reinterpret_cast<uint32_t*>(dj) = (uint32_t)acc[j];
+      else if (bits == 8) *reinterpret_cast<uint2*>(dj) = make_uint2((uint32_t)acc[j], (uint32_t)(acc[j] >> 32));
+      else
+        for (int i = 0; i < bits; ++i) dj[i] = (uint8_t)(acc[j] >> (8 * i));
+    }
   }
   if ((chunk % kLanes) == 0) {
     // stored scale and bias are rounded to x's dtype (docs/formats.md, Affine)

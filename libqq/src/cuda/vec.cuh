@@ -7,11 +7,60 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "../codec.h"
 #include "../internal.h"
 
 namespace qq {
 namespace cuda {
+
+// min / max that pass a NaN through (PTX min.NaN / max.NaN, sm_80+).
+__device__ __forceinline__ float fmin_nan(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// min and max, as fp32, of the elements of kWords 16-byte words; a NaN anywhere makes both
+// NaN, so the group is finite exactly when both are (an Inf shows as the min or the max).
+// 16-bit types two elements per instruction on the packed halves (HMNMX2 with NaN): a
+// conversion to fp32 is exact and monotone, so the min of the halves is the half of the
+// min. Against fp32 compare-and-select per element with a separate finiteness test (seven
+// instructions an element), one. Which zero a min of -0 and +0 returns is unspecified;
+// affine_params does not depend on it.
+template <typename T, int kWords>
+__device__ __forceinline__ void minmax_nan(const uint4* q, float* lo, float* hi) {
+  if constexpr (sizeof(T) == 4) {
+    float mn = __uint_as_float(q[0].x), mx = mn;
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) {
+      const float e[4] = {__uint_as_float(q[i].x), __uint_as_float(q[i].y), __uint_as_float(q[i].z),
+                          __uint_as_float(q[i].w)};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mn = fmin_nan(mn, e[j]), mx = fmax_nan(mx, e[j]);
+    }
+    *lo = mn;
+    *hi = mx;
+  } else {
+    using T2 = typename std::conditional<std::is_same<T, __half>::value, __half2, __nv_bfloat162>::type;
+    auto as2 = [](uint32_t w) { return *reinterpret_cast<const T2*>(&w); };
+    T2 mn = as2(q[0].x), mx = mn;
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) {
+      const uint32_t e[4] = {q[i].x, q[i].y, q[i].z, q[i].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mn = __hmin2_nan(mn, as2(e[j])), mx = __hmax2_nan(mx, as2(e[j]));
+    }
+    *lo = fmin_nan(__low2float(mn), __high2float(mn));
+    *hi = fmax_nan(__low2float(mx), __high2float(mx));
+  }
+}
 
 // 8 consecutive 16-bit elements as fp32 from their 16-byte word.
 template <typename T> __device__ __forceinline__ void unpack8(const uint4& a, float* v);
