@@ -457,12 +457,14 @@ def test_affine_group_range_edges(bits, group, dtype, device, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("op", ["quantize", "quantize_colwise"])
 @pytest.mark.parametrize("bits", [4, 8])
-def test_affine_data_not_16_byte_aligned_gpu(bits, rng):
-    """The GPU kernel stores a thread's 4- / 8-bit codes in 16-byte stores where the data
-    pointer allows, else in 4- / 8-byte ones. qq's own outputs are always aligned, so the
-    second path is reached through the C ABI (ctypes) with a data buffer 4 / 8 bytes past a
-    16-byte boundary: the same bytes as qq.quantize's, nothing written outside the rows."""
+def test_affine_data_not_16_byte_aligned_gpu(op, bits, rng):
+    """The GPU kernels store 4- and 8-bit affine codes 16 bytes at a time where the data
+    pointer allows (quantize: a thread's 32 codes; quantize_colwise: x^T's rows staged in
+    shared memory), else narrower. qq's own outputs are always aligned, so the other path
+    is reached through the C ABI (ctypes) with a data buffer 4 / 8 bytes past a 16-byte
+    boundary: the same bytes as qq's own call, nothing written outside the buffer."""
     import ctypes
     import re
     torch = pytest.importorskip("torch")
@@ -489,32 +491,38 @@ def test_affine_data_not_16_byte_aligned_gpu(bits, rng):
 
     keep = []
 
-    def dl(ptr, shape, code, nbits):
+    def dl(t, shape=None, ptr=None):
+        shape = tuple(t.shape) if shape is None else shape
         sh = (ctypes.c_int64 * len(shape))(*shape)
         keep.append(sh)
-        return DLTensor(ptr, DLDevice(2, torch.cuda.current_device()), len(shape), DLDataType(code, nbits, 1), sh,
-                        None, 0)
+        code, nbits = (4, 16) if t.dtype == torch.bfloat16 else (1, 8)  # kDLBfloat / kDLUInt
+        return DLTensor(ptr or t.data_ptr(), DLDevice(2, torch.cuda.current_device()), len(shape),
+                        DLDataType(code, nbits, 1), sh, None, 0)
 
-    rows, k, group = 8, 512, 64
-    x = torch.from_numpy(rng.standard_normal((rows, k)).astype(F32)).to("cuda", torch.bfloat16)
-    nbytes = rows * k * bits // 8
+    m, k, group = 256, 72, 64
+    x = torch.from_numpy(rng.standard_normal((m, k)).astype(F32)).to("cuda", torch.bfloat16)
+    rows, cols = (m, k) if op == "quantize" else (k, m)  # the quantized operand: x or x^T
+    nbytes = rows * cols * bits // 8
     off = bits  # 4 or 8 bytes past the (256-byte aligned) allocation
     buf = torch.full((nbytes + 64,), 0xAB, dtype=torch.uint8, device="cuda")
-    scales = torch.empty((rows, k // group), dtype=torch.bfloat16, device="cuda")
+    scales = torch.empty((rows, cols // group), dtype=torch.bfloat16, device="cuda")
     biases = torch.empty_like(scales)
     p = Params()
     assert lib.qqQuantParamsInit(ctypes.byref(p), 0) == 0  # QQ_MODE_AFFINE
     p.bits, p.group_size = bits, group
-    tx = dl(x.data_ptr(), (rows, k), 4, 16)  # kDLBfloat
-    td = dl(buf.data_ptr() + off, (rows, nbytes // rows), 1, 8)  # kDLUInt
-    ts = dl(scales.data_ptr(), tuple(scales.shape), 4, 16)
-    tb = dl(biases.data_ptr(), tuple(biases.shape), 4, 16)
     assert (buf.data_ptr() + off) % 16 == off
-    st = lib.qqQuantize(None, ctypes.byref(tx), ctypes.byref(p), None, ctypes.byref(td), ctypes.byref(ts),
-                        ctypes.byref(tb), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+    tx, ts, tb = dl(x), dl(scales), dl(biases)
+    td = dl(buf, (rows, nbytes // rows), buf.data_ptr() + off)
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    if op == "quantize":
+        st = lib.qqQuantize(None, ctypes.byref(tx), ctypes.byref(p), None, ctypes.byref(td), ctypes.byref(ts),
+                            ctypes.byref(tb), stream)
+    else:
+        st = lib.qqQuantizeColwise(None, ctypes.byref(tx), ctypes.byref(p), None, ctypes.byref(td),
+                                   ctypes.byref(ts), ctypes.byref(tb), None, None, None, stream)
     torch.cuda.synchronize()
     assert st == 0
-    want = qq.quantize(x, group_size=group, bits=bits)
+    want = getattr(qq, op)(x, group_size=group, bits=bits)
     got = buf.cpu().numpy()
     assert (got[:off] == 0xAB).all() and (got[off + nbytes:] == 0xAB).all()
     assert_bits_equal(got[off:off + nbytes].reshape(rows, -1), as_bytes(want.data), "data")

@@ -36,10 +36,7 @@ constexpr int kTM = 128, kTK = 64, kPitch = kTK + 1;
 // group's own, or its 32x32 tile's) into G*bits/8 bytes at dst (4-byte
 // aligned). Returns the scale byte (fp modes) or writes *scale / *bias
 // (affine, fp32; the caller rounds them to the stored dtype).
-// kFastAffine: affine groups through affine_encode8 at 4 and 8 bits (the kernels of 64- and
-// 128-row groups; in the G = 32 kernel, which also holds the fp modes and the row-wise
-// groups, its registers spilled at the 40-register budget, so that one encodes per element).
-template <int G, bool kFastAffine, typename Get>
+template <int G, typename Get>
 __device__ __forceinline__ uint8_t encode_group(const QSpec& q, float enc, float amax, float wmin, float wmax,
                                                 bool finite, Get get, uint8_t* dst, float* scale, float* bias) {
   constexpr int kMaxWords = G * 8 / 32;  // words for the widest element (8 bits)
@@ -84,17 +81,13 @@ __device__ __forceinline__ uint8_t encode_group(const QSpec& q, float enc, float
     }
     *scale = s;
     *bias = b;
-    // 4 and 8 bits (the common widths) with the width at compile time: eight quotients
-    // tested at once and the multiply-add packing of affine_encode8
+    // (Per element: affine_encode8's eight quotients spilled at the 40-register budget of
+    // the G = 32 kernel, which also holds the fp modes; the 64- and 128-row groups at 4 and
+    // 8 bits take the staged path of quantize_tile_kernel instead.)
 #pragma unroll
     for (int j = 0; j < G / 8; ++j) {
       uint64_t acc = 0;
-      if (kFastAffine && finite && (bits == 4 || bits == 8)) {
-        float v[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = get(8 * j + i);
-        acc = bits == 4 ? affine_encode8<4>(v, s, inv, b, 4) : affine_encode8<8>(v, s, inv, b, 8);
-      } else if (finite) {
+      if (finite) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc |= (uint64_t)affine_encode(get(8 * j + i), s, inv, b, bits) << (i * bits);
       }
@@ -170,8 +163,8 @@ __device__ __forceinline__ void store_col_scale(const ColwiseArgs& a, int64_t b,
 }
 
 template <typename T, int G, bool kColMajor>
-__global__ void __launch_bounds__(kThreads, 6) quantize_tile_kernel(ColwiseArgs a, bool vec) {
-  __shared__ float xs[kTM * kPitch];  // xs[m * kPitch + k], logical (m, k) of the tile
+__global__ void __launch_bounds__(kThreads, G > 32 ? 5 : 6) quantize_tile_kernel(ColwiseArgs a, bool vec) {
+  __shared__ __align__(16) float xs[kTM * kPitch];  // xs[m * kPitch + k], logical (m, k) of the tile
   const int64_t M = a.M, K = a.K;
   const int64_t m0 = (int64_t)blockIdx.x * kTM, k0 = (int64_t)blockIdx.y * kTK;
   const int64_t b = blockIdx.z;
@@ -247,15 +240,61 @@ __global__ void __launch_bounds__(kThreads, 6) quantize_tile_kernel(ColwiseArgs 
       wmax = hi > wmax ? hi : wmax;
       finite = finite && part_fin[first + j][c];
     }
-    if (k < K && m < M) {  // M % G == 0: a group is all in or all out
-      uint8_t* dst = (uint8_t*)a.data_t.ptr + (b * K + k) * a.data_t.cols + m * a.q.bits / 8;
-      float s = 0.0f, bi = 0.0f;
-      encode_group<32, true>(a.q, enc, amax, wmin, wmax, finite, get, dst, &s, &bi);
-      if (sub == first) {
-        const int64_t ng = M / G, g = m / G;
-        reinterpret_cast<T*>(a.scales_t.ptr)[(b * K + k) * ng + g] = store_cast<T>(s);
-        reinterpret_cast<T*>(a.biases_t.ptr)[(b * K + k) * ng + g] = store_cast<T>(bi);
+    const bool valid = k < K && m < M;  // M % G == 0: a group is all in or all out
+    const int bits = a.q.bits;
+    float s = 0.0f, bi = 0.0f;
+    // 4 and 8 bits with x^T's codes 16-byte aligned (block-uniform): the codes are staged
+    // in shared memory and leave as whole pieces of x^T's rows (64 / 128 bytes a column,
+    // 16 bytes a lane, consecutive lanes along a row). Each lane writing its own 16-32
+    // bytes to a different row of x^T (the path below) used 3.6 of each 32-byte sector
+    // and kept the L2 at 89 % busy, DRAM at 28 % (ncu, 16384^2 affine4).
+    if ((bits == 4 || bits == 8) && ((uintptr_t)a.data_t.ptr & 15) == 0) {
+      float inv = 0.0f;
+      s = bi = u2f(0x7fc00000u);
+      if (finite) {
+        affine_params(wmin, wmax, bits, &s, &bi);
+        inv = 1.0f / s;
       }
+      uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // the 32 rows' codes: w[0..3] at 4 bits, all at 8
+      if (finite) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float v[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) v[i] = get(8 * j + i);
+          if (bits == 4) {
+            w[j] = (uint32_t)affine_encode8<4>(v, s, inv, bi, 4);
+          } else {
+            const uint64_t acc = affine_encode8<8>(v, s, inv, bi, 8);
+            w[2 * j] = (uint32_t)acc, w[2 * j + 1] = (uint32_t)(acc >> 32);
+          }
+        }
+      }
+      // A column's codes are S = bits 16-byte slots (128 rows); slot p of column c sits
+      // at c * S + (p ^ swz(c)): the XOR spreads both the writes (lanes along c) and the
+      // reads (lanes along p) over all 32 banks.
+      const int S = bits;
+      auto slot = [S](int cc, int p) { return cc * S + (p ^ ((cc * S / 8) & (S - 1))); };
+      uint4* st = reinterpret_cast<uint4*>(xs);  // the tile is read: its space is free
+      __syncthreads();
+      st[slot(c, sub * (S / 4))] = make_uint4(w[0], w[1], w[2], w[3]);
+      if (bits == 8) st[slot(c, sub * 2 + 1)] = make_uint4(w[4], w[5], w[6], w[7]);
+      __syncthreads();
+      for (int i = threadIdx.x; i < kTK * S; i += kThreads) {
+        const int cc = i / S, p = i % S;
+        const int64_t kk = k0 + cc, mm = m0 + (int64_t)p * (kTM / S);  // a slot: 128 / S rows
+        if (kk < K && mm < M)
+          *reinterpret_cast<uint4*>((uint8_t*)a.data_t.ptr + (b * K + kk) * a.data_t.cols + mm * bits / 8) =
+              st[slot(cc, p)];
+      }
+    } else if (valid) {
+      uint8_t* dst = (uint8_t*)a.data_t.ptr + (b * K + k) * a.data_t.cols + m * bits / 8;
+      encode_group<32>(a.q, enc, amax, wmin, wmax, finite, get, dst, &s, &bi);
+    }
+    if (valid && sub == first) {
+      const int64_t ng = M / G, g = m / G;
+      reinterpret_cast<T*>(a.scales_t.ptr)[(b * K + k) * ng + g] = store_cast<T>(s);
+      reinterpret_cast<T*>(a.biases_t.ptr)[(b * K + k) * ng + g] = store_cast<T>(bi);
     }
   } else {
   // ---- column groups: thread -> column c = t % 64, groups gi = t / 64, +4, ...
@@ -282,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, 6) quantize_tile_kernel(ColwiseArgs 
       if (!valid) continue;
       uint8_t* dst = (uint8_t*)a.data_t.ptr + (b * K + k) * a.data_t.cols + m * a.q.bits / 8;
       float s = 0.0f, bi = 0.0f;
-      const uint8_t sc = encode_group<G, false>(a.q, enc, amax, wmin, wmax, finite, get, dst, &s, &bi);
+      const uint8_t sc = encode_group<G>(a.q, enc, amax, wmin, wmax, finite, get, dst, &s, &bi);
       const int64_t ng = M / G, g = m / G;
       if (!a.q.fp()) {
         reinterpret_cast<T*>(a.scales_t.ptr)[(b * K + k) * ng + g] = store_cast<T>(s);
@@ -311,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, 6) quantize_tile_kernel(ColwiseArgs 
       group_stats<G>(a.q.fp(), get, &amax, &wmin, &wmax, &finite);
       uint8_t* dst = (uint8_t*)r.data.ptr + (b * M + m) * r.data.cols + k * a.q.bits / 8;
       float s = 0.0f, bi = 0.0f;
-      const uint8_t sc = encode_group<G, false>(a.q, enc, amax, wmin, wmax, finite, get, dst, &s, &bi);
+      const uint8_t sc = encode_group<G>(a.q, enc, amax, wmin, wmax, finite, get, dst, &s, &bi);
       const int64_t ng = K / G, g = k / G;
       if (!a.q.fp()) {
         reinterpret_cast<T*>(r.scales.ptr)[(b * M + m) * ng + g] = store_cast<T>(s);
