@@ -499,7 +499,8 @@ def test_affine_data_not_16_byte_aligned_gpu(op, bits, rng):
         return DLTensor(ptr or t.data_ptr(), DLDevice(2, torch.cuda.current_device()), len(shape),
                         DLDataType(code, nbits, 1), sh, None, 0)
 
-    m, k, group = 256, 72, 64
+    group = 64
+    m, k = (72, 256) if op == "quantize" else (256, 72)  # K (quantize) / M (colwise) in groups
     x = torch.from_numpy(rng.standard_normal((m, k)).astype(F32)).to("cuda", torch.bfloat16)
     rows, cols = (m, k) if op == "quantize" else (k, m)  # the quantized operand: x or x^T
     nbytes = rows * cols * bits // 8
