@@ -89,6 +89,29 @@ def test_shapes(cfg, shape, device, rng):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(300, 96), (37, 5120), (2, 129, 160), (3, 48)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("cfg", [FpCfg("nvfp4", global_scale=True), FpCfg("mxfp8"), "affine4", "affine8"],
+                         ids=str)
+def test_rows_packed_in_blocks(cfg, shape, device, rng):
+    """The GPU's row-wise grid gives a row T threads (the largest power of two up to 128
+    that divides the row's 32-element units) and a block 128 / T rows: rows of 1, 3, 5 and
+    160 units (T = 1, 1, 1, 32), row counts that leave the last block part empty, batch
+    entries that meet inside a block, blocked padding rows. Same bits as the reference."""
+    k = shape[-1]
+    if k % (16 if cfg == FpCfg("nvfp4", global_scale=True) else 32):
+        pytest.skip("K is not a multiple of the group")
+    if str(cfg).startswith("affine"):
+        x = random_data(rng, shape, BF16, 32)
+        check_quantize(x, device, group_size=32 if k % 64 else 64, bits=int(str(cfg)[-1]))
+        return
+    x = random_data(rng, shape, BF16, cfg.group_size)
+    gs = R.amax(x) if cfg.global_scale else None
+    for layout in ("linear", "blocked"):
+        check_quantize(x, device, scale_layout=layout, **cfg.kwargs(gs))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cfg", [FpCfg("nvfp4"), FpCfg("mxfp4"), FpCfg("mxfp8", fp8_format="e5m2"),
                                  "affine"], ids=str)
 def test_single_group(cfg, device, rng):

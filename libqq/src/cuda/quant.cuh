@@ -113,12 +113,15 @@ struct Shape {
   int64_t rows;      // real rows per batch entry (M)
   int64_t prows;     // rows per batch entry the grid covers (M or roundup(M, 128))
   int64_t total;     // batch * prows * chunks threads
+  int tlog = 7;      // row_pos: 2^tlog threads of a block per row (row_grid sets it)
+  uint32_t nrows = 0;  // rows of all batch entries, total / chunks (row_grid sets it)
 };
 
-// Row-wise kernels run on a 2D grid: blockIdx.x = row (over all batch entries,
-// padding rows included), blockIdx.y * kRowThreads + threadIdx.x = chunk of 8
-// elements. Index math stays in 32 bits (64-bit divisions cost more than the
-// encoding itself); only the final byte offsets are 64-bit.
+// Row-wise kernels run on a 2D grid: blockIdx.y * T + threadIdx.x % T = chunk of a row,
+// blockIdx.x * R + threadIdx.x / T = row (over all batch entries, padding rows included),
+// T = 2^s.tlog threads a row, R = kRowThreads / T rows a block. Index math stays in 32
+// bits (64-bit divisions cost more than the encoding itself); only the final byte
+// offsets are 64-bit.
 constexpr int kRowThreads = 128;
 struct RowPos {
   int64_t b, r, chunk;
@@ -126,21 +129,35 @@ struct RowPos {
 };
 __device__ __forceinline__ RowPos row_pos(const Shape& s) {
   RowPos p;
-  const uint32_t row = blockIdx.x;
+  const uint32_t tl = (uint32_t)s.tlog;
+  const uint32_t row0 = (blockIdx.x << (7 - tl)) + (threadIdx.x >> tl);
+  const bool live_row = row0 < s.nrows;  // the last block may hold up to R - 1 rows past the end
+  const uint32_t row = live_row ? row0 : s.nrows - 1;
   const uint32_t prows = (uint32_t)s.prows;
-  const uint32_t b = prows == gridDim.x ? 0u : row / prows;  // no division for one batch entry
+  const uint32_t b = prows == s.nrows ? 0u : row / prows;  // no division for one batch entry
   p.b = b;
   p.r = row - b * prows;
-  const uint32_t c = blockIdx.y * kRowThreads + threadIdx.x;
-  p.live = c < (uint32_t)s.chunks;
+  const uint32_t c = (blockIdx.y << tl) + (threadIdx.x & ((1u << tl) - 1));
+  p.live = live_row && c < (uint32_t)s.chunks;
   // Lanes past the end still join the shuffles (full-warp masks) on a clamped
   // copy and write nothing; groups never straddle the end (chunks % lanes == 0).
-  p.chunk = p.live ? c : (uint32_t)s.chunks - 1;
+  p.chunk = c < (uint32_t)s.chunks ? c : (uint32_t)s.chunks - 1;
   return p;
 }
 
-inline dim3 row_grid(const Shape& s) {
-  return dim3((unsigned int)(s.total / s.chunks), (unsigned int)((s.chunks + kRowThreads - 1) / kRowThreads));
+// The grid of a row-wise launch, setting s.tlog and s.nrows for row_pos. Threads a row:
+// the largest power of two T <= kRowThreads that divides the row's units, so that no
+// block is partly idle. K = 5120 (160 units of 32 elements) ran on two blocks of 128
+// threads a row, the second with 32 live: 37.5 % of the grid idle. Where chunks / T
+// would exceed the grid's 65535, T stays 128 (check_row_grid's limits hold either way).
+inline dim3 row_grid(Shape& s) {
+  int t = 7;
+  while (t > 0 && (s.chunks & (((int64_t)1 << t) - 1)) != 0) --t;
+  if ((s.chunks >> t) > 65535) t = 7;
+  s.tlog = t;
+  s.nrows = (uint32_t)(s.total / s.chunks);
+  const int64_t R = kRowThreads >> t, T = (int64_t)1 << t;
+  return dim3((unsigned int)((s.nrows + R - 1) / R), (unsigned int)((s.chunks + T - 1) / T));
 }
 // The 2D grid's limits: rows (all batch entries) < 2^31, chunks per row < 65535 * 128.
 inline qqStatus_t check_row_grid(const char* op, const Shape& s) {

@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeAr
   const RowPos p = row_pos(s);  // affine scales are never blocked: prows == rows
   const bool live = p.live;
   const int64_t chunk = p.chunk, b = p.b, r = p.r;
-  const int64_t row = (int64_t)blockIdx.x;
+  const int64_t row = b * s.prows + r;  // over all batch entries
   const int64_t g = chunk / kLanes, ng = s.chunks / kLanes;
   const int bits = kBits ? kBits : a.q.bits;
 
@@ -285,7 +285,6 @@ void launch_affine_t(const QuantizeArgs& a, Shape s, dim3 grid, cudaStream_t st)
 template <typename T>
 qqStatus_t launch_quantize_t(const QuantizeArgs& a, Shape s, cudaStream_t st) {
   const int lanes = a.q.group / kVec;
-  const dim3 grid = row_grid(s);
   if (a.q.fp()) {
     // one thread per 32 elements: one group (mx), two (nvfp4) when a row has
     // an even number of groups, else one group of 16
