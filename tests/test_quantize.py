@@ -94,10 +94,11 @@ def test_shapes(cfg, shape, device, rng):
 @pytest.mark.parametrize("cfg", [FpCfg("nvfp4", global_scale=True), FpCfg("mxfp8"), "affine4", "affine8"],
                          ids=str)
 def test_rows_packed_in_blocks(cfg, shape, device, rng):
-    """The GPU's row-wise grid gives a row T threads (the largest power of two up to 128
-    that divides the row's 32-element units) and a block 128 / T rows: rows of 1, 3, 5 and
-    160 units (T = 1, 1, 1, 32), row counts that leave the last block part empty, batch
-    entries that meet inside a block, blocked padding rows. Same bits as the reference."""
+    """The GPU's row-wise affine grid gives a row T threads (the largest power of two up to
+    128 that divides the row's 32-element units) and a block 128 / T rows: rows of 3, 5 and
+    160 units (T = 1, 1, 32), row counts that leave the last block part empty, batch
+    entries that meet inside a block. The fp modes (T = 128: blocks part idle) on the same
+    shapes, with blocked padding rows. Same bits as the reference."""
     k = shape[-1]
     if k % (16 if cfg == FpCfg("nvfp4", global_scale=True) else 32):
         pytest.skip("K is not a multiple of the group")

@@ -146,13 +146,16 @@ __device__ __forceinline__ RowPos row_pos(const Shape& s) {
 }
 
 // The grid of a row-wise launch, setting s.tlog and s.nrows for row_pos. Threads a row:
-// the largest power of two T <= kRowThreads that divides the row's units, so that no
-// block is partly idle. K = 5120 (160 units of 32 elements) ran on two blocks of 128
-// threads a row, the second with 32 live: 37.5 % of the grid idle. Where chunks / T
-// would exceed the grid's 65535, T stays 128 (check_row_grid's limits hold either way).
-inline dim3 row_grid(Shape& s) {
+// 128, or with `pack` the largest power of two T <= kRowThreads that divides the row's
+// units, so that no block is partly idle. K = 5120 (160 units of 32 elements) runs on
+// two blocks of 128 threads a row, the second with 32 live: 37.5 % of the grid idle,
+// holding registers. Same-run A/B at 8192 x 5120 (H100, bench/results/quantize-h100-profile.md):
+// packed, affine (54 registers) went 0.77 -> 0.83 of copy; the fp kernels (40 registers)
+// 1-4 % slower, so they keep T = 128. Where chunks / T would exceed the grid's 65535, T
+// stays 128 (check_row_grid's limits hold either way).
+inline dim3 row_grid(Shape& s, bool pack) {
   int t = 7;
-  while (t > 0 && (s.chunks & (((int64_t)1 << t) - 1)) != 0) --t;
+  while (pack && t > 0 && (s.chunks & (((int64_t)1 << t) - 1)) != 0) --t;
   if ((s.chunks >> t) > 65535) t = 7;
   s.tlog = t;
   s.nrows = (uint32_t)(s.total / s.chunks);

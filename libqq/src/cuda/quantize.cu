@@ -292,7 +292,7 @@ qqStatus_t launch_quantize_t(const QuantizeArgs& a, Shape s, cudaStream_t st) {
     Shape sg = s;
     sg.chunks = s.chunks / per;
     sg.total = s.total / per;
-    const dim3 ggrid = row_grid(sg);
+    const dim3 ggrid = row_grid(sg, false);
     if (a.q.group == 32) quantize_fp_kernel<T, 32, 1><<<ggrid, kRowThreads, 0, st>>>(a, sg);
     else if (per == lanes) quantize_fp_kernel<T, 16, 1><<<ggrid, kRowThreads, 0, st>>>(a, sg);
     else quantize_fp_kernel<T, 16, 2><<<ggrid, kRowThreads, 0, st>>>(a, sg);
@@ -300,7 +300,7 @@ qqStatus_t launch_quantize_t(const QuantizeArgs& a, Shape s, cudaStream_t st) {
     Shape sa = s;  // one thread per 32 elements
     sa.chunks = s.chunks / (kAff / kVec);
     sa.total = s.total / (kAff / kVec);
-    const dim3 agrid = row_grid(sa);
+    const dim3 agrid = row_grid(sa, true);
     if (a.q.group == 32) launch_affine_t<T, 1>(a, sa, agrid, st);
     else if (a.q.group == 64) launch_affine_t<T, 2>(a, sa, agrid, st);
     else launch_affine_t<T, 4>(a, sa, agrid, st);
