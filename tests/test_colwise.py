@@ -143,10 +143,11 @@ def test_both_orientations_dtypes(rng, cfg, layout, shape, dtype, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["nvfp4", "mxfp8"])
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp8", "affine"])
 def test_colwise_misaligned_rows_gpu(rng, mode):
     """x whose rows are not 8-byte aligned (a column slice of a bf16 tensor) takes the
-    element-wise path of the GPU's tile kernel: same bytes as quantize(x^T)."""
+    element-wise path of the GPU's tile kernel (affine: group 64, 4 bits, with x^T's codes
+    staged): same bytes as quantize(x^T)."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
