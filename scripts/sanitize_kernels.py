@@ -1,6 +1,6 @@
 """A few small calls of every libqq kernel that uses shared memory (qmma's k-split
 reduction, qmv, the quantize tile kernel of quantize_colwise / quantize_moe with affine's
-staged x^T codes, the strip kernels of quantize_colwise, amax), and of
+staged x^T codes, amax), and of
 the newest kernels (amax's vector kernel, grouped_qqmm_wgrad's token quantization for one and
 for several experts, the exact GEMM with a bias), for compute-sanitizer's racecheck,
 initcheck and memcheck:
@@ -56,14 +56,14 @@ for shape in [(64, 256), (160, 96)]:
         same(f"colwise {mode} {shape} scales_t", c.scales, cc.scales)
         same(f"colwise {mode} {shape} row data", r.data, rr.data)
 
-# affine columns at 4 and 8 bits: the strip kernel (groups meeting across warps in shared
-# memory), and the tile kernel's staged x^T codes for rows that are not 8-byte aligned (a
-# column slice); ragged K, a partial last 128-row block at M = 320
+# affine columns at 4 and 8 bits: the tile kernel's x^T codes staged in shared memory (groups
+# of 64 / 128 rows), for aligned rows and for rows that are not (a column slice, loaded
+# element by element); ragged K, a partial last 128-row tile at M = 320
 x = rng.standard_normal((320, 73)).astype(np.float32)
 for group, bits in [(32, 4), (64, 4), (64, 8), (128, 4)]:
     xg = x if 320 % group == 0 else x[:256]
-    for name, xd, xh in [("strips", dev(np.ascontiguousarray(xg[:, :72])), xg[:, :72]),
-                         ("tile", dev(xg)[:, 1:], xg[:, 1:])]:
+    for name, xd, xh in [("aligned", dev(np.ascontiguousarray(xg[:, :72])), xg[:, :72]),
+                         ("unaligned", dev(xg)[:, 1:], xg[:, 1:])]:
         c = qq.quantize_colwise(xd, group_size=group, bits=bits)
         cc = qq.quantize_colwise(np.ascontiguousarray(xh), group_size=group, bits=bits)
         same(f"colwise affine{bits} g{group} {name} data_t", c.data, cc.data)

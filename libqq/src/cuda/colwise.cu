@@ -728,102 +728,6 @@ __global__ void __launch_bounds__(kColThreads) moe_t_kernel(ColwiseArgs a) {
   if (!half) store_col_scale(a, b, k, g, ng, gsc.code);
 }
 
-// ---------------------------------------------------------------------------
-// affine at 4 and 8 bits from row-major x (colq_affine_kernel): colq_kernel's strips
-// (a lane holds kC columns x 32 rows in registers, all loads issued first) with affine
-// encoding. A column's group of G = 32, 64 or 128 rows spans G / 32 of the block's warps:
-// each warp's column minima and maxima (NaN passed through, 16-bit x two columns per
-// instruction) meet in shared memory; each lane then encodes its rows with its group's
-// scale and bias through affine_encode8, and x^T's codes leave through colq_store_xt.
-// (Tried before affine_encode8, at 17 instructions an element, these strips were no faster
-// than the tile kernel; the tile kernel's extra shared-memory passes and three barriers
-// now cost more than the encoding.)
-// ---------------------------------------------------------------------------
-template <typename T, int kBits>
-__global__ void __launch_bounds__(kColThreads, 4) colq_affine_kernel(ColwiseArgs a) {
-  constexpr int kC = ColqPos<T>::kC;
-  constexpr int kPitch = kColRows * kBits / 8 + 16;  // an odd number of 16-byte units
-  __shared__ __align__(16) uint8_t so[32 * kC * kPitch];
-  __shared__ float slo[kColWarps][32 * kC], shi[kColWarps][32 * kC];
-  const ColqPos<T> p(a);
-  const int lane = p.lane, warp = p.warp;
-  const int64_t M = a.M, K = a.K, k0 = p.k0, m0 = p.m0, b = p.b;
-  const int G = a.q.group, wpg = G / kStrip;  // warps a group spans: 1, 2, 4
-  uint2 w[kStrip];
-  colq_load<T>(a, p, w);  // M % G == 0: a strip is all in or all out
-
-  // this strip's column minima and maxima
-  float lo[kC], hi[kC];
-  if constexpr (sizeof(T) == 4) {
-#pragma unroll
-    for (int j = 0; j < kC; ++j) lo[j] = hi[j] = u2f(j ? w[0].y : w[0].x);
-#pragma unroll
-    for (int r = 1; r < kStrip; ++r) {
-      lo[0] = fmin_nan(lo[0], u2f(w[r].x)), hi[0] = fmax_nan(hi[0], u2f(w[r].x));
-      lo[1] = fmin_nan(lo[1], u2f(w[r].y)), hi[1] = fmax_nan(hi[1], u2f(w[r].y));
-    }
-  } else {
-    using T2 = typename std::conditional<std::is_same<T, __half>::value, __half2, __nv_bfloat162>::type;
-    auto as2 = [](uint32_t u) { return *reinterpret_cast<const T2*>(&u); };
-    T2 mn0 = as2(w[0].x), mx0 = mn0, mn1 = as2(w[0].y), mx1 = mn1;
-#pragma unroll
-    for (int r = 1; r < kStrip; ++r) {
-      mn0 = __hmin2_nan(mn0, as2(w[r].x)), mx0 = __hmax2_nan(mx0, as2(w[r].x));
-      mn1 = __hmin2_nan(mn1, as2(w[r].y)), mx1 = __hmax2_nan(mx1, as2(w[r].y));
-    }
-    lo[0] = __low2float(mn0), lo[1] = __high2float(mn0), lo[2] = __low2float(mn1), lo[3] = __high2float(mn1);
-    hi[0] = __low2float(mx0), hi[1] = __high2float(mx0), hi[2] = __low2float(mx1), hi[3] = __high2float(mx1);
-  }
-#pragma unroll
-  for (int j = 0; j < kC; ++j) slo[warp][lane * kC + j] = lo[j], shi[warp][lane * kC + j] = hi[j];
-  __syncthreads();
-  const int first = warp / wpg * wpg;  // the group's first warp
-
-#pragma unroll
-  for (int j = 0; j < kC; ++j) {
-    float wmin = slo[first][lane * kC + j], wmax = shi[first][lane * kC + j];
-    for (int i = 1; i < wpg; ++i)
-      wmin = fmin_nan(wmin, slo[first + i][lane * kC + j]), wmax = fmax_nan(wmax, shi[first + i][lane * kC + j]);
-    const bool finite = is_finite_f(wmin) && is_finite_f(wmax);
-    float s = u2f(0x7fc00000u), bi = s, inv = 0.0f;
-    if (finite) {
-      affine_params(wmin, wmax > 0.0f ? wmax : 0.0f, kBits, &s, &bi);  // wmax: max(0, max(w))
-      inv = 1.0f / s;
-    }
-    uint32_t out[kBits];  // the strip's 32 codes: 16 bytes at 4 bits, 32 at 8
-#pragma unroll
-    for (int blk = 0; blk < 4; ++blk) {
-      float v[8];
-#pragma unroll
-      for (int t = 0; t < 8; ++t) v[t] = slice_get<T>(w[8 * blk + t], j);
-      const uint64_t c = finite ? affine_encode8<kBits>(v, s, inv, bi, kBits) : 0;
-      if (kBits == 4) out[blk] = (uint32_t)c;
-      else out[2 * blk] = (uint32_t)c, out[2 * blk + 1] = (uint32_t)(c >> 32);
-    }
-    uint4* dst = reinterpret_cast<uint4*>(so + (j * 32 + lane) * kPitch + warp * kStrip * kBits / 8);
-#pragma unroll
-    for (int i = 0; i < kBits / 4; ++i) dst[i] = make_uint4(out[4 * i], out[4 * i + 1], out[4 * i + 2], out[4 * i + 3]);
-    const int64_t k = k0 + j;
-    if (warp == first && j < p.ncols && p.rows > 0) {
-      const int64_t ng = M / G, g = m0 / G;
-      reinterpret_cast<T*>(a.scales_t.ptr)[(b * K + k) * ng + g] = store_cast<T>(s);
-      reinterpret_cast<T*>(a.biases_t.ptr)[(b * K + k) * ng + g] = store_cast<T>(bi);
-    }
-  }
-  __syncthreads();
-  colq_store_xt<T>(a, p, so, kPitch);
-}
-
-template <typename T>
-qqStatus_t launch_colq_affine_t(const ColwiseArgs& a, cudaStream_t st) {
-  constexpr int kC = 8 / (int)sizeof(T);
-  const dim3 grid((unsigned)((a.K + kC * 32 - 1) / (kC * 32)), (unsigned)((a.M + kColRows - 1) / kColRows),
-                  (unsigned)a.x.batch());
-  if (a.q.bits == 4) colq_affine_kernel<T, 4><<<grid, kColThreads, 0, st>>>(a);
-  else colq_affine_kernel<T, 8><<<grid, kColThreads, 0, st>>>(a);
-  return check_launch("quantize_colwise");
-}
-
 template <typename T>
 qqStatus_t launch_colq_t(const ColwiseArgs& a, cudaStream_t st) {
   constexpr int kC = 8 / (int)sizeof(T);
@@ -899,15 +803,6 @@ qqStatus_t quantize_colwise(qqHandle_t h, const ColwiseArgs& a, void* stream) {
         default: moe_t_kernel<__nv_bfloat16><<<grid, kColThreads, 0, st>>>(b); break;
       }
       return check_launch("quantize_moe");
-    }
-    // affine at 4 and 8 bits under the same conditions (x^T's rows: 16 / 32 bytes a strip)
-    if (!a.q.fp() && (a.q.bits == 4 || a.q.bits == 8) && !a.x_colmajor && aligned(a.x, 8) &&
-        ((uintptr_t)a.data_t.ptr & 7) == 0 && (a.M + kColRows - 1) / kColRows <= 65535) {
-      switch (a.x.dt) {
-        case DType::F32: return launch_colq_affine_t<float>(b, st);
-        case DType::F16: return launch_colq_affine_t<__half>(b, st);
-        default: return launch_colq_affine_t<__nv_bfloat16>(b, st);
-      }
     }
     if (colq && (!b.rowwise || ((uintptr_t)a.row.data.ptr & 3) == 0)) {  // row-wise codes: 4-byte stores
       switch (a.x.dt) {
