@@ -85,6 +85,27 @@ def test_affine_arbitrary_scales(bits, dtype, device, rng):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("bits", [4, 8])
+def test_affine_nonfinite_scales_and_biases(bits, dtype, device, rng):
+    """Groups with an Inf / NaN scale or bias (codes 0 included: 0 * Inf = NaN), and finite
+    ones whose fma overflows to +-Inf: the GPU's bf16 output tests a group's scale and bias
+    for finiteness once and packs with the hardware conversion only then (its NaN is not
+    the reference's); every output dtype bit for bit."""
+    g = 32
+    inf, nan, big = np.inf, np.nan, 3.0e38
+    pairs = [(inf, 0.0), (-inf, 1.0), (nan, 0.0), (1.0, inf), (1.0, -inf), (2.0, nan), (inf, -inf),
+             (big, big), (-big, -big), (big, -big), (1.0, 0.5)]
+    n = len(pairs)
+    codes = rng.integers(0, 2 ** bits, size=(n, g), dtype=np.uint8)
+    codes[:, :2] = [0, 2 ** bits - 1]  # the smallest and largest code in every group
+    scales = cast(np.array([[p[0]] for p in pairs], F32), dtype)  # (3e38 is Inf in float16)
+    biases = cast(np.array([[p[1]] for p in pairs], F32), dtype)
+    with np.errstate(invalid="ignore", over="ignore"):  # the reference's 0 * Inf and overflows
+        check_dequantize(device, R.pack(codes, bits), scales, biases, group_size=g, bits=bits, mode="affine")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cfg", [FpCfg("nvfp4"), FpCfg("nvfp4", global_scale=True), FpCfg("mxfp4"),
                                  FpCfg("mxfp8", fp8_format="e4m3"), FpCfg("mxfp8", fp8_format="e5m2")],
                          ids=str)

@@ -82,8 +82,8 @@ __device__ __forceinline__ uint8_t encode_group(const QSpec& q, float enc, float
     *scale = s;
     *bias = b;
     // (Per element: affine_encode8's eight quotients spilled at the 40-register budget of
-    // the G = 32 kernel, which also holds the fp modes; the 64- and 128-row groups at 4 and
-    // 8 bits take the staged path of quantize_tile_kernel instead.)
+    // the G = 32 kernel, which also holds the fp modes. The 64- and 128-row groups at 4 and
+    // 8 bits with 16-byte aligned x^T codes take quantize_tile_kernel's staged path.)
 #pragma unroll
     for (int j = 0; j < G / 8; ++j) {
       uint64_t acc = 0;
@@ -214,8 +214,8 @@ __global__ void __launch_bounds__(kThreads, G > 32 ? 5 : 6) quantize_tile_kernel
   // ---- affine column groups of 64 / 128 rows: a thread per 32 rows of a column (all 256
   // busy; one thread per group left 2 / 3 of 4 idle, each with a long serial group), the
   // group's min / max / finiteness combined through shared memory; each thread then
-  // encodes its 32 rows with the whole group's parameters (encode_group<32> computes
-  // them from the same min and max: the same bytes as one thread encoding the group).
+  // encodes its 32 rows with the whole group's parameters (affine_params of the same min
+  // and max, on every thread of the group: the same bytes as one thread encoding it).
   if constexpr (G > 32) {
     constexpr int kSubs = kTM / 32;  // 4 = kThreads / kTK
     __shared__ float part_lo[kSubs][kTK], part_hi[kSubs][kTK];

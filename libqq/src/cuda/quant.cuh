@@ -114,7 +114,8 @@ struct Shape {
   int64_t prows;     // rows per batch entry the grid covers (M or roundup(M, 128))
   int64_t total;     // batch * prows * chunks threads
   int tlog = 7;      // row_pos: 2^tlog threads of a block per row (row_grid sets it)
-  uint32_t nrows = 0;  // rows of all batch entries, total / chunks (row_grid sets it)
+  uint32_t nrows = 0;  // rows of all batch entries, total / chunks (row_grid sets it; row_pos
+                       // needs it: launch row_pos's kernels only on a grid from row_grid)
 };
 
 // Row-wise kernels run on a 2D grid: blockIdx.y * T + threadIdx.x % T = chunk of a row,

@@ -240,8 +240,9 @@ __global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeAr
     scale = bias = u2f(0x7fc00000u);
   }
   // 8 elements * bits bits = `bits` whole bytes: encoded 8 at a time. The 4- and 8-bit
-  // codes of the 32 elements (16 / 32 bytes) go out in 16-byte stores where the row allows
-  // (a row of K % 32 == 0 codes at 4 bits, K % 16 at 8), else in 4- / 8-byte ones.
+  // codes of the 32 elements (16 / 32 bytes) go out in 16-byte stores where the data
+  // pointer is 16-byte aligned (rows always are: K is a multiple of the group), else in
+  // 4- / 8-byte ones (a C caller's buffer; quantize() checks 4- / 8-byte alignment).
   uint8_t* d = (uint8_t*)a.data.ptr + row * a.data.cols + chunk * kAff * bits / 8;
   uint64_t acc[kAff / 8];
 #pragma unroll
