@@ -481,18 +481,12 @@ def test_affine_group_range_edges(bits, group, dtype, device, rng):
     check_quantize(x, device, group_size=group, bits=bits)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("op", ["quantize", "quantize_colwise"])
-@pytest.mark.parametrize("bits", [4, 8])
-def test_affine_data_not_16_byte_aligned_gpu(op, bits, rng):
-    """The GPU kernels store 4- and 8-bit affine codes 16 bytes at a time where the data
-    pointer allows (quantize: a thread's 32 codes; quantize_colwise: x^T's rows staged in
-    shared memory), else narrower. qq's own outputs are always aligned, so the other path
-    is reached through the C ABI (ctypes) with a data buffer 4 / 8 bytes past a 16-byte
-    boundary: the same bytes as qq's own call, nothing written outside the buffer."""
+def _c_abi(torch):
+    """libqq's C ABI through ctypes on CUDA torch tensors: (lib, Params, dl), dl(t, shape,
+    ptr) a DLTensor of t (or of `shape` bytes at `ptr`). Reaches what qq's own calls never
+    pass: buffers at odd offsets."""
     import ctypes
     import re
-    torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     with open("/proc/self/maps") as f:
@@ -523,9 +517,24 @@ def test_affine_data_not_16_byte_aligned_gpu(op, bits, rng):
         sh = (ctypes.c_int64 * len(shape))(*shape)
         keep.append(sh)
         code, nbits = (4, 16) if t.dtype == torch.bfloat16 else (1, 8)  # kDLBfloat / kDLUInt
-        return DLTensor(ptr or t.data_ptr(), DLDevice(2, torch.cuda.current_device()), len(shape),
-                        DLDataType(code, nbits, 1), sh, None, 0)
+        return ctypes.byref(DLTensor(ptr or t.data_ptr(), DLDevice(2, torch.cuda.current_device()), len(shape),
+                                     DLDataType(code, nbits, 1), sh, None, 0))
 
+    return lib, Params, dl
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["quantize", "quantize_colwise"])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_affine_data_not_16_byte_aligned_gpu(op, bits, rng):
+    """The GPU kernels store 4- and 8-bit affine codes 16 bytes at a time where the data
+    pointer allows (quantize: a thread's 32 codes; quantize_colwise: x^T's rows staged in
+    shared memory), else narrower. qq's own outputs are always aligned, so the other path
+    is reached through the C ABI (ctypes) with a data buffer 4 / 8 bytes past a 16-byte
+    boundary: the same bytes as qq's own call, nothing written outside the buffer."""
+    import ctypes
+    torch = pytest.importorskip("torch")
+    lib, Params, dl = _c_abi(torch)
     group = 64
     m, k = (72, 256) if op == "quantize" else (256, 72)  # K (quantize) / M (colwise) in groups
     x = torch.from_numpy(rng.standard_normal((m, k)).astype(F32)).to("cuda", torch.bfloat16)
@@ -539,15 +548,13 @@ def test_affine_data_not_16_byte_aligned_gpu(op, bits, rng):
     assert lib.qqQuantParamsInit(ctypes.byref(p), 0) == 0  # QQ_MODE_AFFINE
     p.bits, p.group_size = bits, group
     assert (buf.data_ptr() + off) % 16 == off
-    tx, ts, tb = dl(x), dl(scales), dl(biases)
     td = dl(buf, (rows, nbytes // rows), buf.data_ptr() + off)
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     if op == "quantize":
-        st = lib.qqQuantize(None, ctypes.byref(tx), ctypes.byref(p), None, ctypes.byref(td), ctypes.byref(ts),
-                            ctypes.byref(tb), stream)
+        st = lib.qqQuantize(None, dl(x), ctypes.byref(p), None, td, dl(scales), dl(biases), stream)
     else:
-        st = lib.qqQuantizeColwise(None, ctypes.byref(tx), ctypes.byref(p), None, ctypes.byref(td),
-                                   ctypes.byref(ts), ctypes.byref(tb), None, None, None, stream)
+        st = lib.qqQuantizeColwise(None, dl(x), ctypes.byref(p), None, td, dl(scales), dl(biases), None, None,
+                                   None, stream)
     torch.cuda.synchronize()
     assert st == 0
     want = getattr(qq, op)(x, group_size=group, bits=bits)
@@ -556,6 +563,36 @@ def test_affine_data_not_16_byte_aligned_gpu(op, bits, rng):
     assert_bits_equal(got[off:off + nbytes].reshape(rows, -1), as_bytes(want.data), "data")
     assert_bits_equal(scales, to_numpy(want.scales), "scales")
     assert_bits_equal(biases, to_numpy(want.biases), "biases")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["linear", "blocked"])
+def test_nvfp4_scales_at_odd_address_gpu(layout, rng):
+    """The GPU stores a thread's two nvfp4 scale bytes in one 2-byte store where the scales
+    buffer allows, else byte by byte: a scales buffer one byte past an even address through
+    the C ABI (ctypes) gives qq.quantize's bytes, nothing written outside it."""
+    import ctypes
+    torch = pytest.importorskip("torch")
+    lib, Params, dl = _c_abi(torch)
+    m, k = 130, 256  # 16 groups a row (even: two a thread); blocked pads to 256 x 16
+    x = torch.from_numpy(random_data(rng, (m, k), F32, 16)).to("cuda", torch.bfloat16)
+    want = qq.quantize(x, mode="nvfp4", scale_layout=layout, torch_dtypes=False)
+    sshape = tuple(want.scales.shape)
+    ns = int(np.prod(sshape))
+    buf = torch.full((ns + 64,), 0xAB, dtype=torch.uint8, device="cuda")
+    data = torch.empty(tuple(want.data.shape), dtype=torch.uint8, device="cuda")
+    p = Params()
+    assert lib.qqQuantParamsInit(ctypes.byref(p), 1) == 0  # QQ_MODE_NVFP4
+    p.scale_layout = 0 if layout == "linear" else 1
+    off = 1
+    st = lib.qqQuantize(None, dl(x), ctypes.byref(p), None, dl(data), dl(buf, sshape, buf.data_ptr() + off), None,
+                        ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+    torch.cuda.synchronize()
+    assert st == 0
+    got = buf.cpu().numpy()
+    assert (got[:off] == 0xAB).all() and (got[off + ns:] == 0xAB).all()
+    assert_bits_equal(got[off:off + ns].reshape(sshape), as_bytes(want.scales), "scales")
+    assert_bits_equal(data.cpu().numpy(), as_bytes(want.data), "data")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -107,6 +107,20 @@ template <typename T, int kN> struct RawRow {
   }
 };
 
+// A thread's kGroups scale bytes, consecutive in both layouts: nvfp4's two in one 2-byte
+// store where the scales buffer is 2-byte aligned (then so is sp: g0 is even, and so are
+// the linear layout's groups per row and the blocked layout's row offsets; a C caller's
+// buffer may be odd). Two byte stores a thread, scattered over the blocked layout's
+// 512-byte blocks, kept the L2 at 97 % busy with DRAM at 75 % (ncu, 16384^2 nvfp4).
+template <int kGroups> __device__ __forceinline__ void store_codes(uint8_t* sp, uint32_t codes) {
+  if (kGroups == 2 && ((uintptr_t)sp & 1) == 0) {
+    *reinterpret_cast<uint16_t*>(sp) = (uint16_t)codes;
+  } else {
+#pragma unroll
+    for (int k = 0; k < kGroups; ++k) sp[k] = (uint8_t)(codes >> (8 * k));
+  }
+}
+
 template <typename T, int G, int kGroups>
 __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a, Shape s) {
   constexpr int kN = G * kGroups;
@@ -129,8 +143,7 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
       for (uint32_t c = ng; c < (uint32_t)c4; ++c) base[((c >> 2) << 9) | (c & 3)] = 0;
     sp = base + (((g0 >> 2) << 9) | (g0 & 3));
     if (pad_row) {
-#pragma unroll
-      for (int k = 0; k < kGroups; ++k) sp[k] = 0;
+      store_codes<kGroups>(sp, 0u);
       return;
     }
   } else {
@@ -144,6 +157,7 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
   uint8_t* dst = (uint8_t*)a.data.ptr + (b * s.rows + r) * a.data.cols + (int64_t)g0 * G * a.q.bits / 8;
   const bool fp4 = G == 16 || a.q.bits == 4;
   uint32_t out[kN / 4];  // fp4: the first kN / 8 words; fp8: all
+  uint32_t codes = 0;    // the groups' scale bytes, group k in byte k
 #pragma unroll
   for (int k = 0; k < kGroups; ++k) {
     const float amax = x.absmax(k * G, G);
@@ -151,7 +165,7 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
     const FpGroupScale gsc = fp_group_scale(amax, G == 16, enc, a.q.elem, a.q.floor_rounding);
     const float f = gsc.factor;
     const bool nan_group = gsc.nan_group;
-    sp[k] = gsc.code;
+    codes |= (uint32_t)gsc.code << (8 * k);
     if (fp4) {
       // a NaN group's codes are 0 (docs/formats.md, Scales)
 #pragma unroll
@@ -171,6 +185,7 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
       }
     }
   }
+  store_codes<kGroups>(sp, codes);
   // fp4: kN / 8 words (8 or 16 bytes); fp8: kN / 4 words (32 bytes). data rows
   // are 8-byte aligned (nvfp4) or 16-byte aligned (mx): see quantize().
   if (fp4) {
