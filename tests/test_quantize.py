@@ -567,22 +567,24 @@ def test_affine_data_not_16_byte_aligned_gpu(op, bits, rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["linear", "blocked"])
-def test_nvfp4_scales_at_odd_address_gpu(layout, rng):
-    """The GPU stores a thread's two nvfp4 scale bytes in one 2-byte store where the scales
-    buffer allows, else byte by byte: a scales buffer one byte past an even address through
-    the C ABI (ctypes) gives qq.quantize's bytes, nothing written outside it."""
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp8"])
+def test_fp_scales_at_odd_address_gpu(mode, layout, rng):
+    """The GPU stores a thread's two nvfp4 scale bytes in one 2-byte store, and four mx
+    threads' bytes in one 4-byte store, where the scales buffer allows; else byte by byte.
+    A scales buffer one byte past an even address through the C ABI (ctypes) gives
+    qq.quantize's bytes, nothing written outside it."""
     import ctypes
     torch = pytest.importorskip("torch")
     lib, Params, dl = _c_abi(torch)
-    m, k = 130, 256  # 16 groups a row (even: two a thread); blocked pads to 256 x 16
+    m, k = 130, 512  # 32 / 16 groups a row; blocked pads to 256 rows
     x = torch.from_numpy(random_data(rng, (m, k), F32, 16)).to("cuda", torch.bfloat16)
-    want = qq.quantize(x, mode="nvfp4", scale_layout=layout, torch_dtypes=False)
+    want = qq.quantize(x, mode=mode, scale_layout=layout, torch_dtypes=False)
     sshape = tuple(want.scales.shape)
     ns = int(np.prod(sshape))
     buf = torch.full((ns + 64,), 0xAB, dtype=torch.uint8, device="cuda")
     data = torch.empty(tuple(want.data.shape), dtype=torch.uint8, device="cuda")
     p = Params()
-    assert lib.qqQuantParamsInit(ctypes.byref(p), 1) == 0  # QQ_MODE_NVFP4
+    assert lib.qqQuantParamsInit(ctypes.byref(p), {"nvfp4": 1, "mxfp8": 3}[mode]) == 0  # qqMode_t
     p.scale_layout = 0 if layout == "linear" else 1
     off = 1
     st = lib.qqQuantize(None, dl(x), ctypes.byref(p), None, dl(data), dl(buf, sshape, buf.data_ptr() + off), None,
