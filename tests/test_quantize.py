@@ -569,10 +569,10 @@ def test_affine_data_not_16_byte_aligned_gpu(op, bits, rng):
 @pytest.mark.parametrize("layout", ["linear", "blocked"])
 @pytest.mark.parametrize("mode", ["nvfp4", "mxfp8"])
 def test_fp_scales_at_odd_address_gpu(mode, layout, rng):
-    """The GPU stores a thread's two nvfp4 scale bytes in one 2-byte store, and four mx
-    threads' bytes in one 4-byte store, where the scales buffer allows; else byte by byte.
-    A scales buffer one byte past an even address through the C ABI (ctypes) gives
-    qq.quantize's bytes, nothing written outside it."""
+    """The GPU stores a thread's two nvfp4 scale bytes in one 2-byte store where the scales
+    buffer allows, else byte by byte (mx: one byte a thread). A scales buffer one byte past
+    an even address through the C ABI (ctypes) gives qq.quantize's bytes, nothing written
+    outside it."""
     import ctypes
     torch = pytest.importorskip("torch")
     lib, Params, dl = _c_abi(torch)

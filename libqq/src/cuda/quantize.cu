@@ -112,19 +112,9 @@ template <typename T, int kN> struct RawRow {
 // the linear layout's groups per row and the blocked layout's row offsets; a C caller's
 // buffer may be odd). Two byte stores a thread, scattered over the blocked layout's
 // 512-byte blocks, kept the L2 at 97 % busy with DRAM at 75 % (ncu, 16384^2 nvfp4).
-// One group a thread (mx, odd nvfp4 rows) with `quad` (the row's groups a multiple of 4,
-// so that lanes 4i..4i+3 hold groups 4j..4j+3 of one row, all live or all returned, and
-// the scales buffer 4-byte aligned): the quad's bytes gathered by two shuffles and stored
-// by its first lane in one 4-byte store.
-template <int kGroups>
-__device__ __forceinline__ void store_codes(uint8_t* sp, uint32_t codes, bool quad) {
+template <int kGroups> __device__ __forceinline__ void store_codes(uint8_t* sp, uint32_t codes) {
   if (kGroups == 2 && ((uintptr_t)sp & 1) == 0) {
     *reinterpret_cast<uint16_t*>(sp) = (uint16_t)codes;
-  } else if (kGroups == 1 && quad) {
-    const unsigned qm = 0xfu << (threadIdx.x & 28u);  // this quad's lanes
-    codes |= __shfl_down_sync(qm, codes, 1, 4) << 8;   // lanes 0, 2 of the quad: two bytes
-    codes |= __shfl_down_sync(qm, codes, 2, 4) << 16;  // lane 0: four
-    if ((threadIdx.x & 3u) == 0) *reinterpret_cast<uint32_t*>(sp) = codes;
   } else {
 #pragma unroll
     for (int k = 0; k < kGroups; ++k) sp[k] = (uint8_t)(codes >> (8 * k));
@@ -140,8 +130,6 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
   // Group indices fit in 32 bits (fewer than 2^24 groups per row: the grid limit).
   const uint32_t g0 = (uint32_t)p.chunk * kGroups, ng = (uint32_t)s.chunks * kGroups;
   const bool pad_row = r >= s.rows;  // blocked-layout padding row: zero scales only
-  // (kGroups == 1: a row of 4k units on 128 threads a row leaves no quad part live)
-  const bool quad = kGroups == 1 && s.tlog == 7 && (ng & 3) == 0 && ((uintptr_t)a.scales.ptr & 3) == 0;
 
   // Scale bytes of groups g0 .. g0 + kGroups - 1 are consecutive in both
   // layouts (in the blocked one because g0 is a multiple of kGroups <= 2).
@@ -155,7 +143,7 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
       for (uint32_t c = ng; c < (uint32_t)c4; ++c) base[((c >> 2) << 9) | (c & 3)] = 0;
     sp = base + (((g0 >> 2) << 9) | (g0 & 3));
     if (pad_row) {
-      store_codes<kGroups>(sp, 0u, quad);
+      store_codes<kGroups>(sp, 0u);
       return;
     }
   } else {
@@ -197,7 +185,7 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
       }
     }
   }
-  store_codes<kGroups>(sp, codes, quad);
+  store_codes<kGroups>(sp, codes);
   // fp4: kN / 8 words (8 or 16 bytes); fp8: kN / 4 words (32 bytes). data rows
   // are 8-byte aligned (nvfp4) or 16-byte aligned (mx): see quantize().
   if (fp4) {
