@@ -204,12 +204,12 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
   }
 }
 
-// affine: one thread per 32 elements (four 16-byte loads of bf16), the kLanes =
-// group/32 threads of a group (1, 2 or 4) combine min/max with shuffles; the
-// scale math runs once per thread, the per-element quotient uses the exact
-// reciprocal scheme of affine_encode (affine_encode8: one branch per 8 for the
-// rare division; 4- and 8-bit widths at compile time). Here s.chunks counts
-// 32-element chunks.
+// affine: one thread per 32 elements (four 16-byte loads of bf16), their min/max two
+// 16-bit elements per instruction (vec.cuh minmax_nan), the kLanes = group/32 threads
+// of a group (1, 2 or 4) combine min/max with shuffles; the scale math runs once per
+// thread, the per-element quotient uses the exact reciprocal scheme of affine_encode
+// (affine_encode8: one branch per 8 for the rare division; 4- and 8-bit widths at
+// compile time). Here s.chunks counts 32-element chunks; the grid packs rows (row_grid).
 constexpr int kAff = 32;
 template <typename T, int kLanes, int kBits>
 __global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeArgs a, Shape s) {
