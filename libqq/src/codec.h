@@ -113,7 +113,14 @@ QQ_HD uint8_t encode_minifloat(float x, int mbits, int bias, int sign_shift,
 // The fp32 sum a + M: its byte 0 is the code of |x| (bits 3..7 are zero; the
 // checker proves that too), the rest is M's exponent.
 QQ_HD uint32_t e2m1_abs_sum(float x) {
+#if defined(__CUDA_ARCH__)
+  // fabsf: an operand modifier (|x|) of the min below, where abs_f's mask was one more
+  // instruction an element (colq_kernel's nvfp4 SASS). A NaN's payload may differ; it
+  // becomes 6 either way.
+  const float ax = fabsf(x);
+#else
   const float ax = abs_f(x);
+#endif
   // NaN compares false -> 6. nvcc compiles both selects to min.f32/max.f32
   // (whose NaN rule, "the other operand", gives the same 6).
   const float a = ax < 6.0f ? ax : 6.0f;
