@@ -461,12 +461,19 @@ struct FpGroupScale {
   float factor;
   bool nan_group;
 };
+// nvfp4's rule with the factor of a scale byte from `factor` (nvfp4_elem_factor, or a
+// table of it: colq_kernel's per block, where the division is most of a group's cost).
+template <typename Factor> QQ_HD FpGroupScale nvfp4_group_scale(float amax, float enc, Factor factor) {
+  FpGroupScale s;
+  s.code = nvfp4_scale(amax, enc);  // amax >= 0 or NaN: s < 0x80
+  s.factor = factor(s.code);
+  s.nan_group = (s.code & 0x7f) == 0x7f;
+  return s;
+}
 QQ_HD FpGroupScale fp_group_scale(float amax, bool nvfp4, float enc, int kind, int floor_rounding) {
   FpGroupScale s;
   if (nvfp4) {
-    s.code = nvfp4_scale(amax, enc);
-    s.factor = nvfp4_elem_factor(s.code, enc);
-    s.nan_group = (s.code & 0x7f) == 0x7f;
+    s = nvfp4_group_scale(amax, enc, [enc](uint8_t c) { return nvfp4_elem_factor(c, enc); });
   } else {
     s.code = mx_scale(amax, kind, floor_rounding);
     s.nan_group = s.code == 0xff;

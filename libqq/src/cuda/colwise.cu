@@ -531,6 +531,21 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
   uint2 w[kStrip];
   colq_load<T>(a, p, w);
   const float enc = a.gs ? nvfp4_enc(*a.gs) : 1.0f;
+  // nvfp4: the element factor enc / e4m3(s) of every scale byte s, one per thread (the block
+  // is 128 threads), filled while the strip's loads are in flight. Per group that is a table
+  // read where the division took most of the group's ~45 scale instructions (ncu per-SASS-line
+  // counts, quantize-h100-profile.md).
+  __shared__ float nv_factor[G == 16 ? 128 : 1];
+  if constexpr (G == 16) {
+    static_assert(kColThreads == 128, "one factor per thread");
+    nv_factor[threadIdx.x] = nvfp4_elem_factor((uint8_t)threadIdx.x, enc);
+    __syncthreads();
+  }
+  const auto group_scale = [&](float amax) {
+    if constexpr (G == 16) return nvfp4_group_scale(amax, enc, [&](uint8_t c) { return nv_factor[c & 0x7f]; });
+    else return fp_group_scale(amax, false, enc, q.elem, q.floor_rounding);
+  };
+
 
   // ---- column groups
   uint2 cm[kGroups];
@@ -567,7 +582,7 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
 #pragma unroll
     for (int h = 0; h < kGroups; ++h) {
       if (h * G >= rows) break;
-      const FpGroupScale gsc = fp_group_scale(amax[h], G == 16, enc, q.elem, q.floor_rounding);
+      const FpGroupScale gsc = group_scale(amax[h]);
       const float f = gsc.factor;
       if (G == 16 || q.bits == 4) {
         uint32_t out[G / 8];
@@ -643,7 +658,7 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
       for (int hh = 0; hh < (k16 ? 2 : 1); ++hh) {
         const int r = li * kOwn + i + hh * kW;
         const float amax = mag_get<T>(make_uint2(hh ? p[i] >> 16 : p[i], 0u), 0);
-        const FpGroupScale gsc = fp_group_scale(amax, G == 16, enc, q.elem, q.floor_rounding);
+        const FpGroupScale gsc = group_scale(amax);
         fsm[warp][r][gi] = gsc.nan_group ? -1.0f : gsc.factor;
         if (live && r < rows) {
           const int64_t mr = m0 + r;
