@@ -73,6 +73,23 @@ def test_colwise_affine_groups(rng, bits, group, shape, dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [R.BF16, np.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("bits,group", [(4, 32), (4, 128), (8, 64)], ids=["a4g32", "a4g128", "a8g64"])
+@pytest.mark.parametrize("k", [75, 129], ids=lambda k: f"K{k}")
+def test_colwise_affine_ragged_columns_aligned_rows(rng, bits, group, dtype, k, device):
+    """The first columns of a wider tensor: rows 16-byte aligned (the GPU's vector loads)
+    but K not a multiple of 8, so the last 8 columns a thread loads are partly past K; two
+    128-row blocks with a NaN / Inf / zero column: quantize(x^T) bit for bit."""
+    full = _poisoned(rng, (256, 136), dtype)
+    x = full[:, :k]
+    xt = np.ascontiguousarray(x.T)
+    ref = R.quantize(xt, mode="affine", bits=bits, group_size=group)
+    dev_full = to_device(full, device)
+    got = qq.quantize_colwise(dev_full[:, :k], mode="affine", bits=bits, group_size=group)
+    assert_quantized_equal(got, ref, xt, what=f"colwise affine K={k} {dtype} [{device}]")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode,kw", [("nvfp4", {}), ("mxfp8", {"scale_layout": "blocked"}),
                                      ("mxfp4", {"rounding": "floor"}), ("affine", {"bits": 4}),
                                      ("affine", {"bits": 8, "group_size": 128})])

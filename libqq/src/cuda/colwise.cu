@@ -377,6 +377,139 @@ __global__ void __launch_bounds__(kThreads, G > 32 ? 5 : 6) quantize_tile_kernel
 }
 
 // ---------------------------------------------------------------------------
+// affine, 4 or 8 bits, from row-major 16-bit x (colaff_kernel): column-wise quantization
+// as the row-wise affine kernel does it (quantize.cu), with x^T's rows read from a tile
+// transposed in shared memory instead of from global memory. A block of 256 threads takes
+// 128 rows x 64 columns: each thread loads two rows' 16 bytes at the same 8 columns and
+// stores 8 words, each the two rows' values of one column (x^T's element order, so a
+// column's 32 rows are 4 words of 16 bytes); after one barrier a thread reads its 32 rows
+// of one column in four 16-byte reads, takes min / max two elements an instruction
+// (minmax_nan), meets the other chunks of its group by shuffles and writes its 16 / 32
+// bytes of codes straight to x^T's row (the four chunks of a column: 64 / 128 contiguous
+// bytes). The tile kernel kept the tile as fp32 and read it an element at a time
+// (0.46 / 0.54 of copy for affine 4 / 8-bit at 16384^2, quantize-h100-profile.md).
+// ---------------------------------------------------------------------------
+constexpr int kAffTM = 128, kAffTK = 64, kAffThreads = 256;
+
+// Word (c, mp) of the transposed tile: column c's 64 words (rows 2mp, 2mp + 1) as 16
+// 16-byte units, unit u at u ^ swz(c). swz = (c ^ c >> 3) & 7 puts both the writers (8
+// lanes along c with c % 8 fixed, c / 8 varying) and the readers (8 lanes with c % 8
+// varying) on 8 different units mod 8: no bank conflicts either way.
+__device__ __forceinline__ int aff_word(int c, int mp) {
+  return c * (kAffTM / 2) + ((((mp >> 2) ^ ((c ^ (c >> 3)) & 7))) << 2) + (mp & 3);
+}
+
+template <typename T, int G, int kBits>
+__global__ void __launch_bounds__(kAffThreads) colaff_kernel(ColwiseArgs a) {
+  static_assert(sizeof(T) == 2, "16-bit x");
+  __shared__ __align__(16) uint32_t xt[kAffTK * kAffTM / 2];
+  const int64_t M = a.M, K = a.K;
+  const int64_t k0 = (int64_t)blockIdx.x * kAffTK, m0 = (int64_t)blockIdx.y * kAffTM, b = blockIdx.z;
+  const T* xb = reinterpret_cast<const T*>(a.x.ptr) + a.x.offset(b);
+
+  // ---- load: item i = (mp = i / 8, kc = i % 8): rows m0 + 2mp, + 1 at columns k0 + 8kc..
+  // (a warp reads 4 rows x 128 contiguous bytes, twice); M % 32 == 0, so both rows exist
+  // or neither
+  uint4 r[2][2];
+#pragma unroll
+  for (int it = 0; it < 2; ++it) {
+    const int i = threadIdx.x + it * kAffThreads, mp = i / 8, kc = i % 8;
+    const int64_t m = m0 + 2 * mp, k = k0 + 8 * kc;
+    const T* p0 = xb + m * a.x.ld + k;
+    if (m < M && k + 8 <= K) {
+      r[it][0] = __ldg(reinterpret_cast<const uint4*>(p0));
+      r[it][1] = __ldg(reinterpret_cast<const uint4*>(p0 + a.x.ld));
+    } else {
+      uint16_t e[2][8];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          e[h][j] = (m < M && k + j < K) ? __ldg(reinterpret_cast<const unsigned short*>(p0 + h * a.x.ld + j)) : 0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        r[it][h] = make_uint4(e[h][0] | e[h][1] << 16, e[h][2] | e[h][3] << 16, e[h][4] | e[h][5] << 16,
+                              e[h][6] | e[h][7] << 16);
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < 2; ++it) {
+    const int i = threadIdx.x + it * kAffThreads, mp = i / 8, kc = i % 8;
+    const uint32_t w0[4] = {r[it][0].x, r[it][0].y, r[it][0].z, r[it][0].w};
+    const uint32_t w1[4] = {r[it][1].x, r[it][1].y, r[it][1].z, r[it][1].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      xt[aff_word(8 * kc + 2 * j, mp)] = prmt(w0[j], w1[j], 0x5410u);      // column 2j: low halves
+      xt[aff_word(8 * kc + 2 * j + 1, mp)] = prmt(w0[j], w1[j], 0x7632u);  // column 2j + 1: high halves
+    }
+  }
+  __syncthreads();
+
+  // ---- a thread: column c = 8 * warp + lane % 8, rows m0 + 32p .. + 31 (p = lane / 8); the
+  // G / 32 chunks of a group are lanes 8 apart
+  constexpr int kLanes = G / 32;
+  const int lane = threadIdx.x % 32, c = (threadIdx.x / 32) * 8 + lane % 8, p = lane / 8;
+  uint4 raw[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) raw[u] = *reinterpret_cast<const uint4*>(&xt[aff_word(c, 16 * p + 4 * u)]);
+  float wmin, wmax;
+  minmax_nan<T, 4>(raw, &wmin, &wmax);
+  int finite = is_finite_f(wmin) && is_finite_f(wmax) ? 1 : 0;
+  wmax = wmax > 0.0f ? wmax : 0.0f;  // max(0, max(w)): +0 when no element is positive
+  if (kLanes > 1) {
+    wmin = group_min<kLanes, 8>(wmin);
+    wmax = group_max<kLanes, 8>(wmax);
+    finite = group_and<kLanes, 8>(finite);
+  }
+  const int64_t k = k0 + c, m = m0 + 32 * p;
+  if (k >= K || m >= M) return;
+  float scale, bias, inv = 0.0f;
+  if (finite) {
+    affine_params(wmin, wmax, kBits, &scale, &bias);
+    inv = 1.0f / scale;
+  } else {
+    scale = bias = u2f(0x7fc00000u);
+  }
+  uint64_t acc[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float v[8];
+    unpack8<T>(raw[j], v);
+    acc[j] = finite ? affine_encode8<kBits>(v, scale, inv, bias, kBits) : 0;
+  }
+  uint4* d = reinterpret_cast<uint4*>((uint8_t*)a.data_t.ptr + (b * K + k) * a.data_t.cols + m * kBits / 8);
+  if (kBits == 4) {
+    d[0] = make_uint4((uint32_t)acc[0], (uint32_t)acc[1], (uint32_t)acc[2], (uint32_t)acc[3]);
+  } else {
+    d[0] = make_uint4((uint32_t)acc[0], (uint32_t)(acc[0] >> 32), (uint32_t)acc[1], (uint32_t)(acc[1] >> 32));
+    d[1] = make_uint4((uint32_t)acc[2], (uint32_t)(acc[2] >> 32), (uint32_t)acc[3], (uint32_t)(acc[3] >> 32));
+  }
+  if (p % kLanes == 0) {
+    // stored scale and bias are rounded to x's dtype (docs/formats.md, Affine)
+    const int64_t ng = M / G, g = m / G;
+    reinterpret_cast<T*>(a.scales_t.ptr)[(b * K + k) * ng + g] = store_cast<T>(scale);
+    reinterpret_cast<T*>(a.biases_t.ptr)[(b * K + k) * ng + g] = store_cast<T>(bias);
+  }
+}
+
+template <typename T, int G>
+void launch_colaff_g(const ColwiseArgs& a, cudaStream_t st) {
+  const dim3 grid((unsigned)((a.K + kAffTK - 1) / kAffTK), (unsigned)((a.M + kAffTM - 1) / kAffTM),
+                  (unsigned)a.x.batch());
+  if (a.q.bits == 4) colaff_kernel<T, G, 4><<<grid, kAffThreads, 0, st>>>(a);
+  else colaff_kernel<T, G, 8><<<grid, kAffThreads, 0, st>>>(a);
+}
+template <typename T>
+qqStatus_t launch_colaff_t(const ColwiseArgs& a, cudaStream_t st) {
+  switch (a.q.group) {
+    case 32: launch_colaff_g<T, 32>(a, st); break;
+    case 64: launch_colaff_g<T, 64>(a, st); break;
+    default: launch_colaff_g<T, 128>(a, st); break;
+  }
+  return check_launch("quantize_colwise");
+}
+
+// ---------------------------------------------------------------------------
 // fp modes from row-major x (colq_kernel), the common case of training (x and
 // dy of every GEMM, both orientations). A block is 4 warps stacked along M
 // over the same 32 * kC columns (kC = 8 / sizeof(T): 4 for 16-bit x, 2 for
@@ -842,6 +975,12 @@ qqStatus_t quantize_colwise(qqHandle_t h, const ColwiseArgs& a, void* stream) {
         default: moe_t_kernel<__nv_bfloat16><<<grid, kColThreads, 0, st>>>(b); break;
       }
       return check_launch("quantize_moe");
+    }
+    // affine 4 / 8-bit from row-major 16-bit x with 16-byte aligned rows and x^T codes: colaff_kernel
+    // (b.rowwise is false here: affine's row-wise half ran above)
+    if (!a.q.fp() && (a.q.bits == 4 || a.q.bits == 8) && !a.x_colmajor && dtype_size(a.x.dt) == 2 &&
+        aligned(a.x, 16) && ((uintptr_t)a.data_t.ptr & 15) == 0 && (a.M + kAffTM - 1) / kAffTM <= 65535) {
+      return a.x.dt == DType::F16 ? launch_colaff_t<__half>(b, st) : launch_colaff_t<__nv_bfloat16>(b, st);
     }
     if (colq && (!b.rowwise || ((uintptr_t)a.row.data.ptr & 3) == 0)) {  // row-wise codes: 4-byte stores
       switch (a.x.dt) {

@@ -84,6 +84,33 @@ __device__ __forceinline__ uint64_t affine_encode8(const float* v, float scale, 
   }
 }
 
+// Reductions over the kLanes lanes of one group, kStride lanes apart (kLanes a power of
+// two; quantize's affine kernel: consecutive lanes, K/8 a multiple of kLanes so groups
+// never straddle a warp; colaff_kernel: lanes 8 apart). min/max with the CPU backend's
+// exact comparisons (fminf/fmaxf may pick either zero of +-0; the CPU's `<` keeps the
+// first).
+template <int kLanes, int kStride = 1> __device__ __forceinline__ float group_min(float v) {
+#pragma unroll
+  for (int o = 1; o < kLanes; o <<= 1) {
+    const float u = __shfl_xor_sync(0xffffffffu, v, o * kStride);
+    v = u < v ? u : v;
+  }
+  return v;
+}
+template <int kLanes, int kStride = 1> __device__ __forceinline__ float group_max(float v) {
+#pragma unroll
+  for (int o = 1; o < kLanes; o <<= 1) {
+    const float u = __shfl_xor_sync(0xffffffffu, v, o * kStride);
+    v = u > v ? u : v;
+  }
+  return v;
+}
+template <int kLanes, int kStride = 1> __device__ __forceinline__ int group_and(int v) {
+#pragma unroll
+  for (int o = 1; o < kLanes; o <<= 1) v &= __shfl_xor_sync(0xffffffffu, v, o * kStride);
+  return v;
+}
+
 // Shape counts a row in chunks of kVec elements (one 16-byte load of 16-bit
 // data): a dequantize thread writes one chunk, a quantize thread takes
 // 32 / kVec of them (quantize.cu).

@@ -33,32 +33,6 @@ namespace qq {
 namespace cuda {
 namespace {
 
-// Reductions over the `lanes` consecutive lanes of one group (lanes is a power
-// of two <= 16, and groups never straddle a warp: K/8 is a multiple of lanes).
-// min/max with the CPU backend's exact comparisons (fminf/fmaxf may pick
-// either zero of +-0; the CPU's `<` keeps the first).
-template <int kLanes> __device__ __forceinline__ float group_min(float v) {
-#pragma unroll
-  for (int o = 1; o < kLanes; o <<= 1) {
-    const float u = __shfl_xor_sync(0xffffffffu, v, o);
-    v = u < v ? u : v;
-  }
-  return v;
-}
-template <int kLanes> __device__ __forceinline__ float group_max(float v) {
-#pragma unroll
-  for (int o = 1; o < kLanes; o <<= 1) {
-    const float u = __shfl_xor_sync(0xffffffffu, v, o);
-    v = u > v ? u : v;
-  }
-  return v;
-}
-template <int kLanes> __device__ __forceinline__ int group_and(int v) {
-#pragma unroll
-  for (int o = 1; o < kLanes; o <<= 1) v &= __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // ---------------------------------------------------------------------------
 // quantize kernels
 // ---------------------------------------------------------------------------
