@@ -68,6 +68,14 @@ for group, bits in [(32, 4), (64, 4), (64, 8), (128, 4)]:
         cc = qq.quantize_colwise(np.ascontiguousarray(xh), group_size=group, bits=bits)
         same(f"colwise affine{bits} g{group} {name} data_t", c.data, cc.data)
         same(f"colwise affine{bits} g{group} {name} scales_t", c.scales, cc.scales)
+    # float16 with 16-byte aligned rows: colaff_kernel (the tile transposed in shared memory);
+    # 75 of 80 columns: the last 8-column loads partly past K
+    x16 = np.ascontiguousarray(np.pad(xg, ((0, 0), (0, 7)))).astype(np.float16)
+    for name, k in [("f16", 80), ("f16 K75", 75)]:
+        c = qq.quantize_colwise(dev(x16)[:, :k], group_size=group, bits=bits)
+        cc = qq.quantize_colwise(np.ascontiguousarray(x16[:, :k]), group_size=group, bits=bits)
+        same(f"colwise affine{bits} g{group} {name} data_t", c.data, cc.data)
+        same(f"colwise affine{bits} g{group} {name} scales_t", c.scales, cc.scales)
 
 w3 = rng.standard_normal((2, 64, 96)).astype(np.float32)
 for scaling in ["32x1", "32x32"]:

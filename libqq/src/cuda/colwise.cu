@@ -399,8 +399,11 @@ __device__ __forceinline__ int aff_word(int c, int mp) {
   return c * (kAffTM / 2) + ((((mp >> 2) ^ ((c ^ (c >> 3)) & 7))) << 2) + (mp & 3);
 }
 
+// 5 blocks an SM (48 registers): 0.74 of copy at 16384^2 where 4 (59 registers) gave 0.70-0.72 and 6
+// (40, spilling) 0.60-0.69; two tiles a block with the second's loads issued before the first's
+// encode needed 80-110 registers and ran at 0.56-0.59 (logs-2026-11-27p/colaff_variants).
 template <typename T, int G, int kBits>
-__global__ void __launch_bounds__(kAffThreads) colaff_kernel(ColwiseArgs a) {
+__global__ void __launch_bounds__(kAffThreads, 5) colaff_kernel(ColwiseArgs a) {
   static_assert(sizeof(T) == 2, "16-bit x");
   __shared__ __align__(16) uint32_t xt[kAffTK * kAffTM / 2];
   const int64_t M = a.M, K = a.K;
@@ -524,10 +527,11 @@ qqStatus_t launch_colaff_t(const ColwiseArgs& a, cudaStream_t st) {
 // at 53 % (ncu, 16384^2 mxfp8). Row-wise groups of G columns span G / kC
 // lanes: their row maxima are reduce-scattered over those lanes (each scale
 // computed once) and each lane encodes its own kC values. The tile kernel
-// above (0.55-0.73 of copy bandwidth for these modes) stays for affine (the
-// same strips with affine encoding were no faster: instruction-bound at this
-// kernel's 4 blocks an SM) and for rows that are not 8-byte aligned (column-major
-// MoE weights: moe_t_kernel below, where 16-byte aligned).
+// above (0.55-0.73 of copy bandwidth for these modes) stays for rows that are not
+// 8-byte aligned (column-major MoE weights: moe_t_kernel below, where 16-byte
+// aligned), and for affine where colaff_kernel does not take it (fp32 x, widths
+// other than 4 and 8, rows not 16-byte aligned; these strips with affine encoding
+// were no faster than the tile kernel: instruction-bound at 4 blocks an SM).
 // ---------------------------------------------------------------------------
 constexpr int kColThreads = 128, kStrip = 32, kColWarps = kColThreads / 32;
 constexpr int kColRows = kStrip * kColWarps;  // rows of M a block covers (128)
