@@ -1,6 +1,7 @@
 """A few small calls of every libqq kernel that uses shared memory (qmma's k-split
 reduction, qmv, the quantize tile kernel of quantize_colwise / quantize_moe with affine's
-staged x^T codes, amax), and of
+staged x^T codes, colaff_kernel's transposed tile, colq_kernel's nvfp4 factor table,
+amax), and of
 the newest kernels (amax's vector kernel, grouped_qqmm_wgrad's token quantization for one and
 for several experts, the exact GEMM with a bias), for compute-sanitizer's racecheck,
 initcheck and memcheck:

@@ -122,6 +122,21 @@ def _finite(x):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [R.BF16, np.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("bits,group", [(4, 64), (8, 128)], ids=["a4g64", "a8g128"])
+def test_both_orientations_affine_16bit_batched(rng, bits, group, dtype, device):
+    """rowwise=True for affine from 16-bit x with aligned rows (the GPU: quantize's row-wise
+    kernel, then colaff_kernel for x^T) over two batch dimensions, NaN / Inf / zero columns:
+    (quantize(x), quantize(x^T)) bit for bit."""
+    x = _poisoned(rng, (2, 3, 256, 128), dtype)
+    kw = {"mode": "affine", "bits": bits, "group_size": group}
+    row, col = qq.quantize_colwise(to_device(x, device), rowwise=True, **kw)
+    assert_quantized_equal(row, R.quantize(x, **kw), x, what=f"rowwise half [{device}]")
+    xt = np.ascontiguousarray(np.swapaxes(x, -1, -2))
+    assert_quantized_equal(col, R.quantize(xt, **kw), xt, what=f"colwise half [{device}]")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", dtype_params())
 @pytest.mark.parametrize("shape", [(48, 72), (64, 37), (96, 130), (2, 64, 520), (208, 40)],
                          ids=lambda s: "x".join(map(str, s)))

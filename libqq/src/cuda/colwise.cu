@@ -380,8 +380,8 @@ __global__ void __launch_bounds__(kThreads, G > 32 ? 5 : 6) quantize_tile_kernel
 // affine, 4 or 8 bits, from row-major 16-bit x (colaff_kernel): column-wise quantization
 // as the row-wise affine kernel does it (quantize.cu), with x^T's rows read from a tile
 // transposed in shared memory instead of from global memory. A block of 256 threads takes
-// 128 rows x 64 columns: each thread loads two rows' 16 bytes at the same 8 columns and
-// stores 8 words, each the two rows' values of one column (x^T's element order, so a
+// 128 rows x 64 columns: each thread loads, twice, two rows' 16 bytes at the same 8 columns
+// and stores 8 words, each the two rows' values of one column (x^T's element order, so a
 // column's 32 rows are 4 words of 16 bytes); after one barrier a thread reads its 32 rows
 // of one column in four 16-byte reads, takes min / max two elements an instruction
 // (minmax_nan), meets the other chunks of its group by shuffles and writes its 16 / 32
@@ -431,8 +431,8 @@ __global__ void __launch_bounds__(kAffThreads, 5) colaff_kernel(ColwiseArgs a) {
           e[h][j] = (m < M && k + j < K) ? __ldg(reinterpret_cast<const unsigned short*>(p0 + h * a.x.ld + j)) : 0;
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        r[it][h] = make_uint4(e[h][0] | e[h][1] << 16, e[h][2] | e[h][3] << 16, e[h][4] | e[h][5] << 16,
-                              e[h][6] | e[h][7] << 16);
+        r[it][h] = make_uint4(e[h][0] | (uint32_t)e[h][1] << 16, e[h][2] | (uint32_t)e[h][3] << 16,
+                              e[h][4] | (uint32_t)e[h][5] << 16, e[h][6] | (uint32_t)e[h][7] << 16);
     }
   }
 #pragma unroll
@@ -457,22 +457,11 @@ __global__ void __launch_bounds__(kAffThreads, 5) colaff_kernel(ColwiseArgs a) {
   for (int u = 0; u < 4; ++u) raw[u] = *reinterpret_cast<const uint4*>(&xt[aff_word(c, 16 * p + 4 * u)]);
   float wmin, wmax;
   minmax_nan<T, 4>(raw, &wmin, &wmax);
-  int finite = is_finite_f(wmin) && is_finite_f(wmax) ? 1 : 0;
-  wmax = wmax > 0.0f ? wmax : 0.0f;  // max(0, max(w)): +0 when no element is positive
-  if (kLanes > 1) {
-    wmin = group_min<kLanes, 8>(wmin);
-    wmax = group_max<kLanes, 8>(wmax);
-    finite = group_and<kLanes, 8>(finite);
-  }
+  const int finite = affine_group_range<kLanes, 8>(&wmin, &wmax);
   const int64_t k = k0 + c, m = m0 + 32 * p;
   if (k >= K || m >= M) return;
-  float scale, bias, inv = 0.0f;
-  if (finite) {
-    affine_params(wmin, wmax, kBits, &scale, &bias);
-    inv = 1.0f / scale;
-  } else {
-    scale = bias = u2f(0x7fc00000u);
-  }
+  const AffineParams ap = affine_group_params(wmin, wmax, finite, kBits);
+  const float scale = ap.scale, bias = ap.bias, inv = ap.inv;
   uint64_t acc[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -530,8 +519,9 @@ qqStatus_t launch_colaff_t(const ColwiseArgs& a, cudaStream_t st) {
 // above (0.55-0.73 of copy bandwidth for these modes) stays for rows that are not
 // 8-byte aligned (column-major MoE weights: moe_t_kernel below, where 16-byte
 // aligned), and for affine where colaff_kernel does not take it (fp32 x, widths
-// other than 4 and 8, rows not 16-byte aligned; these strips with affine encoding
-// were no faster than the tile kernel: instruction-bound at 4 blocks an SM).
+// other than 4 and 8, rows of x or x^T's codes not 16-byte aligned, M > 65535 * 128;
+// these strips with affine encoding were no faster than the tile kernel:
+// instruction-bound at 4 blocks an SM).
 // ---------------------------------------------------------------------------
 constexpr int kColThreads = 128, kStrip = 32, kColWarps = kColThreads / 32;
 constexpr int kColRows = kStrip * kColWarps;  // rows of M a block covers (128)
@@ -682,7 +672,6 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
     if constexpr (G == 16) return nvfp4_group_scale(amax, enc, [&](uint8_t c) { return nv_factor[c & 0x7f]; });
     else return fp_group_scale(amax, false, enc, q.elem, q.floor_rounding);
   };
-
 
   // ---- column groups
   uint2 cm[kGroups];
@@ -958,9 +947,10 @@ qqStatus_t quantize_colwise(qqHandle_t h, const ColwiseArgs& a, void* stream) {
     const bool colq = a.q.fp() && !a.x_colmajor && aligned(a.x, 8) && ((uintptr_t)a.data_t.ptr & 7) == 0 &&
                       (a.M + kColRows - 1) / kColRows <= 65535;
     if (a.rowwise && !a.q.fp()) {
-      // affine: the row-wise half as quantize's own kernel, then the tile kernel for x^T
-      // (group 128 is wider than a tile; for 32 / 64 the two passes take 0.65-0.7x the
-      // time of the tile kernel doing both: quantize-h100-profile.md)
+      // affine: the row-wise half as quantize's own kernel, then x^T's kernel below
+      // (colaff_kernel or the tile kernel; group 128 is wider than a tile, and for 32 / 64
+      // the two passes took 0.65-0.7x the time of the tile kernel doing both:
+      // quantize-h100-profile.md)
       QQ_TRY(quantize(h, a.row, stream));
       b.rowwise = false;
     } else if (a.rowwise && a.q.blocked &&

@@ -85,11 +85,12 @@ __device__ __forceinline__ uint64_t affine_encode8(const float* v, float scale, 
 }
 
 // Reductions over the kLanes lanes of one group, kStride lanes apart (kLanes a power of
-// two; quantize's affine kernel: consecutive lanes, K/8 a multiple of kLanes so groups
-// never straddle a warp; colaff_kernel: lanes 8 apart). min/max with the CPU backend's
+// two; quantize's affine kernel: consecutive lanes, a row's 32-element chunks a multiple of
+// kLanes so groups never straddle a warp; colaff_kernel: lanes 8 apart). min/max with the CPU backend's
 // exact comparisons (fminf/fmaxf may pick either zero of +-0; the CPU's `<` keeps the
 // first).
 template <int kLanes, int kStride = 1> __device__ __forceinline__ float group_min(float v) {
+  static_assert(kLanes * kStride <= 32, "a group's lanes lie in one warp");
 #pragma unroll
   for (int o = 1; o < kLanes; o <<= 1) {
     const float u = __shfl_xor_sync(0xffffffffu, v, o * kStride);
@@ -109,6 +110,39 @@ template <int kLanes, int kStride = 1> __device__ __forceinline__ int group_and(
 #pragma unroll
   for (int o = 1; o < kLanes; o <<= 1) v &= __shfl_xor_sync(0xffffffffu, v, o * kStride);
   return v;
+}
+
+// An affine group from the min and max of each of its chunks (minmax_nan: NaN-propagating),
+// the chunks on kLanes lanes kStride apart: returns whether the group is finite (a NaN
+// anywhere makes min and max NaN, an Inf shows as one of them) and leaves the group's min
+// and max(0, max) in *wmin, *wmax (quantize's affine kernel and colaff_kernel; the rule of
+// docs/formats.md, Affine).
+template <int kLanes, int kStride = 1>
+__device__ __forceinline__ int affine_group_range(float* wmin, float* wmax) {
+  int finite = is_finite_f(*wmin) && is_finite_f(*wmax) ? 1 : 0;
+  *wmax = *wmax > 0.0f ? *wmax : 0.0f;  // max(0, max(w)): +0 when no element is positive
+  if (kLanes > 1) {
+    *wmin = group_min<kLanes, kStride>(*wmin);
+    *wmax = group_max<kLanes, kStride>(*wmax);
+    finite = group_and<kLanes, kStride>(finite);
+  }
+  return finite;
+}
+// Its scale, bias and 1 / scale (affine_params); NaN scale and bias for a group that is not
+// finite (its codes are 0).
+struct AffineParams {
+  float scale, bias, inv;
+};
+__device__ __forceinline__ AffineParams affine_group_params(float wmin, float wmax, int finite, int bits) {
+  AffineParams g;
+  g.inv = 0.0f;
+  if (finite) {
+    affine_params(wmin, wmax, bits, &g.scale, &g.bias);
+    g.inv = 1.0f / g.scale;
+  } else {
+    g.scale = g.bias = u2f(0x7fc00000u);
+  }
+  return g;
 }
 
 // Shape counts a row in chunks of kVec elements (one 16-byte load of 16-bit

@@ -201,8 +201,6 @@ __global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeAr
   for (int i = 0; i < kWords; ++i) raw[i] = __ldg(src + i);
   float wmin, wmax;
   minmax_nan<T, kWords>(raw, &wmin, &wmax);
-  int finite = is_finite_f(wmin) && is_finite_f(wmax) ? 1 : 0;
-  wmax = wmax > 0.0f ? wmax : 0.0f;  // max(0, max(w)): +0 when no element is positive
   float v[kAff];
   if constexpr (sizeof(T) == 4) {
 #pragma unroll
@@ -214,20 +212,11 @@ __global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeAr
 #pragma unroll
     for (int i = 0; i < kWords; ++i) unpack8<T>(raw[i], v + 8 * i);
   }
-  if (kLanes > 1) {
-    wmin = group_min<kLanes>(wmin);
-    wmax = group_max<kLanes>(wmax);
-    finite = group_and<kLanes>(finite);
-  }
+  const int finite = affine_group_range<kLanes>(&wmin, &wmax);
   if (!live) return;
 
-  float scale, bias, inv = 0.0f;
-  if (finite) {
-    affine_params(wmin, wmax, bits, &scale, &bias);
-    inv = 1.0f / scale;
-  } else {
-    scale = bias = u2f(0x7fc00000u);
-  }
+  const AffineParams ap = affine_group_params(wmin, wmax, finite, bits);
+  const float scale = ap.scale, bias = ap.bias, inv = ap.inv;
   // 8 elements * bits bits = `bits` whole bytes: encoded 8 at a time. The 4- and 8-bit
   // codes of the 32 elements (16 / 32 bytes) go out in 16-byte stores where the data
   // pointer is 16-byte aligned (rows always are: K is a multiple of the group), else in
