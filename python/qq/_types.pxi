@@ -237,6 +237,15 @@ cdef inline void _qa_set(object qa, int slot, object value) noexcept:
     (<PyObject**>((<char*><PyObject*>qa) + _QA_SLOT[slot]))[0] = <PyObject*>value
 
 
+cdef inline object _qa_get(object qa, int slot):
+    """A slot of a QuantizedArray (its exact type: a subclass may redefine a field) read
+    directly, as getattr would; an empty slot raises getattr's AttributeError."""
+    cdef PyObject* v = (<PyObject**>((<char*><PyObject*>qa) + _QA_SLOT[slot]))[0]
+    if v == NULL:
+        return getattr(qa, QuantizedArray.__slots__[slot])
+    return <object>v
+
+
 cdef object _new_quantized_array(data, scales, biases, str mode, const qqQuantParams_t* p,
                                   global_scale, rounding, scale_layout, fp8_format, tuple shape):
     """A QuantizedArray from an operation that has validated everything already: the fields
