@@ -32,3 +32,40 @@ def test_floor_accepted_for_mx():
     c = qq.quantize(x, mode="mxfp4", rounding="ceil")
     f = qq.quantize(x, mode="mxfp4", rounding="floor")
     assert np.asarray(c.scales)[0, 0] == 128 and np.asarray(f.scales)[0, 0] == 127
+
+
+class _Index:
+    """An integer argument whose value can change (any object with __index__ is one)."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __index__(self):
+        return self.v
+
+    def __hash__(self):
+        return hash(self.v)
+
+    def __eq__(self, other):
+        return self.v == other
+
+
+def test_params_follow_a_changed_argument_value():
+    """Resolved parameters are cached (per value, and by identity for the last call's
+    arguments), but only for plain str / int / None arguments: an argument object whose
+    value changed between two calls gets the new value, and an unhashable one (a 0-d NumPy
+    array) is accepted rather than refused by the cache."""
+    x = np.ones((2, 128), np.float32)
+    g = _Index(64)
+    assert qq.quantize(x, group_size=g).group_size == 64
+    g.v = 32
+    assert qq.quantize(x, group_size=g).group_size == 32
+    a = np.array(64)
+    assert qq.quantize(x, group_size=a).group_size == 64
+    a[()] = 128
+    assert qq.quantize(x, group_size=a).group_size == 128
+    # the same plain arguments twice, then others: each call's own values
+    assert qq.quantize(x, mode="nvfp4").group_size == 16
+    assert qq.quantize(x, mode="nvfp4").group_size == 16
+    assert qq.quantize(x, group_size=128, bits=8).bits == 8
+    assert qq.quantize(x).group_size == 64

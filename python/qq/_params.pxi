@@ -45,11 +45,22 @@ cdef int _int_arg(str func, str arg, value) except? -1:
 # Resolved and validated parameters per (mode, group_size, bits, rounding, scale_layout,
 # fp8_format): a call with parameters seen before costs one dict lookup and a copy.
 cdef dict _PARAMS_CACHE = {}
-# The last arguments _quant_params resolved, by identity (strings, small ints and None, all
-# immutable and held here, so an identical object is an equal one): a loop of calls with
-# the same arguments skips building and hashing the key (~0.1 us a call).
+# The last arguments _quant_params resolved, by identity: a loop of calls with the same
+# arguments skips building and hashing the key (~0.1 us a call). Both caches keep only
+# arguments of the exact types str, int and None (immutable, and held here, so an identical
+# object is an equal one; an object with __index__ may change its value, and one hashed by
+# id would fill the dict).
 cdef tuple _LAST_PARAMS_ARGS = None
 cdef qqQuantParams_t _last_params
+
+
+cdef inline bint _plain(x):
+    return x is None or type(x) is str or type(x) is int
+
+
+cdef inline bint _plain_key(tuple key):
+    return (_plain(key[0]) and _plain(key[1]) and _plain(key[2]) and _plain(key[3])
+            and _plain(key[4]) and _plain(key[5]))
 
 
 cdef int _quant_params(str func, qqQuantParams_t* p, mode, group_size, bits, rounding,
@@ -75,8 +86,9 @@ cdef int _quant_params(str func, qqQuantParams_t* p, mode, group_size, bits, rou
         cached = None
     if cached is not None:
         memcpy(p, <const char*>cached, sizeof(qqQuantParams_t))
-        _last_params = p[0]         # (the struct before the key that names it)
-        _LAST_PARAMS_ARGS = key
+        if _plain_key(key):
+            _last_params = p[0]     # (the struct before the key that names it)
+            _LAST_PARAMS_ARGS = key
         return 0
     cdef qqStatus_t st = qqQuantParamsInit(p, <qqMode_t>_enum(func, "mode", mode, _MODES))
     _check(st)
@@ -99,10 +111,11 @@ cdef int _quant_params(str func, qqQuantParams_t* p, mode, group_size, bits, rou
     cdef int64_t ss[2]
     cdef int sn = 0
     _check_as(qqQuantizedShapes(p, 1, &xs, &ds, ss, &sn), "quantized_shapes", func)
-    if len(_PARAMS_CACHE) < 256:
-        _PARAMS_CACHE[key] = (<char*>p)[:sizeof(qqQuantParams_t)]
-    _last_params = p[0]
-    _LAST_PARAMS_ARGS = key
+    if _plain_key(key):
+        if len(_PARAMS_CACHE) < 256:
+            _PARAMS_CACHE[key] = (<char*>p)[:sizeof(qqQuantParams_t)]
+        _last_params = p[0]
+        _LAST_PARAMS_ARGS = key
     return 0
 
 
