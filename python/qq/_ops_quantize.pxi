@@ -215,26 +215,23 @@ cpdef tuple _unpack_weight(func, w, scales, biases, global_scale, mode, group_si
     qa = w
     if _qa_slots_known and type(qa) is QuantizedArray:
         # the slots read directly (ten getattr calls were ~10 % of a small dequantize)
-        return (_qa_get(qa, 0),
-                _take_array(func, "scales", scales, _qa_get(qa, 1), "w", "scales"),
-                _take_array(func, "biases", biases, _qa_get(qa, 2), "w", "biases"),
-                _take_array(func, "global_scale", global_scale, _qa_get(qa, 6), "w", "global_scale"),
-                _take(func, "mode", mode, "affine", _qa_get(qa, 3), "w"),
-                _take(func, "group_size", group_size, None, _qa_get(qa, 4), "w"),
-                _take(func, "bits", bits, None, _qa_get(qa, 5), "w"),
-                _take(func, "scale_layout", scale_layout, "linear", _qa_get(qa, 8), "w"),
-                _take(func, "fp8_format", fp8_format, "e4m3", _qa_get(qa, 9), "w"),
-                _qa_get(qa, 10))
-    return (qa.data,
-            _take_array(func, "scales", scales, qa.scales, "w", "scales"),
-            _take_array(func, "biases", biases, qa.biases, "w", "biases"),
-            _take_array(func, "global_scale", global_scale, qa.global_scale, "w", "global_scale"),
-            _take(func, "mode", mode, "affine", qa.mode, "w"),
-            _take(func, "group_size", group_size, None, qa.group_size, "w"),
-            _take(func, "bits", bits, None, qa.bits, "w"),
-            _take(func, "scale_layout", scale_layout, "linear", qa.scale_layout, "w"),
-            _take(func, "fp8_format", fp8_format, "e4m3", qa.fp8_format, "w"),
-            qa.shape)
+        data, qs, qb, qg = _qa_get(qa, 0), _qa_get(qa, 1), _qa_get(qa, 2), _qa_get(qa, 6)
+        qm, qgs, qbits = _qa_get(qa, 3), _qa_get(qa, 4), _qa_get(qa, 5)
+        qsl, qf, qshape = _qa_get(qa, 8), _qa_get(qa, 9), _qa_get(qa, 10)
+    else:
+        data, qs, qb, qg = qa.data, qa.scales, qa.biases, qa.global_scale
+        qm, qgs, qbits = qa.mode, qa.group_size, qa.bits
+        qsl, qf, qshape = qa.scale_layout, qa.fp8_format, qa.shape
+    return (data,
+            _take_array(func, "scales", scales, qs, "w", "scales"),
+            _take_array(func, "biases", biases, qb, "w", "biases"),
+            _take_array(func, "global_scale", global_scale, qg, "w", "global_scale"),
+            _take(func, "mode", mode, "affine", qm, "w"),
+            _take(func, "group_size", group_size, None, qgs, "w"),
+            _take(func, "bits", bits, None, qbits, "w"),
+            _take(func, "scale_layout", scale_layout, "linear", qsl, "w"),
+            _take(func, "fp8_format", fp8_format, "e4m3", qf, "w"),
+            qshape)
 
 
 def quantize_dequantize(x, mode="mxfp8", *, global_scale=None, rowwise=True, colwise=False,
