@@ -140,6 +140,22 @@ def test_torch_cpu(rng):
     _torch_roundtrip_checks(torch, "cpu", rng)
 
 
+def test_torch_results_on_the_inputs_device_under_a_default_device(rng):
+    """Results are made on the inputs' device, not torch's default device: inside
+    `with torch.device("meta")` a CPU call got meta results (NULL data, refused by libqq)."""
+    torch = pytest.importorskip("torch")
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    xt = torch.from_numpy(x)
+    with torch.device("meta"):
+        q = qq.quantize(xt, mode="nvfp4")
+        y = qq.dequantize(q, dtype="float32")
+        a = qq.amax(xt)
+    for t in (q.data, q.scales, y, a):
+        assert t.device.type == "cpu"
+    assert_bits_equal(y, ref_dequantize_qa(q, np.float32))
+    assert float(a) == float(np.abs(x).max())
+
+
 @pytest.mark.gpu
 def test_torch_cuda(rng):
     torch = pytest.importorskip("torch")

@@ -469,7 +469,6 @@ cdef object _numpy_empty(tuple shape, str dtype):
     return cnp.PyArray_EMPTY(nd, dims, typenum, 0)
 
 
-cdef dict _TORCH_DTYPES = {}
 cdef dict _TORCH_DEVICES = {}
 
 
@@ -481,21 +480,26 @@ cdef object _torch_device(int dev_id):
     return dev
 
 
+cdef dict _TORCH_TEMPLATES = {}
+
+
 cdef object _torch_empty(tuple shape, str dtype, int dev_id):
-    """torch.empty on the CPU (dev_id < 0) or cuda:dev_id, with dtype and device objects
-    cached (each lookup of torch.<name> or torch.device(...) is a Python call)."""
-    torch = sys.modules["torch"]
-    dt = _TORCH_DTYPES.get(dtype)
-    if dt is None:
-        dt = _TORCH_DTYPES[dtype] = getattr(torch, dtype)
+    """A new torch tensor on the CPU (dev_id < 0) or cuda:dev_id: new_empty of an empty
+    template tensor of that dtype and device, made once. The template carries the dtype
+    and the device, so torch parses only the sizes: 0.87 against torch.empty's 1.04 us on
+    the CPU, and the result lands on the call's device also inside a `with torch.device(...)`
+    block, which redirects a torch.empty without device= (a CPU call then got meta or CUDA
+    results)."""
+    key = (dtype, dev_id)
+    t = _TORCH_TEMPLATES.get(key)
+    if t is None:
+        torch = sys.modules["torch"]
+        dev = torch.device("cpu") if dev_id < 0 else _torch_device(dev_id)
+        t = _TORCH_TEMPLATES[key] = torch.empty(0, dtype=getattr(torch, dtype), device=dev)
     # The sizes as separate ints: torch parses them faster than one tuple argument
     # (~0.5 us a call on the CPU, 1.5 us on an H100 host); a 0-d result as size=(), which
     # torch parses as fast (a positional () takes the slow tuple path).
-    if dev_id < 0:
-        return torch.empty(*shape, dtype=dt) if shape else torch.empty(size=(), dtype=dt)
-    dev = _torch_device(dev_id)
-    return (torch.empty(*shape, dtype=dt, device=dev) if shape
-            else torch.empty(size=(), dtype=dt, device=dev))
+    return t.new_empty(*shape) if shape else t.new_empty(size=())
 
 
 cdef object _torch_raw_stream = None

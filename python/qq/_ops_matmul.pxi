@@ -435,8 +435,8 @@ def prepare_decode(w, stream=None):
     return DecodeWeight(call.result(result), w)
 
 
-def _decode_weight_args(func, dw, shape_text, scales, biases, transpose, group_size, bits, mode,
-                        global_scale, scale_layout, fp8_format):
+cdef int _decode_weight_args(str func, dw, str shape_text, scales, biases, transpose, group_size,
+                            bits, mode, global_scale, scale_layout, fp8_format) except -1:
     """A DecodeWeight carries its scales, mode and global scale: the weight arguments of
     quantized_matmul / gather_qmm must be left at their defaults (mode may name its own)."""
     if (scales is not None or biases is not None or group_size is not None or bits is not None
@@ -452,6 +452,7 @@ def _decode_weight_args(func, dw, shape_text, scales, biases, transpose, group_s
     if not transpose:
         raise ValueError(f"{func}: a DecodeWeight is {shape_text} (transpose=True); got "
                          f"transpose=False")
+    return 0
 
 
 cdef int _check_decode_out(str func, out, tuple want) except -1:
@@ -462,8 +463,8 @@ cdef int _check_decode_out(str func, out, tuple want) except -1:
     return 0
 
 
-def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mode,
-                   global_scale, bias, scale_layout, fp8_format, dtype, out, stream):
+cdef object _decode_matmul(str func, x, dw, scales, biases, transpose, group_size, bits, mode,
+                           global_scale, bias, scale_layout, fp8_format, dtype, out, stream):
     """quantized_matmul with a DecodeWeight: the decode layout's kernel where it applies
     (CPU: always; GPU: bfloat16 x of at most 64 rows or float16 of at most 32, compute
     capability 9.0+: libqq says, with NOT_SUPPORTED), else the packed weight it keeps
@@ -521,8 +522,9 @@ def _decode_matmul(func, x, dw, scales, biases, transpose, group_size, bits, mod
     return out if out is not None else call.result(result)
 
 
-def _decode_gather(func, x, dw, rhs_indices, scales, biases, transpose, group_size, bits, mode,
-                   global_scale, bias, scale_layout, fp8_format, dtype, out, stream):
+cdef object _decode_gather(str func, x, dw, rhs_indices, scales, biases, transpose, group_size,
+                           bits, mode, global_scale, bias, scale_layout, fp8_format, dtype, out,
+                           stream):
     """gather_qmm with experts in the decode layout (a DecodeWeight of [E, N, K]), for bfloat16
     x of at most 16 rows per entry on the GPU (compute capability 9.0+): each batch entry
     reads its expert's layout, or, where the
