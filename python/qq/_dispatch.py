@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import linecache
 import sys
 
 from . import _qq
@@ -113,9 +114,10 @@ def _dispatching(name, eager=None):
     pos = [p for p in inspect.signature(eager).parameters.values()
            if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
     args = ", ".join(p.name for p in pos)
+    src, filename = _WRAPPER.format(name=name, params=args, args=args), f"<qq._dispatch {name}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)  # for tracebacks
     scope = {}
-    exec(compile(_WRAPPER.format(name=name, params=args, args=args), f"<qq._dispatch {name}>",
-                 "exec"), globals(), scope)
+    exec(compile(src, filename, "exec"), globals(), scope)
     f = scope["_make"](eager)
     f.__defaults__ = tuple(p.default for p in pos if p.default is not inspect.Parameter.empty) or None
     functools.update_wrapper(f, eager)

@@ -154,7 +154,7 @@ __device__ __forceinline__ void group_stats(bool fp, Get get, float* amax, float
 // col_scale_at: where scale (k, g) goes, with the steps to (k + j, g + h) for the small j,
 // h of one colq lane (k % kC == 0, j < kC: k..k + j stay inside one 32-row block; g even
 // when h = 1: g, g + 1 share a 4-column group, so blocked_offset steps by 16 and 1 there).
-// base null: 32x32 tiles, whose one scale per tile store_col_scale places.
+// base null: 32x32 tiles, whose one scale per tile store_tile32_scale places.
 struct ColScaleAt {
   uint8_t* base;
   int64_t dk, dg;
@@ -167,11 +167,16 @@ __device__ __forceinline__ ColScaleAt col_scale_at(const ColwiseArgs& a, int64_t
   if (!a.tile32) return {sp + (b * ng + g) * a.K + k, 1, a.K};
   return {nullptr, 0, 0};
 }
+// 32x32 tiles (col_scale_at's null base): one scale per tile, stored from its first column.
+__device__ __forceinline__ void store_tile32_scale(const ColwiseArgs& a, int64_t b, int64_t k, int64_t g, int64_t ng,
+                                                   uint8_t code) {
+  if (k % 32 == 0) ((uint8_t*)a.scales_t.ptr)[(b * ng + g) * (a.K / 32) + k / 32] = code;
+}
 __device__ __forceinline__ void store_col_scale(const ColwiseArgs& a, int64_t b, int64_t k, int64_t g, int64_t ng,
                                                 uint8_t code) {
   const ColScaleAt at = col_scale_at(a, b, k, g, ng);
   if (at.base) *at.base = code;
-  else if (k % 32 == 0) ((uint8_t*)a.scales_t.ptr)[(b * ng + g) * (a.K / 32) + k / 32] = code;
+  else store_tile32_scale(a, b, k, g, ng, code);
 }
 
 template <typename T, int G, bool kColMajor>
@@ -469,13 +474,7 @@ __global__ void __launch_bounds__(kAffThreads, 5) colaff_kernel(ColwiseArgs a) {
     unpack8<T>(raw[j], v);
     acc[j] = finite ? affine_encode8<kBits>(v, scale, inv, bias, kBits) : 0;
   }
-  uint4* d = reinterpret_cast<uint4*>((uint8_t*)a.data_t.ptr + (b * K + k) * a.data_t.cols + m * kBits / 8);
-  if (kBits == 4) {
-    d[0] = make_uint4((uint32_t)acc[0], (uint32_t)acc[1], (uint32_t)acc[2], (uint32_t)acc[3]);
-  } else {
-    d[0] = make_uint4((uint32_t)acc[0], (uint32_t)(acc[0] >> 32), (uint32_t)acc[1], (uint32_t)(acc[1] >> 32));
-    d[1] = make_uint4((uint32_t)acc[2], (uint32_t)(acc[2] >> 32), (uint32_t)acc[3], (uint32_t)(acc[3] >> 32));
-  }
+  store_affine32<kBits>((uint8_t*)a.data_t.ptr + (b * K + k) * a.data_t.cols + m * kBits / 8, acc);
   if (p % kLanes == 0) {
     // stored scale and bias are rounded to x's dtype (docs/formats.md, Affine)
     const int64_t ng = M / G, g = m / G;
@@ -739,7 +738,7 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
           reinterpret_cast<uint4*>(dst)[i / 4] = make_uint4(out[i], out[i + 1], out[i + 2], out[i + 3]);
       }
       if (sat.base) sat.base[j * sat.dk + h * sat.dg] = gsc.code;
-      else store_col_scale(a, b, k, m0 / G + h, M / G, gsc.code);
+      else store_tile32_scale(a, b, k, m0 / G + h, M / G, gsc.code);
     }
   }
 

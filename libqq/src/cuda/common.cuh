@@ -99,6 +99,15 @@ inline qqStatus_t check_launch(const char* op) {
   return QQ_STATUS_SUCCESS;
 }
 
+// Vector loads and stores need aligned rows: start, row stride and batch
+// strides multiples of `align` bytes.
+inline bool aligned(const Mat& m, int align) {
+  const int es = dtype_size(m.dt);
+  bool ok = ((uintptr_t)m.ptr % align) == 0 && (m.ld * es) % align == 0;
+  for (int i = 0; i < m.nb; ++i) ok = ok && (m.bstride[i] * es) % align == 0;
+  return ok;
+}
+
 // Runs `body` with `device` current and restores the caller's device after.
 template <typename F>
 inline qqStatus_t on_device(int device, F body) {

@@ -687,14 +687,6 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
   }
 }
 
-// Base, rows and batch entries of m all `bytes`-aligned.
-bool aligned(const Mat& m, int bytes) {
-  const int es = dtype_size(m.dt);
-  bool ok = ((uintptr_t)m.ptr % bytes) == 0 && (m.ld * es) % bytes == 0;
-  for (int i = 0; i < m.nb; ++i) ok = ok && (m.bstride[i] * es) % bytes == 0;
-  return ok;
-}
-
 // gather_qmm's work items (GPlan), built on the device by one CTA from the indices:
 // a count per expert, a prefix sum, the entries scattered into perm (their order within
 // an expert is free: a row's sums do not depend on the rows beside it in a tile), then

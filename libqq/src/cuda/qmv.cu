@@ -585,13 +585,6 @@ __global__ void __launch_bounds__(kThreads) qmv_n_kernel(const MatmulArgs a, con
 // ---------------------------------------------------------------------------
 // launchers
 // ---------------------------------------------------------------------------
-bool aligned(const Mat& m, int align) {
-  const int es = dtype_size(m.dt);
-  bool ok = ((uintptr_t)m.ptr % align) == 0 && (m.ld * es) % align == 0;
-  for (int i = 0; i < m.nb; ++i) ok = ok && (m.bstride[i] * es) % align == 0;
-  return ok;
-}
-
 int ilog2(int v) {
   int l = 0;
   while ((1 << l) < v) ++l;

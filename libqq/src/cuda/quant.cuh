@@ -21,6 +21,7 @@
 
 #include "../codec.h"
 #include "../internal.h"
+#include "common.cuh"  // aligned()
 
 namespace qq {
 namespace cuda {
@@ -145,6 +146,21 @@ __device__ __forceinline__ AffineParams affine_group_params(float wmin, float wm
   return g;
 }
 
+// The codes of 32 elements (affine_encode8's four words acc[0..3], 4- or 8-bit) stored at
+// a 16-byte aligned d: one 16-byte store (4-bit) or two (8-bit). The row-wise and the
+// column-wise affine kernels both write a thread's 32 codes this way.
+template <int kBits>
+__device__ __forceinline__ void store_affine32(uint8_t* d, const uint64_t (&acc)[4]) {
+  static_assert(kBits == 4 || kBits == 8, "16-byte stores of 4- or 8-bit codes");
+  uint4* o = reinterpret_cast<uint4*>(d);
+  if constexpr (kBits == 4) {
+    o[0] = make_uint4((uint32_t)acc[0], (uint32_t)acc[1], (uint32_t)acc[2], (uint32_t)acc[3]);
+  } else {
+    o[0] = make_uint4((uint32_t)acc[0], (uint32_t)(acc[0] >> 32), (uint32_t)acc[1], (uint32_t)(acc[1] >> 32));
+    o[1] = make_uint4((uint32_t)acc[2], (uint32_t)(acc[2] >> 32), (uint32_t)acc[3], (uint32_t)(acc[3] >> 32));
+  }
+}
+
 // Shape counts a row in chunks of kVec elements (one 16-byte load of 16-bit
 // data): a dequantize thread writes one chunk, a quantize thread takes
 // 32 / kVec of them (quantize.cu).
@@ -233,14 +249,6 @@ inline qqStatus_t check_row_grid(const char* op, const Shape& s) {
   return QQ_STATUS_SUCCESS;
 }
 
-// Vector loads and stores need aligned rows: start, row stride and batch
-// strides multiples of `align` bytes.
-inline bool aligned(const Mat& m, int align) {
-  const int es = dtype_size(m.dt);
-  bool ok = ((uintptr_t)m.ptr % align) == 0 && (m.ld * es) % align == 0;
-  for (int i = 0; i < m.nb; ++i) ok = ok && (m.bstride[i] * es) % align == 0;
-  return ok;
-}
 // For the kernels with no element-wise fallback, a misaligned argument is the caller's error.
 inline qqStatus_t check_aligned(const char* op, const char* name, const Mat& m, int align) {
   if (!aligned(m, align))

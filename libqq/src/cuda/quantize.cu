@@ -226,14 +226,10 @@ __global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeAr
 #pragma unroll
   for (int j = 0; j < kAff / 8; ++j) acc[j] = finite ? affine_encode8<kBits>(v + 8 * j, scale, inv, bias, bits) : 0;
   const bool v16 = ((uintptr_t)d & 15) == 0;
-  if (kBits == 4 && v16) {
-    *reinterpret_cast<uint4*>(d) = make_uint4((uint32_t)acc[0], (uint32_t)acc[1], (uint32_t)acc[2], (uint32_t)acc[3]);
-  } else if (kBits == 8 && v16) {
-#pragma unroll
-    for (int j = 0; j < kAff / 8; j += 2)
-      reinterpret_cast<uint4*>(d)[j / 2] = make_uint4((uint32_t)acc[j], (uint32_t)(acc[j] >> 32),
-                                                      (uint32_t)acc[j + 1], (uint32_t)(acc[j + 1] >> 32));
-  } else {
+  if constexpr (kBits == 4 || kBits == 8) {
+    if (v16) store_affine32<kBits>(d, acc);
+  }
+  if (!((kBits == 4 || kBits == 8) && v16)) {
 #pragma unroll
     for (int j = 0; j < kAff / 8; ++j) {
       uint8_t* dj = d + j * bits;
