@@ -655,30 +655,6 @@ __global__ void to_decode_kernel(const DecodeLayoutArgs a, int64_t slots, int* b
 // JIT-compiled, would have an empty body). Known per device and configuration after
 // the first call, which also sets the shared-memory attribute once.
 constexpr qqStatus_t kRefused = QQ_STATUS_NOT_SUPPORTED;
-
-// Dynamic shared memory that keeps a second CTA off an SM (half the SM's shared memory:
-// two CTAs with it and their 1 KB reserve each do not fit), cached per device id; 0 where
-// it is past the per-block limit or the query fails. See launch() for its use.
-int lone_cta_smem(int dev) {
-  constexpr int kCached = 64;
-  static std::atomic<int> cache[kCached];  // 0: not asked yet; -1: not available
-  const bool cacheable = dev >= 0 && dev < kCached;
-  if (cacheable) {
-    const int v = cache[dev].load(std::memory_order_relaxed);
-    if (v) return v > 0 ? v : 0;
-  }
-  int per_sm = 0, optin = 0;
-  int v = -1;
-  if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess &&
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
-      per_sm / 2 <= optin)
-    v = per_sm / 2;
-  else
-    (void)cudaGetLastError();
-  if (cacheable) cache[dev].store(v, std::memory_order_relaxed);
-  return v > 0 ? v : 0;
-}
-
 // xt: where x_stage_kernel's buffer comes from when x is staged, else null.
 template <int FM, int MT, int S, int KC, int kMinBlocks, int RS = 1, bool GR = false>
 qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* xt = nullptr) {
@@ -698,8 +674,7 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
       refused.fetch_or(bit, std::memory_order_relaxed);
       return kRefused;
     }
-    const size_t most = smem > (size_t)lone_cta_smem(dev) ? smem : (size_t)lone_cta_smem(dev);
-    QQ_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most), "decode_matmul");
+    QQ_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "decode_matmul");
     ok.fetch_or(bit, std::memory_order_relaxed);
   }
   QP q = p;
@@ -730,15 +705,7 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)tiles, (unsigned)ks, (unsigned)p.B);
   cfg.blockDim = dim3(threads_of(FM, RS), 1, 1);
-  // A grid of no more CTAs than SMs (4096-row weights: 64 tiles, K split in 2) runs one CTA
-  // per SM: asking for half an SM's shared memory keeps the block scheduler from placing
-  // two or three of them on one SM, which it did (the configurations allow several per SM
-  // for larger grids), leaving others idle. H100, CUDA graphs, M = 1 / 16: 4096 x 14336
-  // nvfp4 19.1 -> 16.5 / 26.8 -> 22.9 us, mxfp8 25.2 -> 23.4, affine 4-bit 20.7 -> 18.8;
-  // 4096 x 4096 nvfp4 8.8 -> 7.6, mxfp8 10.7 -> 9.2 (qmm-decode-h100-notes.md, session q).
-  const size_t lone = (size_t)lone_cta_smem(dev);
-  const bool alone = (int64_t)tiles * ks * p.B <= (int64_t)sm_count(dev) && lone > smem;
-  cfg.dynamicSmemBytes = alone ? lone : smem;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 2;
