@@ -113,6 +113,68 @@ def test_import_after_torch_registers_ops():
     assert r.returncode == 0, r.stderr
 
 
+def test_compile_when_qq_was_imported_before_torch():
+    """qq first, then torch, and the first qq call is one Dynamo traces: the ops register
+    during the trace. That used to write qq._dispatch's cached compile check while Dynamo
+    traced, and the guard Dynamo had put on it failed (AssertionError on the first call)."""
+    code = ("import qq, torch\n"
+            "f = torch.compile(lambda x: qq.dequantize(qq.quantize(x, mode='mxfp8')), fullgraph=True)\n"
+            "x = torch.randn(4, 64)\n"
+            "want = lambda: qq.dequantize(qq.quantize(x, mode='mxfp8'))\n"
+            "assert torch.equal(f(x), want())\n"
+            "assert torch.equal(f(x), want())   # after eager calls too\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_results_stay_real_after_a_call_under_a_dispatch_mode():
+    """Results are new_empty of a cached template per (dtype, device); a template made under
+    FakeTensorMode (a call that fails there: fake tensors have no data) must not be kept,
+    or every later result would be fake."""
+    code = ("import torch, qq\n"
+            "from torch._subclasses.fake_tensor import FakeTensorMode\n"
+            "with FakeTensorMode():\n"
+            "    try:\n"
+            "        qq.amax(torch.empty(2, 32))\n"
+            "    except ValueError:\n"
+            "        pass\n"
+            "a = qq.amax(torch.ones(2, 32))\n"
+            "assert type(a) is torch.Tensor and float(a) == 1.0, a\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_dispatch_wrapper_refuses_signatures_it_cannot_stand_for():
+    """qq._dispatch's generated wrappers name the positional parameters: a signature with
+    positional-only or *args parameters, none positional, or a name the wrapper uses
+    itself would be misread, so it is refused when the wrapper is made."""
+    from qq import _dispatch
+
+    def pos_only(x, /, y=None):
+        return x
+
+    def star(x, *rest):
+        return x
+
+    def kw_only(*, x=None):
+        return x
+
+    def clash(x, _qq_kw=None):
+        return x
+
+    for f in (pos_only, star, kw_only, clash):
+        with pytest.raises(TypeError, match="needs a wrapper of its own"):
+            _dispatch._dispatching("f", f)
+
+    def fine(x, c=None, *, kw=1):
+        return (x, c, kw)
+
+    w = _dispatch._dispatching("fine", fine)
+    assert w(1, c=5, kw=2) == (1, 5, 2) and w(1) == (1, None, 1)
+
+
 def test_defaults_table_matches_libqq():
     """The fake implementations' group_size / bits defaults are qqQuantParamsInit's."""
     for mode, (g, b) in _torch_ops.DEFAULTS.items():

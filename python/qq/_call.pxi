@@ -495,7 +495,11 @@ cdef object _torch_empty(tuple shape, str dtype, int dev_id):
     if t is None:
         torch = sys.modules["torch"]
         dev = torch.device("cpu") if dev_id < 0 else _torch_device(dev_id)
-        t = _TORCH_TEMPLATES[key] = torch.empty(0, dtype=getattr(torch, dtype), device=dev)
+        t = torch.empty(0, dtype=getattr(torch, dtype), device=dev)
+        # kept only when it is a plain tensor: one made under a dispatch mode
+        # (FakeTensorMode, ...) would make every later result fake
+        if type(t) is torch.Tensor:
+            _TORCH_TEMPLATES[key] = t
     # The sizes as separate ints: torch parses them faster than one tuple argument
     # (~0.5 us a call on the CPU, 1.5 us on an H100 host); a 0-d result as size=(), which
     # torch parses as fast (a positional () takes the slow tuple path).

@@ -58,8 +58,18 @@ def require_indices(func: str, rhs_indices):
 
 
 def _torch_ops():
-    from . import _torch_ops   # registers the ops on first import (and sets _is_compiling)
+    from . import _torch_ops   # registers the ops on first import (and, in eager code, sets _is_compiling)
     return _torch_ops
+
+
+def _torch_ops_eager():
+    """_torch_ops() from a wrapper's eager branch (torch imported after qq): sets
+    _is_compiling there, never while Dynamo traces (a global written during a trace fails
+    the guard Dynamo put on it: `import qq; import torch; torch.compile(..., fullgraph=True)`
+    raised on its first call)."""
+    global _is_compiling
+    _torch_ops()
+    _is_compiling = _modules["torch"].compiler.is_compiling
 
 
 # torch.compiler.is_compiling, set when qq._torch_ops is imported (in eager code, never while
@@ -84,23 +94,23 @@ def _jax_traced(args, kwargs) -> bool:
 # ~2 us a NumPy quantize of [1, 32] takes (bench/bench_overhead.py).
 _WRAPPER = """
 def _make(_eager):
-    def {name}({params}, **kw):
-        c = _is_compiling
-        if c is not None:
-            if c():
-                return getattr(_torch_ops(), "{name}")({args}, **kw)
+    def {name}({params}, **_qq_kw):
+        _qq_c = _is_compiling
+        if _qq_c is not None:
+            if _qq_c():
+                return getattr(_torch_ops(), "{name}")({args}, **_qq_kw)
         elif "torch" in _modules:       # torch imported after qq
             if _compiling():
-                return getattr(_torch_ops(), "{name}")({args}, **kw)
-            _torch_ops()                # eager: register the ops now, which sets _is_compiling
+                return getattr(_torch_ops(), "{name}")({args}, **_qq_kw)
+            _torch_ops_eager()          # eager: register the ops now, and set _is_compiling
         try:
-            if kw:
-                return _eager({args}, **kw)
+            if _qq_kw:
+                return _eager({args}, **_qq_kw)
             return _eager({args})
         except Exception:
-            if not _jax_traced(({args},), kw):
+            if not _jax_traced(({args},), _qq_kw):
                 raise
-        return _jax_ffi().op("{name}")({args}, **kw)    # outside the except: no chained error
+        return _jax_ffi().op("{name}")({args}, **_qq_kw)    # outside the except: no chained error
     return {name}
 """
 
@@ -111,8 +121,14 @@ def _dispatching(name, eager=None):
     Made from _WRAPPER: one text for every function, run in this module's globals (so that
     it reads _is_compiling as qq._torch_ops sets it)."""
     eager = eager or getattr(_qq, name)
-    pos = [p for p in inspect.signature(eager).parameters.values()
-           if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    params = inspect.signature(eager).parameters.values()
+    pos = [p for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    # what _WRAPPER can stand for: named positional parameters (at least one) and
+    # keyword-only ones, none of them a name the wrapper's body uses
+    if not pos or any(p.kind not in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+                      or p.name.startswith("_qq_") or p.name == "_eager" for p in params):
+        raise TypeError(f"qq._dispatch: {name}'s signature {inspect.signature(eager)} needs a wrapper "
+                        f"of its own (_WRAPPER takes named positional and keyword-only parameters)")
     args = ", ".join(p.name for p in pos)
     src, filename = _WRAPPER.format(name=name, params=args, args=args), f"<qq._dispatch {name}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)  # for tracebacks
