@@ -118,7 +118,8 @@ def test_compile_when_qq_was_imported_before_torch():
     during the trace. That used to write qq._dispatch's cached compile check while Dynamo
     traced, and the guard Dynamo had put on it failed (AssertionError on the first call)."""
     code = ("import qq, torch\n"
-            "f = torch.compile(lambda x: qq.dequantize(qq.quantize(x, mode='mxfp8')), fullgraph=True)\n"
+            "f = torch.compile(lambda x: qq.dequantize(qq.quantize(x, mode='mxfp8')), fullgraph=True,\n"
+            "                  backend='aot_eager')\n"
             "x = torch.randn(4, 64)\n"
             "want = lambda: qq.dequantize(qq.quantize(x, mode='mxfp8'))\n"
             "assert torch.equal(f(x), want())\n"
