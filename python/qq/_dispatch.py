@@ -58,22 +58,23 @@ def require_indices(func: str, rhs_indices):
 
 
 def _torch_ops():
-    from . import _torch_ops   # registers the ops on first import (and, in eager code, sets _is_compiling)
+    from . import _torch_ops   # registers the ops on first import
     return _torch_ops
 
 
 def _torch_ops_eager():
-    """_torch_ops() from a wrapper's eager branch (torch imported after qq): sets
-    _is_compiling there, never while Dynamo traces (a global written during a trace fails
-    the guard Dynamo put on it: `import qq; import torch; torch.compile(..., fullgraph=True)`
-    raised on its first call)."""
+    """_torch_ops() from eager code (`import qq` with torch imported, or a wrapper's eager
+    branch): also sets _is_compiling. Only here: the first import of qq._torch_ops may
+    happen inside a trace (the first qq call Dynamo traces), and a global written during a
+    trace fails the guard Dynamo put on it (`import qq; import torch;
+    torch.compile(..., fullgraph=True)` raised on its first call)."""
     global _is_compiling
     _torch_ops()
     _is_compiling = _modules["torch"].compiler.is_compiling
 
 
-# torch.compiler.is_compiling, set when qq._torch_ops is imported (in eager code, never while
-# Dynamo traces): a global that does not change once set, so Dynamo's guard on it holds.
+# torch.compiler.is_compiling, set by _torch_ops_eager (in eager code, never while Dynamo
+# traces): a global that does not change once set, so Dynamo's guard on it holds.
 # Reading it saves every eager call the lookups of torch and torch.compiler.
 _is_compiling = None
 
@@ -119,7 +120,7 @@ def _dispatching(name, eager=None):
     """The public function `name`: the Cython function's positional parameters with their
     defaults (keyword-only ones are checked by it), routed as the module docstring says.
     Made from _WRAPPER: one text for every function, run in this module's globals (so that
-    it reads _is_compiling as qq._torch_ops sets it)."""
+    it reads _is_compiling as _torch_ops_eager sets it)."""
     eager = eager or getattr(_qq, name)
     params = inspect.signature(eager).parameters.values()
     pos = [p for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
@@ -180,6 +181,6 @@ _qq.QuantizedArray.__iter__ = _qa_iter
 _qq.QuantizedArray.__getitem__ = _qa_getitem
 
 if "torch" in _modules:
-    _torch_ops()
+    _torch_ops_eager()
 if "jax" in _modules:
     _jax_ffi()      # QuantizedArray becomes a JAX pytree (jit / vmap can return it)

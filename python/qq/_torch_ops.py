@@ -774,17 +774,3 @@ def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_f
     pw.quantized, pw.values = qa, values
     pw.mode, pw.global_scale, pw.shape = qa.mode, qa.global_scale, qa.shape
     return pw
-
-
-def _cache_compile_check():
-    """qq._dispatch's fast eager check: torch.compiler.is_compiling, looked up once, when
-    the ops are registered - unless that happens inside a trace (the first qq call Dynamo
-    traces imports this module): a global written while Dynamo traces fails its guard, so
-    the wrappers' eager branch sets it later (qq._dispatch._torch_ops_eager)."""
-    if torch.compiler.is_compiling():
-        return
-    from . import _dispatch
-    _dispatch._is_compiling = torch.compiler.is_compiling
-
-
-_cache_compile_check()
