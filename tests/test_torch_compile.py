@@ -96,21 +96,25 @@ def check(fn, *args, backend="aot_eager"):
 # import, shape rules
 # =========================================================================================
 
+def _fresh_python(code, timeout=600):
+    """Runs `code` in a new interpreter (import order and process-wide caches start clean);
+    asserts that it exits 0."""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
 def test_import_qq_does_not_import_torch():
     """qq works without torch: `import qq` must not import it (the ops register lazily)."""
-    code = "import qq, sys; assert 'torch' not in sys.modules, 'torch imported'; " \
-           "assert 'qq._torch_ops' not in sys.modules"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    assert r.returncode == 0, r.stderr
+    _fresh_python("import qq, sys; assert 'torch' not in sys.modules, 'torch imported'; "
+                  "assert 'qq._torch_ops' not in sys.modules")
 
 
 def test_import_after_torch_registers_ops():
     """torch first, then qq: the ops exist before any call (qq/_dispatch.py)."""
-    code = "import torch, qq; assert hasattr(torch.ops.qq, 'quantize'); " \
-           "assert 'qq._torch_ops' in __import__('sys').modules"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    _fresh_python("import torch, qq; assert hasattr(torch.ops.qq, 'quantize'); "
+                  "assert 'qq._torch_ops' in __import__('sys').modules; "
+                  "assert qq._dispatch._is_compiling is not None")
 
 
 def test_compile_when_qq_was_imported_before_torch():
@@ -124,9 +128,7 @@ def test_compile_when_qq_was_imported_before_torch():
             "want = lambda: qq.dequantize(qq.quantize(x, mode='mxfp8'))\n"
             "assert torch.equal(f(x), want())\n"
             "assert torch.equal(f(x), want())   # after eager calls too\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    _fresh_python(code)
 
 
 def test_results_stay_real_after_a_call_under_a_dispatch_mode():
@@ -142,9 +144,7 @@ def test_results_stay_real_after_a_call_under_a_dispatch_mode():
             "        pass\n"
             "a = qq.amax(torch.ones(2, 32))\n"
             "assert type(a) is torch.Tensor and float(a) == 1.0, a\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    _fresh_python(code)
 
 
 def test_dispatch_wrapper_refuses_signatures_it_cannot_stand_for():
