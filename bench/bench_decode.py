@@ -131,19 +131,25 @@ def time_eager(step, x, sync, warmup, iters, reps=3) -> float:
     return statistics.median(times)
 
 
-def time_graph(step, x, replays, reps=3) -> float:
+def capture_graph(step, x):
+    """(graph, output) of step(x) captured in a CUDA graph, after a warm-up on a side stream
+    as torch's docs ask before capture. Keep the output alive while the graph is replayed."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):  # warm-up on a side stream, as torch's docs ask before capture
+    with torch.cuda.stream(s):
         for _ in range(3):
             step(x)
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    keep = []  # the graph's output stays alive while it is replayed
+    with torch.cuda.graph(g):
+        out = step(x)
+    return g, out
+
+
+def time_graph(step, x, replays, reps=3) -> float:
+    g, out = capture_graph(step, x)
     try:
-        with torch.cuda.graph(g):
-            keep.append(step(x))
         g.replay()
         torch.cuda.synchronize()
         times = []
@@ -155,8 +161,7 @@ def time_graph(step, x, replays, reps=3) -> float:
             times.append((time.perf_counter() - t0) * 1e6 / replays)
         return statistics.median(times)
     finally:
-        keep.clear()
-        del g
+        del g, out
 
 
 def short(e: BaseException) -> str:

@@ -14,7 +14,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_decode import LLAMA3_8B, MODES, make_step, make_weights, qq_mm_strided  # noqa: E402
+from bench_decode import LLAMA3_8B, MODES, capture_graph, make_step, make_weights, qq_mm_strided  # noqa: E402
 
 import qq  # noqa: E402
 
@@ -56,16 +56,7 @@ def main():
             qw.append(ql)
         step = make_step(LLAMA3_8B, qw, qq_mm_strided)
         x = torch.randn((m, LLAMA3_8B["hidden"]), dtype=torch.bfloat16, device="cuda")
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                step(x)
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            y = step(x)
+        g, y = capture_graph(step, x)
         for _ in range(5):
             g.replay()
         torch.cuda.synchronize()
