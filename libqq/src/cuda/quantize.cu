@@ -225,11 +225,10 @@ __global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeAr
   uint64_t acc[kAff / 8];
 #pragma unroll
   for (int j = 0; j < kAff / 8; ++j) acc[j] = finite ? affine_encode8<kBits>(v + 8 * j, scale, inv, bias, bits) : 0;
-  const bool v16 = ((uintptr_t)d & 15) == 0;
-  if constexpr (kBits == 4 || kBits == 8) {
-    if (v16) store_affine32<kBits>(d, acc);
-  }
-  if (!((kBits == 4 || kBits == 8) && v16)) {
+  constexpr bool kWide = kBits == 4 || kBits == 8;  // store_affine32's widths
+  if (kWide && ((uintptr_t)d & 15) == 0) {
+    if constexpr (kWide) store_affine32<kBits>(d, acc);
+  } else {
 #pragma unroll
     for (int j = 0; j < kAff / 8; ++j) {
       uint8_t* dj = d + j * bits;
