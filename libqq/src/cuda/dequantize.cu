@@ -29,6 +29,7 @@ namespace {
 // the kernel ran at 0.50-0.63 of copy bandwidth (bench/results/quantize-h100.md).
 // ---------------------------------------------------------------------------
 constexpr int kDqChunks = 4;
+constexpr int kDqThreadsMax = 256;  // a block: 32 .. 256 threads (launch_dequantize_t)
 
 // Fast decoding of fp chunks into bf16 / fp32 output (not fp16: its range is smaller),
 // in bf16x2 arithmetic: the element bits placed into bf16 fields (vec.cuh's fp4_pairs
@@ -55,22 +56,23 @@ template <> __device__ __forceinline__ void store8_bf16x2<float>(float* p, const
 }
 template <> __device__ __forceinline__ void store8_bf16x2<__half>(__half*, const uint32_t (&)[4]) {}
 
-template <typename TO, typename TS>
-__global__ void __launch_bounds__(kRowThreads) dequantize_kernel(DequantizeArgs a, Shape s, int U, bool avec,
-                                                                 uint32_t mul0, uint32_t mul1) {
+// kBits: 4 or 8 = affine codes of that width on aligned rows (avec); 0 = any call
+template <typename TO, typename TS, int kBits>
+__global__ void __launch_bounds__(kDqThreadsMax) dequantize_kernel(DequantizeArgs a, Shape s, int U, bool avec,
+                                                                   uint32_t mul0, uint32_t mul1) {
   const uint32_t row = blockIdx.x, prows = (uint32_t)s.prows;
   const uint32_t b = prows == gridDim.x ? 0u : row / prows, r = row - b * prows;
-  const uint32_t c0 = blockIdx.y * (kRowThreads * U) + threadIdx.x, chunks = (uint32_t)s.chunks;
+  const uint32_t T = blockDim.x, c0 = blockIdx.y * (T * U) + threadIdx.x, chunks = (uint32_t)s.chunks;
   const uint8_t* d = a.data.at<uint8_t>(b, r);
   TO* out = reinterpret_cast<TO*>(a.out.ptr) + (int64_t)row * a.out.cols;
   const int group = a.q.group;
-  if (a.q.fp()) {
+  if (kBits == 0 && a.q.fp()) {
     uint32_t w[kDqChunks][2];
     uint8_t sb[kDqChunks];
     const uint8_t* srow = a.q.blocked ? a.scales.at<uint8_t>(b) : a.scales.at<uint8_t>(b, r);
 #pragma unroll
     for (int j = 0; j < kDqChunks; ++j) {
-      const uint32_t c = j < U ? c0 + j * kRowThreads : chunks;
+      const uint32_t c = j < U ? c0 + j * T : chunks;
       w[j][0] = w[j][1] = 0;
       sb[j] = 0;
       if (c >= chunks) continue;
@@ -88,7 +90,7 @@ __global__ void __launch_bounds__(kRowThreads) dequantize_kernel(DequantizeArgs 
     const bool fast = !std::is_same<TO, __half>::value && !(nv && a.gs);
 #pragma unroll
     for (int j = 0; j < kDqChunks; ++j) {
-      const uint32_t c = j < U ? c0 + j * kRowThreads : chunks;
+      const uint32_t c = j < U ? c0 + j * T : chunks;
       if (c >= chunks) continue;
       const uint32_t u = sb[j];
       // fp32 output takes bf16's rounding only where there is none: fp8 codes times
@@ -152,6 +154,57 @@ __global__ void __launch_bounds__(kRowThreads) dequantize_kernel(DequantizeArgs 
       }
       store8<TO>(out + (size_t)c * kVec, v);
     }
+  } else if constexpr (kBits == 4 || kBits == 8) {
+    // affine 4- or 8-bit codes on aligned rows, the width at compile time: a code is a
+    // constant shift and mask of a 32-bit word, where the run-time width below shifts 64-bit
+    // words; 40 registers instead of 48 (12 blocks an SM instead of 10). 16384^2 to bf16 on
+    // an H100: affine4 0.81 -> 0.88 of copy bandwidth, affine8 0.84 -> 0.91
+    // (bench/results/quantize-h100-profile.md, session r).
+    const TS* srow = a.scales.at<TS>(b, r);
+    const TS* brow = a.biases.at<TS>(b, r);
+    constexpr int kW = kBits / 4;  // 32-bit words of codes a chunk
+    uint32_t w[kDqChunks][kW];
+    float sc[kDqChunks], bi[kDqChunks];
+#pragma unroll
+    for (int j = 0; j < kDqChunks; ++j) {
+      const uint32_t c = j < U ? c0 + j * T : chunks;
+#pragma unroll
+      for (int h = 0; h < kW; ++h) w[j][h] = 0;
+      sc[j] = bi[j] = 0.0f;
+      if (c >= chunks) continue;
+      const uint32_t g = c * kVec / group;
+      sc[j] = load_cast<TS>(srow + g);
+      bi[j] = load_cast<TS>(brow + g);
+      if constexpr (kBits == 4) {
+        w[j][0] = *reinterpret_cast<const uint32_t*>(d + (size_t)c * 4);
+      } else {
+        const uint2 v = *reinterpret_cast<const uint2*>(d + (size_t)c * 8);
+        w[j][0] = v.x, w[j][1] = v.y;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kDqChunks; ++j) {
+      const uint32_t c = j < U ? c0 + j * T : chunks;
+      if (c >= chunks) continue;
+      // as below: fma(q, scale, bias) with q a float by the 2^23 magic number
+      float v[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        const uint32_t code = kBits == 4 ? (w[j][0] >> (4 * i)) & 0xfu : (w[j][i >> 2] >> (8 * (i & 3))) & 0xffu;
+        v[i] = __fmaf_rn(u2f(0x4b000000u | code) - 8388608.0f, sc[j], bi[j]);
+      }
+      if constexpr (std::is_same<TO, __nv_bfloat16>::value) {
+        uint32_t o[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(o[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
+        if (is_finite_f(sc[j]) && is_finite_f(bi[j])) {
+          store8_bf16x2<TO>(out + (size_t)c * kVec, o);
+          continue;
+        }
+      }
+      store8<TO>(out + (size_t)c * kVec, v);
+    }
   } else {
     const int bits = a.q.bits;
     const TS* srow = a.scales.at<TS>(b, r);
@@ -160,7 +213,7 @@ __global__ void __launch_bounds__(kRowThreads) dequantize_kernel(DequantizeArgs 
     float sc[kDqChunks], bi[kDqChunks];
 #pragma unroll
     for (int j = 0; j < kDqChunks; ++j) {
-      const uint32_t c = j < U ? c0 + j * kRowThreads : chunks;
+      const uint32_t c = j < U ? c0 + j * T : chunks;
       acc[j] = 0;
       sc[j] = bi[j] = 0.0f;
       if (c >= chunks) continue;
@@ -180,7 +233,7 @@ __global__ void __launch_bounds__(kRowThreads) dequantize_kernel(DequantizeArgs 
     const uint32_t mask = (1u << bits) - 1;
 #pragma unroll
     for (int j = 0; j < kDqChunks; ++j) {
-      const uint32_t c = j < U ? c0 + j * kRowThreads : chunks;
+      const uint32_t c = j < U ? c0 + j * T : chunks;
       if (c >= chunks) continue;
       // codec.h's affine_decode, fma(q, scale, bias), with q made a float by the 2^23
       // magic number (exact for q < 2^23; the int -> float conversion runs at a quarter
@@ -210,20 +263,39 @@ __global__ void __launch_bounds__(kRowThreads) dequantize_kernel(DequantizeArgs 
 // fp4_pairs' multipliers, passed as kernel arguments (vec.cuh)
 constexpr uint32_t kMul0 = 65u << 6, kMul1 = 65u << 2;
 
+template <typename TO, typename TS>
+void launch_dq(dim3 grid, int nt, cudaStream_t st, const DequantizeArgs& a, const Shape& s, int U, bool avec) {
+  const int kb = !a.q.fp() && avec ? a.q.bits : 0;
+  if (kb == 4) dequantize_kernel<TO, TS, 4><<<grid, nt, 0, st>>>(a, s, U, avec, kMul0, kMul1);
+  else if (kb == 8) dequantize_kernel<TO, TS, 8><<<grid, nt, 0, st>>>(a, s, U, avec, kMul0, kMul1);
+  else dequantize_kernel<TO, TS, 0><<<grid, nt, 0, st>>>(a, s, U, avec, kMul0, kMul1);
+}
+
 template <typename TO>
 qqStatus_t launch_dequantize_t(const DequantizeArgs& a, Shape s, bool avec, cudaStream_t st) {
-  // blocks per row: the fewest with at most kDqChunks chunks a thread; then the fewest
-  // chunks a thread that cover the row (640 chunks: two blocks of U = 3, not of 4). 4
-  // at most: 8 took 72 registers and ran slower at 16384^2 (H200, 207 vs 187 us).
-  const int64_t per_row = (s.chunks + kRowThreads * kDqChunks - 1) / (kRowThreads * kDqChunks);
-  const int U = (int)((s.chunks + kRowThreads * per_row - 1) / (kRowThreads * per_row));
+  // A row's blocks: the fewest of 128 threads with at most kDqChunks chunks a thread, then
+  // the fewest chunks a thread U that cover the row. Where that leaves threads idle, blocks
+  // of up to kDqThreadsMax threads instead, U and the threads T (a multiple of 32) chosen to
+  // leave the fewest idle: K = 5120 (640 chunks) takes one block of 160 x 4 chunks, not two
+  // of 128 x 3 with 17 % of the threads idle (8192 x 5120 to bf16 on an H100: nvfp4 0.79 ->
+  // 0.83 of copy bandwidth, affine 4-bit 0.67 -> 0.76; quantize-h100-profile.md, session
+  // r). U <= 4: 8 took 72 registers and ran slower at 16384^2 (H200, 207 vs 187 us).
+  int64_t per_row = (s.chunks + kRowThreads * kDqChunks - 1) / (kRowThreads * kDqChunks);
+  int U = (int)((s.chunks + kRowThreads * per_row - 1) / (kRowThreads * per_row)), nt = kRowThreads;
+  if (per_row * U * kRowThreads != s.chunks) {
+    per_row = (s.chunks + kDqThreadsMax * kDqChunks - 1) / (kDqThreadsMax * kDqChunks);
+    int64_t best = -1;
+    for (int u = kDqChunks; u >= 1; --u) {
+      const int64_t t = ((s.chunks + per_row * u - 1) / (per_row * u) + 31) / 32 * 32;
+      const int64_t idle = per_row * u * t - s.chunks;
+      if (t <= kDqThreadsMax && (best < 0 || idle < best)) best = idle, U = u, nt = (int)t;
+    }
+  }
   const dim3 grid((unsigned)(s.total / s.chunks), (unsigned)per_row);
   switch (a.q.fp() ? DType::U8 : a.scales.dt) {
-    case DType::F16: dequantize_kernel<TO, __half><<<grid, kRowThreads, 0, st>>>(a, s, U, avec, kMul0, kMul1); break;
-    case DType::BF16:
-      dequantize_kernel<TO, __nv_bfloat16><<<grid, kRowThreads, 0, st>>>(a, s, U, avec, kMul0, kMul1);
-      break;
-    default: dequantize_kernel<TO, float><<<grid, kRowThreads, 0, st>>>(a, s, U, avec, kMul0, kMul1); break;
+    case DType::F16: launch_dq<TO, __half>(grid, nt, st, a, s, U, avec); break;
+    case DType::BF16: launch_dq<TO, __nv_bfloat16>(grid, nt, st, a, s, U, avec); break;
+    default: launch_dq<TO, float>(grid, nt, st, a, s, U, avec); break;
   }
   return check_launch("dequantize");
 }
