@@ -2,7 +2,7 @@
 reduction, qmv, the quantize tile kernel of quantize_colwise / quantize_moe with affine's
 staged x^T codes, colaff_kernel's transposed tile, colq_kernel's nvfp4 factor table,
 amax), and of
-the newest kernels (amax's vector kernel, grouped_qqmm_wgrad's token quantization for one and
+the newest kernels (dequantize's block shapes and compile-time affine widths, amax's vector kernel, grouped_qqmm_wgrad's token quantization for one and
 for several experts, the exact GEMM with a bias), for compute-sanitizer's racecheck,
 initcheck and memcheck:
 
@@ -114,6 +114,18 @@ for kw in ({"mode": "mxfp8"}, {"group_size": 32, "bits": 3}):
         route = qq.last_route()
         same(f"mm quantized_matmul {kw.get('mode', 'affine3')} 2048x1024 M={m} ({route})", got,
              qq.quantized_matmul(x, wq))
+
+# dequantize: every mode; affine 4 / 8 bits (the compile-time-width kernel) and 3 bits (the
+# run-time one); rows of 640 chunks (one 160-thread block) and of 28 (a 32-thread block
+# with threads idle); bf16, fp32 and fp16 results
+for shape in [(6, 5120), (5, 224)]:
+    x = rng.standard_normal(shape).astype(np.float32)
+    for kw in ({"mode": "nvfp4"}, {"mode": "mxfp4"}, {"mode": "mxfp8"}, {"group_size": 32, "bits": 4},
+               {"group_size": 64, "bits": 8} if shape[1] % 64 == 0 else {"group_size": 32, "bits": 8},
+               {"group_size": 32, "bits": 3}):
+        wq, wq_d = qq.quantize(x, **kw), qq.quantize(dev(x), **kw)
+        for dt in ("bfloat16", "float32", "float16"):
+            same(f"dequantize {kw} {shape} {dt}", qq.dequantize(wq_d, dtype=dt), qq.dequantize(wq, dtype=dt))
 
 # amax: one block, the vector kernel (tail elements), a misaligned start (element kernel)
 for n in (1000, (1 << 18) + 5):
