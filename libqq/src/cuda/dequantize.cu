@@ -56,6 +56,29 @@ template <> __device__ __forceinline__ void store8_bf16x2<float>(float* p, const
 }
 template <> __device__ __forceinline__ void store8_bf16x2<__half>(__half*, const uint32_t (&)[4]) {}
 
+// Eight affine codes of one group to the output: codec.h's affine_decode, fma(q, scale,
+// bias), with q made a float by the 2^23 magic number (exact for q < 2^23; the int -> float
+// conversion runs at a quarter of the rate) and bf16 results packed by the hardware
+// conversion (the same round-to-nearest-even; only its NaN differs from f_to_bf16's: redone
+// then). With a finite scale and bias no element is NaN (0 <= q <= 255: no Inf - Inf, no
+// 0 * Inf), so one test a chunk stands for eight.
+template <typename TO>
+__device__ __forceinline__ void affine_store8(TO* p, const uint32_t (&code)[kVec], float sc, float bi) {
+  float v[kVec];
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) v[i] = __fmaf_rn(u2f(0x4b000000u | code[i]) - 8388608.0f, sc, bi);
+  if constexpr (std::is_same<TO, __nv_bfloat16>::value) {
+    uint32_t o[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(o[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
+    if (is_finite_f(sc) && is_finite_f(bi)) {
+      store8_bf16x2<TO>(p, o);
+      return;
+    }
+  }
+  store8<TO>(p, v);
+}
+
 // kBits: 4 or 8 = affine codes of that width on aligned rows (avec); 0 = any call
 template <typename TO, typename TS, int kBits>
 __global__ void __launch_bounds__(kDqThreadsMax) dequantize_kernel(DequantizeArgs a, Shape s, int U, bool avec,
@@ -186,24 +209,12 @@ __global__ void __launch_bounds__(kDqThreadsMax) dequantize_kernel(DequantizeArg
     for (int j = 0; j < kDqChunks; ++j) {
       const uint32_t c = j < U ? c0 + j * T : chunks;
       if (c >= chunks) continue;
-      // as below: fma(q, scale, bias) with q a float by the 2^23 magic number
-      float v[kVec];
+      uint32_t code[kVec];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        const uint32_t code = kBits == 4 ? (w[j][0] >> (4 * i)) & 0xfu : (w[j][i >> 2] >> (8 * (i & 3))) & 0xffu;
-        v[i] = __fmaf_rn(u2f(0x4b000000u | code) - 8388608.0f, sc[j], bi[j]);
-      }
-      if constexpr (std::is_same<TO, __nv_bfloat16>::value) {
-        uint32_t o[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(o[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
-        if (is_finite_f(sc[j]) && is_finite_f(bi[j])) {
-          store8_bf16x2<TO>(out + (size_t)c * kVec, o);
-          continue;
-        }
-      }
-      store8<TO>(out + (size_t)c * kVec, v);
+      for (int i = 0; i < kVec; ++i)
+        if constexpr (kBits == 4) code[i] = (w[j][0] >> (4 * i)) & 0xfu;
+        else code[i] = (w[j][i >> 2] >> (8 * (i & 3))) & 0xffu;
+      affine_store8<TO>(out + (size_t)c * kVec, code, sc[j], bi[j]);
     }
   } else {
     const int bits = a.q.bits;
@@ -235,27 +246,10 @@ __global__ void __launch_bounds__(kDqThreadsMax) dequantize_kernel(DequantizeArg
     for (int j = 0; j < kDqChunks; ++j) {
       const uint32_t c = j < U ? c0 + j * T : chunks;
       if (c >= chunks) continue;
-      // codec.h's affine_decode, fma(q, scale, bias), with q made a float by the 2^23
-      // magic number (exact for q < 2^23; the int -> float conversion runs at a quarter
-      // of the rate) and bf16 results packed by the hardware conversion (the same
-      // round-to-nearest-even; only its NaN differs from f_to_bf16's: redone then). With
-      // a finite scale and bias no element is NaN (0 <= q <= 255: no Inf - Inf, no
-      // 0 * Inf), so one test a chunk stands for eight.
-      float v[kVec];
+      uint32_t code[kVec];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i)
-        v[i] = __fmaf_rn(u2f(0x4b000000u | ((uint32_t)(acc[j] >> (i * bits)) & mask)) - 8388608.0f, sc[j], bi[j]);
-      if constexpr (std::is_same<TO, __nv_bfloat16>::value) {
-        uint32_t o[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(o[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
-        if (is_finite_f(sc[j]) && is_finite_f(bi[j])) {
-          store8_bf16x2<TO>(out + (size_t)c * kVec, o);
-          continue;
-        }
-      }
-      store8<TO>(out + (size_t)c * kVec, v);
+      for (int i = 0; i < kVec; ++i) code[i] = (uint32_t)(acc[j] >> (i * bits)) & mask;
+      affine_store8<TO>(out + (size_t)c * kVec, code, sc[j], bi[j]);
     }
   }
 }
@@ -275,21 +269,19 @@ template <typename TO>
 qqStatus_t launch_dequantize_t(const DequantizeArgs& a, Shape s, bool avec, cudaStream_t st) {
   // A row's blocks: the fewest of 128 threads with at most kDqChunks chunks a thread, then
   // the fewest chunks a thread U that cover the row. Where that leaves threads idle, blocks
-  // of up to kDqThreadsMax threads instead, U and the threads T (a multiple of 32) chosen to
-  // leave the fewest idle: K = 5120 (640 chunks) takes one block of 160 x 4 chunks, not two
-  // of 128 x 3 with 17 % of the threads idle (8192 x 5120 to bf16 on an H100: nvfp4 0.79 ->
-  // 0.83 of copy bandwidth, affine 4-bit 0.67 -> 0.76; quantize-h100-profile.md, session
-  // r). U <= 4: 8 took 72 registers and ran slower at 16384^2 (H200, 207 vs 187 us).
+  // of up to kDqThreadsMax threads (a multiple of 32) if some U and T leave fewer idle: K =
+  // 5120 (640 chunks) takes one block of 160 x 4 chunks, not two of 128 x 3 with 17 % of
+  // the threads idle (8192 x 5120 to bf16 on an H100: nvfp4 0.79 -> 0.83 of copy bandwidth,
+  // affine 4-bit 0.67 -> 0.76; quantize-h100-profile.md, session r). U <= 4: 8 took 72
+  // registers and ran slower at 16384^2 (H200, 207 vs 187 us).
   int64_t per_row = (s.chunks + kRowThreads * kDqChunks - 1) / (kRowThreads * kDqChunks);
   int U = (int)((s.chunks + kRowThreads * per_row - 1) / (kRowThreads * per_row)), nt = kRowThreads;
-  if (per_row * U * kRowThreads != s.chunks) {
-    per_row = (s.chunks + kDqThreadsMax * kDqChunks - 1) / (kDqThreadsMax * kDqChunks);
-    int64_t best = -1;
-    for (int u = kDqChunks; u >= 1; --u) {
-      const int64_t t = ((s.chunks + per_row * u - 1) / (per_row * u) + 31) / 32 * 32;
-      const int64_t idle = per_row * u * t - s.chunks;
-      if (t <= kDqThreadsMax && (best < 0 || idle < best)) best = idle, U = u, nt = (int)t;
-    }
+  int64_t idle = per_row * U * kRowThreads - s.chunks;
+  const int64_t rows_wide = (s.chunks + kDqThreadsMax * kDqChunks - 1) / (kDqThreadsMax * kDqChunks);
+  for (int u = kDqChunks; u >= 1 && idle > 0; --u) {
+    const int64_t t = ((s.chunks + rows_wide * u - 1) / (rows_wide * u) + 31) / 32 * 32;
+    const int64_t left = rows_wide * u * t - s.chunks;
+    if (t <= kDqThreadsMax && left < idle) idle = left, per_row = rows_wide, U = u, nt = (int)t;
   }
   const dim3 grid((unsigned)(s.total / s.chunks), (unsigned)per_row);
   switch (a.q.fp() ? DType::U8 : a.scales.dt) {
