@@ -20,6 +20,14 @@ DTYPES = [np.dtype(np.float32), np.dtype(np.float16), BF16]
 DTYPE_IDS = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", BF16: "bf16"}
 
 
+def libqq_path() -> str:
+    """The libqq.so.0 that `import qq` loads: the package's lib/ (qq.cmake_prefix_path())."""
+    import os
+
+    import qq
+    return os.path.join(qq.cmake_prefix_path(), "lib", "libqq.so.0")
+
+
 def dtype_params(dtypes=None):
     return [pytest.param(d, id=DTYPE_IDS[np.dtype(d)]) for d in (dtypes or DTYPES)]
 

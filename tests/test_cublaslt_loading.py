@@ -13,12 +13,9 @@ import numpy as np
 import pytest
 
 import qq
+from helpers import libqq_path
 
 CUDA_BUILD = qq.build_info()["cuda"]
-
-
-def _libqq_path():
-    return os.path.join(qq.cmake_prefix_path(), "lib", "libqq.so.0")
 
 
 def test_cuda_info_keys():
@@ -40,7 +37,7 @@ def test_cuda_info_keys():
 
 @pytest.mark.skipif(shutil.which("readelf") is None, reason="needs readelf")
 def test_libqq_does_not_link_cublaslt():
-    out = subprocess.run(["readelf", "-d", _libqq_path()], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["readelf", "-d", libqq_path()], capture_output=True, text=True, check=True).stdout
     needed = [line for line in out.splitlines() if "(NEEDED)" in line]
     assert needed and not any("cublas" in line.lower() for line in needed), needed
 
@@ -48,6 +45,7 @@ def test_libqq_does_not_link_cublaslt():
 _CHILD = r"""
 import numpy as np
 import qq
+from helpers import libqq_path
 info = qq.cuda_info()
 assert not info["cublaslt_loaded"], info
 assert "/nonexistent/libcublasLt.so.13" in info["cublaslt_note"], info
@@ -73,6 +71,7 @@ def test_import_and_cpu_work_without_cublaslt():
 _CHILD_GPU = r"""
 import numpy as np
 import qq
+from helpers import libqq_path
 from qq import _qq
 d = _qq._device_empty((256, 512), "float32", 0)
 q = qq.quantize(d, mode="nvfp4")              # libqq's own kernel: works
