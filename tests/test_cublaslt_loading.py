@@ -45,7 +45,6 @@ def test_libqq_does_not_link_cublaslt():
 _CHILD = r"""
 import numpy as np
 import qq
-from helpers import libqq_path
 info = qq.cuda_info()
 assert not info["cublaslt_loaded"], info
 assert "/nonexistent/libcublasLt.so.13" in info["cublaslt_note"], info
@@ -71,7 +70,6 @@ def test_import_and_cpu_work_without_cublaslt():
 _CHILD_GPU = r"""
 import numpy as np
 import qq
-from helpers import libqq_path
 from qq import _qq
 d = _qq._device_empty((256, 512), "float32", 0)
 q = qq.quantize(d, mode="nvfp4")              # libqq's own kernel: works
