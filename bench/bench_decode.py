@@ -5,7 +5,9 @@ gate/up [28672, 4096], down [4096, 14336]); a step runs only the 4 matmuls per l
     qkv = x @ Wqkv.T;  a = qkv[:, :4096]  (attention-output stand-in)
     h = a @ Wo.T;      gu = h @ Wgu.T;     act = silu(gu[:, :14336]) * gu[:, 14336:]
     x = act @ Wdown.T
-with bf16 activations x [M, 4096], M = 1, 4, 16. Ours: qq.quantized_matmul on weights
+with bf16 activations x [M, 4096], M = 1, 4, 16. The SwiGLU (`act`) is torch's F.silu and
+mul in the torch peers; in our rows (column "act", --acts) qq.swiglu ("qq", the default: one
+kernel, after which the down matmul may start early) or torch's ("torch"). Ours: qq.quantized_matmul on weights
 quantized once with qq.quantize (nvfp4 with global_scale = qq.amax(w), mxfp4, mxfp8,
 affine 4-bit group 64; linear scales). Peers, all measured in this run:
   - torch_bf16: the same step with torch bf16 `x @ w.T`, eager;
@@ -89,8 +91,18 @@ def make_weights(cfg, layers, device, seed=0):
     return out
 
 
-def make_step(cfg, layers, mm):
-    h, i = cfg["hidden"], cfg["inter"]
+def torch_swiglu(gu):
+    i = gu.shape[-1] // 2
+    return F.silu(gu[:, :i]) * gu[:, i:]
+
+
+# the SwiGLU between gate/up and down: torch's silu and mul (the peer's, and qq rows with
+# act "torch"), or qq.swiglu (one kernel that lets the down matmul start early)
+ACTS = {"torch": torch_swiglu, "qq": lambda gu: qq.swiglu(gu)}
+
+
+def make_step(cfg, layers, mm, act_fn=torch_swiglu):
+    h = cfg["hidden"]
 
     def step(x):
         for wqkv, wo, wgu, wdown in layers:
@@ -98,8 +110,7 @@ def make_step(cfg, layers, mm):
             a = qkv[:, :h]
             hh = mm(a, wo)
             gu = mm(hh, wgu)
-            act = F.silu(gu[:, :i]) * gu[:, i:]
-            x = mm(act, wdown)
+            x = mm(act_fn(gu), wdown)
         return x
     return step
 
@@ -185,6 +196,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20, help="eager steps per timed loop")
     ap.add_argument("--replays", type=int, default=50, help="graph replays per timed loop")
+    ap.add_argument("--acts", default="qq",
+                    help="comma list of the SwiGLU of the qq rows: qq (qq.swiglu) and/or torch "
+                         "(F.silu * mul, as the torch peer); column 'act'")
     ap.add_argument("--no-graph", action="store_true")
     ap.add_argument("--budget-s", type=float, default=200.0,
                     help="start no new mode after this many seconds (the rows so far are kept)")
@@ -196,6 +210,10 @@ def main() -> None:
         if m not in MODES:
             ap.error(f"unknown mode {m!r}; known: {', '.join(MODES)}")
     ms = [int(m) for m in args.ms.split(",") if m]
+    acts = [a for a in args.acts.split(",") if a]
+    for a in acts:
+        if a not in ACTS:
+            ap.error(f"unknown act {a!r}; known: {', '.join(ACTS)}")
 
     if args.cpu_smoke:
         device, cfg, n_layers, graphs = "cpu", SMOKE, min(args.layers, 2), False
@@ -313,45 +331,48 @@ def main() -> None:
             mm, x_note = qq_mm_contig, "contiguous copy"
             notes.append(f"{mode}: qkv[:, :hidden] refused as x ({short(e)}); a .contiguous() copy is "
                          f"made before the o projection.")
-        step = make_step(cfg, qweights, mm)
-        common = dict(layers=n_layers, weight_bytes=qbytes, attn_x=x_note)
-        for m in ms:
-            x = xs[m]
-            try:
-                us = time_eager(step, x, sync, args.warmup, args.iters)
-            except Exception as e:  # noqa: BLE001
-                err = short(e)
-                print(f"{mode} M={m} eager failed: {err}", flush=True)
-                for peer, pv in (("torch_bf16", peer_eager[m]), ("limit", lim)):
-                    bench.row("decode_step", mode, [m], "us", 0.0, peer, pv, graph=False, error=err, **common)
-                if device == "cuda" and not cuda_ok():
-                    dead = True
-                    break
-                continue
-            tps = round(m * 1e6 / us, 1)
-            bench.row("decode_step", mode, [m], "us", us, "torch_bf16", peer_eager[m], graph=False,
-                      tokens_per_s=tps, **common)
-            bench.row("decode_step", mode, [m], "us", us, "limit", lim, graph=False, tokens_per_s=tps, **common)
-            if not graphs:
-                continue
-            try:
-                gus = time_graph(step, x, args.replays)
-            except Exception as e:  # noqa: BLE001
-                err = short(e)
-                print(f"{mode} M={m} graph capture/replay failed: {err}", flush=True)
-                for peer, pv in (("torch_bf16_graph", peer_graph.get(m, 0.0)), ("limit", lim)):
-                    bench.row("decode_step", mode, [m], "us", 0.0, peer, pv, graph=True, error=err, **common)
-                if not cuda_ok():
-                    dead = True
-                    notes.append(f"{mode} M={m}: the CUDA context failed after the graph error; "
-                                 f"later points were not run.")
-                    break
-                continue
-            gtps = round(m * 1e6 / gus, 1)
-            if m in peer_graph:
-                bench.row("decode_step", mode, [m], "us", gus, "torch_bf16_graph", peer_graph[m], graph=True,
-                          tokens_per_s=gtps, **common)
-            bench.row("decode_step", mode, [m], "us", gus, "limit", lim, graph=True, tokens_per_s=gtps, **common)
+        for act in acts:
+            step = make_step(cfg, qweights, mm, ACTS[act])
+            common = dict(layers=n_layers, weight_bytes=qbytes, attn_x=x_note, act=act)
+            for m in ms:
+                x = xs[m]
+                try:
+                    us = time_eager(step, x, sync, args.warmup, args.iters)
+                except Exception as e:  # noqa: BLE001
+                    err = short(e)
+                    print(f"{mode} M={m} eager failed: {err}", flush=True)
+                    for peer, pv in (("torch_bf16", peer_eager[m]), ("limit", lim)):
+                        bench.row("decode_step", mode, [m], "us", 0.0, peer, pv, graph=False, error=err, **common)
+                    if device == "cuda" and not cuda_ok():
+                        dead = True
+                        break
+                    continue
+                tps = round(m * 1e6 / us, 1)
+                bench.row("decode_step", mode, [m], "us", us, "torch_bf16", peer_eager[m], graph=False,
+                          tokens_per_s=tps, **common)
+                bench.row("decode_step", mode, [m], "us", us, "limit", lim, graph=False, tokens_per_s=tps, **common)
+                if not graphs:
+                    continue
+                try:
+                    gus = time_graph(step, x, args.replays)
+                except Exception as e:  # noqa: BLE001
+                    err = short(e)
+                    print(f"{mode} M={m} graph capture/replay failed: {err}", flush=True)
+                    for peer, pv in (("torch_bf16_graph", peer_graph.get(m, 0.0)), ("limit", lim)):
+                        bench.row("decode_step", mode, [m], "us", 0.0, peer, pv, graph=True, error=err, **common)
+                    if not cuda_ok():
+                        dead = True
+                        notes.append(f"{mode} M={m}: the CUDA context failed after the graph error; "
+                                     f"later points were not run.")
+                        break
+                    continue
+                gtps = round(m * 1e6 / gus, 1)
+                if m in peer_graph:
+                    bench.row("decode_step", mode, [m], "us", gus, "torch_bf16_graph", peer_graph[m], graph=True,
+                              tokens_per_s=gtps, **common)
+                bench.row("decode_step", mode, [m], "us", gus, "limit", lim, graph=True, tokens_per_s=gtps, **common)
+            if dead:
+                break
         del step, qweights
         gc.collect()
         if device == "cuda" and not dead:
@@ -361,18 +382,18 @@ def main() -> None:
 
     # short table: one line per (mode, M, graph)
     print(f"\ndecode step, {n_layers} layers ({time.perf_counter() - t_start:.0f} s total)")
-    print(f"{'mode':>8} {'M':>3} {'graph':>5} {'us/step':>9} {'torch us':>9} {'vs torch':>8} "
+    print(f"{'mode':>14} {'act':>5} {'M':>3} {'graph':>5} {'us/step':>9} {'torch us':>9} {'vs torch':>8} "
           f"{'limit us':>9} {'of limit':>8}  error")
     by_key: dict = {}
     for r in bench.rows:
-        by_key.setdefault((r["mode"], r["shape"][0], r["graph"]), []).append(r)
-    for (mode, m, g), rows in by_key.items():
+        by_key.setdefault((r["mode"], r.get("act", ""), r["shape"][0], r["graph"]), []).append(r)
+    for (mode, act, m, g), rows in by_key.items():
         us = rows[0]["value"]
         tp = next((r for r in rows if r["peer"].startswith("torch")), None)
         lp = next((r for r in rows if r["peer"] == "limit"), None)
         err = rows[0].get("error", "")
         torch_us = peer_graph.get(m, 0.0) if g else peer_eager.get(m, 0.0)
-        print(f"{mode:>8} {m:>3} {str(g):>5} {us:9.1f} {torch_us:9.1f} "
+        print(f"{mode:>14} {act:>5} {m:>3} {str(g):>5} {us:9.1f} {torch_us:9.1f} "
               f"{(tp['ratio'] if tp else torch_us / us if us else 0):8.2f} "
               f"{(lp['peer_value'] if lp else 0):9.1f} {(lp['ratio'] if lp else 0):8.2f}  {err}")
     if dead:

@@ -2,7 +2,7 @@
 reduction, qmv, the quantize tile kernel of quantize_colwise / quantize_moe with affine's
 staged x^T codes, colaff_kernel's transposed tile, colq_kernel's nvfp4 factor table,
 amax), and of
-the newest kernels (dequantize's block shapes and compile-time affine widths, amax's vector kernel, grouped_qqmm_wgrad's token quantization for one and
+the newest kernels (dequantize's block shapes and compile-time affine widths, amax's vector kernel, swiglu, grouped_qqmm_wgrad's token quantization for one and
 for several experts, the exact GEMM with a bias), for compute-sanitizer's racecheck,
 initcheck and memcheck:
 
@@ -134,6 +134,18 @@ for n in (1000, (1 << 18) + 5):
         x = rng.standard_normal(n).astype(dt)
         same(f"amax {n} {np.dtype(dt).name}", qq.amax(dev(x)), qq.amax(x))
         same(f"amax {n} {np.dtype(dt).name} [1:]", qq.amax(dev(x)[1:]), qq.amax(x[1:]))
+
+# swiglu: the 16-byte path (F % 8 == 0), per element (F = 1003), a sliced x (rows not 16-byte
+# aligned: per element); CPU and GPU exp may differ in the last float32 bit
+for shape, sl in (((4, 2048), None), ((3, 2006), None), ((5, 2050), 2048)):
+    for dt in (np.float32, np.float16):
+        x = rng.standard_normal(shape).astype(dt)
+        xs = x[:, :sl] if sl else x
+        got = qq.swiglu(dev(x)[:, :sl] if sl else dev(x)).get().astype(np.float64)
+        want = qq.swiglu(np.ascontiguousarray(xs)).astype(np.float64)
+        ok = np.allclose(got, want, rtol=1e-3, atol=0) and got.shape == want.shape
+        print(f"{'swiglu ' + str(shape) + ' ' + np.dtype(dt).name:40s} {'ok' if ok else 'MISMATCH'}")
+        bad += not ok
 
 # grouped_qqmm_wgrad: one expert (colqdq: 8-byte pieces, element-wise columns, fp16 / fp32)
 # and three (seg_qdq)

@@ -370,6 +370,20 @@ def amax(x) -> np.ndarray:
     return np.array(np.max(np.abs(x.astype(F32))), F32)
 
 
+def swiglu(x) -> np.ndarray:
+    """silu(g) * u of x [..., 2F] = [g | u], in float64, as float64 (the caller rounds):
+    g / (1 + exp(-g)) * u, with torch's NaN for a gate of -Inf. As in the float32 evaluation
+    libqq states, exp(-g) past float32's range (g < -88.72) is Inf, so the result is -0 there
+    (the true value, below 2^-126 * |u|, is lost)."""
+    x = np.asarray(x).astype(np.float64)
+    f = x.shape[-1] // 2
+    g, u = x[..., :f], x[..., f:]
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(-g)
+        e = np.where(e > np.finfo(F32).max, np.inf, e)
+        return g / (1.0 + e) * u
+
+
 @dataclass
 class RefQuantized:
     """What quantize returns, plus what the tests need to compare it.

@@ -88,6 +88,24 @@ def test_amax_swizzle_colwise_moe():
     _check_graph(lambda w: qq.quantize_moe(w, "32x32"), [w])
 
 
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp8", "affine"])
+@pytest.mark.parametrize("m", [1, 16])
+def test_swiglu_then_decode_matmul(mode, m):
+    """qq.swiglu, then a decode-layout matmul: in a graph the two kernels are joined by
+    programmatic dependent launch (the matmul prefetches its weights while swiglu runs and
+    must read x only after it). Graph replay equals eager, and eager equals the matmul run
+    after a synchronize (no early start at all)."""
+    w = _x(256, 512) * 0.05
+    dw = qq.prepare_decode(qq.quantize(w, mode=mode))
+    gu = _x(m, 1024)
+    _check_graph(lambda gu: qq.quantized_matmul(qq.swiglu(gu), dw), [gu])
+    act = qq.swiglu(gu)
+    torch.cuda.synchronize()
+    want = qq.quantized_matmul(act, dw)
+    got = qq.quantized_matmul(qq.swiglu(gu), dw)
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("mode", ["nvfp4", "mxfp8"])
 @pytest.mark.parametrize("m", [1, 4, 16, 64, 300])
 def test_quantized_matmul(mode, m):

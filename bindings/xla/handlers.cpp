@@ -352,6 +352,12 @@ void op_amax(Call& c) {
   check(qqAmax(nullptr, &x, &out, stream(c)));
 }
 
+// swiglu: operand x [..., 2F]; result out [..., F] (x's dtype).
+void op_swiglu(Call& c) {
+  DLTensor x = need(c, "x"), out = dl(c, c.out.at(0));
+  check(qqSwiglu(nullptr, &x, &out, stream(c)));
+}
+
 // quantize_moe: operand w [..., E, D1, D2] (leading axes fold into E); results data
 // [..., E, D2, D1] - the column-major [E, D1, D2] libqq writes, which the Python side
 // swaps back - and scales.
@@ -633,6 +639,7 @@ const OpDef kQuantizeColwise{"quantize_colwise", op_quantize_colwise, fold_colwi
 const OpDef kDequantize{"dequantize", op_dequantize, fold_dequantize};
 const OpDef kAmax{"amax", op_amax, fold_never};
 const OpDef kQuantizeMoe{"quantize_moe", op_quantize_moe, fold_always};
+const OpDef kSwiglu{"swiglu", op_swiglu, fold_always};
 const OpDef kQqmm{"qqmm", op_qqmm, fold_qqmm};
 const OpDef kQuantizedMatmul{"quantized_matmul", op_quantized_matmul, fold_qmm};
 // (vmap loops: x's batch axes and the indices broadcast from the right, so leading vmap
@@ -655,6 +662,7 @@ QQ_XLA_HANDLERS(quantize_moe, kQuantizeMoe)
 QQ_XLA_HANDLERS(qqmm, kQqmm)
 QQ_XLA_HANDLERS(quantized_matmul, kQuantizedMatmul)
 QQ_XLA_HANDLERS(gather_qmm, kGatherQmm)
+QQ_XLA_HANDLERS(swiglu, kSwiglu)
 
 // The API version the handlers report (major * 1000 + minor), for qq's diagnostics.
 QQ_XLA_EXPORT int qq_xla_api_version(void) noexcept { return kApiMajor * 1000 + kApiMinor; }

@@ -1,9 +1,11 @@
 // api_layout.cpp - the C entry points on scales and tensors that neither
 // quantize nor multiply: qqSwizzleScales / qqUnswizzleScales (the linear <->
-// blocked scale layout) and qqAmax (nvfp4's global-scale input).
+// blocked scale layout), qqAmax (nvfp4's global-scale input) and qqSwiglu (the
+// activation between a gated MLP's matmuls).
 //
 // Arguments are checked by the validation layer (validate.h); the work is
-// cpu/quantize.cpp's or the CUDA kernels' (cuda/layout.cu, cuda/amax.cu).
+// cpu/quantize.cpp's, cpu/act.cpp's or the CUDA kernels' (cuda/layout.cu, cuda/amax.cu,
+// cuda/act.cu).
 #include "codec.h"
 #include "internal.h"
 #include "validate.h"
@@ -74,6 +76,30 @@ QQ_API qqStatus_t qqAmax(qqHandle_t handle, const DLTensor* x, DLTensor* out, vo
     float* o = (float*)((char*)out->data + out->byte_offset);
     if (c.device < 0) return cpu::amax(m, o);
     return cuda::amax(handle, m, o, stream);
+  });
+}
+
+QQ_API qqStatus_t qqSwiglu(qqHandle_t handle, const DLTensor* x, DLTensor* out, void* stream) {
+  return guard("swiglu", [&]() -> qqStatus_t {
+    Ctx c{"swiglu"};
+    DType dt;
+    QQ_TRY(check_tensor(c, "x", x, &dt));
+    QQ_TRY(expect_float(c, "x", x, dt));
+    if (x->ndim < 1 || x->shape[x->ndim - 1] % 2)
+      return set_error(QQ_STATUS_INVALID_VALUE, "swiglu: argument 'x' has shape %s; expected [..., 2F] (the gate "
+                       "in the first F columns, the up projection in the last F): an even last axis",
+                       shape_str(x->ndim, x->shape).c_str());
+    int64_t oshape[kMaxDims + 2];
+    for (int i = 0; i < x->ndim; ++i) oshape[i] = x->shape[i];
+    oshape[x->ndim - 1] /= 2;
+    Mat m, o;
+    QQ_TRY(to_mat(c, "x", x, dt, &m));
+    QQ_TRY(output_mat(c, "out", out, x->ndim, oshape, (int)dt, "x's shape with the last axis halved, x's dtype",
+                      &o));
+    QQ_TRY(check_no_alias(c, {{"out", out}}, {{"x", x}}));
+    if (m.batch() * m.rows * m.cols == 0) return QQ_STATUS_SUCCESS;
+    if (c.device < 0) return cpu::swiglu(m, o);
+    return cuda::swiglu(handle, m, o, stream);
   });
 }
 

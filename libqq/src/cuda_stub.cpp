@@ -26,6 +26,7 @@ qqStatus_t quantize_colwise(qqHandle_t, const ColwiseArgs&, void*) { return no_c
 qqStatus_t dequantize(qqHandle_t, const DequantizeArgs&, void*) { return no_cuda("dequantize"); }
 qqStatus_t swizzle(qqHandle_t, const Mat&, const Mat&, bool, void*) { return no_cuda("swizzle_scales"); }
 qqStatus_t amax(qqHandle_t, const Mat&, float*, void*) { return no_cuda("amax"); }
+qqStatus_t swiglu(qqHandle_t, const Mat&, const Mat&, void*) { return no_cuda("swiglu"); }
 qqStatus_t qqmm(qqHandle_t, const MatmulArgs&, void*) { return no_cuda("qqmm"); }
 qqStatus_t quantize_dequantize(qqHandle_t, const QdqArgs&, void*) { return no_cuda("quantize_dequantize"); }
 qqStatus_t grouped_qqmm_wgrad(qqHandle_t, const WgradArgs&, void*) { return no_cuda("grouped_qqmm_wgrad"); }

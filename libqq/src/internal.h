@@ -272,6 +272,8 @@ qqStatus_t quantize(const QuantizeArgs& a);
 qqStatus_t dequantize(const DequantizeArgs& a);
 qqStatus_t swizzle(const Mat& linear, const Mat& blocked, bool to_blocked);
 qqStatus_t amax(const Mat& x, float* out);
+// out [..., F] = silu(x[..., :F]) * x[..., F:] (qqSwiglu); x and out of one dtype.
+qqStatus_t swiglu(const Mat& x, const Mat& out);
 qqStatus_t qqmm(const MatmulArgs& a);
 qqStatus_t quantized_matmul(const MatmulArgs& a);
 qqStatus_t grouped_wgrad(const WgradArgs& a);  // ends on the host, already checked
@@ -289,6 +291,7 @@ qqStatus_t quantize_colwise(qqHandle_t h, const ColwiseArgs& a, void* stream);
 qqStatus_t dequantize(qqHandle_t h, const DequantizeArgs& a, void* stream);
 qqStatus_t swizzle(qqHandle_t h, const Mat& linear, const Mat& blocked, bool to_blocked, void* stream);
 qqStatus_t amax(qqHandle_t h, const Mat& x, float* out, void* stream);
+qqStatus_t swiglu(qqHandle_t h, const Mat& x, const Mat& out, void* stream);
 qqStatus_t qqmm(qqHandle_t h, const MatmulArgs& a, void* stream);
 qqStatus_t quantize_dequantize(qqHandle_t h, const QdqArgs& a, void* stream);
 // grouped_qqmm in a fixed number of launches (Hopper, exact path): `a` is a

@@ -56,6 +56,7 @@ from ._dispatch import (  # noqa: E402
     quantize_dequantize_moe,
     quantize_moe,
     quantized_matmul,
+    swiglu,
     swizzle_scales,
     unswizzle_scales,
 )
@@ -109,6 +110,7 @@ __all__ = [
     "quantized_matmul",
     "gather_qmm",
     "cmake_prefix_path",
+    "swiglu",
     "swizzle_scales",
     "unswizzle_scales",
 ]

@@ -112,6 +112,8 @@ cdef extern from "qq/qq.h" nogil:
 
     qqStatus_t qqAmax(qqHandle_t handle, const DLTensor* x, DLTensor* out,
                       void* stream)
+    qqStatus_t qqSwiglu(qqHandle_t handle, const DLTensor* x, DLTensor* out,
+                        void* stream)
 
     ctypedef enum qqRoute_t:
         QQ_ROUTE_AUTO

@@ -155,6 +155,7 @@ quantize_dequantize = _dispatching("quantize_dequantize")
 quantize_dequantize_moe = _dispatching("quantize_dequantize_moe")
 quantize_moe = _dispatching("quantize_moe")
 quantized_matmul = _dispatching("quantized_matmul")
+swiglu = _dispatching("swiglu")
 swizzle_scales = _dispatching("swizzle_scales")
 unswizzle_scales = _dispatching("unswizzle_scales")
 

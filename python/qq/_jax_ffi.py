@@ -38,7 +38,7 @@ from ._qq import DecodeWeight, NotSupportedError, PreparedWeight, QuantizedArray
 
 #: The operations with XLA handlers (qq_xla_<op>_cpu / _cuda in libqq_xla.so).
 OPS = ("quantize", "quantize_colwise", "dequantize", "amax", "quantize_moe", "qqmm",
-       "quantized_matmul", "gather_qmm")
+       "quantized_matmul", "gather_qmm", "swiglu")
 _PLATFORMS = (("cpu", "cpu"), ("CUDA", "cuda"))
 
 _lock = threading.Lock()
@@ -296,6 +296,18 @@ def amax(x, *, out=None, stream=None):
     func = "amax"
     _no_stream_or_out(func, stream, out)
     (y,) = _ffi("amax", [("x", jnp.asarray(x))], [_sds((), jnp.float32)])
+    return y
+
+
+def swiglu(x, *, out=None, stream=None):
+    func = "swiglu"
+    _no_stream_or_out(func, stream, out)
+    x = jnp.asarray(x)
+    if x.ndim == 0 or x.shape[-1] % 2:
+        raise ValueError(f"{func}: argument 'x' has shape {tuple(x.shape)}; expected [..., 2F] "
+                         f"(the gate in the first F columns, the up projection in the last F): "
+                         f"an even last axis")
+    (y,) = _ffi("swiglu", [("x", x)], [_sds(tuple(x.shape[:-1]) + (x.shape[-1] // 2,), x.dtype)])
     return y
 
 

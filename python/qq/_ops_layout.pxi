@@ -104,3 +104,39 @@ def amax(x, *, out=None, stream=None):
     finally:
         call.release()
     return out if out is not None else call.result(result)
+
+
+def swiglu(x, *, out=None, stream=None):
+    """silu(g) * u of x [..., 2F] = [g | u] (the gate in the first F columns, the up
+    projection in the last F), as [..., F] in x's dtype and framework: vLLM's silu_and_mul,
+    computed in float32 and rounded once. One kernel on the GPU, launched so that a
+    following decode-layout matmul can prefetch its weights meanwhile (docs/api.md, swiglu).
+    """
+    cdef str func = "swiglu"
+    cdef _View vx, vo
+    cdef qqStatus_t st
+    cdef DLTensor *tx
+    cdef DLTensor *to
+    cdef void* s
+    cdef _Call call = _new_call(func, x, "x", stream)
+    result = None
+    try:
+        vx = call.view(x, "x")
+        if out is None:
+            xs = vx.pyshape()
+            if len(xs) == 0 or xs[-1] % 2:
+                raise ValueError(f"{func}: argument 'x' has shape {xs}; expected [..., 2F] (the "
+                                 f"gate in the first F columns, the up projection in the last F): "
+                                 f"an even last axis")
+            result, vo = call.empty(xs[:-1] + (xs[-1] // 2,), vx.float_dtype(), "out")
+        else:
+            vo = call.out_view(out, "out")
+        tx, to = _t(vx), _t(vo)
+        s = call.cstream()
+        with nogil:
+            st = qqSwiglu(NULL, tx, to, s)
+        _check(st)
+        call.finish()
+    finally:
+        call.release()
+    return out if out is not None else call.result(result)

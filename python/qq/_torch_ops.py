@@ -18,6 +18,7 @@ sizes when the batch axes are dynamic, without calling libqq (result dtypes: qq.
   qq::dequantize(w, scales, biases?, global_scale?, mode, group_size, bits, scale_layout,
                  fp8_format, dtype) -> Tensor
   qq::amax(x) -> Tensor                        float32, shape ()
+  qq::swiglu(x) -> Tensor                      x [..., 2F] -> [..., F], x's dtype
   qq::qqmm(x, x_scales?, global_scale_x?, w, scales?, global_scale_w?, w_values?, bias?, c?,
            beta, mode, group_size, bits, rounding, x_layout, w_layout, fp8_format, dtype,
            x_prepared, w_prepared)
@@ -223,6 +224,20 @@ def _amax_op(x: Tensor) -> Tensor:
 @_amax_op.register_fake
 def _(x):
     return x.new_empty((), dtype=torch.float32)
+
+
+@torch.library.custom_op("qq::swiglu", mutates_args=())
+def _swiglu_op(x: Tensor) -> Tensor:
+    return _qq.swiglu(x)
+
+
+@_swiglu_op.register_fake
+def _(x):
+    if x.dim() == 0:
+        raise ValueError("swiglu: argument 'x' has shape (); expected [..., 2F]")
+    torch._check(x.shape[-1] % 2 == 0, lambda: f"swiglu: argument 'x' has shape {tuple(x.shape)}; "
+                 f"expected [..., 2F]: an even last axis")
+    return x.new_empty(tuple(x.shape[:-1]) + (x.shape[-1] // 2,))
 
 
 @torch.library.custom_op("qq::qqmm", mutates_args=())
@@ -558,6 +573,11 @@ def dequantize(w, scales=None, biases=None, group_size=None, bits=None, mode="af
 def amax(x, *, out=None, stream=None):
     _no_stream("amax", stream)
     return _finish(_amax_op(x), out)
+
+
+def swiglu(x, *, out=None, stream=None):
+    _no_stream("swiglu", stream)
+    return _finish(_swiglu_op(x), out)
 
 
 def _is_float(t):

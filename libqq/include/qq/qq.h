@@ -345,6 +345,18 @@ QQ_API qqStatus_t qqUnswizzleScales(qqHandle_t handle, const DLTensor* blocked,
 QQ_API qqStatus_t qqAmax(qqHandle_t handle, const DLTensor* x, DLTensor* out,
                          void* stream);
 
+/* The SwiGLU activation between a gated MLP's two matmuls (what vLLM calls
+ * silu_and_mul): x [..., 2F] holds the gate in its first F columns and the up
+ * projection in its last F; out [..., F] (compact, x's dtype: float32, float16
+ * or bfloat16) = silu(g) * u with silu(g) = g / (1 + exp(-g)), computed in
+ * float32 and rounded to the dtype once (torch's silu(g) * u rounds twice).
+ * NaN gives NaN, as does a gate of -Inf (torch's rule). On compute capability
+ * 9.0+ the kernel is launched for programmatic dependent launch: the next
+ * kernel may start its own prologue (a decode-layout matmul prefetches its
+ * weights) while this one runs. docs/api.md, swiglu. */
+QQ_API qqStatus_t qqSwiglu(qqHandle_t handle, const DLTensor* x, DLTensor* out,
+                           void* stream);
+
 /* ---------------------------------------------------------------------------
  * Routes: which implementation computed a product. qqGetLastRoute says which
  * one the last qqQqmm / qqQuantizedMatmul call on this thread took (for a
