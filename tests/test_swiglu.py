@@ -104,13 +104,14 @@ def test_strided_rows_and_out(device, rng):
 @pytest.mark.parametrize("dtype", dtype_params())
 @pytest.mark.parametrize("shape", [(16, 2 * 14336), (5, 2 * 1000), (3, 4, 72)], ids=lambda s: "x".join(map(str, s)))
 def test_gpu_equals_cpu(shape, dtype, rng):
-    """The GPU's float32 exp may differ from the CPU's in the last bit: at most one ulp of the
-    dtype apart, and for 16-bit dtypes equal almost everywhere."""
+    """The GPU's float32 exp (CUDA's expf: within 2 ulp) may differ from the CPU's: at most one
+    ulp of a 16-bit dtype apart and equal almost everywhere; a few ulp of float32 (5 seen on an
+    H100)."""
     x = cast(rng.standard_normal(shape).astype(F32) * 4, dtype)
     cpu, gpu = swiglu_np(x), swiglu_np(x, "cuda")
     want = cpu.astype(np.float64)
     d = ulps(gpu, want, dtype)
-    assert d.max() <= 1.0
+    assert d.max() <= (8.0 if np.dtype(dtype) == F32 else 1.0)
     if np.dtype(dtype) != F32:
         assert np.count_nonzero(d) <= max(2, d.size // 1000)
 
