@@ -5,7 +5,10 @@ torch.profiler. Kernels are taken in launch order and assigned to their place in
 the previous kernel's end (negative: programmatic dependent launch overlapped them), and the
 bytes-over-time of the matmuls against a copy bandwidth measured in the same run.
 
-    MODES=nvfp4-decode,affine4-decode M=1 python bench/tune/profile_decode_step.py
+    MODES=nvfp4-decode,affine4-decode M=1 ACT=qq python bench/tune/profile_decode_step.py
+
+ACT: the SwiGLU of bench_decode's step, "torch" (F.silu and mul: two kernels, the default) or
+"qq" (qq.swiglu: one).
 """
 import os
 import statistics
@@ -14,12 +17,13 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_decode import LLAMA3_8B, MODES, capture_graph, make_step, make_weights, qq_mm_strided  # noqa: E402
+from bench_decode import ACTS, LLAMA3_8B, MODES, capture_graph, make_step, make_weights, qq_mm_strided  # noqa: E402
 
 import qq  # noqa: E402
 
 LAYERS = 32
-PLACES = ["qkv", "o", "gate/up", "silu", "mul", "down"]
+ACT = os.environ.get("ACT", "torch")
+PLACES = ["qkv", "o", "gate/up"] + (["swiglu"] if ACT == "qq" else ["silu", "mul"]) + ["down"]
 
 
 def copy_gbps():
@@ -54,7 +58,7 @@ def main():
                                     if t is not None)
                 ql.append(qq.prepare_decode(q) if mode.endswith("-decode") else q)
             qw.append(ql)
-        step = make_step(LLAMA3_8B, qw, qq_mm_strided)
+        step = make_step(LLAMA3_8B, qw, qq_mm_strided, ACTS[ACT])
         x = torch.randn((m, LLAMA3_8B["hidden"]), dtype=torch.bfloat16, device="cuda")
         g, y = capture_graph(step, x)
         for _ in range(5):
@@ -82,7 +86,7 @@ def main():
                 gap[p].append(e.time_range.start - ks[i - 1].time_range.end)
         step_us = [ks[(r + 1) * LAYERS * per - 1].time_range.end - ks[r * LAYERS * per].time_range.start
                    for r in range(reps)]
-        print(f"\n{mode}: step {statistics.median(step_us):.1f} us (first kernel start to last end), "
+        print(f"\n{mode} (act {ACT}): step {statistics.median(step_us):.1f} us (first kernel start to last end), "
               f"sum of kernel durations {sum(statistics.mean(v) for v in dur.values()) * LAYERS:.1f} us", flush=True)
         mm = {"qkv": 0, "o": 1, "gate/up": 2, "down": 3}
         for p in PLACES:
