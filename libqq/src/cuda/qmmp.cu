@@ -37,7 +37,6 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <cmath>
 
 #include "../codec.h"
@@ -53,10 +52,11 @@ namespace qq {
 namespace cuda {
 namespace {
 
-// 4 * NP consumer warps per RS (4 row blocks x NP fragment-block parities; row split: RS
-// warps share a (row block, parity) and take 1 / RS of x's row tiles each), 1 producer
-// warp, and for affine 1 warp that sums x per fragment block
-constexpr int threads_of(int fm, int rs, int np = 2) { return 32 * (4 * np * rs + 1 + (dec_affine(fm) ? 1 : 0)); }
+// 8 consumer warps per RS (row split: RS warps share a (row block, fragment-block parity)
+// and take 1 / RS of x's row tiles each), 1 producer warp, and for affine 1 warp that sums
+// x per fragment block
+constexpr int kConsumers = 8;
+constexpr int threads_of(int fm, int rs) { return 32 * (kConsumers * rs + 1 + (dec_affine(fm) ? 1 : 0)); }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -186,23 +186,22 @@ __device__ __noinline__ float affine_exact(const uint8_t* w, const __nv_bfloat16
   return acc;
 }
 
-// The shared memory of a configuration (the ring, its barriers, the NP partial-sum arrays:
-// NP - 1 parities' and the CTA's).
-template <int FM, int MT, int S, int KC, int NP = 2>
+// The shared memory of a configuration (the ring, its barriers, the two partial-sum arrays).
+template <int FM, int MT, int S, int KC>
 constexpr size_t smem_bytes() {
   using G = Geo<FM>;
   const size_t xsum = dec_affine(FM) ? (size_t)S * G::FBS * KC * MT * 8 * 4 : 0;
-  return (size_t)S * (KC * G::STAGE + MT * 8 * (KC * 512 + G::XPAD)) + 3 * S * 8 + NP * (4 * MT * 4 * 32) * 4 + xsum;
+  return (size_t)S * (KC * G::STAGE + MT * 8 * (KC * 512 + G::XPAD)) + 3 * S * 8 + 2 * (4 * MT * 4 * 32) * 4 + xsum;
 }
 
 // Whether this architecture's code of a configuration is built: compute capability 12.x
 // gives a block at most 99 KB of shared memory, so the larger configurations (most of them)
 // compile there as an empty body that launch() never reaches (it refuses them first); this
 // keeps nvcc's time for sm_120a down.
-template <int FM, int MT, int S, int KC, int NP = 2>
+template <int FM, int MT, int S, int KC>
 __device__ constexpr bool built_here() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200 && __CUDA_ARCH__ < 1300
-  return smem_bytes<FM, MT, S, KC, NP>() <= 99 * 1024;
+  return smem_bytes<FM, MT, S, KC>() <= 99 * 1024;
 #else
   return true;
 #endif
@@ -239,13 +238,11 @@ __device__ __forceinline__ RowMap item_rows(const QP& p, int z, int cap, int* ro
 
 // MT n8 tiles of x rows (M <= 8 MT), S stages of KC chunks (256 k each); FM: the
 // layout's format (DecFmt); RS: consumer warps per (row block, parity), each with MT / RS
-// of the row tiles (a row's sums run in the same order for every RS); NP: fragment-block
-// parities (warp p of a row block takes the stage's FBs p, p + NP, ...; 4 gives a CTA twice
-// the consumer warps where one CTA per SM streams a short K).
+// of the row tiles (a row's sums run in the same order for every RS).
 // GR: gather grouped by expert (p.plan), its own instantiations so that the dense and
 // per-entry kernels keep their registers (the grouped rows cost affine's 17..64-row tiles
 // 10-23 % when compiled into every kernel, H100).
-template <int FM, int MT, int S, int KC, int RS, bool GR, int NP>
+template <int FM, int MT, int S, int KC, int RS, bool GR>
 __device__ __forceinline__ void qmmp_body(const QP p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using G = Geo<FM>;
@@ -253,9 +250,8 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
   // affine codes: a code c in the low bits of a bf16 is the subnormal c * 2^-133 (4-bit
   // codes at bits 4..7: c * 2^-129); one exact multiply makes it c * 2^-7
   constexpr uint32_t k126 = 0x7e807e80u, k122 = 0x7c807c80u;
-  constexpr int kThreads = threads_of(FM, RS, NP), kCons = 4 * NP * RS, MW = MT / RS;
+  constexpr int kThreads = threads_of(FM, RS), kCons = kConsumers * RS, MW = MT / RS;
   static_assert(MT % RS == 0, "row tiles split evenly");
-  static_assert((G::FBS * KC) % NP == 0, "a stage's FBs split evenly over the parities");
   constexpr int XS = KC * 512 + G::XPAD;  // bytes per row of x in a stage
   constexpr int SW = KC * G::STAGE, STG = SW + MT * 8 * XS, RED = 4 * MT * 4 * 32;
   constexpr int NF = G::FBS * KC, XSUM = AFF ? NF * MT * 8 : 0;  // affine: sums of x per stage [FB][row]
@@ -263,8 +259,8 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
   // full[S], empty[S], affine: xready[S] (the stage's sums of x are in)
   float* xsum = reinterpret_cast<float*>(smem + S * STG);  // affine: [S][NF][MT * 8] (16-byte aligned: copied to)
   uint64_t* bars = reinterpret_cast<uint64_t*>(xsum + S * XSUM);
-  float* red = reinterpret_cast<float*>(bars + 3 * S);  // parities 1 .. NP - 1: their partial sums
-  float* part = red + (NP - 1) * RED;                   // this CTA's sums, read by the cluster's rank 0
+  float* red = reinterpret_cast<float*>(bars + 3 * S);  // the odd warps' partial sums
+  float* part = red + RED;                              // this CTA's sums, read by the cluster's rank 0
   cg::cluster_group cluster = cg::this_cluster();
   const int ks = (int)cluster.dim_blocks().y, rank = (int)cluster.block_rank();
   const int tile = blockIdx.x, nk = p.K / (kDecChunkK * KC), entry = blockIdx.z;
@@ -318,7 +314,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
   // for this one to finish before it reads x or writes anything).
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   // consumer: row block rb of the tile, fragment blocks of parity fpar, row tiles T0 .. T0 + MW - 1
-  const int rb = warp & 3, fpar = (warp >> 2) % NP, T0 = (warp / (4 * NP)) * MW, g = lane >> 2, q = lane & 3;
+  const int rb = warp & 3, fpar = (warp >> 2) & 1, T0 = (warp >> 3) * MW, g = lane >> 2, q = lane & 3;
   float acc[MW][4];
 #pragma unroll
   for (int t = 0; t < MW; ++t)
@@ -409,8 +405,8 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
       if (AFF && !p.xt) mbar_wait(bar0 + 8 * (2 * S + s), (i / S) & 1);  // x's sums of the stage
       const uint8_t* base = smem + s * STG;
 #pragma unroll
-      for (int ff = 0; ff < G::FBS * KC / NP; ++ff) {
-        const int f = fpar + NP * ff;  // FB along the stage's K
+      for (int ff = 0; ff < G::FBS * KC / 2; ++ff) {
+        const int f = fpar + 2 * ff;  // FB along the stage's K
         const uint8_t* fb = base + ((f / G::FBS) * 4 + rb) * G::FBS * G::FB + (f % G::FBS) * G::FB;
         const uint4 wv = *reinterpret_cast<const uint4*>(fb + 16 * lane);
         const uint32_t w4[4] = {wv.x, wv.y, wv.z, wv.w};
@@ -516,12 +512,12 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
       mbar_arrive(bar0 + 8 * (S + s));  // this thread is done with slot s (and its xsum)
     }
   }
-  // The CTA's sum: the NP FB-parity warps of a row block, parity 0 + 1 (+ 2 + 3) in order.
-  if (warp < kCons && fpar != 0)
+  // The CTA's sum: the two FB-parity warps of a row block, even + odd.
+  if (warp < kCons && fpar == 1)
 #pragma unroll
     for (int t = 0; t < MW; ++t)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) red[(fpar - 1) * RED + ((rb * MT + T0 + t) * 4 + i) * 32 + lane] = acc[t][i];
+      for (int i = 0; i < 4; ++i) red[((rb * MT + T0 + t) * 4 + i) * 32 + lane] = acc[t][i];
   __syncthreads();
   if (warp < kCons && fpar == 0)
 #pragma unroll
@@ -529,10 +525,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int o = ((rb * MT + T0 + t) * 4 + i) * 32 + lane;
-        float v = acc[t][i];
-#pragma unroll
-        for (int r = 0; r < NP - 1; ++r) v += red[r * RED + o];
-        part[o] = v;
+        part[o] = acc[t][i] + red[o];
       }
   cluster.sync();
   // (rank 0 has a stage, so its threads are past the producer's wait; this is for the
@@ -579,10 +572,10 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
 #endif
 }
 
-template <int FM, int MT, int S, int KC, int kMinBlocks, int RS, bool GR, int NP>
-__global__ void __launch_bounds__(threads_of(FM, RS, NP), kMinBlocks) qmmp_kernel(const QP p) {
-  if constexpr (built_here<FM, MT, S, KC, NP>())
-    qmmp_body<FM, MT, S, KC, RS, GR, NP>(p);
+template <int FM, int MT, int S, int KC, int kMinBlocks, int RS, bool GR>
+__global__ void __launch_bounds__(threads_of(FM, RS), kMinBlocks) qmmp_kernel(const QP p) {
+  if constexpr (built_here<FM, MT, S, KC>())
+    qmmp_body<FM, MT, S, KC, RS, GR>(p);
   else
     __trap();
 }
@@ -663,10 +656,10 @@ __global__ void to_decode_kernel(const DecodeLayoutArgs a, int64_t slots, int* b
 // the first call, which also sets the shared-memory attribute once.
 constexpr qqStatus_t kRefused = QQ_STATUS_NOT_SUPPORTED;
 // xt: where x_stage_kernel's buffer comes from when x is staged, else null.
-template <int FM, int MT, int S, int KC, int kMinBlocks, int RS = 1, bool GR = false, int NP = 2>
+template <int FM, int MT, int S, int KC, int kMinBlocks, int RS = 1, bool GR = false>
 qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* xt = nullptr) {
-  constexpr size_t smem = smem_bytes<FM, MT, S, KC, NP>();
-  auto kern = qmmp_kernel<FM, MT, S, KC, kMinBlocks, RS, GR, NP>;
+  constexpr size_t smem = smem_bytes<FM, MT, S, KC>();
+  auto kern = qmmp_kernel<FM, MT, S, KC, kMinBlocks, RS, GR>;
   static std::atomic<uint64_t> ok{0}, refused{0};  // bit d: device d (devices past 63 ask every time)
   int dev = 0;
   QQ_CUDA_TRY(cudaGetDevice(&dev), "decode_matmul");
@@ -711,7 +704,7 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)tiles, (unsigned)ks, (unsigned)p.B);
-  cfg.blockDim = dim3(threads_of(FM, RS, NP), 1, 1);
+  cfg.blockDim = dim3(threads_of(FM, RS), 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
@@ -727,16 +720,6 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
 // (bench/results/qmm-decode-h100-notes.md, session i). Affine 8-bit's stage (18 KB) fits 4
 // deep for 2 CTAs, not mxfp8's 5. A configuration the device cannot run (shared memory)
 // falls to the shallower.
-// A/B knob while measuring (removed after): QQ_DEC_NP=4 runs the K-split (ks = 2) dense
-// configurations at M <= 8 with four FB parities (16 consumer warps, 2 CTAs per SM).
-inline int np_knob() {
-  static const int v = [] {
-    const char* e = std::getenv("QQ_DEC_NP");
-    return e ? std::atoi(e) : 0;
-  }();
-  return v;
-}
-
 template <int FM, bool GR>
 qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, cudaStream_t st, Scratch* xt) {
   const int M = p.M;  // the kernel's rows
@@ -769,8 +752,6 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, cudaStream_
   if constexpr (dec_bits8(FM)) {
     if (M > 8) return launch<FM, 2, 3, 1, 2, 1, GR>(p, tiles, ks, st, xt);
     r = ks == 1 ? launch<FM, 1, FM == kDecFp8 ? 5 : 4, 1, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
-    if constexpr (!GR)
-      if (r == kRefused && ks == 2 && np_knob() == 4) r = launch<FM, 1, 3, 1, 2, 1, GR, 4>(p, tiles, ks, st, xt);
     if (r == kRefused) r = launch<FM, 1, 3, 1, 3, 1, GR>(p, tiles, ks, st, xt);
   } else if (M > 8) {
     const bool kc2 = nk % 2 == 0 && (ks == 1 || nk % 4 == 0);
@@ -792,8 +773,6 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, cudaStream_
     // qmm-decode-h100-notes.md, session l).
     r = ks == 1 && ctas > 2 * sms ? launch<FM, 1, 3, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = ks == 1 ? launch<FM, 1, 8, 1, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
-    if constexpr (!GR)
-      if (r == kRefused && ks == 2 && np_knob() == 4) r = launch<FM, 1, 4, 1, 2, 1, GR, 4>(p, tiles, ks, st, xt);
     if (r == kRefused) r = launch<FM, 1, 4, 1, 3, 1, GR>(p, tiles, ks, st, xt);
   }
   return r;
