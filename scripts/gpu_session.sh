@@ -13,11 +13,12 @@
 #   racecheck  racecheck + initcheck over the GPU tests of the kernels that use shared
 #              memory (qmma, qmv, the quantize tile kernel, amax): slow (torch's kernels
 #              are instrumented at start-up); `kernels` is the quick form
-#   kernels    racecheck + initcheck over scripts/sanitize_kernels.py (CuPy, no torch)
+#   kernels    memcheck, racecheck and initcheck over scripts/sanitize_kernels.py (CuPy, no torch)
 #   profile    ncu (SpeedOfLight, Occupancy) of bench/tune/profile_quantize.py
 #   clink      C linking without Python on a CUDA build (tests/test_install.py)
 #   multi      the 2-GPU tests (tests/test_multi_gpu.py and the mixed-device errors)
-#   bench      bench_overhead (GPU rows) and bench_decode; BENCHES="..." adds others
+#   bench      bench_overhead (GPU rows) and bench_decode (DECODE_ARGS="..." its arguments);
+#              BENCHES="..." adds others
 # One file comes back: $OUT/session.tgz (logs/ and results/). (Replaces gpu_check.sh,
 # gpu_final.sh and gpu_multi.sh, cited by results notes before 2026-11-23.)
 set -uo pipefail
@@ -65,7 +66,7 @@ for step in "$@"; do
       done
       ;;
     kernels)
-      for tool in racecheck initcheck; do
+      for tool in memcheck racecheck initcheck; do
         timeout ${SAN_TIMEOUT:-90} compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 \
           python3 scripts/sanitize_kernels.py > "$LOG/kernels-$tool.log" 2>&1 || rc=1
         echo "$tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|mismatches' "$LOG/kernels-$tool.log" | tr '\n' ' ')"
@@ -93,7 +94,7 @@ for step in "$@"; do
     bench)
       QQ_BENCH_OUT="$RES" timeout 120 python3 bench/bench_overhead.py --gpu-only > "$LOG/bench_overhead.log" 2>&1 || rc=1
       tail -15 "$LOG/bench_overhead.log"
-      QQ_BENCH_OUT="$RES" timeout 300 python3 bench/bench_decode.py > "$LOG/bench_decode.log" 2>&1 || rc=1
+      QQ_BENCH_OUT="$RES" timeout 300 python3 bench/bench_decode.py ${DECODE_ARGS:-} > "$LOG/bench_decode.log" 2>&1 || rc=1
       tail -30 "$LOG/bench_decode.log"
       for b in ${BENCHES:-}; do
         QQ_BENCH_OUT="$RES" timeout 240 python3 bench/bench_$b.py > "$LOG/bench_$b.log" 2>&1 || rc=1
