@@ -211,6 +211,8 @@ def main() -> None:
             ap.error(f"unknown mode {m!r}; known: {', '.join(MODES)}")
     ms = [int(m) for m in args.ms.split(",") if m]
     acts = [a for a in args.acts.split(",") if a]
+    if not acts:
+        ap.error("--acts: name at least one of " + ", ".join(ACTS))
     for a in acts:
         if a not in ACTS:
             ap.error(f"unknown act {a!r}; known: {', '.join(ACTS)}")

@@ -7,8 +7,8 @@ bytes-over-time of the matmuls against a copy bandwidth measured in the same run
 
     MODES=nvfp4-decode,affine4-decode M=1 ACT=qq python bench/tune/profile_decode_step.py
 
-ACT: the SwiGLU of bench_decode's step, "torch" (F.silu and mul: two kernels, the default) or
-"qq" (qq.swiglu: one).
+ACT: the SwiGLU of bench_decode's step, "qq" (qq.swiglu: one kernel; bench_decode's default
+too) or "torch" (F.silu and mul: two).
 """
 import os
 import statistics
@@ -22,7 +22,7 @@ from bench_decode import ACTS, LLAMA3_8B, MODES, capture_graph, make_step, make_
 import qq  # noqa: E402
 
 LAYERS = 32
-ACT = os.environ.get("ACT", "torch")
+ACT = os.environ.get("ACT", "qq")
 PLACES = ["qkv", "o", "gate/up"] + (["swiglu"] if ACT == "qq" else ["silu", "mul"]) + ["down"]
 
 

@@ -1,5 +1,5 @@
 # _ops_layout.pxi - included by _qq.pyx (one extension module, one file per job).
-# Operations: swizzle_scales, unswizzle_scales, amax.
+# Operations: swizzle_scales, unswizzle_scales, amax, swiglu.
 
 def swizzle_scales(scales, *, out=None, stream=None):
     """Linear fp scales [B..., R, C] (uint8 or 1-byte float8) -> the blocked layout
@@ -123,12 +123,9 @@ def swiglu(x, *, out=None, stream=None):
     try:
         vx = call.view(x, "x")
         if out is None:
+            # (an odd last axis or a 0-d x: libqq refuses x, after its dtype, with its message)
             xs = vx.pyshape()
-            if len(xs) == 0 or xs[-1] % 2:
-                raise ValueError(f"{func}: argument 'x' has shape {xs}; expected [..., 2F] (the "
-                                 f"gate in the first F columns, the up projection in the last F): "
-                                 f"an even last axis")
-            result, vo = call.empty(xs[:-1] + (xs[-1] // 2,), vx.float_dtype(), "out")
+            result, vo = call.empty(xs[:-1] + (xs[-1] // 2,) if xs else (), vx.float_dtype(), "out")
         else:
             vo = call.out_view(out, "out")
         tx, to = _t(vx), _t(vo)

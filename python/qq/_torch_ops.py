@@ -233,10 +233,10 @@ def _swiglu_op(x: Tensor) -> Tensor:
 
 @_swiglu_op.register_fake
 def _(x):
-    if x.dim() == 0:
-        raise ValueError("swiglu: argument 'x' has shape (); expected [..., 2F]")
-    torch._check(x.shape[-1] % 2 == 0, lambda: f"swiglu: argument 'x' has shape {tuple(x.shape)}; "
-                 f"expected [..., 2F]: an even last axis")
+    why = lambda: (f"swiglu: argument 'x' has shape {tuple(x.shape)}; expected [..., 2F] (the gate in "  # noqa: E731
+                   f"the first F columns, the up projection in the last F): an even last axis")
+    torch._check_value(x.dim() > 0, why)
+    torch._check_value(x.shape[-1] % 2 == 0, why)
     return x.new_empty(tuple(x.shape[:-1]) + (x.shape[-1] // 2,))
 
 

@@ -16,6 +16,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "../act.h"
 #include "../internal.h"
 #include "common.cuh"
@@ -59,26 +61,48 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(const Mat x, const Mat
   }
 }
 
-template <typename T>
-qqStatus_t launch(const Mat& x, const Mat& out, cudaStream_t st) {
-  const int64_t R = x.batch() * x.rows, F = out.cols;
-  const bool vec = F % 8 == 0 && aligned(x, 16) && aligned(out, 16);
-  const int64_t per = vec ? F / 8 : F;
+// Whether kernel `k` may be launched for programmatic dependent launch on `device`: only
+// where its loaded code is sm_90+, which holds the griddepcontrol.wait; an older PTX
+// JIT-compiled on a newer GPU would start before the previous kernel ends and read x
+// unfinished. Asked once per device and kernel (bit d of *ok / *no: device d; devices
+// past 63 ask every time).
+template <typename K>
+qqStatus_t pdl_ok(K k, int device, std::atomic<uint64_t>* ok, std::atomic<uint64_t>* no, bool* out) {
+  const uint64_t bit = device < 64 ? 1ull << device : 0;
+  if (bit && (ok->load(std::memory_order_relaxed) & bit)) return *out = true, QQ_STATUS_SUCCESS;
+  if (bit && (no->load(std::memory_order_relaxed) & bit)) return *out = false, QQ_STATUS_SUCCESS;
+  cudaFuncAttributes fa{};
+  QQ_CUDA_TRY(cudaFuncGetAttributes(&fa, k), "swiglu");
+  int major = 0;
+  QQ_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "swiglu");
+  *out = major >= 9 && fa.ptxVersion >= 90;
+  (*out ? ok : no)->fetch_or(bit, std::memory_order_relaxed);
+  return QQ_STATUS_SUCCESS;
+}
+
+template <typename T, bool kVec>
+qqStatus_t launch_v(const Mat& x, const Mat& out, int64_t R, int64_t per, cudaStream_t st) {
+  static std::atomic<uint64_t> ok{0}, no{0};
+  bool pdl = false;
+  QQ_TRY(pdl_ok(swiglu_kernel<T, kVec>, x.device, &ok, &no, &pdl));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)((per + kThreads - 1) / kThreads), (unsigned)(R < 65535 ? R : 65535), 1);
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.stream = st;
-  // programmatic dependent launch on compute capability 9.0+ (the attribute needs it)
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
-  int major = 0;
-  QQ_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.device), "swiglu");
   cfg.attrs = attr;
-  cfg.numAttrs = major >= 9 ? 1 : 0;
-  if (vec) QQ_CUDA_TRY(cudaLaunchKernelEx(&cfg, swiglu_kernel<T, true>, x, out, R), "swiglu");
-  else QQ_CUDA_TRY(cudaLaunchKernelEx(&cfg, swiglu_kernel<T, false>, x, out, R), "swiglu");
+  cfg.numAttrs = pdl ? 1 : 0;
+  QQ_CUDA_TRY(cudaLaunchKernelEx(&cfg, swiglu_kernel<T, kVec>, x, out, R), "swiglu");
   return check_launch("swiglu");
+}
+
+template <typename T>
+qqStatus_t launch(const Mat& x, const Mat& out, cudaStream_t st) {
+  const int64_t R = x.batch() * x.rows, F = out.cols;
+  if (F % 8 == 0 && aligned(x, 16) && aligned(out, 16)) return launch_v<T, true>(x, out, R, F / 8, st);
+  return launch_v<T, false>(x, out, R, F, st);
 }
 
 }  // namespace

@@ -39,7 +39,7 @@ Loaded& state() {
 
 std::string how_to_get() {
   return std::string("; the GPU operations that need cuBLASLt (qqmm and quantized_matmul through a GEMM) are "
-                     "unavailable, the others (quantize, dequantize, amax, swizzle_scales, small-M "
+                     "unavailable, the others (quantize, dequantize, amax, swiglu, swizzle_scales, small-M "
                      "quantized_matmul) still run. Install it with `pip install 'nvidia-cublas>=") +
          QQ_LT_STR(CUBLAS_VER_MAJOR) + ",<" + std::to_string(CUBLAS_VER_MAJOR + 1) +
          "'` (found by `import qq` through cuda.pathfinder, or put its nvidia/cu" QQ_LT_STR(CUBLAS_VER_MAJOR) "/lib on "
