@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdlib>
 
 #include "../act.h"
 #include "../internal.h"
@@ -36,10 +37,10 @@ template <typename T> __device__ __forceinline__ void store1(T* p, float v) {
 }
 
 template <typename T, bool kVec>
-__global__ void __launch_bounds__(kThreads) swiglu_kernel(const Mat x, const Mat out, int64_t R) {
+__global__ void __launch_bounds__(kThreads) swiglu_kernel(const Mat x, const Mat out, int64_t R, bool early) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");  // x comes from the previous kernel
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
   const int64_t F = out.cols;
   const int64_t j = ((int64_t)blockIdx.x * kThreads + threadIdx.x) * (kVec ? 8 : 1);
@@ -94,7 +95,14 @@ qqStatus_t launch_v(const Mat& x, const Mat& out, int64_t R, int64_t per, cudaSt
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  QQ_CUDA_TRY(cudaLaunchKernelEx(&cfg, swiglu_kernel<T, kVec>, x, out, R), "swiglu");
+  // A/B knob while measuring (removed after): QQ_SWIGLU_EARLY 0 = no early trigger, 1 =
+  // always (the default), 2 = at most 8 rows
+  static const int knob = [] {
+    const char* e = std::getenv("QQ_SWIGLU_EARLY");
+    return e ? std::atoi(e) : 1;
+  }();
+  const bool early = knob == 1 || (knob == 2 && R <= 8);
+  QQ_CUDA_TRY(cudaLaunchKernelEx(&cfg, swiglu_kernel<T, kVec>, x, out, R, early), "swiglu");
   return check_launch("swiglu");
 }
 
