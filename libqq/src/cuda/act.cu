@@ -7,7 +7,7 @@
 // prefetch early and ran ~7 us a layer slower than the other decode matmuls
 // (bench/results/qmm-decode-h100-notes.md, session q); eagerly it is four host calls
 // (two slices, silu, mul). Here it is one kernel that waits for its input with
-// griddepcontrol.wait and lets the next kernel launch at once.
+// griddepcontrol.wait and, for one row, lets the next kernel launch at once.
 //
 // One thread per 8 elements (16-byte loads of the gate and the up half, one 16-byte
 // store) where every row is 16-byte aligned and F % 8 == 0, else per element. Grid:
@@ -17,7 +17,6 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <cstdlib>
 
 #include "../act.h"
 #include "../internal.h"
@@ -40,7 +39,7 @@ template <typename T, bool kVec>
 __global__ void __launch_bounds__(kThreads) swiglu_kernel(const Mat x, const Mat out, int64_t R, bool early) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");  // x comes from the previous kernel
-  if (early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // (else: at exit)
 #endif
   const int64_t F = out.cols;
   const int64_t j = ((int64_t)blockIdx.x * kThreads + threadIdx.x) * (kVec ? 8 : 1);
@@ -95,13 +94,11 @@ qqStatus_t launch_v(const Mat& x, const Mat& out, int64_t R, int64_t per, cudaSt
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  // A/B knob while measuring (removed after): QQ_SWIGLU_EARLY 0 = no early trigger, 1 =
-  // always (the default), 2 = at most 8 rows
-  static const int knob = [] {
-    const char* e = std::getenv("QQ_SWIGLU_EARLY");
-    return e ? std::atoi(e) : 1;
-  }();
-  const bool early = knob == 1 || (knob == 2 && R <= 8);
+  // The next kernel may launch at once (griddepcontrol.launch_dependents at the start) for
+  // one row only. H100, 32-layer decode step, CUDA graph (qmm-decode-h100-notes.md, session
+  // s): at 1 token the early start of the down matmul gained 2-3 %; at 4 tokens it lost up to
+  // 2 % and at 16 tokens 5-7 % against launching it when this kernel ends.
+  const bool early = R == 1;
   QQ_CUDA_TRY(cudaLaunchKernelEx(&cfg, swiglu_kernel<T, kVec>, x, out, R, early), "swiglu");
   return check_launch("swiglu");
 }
