@@ -351,9 +351,9 @@ QQ_API qqStatus_t qqAmax(qqHandle_t handle, const DLTensor* x, DLTensor* out,
  * or bfloat16) = silu(g) * u with silu(g) = g / (1 + exp(-g)), computed in
  * float32 and rounded to the dtype once (torch's silu(g) * u rounds twice).
  * NaN gives NaN, as does a gate of -Inf (torch's rule). On compute capability
- * 9.0+ the kernel is launched for programmatic dependent launch: the next
- * kernel may start its own prologue (a decode-layout matmul prefetches its
- * weights) while this one runs. docs/api.md, swiglu. */
+ * 9.0+ the kernel is launched for programmatic dependent launch; for one row
+ * the next kernel may start its own prologue (a decode-layout matmul
+ * prefetches its weights) while this one runs. docs/api.md, swiglu. */
 QQ_API qqStatus_t qqSwiglu(qqHandle_t handle, const DLTensor* x, DLTensor* out,
                            void* stream);
 
