@@ -240,6 +240,8 @@ def main() -> None:
                   + "value = us per decode step "
                   "(each of the M sequences gets one token per step).")
     notes.append(shape_note)
+    notes.append("act: the SwiGLU between gate/up and down in our rows, qq = qq.swiglu (one kernel), "
+                 "torch = F.silu and mul (the torch peers' own, always).")
 
     def save():
         for p in bench.save(dev_name, tag, HOW, notes):
