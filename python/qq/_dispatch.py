@@ -10,7 +10,9 @@ each public function that has a torch op is a small Python function that Dynamo 
     return qq._qq.<name>(...)                                  # eager: unchanged
 
 Dynamo folds `torch.compiler.is_compiling()` to True, so the compiled graph holds the op
-and no trace of the check. `import qq` never imports torch: the check looks at
+and no trace of the check. A NumPy array as the first argument skips the check (it cannot be
+a value torch.compile traces into an op): the call of torch.compiler.is_compiling was about
+a third of the wrapper's cost for NumPy callers with torch imported. `import qq` never imports torch: the check looks at
 sys.modules, and qq._torch_ops (which registers the ops) is imported by `import qq` when
 torch is already there, by qq.torch, or by the first traced call.
 
@@ -26,6 +28,8 @@ import functools
 import inspect
 import linecache
 import sys
+
+from numpy import ndarray as _ndarray
 
 from . import _qq
 
@@ -96,14 +100,15 @@ def _jax_traced(args, kwargs) -> bool:
 _WRAPPER = """
 def _make(_eager):
     def {name}({params}, **_qq_kw):
-        _qq_c = _is_compiling
-        if _qq_c is not None:
-            if _qq_c():
-                return getattr(_torch_ops(), "{name}")({args}, **_qq_kw)
-        elif "torch" in _modules:       # torch imported after qq
-            if _compiling():
-                return getattr(_torch_ops(), "{name}")({args}, **_qq_kw)
-            _torch_ops_eager()          # eager: register the ops now, and set _is_compiling
+        if type({first}) is not _ndarray:   # (a NumPy array is never a traced torch value)
+            _qq_c = _is_compiling
+            if _qq_c is not None:
+                if _qq_c():
+                    return getattr(_torch_ops(), "{name}")({args}, **_qq_kw)
+            elif "torch" in _modules:       # torch imported after qq
+                if _compiling():
+                    return getattr(_torch_ops(), "{name}")({args}, **_qq_kw)
+                _torch_ops_eager()          # eager: register the ops now, and set _is_compiling
         try:
             if _qq_kw:
                 return _eager({args}, **_qq_kw)
@@ -131,7 +136,8 @@ def _dispatching(name, eager=None):
         raise TypeError(f"qq._dispatch: {name}'s signature {inspect.signature(eager)} needs a wrapper "
                         f"of its own (_WRAPPER takes named positional and keyword-only parameters)")
     args = ", ".join(p.name for p in pos)
-    src, filename = _WRAPPER.format(name=name, params=args, args=args), f"<qq._dispatch {name}>"
+    src = _WRAPPER.format(name=name, params=args, args=args, first=pos[0].name)
+    filename = f"<qq._dispatch {name}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)  # for tracebacks
     scope = {}
     exec(compile(src, filename, "exec"), globals(), scope)
