@@ -12,8 +12,8 @@ each public function that has a torch op is a small Python function that Dynamo 
 Dynamo folds `torch.compiler.is_compiling()` to True, so the compiled graph holds the op
 and no trace of the check. A NumPy array as the first argument skips the check (it cannot be
 a value torch.compile traces into an op): the call of torch.compiler.is_compiling was about
-a third of the wrapper's cost for NumPy callers with torch imported. `import qq` never imports torch: the check looks at
-sys.modules, and qq._torch_ops (which registers the ops) is imported by `import qq` when
+a third of the wrapper's cost for NumPy callers with torch imported. `import qq` never
+imports torch: the check looks at sys.modules, and qq._torch_ops (which registers the ops) is imported by `import qq` when
 torch is already there, by qq.torch, or by the first traced call.
 
 JAX tracers cost the eager path nothing: the Cython function is called first, and only when
@@ -59,6 +59,13 @@ def require_indices(func: str, rhs_indices):
     if rhs_indices is None:
         raise TypeError(f"{func}: argument 'rhs_indices' is required (int32 expert indices); "
                         f"quantized_matmul multiplies without them")
+
+
+def swiglu_shape_error(shape) -> str:
+    """swiglu's refusal of an x of `shape` (0-d or an odd last axis), worded as libqq's
+    (qqSwiglu): for the places Cython cannot run (torch's fake op, the JAX custom call)."""
+    return (f"swiglu: argument 'x' has shape {tuple(shape)}; expected [..., 2F] (the gate in the "
+            f"first F columns, the up projection in the last F): an even last axis")
 
 
 def _torch_ops():

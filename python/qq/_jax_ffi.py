@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _qq
-from ._dispatch import check_torch_dtypes, require_indices
+from ._dispatch import check_torch_dtypes, require_indices, swiglu_shape_error
 from ._qq import DecodeWeight, NotSupportedError, PreparedWeight, QuantizedArray
 
 #: The operations with XLA handlers (qq_xla_<op>_cpu / _cuda in libqq_xla.so).
@@ -304,9 +304,7 @@ def swiglu(x, *, out=None, stream=None):
     _no_stream_or_out(func, stream, out)
     x = jnp.asarray(x)
     if x.ndim == 0 or x.shape[-1] % 2:
-        raise ValueError(f"{func}: argument 'x' has shape {tuple(x.shape)}; expected [..., 2F] "
-                         f"(the gate in the first F columns, the up projection in the last F): "
-                         f"an even last axis")
+        raise ValueError(swiglu_shape_error(x.shape))
     (y,) = _ffi("swiglu", [("x", x)], [_sds(tuple(x.shape[:-1]) + (x.shape[-1] // 2,), x.dtype)])
     return y
 

@@ -49,7 +49,7 @@ from torch import Tensor
 from . import _qq
 from ._qq import DecodeWeight, PreparedWeight, QuantizedArray
 from ._dispatch import check_torch_dtypes as _check_torch_dtypes
-from ._dispatch import require_indices
+from ._dispatch import require_indices, swiglu_shape_error
 
 # group_size and bits of each mode when not given, asked of libqq once (qqQuantParamsInit):
 # the fake implementations need them as Python ints at trace time.
@@ -233,8 +233,7 @@ def _swiglu_op(x: Tensor) -> Tensor:
 
 @_swiglu_op.register_fake
 def _(x):
-    why = lambda: (f"swiglu: argument 'x' has shape {tuple(x.shape)}; expected [..., 2F] (the gate in "  # noqa: E731
-                   f"the first F columns, the up projection in the last F): an even last axis")
+    why = lambda: swiglu_shape_error(x.shape)  # noqa: E731
     torch._check_value(x.dim() > 0, why)
     torch._check_value(x.shape[-1] % 2 == 0, why)
     return x.new_empty(tuple(x.shape[:-1]) + (x.shape[-1] // 2,))
