@@ -7,7 +7,8 @@ gate/up [28672, 4096], down [4096, 14336]); a step runs only the 4 matmuls per l
     x = act @ Wdown.T
 with bf16 activations x [M, 4096], M = 1, 4, 16. The SwiGLU (`act`) is torch's F.silu and
 mul in the torch peers; in our rows (column "act", --acts) qq.swiglu ("qq", the default: one
-kernel, after which the down matmul may start early) or torch's ("torch"). Ours: qq.quantized_matmul on weights
+kernel; at M = 1 the down matmul starts during it) or torch's ("torch").
+Ours: qq.quantized_matmul on weights
 quantized once with qq.quantize (nvfp4 with global_scale = qq.amax(w), mxfp4, mxfp8,
 affine 4-bit group 64; linear scales). Peers, all measured in this run:
   - torch_bf16: the same step with torch bf16 `x @ w.T`, eager;
@@ -97,8 +98,8 @@ def torch_swiglu(gu):
 
 
 # the SwiGLU between gate/up and down: torch's silu and mul (the peer's, and qq rows with
-# act "torch"), or qq.swiglu (one kernel that lets the down matmul start early)
-ACTS = {"torch": torch_swiglu, "qq": lambda gu: qq.swiglu(gu)}
+# act "torch"), or qq.swiglu (one kernel; at one row it lets the down matmul start early)
+ACTS = {"torch": torch_swiglu, "qq": qq.swiglu}
 
 
 def make_step(cfg, layers, mm, act_fn=torch_swiglu):
