@@ -7,7 +7,9 @@ gate/up [28672, 4096], down [4096, 14336]); a step runs only the 4 matmuls per l
     x = act @ Wdown.T
 with bf16 activations x [M, 4096], M = 1, 4, 16. The SwiGLU (`act`) is torch's F.silu and
 mul in the torch peers; in our rows (column "act", --acts) qq.swiglu ("qq", the default: one
-kernel; at M = 1 the down matmul starts during it) or torch's ("torch").
+kernel; at M = 1 the down matmul starts during it), torch's ("torch"), or ("fused", decode
+layout only) qq.quantized_matmul_swiglu on the gate/up weight prepared with
+qq.prepare_decode(w, gated=True): the SwiGLU made inside the gate/up matmul's kernel.
 Ours: qq.quantized_matmul on weights
 quantized once with qq.quantize (nvfp4 with global_scale = qq.amax(w), mxfp4, mxfp8,
 affine 4-bit group 64; linear scales). Peers, all measured in this run:
@@ -99,19 +101,24 @@ def torch_swiglu(gu):
 
 # the SwiGLU between gate/up and down: torch's silu and mul (the peer's, and qq rows with
 # act "torch"), or qq.swiglu (one kernel; at one row it lets the down matmul start early)
-ACTS = {"torch": torch_swiglu, "qq": qq.swiglu}
+# "fused": no separate SwiGLU (make_step's `gated`)
+ACTS = {"torch": torch_swiglu, "qq": qq.swiglu, "fused": None}
 
 
-def make_step(cfg, layers, mm, act_fn=torch_swiglu):
+def make_step(cfg, layers, mm, act_fn=torch_swiglu, gated=None):
+    """gated: per layer, the gate/up weight as a gated DecodeWeight (act "fused")."""
     h = cfg["hidden"]
 
     def step(x):
-        for wqkv, wo, wgu, wdown in layers:
+        for li, (wqkv, wo, wgu, wdown) in enumerate(layers):
             qkv = mm(x, wqkv)
             a = qkv[:, :h]
             hh = mm(a, wo)
-            gu = mm(hh, wgu)
-            x = mm(act_fn(gu), wdown)
+            if gated is not None:
+                act = qq.quantized_matmul_swiglu(hh, gated[li])
+            else:
+                act = act_fn(mm(hh, wgu))
+            x = mm(act, wdown)
         return x
     return step
 
@@ -197,9 +204,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20, help="eager steps per timed loop")
     ap.add_argument("--replays", type=int, default=50, help="graph replays per timed loop")
-    ap.add_argument("--acts", default="qq",
-                    help="comma list of the SwiGLU of the qq rows: qq (qq.swiglu) and/or torch "
-                         "(F.silu * mul, as the torch peer); column 'act'")
+    ap.add_argument("--acts", default="qq,fused",
+                    help="comma list of the SwiGLU of the qq rows: qq (qq.swiglu), torch (F.silu * "
+                         "mul, as the torch peer), fused (qq.quantized_matmul_swiglu on a gated "
+                         "gate/up weight; decode-layout modes only); column 'act'")
     ap.add_argument("--no-graph", action="store_true")
     ap.add_argument("--budget-s", type=float, default=200.0,
                     help="start no new mode after this many seconds (the rows so far are kept)")
@@ -242,7 +250,9 @@ def main() -> None:
                   "(each of the M sequences gets one token per step).")
     notes.append(shape_note)
     notes.append("act: the SwiGLU between gate/up and down in our rows, qq = qq.swiglu (one kernel), "
-                 "torch = F.silu and mul (the torch peers' own, always).")
+                 "torch = F.silu and mul (the torch peers' own, always), fused = "
+                 "qq.quantized_matmul_swiglu on a gated decode-layout gate/up weight (SwiGLU in the "
+                 "gate/up kernel; decode-layout modes only).")
 
     def save():
         for p in bench.save(dev_name, tag, HOW, notes):
@@ -336,8 +346,17 @@ def main() -> None:
             mm, x_note = qq_mm_contig, "contiguous copy"
             notes.append(f"{mode}: qkv[:, :hidden] refused as x ({short(e)}); a .contiguous() copy is "
                          f"made before the o projection.")
+        gated = None
+        if "fused" in acts and mode.endswith("-decode"):
+            try:
+                gated = [qq.prepare_decode(ql[2].quantized, gated=True) for ql in qweights]
+                sync()
+            except Exception as e:  # noqa: BLE001
+                notes.append(f"{mode}: the gated gate/up layout failed: {short(e)}")
         for act in acts:
-            step = make_step(cfg, qweights, mm, ACTS[act])
+            if act == "fused" and gated is None:
+                continue  # (packed weights: the two ops; the decode layout only)
+            step = make_step(cfg, qweights, mm, ACTS[act], gated if act == "fused" else None)
             common = dict(layers=n_layers, weight_bytes=qbytes, attn_x=x_note, act=act)
             for m in ms:
                 x = xs[m]

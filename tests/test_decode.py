@@ -1067,3 +1067,186 @@ def test_gpu_gather_other_x_dtypes(cfg, xdt):
     assert qq.last_route() != "decode"
     want = qq.gather_qmm(x, qa, rhs_indices=idx, dtype="float32")
     np.testing.assert_array_equal(to_numpy(got), to_numpy(want))
+
+
+# ---------------------------------------------------------------------------
+# Gated layout: qq.prepare_decode(w, gated=True) and qq.quantized_matmul_swiglu
+# ---------------------------------------------------------------------------
+
+def gated_rows(f):
+    """The weight row each row of a gated layout holds: tile t = gate rows 32t .. 32t + 31,
+    then up rows 32t .. 32t + 31 (docs/formats.md, written here from the rule, not from
+    libqq's function)."""
+    rows = []
+    for t in range(f // 32):
+        rows += list(range(32 * t, 32 * t + 32)) + list(range(f + 32 * t, f + 32 * t + 32))
+    return np.array(rows)
+
+
+def swiglu64(v):
+    """float64 silu(g) * u of [..., 2F]."""
+    f = v.shape[-1] // 2
+    g, u = v[..., :f], v[..., f:]
+    with np.errstate(over="ignore"):
+        return g / (1.0 + np.exp(-g)) * u
+
+
+def bits(a):
+    a = to_numpy(a)
+    return a.view({2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
+
+
+def gated_case(cfg, f, k, device):
+    rng = case_rng("gated", cfg, f, k, device)
+    # the largest group magnitude brought to ~10: products inside float16's range
+    w = (make_weight(rng, cfg, 2 * f, k) * 10.0 ** (1 - MAGS[mode_of(cfg)][1])).astype(F32)
+    qa = quantize(w, cfg, "cuda" if device == "cuda" else "torch")
+    return qa, qq.prepare_decode(qa), qq.prepare_decode(qa, gated=True)
+
+
+GATED_X = {"cpu": [BF16, F16, F32], "cuda": [BF16, F16, F32]}
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
+@pytest.mark.parametrize("m", [1, 3, 16, 17, 64])
+@pytest.mark.parametrize("f,k", [(32, 256), (96, 512), (2048, 1024)], ids=str)
+@pytest.mark.parametrize("cfg", CFGS)
+@pytest.mark.parametrize("device", DEVICES)
+def test_gated(device, cfg, f, k, m, with_bias):
+    """A gated DecodeWeight: quantized_matmul gives the plain layout's product bit for bit
+    (the rows back in the weight's order), quantized_matmul_swiglu gives qq.swiglu of it bit
+    for bit (route "decode" on the GPU for bf16 x of at most 64 rows: one kernel), and both
+    are near a float64 reference. out= is poisoned first: every element is written."""
+    if device == "cpu" and (f, m) == (2048, 64):
+        pytest.skip("the CPU reads the layout element by element: covered by the smaller shapes")
+    torch = torch_mod()
+    qa, dw, dg = gated_case(cfg, f, k, device)
+    fw = "cuda" if device == "cuda" else "torch"
+    for xdt in GATED_X[device]:
+        rng = case_rng("gated-x", cfg, f, k, m, str(xdt), with_bias)
+        x = make_x(rng, (m, k), xdt, fw)
+        bias = to_fw(rng.standard_normal(2 * f).astype(F32), fw) if with_bias else None
+        plain = qq.quantized_matmul(x, dw, bias=bias)
+        got = qq.quantized_matmul(x, dg, bias=bias)
+        np.testing.assert_array_equal(bits(got), bits(plain))
+        want = qq.swiglu(plain)
+        out = torch.full((m, f), float("nan"), dtype=plain.dtype, device=plain.device)
+        fused = qq.quantized_matmul_swiglu(x, dg, bias=bias, out=out)
+        route = qq.last_route()
+        assert fused is out
+        if device == "cuda" and ((xdt == BF16 and m <= 64) or (xdt == F16 and m <= 32)):
+            assert route == "decode", route
+        np.testing.assert_array_equal(bits(fused), bits(want))
+        # against float64: swiglu of the reference product, within the product's bound carried
+        # through silu(g) * u (|d/dg| <= 1.1 |u|, |d/du| <= |g|) and one rounding of each step
+        ref, s = reference(x, qa, bias)
+        fi = ml_dtypes.finfo(to_numpy(fused).dtype)
+        tol_p = rel_of(mode_of(cfg)) * s + (2.0 ** -21 + float(fi.eps)) * np.abs(ref) + float(fi.smallest_subnormal)
+        g, u = ref[:, :f], ref[:, f:]
+        tg, tu = tol_p[:, :f], tol_p[:, f:]
+        tol = 1.1 * tg * (np.abs(u) + tu) + tu * (np.abs(g) + tg) + 4 * float(fi.eps) * np.abs(swiglu64(ref)) \
+            + float(fi.smallest_subnormal)
+        with np.errstate(over="ignore"):
+            want64 = swiglu64(ref)
+        # where the product and the result are inside the dtype's range (float16 may round a
+        # few to Inf, as the stored product would)
+        inside = (np.abs(g) < fi.max / 2) & (np.abs(u) < fi.max / 2) & (np.abs(want64) < fi.max / 2)
+        err = np.abs(to_numpy(fused).astype(F64) - want64)
+        bad = inside & ~(err <= tol)
+        assert not bad.any(), f"{xdt.__name__}: {bad.sum()} off; worst {np.max(np.where(bad, err - tol, 0))}"
+        assert inside.mean() > 0.9
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cfg", CFGS)
+def test_gated_layout_is_the_permuted_weight(cfg, device):
+    """The gated layout's bytes are the plain layout's of the weight with its rows permuted
+    as the rule says (data, scales and biases rows taken in gated_rows' order, in NumPy)."""
+    torch = torch_mod()
+    f, k = 96, 512
+    qa, _, dg = gated_case(cfg, f, k, device)
+    perm = gated_rows(f)
+    parts = [to_numpy(a)[perm] if a is not None else None for a in (qa.data, qa.scales, qa.biases)]
+    fw = "cuda" if device == "cuda" else "torch"
+    pq = qq.QuantizedArray(*[to_fw(p, fw) if p is not None else None for p in parts[:2]],
+                           biases=to_fw(parts[2], fw) if parts[2] is not None else None, mode=qa.mode,
+                           group_size=qa.group_size, bits=qa.bits, global_scale=qa.global_scale,
+                           shape=qa.shape)
+    np.testing.assert_array_equal(to_numpy(dg.data), to_numpy(qq.prepare_decode(pq).data))
+    if device == "cuda":  # the GPU's conversion writes the CPU's bytes
+        qc = qq.QuantizedArray(*[to_fw(to_numpy(a), "torch") if a is not None else None
+                                 for a in (qa.data, qa.scales)],
+                               biases=to_fw(to_numpy(qa.biases), "torch") if qa.biases is not None else None,
+                               mode=qa.mode, group_size=qa.group_size, bits=qa.bits,
+                               global_scale=None if qa.global_scale is None else qa.global_scale.cpu(),
+                               shape=qa.shape)
+        np.testing.assert_array_equal(to_numpy(dg.data), to_numpy(qq.prepare_decode(qc, gated=True).data))
+    assert dg.gated and not qq.prepare_decode(qa).gated
+    assert "gated=True" in repr(dg)
+    del torch
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gated_special_values(device):
+    """Inf and NaN in x reach the fused SwiGLU as in the two ops (the bits of qq.swiglu of the
+    product; NaN where either is NaN), and a huge product rounds to Inf in bf16 before
+    silu, as the stored product would."""
+    torch = torch_mod()
+    f, k = 64, 256
+    qa, dw, dg = gated_case("nvfp4", f, k, device)
+    fw = "cuda" if device == "cuda" else "torch"
+    x = make_x(case_rng("gsv"), (4, k), BF16, fw)
+    x[0, 3] = float("inf")
+    x[1, 7] = float("nan")
+    x[2] *= 1e37
+    want = qq.swiglu(qq.quantized_matmul(x, dw))
+    got = qq.quantized_matmul_swiglu(x, dg)
+    np.testing.assert_array_equal(bits(got), bits(want))
+    assert torch.isnan(got[1]).all()
+    assert not torch.isfinite(qq.quantized_matmul(x, dw)[2]).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gated_fallbacks(device):
+    """Where the gated kernel does not take the call, quantized_matmul_swiglu runs the two ops
+    with the same bits: a packed QuantizedArray, a plain DecodeWeight, 3-D x, more than 64
+    rows; gather_qmm on gated experts uses the packed experts (the weight's own order)."""
+    torch = torch_mod()
+    f, k = 64, 256
+    qa, dw, dg = gated_case("mxfp4", f, k, device)
+    fw = "cuda" if device == "cuda" else "torch"
+    for shape in [(2, 3, k), (80, k), (1, k)]:
+        x = make_x(case_rng("gfb", shape), shape, BF16, fw)
+        want = qq.swiglu(qq.quantized_matmul(x, qa))
+        for w in (qa, dw, dg):
+            np.testing.assert_array_equal(bits(qq.quantized_matmul_swiglu(x, w)), bits(want))
+    # gated experts [E, 2F, K]: quantized_matmul / gather_qmm read the packed experts
+    rng = case_rng("gfb-e")
+    we = np.stack([make_weight(rng, "nvfp4", 2 * f, k) for _ in range(3)])
+    qe = qq.quantize(to_fw(we, fw), mode="nvfp4")
+    ge = qq.prepare_decode(qe, gated=True)
+    x = make_x(rng, (2, 1, k), BF16, fw)
+    idx = torch.tensor([2, 0], dtype=torch.int32, device=x.device)
+    np.testing.assert_array_equal(bits(qq.gather_qmm(x, ge, rhs_indices=idx)),
+                                  bits(qq.gather_qmm(x, qe, rhs_indices=idx)))
+
+
+def test_gated_errors():
+    """Bad input for the gated forms: the function, the argument and the way out."""
+    torch = torch_mod()
+    rng = case_rng("gerr")
+    qa = quantize(make_weight(rng, "nvfp4", 96, 256), "nvfp4", "torch")  # 2F = 96: F not a multiple of 32
+    with pytest.raises(ValueError, match="to_decode_layout_gated: w has N = 96 rows; a gated layout"):
+        qq.prepare_decode(qa, gated=True)
+    with pytest.raises(TypeError, match="prepare_decode: gated must be True or False"):
+        qq.prepare_decode(qa, gated=1)
+    qa, _, dg = gated_case("nvfp4", 64, 256, "cpu")
+    x = make_x(rng, (2, 256), BF16, "torch")
+    with pytest.raises(ValueError, match=r"quantized_matmul_swiglu: argument 'out' has shape \(2, 128\); "
+                                         r"expected \(2, 64\)"):
+        qq.quantized_matmul_swiglu(x, dg, out=torch.empty((2, 128), dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="quantized_matmul_swiglu: w is a DecodeWeight, which carries"):
+        qq.quantized_matmul_swiglu(x, dg, group_size=16)
+    odd = quantize(make_weight(rng, "nvfp4", 3, 256), "nvfp4", "torch")
+    with pytest.raises(ValueError, match="swiglu: argument 'x' has shape"):
+        qq.quantized_matmul_swiglu(x, odd)

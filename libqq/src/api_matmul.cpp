@@ -662,11 +662,13 @@ qqStatus_t decode_buffer(Ctx& c, const char* name, const DLTensor* t, int64_t by
 }
 }  // namespace
 
-QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w, const DLTensor* scales,
-                                   const DLTensor* biases, const qqQuantParams_t* params, DLTensor* out,
-                                   void* stream) {
-  return guard("to_decode_layout", [&]() -> qqStatus_t {
-    Ctx c{"to_decode_layout"};
+namespace {
+// qqToDecodeLayout (gated false) and qqToDecodeLayoutGated: one validation, op names its errors.
+qqStatus_t to_decode_layout_api(const char* op, bool gated, qqHandle_t handle, const DLTensor* w,
+                                const DLTensor* scales, const DLTensor* biases, const qqQuantParams_t* params,
+                                DLTensor* out, void* stream) {
+  return guard(op, [&]() -> qqStatus_t {
+    Ctx c{op};
     DecodeLayoutArgs a{};
     QQ_TRY(resolve_params(c, params, &a.q));
     QQ_TRY(decode_mode(c.op, a.q));
@@ -675,21 +677,29 @@ QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w, const D
     QQ_TRY(expect_bytes(c, "w", w, wdt, "packed quantized weights"));
     QQ_TRY(check_byte_kind(c, "w", w, a.q, ByteRole::DATA));
     if (w->ndim != 2 && w->ndim != 3)
-      return set_error(QQ_STATUS_INVALID_VALUE, "to_decode_layout: argument 'w' must be a packed weight [N, "
-                       "K*bits/8] or experts [E, N, K*bits/8]; got shape %s", shape_str(w->ndim, w->shape).c_str());
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument 'w' must be a packed weight [N, "
+                       "K*bits/8] or experts [E, N, K*bits/8]; got shape %s", op, shape_str(w->ndim, w->shape).c_str());
     QQ_TRY(to_mat(c, "w", w, wdt, &a.w));
     a.E = w->ndim == 3 ? w->shape[0] : 1;
     a.N = w->shape[w->ndim - 2];
     a.K = w->shape[w->ndim - 1] * 8 / a.q.bits;
     if (a.N > INT32_MAX || a.K > INT32_MAX)
-      return set_error(QQ_STATUS_INVALID_VALUE, "to_decode_layout: N = %lld, K = %lld; each must be below 2^31",
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: N = %lld, K = %lld; each must be below 2^31", op,
                        (long long)a.N, (long long)a.K);
     if (a.K % kDecChunkK)
-      return set_error(QQ_STATUS_INVALID_VALUE, "to_decode_layout: K = %lld; the decode layout needs K a multiple "
-                       "of %d (keep the packed weight)", (long long)a.K, kDecChunkK);
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: K = %lld; the decode layout needs K a multiple "
+                       "of %d (keep the packed weight)", op, (long long)a.K, kDecChunkK);
     if (a.E > INT32_MAX)
-      return set_error(QQ_STATUS_INVALID_VALUE, "to_decode_layout: E = %lld experts; at most 2^31 - 1",
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: E = %lld experts; at most 2^31 - 1", op,
                        (long long)a.E);
+    if (gated) {
+      if (a.N % 64)
+        return set_error(QQ_STATUS_INVALID_VALUE, "%s: w has N = %lld rows; a gated layout holds a gate/up weight "
+                         "[2F, K] (the gate's F rows, then the up projection's) with F a multiple of 32, so N a "
+                         "multiple of 64 (use qqToDecodeLayout and qqSwiglu after the matmul otherwise)", op,
+                         (long long)a.N);
+      a.gated = a.N / 2;
+    }
     const int64_t fshape[3] = {a.E, a.N, a.K};
     QQ_TRY(input_scales(c, "scales", scales, a.q, w->ndim, fshape + (3 - w->ndim), DType::U8, false, &a.scales));
     if (a.q.blocked) blocked_batch_strides(&a.scales);
@@ -701,13 +711,29 @@ QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w, const D
     return cpu::to_decode_layout(a);
   });
 }
+}  // namespace
 
-QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x, const DLTensor* w_decode,
-                                 const qqQuantParams_t* params, const DLTensor* global_scale, const DLTensor* bias,
-                                 DLTensor* out, void* stream) {
+QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w, const DLTensor* scales,
+                                   const DLTensor* biases, const qqQuantParams_t* params, DLTensor* out,
+                                   void* stream) {
+  return to_decode_layout_api("to_decode_layout", false, handle, w, scales, biases, params, out, stream);
+}
+
+QQ_API qqStatus_t qqToDecodeLayoutGated(qqHandle_t handle, const DLTensor* w, const DLTensor* scales,
+                                        const DLTensor* biases, const qqQuantParams_t* params, DLTensor* out,
+                                        void* stream) {
+  return to_decode_layout_api("to_decode_layout_gated", true, handle, w, scales, biases, params, out, stream);
+}
+
+
+namespace {
+// qqDecodeMatmul (gated false) and qqDecodeGatedMatmul: one validation, op names its errors.
+qqStatus_t decode_matmul_api(const char* op, bool gated, int swiglu, qqHandle_t handle, const DLTensor* x,
+                             const DLTensor* w_decode, const qqQuantParams_t* params, const DLTensor* global_scale,
+                             const DLTensor* bias, DLTensor* out, void* stream) {
   set_route(QQ_ROUTE_AUTO);
-  return guard("decode_matmul", [&]() -> qqStatus_t {
-    Ctx c{"decode_matmul"};
+  return guard(op, [&]() -> qqStatus_t {
+    Ctx c{op};
     DecodeMatmulArgs a{};
     QSpec q;
     QQ_TRY(resolve_params(c, params, &q));
@@ -719,32 +745,45 @@ QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x, const DLT
     QQ_TRY(expect_float(c, "out", out, odt));
     QQ_TRY(expect_compact(c, "out", out));
     if (x->ndim < 1 || out->ndim != x->ndim)
-      return set_error(QQ_STATUS_INVALID_VALUE, "decode_matmul: 'x' must be [..., M, K] and 'out' [..., M, N] "
-                       "with the same leading axes; got x %s, out %s", shape_str(x->ndim, x->shape).c_str(),
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: 'x' must be [..., M, K] and 'out' [..., M, N] "
+                       "with the same leading axes; got x %s, out %s", op, shape_str(x->ndim, x->shape).c_str(),
                        shape_str(out->ndim, out->shape).c_str());
     a.K = x->shape[x->ndim - 1];
     a.N = out->shape[out->ndim - 1];
+    if (gated) {
+      if (swiglu != 0 && swiglu != 1)
+        return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument 'swiglu' is %d; pass 0 (out [..., M, 2F], the "
+                         "product) or 1 (out [..., M, F], SwiGLU of it)", op, swiglu);
+      a.swiglu = swiglu == 1;
+      if (a.swiglu) a.N *= 2;  // out holds F columns of the 2F-row weight
+      if (a.N % 64)
+        return set_error(QQ_STATUS_INVALID_VALUE, "%s: 'out' %s: a gated layout holds a gate/up weight [2F, K] with F "
+                         "a multiple of 32, so out's last axis must be %s", op,
+                         shape_str(out->ndim, out->shape).c_str(), a.swiglu ? "F (a multiple of 32)" :
+                         "2F (a multiple of 64)");
+      a.gated = a.N / 2;
+    }
     a.M = 1;
     for (int i = 0; i + 1 < x->ndim; ++i) {
       if (out->shape[i] != x->shape[i])
-        return set_error(QQ_STATUS_INVALID_VALUE, "decode_matmul: 'out' %s does not match 'x' %s in its leading "
-                         "axes", shape_str(out->ndim, out->shape).c_str(), shape_str(x->ndim, x->shape).c_str());
+        return set_error(QQ_STATUS_INVALID_VALUE, "%s: 'out' %s does not match 'x' %s in its leading "
+                         "axes", op, shape_str(out->ndim, out->shape).c_str(), shape_str(x->ndim, x->shape).c_str());
       a.M *= x->shape[i];
     }
     if (a.K % kDecChunkK)
-      return set_error(QQ_STATUS_INVALID_VALUE, "decode_matmul: x has K = %lld; a decode-layout weight needs K "
-                       "a multiple of %d", (long long)a.K, kDecChunkK);
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: x has K = %lld; a decode-layout weight needs K "
+                       "a multiple of %d", op, (long long)a.K, kDecChunkK);
     if (a.K > INT32_MAX || a.N > INT32_MAX || a.M > INT32_MAX)
-      return set_error(QQ_STATUS_INVALID_VALUE, "decode_matmul: M = %lld, N = %lld, K = %lld; each must be below "
-                       "2^31", (long long)a.M, (long long)a.N, (long long)a.K);
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: M = %lld, N = %lld, K = %lld; each must be below "
+                       "2^31", op, (long long)a.M, (long long)a.N, (long long)a.K);
     // x's rows: stride 1 along K, and one stride between consecutive rows across all
     // leading axes: the innermost leading axis of extent > 1 gives it, each outer one
     // of extent > 1 must step by it times the rows inside (axes of extent 1 have no
     // stride that matters).
     if (a.M > 0 && a.K > 0) {
       if (a.K > 1 && stride_of(x, x->ndim - 1) != 1)
-        return set_error(QQ_STATUS_NOT_SUPPORTED, "decode_matmul: 'x' needs stride 1 along K (make x contiguous, or "
-                         "use the packed weight)");
+        return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: 'x' needs stride 1 along K (make x contiguous, or "
+                         "use the packed weight)", op);
       a.x.ld = a.K;
       int64_t inner = 1;  // rows inside the axis being checked
       bool first = true;
@@ -754,15 +793,15 @@ QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x, const DLT
           a.x.ld = stride_of(x, i);
           first = false;
         } else if (stride_of(x, i) != a.x.ld * inner) {
-          return set_error(QQ_STATUS_NOT_SUPPORTED, "decode_matmul: the rows of 'x' %s are not evenly spaced "
-                           "across its leading axes (make x contiguous, or use the packed weight)",
+          return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the rows of 'x' %s are not evenly spaced "
+                           "across its leading axes (make x contiguous, or use the packed weight)", op,
                            shape_str(x->ndim, x->shape).c_str());
         }
         inner *= x->shape[i];
       }
       if (a.M > 1 && a.x.ld < a.K)
-        return set_error(QQ_STATUS_NOT_SUPPORTED, "decode_matmul: the rows of 'x' overlap (row stride %lld < K = "
-                         "%lld; use the packed weight)", (long long)a.x.ld, (long long)a.K);
+        return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the rows of 'x' overlap (row stride %lld < K = "
+                         "%lld; use the packed weight)", op, (long long)a.x.ld, (long long)a.K);
     }
     a.x.ptr = (char*)x->data + x->byte_offset;
     a.x.dt = xdt;
@@ -779,14 +818,28 @@ QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x, const DLT
     a.out.ptr = (char*)out->data + out->byte_offset;
     a.out.dt = odt;
     a.out.rows = a.M;
-    a.out.cols = a.N;
-    a.out.ld = a.N;
+    a.out.cols = a.out.ld = a.swiglu ? a.gated : a.N;
     a.out.device = c.device;
     if (a.M == 0 || a.N == 0) return QQ_STATUS_SUCCESS;
     if (c.device >= 0) return cuda::decode_matmul(handle, a, stream);
     return routed(cpu::decode_matmul(a), QQ_ROUTE_CPU);
   });
 }
+}  // namespace
+
+QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x, const DLTensor* w_decode,
+                                 const qqQuantParams_t* params, const DLTensor* global_scale, const DLTensor* bias,
+                                 DLTensor* out, void* stream) {
+  return decode_matmul_api("decode_matmul", false, 0, handle, x, w_decode, params, global_scale, bias, out, stream);
+}
+
+QQ_API qqStatus_t qqDecodeGatedMatmul(qqHandle_t handle, const DLTensor* x, const DLTensor* w_decode,
+                                      const qqQuantParams_t* params, const DLTensor* global_scale,
+                                      const DLTensor* bias, int swiglu, DLTensor* out, void* stream) {
+  return decode_matmul_api("decode_gated_matmul", true, swiglu, handle, x, w_decode, params, global_scale, bias, out,
+                           stream);
+}
+
 
 QQ_API qqStatus_t qqDecodeGatherQmm(qqHandle_t handle, const DLTensor* x, const DLTensor* w_decode,
                                     const DLTensor* rhs_indices, const qqQuantParams_t* params,

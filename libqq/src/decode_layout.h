@@ -223,6 +223,18 @@ inline const char* decode_unencodable(const QSpec& q) {
                                     "codes: mxfp4 2^-20 .. 2^10, mxfp8 2^-108 .. 2^16";
 }
 
+// Gated layouts (qqToDecodeLayoutGated): a gate/up weight [2F, K] (the gate's F rows,
+// then the up projection's; F a multiple of 32) is stored with each 64-row tile holding
+// gate rows 32 t .. 32 t + 31, then up rows 32 t .. 32 t + 31. One CTA of the decode kernel
+// then has both sums of an output column and applies SwiGLU where it makes them
+// (qqDecodeGatedMatmul), instead of writing [M, 2F] for a second kernel to read.
+// The weight row that layout row r holds:
+QQ_HD int64_t decode_gated_row(int64_t r, int64_t F) {
+  const int64_t t = r >> 6, j = r & 63;
+  return j < 32 ? 32 * t + j : F + 32 * t + (j - 32);
+}
+QQ_HD int64_t decode_src_row(const DecodeLayoutArgs& a, int64_t r) { return a.gated ? decode_gated_row(r, a.gated) : r; }
+
 // Number of lane slots of the conversion: 32 per fragment block, rows padded to 16
 // (the rest of the 64-row padding stays zero).
 QQ_HD int64_t decode_slots(const DecodeLayoutArgs& a) {
@@ -249,8 +261,9 @@ QQ_HD bool decode_convert_slot(const DecodeLayoutArgs& a, int64_t e, int64_t fbi
   float as[2] = {0.0f, 0.0f}, ab[2] = {0.0f, 0.0f};  // affine rows past N: zero scale and bias
   bool live[2] = {false, false};
   for (int h = 0; h < 2; ++h) {
-    const int64_t n = R * 16 + g + 8 * h;
-    if (n >= a.N) continue;
+    const int64_t r = R * 16 + g + 8 * h;  // the layout's row
+    if (r >= a.N) continue;
+    const int64_t n = decode_src_row(a, r);  // w's
     live[h] = true;
     const uint8_t* row = a.w.at<uint8_t>(e, n) + (f8 ? k0 : k0 / 2);
     for (int b = 0; b < 8; ++b) c[h] |= (uint64_t)row[b] << (8 * b);

@@ -247,6 +247,9 @@ struct DecodeLayoutArgs {
   Mat biases;  // affine: like linear scales; else ptr == nullptr
   int64_t E = 1, N = 0, K = 0;
   uint8_t* out = nullptr;  // E layouts of decode_layout_bytes(N, K, fmt) bytes, one after another
+  // qqToDecodeLayoutGated: F = N / 2 (a multiple of 32) for a gate/up weight stored with its
+  // rows interleaved (decode_layout.h, decode_gated_row); 0: rows in w's order
+  int64_t gated = 0;
 };
 // qqDecodeMatmul: out [M, N] = x [M, K] @ W^T (* nvfp4's global factor) (+ bias).
 // qqDecodeGatherQmm: the same per batch entry b of out [B..., M, N], with x's batch entry
@@ -261,6 +264,11 @@ struct DecodeMatmulArgs {
   Mat out;                     // compact [B, M, N]
   Mat gidx;                    // gather: int32 expert per batch entry (batch-only Mat); else ptr == nullptr
   int64_t B = 1, E = 1;        // batch entries of out, layouts in w
+  // qqDecodeGatedMatmul: F = N / 2 for a gated layout (0: not gated); bias is [N] in w's row
+  // order. swiglu: out is [B, M, F] = swiglu of the [M, N] product, each product value
+  // rounded to out's dtype first (what qqDecodeGatedMatmul then qqSwiglu would give).
+  int64_t gated = 0;
+  bool swiglu = false;
 };
 
 namespace cpu {

@@ -39,6 +39,7 @@ class DecodeWeight:
     mode: str
     global_scale: Optional[Array]
     shape: Tuple[int, ...]
+    gated: bool
 
 class PreparedWeight:
     quantized: QuantizedArray
@@ -90,7 +91,13 @@ def gather_qmm(x: Array, w: Union[Array, QuantizedArray, DecodeWeight], scales: 
                global_scale: Optional[Array] = None, bias: Optional[Array] = None,
                scale_layout: str = "linear", fp8_format: str = "e4m3", dtype: Any = None,
                out: Optional[Array] = None, stream: Any = None) -> Array: ...
-def prepare_decode(w: QuantizedArray, stream: Any = None) -> DecodeWeight: ...
+def quantized_matmul_swiglu(x: Array, w: Union[Array, QuantizedArray, DecodeWeight], scales: Optional[Array] = None,
+                            biases: Optional[Array] = None, group_size: Optional[int] = None,
+                            bits: Optional[int] = None, mode: str = "affine", *,
+                            global_scale: Optional[Array] = None, bias: Optional[Array] = None,
+                            scale_layout: str = "linear", fp8_format: str = "e4m3", dtype: Any = None,
+                            out: Optional[Array] = None, stream: Any = None) -> Array: ...
+def prepare_decode(w: QuantizedArray, stream: Any = None, *, gated: bool = False) -> DecodeWeight: ...
 def prepare_weight(w: Union[Array, QuantizedArray], mode: str = "nvfp4", *, global_scale: Optional[Array] = None,
                    rounding: str = "ceil", fp8_format: str = "e4m3", torch_dtypes: Union[bool, str] = True,
                    stream: Any = None) -> PreparedWeight: ...

@@ -174,6 +174,12 @@ cdef extern from "qq/qq.h" nogil:
     qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x, const DLTensor* w_decode,
                               const qqQuantParams_t* params, const DLTensor* global_scale,
                               const DLTensor* bias, DLTensor* out, void* stream)
+    qqStatus_t qqToDecodeLayoutGated(qqHandle_t handle, const DLTensor* w, const DLTensor* scales,
+                                     const DLTensor* biases, const qqQuantParams_t* params, DLTensor* out,
+                                     void* stream)
+    qqStatus_t qqDecodeGatedMatmul(qqHandle_t handle, const DLTensor* x, const DLTensor* w_decode,
+                                   const qqQuantParams_t* params, const DLTensor* global_scale,
+                                   const DLTensor* bias, int swiglu, DLTensor* out, void* stream)
 
     qqStatus_t qqDecodeGatherQmm(qqHandle_t handle, const DLTensor* x, const DLTensor* w_decode,
                                  const DLTensor* rhs_indices, const qqQuantParams_t* params,

@@ -173,6 +173,36 @@ swizzle_scales = _dispatching("swizzle_scales")
 unswizzle_scales = _dispatching("unswizzle_scales")
 
 
+def quantized_matmul_swiglu(x, w, scales=None, biases=None, group_size=None, bits=None,
+                            mode="affine", *, global_scale=None, bias=None,
+                            scale_layout="linear", fp8_format="e4m3", dtype=None, out=None,
+                            stream=None):
+    """SwiGLU of a gate/up projection: swiglu(quantized_matmul(x, w, ...)) for a w of [2F, K]
+    (the gate's F rows, then the up projection's): [..., F] = silu(x @ Wg.T) * (x @ Wu.T),
+    each product value rounded to the result's dtype first. With a DecodeWeight from
+    qq.prepare_decode(w, gated=True), one kernel makes both (qqDecodeGatedMatmul) where the
+    decode layout's kernel applies; anywhere else (any other w, prefill, the CPU's packed
+    path, torch.compile, jax.jit) the two ops run, with the same bits. Arguments as
+    quantized_matmul's (transpose=True); bias is [2F]. See docs/api.md.
+    """
+    if isinstance(w, _qq.DecodeWeight) and w.gated and not _compiling():
+        try:
+            r = _qq._decode_swiglu(x, w, scales, biases, group_size, bits, mode, global_scale, bias,
+                                   scale_layout, fp8_format, dtype, out, stream)
+        except Exception:
+            if not _jax_traced((x, bias, out), {}):
+                raise
+            r = None                    # a JAX tracer: the two ops' custom calls below
+        if r is not None:
+            return r
+    y = quantized_matmul(x, w, scales, biases, True, group_size, bits, mode,
+                         global_scale=global_scale, bias=bias, scale_layout=scale_layout,
+                         fp8_format=fp8_format, dtype=dtype, stream=stream)
+    if out is None:
+        return swiglu(y, stream=stream)
+    return swiglu(y, out=out, stream=stream)
+
+
 # QuantizedArray's sequence protocol in Python: Dynamo traces these (unpacking
 # `data, scales = qq.quantize(...)` inside a compiled function) but not the Cython methods
 # of _qq.QuantizedArray, which they replace with the same behaviour.

@@ -385,7 +385,7 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
     return out if out is not None else call.result(result)
 
 
-def prepare_decode(w, stream=None):
+def prepare_decode(w, stream=None, *, gated=False):
     """A QuantizedArray [N, K] or experts [E, N, K] (K a multiple of 256) of mode nvfp4,
     mxfp4, mxfp8 (E4M3), affine 4-bit (group_size 64 or 128) or affine 8-bit, rearranged
     into the decode layout (a DecodeWeight): qq.quantized_matmul(x, dw) then reads it at
@@ -395,6 +395,11 @@ def prepare_decode(w, stream=None):
     window over non-zero codes: mxfp4 2^-20 .. 2^10, mxfp8 2^-108 .. 2^16; an affine
     scale or bias that is not exactly a bfloat16 value): keep the packed weight then. On
     the GPU this waits for the stream once. See docs/formats.md (Decode layout).
+
+    gated=True: w is a gate/up weight [2F, K] (the gate's F rows, then the up
+    projection's; F a multiple of 32), stored so that qq.quantized_matmul_swiglu(x, dw)
+    makes silu(gate) * up in the matmul's own kernel (docs/formats.md, "Gated decode
+    layout"); qq.quantized_matmul(x, dw) still returns the [..., 2F] product.
     """
     cdef str func = "prepare_decode"
     cdef _View vw, vs, vb, vo
@@ -413,6 +418,9 @@ def prepare_decode(w, stream=None):
         raise ValueError(f"{func}: w must be a weight [N, K] or experts [E, N, K]; got shape "
                          f"{tuple(w.shape)}")
     n, k = int(w.shape[-2]), int(w.shape[-1])
+    if gated is not True and gated is not False:
+        raise TypeError(f"{func}: gated must be True or False; got {gated!r}")
+    cdef bint cgated = gated
     _quant_params(func, &p, w.mode, w.group_size, w.bits, "ceil", w.scale_layout, w.fp8_format)
     # libqq decides which modes and K the layout holds (ValueError otherwise)
     _check_as(qqDecodeLayoutSize(&p, n, k, &nbytes), "decode_layout_size", func)
@@ -427,12 +435,15 @@ def prepare_decode(w, stream=None):
         tw, ts, tb, to = _t(vw), _t(vs), _t(vb), _t(vo)
         s = call.cstream()
         with nogil:
-            st = qqToDecodeLayout(NULL, tw, ts, tb, &p, to, s)
+            if cgated:
+                st = qqToDecodeLayoutGated(NULL, tw, ts, tb, &p, to, s)
+            else:
+                st = qqToDecodeLayout(NULL, tw, ts, tb, &p, to, s)
         _check(st)
         call.finish()
     finally:
         call.release()
-    return DecodeWeight(call.result(result), w)
+    return DecodeWeight(call.result(result), w, gated)
 
 
 cdef int _decode_weight_args(str func, dw, str shape_text, scales, biases, transpose, group_size,
@@ -464,11 +475,14 @@ cdef int _check_decode_out(str func, out, tuple want) except -1:
 
 
 cdef object _decode_matmul(str func, x, dw, scales, biases, transpose, group_size, bits, mode,
-                           global_scale, bias, scale_layout, fp8_format, dtype, out, stream):
+                           global_scale, bias, scale_layout, fp8_format, dtype, out, stream,
+                           int swiglu=0):
     """quantized_matmul with a DecodeWeight: the decode layout's kernel where it applies
     (CPU: always; GPU: bfloat16 x of at most 64 rows or float16 of at most 32, compute
     capability 9.0+: libqq says, with NOT_SUPPORTED), else the packed weight it keeps
-    (prefill: its GEMM routes)."""
+    (prefill: its GEMM routes). swiglu=1 (quantized_matmul_swiglu, a gated dw): SwiGLU of
+    the product from the same kernel, [..., F]; None where libqq's kernel does not apply
+    (the caller then runs the two ops)."""
     cdef _View vx, vw, vg, vbias, vo
     cdef qqQuantParams_t p
     cdef qqStatus_t st
@@ -481,15 +495,18 @@ cdef object _decode_matmul(str func, x, dw, scales, biases, transpose, group_siz
     _decode_weight_args(func, dw, "[N, K]", scales, biases, transpose, group_size, bits, mode,
                         global_scale, scale_layout, fp8_format)
     qa = dw.quantized
+    cdef bint gated = dw.gated
     # experts: the batched packed weight; an x without .shape (only __dlpack__, or not an
     # array at all): the packed weight's path too, which reads it or says what it expected
     if len(dw.shape) == 3 or not hasattr(x, "shape"):
+        if swiglu:
+            return None
         return quantized_matmul(x, qa, bias=bias, dtype=dtype, out=out, stream=stream)
     shape = tuple(x.shape)
     if len(shape) == 0 or int(shape[-1]) != int(dw.shape[1]):
         raise ValueError(f"{func}: x has shape {shape} but the DecodeWeight is {tuple(dw.shape)} "
                          f"(x must be [..., M, K] with K = {dw.shape[1]})")
-    want = shape[:-1] + (int(dw.shape[0]),)
+    want = shape[:-1] + (int(dw.shape[0]) // (2 if swiglu else 1),)
     _check_decode_out(func, out, want)
     _quant_params(func, &p, qa.mode, qa.group_size, qa.bits, "ceil", "linear", qa.fp8_format)
     out_dtype = _dtype_arg(func, dtype)
@@ -507,7 +524,12 @@ cdef object _decode_matmul(str func, x, dw, scales, biases, transpose, group_siz
         tx, tw, tg, tbias, to = _t(vx), _t(vw), _t(vg), _t(vbias), _t(vo)
         s = call.cstream()
         with nogil:
-            st = qqDecodeMatmul(NULL, tx, tw, &p, tg, tbias, to, s)
+            if gated:
+                st = qqDecodeGatedMatmul(NULL, tx, tw, &p, tg, tbias, swiglu, to, s)
+            else:
+                st = qqDecodeMatmul(NULL, tx, tw, &p, tg, tbias, to, s)
+        if st == QQ_STATUS_NOT_SUPPORTED and swiglu:
+            return None
         if st == QQ_STATUS_NOT_SUPPORTED:
             # libqq's kernel does not apply (prefill, float32 x, an older GPU, unaligned rows):
             # the packed weight, into the result already made
@@ -520,6 +542,16 @@ cdef object _decode_matmul(str func, x, dw, scales, biases, transpose, group_siz
     finally:
         call.release()
     return out if out is not None else call.result(result)
+
+
+def _decode_swiglu(x, dw, scales, biases, group_size, bits, mode, global_scale, bias,
+                   scale_layout, fp8_format, dtype, out, stream):
+    """quantized_matmul_swiglu's one-kernel form (qq._dispatch): SwiGLU of x @ W.T from a
+    gated DecodeWeight's kernel (qqDecodeGatedMatmul), or None where it does not apply
+    (the caller then runs quantized_matmul and swiglu)."""
+    return _decode_matmul("quantized_matmul_swiglu", x, dw, scales, biases, True, group_size,
+                          bits, mode, global_scale, bias, scale_layout, fp8_format, dtype, out,
+                          stream, 1)
 
 
 cdef object _decode_gather(str func, x, dw, rhs_indices, scales, biases, transpose, group_size,
@@ -550,7 +582,8 @@ cdef object _decode_gather(str func, x, dw, rhs_indices, scales, biases, transpo
     # experts at every measured case (bench/results/gather_qmm-h100.md). An x or rhs_indices
     # without .shape (only __dlpack__, or not an array): the packed experts' path too, which
     # reads it or says what it expected.
-    if not hasattr(x, "shape") or not hasattr(rhs_indices, "shape") or (
+    # A gated layout (qq.prepare_decode(gated=True)): the packed experts, in the weight's row order.
+    if dw.gated or not hasattr(x, "shape") or not hasattr(rhs_indices, "shape") or (
             len(x.shape) >= 2 and int(x.shape[-2]) > 16):
         return gather_qmm(x, qa, rhs_indices=rhs_indices, bias=bias, dtype=dtype, out=out,
                           stream=stream)

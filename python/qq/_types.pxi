@@ -281,20 +281,22 @@ class DecodeWeight:
     docs/formats.md (Decode layout).
 
     Fields: data (uint8, the layout's bytes, on w's device), quantized (the QuantizedArray
-    it came from), mode, global_scale, shape ([N, K]).
+    it came from), mode, global_scale, shape ([N, K]), gated (True: a gate/up weight in
+    the gated layout, for qq.quantized_matmul_swiglu).
     """
-    __slots__ = ("data", "quantized", "mode", "global_scale", "shape")
+    __slots__ = ("data", "quantized", "mode", "global_scale", "shape", "gated")
 
-    def __init__(self, data, quantized):
+    def __init__(self, data, quantized, gated=False):
         self.data = data
         self.quantized = quantized
         self.mode = quantized.mode
         self.global_scale = quantized.global_scale
         self.shape = quantized.shape
+        self.gated = bool(gated)
 
     def __repr__(self):
         return (f"DecodeWeight(mode={self.mode!r}, shape={self.shape}, "
-                f"data={_array_summary(self.data)})")
+                f"{'gated=True, ' if self.gated else ''}data={_array_summary(self.data)})")
 
 
 class PreparedWeight:

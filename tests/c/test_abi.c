@@ -722,6 +722,41 @@ static int decode_affine_matches(int bits) {
 static int t_decode_affine4_matches(void) { return decode_affine_matches(4); }
 static int t_decode_affine8_matches(void) { return decode_affine_matches(8); }
 
+/* The gated layout through C: qqToDecodeLayoutGated of W [2F, K] (F = 32), then
+ * qqDecodeGatedMatmul: swiglu = 0 gives the packed weight's product bit for bit, swiglu = 1
+ * qqSwiglu of it bit for bit; a bad swiglu and a wrong out are refused by name. */
+static int t_decode_gated(void) {
+  if (!affine_weight(4)) return fail("quantize failed: %s", qqGetLastErrorMessage());
+  qqQuantParams_t p;
+  qqQuantParamsInit(&p, QQ_MODE_AFFINE);
+  static uint8_t lay[DN / 16 * (DK / 64) * 576];
+  static float x[3 * DK], y0[3 * DN], y1[3 * DN], s0[3 * DN / 2], s1[3 * DN / 2];
+  for (int i = 0; i < 3 * DK; ++i) x[i] = kRow[i % 7] * (i % 2 ? -0.25f : 0.5f);
+  int64_t qs[2] = {DN, DK / 2}, ss[2] = {DN, DK / 64}, ls[1] = {(int64_t)sizeof lay}, xs[2] = {3, DK},
+          ys[2] = {3, DN}, fs[2] = {3, DN / 2};
+  DLTensor q = tens(d_q, U8, 2, qs), sc = tens(d_sc, BF16, 2, ss), bi = tens(d_bi, BF16, 2, ss),
+           l = tens(lay, U8, 1, ls), tx = tens(x, F32, 2, xs), o0 = tens(y0, F32, 2, ys), o1 = tens(y1, F32, 2, ys),
+           f0 = tens(s0, F32, 2, fs), f1 = tens(s1, F32, 2, fs);
+  qqStatus_t st = qqToDecodeLayoutGated(NULL, &q, &sc, &bi, &p, &l, NULL);
+  if (st == QQ_STATUS_SUCCESS) st = qqDecodeGatedMatmul(NULL, &tx, &l, &p, NULL, NULL, 0, &o0, NULL);
+  if (st == QQ_STATUS_SUCCESS) st = qqQuantizedMatmul(NULL, &tx, &q, &sc, &bi, &p, 1, NULL, NULL, &o1, NULL);
+  if (st == QQ_STATUS_SUCCESS) st = qqDecodeGatedMatmul(NULL, &tx, &l, &p, NULL, NULL, 1, &f0, NULL);
+  if (st == QQ_STATUS_SUCCESS) st = qqSwiglu(NULL, &o1, &f1, NULL);
+  if (st != QQ_STATUS_SUCCESS) return fail("%s: %s", stname(st), qqGetLastErrorMessage());
+  if (memcmp(y0, y1, sizeof y0)) return fail("the gated layout's product differs from the packed weight's");
+  if (memcmp(s0, s1, sizeof s0)) return fail("the gated SwiGLU differs from qqSwiglu of the product");
+  if (!expect(qqDecodeGatedMatmul(NULL, &tx, &l, &p, NULL, NULL, 2, &f0, NULL), ST(QQ_STATUS_INVALID_VALUE),
+              "argument 'swiglu' is 2"))
+    return 0;
+  int64_t bs[2] = {3, 24};  /* F = 24: not a multiple of 32 */
+  DLTensor fb = tens(s0, F32, 2, bs);
+  if (!expect(qqDecodeGatedMatmul(NULL, &tx, &l, &p, NULL, NULL, 1, &fb, NULL), ST(QQ_STATUS_INVALID_VALUE),
+              "decode_gated_matmul: 'out'"))
+    return 0;
+  return pass("F = %d: product and SwiGLU equal the packed weight's and qqSwiglu's; bad swiglu / out refused",
+              DN / 2);
+}
+
 static const struct check kChecks[] = {
     {"qdq_no_outputs", t_qdq_no_outputs, 0},
     {"qdq_valid", t_qdq_valid, 0},
@@ -778,6 +813,7 @@ static const struct check kChecks[] = {
     {"decode_affine_fp32_scales", t_decode_affine_fp32_scales, 0},
     {"decode_affine4_matches", t_decode_affine4_matches, 0},
     {"decode_affine8_matches", t_decode_affine8_matches, 0},
+    {"decode_gated", t_decode_gated, 0},
 };
 
 static int is_asan_oom(const char* err) {

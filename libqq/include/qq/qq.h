@@ -572,6 +572,35 @@ QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x,
                                  const DLTensor* bias, DLTensor* out,
                                  void* stream);
 
+/* A gate/up weight in a gated decode layout, for qqDecodeGatedMatmul: w [2F,
+ * K*bits/8] (or experts [E, 2F, K*bits/8]) holds the gate projection's F rows,
+ * then the up projection's (F a multiple of 32), with scales and biases as for
+ * qqToDecodeLayout. The layout is qqToDecodeLayout's of w with its rows
+ * interleaved so that each 64-row tile t holds gate rows 32t .. 32t + 31, then up
+ * rows 32t .. 32t + 31 (docs/formats.md, "Gated decode layout"); same size, same
+ * refusals. Read it with qqDecodeGatedMatmul only (qqDecodeMatmul would return its
+ * columns in the interleaved order). */
+QQ_API qqStatus_t qqToDecodeLayoutGated(qqHandle_t handle, const DLTensor* w,
+                                        const DLTensor* scales,
+                                        const DLTensor* biases,
+                                        const qqQuantParams_t* params, DLTensor* out,
+                                        void* stream);
+
+/* qqDecodeMatmul on a gated layout (qqToDecodeLayoutGated of W [2F, K]):
+ * swiglu = 0: out [..., M, 2F] = x @ W^T (* nvfp4's global factor) (+ bias[2F]),
+ * columns in W's row order, as qqDecodeMatmul of the plain layout gives;
+ * swiglu = 1: out [..., M, F] = qqSwiglu of that product: silu(gate) * up in
+ * float32, each of the product's values rounded to out's dtype first, so the
+ * same bits as the product stored and then qqSwiglu, from one kernel on the GPU
+ * (its epilogue has both sums of a pair). x, params, global_scale and the GPU's
+ * conditions (NOT_SUPPORTED) as qqDecodeMatmul. */
+QQ_API qqStatus_t qqDecodeGatedMatmul(qqHandle_t handle, const DLTensor* x,
+                                      const DLTensor* w_decode,
+                                      const qqQuantParams_t* params,
+                                      const DLTensor* global_scale,
+                                      const DLTensor* bias, int swiglu,
+                                      DLTensor* out, void* stream);
+
 /* gather_qmm on experts in the decode layout: out[b..., :, :] = x[b..., :, :] @
  * W[rhs_indices[b...]]^T (* nvfp4's global factor) (+ bias[N]), as qqGatherQmm
  * (x's batch and rhs_indices' shape broadcast together; int32 indices read on

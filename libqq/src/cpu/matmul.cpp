@@ -263,10 +263,11 @@ qqStatus_t to_decode_layout(const DecodeLayoutArgs& a) {
   for (int64_t e = 0; e < a.E; ++e)
   for (int64_t t = 0; t < slots; ++t)
     if (!decode_convert_slot(a, e, t >> 5, (int)(t & 31))) {
-      const int64_t row = (t >> 5) / kfb * 16 + ((t & 31) >> 2);
+      const int64_t lr = (t >> 5) / kfb * 16 + ((t & 31) >> 2);  // the layout's row: w's rows below
+      const int64_t row = decode_src_row(a, lr), row8 = decode_src_row(a, lr + 8);
       return set_error(QQ_STATUS_NOT_SUPPORTED, "to_decode_layout: w's rows %lld / %lld near k %lld (expert "
                        "%lld) cannot be encoded in the decode layout (%s); keep the packed weight "
-                       "(docs/formats.md, Decode layout)", (long long)row, (long long)(row + 8),
+                       "(docs/formats.md, Decode layout)", (long long)row, (long long)row8,
                        (long long)((t >> 5) % kfb * fk), (long long)e, decode_unencodable(a.q));
     }
   return QQ_STATUS_SUCCESS;
@@ -299,8 +300,21 @@ qqStatus_t decode_matmul(const DecodeMatmulArgs& a) {
   const int64_t M = a.M, N = a.N, K = a.K;
   const int fmt = decode_fmt(a.q);
   const int64_t per = decode_layout_bytes(N, K, fmt);
-  std::vector<float> wd(N * K), xd(M * K), c(M * N);
-  const std::vector<float> bias = bias_f32(a.bias, N);
+  std::vector<float> wd(N * K), xd(M * K), c(M * N), cw;
+  std::vector<float> bias = bias_f32(a.bias, N);
+  // A gated layout's rows are the weight's in decode_gated_row's order: the bias is
+  // permuted into it, the product back out of it (cw, w's order). swiglu: the product
+  // rounded to out's dtype (tmp), then qqSwiglu's CPU kernel on it, as the two calls.
+  std::vector<uint8_t> tmp;
+  if (a.gated) {
+    cw.resize(M * N);
+    if (!bias.empty()) {
+      std::vector<float> bl(N);
+      for (int64_t n = 0; n < N; ++n) bl[n] = bias[decode_gated_row(n, a.gated)];
+      bias.swap(bl);
+    }
+    if (a.swiglu) tmp.resize((size_t)(M * N * dtype_size(a.out.dt)));
+  }
   // The entries in expert order (stable), so that each expert's layout is decoded once
   // however the entries interleave (decoding costs far more than an entry's product:
   // 4000 entries over 8 experts of 512 x 1024 took 17 s decoding expert by entry).
@@ -325,9 +339,27 @@ qqStatus_t decode_matmul(const DecodeMatmulArgs& a) {
     for (int64_t m = 0; m < M; ++m) load_row(xb + m * a.x.ld * dtype_size(a.x.dt), a.x.dt, K, xd.data() + m * K);
     gemm_nt(xd.data(), M, wd.data(), N, K, a.gs ? nvfp4_dec(*a.gs) : 1.0f, bias.empty() ? nullptr : bias.data(),
             c.data());
+    const float* res = c.data();
+    if (a.gated) {
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) cw[m * N + decode_gated_row(n, a.gated)] = c[m * N + n];
+      res = cw.data();
+    }
+    const int64_t No = a.swiglu ? a.gated : N;  // out's columns
     Mat o = a.out;
-    o.ptr = (char*)a.out.ptr + b * M * N * dtype_size(a.out.dt);
-    store_out(o, 0, c.data(), M, N);
+    o.ptr = (char*)a.out.ptr + b * M * No * dtype_size(a.out.dt);
+    if (!a.swiglu) {
+      store_out(o, 0, res, M, N);
+      continue;
+    }
+    o.nb = 0;
+    o.rows = M;
+    o.cols = o.ld = No;
+    Mat t = o;  // the [M, 2F] product in out's dtype
+    t.ptr = tmp.data();
+    t.cols = t.ld = N;
+    store_out(t, 0, res, M, N);
+    QQ_TRY(swiglu(t, o));
   }
   return QQ_STATUS_SUCCESS;
 }

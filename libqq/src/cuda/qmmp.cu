@@ -39,6 +39,7 @@
 #include <atomic>
 #include <cmath>
 
+#include "../act.h"
 #include "../codec.h"
 #include "../decode_layout.h"
 #include "../internal.h"
@@ -124,6 +125,10 @@ struct QP {
   int cps;      // stages per CTA of a cluster (the last ranks may get fewer, even none)
   const float* gs;
   Mat bias, out;
+  // a gated layout (qqDecodeGatedMatmul): F = N / 2, else 0; swiglu: out [Mo, F] (row
+  // stride F) holds SwiGLU of each gate / up pair of sums, which the same CTA makes
+  int gated;
+  bool swiglu;
   uint32_t mul0, mul1;  // 65 << 6, 65 << 2: kernel parameters so that ptxas keeps the multiplies (IMAD)
 };
 
@@ -541,6 +546,8 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
       int e;
       rows = item_rows(p, entry, MT * 8, &Mout, &e);
     }
+    // swiglu: the gate rows' warps (row blocks 0, 1) also take the up rows' sums (row
+    // blocks 2, 3: 32 rows further in the tile) and write the F-wide output
 #pragma unroll
     for (int t = 0; t < MW; ++t)
 #pragma unroll
@@ -562,9 +569,36 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
           if (AFF && !bad && !isfinite(v))
             v = affine_exact<FM>(p.w + expert * p.wper, p.x + (p.gidx.ptr ? p.xb.offset(e) : 0) + (int64_t)mm * p.xld,
                                  p.x16, p.K, n);
-          store_biased(p.out, p.bias, (e * p.Mo + mm) * p.N + n, n, bad ? __int_as_float(0x7fc00000) : v * alpha);
+          v = bad ? __int_as_float(0x7fc00000) : v * alpha;
+          // a gated layout: column n holds the weight's row nw; swiglu: the value as stored
+          // (biased, rounded to out's dtype) goes to red[o] for the pass below
+          const int nw = p.gated ? (int)decode_gated_row(n, p.gated) : n;
+          if (p.swiglu)
+            red[o] = round_as(p.out.dt, biased(p.bias, nw, v));
+          else
+            store_biased(p.out, p.bias, (e * p.Mo + mm) * p.N + nw, nw, v);
         }
       }
+    if (p.swiglu) {
+      // SwiGLU of each (gate, up) pair: a tile's gate rows are its row blocks 0 and 1, the
+      // up rows of the same output columns blocks 2 and 3 (32 rows further), which other
+      // warps of this CTA hold: they meet in red[] after a barrier of these 4 * RS warps
+      asm volatile("bar.sync 1, %0;" ::"r"(128 * RS) : "memory");
+      if (rb < 2)
+#pragma unroll
+        for (int t = 0; t < MW; ++t)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int o = ((rb * MT + T0 + t) * 4 + i) * 32 + lane, ou = o + 2 * MT * 4 * 32;
+            const int m = 8 * (T0 + t) + 2 * q + (i & 1), n = tile * kDecTileRows + rb * 16 + g + 8 * (i >> 1);
+            if (m < Mout && n < p.N) {
+              int64_t e;
+              const int mm = rows.of(m, &e);
+              const int nw = (int)decode_gated_row(n, p.gated);
+              store_as(p.out, (e * p.Mo + mm) * p.gated + nw, swiglu_f32(red[o], red[ou]));
+            }
+          }
+    }
   }
   cluster.sync();  // the other ranks' shared memory stays until rank 0 has read it
 #else
@@ -856,6 +890,8 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     p.gs = a.gs;
     p.bias = a.bias;
     p.out = a.out;
+    p.gated = (int)a.gated;
+    p.swiglu = a.swiglu;
     p.mul0 = 65u << 6, p.mul1 = 65u << 2;
     p.xb = a.x;
     p.gidx = a.gidx;

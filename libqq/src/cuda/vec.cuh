@@ -129,16 +129,28 @@ template <> __device__ __forceinline__ float load1<__nv_bfloat16>(const __nv_bfl
 
 // One output value of a weight-only matmul (qmv.cu, qmma.cu, qmmp.cu): + bias[n] (if
 // any), rounded once to out's dtype (RNE, as the CPU), at element i of out.
-__device__ __forceinline__ void store_biased(const Mat& out, const Mat& bias, int64_t i, int64_t n, float v) {
+// v + bias[n] (v when there is no bias), in fp32.
+__device__ __forceinline__ float biased(const Mat& bias, int64_t n, float v) {
   if (bias.ptr) {
     const void* bp = bias.ptr;
     v += bias.dt == DType::F32 ? ((const float*)bp)[n]
                                : (bias.dt == DType::BF16 ? bf16_to_f(((const uint16_t*)bp)[n])
                                                          : fp16_to_f(((const uint16_t*)bp)[n]));
   }
+  return v;
+}
+// v rounded to dtype dt and read back: the value store_biased would leave.
+__device__ __forceinline__ float round_as(DType dt, float v) {
+  return dt == DType::F32 ? v : (dt == DType::BF16 ? bf16_to_f(f_to_bf16(v)) : fp16_to_f(f_to_fp16(v)));
+}
+// out's element i = v in out's dtype (f32, bf16 or f16).
+__device__ __forceinline__ void store_as(const Mat& out, int64_t i, float v) {
   if (out.dt == DType::F32) ((float*)out.ptr)[i] = v;
   else if (out.dt == DType::BF16) ((uint16_t*)out.ptr)[i] = f_to_bf16(v);
   else ((uint16_t*)out.ptr)[i] = f_to_fp16(v);
+}
+__device__ __forceinline__ void store_biased(const Mat& out, const Mat& bias, int64_t i, int64_t n, float v) {
+  store_as(out, i, biased(bias, n, v));
 }
 __device__ __forceinline__ void store_out(const MatmulArgs& a, int64_t b, int64_t m, int64_t n, float v) {
   store_biased(a.out, a.bias, a.out.offset(b) + m * a.out.ld + n, n, v);
