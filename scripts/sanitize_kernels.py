@@ -2,7 +2,8 @@
 reduction, qmv, the quantize tile kernel of quantize_colwise / quantize_moe with affine's
 staged x^T codes, colaff_kernel's transposed tile, colq_kernel's nvfp4 factor table,
 amax), and of
-the newest kernels (dequantize's block shapes and compile-time affine widths, amax's vector kernel, swiglu, grouped_qqmm_wgrad's token quantization for one and
+the newest kernels (dequantize's block shapes and compile-time affine widths, amax's vector kernel, swiglu,
+the decode kernel's gated SwiGLU epilogue, grouped_qqmm_wgrad's token quantization for one and
 for several experts, the exact GEMM with a bias), for compute-sanitizer's racecheck,
 initcheck and memcheck:
 
@@ -146,6 +147,22 @@ for shape, sl in (((4, 2048), None), ((3, 2006), None), ((5, 2050), 2048)):
         ok = np.allclose(got, want, rtol=1e-3, atol=0) and got.shape == want.shape
         print(f"{'swiglu ' + str(shape) + ' ' + np.dtype(dt).name:40s} {'ok' if ok else 'MISMATCH'}")
         bad += not ok
+
+# the decode layout's kernel with a gated gate/up weight: SwiGLU in its epilogue (the gate
+# rows' warps meet the up rows' in shared memory after a named barrier; 4 warps, 8 at M > 32),
+# against the two ops on the GPU (qq.swiglu of the plain layout's product: the same bits);
+# N = 256 splits K over a cluster of 2, N = 8192 does not. float16 x (CuPy has no bfloat16)
+# runs twice its rows: M = 20 is the kernel's 40-row configuration (16 consumer warps)
+for (n2, k) in ((256, 512), (8192, 256)):
+    w = (rng.standard_normal((n2, k)) * 0.05).astype(np.float32)
+    for mode in ("nvfp4", "mxfp8"):
+        q = qq.quantize(dev(w), mode=mode)
+        dw, dg = qq.prepare_decode(q), qq.prepare_decode(q, gated=True)
+        for m in (1, 8, 20):
+            x = dev(rng.standard_normal((m, k)).astype(np.float16))
+            got = qq.quantized_matmul_swiglu(x, dg)
+            route = qq.last_route()
+            same(f"decode gated swiglu {mode} {(n2, k)} M={m} ({route})", got, qq.swiglu(qq.quantized_matmul(x, dw)).get())
 
 # grouped_qqmm_wgrad: one expert (colqdq: 8-byte pieces, element-wise columns, fp16 / fp32)
 # and three (seg_qdq)

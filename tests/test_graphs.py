@@ -128,6 +128,32 @@ def test_decode_gate_up_swiglu_down(mode):
     _check_graph(mlp, [x])
 
 
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp8", "affine"])
+@pytest.mark.parametrize("m", [1, 16, 40])
+def test_decode_gated_swiglu_down(mode, m):
+    """The fused MLP: quantized_matmul_swiglu on a gated gate/up weight (SwiGLU in the
+    decode kernel's epilogue), then the down matmul, which starts early on it. Eager and
+    graphed equal the two ops (matmul, qq.swiglu) run with a synchronize after each."""
+    wgu = qq.quantize(_x(1024, 512) * 0.05, mode=mode)
+    dg, dp = qq.prepare_decode(wgu, gated=True), qq.prepare_decode(wgu)
+    wd = qq.prepare_decode(qq.quantize(_x(256, 512) * 0.05, mode=mode))
+    x = _x(m, 512)
+
+    def mlp(x):
+        return qq.quantized_matmul(qq.quantized_matmul_swiglu(x, dg), wd)
+
+    gu = qq.quantized_matmul(x, dp)
+    torch.cuda.synchronize()
+    act = qq.swiglu(gu)
+    torch.cuda.synchronize()
+    want = qq.quantized_matmul(act, wd)
+    torch.cuda.synchronize()
+    assert torch.equal(qq.quantized_matmul_swiglu(x, dg), act)
+    assert qq.last_route() == "decode"
+    assert torch.equal(mlp(x), want)
+    _check_graph(mlp, [x])
+
+
 @pytest.mark.parametrize("mode", ["nvfp4", "mxfp8"])
 @pytest.mark.parametrize("m", [1, 4, 16, 64, 300])
 def test_quantized_matmul(mode, m):

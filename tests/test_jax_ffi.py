@@ -270,6 +270,18 @@ def test_quantized_matmul_decode_weight(mode, kw, rng):
     assert_same(got, qq.quantized_matmul(put(x, cpu), dw), "quantized_matmul(DecodeWeight) jit vs eager")
 
 
+def test_quantized_matmul_swiglu_gated(rng):
+    """quantized_matmul_swiglu on a gated DecodeWeight under jit: the packed weight's custom
+    call and swiglu's; on the CPU equal to the eager call (the gated layout's kernel) bit for
+    bit."""
+    cpu = jax.devices("cpu")[0]
+    x = random_data(rng, (3, 256), BF16, 32, varied=False)
+    w = random_data(rng, (128, 256), BF16, 32, varied=False)
+    dg = qq.prepare_decode(qq.quantize(put(w, cpu), mode="nvfp4"), gated=True)
+    got = jax.jit(lambda x: qq.quantized_matmul_swiglu(x, dg))(put(x, cpu))
+    assert_same(got, qq.quantized_matmul_swiglu(put(x, cpu), dg), "quantized_matmul_swiglu jit vs eager")
+
+
 @pytest.mark.parametrize("mode,kw", [("affine", {"bits": 4, "group_size": 64}), ("nvfp4", {}),
                                      ("mxfp8", {})], ids=["affine4", "nvfp4", "mxfp8"])
 def test_gather_qmm(mode, kw, dev, rng):

@@ -390,6 +390,22 @@ def test_quantized_matmul_decode_weight(mode, kw):
     check(f, x, xe, idx)
 
 
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp8"])
+def test_quantized_matmul_swiglu_gated(mode):
+    """quantized_matmul_swiglu on a gated DecodeWeight under torch.compile(fullgraph=True):
+    traced as the packed weight's quantized_matmul and qq.swiglu (the fused kernel is
+    eager), equal to the eager call; the packed QuantizedArray likewise."""
+    x = data(3, 256, dtype=torch.bfloat16)
+    w = data(128, 256, seed=1, dtype=torch.bfloat16)
+    qa = qq.quantize(w, mode=mode)
+    dg = qq.prepare_decode(qa, gated=True)
+
+    def f(x):
+        return qq.quantized_matmul_swiglu(x, dg), qq.quantized_matmul_swiglu(x, qa)
+
+    check(f, x)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_gather_qmm(device):
     """MoE decode: each token's top-2 experts from device-side indices; nvfp4 experts from a
