@@ -1137,6 +1137,8 @@ def test_gated(device, cfg, f, k, m, with_bias):
         if device == "cuda" and ((xdt == BF16 and m <= 64) or (xdt == F16 and m <= 32)):
             assert route == "decode", route
         np.testing.assert_array_equal(bits(fused), bits(want))
+        if route not in ("decode", "cpu"):
+            continue  # the packed weight's routes (their own tests bound them; they may round x to bf16)
         # against float64: swiglu of the reference product, within the product's bound carried
         # through silu(g) * u (|d/dg| <= 1.1 |u|, |d/du| <= |g|) and one rounding of each step
         ref, s = reference(x, qa, bias)
