@@ -317,7 +317,10 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
   __syncthreads();
   // The next kernel in the stream may start its own weight prefetch now (it waits
   // for this one to finish before it reads x or writes anything).
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  // Not in swiglu mode: the down projection launched this early made the gate/up + down
+  // pair slower (H200, CUDA graphs, M = 1: nvfp4 44.0 -> 47.7 us, mxfp8 57.3 -> 70.5;
+  // bench/results/qmm-decode-h100-notes.md, session t); it launches when this grid ends.
+  if (!p.swiglu) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   // consumer: row block rb of the tile, fragment blocks of parity fpar, row tiles T0 .. T0 + MW - 1
   const int rb = warp & 3, fpar = (warp >> 2) & 1, T0 = (warp >> 3) * MW, g = lane >> 2, q = lane & 3;
   float acc[MW][4];
@@ -892,6 +895,7 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     p.out = a.out;
     p.gated = (int)a.gated;
     p.swiglu = a.swiglu;
+
     p.mul0 = 65u << 6, p.mul1 = 65u << 2;
     p.xb = a.x;
     p.gidx = a.gidx;
