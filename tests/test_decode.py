@@ -1210,9 +1210,11 @@ def test_gated_special_values(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_gated_fallbacks(device):
-    """Where the gated kernel does not take the call, quantized_matmul_swiglu runs the two ops
-    with the same bits: a packed QuantizedArray, a plain DecodeWeight, 3-D x, more than 64
-    rows; gather_qmm on gated experts uses the packed experts (the weight's own order)."""
+    """quantized_matmul_swiglu gives the bits of the two ops (quantized_matmul, then swiglu)
+    for every weight form: a packed QuantizedArray, a plain DecodeWeight (two ops) and a
+    gated one, which runs the gated kernel (route "decode") on the GPU for 3-D x and one row
+    and the two ops for 80 rows (past the decode kernel's 64); also with out= of another
+    dtype than x's (the product in out's dtype, on every path)."""
     torch = torch_mod()
     f, k = 64, 256
     qa, dw, dg = gated_case("mxfp4", f, k, device)
@@ -1222,15 +1224,14 @@ def test_gated_fallbacks(device):
         want = qq.swiglu(qq.quantized_matmul(x, qa))
         for w in (qa, dw, dg):
             np.testing.assert_array_equal(bits(qq.quantized_matmul_swiglu(x, w)), bits(want))
-    # gated experts [E, 2F, K]: quantized_matmul / gather_qmm read the packed experts
-    rng = case_rng("gfb-e")
-    we = np.stack([make_weight(rng, "nvfp4", 2 * f, k) for _ in range(3)])
-    qe = qq.quantize(to_fw(we, fw), mode="nvfp4")
-    ge = qq.prepare_decode(qe, gated=True)
-    x = make_x(rng, (2, 1, k), BF16, fw)
-    idx = torch.tensor([2, 0], dtype=torch.int32, device=x.device)
-    np.testing.assert_array_equal(bits(qq.gather_qmm(x, ge, rhs_indices=idx)),
-                                  bits(qq.gather_qmm(x, qe, rhs_indices=idx)))
+        if device == "cuda":
+            assert (qq.last_route() == "decode") == (shape[-2] <= 64), (shape, qq.last_route())
+        want32 = qq.swiglu(qq.quantized_matmul(x, qa, dtype="float32"))
+        for w in (qa, dw, dg):
+            out = torch.full(shape[:-1] + (f,), float("nan"), dtype=torch.float32, device=x.device)
+            got = qq.quantized_matmul_swiglu(x, w, out=out)
+            assert got is out
+            np.testing.assert_array_equal(bits(out), bits(want32))
 
 
 def test_gated_errors():
@@ -1242,6 +1243,9 @@ def test_gated_errors():
         qq.prepare_decode(qa, gated=True)
     with pytest.raises(TypeError, match="prepare_decode: gated must be True or False"):
         qq.prepare_decode(qa, gated=1)
+    experts = quantize(np.stack([make_weight(rng, "nvfp4", 64, 256)] * 3), "nvfp4", "torch")
+    with pytest.raises(ValueError, match="to_decode_layout_gated: w holds 3 experts; a gated layout is read by"):
+        qq.prepare_decode(experts, gated=True)
     qa, _, dg = gated_case("nvfp4", 64, 256, "cpu")
     x = make_x(rng, (2, 256), BF16, "torch")
     with pytest.raises(ValueError, match=r"quantized_matmul_swiglu: argument 'out' has shape \(2, 128\); "

@@ -692,6 +692,10 @@ qqStatus_t to_decode_layout_api(const char* op, bool gated, qqHandle_t handle, c
     if (a.E > INT32_MAX)
       return set_error(QQ_STATUS_INVALID_VALUE, "%s: E = %lld experts; at most 2^31 - 1", op,
                        (long long)a.E);
+    if (gated && w->ndim == 3)
+      return set_error(QQ_STATUS_INVALID_VALUE, "%s: w holds %lld experts; a gated layout is read by "
+                       "qqDecodeGatedMatmul, which takes one weight [2F, K] (no gather reads one): convert "
+                       "experts with qqToDecodeLayout", op, (long long)a.E);
     if (gated) {
       if (a.N % 64)
         return set_error(QQ_STATUS_INVALID_VALUE, "%s: w has N = %lld rows; a gated layout holds a gate/up weight "

@@ -195,6 +195,8 @@ def quantized_matmul_swiglu(x, w, scales=None, biases=None, group_size=None, bit
             r = None                    # a JAX tracer: the two ops' custom calls below
         if r is not None:
             return r
+    if out is not None and dtype is None and hasattr(out, "dtype"):
+        dtype = out.dtype   # the product in out's dtype, as quantized_matmul(x, w, out=out) and the fused kernel
     y = quantized_matmul(x, w, scales, biases, True, group_size, bits, mode,
                          global_scale=global_scale, bias=bias, scale_layout=scale_layout,
                          fp8_format=fp8_format, dtype=dtype, stream=stream)

@@ -418,7 +418,7 @@ def prepare_decode(w, stream=None, *, gated=False):
         raise ValueError(f"{func}: w must be a weight [N, K] or experts [E, N, K]; got shape "
                          f"{tuple(w.shape)}")
     n, k = int(w.shape[-2]), int(w.shape[-1])
-    if gated is not True and gated is not False:
+    if not isinstance(gated, (bool, np.bool_)):
         raise TypeError(f"{func}: gated must be True or False; got {gated!r}")
     cdef bint cgated = gated
     _quant_params(func, &p, w.mode, w.group_size, w.bits, "ceil", w.scale_layout, w.fp8_format)
@@ -537,7 +537,7 @@ cdef object _decode_matmul(str func, x, dw, scales, biases, transpose, group_siz
                              stream=stream)
             call.finish()
             return out if out is not None else call.result(result)
-        _check_as(st, "decode_matmul", func)
+        _check_as(st, "decode_gated_matmul" if gated else "decode_matmul", func)
         call.finish()
     finally:
         call.release()

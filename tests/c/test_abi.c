@@ -722,25 +722,31 @@ static int decode_affine_matches(int bits) {
 static int t_decode_affine4_matches(void) { return decode_affine_matches(4); }
 static int t_decode_affine8_matches(void) { return decode_affine_matches(8); }
 
-/* The gated layout through C: qqToDecodeLayoutGated of W [2F, K] (F = 32), then
- * qqDecodeGatedMatmul: swiglu = 0 gives the packed weight's product bit for bit, swiglu = 1
- * qqSwiglu of it bit for bit; a bad swiglu and a wrong out are refused by name. */
+/* The gated layout through C: qqToDecodeLayoutGated of an nvfp4 W [2F, K] (F = 64: two
+ * tiles, so the layout's row order differs from W's), then qqDecodeGatedMatmul: swiglu = 0
+ * gives the packed weight's product bit for bit (columns back in W's order), swiglu = 1
+ * qqSwiglu of it bit for bit, with a bias [2F] each time; a bad swiglu, a wrong out and
+ * experts are refused by name. */
+enum { GF = 64, GN = 2 * GF, GK = 256 };
 static int t_decode_gated(void) {
-  if (!affine_weight(4)) return fail("quantize failed: %s", qqGetLastErrorMessage());
+  static float w[GN * GK], x[3 * GK], bias[GN], y0[3 * GN], y1[3 * GN], s0[3 * GF], s1[3 * GF];
+  static uint8_t q8[GN * GK / 2], sc8[GN * GK / 16], lay[GN / 16 * (GK / 64) * 576];
+  for (int i = 0; i < GN * GK; ++i) w[i] = kRow[(i * 5 + i / GK) % 8] * (1.0f + (float)(i % 11) * 0.125f);
+  for (int i = 0; i < 3 * GK; ++i) x[i] = kRow[i % 7] * (i % 2 ? -0.25f : 0.5f);
+  for (int i = 0; i < GN; ++i) bias[i] = (float)i * 0.5f;
+  int64_t ws[2] = {GN, GK}, qs[2] = {GN, GK / 2}, ss[2] = {GN, GK / 16}, ls[1] = {(int64_t)sizeof lay},
+          xs[2] = {3, GK}, bs[1] = {GN}, ys[2] = {3, GN}, fs[2] = {3, GF}, es[3] = {2, GF, GK / 2},
+          ess[3] = {2, GF, GK / 16};
+  DLTensor tw = tens(w, F32, 2, ws), q = tens(q8, U8, 2, qs), sc = tens(sc8, U8, 2, ss), l = tens(lay, U8, 1, ls),
+           tx = tens(x, F32, 2, xs), tb = tens(bias, F32, 1, bs), o0 = tens(y0, F32, 2, ys),
+           o1 = tens(y1, F32, 2, ys), f0 = tens(s0, F32, 2, fs), f1 = tens(s1, F32, 2, fs);
   qqQuantParams_t p;
-  qqQuantParamsInit(&p, QQ_MODE_AFFINE);
-  static uint8_t lay[DN / 16 * (DK / 64) * 576];
-  static float x[3 * DK], y0[3 * DN], y1[3 * DN], s0[3 * DN / 2], s1[3 * DN / 2];
-  for (int i = 0; i < 3 * DK; ++i) x[i] = kRow[i % 7] * (i % 2 ? -0.25f : 0.5f);
-  int64_t qs[2] = {DN, DK / 2}, ss[2] = {DN, DK / 64}, ls[1] = {(int64_t)sizeof lay}, xs[2] = {3, DK},
-          ys[2] = {3, DN}, fs[2] = {3, DN / 2};
-  DLTensor q = tens(d_q, U8, 2, qs), sc = tens(d_sc, BF16, 2, ss), bi = tens(d_bi, BF16, 2, ss),
-           l = tens(lay, U8, 1, ls), tx = tens(x, F32, 2, xs), o0 = tens(y0, F32, 2, ys), o1 = tens(y1, F32, 2, ys),
-           f0 = tens(s0, F32, 2, fs), f1 = tens(s1, F32, 2, fs);
-  qqStatus_t st = qqToDecodeLayoutGated(NULL, &q, &sc, &bi, &p, &l, NULL);
-  if (st == QQ_STATUS_SUCCESS) st = qqDecodeGatedMatmul(NULL, &tx, &l, &p, NULL, NULL, 0, &o0, NULL);
-  if (st == QQ_STATUS_SUCCESS) st = qqQuantizedMatmul(NULL, &tx, &q, &sc, &bi, &p, 1, NULL, NULL, &o1, NULL);
-  if (st == QQ_STATUS_SUCCESS) st = qqDecodeGatedMatmul(NULL, &tx, &l, &p, NULL, NULL, 1, &f0, NULL);
+  qqQuantParamsInit(&p, QQ_MODE_NVFP4);
+  qqStatus_t st = qqQuantize(NULL, &tw, &p, NULL, &q, &sc, NULL, NULL);
+  if (st == QQ_STATUS_SUCCESS) st = qqToDecodeLayoutGated(NULL, &q, &sc, NULL, &p, &l, NULL);
+  if (st == QQ_STATUS_SUCCESS) st = qqDecodeGatedMatmul(NULL, &tx, &l, &p, NULL, &tb, 0, &o0, NULL);
+  if (st == QQ_STATUS_SUCCESS) st = qqQuantizedMatmul(NULL, &tx, &q, &sc, NULL, &p, 1, NULL, &tb, &o1, NULL);
+  if (st == QQ_STATUS_SUCCESS) st = qqDecodeGatedMatmul(NULL, &tx, &l, &p, NULL, &tb, 1, &f0, NULL);
   if (st == QQ_STATUS_SUCCESS) st = qqSwiglu(NULL, &o1, &f1, NULL);
   if (st != QQ_STATUS_SUCCESS) return fail("%s: %s", stname(st), qqGetLastErrorMessage());
   if (memcmp(y0, y1, sizeof y0)) return fail("the gated layout's product differs from the packed weight's");
@@ -748,13 +754,17 @@ static int t_decode_gated(void) {
   if (!expect(qqDecodeGatedMatmul(NULL, &tx, &l, &p, NULL, NULL, 2, &f0, NULL), ST(QQ_STATUS_INVALID_VALUE),
               "argument 'swiglu' is 2"))
     return 0;
-  int64_t bs[2] = {3, 24};  /* F = 24: not a multiple of 32 */
-  DLTensor fb = tens(s0, F32, 2, bs);
+  int64_t bad[2] = {3, 24}; /* F = 24: not a multiple of 32 */
+  DLTensor fb = tens(s0, F32, 2, bad);
   if (!expect(qqDecodeGatedMatmul(NULL, &tx, &l, &p, NULL, NULL, 1, &fb, NULL), ST(QQ_STATUS_INVALID_VALUE),
               "decode_gated_matmul: 'out'"))
     return 0;
-  return pass("F = %d: product and SwiGLU equal the packed weight's and qqSwiglu's; bad swiglu / out refused",
-              DN / 2);
+  DLTensor eq = tens(q8, U8, 3, es), esc = tens(sc8, U8, 3, ess);
+  if (!expect(qqToDecodeLayoutGated(NULL, &eq, &esc, NULL, &p, &l, NULL), ST(QQ_STATUS_INVALID_VALUE),
+              "to_decode_layout_gated: w holds 2 experts"))
+    return 0;
+  return pass("F = %d: product and SwiGLU (with a bias) equal the packed weight's and qqSwiglu's; bad swiglu, "
+              "out and experts refused", GF);
 }
 
 static const struct check kChecks[] = {

@@ -573,13 +573,14 @@ QQ_API qqStatus_t qqDecodeMatmul(qqHandle_t handle, const DLTensor* x,
                                  void* stream);
 
 /* A gate/up weight in a gated decode layout, for qqDecodeGatedMatmul: w [2F,
- * K*bits/8] (or experts [E, 2F, K*bits/8]) holds the gate projection's F rows,
+ * K*bits/8] (one weight: experts are INVALID_VALUE) holds the gate projection's F rows,
  * then the up projection's (F a multiple of 32), with scales and biases as for
  * qqToDecodeLayout. The layout is qqToDecodeLayout's of w with its rows
  * interleaved so that each 64-row tile t holds gate rows 32t .. 32t + 31, then up
  * rows 32t .. 32t + 31 (docs/formats.md, "Gated decode layout"); same size, same
- * refusals. Read it with qqDecodeGatedMatmul only (qqDecodeMatmul would return its
- * columns in the interleaved order). */
+ * refusals. The bytes carry no mark of the order: read them with qqDecodeGatedMatmul
+ * only (qqDecodeMatmul would return the columns interleaved, and qqDecodeGatedMatmul
+ * reads a plain layout as if gated). */
 QQ_API qqStatus_t qqToDecodeLayoutGated(qqHandle_t handle, const DLTensor* w,
                                         const DLTensor* scales,
                                         const DLTensor* biases,
