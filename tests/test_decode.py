@@ -1219,15 +1219,18 @@ def test_gated_fallbacks(device):
     f, k = 64, 256
     qa, dw, dg = gated_case("mxfp4", f, k, device)
     fw = "cuda" if device == "cuda" else "torch"
+    # each form against the two ops on the weight whose sums it shares (on the GPU the packed
+    # weight's kernels and the decode layout's sum in different orders)
+    pairs = [(qa, qa), (dw, dw), (dg, dw)]
     for shape in [(2, 3, k), (80, k), (1, k)]:
         x = make_x(case_rng("gfb", shape), shape, BF16, fw)
-        want = qq.swiglu(qq.quantized_matmul(x, qa))
-        for w in (qa, dw, dg):
+        for w, ref in pairs:
+            want = qq.swiglu(qq.quantized_matmul(x, ref))
             np.testing.assert_array_equal(bits(qq.quantized_matmul_swiglu(x, w)), bits(want))
         if device == "cuda":
             assert (qq.last_route() == "decode") == (shape[-2] <= 64), (shape, qq.last_route())
-        want32 = qq.swiglu(qq.quantized_matmul(x, qa, dtype="float32"))
-        for w in (qa, dw, dg):
+        for w, ref in pairs:
+            want32 = qq.swiglu(qq.quantized_matmul(x, ref, dtype="float32"))
             out = torch.full(shape[:-1] + (f,), float("nan"), dtype=torch.float32, device=x.device)
             got = qq.quantized_matmul_swiglu(x, w, out=out)
             assert got is out
