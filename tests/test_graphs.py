@@ -106,6 +106,16 @@ def test_swiglu_then_decode_matmul(mode, m):
     assert torch.equal(got, want)
 
 
+def _synced(x, *steps):
+    """The steps applied to x one after another with a synchronize after each (no kernel
+    starts before the previous one has ended): (the second-to-last result, the last)."""
+    outs = [x]
+    for f in steps:
+        outs.append(f(outs[-1]))
+        torch.cuda.synchronize()
+    return outs[-2], outs[-1]
+
+
 @pytest.mark.parametrize("mode", ["nvfp4", "mxfp8"])
 def test_decode_gate_up_swiglu_down(mode):
     """A decode MLP: gate/up matmul (its kernel lets the next one launch before it has
@@ -118,12 +128,7 @@ def test_decode_gate_up_swiglu_down(mode):
     def mlp(x):
         return qq.quantized_matmul(qq.swiglu(qq.quantized_matmul(x, wgu)), wd)
 
-    gu = qq.quantized_matmul(x, wgu)
-    torch.cuda.synchronize()
-    act = qq.swiglu(gu)
-    torch.cuda.synchronize()
-    want = qq.quantized_matmul(act, wd)
-    torch.cuda.synchronize()
+    act, want = _synced(x, lambda x: qq.quantized_matmul(x, wgu), qq.swiglu, lambda a: qq.quantized_matmul(a, wd))
     assert torch.equal(mlp(x), want)
     _check_graph(mlp, [x])
 
@@ -142,12 +147,7 @@ def test_decode_gated_swiglu_down(mode, m):
     def mlp(x):
         return qq.quantized_matmul(qq.quantized_matmul_swiglu(x, dg), wd)
 
-    gu = qq.quantized_matmul(x, dp)
-    torch.cuda.synchronize()
-    act = qq.swiglu(gu)
-    torch.cuda.synchronize()
-    want = qq.quantized_matmul(act, wd)
-    torch.cuda.synchronize()
+    act, want = _synced(x, lambda x: qq.quantized_matmul(x, dp), qq.swiglu, lambda a: qq.quantized_matmul(a, wd))
     assert torch.equal(qq.quantized_matmul_swiglu(x, dg), act)
     assert qq.last_route() == "decode"
     assert torch.equal(mlp(x), want)
