@@ -362,8 +362,11 @@ def test_qq_linear_jit_runs_custom_calls():
 
 def test_qq_linear_falls_back_to_callbacks(monkeypatch, rng):
     """Where the handlers cannot be registered, qq_linear under jit runs host callbacks
-    (pure_callback) - and computes the same numbers."""
-    x, w, b, dy = _linear_data(rng)
+    (pure_callback) - and computes the same numbers. On the CPU device: the callbacks run
+    libqq's CPU backend, so the custom call compared with them must too (on a GPU machine
+    JAX's default device is the GPU, whose kernels sum in another order)."""
+    cpu = jax.devices("cpu")[0]
+    x, w, b = (put(a, cpu) for a in _linear_data(rng)[:3])
     want = jax.jit(lambda x, w, b: qqj.qq_linear(x, w, b, mode="mxfp8"))(x, w, b)
     monkeypatch.setattr(qj, "_status", "simulated: no handlers")
     f = jax.jit(lambda x, w, b: qqj.qq_linear(x, w, b, mode="mxfp8"))
