@@ -549,8 +549,6 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
       int e;
       rows = item_rows(p, entry, MT * 8, &Mout, &e);
     }
-    // swiglu: the gate rows' warps (row blocks 0, 1) also take the up rows' sums (row
-    // blocks 2, 3: 32 rows further in the tile) and write the F-wide output
 #pragma unroll
     for (int t = 0; t < MW; ++t)
 #pragma unroll
@@ -895,7 +893,6 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     p.out = a.out;
     p.gated = (int)a.gated;
     p.swiglu = a.swiglu;
-
     p.mul0 = 65u << 6, p.mul1 = 65u << 2;
     p.xb = a.x;
     p.gidx = a.gidx;
