@@ -8,7 +8,8 @@ bytes-over-time of the matmuls against a copy bandwidth measured in the same run
     MODES=nvfp4-decode,affine4-decode M=1 ACT=qq python bench/tune/profile_decode_step.py
 
 ACT: the SwiGLU of bench_decode's step, "qq" (qq.swiglu: one kernel; bench_decode's default
-too) or "torch" (F.silu and mul: two).
+too), "torch" (F.silu and mul: two) or "fused" (decode modes: qq.quantized_matmul_swiglu on
+the gate/up weight in the gated layout, the SwiGLU in the gate/up kernel: no kernel of its own).
 """
 import os
 import statistics
@@ -23,7 +24,7 @@ import qq  # noqa: E402
 
 LAYERS = 32
 ACT = os.environ.get("ACT", "qq")
-PLACES = ["qkv", "o", "gate/up"] + (["swiglu"] if ACT == "qq" else ["silu", "mul"]) + ["down"]
+PLACES = ["qkv", "o", "gate/up"] + {"qq": ["swiglu"], "torch": ["silu", "mul"], "fused": []}[ACT] + ["down"]
 
 
 def copy_gbps():
@@ -58,7 +59,10 @@ def main():
                                     if t is not None)
                 ql.append(qq.prepare_decode(q) if mode.endswith("-decode") else q)
             qw.append(ql)
-        step = make_step(LLAMA3_8B, qw, qq_mm_strided, ACTS[ACT])
+        gated = None
+        if ACT == "fused":  # (the gated layout: decode modes only)
+            gated = [qq.prepare_decode(ql[2].quantized, gated=True) for ql in qw]
+        step = make_step(LLAMA3_8B, qw, qq_mm_strided, ACTS[ACT], gated)
         x = torch.randn((m, LLAMA3_8B["hidden"]), dtype=torch.bfloat16, device="cuda")
         g, y = capture_graph(step, x)
         for _ in range(5):
@@ -96,7 +100,7 @@ def main():
                 line += f"  {gbps:6.0f} GB/s = {gbps / cp:.2f} of copy"
             line += f"  [{ks[PLACES.index(p)].name[:70]}]"
             print(line, flush=True)
-        del g, y, qw, step
+        del g, y, qw, step, gated
         torch.cuda.empty_cache()
 
 
