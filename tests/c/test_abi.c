@@ -759,12 +759,23 @@ static int t_decode_gated(void) {
   if (!expect(qqDecodeGatedMatmul(NULL, &tx, &l, &p, NULL, NULL, 1, &fb, NULL), ST(QQ_STATUS_INVALID_VALUE),
               "decode_gated_matmul: 'out'"))
     return 0;
+  if (!expect(qqDecodeGatedMatmul(NULL, NULL, &l, &p, NULL, NULL, 1, &f0, NULL), ST(QQ_STATUS_INVALID_VALUE),
+              "decode_gated_matmul: argument 'x'") ||
+      !expect(qqDecodeGatedMatmul(NULL, &tx, &l, &p, NULL, NULL, 1, NULL, NULL), ST(QQ_STATUS_INVALID_VALUE),
+              "decode_gated_matmul: argument 'out'") ||
+      !expect(qqDecodeGatedMatmul(NULL, &tx, NULL, &p, NULL, NULL, 1, &f0, NULL), ST(QQ_STATUS_INVALID_VALUE),
+              "'w_decode'") ||
+      !expect(qqDecodeGatedMatmul(NULL, &tx, &l, NULL, NULL, NULL, 1, &f0, NULL), ST(QQ_STATUS_INVALID_VALUE),
+              "params") ||
+      !expect(qqToDecodeLayoutGated(NULL, NULL, &sc, NULL, &p, &l, NULL), ST(QQ_STATUS_INVALID_VALUE),
+              "to_decode_layout_gated: argument 'w'"))
+    return 0;
   DLTensor eq = tens(q8, U8, 3, es), esc = tens(sc8, U8, 3, ess);
   if (!expect(qqToDecodeLayoutGated(NULL, &eq, &esc, NULL, &p, &l, NULL), ST(QQ_STATUS_INVALID_VALUE),
               "to_decode_layout_gated: w holds 2 experts"))
     return 0;
   return pass("F = %d: product and SwiGLU (with a bias) equal the packed weight's and qqSwiglu's; bad swiglu, "
-              "out and experts refused", GF);
+              "out, experts and NULL arguments refused", GF);
 }
 
 static const struct check kChecks[] = {
