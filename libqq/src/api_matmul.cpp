@@ -692,11 +692,11 @@ qqStatus_t to_decode_layout_api(const char* op, bool gated, qqHandle_t handle, c
     if (a.E > INT32_MAX)
       return set_error(QQ_STATUS_INVALID_VALUE, "%s: E = %lld experts; at most 2^31 - 1", op,
                        (long long)a.E);
-    if (gated && w->ndim == 3)
-      return set_error(QQ_STATUS_INVALID_VALUE, "%s: w holds %lld experts; a gated layout is read by "
-                       "qqDecodeGatedMatmul, which takes one weight [2F, K] (no gather reads one): convert "
-                       "experts with qqToDecodeLayout", op, (long long)a.E);
     if (gated) {
+      if (w->ndim == 3)
+        return set_error(QQ_STATUS_INVALID_VALUE, "%s: w holds %lld experts; a gated layout is read by "
+                         "qqDecodeGatedMatmul, which takes one weight [2F, K] (no gather reads one): convert "
+                         "experts with qqToDecodeLayout", op, (long long)a.E);
       if (a.N % 64)
         return set_error(QQ_STATUS_INVALID_VALUE, "%s: w has N = %lld rows; a gated layout holds a gate/up weight "
                          "[2F, K] (the gate's F rows, then the up projection's) with F a multiple of 32, so N a "
@@ -728,7 +728,6 @@ QQ_API qqStatus_t qqToDecodeLayoutGated(qqHandle_t handle, const DLTensor* w, co
                                         void* stream) {
   return to_decode_layout_api("to_decode_layout_gated", true, handle, w, scales, biases, params, out, stream);
 }
-
 
 namespace {
 // qqDecodeMatmul (gated false) and qqDecodeGatedMatmul: one validation, op names its errors.
@@ -843,7 +842,6 @@ QQ_API qqStatus_t qqDecodeGatedMatmul(qqHandle_t handle, const DLTensor* x, cons
   return decode_matmul_api("decode_gated_matmul", true, swiglu, handle, x, w_decode, params, global_scale, bias, out,
                            stream);
 }
-
 
 QQ_API qqStatus_t qqDecodeGatherQmm(qqHandle_t handle, const DLTensor* x, const DLTensor* w_decode,
                                     const DLTensor* rhs_indices, const qqQuantParams_t* params,

@@ -127,8 +127,6 @@ template <> __device__ __forceinline__ float load1<__nv_bfloat16>(const __nv_bfl
   return __bfloat162float(__ldg(p));
 }
 
-// One output value of a weight-only matmul (qmv.cu, qmma.cu, qmmp.cu): + bias[n] (if
-// any), rounded once to out's dtype (RNE, as the CPU), at element i of out.
 // v + bias[n] (v when there is no bias), in fp32.
 __device__ __forceinline__ float biased(const Mat& bias, int64_t n, float v) {
   if (bias.ptr) {
@@ -149,6 +147,8 @@ __device__ __forceinline__ void store_as(const Mat& out, int64_t i, float v) {
   else if (out.dt == DType::BF16) ((uint16_t*)out.ptr)[i] = f_to_bf16(v);
   else ((uint16_t*)out.ptr)[i] = f_to_fp16(v);
 }
+// One output value of a weight-only matmul (qmv.cu, qmma.cu, qmmp.cu): + bias[n] (if
+// any), rounded once to out's dtype (RNE, as the CPU), at element i of out.
 __device__ __forceinline__ void store_biased(const Mat& out, const Mat& bias, int64_t i, int64_t n, float v) {
   store_as(out, i, biased(bias, n, v));
 }
