@@ -56,7 +56,7 @@ from host_timing import HostBench, cpu_name  # noqa: E402
 import qq  # noqa: E402
 
 LLAMA3_8B = dict(hidden=4096, qkv=6144, inter=14336)
-SMOKE = dict(hidden=128, qkv=192, inter=256)
+SMOKE = dict(hidden=256, qkv=384, inter=256)  # K of every weight a multiple of 256 (the decode layout)
 MODES = {
     "nvfp4": dict(mode="nvfp4"),
     "mxfp4": dict(mode="mxfp4"),
@@ -135,6 +135,26 @@ def qq_mm_contig(x, qw):
     return qq.quantized_matmul(x if x.is_contiguous() else x.contiguous(), qw)
 
 
+def module_layers(weights, kw, decode_layout: bool):
+    """Per layer, the four weights as qq.torch.QuantizedLinear layers (no bias), quantized
+    by QuantizedLinear.from_linear as qq.torch.quantize_ does."""
+    import qq.torch as qqt
+    out = []
+    for lw in weights:
+        ml = []
+        for w in lw:
+            lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta", dtype=w.dtype)
+            lin.weight = torch.nn.Parameter(w, requires_grad=False)
+            ml.append(qqt.QuantizedLinear.from_linear(lin, kw["mode"], group_size=kw.get("group_size"),
+                                                      bits=kw.get("bits"), decode_layout=decode_layout))
+        out.append(ml)
+    return out
+
+
+def module_mm(x, layer):
+    return layer(x)
+
+
 def time_eager(step, x, sync, warmup, iters, reps=3) -> float:
     for _ in range(warmup):
         step(x)
@@ -208,6 +228,9 @@ def main() -> None:
                     help="comma list of the SwiGLU of the qq rows: qq (qq.swiglu), torch (F.silu * "
                          "mul, as the torch peer), fused (qq.quantized_matmul_swiglu on a gated "
                          "gate/up weight; decode-layout modes only); column 'act'")
+    ap.add_argument("--module", action="store_true",
+                    help="also run each mode's step through qq.torch.QuantizedLinear layers (rows with impl "
+                         "'module'; decode_layout=True for the -decode modes)")
     ap.add_argument("--no-graph", action="store_true")
     ap.add_argument("--budget-s", type=float, default=200.0,
                     help="start no new mode after this many seconds (the rows so far are kept)")
@@ -353,11 +376,8 @@ def main() -> None:
                 sync()
             except Exception as e:  # noqa: BLE001
                 notes.append(f"{mode}: the gated gate/up layout failed: {short(e)}")
-        for act in acts:
-            if act == "fused" and gated is None:
-                continue  # (packed weights: the two ops; the decode layout only)
-            step = make_step(cfg, qweights, mm, ACTS[act], gated if act == "fused" else None)
-            common = dict(layers=n_layers, weight_bytes=qbytes, attn_x=x_note, act=act)
+        def measure(step, common) -> bool:
+            """Eager and graphed rows of `step` at every M; True when the CUDA context died."""
             for m in ms:
                 x = xs[m]
                 try:
@@ -368,8 +388,7 @@ def main() -> None:
                     for peer, pv in (("torch_bf16", peer_eager[m]), ("limit", lim)):
                         bench.row("decode_step", mode, [m], "us", 0.0, peer, pv, graph=False, error=err, **common)
                     if device == "cuda" and not cuda_ok():
-                        dead = True
-                        break
+                        return True
                     continue
                 tps = round(m * 1e6 / us, 1)
                 bench.row("decode_step", mode, [m], "us", us, "torch_bf16", peer_eager[m], graph=False,
@@ -385,18 +404,38 @@ def main() -> None:
                     for peer, pv in (("torch_bf16_graph", peer_graph.get(m, 0.0)), ("limit", lim)):
                         bench.row("decode_step", mode, [m], "us", 0.0, peer, pv, graph=True, error=err, **common)
                     if not cuda_ok():
-                        dead = True
                         notes.append(f"{mode} M={m}: the CUDA context failed after the graph error; "
                                      f"later points were not run.")
-                        break
+                        return True
                     continue
                 gtps = round(m * 1e6 / gus, 1)
                 if m in peer_graph:
                     bench.row("decode_step", mode, [m], "us", gus, "torch_bf16_graph", peer_graph[m], graph=True,
                               tokens_per_s=gtps, **common)
                 bench.row("decode_step", mode, [m], "us", gus, "limit", lim, graph=True, tokens_per_s=gtps, **common)
+            return False
+
+        step = None
+        for act in acts:
+            if act == "fused" and gated is None:
+                continue  # (packed weights: the two ops; the decode layout only)
+            step = make_step(cfg, qweights, mm, ACTS[act], gated if act == "fused" else None)
+            dead = measure(step, dict(layers=n_layers, weight_bytes=qbytes, attn_x=x_note, act=act))
             if dead:
                 break
+        if args.module and not dead:
+            # the same weights through qq.torch.QuantizedLinear layers, as a model converted by
+            # qq.torch.quantize_ runs them (decode_layout=True for the -decode modes)
+            gated = step = mods = None
+            try:
+                mods = module_layers(weights, kw, mode.endswith("-decode"))
+                step = make_step(cfg, mods, module_mm, qq.swiglu)
+                dead = measure(step, dict(layers=n_layers, weight_bytes=qbytes, attn_x="strided", act="qq",
+                                          impl="module"))
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                notes.append(f"{mode}: the QuantizedLinear rows failed: {short(e)}")
+            del mods
         del step, qweights
         gc.collect()
         if device == "cuda" and not dead:
@@ -406,18 +445,19 @@ def main() -> None:
 
     # short table: one line per (mode, M, graph)
     print(f"\ndecode step, {n_layers} layers ({time.perf_counter() - t_start:.0f} s total)")
-    print(f"{'mode':>14} {'act':>5} {'M':>3} {'graph':>5} {'us/step':>9} {'torch us':>9} {'vs torch':>8} "
+    print(f"{'mode':>14} {'act':>6} {'M':>3} {'graph':>5} {'us/step':>9} {'torch us':>9} {'vs torch':>8} "
           f"{'limit us':>9} {'of limit':>8}  error")
     by_key: dict = {}
     for r in bench.rows:
-        by_key.setdefault((r["mode"], r.get("act", ""), r["shape"][0], r["graph"]), []).append(r)
+        act = (r.get("act") or "") + ("/mod" if r.get("impl") == "module" else "")
+        by_key.setdefault((r["mode"], act, r["shape"][0], r["graph"]), []).append(r)
     for (mode, act, m, g), rows in by_key.items():
         us = rows[0]["value"]
         tp = next((r for r in rows if r["peer"].startswith("torch")), None)
         lp = next((r for r in rows if r["peer"] == "limit"), None)
         err = rows[0].get("error", "")
         torch_us = peer_graph.get(m, 0.0) if g else peer_eager.get(m, 0.0)
-        print(f"{mode:>14} {act:>5} {m:>3} {str(g):>5} {us:9.1f} {torch_us:9.1f} "
+        print(f"{mode:>14} {act:>6} {m:>3} {str(g):>5} {us:9.1f} {torch_us:9.1f} "
               f"{(tp['ratio'] if tp else torch_us / us if us else 0):8.2f} "
               f"{(lp['peer_value'] if lp else 0):9.1f} {(lp['ratio'] if lp else 0):8.2f}  {err}")
     if dead:

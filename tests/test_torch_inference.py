@@ -149,6 +149,100 @@ def test_state_dict_round_trip(mode, kw, tmp_path):
         assert torch.equal(fresh.state_dict()[k], v), k
 
 
+def _spy_matmul(monkeypatch):
+    """The weights qq.quantized_matmul receives (so a test sees which form a layer ran)."""
+    seen = []
+    real = qq.quantized_matmul
+
+    def spy(x, w, *a, **k):
+        seen.append(w)
+        return real(x, w, *a, **k)
+    monkeypatch.setattr(qq, "quantized_matmul", spy)
+    return seen
+
+
+@pytest.mark.parametrize("mode,kw", MODES, ids=IDS)
+def test_decode_layout_cpu_runs_packed(mode, kw, monkeypatch):
+    """On the CPU a decode_layout layer runs its packed weight (the CPU's faster path)."""
+    torch.manual_seed(2)
+    lin = nn.Linear(256, 128).to(torch.bfloat16)
+    packed = qqt.QuantizedLinear.from_linear(lin, mode, **kw)
+    fast = qqt.QuantizedLinear.from_linear(lin, mode, decode_layout=True, **kw)
+    assert "decode_layout=True" in repr(fast) and torch.equal(fast.weight, packed.weight)
+    seen = _spy_matmul(monkeypatch)
+    x = torch.randn(3, 256, dtype=torch.bfloat16)
+    assert torch.equal(fast(x), packed(x))
+    assert seen[0] is fast.weight and fast._decode is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,kw", MODES, ids=IDS)
+def test_decode_layout(mode, kw, monkeypatch):
+    d = dev("cuda")
+    torch.manual_seed(2)
+    lin = nn.Linear(256, 128).to(d, torch.bfloat16)
+    fast = qqt.QuantizedLinear.from_linear(lin, mode, decode_layout=True, **kw)
+    seen = _spy_matmul(monkeypatch)
+    for rows in (1, 5, 80):  # 80 rows: more than the decode kernel takes (its packed weight runs)
+        x = torch.randn(rows, 256, dtype=torch.bfloat16, device=d)
+        seen.clear()
+        y = fast(x)
+        assert len(seen) == 1 and isinstance(seen[0], qq.DecodeWeight)
+        dw = seen[0]
+        assert dw is fast._decode[1]  # built once, kept
+        assert torch.equal(y, qq.quantized_matmul(x, dw, bias=fast.bias))
+        msg = R.matmul_mismatch(np_of(y), R.quantized_matmul(np_of(x), ref_weight(fast), bias=np_of(fast.bias)))
+        assert msg is None, msg
+    # new buffers (load_state_dict copies in place: the versions change): the layout is rebuilt
+    torch.manual_seed(3)
+    other = qqt.QuantizedLinear.from_linear(nn.Linear(256, 128).to(d, torch.bfloat16), mode, **kw)
+    fast.load_state_dict(other.state_dict())
+    x = torch.randn(2, 256, dtype=torch.bfloat16, device=d)
+    y = fast(x)
+    assert seen[-1] is not dw and seen[-1] is fast._decode[1]
+    msg = R.matmul_mismatch(np_of(y), R.quantized_matmul(np_of(x), ref_weight(other), bias=np_of(other.bias)))
+    assert msg is None, msg
+    fast.to(torch.float16)  # a cast drops the cache
+    assert fast._decode is None
+
+
+@pytest.mark.gpu
+def test_decode_layout_refused_weight_stays_packed(caplog, monkeypatch):
+    d = dev("cuda")
+    torch.manual_seed(4)
+    lin = nn.Linear(64, 32).to(d, torch.bfloat16)  # K = 64: not a multiple of the layout's 256
+    fast = qqt.QuantizedLinear.from_linear(lin, "nvfp4", decode_layout=True)
+    packed = qqt.QuantizedLinear.from_linear(lin, "nvfp4")
+    seen = _spy_matmul(monkeypatch)
+    x = torch.randn(3, 64, dtype=torch.bfloat16, device=d)
+    with caplog.at_level(logging.WARNING, logger="qq.torch"):
+        y = fast(x)
+        fast(x)
+    warned = [r.getMessage() for r in caplog.records if "decode layout refuses" in r.getMessage()]
+    assert len(warned) == 1 and "multiple of 256" in warned[0]  # once, with libqq's reason
+    assert all(w is fast.weight for w in seen) and fast._decode[1] is None
+    assert torch.equal(y, packed(x))
+
+
+def test_decode_layout_choices(tmp_path):
+    raises(ValueError, ["QuantizedLinear", "decode_layout", "weight_only"], qqt.QuantizedLinear, 256, 16,
+           mode="mxfp8", weight_only=False, decode_layout=True)
+    raises(ValueError, ["quantize_", "decode_layout"], qqt.quantize_, nn.Sequential(nn.Linear(256, 16)),
+           mode="mxfp8", weight_only=False, decode_layout=True)
+    model = nn.Sequential(nn.Linear(256, 64), nn.Linear(64, 16)).to(torch.bfloat16)
+    qqt.quantize_(model, mode="mxfp8", decode_layout=True)
+    assert all(m.decode_layout for m in model)
+    assert not any(k.startswith("_decode") for k in model.state_dict())  # not part of the state
+    path = tmp_path / "m.safetensors"
+    qqt.save_quantized(model, path)
+    for flag in (False, True):
+        fresh = nn.Sequential(nn.Linear(256, 64), nn.Linear(64, 16)).to(torch.bfloat16)
+        qqt.load_quantized(fresh, path, decode_layout=flag)
+        assert all(m.decode_layout == flag for m in fresh)
+        x = torch.randn(2, 256, dtype=torch.bfloat16)
+        assert torch.equal(fresh[0](x), model[0](x)) if flag else True
+
+
 def test_dtype_cast_keeps_global_scale_float32():
     layer = qqt.QuantizedLinear.from_linear(nn.Linear(32, 16), "nvfp4")
     gs = layer.weight_global_scale.clone()
@@ -182,6 +276,23 @@ def test_torch_compile(weight_only, device):
     assert torch.equal(compiled(x), eager)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_decode_layout(device):
+    """Under torch.compile a decode_layout layer traces its packed weight: no graph break,
+    the packed layer's eager bits."""
+    d = dev(device)
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(256, 64), nn.GELU(), nn.Linear(64, 16)).to(d, torch.bfloat16)
+    twin = nn.Sequential(nn.Linear(256, 64), nn.GELU(), nn.Linear(64, 16)).to(d, torch.bfloat16)
+    twin.load_state_dict(model.state_dict())
+    qqt.quantize_(model, mode="nvfp4", decode_layout=True)
+    qqt.quantize_(twin, mode="nvfp4")
+    x = torch.randn(3, 256, dtype=torch.bfloat16, device=d)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    assert torch.equal(compiled(x), twin(x))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["nvfp4", "mxfp8"])
 def test_cuda_graph(mode):
@@ -208,3 +319,31 @@ def test_cuda_graph(mode):
     torch.cuda.synchronize()
     assert torch.equal(y, model(x))
     assert not torch.equal(y, eager)  # the replay read the new x
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,kw", [("nvfp4", {}), ("affine", {"bits": 4})], ids=["nvfp4", "affine4"])
+def test_cuda_graph_decode_layout(mode, kw, monkeypatch):
+    """Warm-up builds the decode layout; the captured graph runs the decode kernel on it."""
+    d = dev("cuda")
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(256, 512), nn.Linear(512, 256)).to(d, torch.bfloat16)
+    qqt.quantize_(model, mode=mode, decode_layout=True, **kw)
+    x = torch.randn(1, 256, dtype=torch.bfloat16, device=d)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            model(x)
+    torch.cuda.current_stream().wait_stream(s)
+    assert all(isinstance(m._decode[1], qq.DecodeWeight) for m in model)
+    seen = _spy_matmul(monkeypatch)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, capture_error_mode="thread_local"):
+        y = model(x)
+    assert len(seen) == 2 and all(isinstance(w, qq.DecodeWeight) for w in seen)
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    h = qq.quantized_matmul(x, model[0]._decode[1], bias=model[0].bias)
+    assert torch.equal(y, qq.quantized_matmul(h, model[1]._decode[1], bias=model[1].bias))
