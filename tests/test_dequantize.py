@@ -127,6 +127,19 @@ def test_every_code_and_scale(cfg, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("gs", [3.4028235e38, 1.5e38, 1e-30, 3e-8, 2688.0])
+def test_nvfp4_global_scale_extremes(gs, device):
+    """Every nvfp4 code against every scale byte with global scales across the valid range
+    (1e-30 .. fp32's max): (elem * scale) * (gs / 2688) rounding to Inf in bfloat16 (4 values
+    at the largest gs) and float16, into float16's subnormals (3e-8), and a factor of exactly
+    1 (gs 2688); fp32 products stay normal at every valid gs. The GPU forms elem * scale in
+    bf16x2, then scales in fp32: it must round as the CPU does."""
+    codes = np.tile(np.arange(16, dtype=np.uint8), (256, 1))
+    scales = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 1, axis=1)
+    check_dequantize(device, R.pack(codes, 4), scales, mode="nvfp4", global_scale=np.array(gs, F32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_known_values(device):
     """mxfp8 0x38 (1.0) with byte 128 -> 2.0; nvfp4 code 7 (6) with 0x23 (0.171875) ->
     1.03125; mxfp4 code 1 (0.5) with byte 0 (2^-127) -> 2^-128: a float32 subnormal, exact
