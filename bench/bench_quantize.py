@@ -153,6 +153,12 @@ def main() -> None:
             us_dq = timer(lambda: qq.dequantize(q, dtype=torch.bfloat16), dq_moved)
             bench.row("dequantize", mode, shape, "GBps", dq_moved / (us_dq * 1e-6) / 1e9, "copy", copy_gbps,
                       us=round(us_dq, 2))
+            if mode == "nvfp4":  # with a global scale, as nvfp4 checkpoints have (variant "global_scale")
+                qg = qq.quantize(x, mode=qmode, scale_layout=layout, global_scale=qq.amax(x))
+                us_g = timer(lambda: qq.dequantize(qg, dtype=torch.bfloat16), dq_moved + 4)
+                bench.row("dequantize", mode, shape, "GBps", (dq_moved + 4) / (us_g * 1e-6) / 1e9, "copy",
+                          copy_gbps, us=round(us_g, 2), variant="global_scale")
+                del qg
     # ---- the other orientation (scales per group of rows), and both from one read
     for shape in (SHAPES[:2] if want("colwise") else []):
         x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
