@@ -138,13 +138,16 @@ def test_torch_model_save_load(tmp_path):
     raises(ValueError, ["load_quantized", "3"], qqt.load_quantized, nn.Sequential(nn.Linear(64, 64)), path)
 
 
-def test_example_runs():
-    """examples/python/quantized_model.py (the README's end-to-end example) runs on the CPU."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_example_runs(device):
+    """examples/python/quantized_model.py (the README's end-to-end example) runs; on CUDA
+    also its decode-layout CUDA graph section."""
     pytest.importorskip("torch")
     import pathlib
     import subprocess
     import sys
     ex = pathlib.Path(__file__).resolve().parents[1] / "examples" / "python" / "quantized_model.py"
-    r = subprocess.run([sys.executable, str(ex), "cpu"], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, str(ex), device], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "same outputs" in r.stdout
+    assert ("CUDA graph replay: same outputs" in r.stdout) == (device == "cuda")
