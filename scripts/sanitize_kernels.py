@@ -116,13 +116,15 @@ for kw in ({"mode": "mxfp8"}, {"group_size": 32, "bits": 3}):
         same(f"mm quantized_matmul {kw.get('mode', 'affine3')} 2048x1024 M={m} ({route})", got,
              qq.quantized_matmul(x, wq))
 
-# dequantize: every mode; affine 4 / 8 bits (the compile-time-width kernel) and 3 bits (the
+# dequantize: every mode (nvfp4 with and without a global scale); affine 4 / 8 bits (the compile-time-width kernel) and 3 bits (the
 # run-time one); rows of 640 chunks (one 160-thread block), 28 (a 32-thread block with
 # threads idle), 1288 (two 224-thread blocks of 3 chunks a thread, the row ending inside a
 # thread's chunks) and 1028 (three 128-thread blocks of 3); bf16, fp32 and fp16 results
 for shape in [(6, 5120), (5, 224), (3, 10304), (3, 8224)]:
     x = rng.standard_normal(shape).astype(np.float32)
-    for kw in ({"mode": "nvfp4"}, {"mode": "mxfp4"}, {"mode": "mxfp8"}, {"group_size": 32, "bits": 4},
+    gs = float(np.abs(x).max())
+    for kw in ({"mode": "nvfp4"}, {"mode": "nvfp4", "global_scale": gs}, {"mode": "mxfp4"}, {"mode": "mxfp8"},
+               {"group_size": 32, "bits": 4},
                {"group_size": 64, "bits": 8} if shape[1] % 64 == 0 else {"group_size": 32, "bits": 8},
                {"group_size": 32, "bits": 3}):
         wq, wq_d = qq.quantize(x, **kw), qq.quantize(dev(x), **kw)

@@ -230,17 +230,25 @@ def test_decode_layout_choices(tmp_path):
     raises(ValueError, ["quantize_", "decode_layout"], qqt.quantize_, nn.Sequential(nn.Linear(256, 16)),
            mode="mxfp8", weight_only=False, decode_layout=True)
     model = nn.Sequential(nn.Linear(256, 64), nn.Linear(64, 16)).to(torch.bfloat16)
+    twin = nn.Sequential(nn.Linear(256, 64), nn.Linear(64, 16)).to(torch.bfloat16)
+    twin.load_state_dict(model.state_dict())
     qqt.quantize_(model, mode="mxfp8", decode_layout=True)
-    assert all(m.decode_layout for m in model)
-    assert not any(k.startswith("_decode") for k in model.state_dict())  # not part of the state
+    qqt.quantize_(twin, mode="mxfp8")
+    assert all(m.decode_layout for m in model) and not any(m.decode_layout for m in twin)
+    assert model.state_dict().keys() == twin.state_dict().keys()  # the flag adds no state
     path = tmp_path / "m.safetensors"
     qqt.save_quantized(model, path)
+    x = torch.randn(2, 256, dtype=torch.bfloat16)
     for flag in (False, True):
         fresh = nn.Sequential(nn.Linear(256, 64), nn.Linear(64, 16)).to(torch.bfloat16)
         qqt.load_quantized(fresh, path, decode_layout=flag)
         assert all(m.decode_layout == flag for m in fresh)
-        x = torch.randn(2, 256, dtype=torch.bfloat16)
-        assert torch.equal(fresh[0](x), model[0](x)) if flag else True
+        assert torch.equal(fresh(x), twin(x))  # the CPU runs the packed weight either way
+    # pickling / deepcopy carry the state, not the caches
+    import copy
+    model[0]._decode = ("key", "a cache")
+    clone = copy.deepcopy(model)
+    assert clone[0]._decode is None and model[0]._decode == ("key", "a cache")
 
 
 def test_dtype_cast_keeps_global_scale_float32():
@@ -319,6 +327,81 @@ def test_cuda_graph(mode):
     torch.cuda.synchronize()
     assert torch.equal(y, model(x))
     assert not torch.equal(y, eager)  # the replay read the new x
+
+
+def _warm_up(model, x):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            model(x)
+    torch.cuda.current_stream().wait_stream(s)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_decode_layout_capture_first(caplog, monkeypatch):
+    """A capture before any eager call: the packed weights run in the graph (the layout
+    cannot be built there), with one warning per layer."""
+    d = dev("cuda")
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Linear(256, 256), nn.Linear(256, 256)).to(d, torch.bfloat16)
+    twin = nn.Sequential(nn.Linear(256, 256), nn.Linear(256, 256)).to(d, torch.bfloat16)
+    twin.load_state_dict(model.state_dict())
+    qqt.quantize_(model, mode="nvfp4", decode_layout=True)
+    qqt.quantize_(twin, mode="nvfp4")
+    x = torch.randn(1, 256, dtype=torch.bfloat16, device=d)
+    _warm_up(twin, x)  # libqq's own first-call setup, outside the capture
+    seen = _spy_matmul(monkeypatch)
+    g = torch.cuda.CUDAGraph()
+    with caplog.at_level(logging.WARNING, logger="qq.torch"):
+        with torch.cuda.graph(g, capture_error_mode="thread_local"):
+            y = model(x)
+        g2 = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g2, capture_error_mode="thread_local"):
+            model(x)
+    assert [type(w) for w in seen] == [torch.Tensor] * 4  # the packed buffers
+    warned = [r for r in caplog.records if "before this CUDA graph capture" in r.getMessage()]
+    assert len(warned) == 2  # once per layer, not per capture
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, twin(x))
+    assert all(m._decode is None for m in model)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_decode_layout_weights_update():
+    """New weights after capture (load_state_dict: in place) reach the graph's replays once
+    an eager call has rebuilt the layout, which goes into the captured layout's storage;
+    writes through .data need invalidate_caches()."""
+    d = dev("cuda")
+    torch.manual_seed(8)
+    lin = [nn.Linear(256, 128).to(d, torch.bfloat16) for _ in range(3)]
+    layer = qqt.QuantizedLinear.from_linear(lin[0], "nvfp4", decode_layout=True)
+    other = [qqt.QuantizedLinear.from_linear(m, "nvfp4", decode_layout=True) for m in lin[1:]]
+    x = torch.randn(1, 256, dtype=torch.bfloat16, device=d)
+    _warm_up(layer, x)
+    dw = layer._decode[1]
+    ptr = dw.data.data_ptr()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, capture_error_mode="thread_local"):
+        y = layer(x)
+    layer.load_state_dict(other[0].state_dict())
+    want = other[0](x)
+    assert torch.equal(layer(x), want)  # the eager call rebuilds the layout ...
+    assert layer._decode[1] is dw and dw.data.data_ptr() == ptr  # ... into the captured storage
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, want)
+    # writes the version counters do not see
+    with torch.no_grad():
+        for name in ("weight", "weight_scales", "weight_global_scale"):
+            getattr(layer, name).data.copy_(getattr(other[1], name))
+    assert torch.equal(layer(x), want)  # stale: documented
+    layer.invalidate_caches()
+    assert torch.equal(layer(x), other[1](x))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, other[1](x))
 
 
 @pytest.mark.gpu

@@ -546,6 +546,20 @@ def _inference_params(func: str, mode: str, group_size, bits, weight_only: bool,
     return (g if group_size is None else int(group_size)), (b if bits is None else int(bits))
 
 
+def _refreshed(old, new, field: str):
+    """`new` (a qq.DecodeWeight or PreparedWeight), or `old` holding new's bytes: when the
+    tensors named `field` of both have one shape, dtype and device, new's are copied into
+    old's storage (stream-ordered), so that a CUDA graph captured on `old` reads the new
+    weights."""
+    a = None if old is None else getattr(old, field)
+    b = getattr(new, field)
+    if a is None or b is None or a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+        return new
+    a.copy_(b)
+    old.quantized, old.global_scale = new.quantized, new.global_scale
+    return old
+
+
 class QuantizedLinear(nn.Module):
     """Inference linear layer holding a packed quantized weight: y = x @ W^T + bias with W
     = dequantize(weight), through qq.quantized_matmul (weight_only=True: x stays in its
@@ -561,15 +575,20 @@ class QuantizedLinear(nn.Module):
     change; not part of the state).
 
     decode_layout=True (weight-only, CUDA): the layer also keeps its weight in the decode
-    layout (qq.prepare_decode: the decode kernel's, up to 1.5x faster per token than the
-    packed weight's routes at the decode shapes, for as much memory again as the packed
-    weight), built at the first eager call on a CUDA device and rebuilt when the buffers
-    change; not part of the state. quantized_matmul then takes it, and its packed weight
-    where the decode kernel does not apply (more rows, float32 x, older GPUs). A weight the
-    layout refuses (K not a multiple of 256, affine 2/3/5/6-bit or group 32, a scale it
-    cannot encode) stays packed, with one WARNING on the logger "qq.torch". The packed
-    weight runs on the CPU (whose matmul reads the packed layout faster), under
-    torch.compile, and inside a CUDA graph capture before any eager call built the layout."""
+    layout (qq.prepare_decode: the decode kernel's, faster per token than the packed
+    weight's routes at decode sizes, for as much memory again as the packed weight), built
+    at the first eager call on a CUDA device; not part of the state. quantized_matmul then
+    takes it, and its packed weight where the decode kernel does not apply (more rows,
+    float32 x, older GPUs). A weight qq.prepare_decode refuses stays packed, with one
+    WARNING on the logger "qq.torch". The packed weight runs on the CPU (whose matmul reads
+    the packed layout faster), under torch.compile, and inside a CUDA graph capture before
+    any eager call built the layout.
+
+    The caches (the decode layout, the prepared weight) follow the buffers' storage and
+    version counters: an eager call after load_state_dict or an in-place op on a buffer
+    rebuilds them, into their own storage where the shapes allow, so a CUDA graph captured
+    earlier reads the new weights from its next replay after that call. Writes the counters
+    do not see (through `.data`, DLPack, another library) need invalidate_caches()."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, mode: str = "nvfp4",
                  group_size: Optional[int] = None, bits: Optional[int] = None, weight_only: bool = True,
@@ -596,6 +615,7 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
         self._prepared = None  # (key, qq.PreparedWeight): weight_only=False, eager
         self._decode = None    # (key, qq.DecodeWeight or None): decode_layout=True, eager
+        self._capture_warned = False
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, mode: str = "nvfp4", *, group_size: Optional[int] = None,
@@ -648,27 +668,49 @@ class QuantizedLinear(nn.Module):
         return qq.QuantizedArray(self.weight, self.weight_scales, self.weight_biases, mode=self.mode,
                                  group_size=self.group_size, bits=self.bits, global_scale=self.weight_global_scale)
 
+    def invalidate_caches(self) -> None:
+        """Mark the weight caches stale: the next eager call rebuilds them (into their own
+        storage where the shapes allow, as after load_state_dict). Call it after writing
+        the buffers in a way torch's version counters do not see: through `.data`, DLPack
+        or another library."""
+        if self._prepared is not None:
+            self._prepared = (None, self._prepared[1])
+        if self._decode is not None:
+            self._decode = (None, self._decode[1])
+
+    def __getstate__(self):
+        # pickling and deepcopy carry the state, not the caches (device memory, rebuilt on use)
+        state = self.__dict__.copy()
+        state["_prepared"] = state["_decode"] = None
+        return state
+
     def _prepared_weight(self):
         """qq.prepare_weight's form of the weight, cached while the buffers are unchanged."""
         key = self._key()
-        if self._prepared is None or self._prepared[0] != key:
-            self._prepared = (key, qq.prepare_weight(self._quantized()))
+        c = self._prepared
+        if c is None or c[0] != key:
+            new = qq.prepare_weight(self._quantized())
+            self._prepared = (key, _refreshed(c and c[1], new, "values"))
         return self._prepared[1]
 
     def _decode_weight(self):
         """The weight in the decode layout (qq.prepare_decode), cached while the buffers are
-        unchanged; None where the layout refuses it or a CUDA graph is being captured
-        (prepare_decode waits for its stream once, which a capture does not allow)."""
+        unchanged; None where the layout refuses it or a CUDA graph is being captured with
+        no current layout (prepare_decode waits for its stream once, which a capture does
+        not allow)."""
         key = self._key()
-        if self._decode is not None and self._decode[0] == key:
-            return self._decode[1]
-        if self.weight.is_cuda and torch.cuda.is_current_stream_capturing():
-            _log.warning("QuantizedLinear(decode_layout=True): no eager call built the decode layout before "
-                         "this CUDA graph capture; the packed weight runs in the graph (warm up before "
-                         "capturing)")
+        c = self._decode
+        if c is not None and c[0] == key:
+            return c[1]
+        if self._buffers["weight"].is_cuda and torch.cuda.is_current_stream_capturing():
+            if not self._capture_warned:
+                self._capture_warned = True
+                _log.warning("QuantizedLinear(%d -> %d, decode_layout=True): no eager call built the decode "
+                             "layout of the current weights before this CUDA graph capture; the packed weight "
+                             "runs in the graph (warm up before capturing)", self.in_features, self.out_features)
             return None
         try:
-            dw = qq.prepare_decode(self._quantized())
+            dw = _refreshed(c and c[1], qq.prepare_decode(self._quantized()), "data")
         except (ValueError, qq.NotSupportedError) as e:
             _log.warning("QuantizedLinear(%d -> %d, mode %r): the decode layout refuses the weight, which "
                          "stays packed: %s", self.in_features, self.out_features, self.mode, e)
