@@ -301,6 +301,17 @@ def test_torch_compile_decode_layout(device):
     assert torch.equal(compiled(x), twin(x))
 
 
+def _warm_up(model, x):
+    """Calls before a capture on a side stream, as torch.cuda.graph asks (they also build a
+    decode_layout layer's layout)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            model(x)
+    torch.cuda.current_stream().wait_stream(s)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["nvfp4", "mxfp8"])
 def test_cuda_graph(mode):
@@ -309,12 +320,7 @@ def test_cuda_graph(mode):
     qqt.quantize_(model, mode=mode)
     x = torch.randn(1, 64, dtype=torch.bfloat16, device=d)
     eager = model(x)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            model(x)
-    torch.cuda.current_stream().wait_stream(s)
+    _warm_up(model, x)
     g = torch.cuda.CUDAGraph()
     # thread_local: a CUDA call this thread makes during the capture that is not allowed
     # there still fails it; another thread's (another test's JAX or torch threads in the same
@@ -327,15 +333,6 @@ def test_cuda_graph(mode):
     torch.cuda.synchronize()
     assert torch.equal(y, model(x))
     assert not torch.equal(y, eager)  # the replay read the new x
-
-
-def _warm_up(model, x):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            model(x)
-    torch.cuda.current_stream().wait_stream(s)
 
 
 @pytest.mark.gpu
@@ -414,12 +411,7 @@ def test_cuda_graph_decode_layout(mode, kw, monkeypatch):
     model = nn.Sequential(nn.Linear(256, 512), nn.Linear(512, 256)).to(d, torch.bfloat16)
     qqt.quantize_(model, mode=mode, decode_layout=True, **kw)
     x = torch.randn(1, 256, dtype=torch.bfloat16, device=d)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            model(x)
-    torch.cuda.current_stream().wait_stream(s)
+    _warm_up(model, x)
     assert all(isinstance(m._decode[1], qq.DecodeWeight) for m in model)
     seen = _spy_matmul(monkeypatch)
     g = torch.cuda.CUDAGraph()
