@@ -206,6 +206,30 @@ def test_decode_layout(mode, kw, monkeypatch):
     assert fast._decode is None
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_prepared_cache_follows_the_buffers(device):
+    """weight_only=False's prepared weight (the qqmm cache, on the CPU too): rebuilt into its
+    own storage after load_state_dict; writes through .data need invalidate_caches()."""
+    d = dev(device)
+    torch.manual_seed(9)
+    layer, a, b = (qqt.QuantizedLinear.from_linear(nn.Linear(64, 32).to(d, torch.bfloat16), "mxfp8",
+                                                   weight_only=False) for _ in range(3))
+    x = torch.randn(80, 64, dtype=torch.bfloat16, device=d)  # rows past the packed weight's routes
+    layer(x)
+    pw = layer._prepared[1]
+    values = pw.values
+    layer.load_state_dict(a.state_dict())
+    assert torch.equal(layer(x), a(x))
+    assert layer._prepared[1] is pw and (values is None or pw.values is values)  # same storage
+    with torch.no_grad():
+        b.bias.copy_(layer.bias)
+        for name in ("weight", "weight_scales"):
+            getattr(layer, name).data.copy_(getattr(b, name))
+    assert torch.equal(layer(x), a(x))  # unseen by the version counters: the old weight
+    layer.invalidate_caches()
+    assert torch.equal(layer(x), b(x))
+
+
 @pytest.mark.gpu
 def test_decode_layout_refused_weight_stays_packed(caplog, monkeypatch):
     d = dev("cuda")
