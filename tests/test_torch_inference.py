@@ -270,9 +270,19 @@ def test_decode_layout_choices(tmp_path):
         assert torch.equal(fresh(x), twin(x))  # the CPU runs the packed weight either way
     # pickling / deepcopy carry the state, not the caches
     import copy
+    import pickle
     model[0]._decode = ("key", "a cache")
     clone = copy.deepcopy(model)
     assert clone[0]._decode is None and model[0]._decode == ("key", "a cache")
+    # a layer pickled before decode_layout existed (its __dict__ without the new fields)
+    old = model[1].__getstate__()
+    for k in ("decode_layout", "_decode", "_capture_warned"):
+        del old[k]
+    revived = qqt.QuantizedLinear.__new__(qqt.QuantizedLinear)
+    revived.__setstate__(old)
+    h = torch.randn(2, 64, dtype=torch.bfloat16)
+    assert revived.decode_layout is False and torch.equal(revived(h), model[1](h))
+    assert torch.equal(pickle.loads(pickle.dumps(model))(x), model(x))
 
 
 def test_dtype_cast_keeps_global_scale_float32():

@@ -684,6 +684,12 @@ class QuantizedLinear(nn.Module):
         state["_prepared"] = state["_decode"] = None
         return state
 
+    def __setstate__(self, state):
+        # layers pickled before decode_layout existed (torch.save(model)) get its defaults
+        for k, v in (("decode_layout", False), ("_decode", None), ("_capture_warned", False), ("_prepared", None)):
+            state.setdefault(k, v)
+        super().__setstate__(state)
+
     def _prepared_weight(self):
         """qq.prepare_weight's form of the weight, cached while the buffers are unchanged."""
         key = self._key()
