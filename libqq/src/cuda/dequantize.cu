@@ -59,19 +59,24 @@ template <> __device__ __forceinline__ void store8_bf16x2<float>(float* p, const
 }
 template <> __device__ __forceinline__ void store8_bf16x2<__half>(__half*, const uint32_t (&)[4]) {}
 
+// Eight fp32 values as four bf16x2 words by the hardware conversion: to nearest even, as
+// f_to_bf16 for every non-NaN value (overflow to Inf); only a NaN's bits differ.
+__device__ __forceinline__ void pack8_bf16x2(const float (&v)[8], uint32_t (&o)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(o[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
+}
+
 // Four bf16x2 words (exact products e * s) times nvfp4's global factor gd in fp32, rounded
-// once to the output: the fp32 path's v = (e * s) * gd, then store8's rounding. The
-// hardware conversion rounds as f_to_bf16 does for every non-NaN value (to nearest even,
-// overflow to Inf); no NaN arises (gd finite, e * s finite).
+// once to the output: the fp32 path's v = (e * s) * gd, then store8's rounding
+// (pack8_bf16x2: no NaN arises, gd and e * s being finite).
 template <typename TO> __device__ __forceinline__ void store8_scaled(TO* p, const uint32_t (&o)[4], float gd) {
   float v[8];
 #pragma unroll
   for (int i = 0; i < 4; ++i) v[2 * i] = __fmul_rn(u2f(o[i] << 16), gd), v[2 * i + 1] = __fmul_rn(u2f(o[i] & 0xffff0000u), gd);
   if constexpr (std::is_same<TO, __nv_bfloat16>::value) {
     uint32_t w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
-    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+    pack8_bf16x2(v, w);
+    store8_bf16x2<TO>(p, w);
   } else {
     store8<TO>(p, v);
   }
@@ -79,9 +84,8 @@ template <typename TO> __device__ __forceinline__ void store8_scaled(TO* p, cons
 
 // Eight affine codes of one group to the output: codec.h's affine_decode, fma(q, scale,
 // bias), with q made a float by the 2^23 magic number (exact for q < 2^23; the int -> float
-// conversion runs at a quarter of the rate) and bf16 results packed by the hardware
-// conversion (the same round-to-nearest-even; only its NaN differs from f_to_bf16's: redone
-// then). With a finite scale and bias no element is NaN (0 <= q <= 255: no Inf - Inf, no
+// conversion runs at a quarter of the rate) and bf16 results packed by pack8_bf16x2 (its
+// NaN differs from f_to_bf16's: redone then). With a finite scale and bias no element is NaN (0 <= q <= 255: no Inf - Inf, no
 // 0 * Inf), so one test a chunk stands for eight.
 template <typename TO>
 __device__ __forceinline__ void affine_store8(TO* p, const uint32_t (&code)[kVec], float sc, float bi) {
@@ -90,8 +94,7 @@ __device__ __forceinline__ void affine_store8(TO* p, const uint32_t (&code)[kVec
   for (int i = 0; i < kVec; ++i) v[i] = __fmaf_rn(u2f(0x4b000000u | code[i]) - 8388608.0f, sc, bi);
   if constexpr (std::is_same<TO, __nv_bfloat16>::value) {
     uint32_t o[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(o[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
+    pack8_bf16x2(v, o);
     if (is_finite_f(sc) && is_finite_f(bi)) {
       store8_bf16x2<TO>(p, o);
       return;
