@@ -601,6 +601,23 @@ def test_gpu_past_two_waves(cfg):
     assert_rows_same_bits(x, dw, (1, 5, 8, 9, 16))
 
 
+@gpu
+@pytest.mark.parametrize("n", [256, 6144])
+@pytest.mark.parametrize("cfg", CFGS)
+def test_gpu_deep_rings_split(cfg, n):
+    """K split over a cluster of 2 at M <= 8 with the deeper rings: 4 row tiles (8 CTAs: one
+    per SM; fp4 12 stages, 8-bit 8) and 96 (192 CTAs: 8-bit 5 stages at two per SM). K =
+    7168: 14 stages per CTA, so that each ring wraps. Right against the reference, and each
+    row the same bits as in the 64-row call."""
+    k = 7168
+    dw = gpu_weight(cfg, n, k)
+    rng = case_rng("deep", cfg, n)
+    x = make_x(rng, (64, k), BF16, "cuda")
+    for m in (1, 5, 8):
+        check(x[:m].contiguous(), dw, route="decode" if decode_expected(BF16, m) else None)
+    assert_rows_same_bits(x, dw, (1, 5, 8))
+
+
 def check_f16_out(got, want, mag, rel):
     """A float16 result: within the bound where |want| is well inside float16's range, +-Inf
     where it rounds past 65504 (the weights here reach 10^5 per group)."""
