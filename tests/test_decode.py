@@ -602,16 +602,14 @@ def test_gpu_past_two_waves(cfg):
 
 
 @gpu
-@pytest.mark.parametrize("n", [256, 6144])
 @pytest.mark.parametrize("cfg", CFGS)
-def test_gpu_deep_rings_split(cfg, n):
-    """K split over a cluster of 2 at M <= 8 with the deeper rings: 4 row tiles (8 CTAs: one
-    per SM; fp4 12 stages, 8-bit 8) and 96 (192 CTAs: 8-bit 5 stages at two per SM). K =
-    7168: 14 stages per CTA, so that each ring wraps. Right against the reference, and each
-    row the same bits as in the 64-row call."""
-    k = 7168
+def test_gpu_long_k_split(cfg):
+    """K split over a cluster of 2 at M <= 8 with a long K: 4 row tiles (8 CTAs), K = 7168,
+    so 14 stages per CTA go round each ring (3-4 slots at M <= 8) three times and more.
+    Right against the reference, and each row the same bits as in the 64-row call."""
+    n, k = 256, 7168
     dw = gpu_weight(cfg, n, k)
-    rng = case_rng("deep", cfg, n)
+    rng = case_rng("long-k", cfg)
     x = make_x(rng, (64, k), BF16, "cuda")
     for m in (1, 5, 8):
         check(x[:m].contiguous(), dw, route="decode" if decode_expected(BF16, m) else None)
