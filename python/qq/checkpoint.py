@@ -104,8 +104,13 @@ def load(path) -> dict:
     func = "qq.checkpoint.load"
     sn = _safetensors_numpy(func)
     from safetensors import safe_open
-    with safe_open(str(path), framework="numpy") as f:
-        meta = f.metadata() or {}
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+    except OSError:
+        raise
+    except Exception as e:  # safetensors' SafetensorError: a truncated or damaged file
+        raise ValueError(f"{func}: {path}: not a readable safetensors file ({e})") from e
     fmt = meta.get("qq.format")
     if fmt != FORMAT:
         raise ValueError(f"{func}: {path}: not a qq checkpoint of format {FORMAT!r} (qq.format = {fmt!r}); "
@@ -129,8 +134,11 @@ def load(path) -> dict:
         parts = {p: arrays.get(f"{name}_{p}") for p in _PARTS}
         if parts["scales"] is None:
             raise ValueError(f"{func}: {path}: {name!r}: the tensor {name}_scales is missing")
-        result[name] = _qq.QuantizedArray(arrays[name], parts["scales"], parts["biases"],
-                                          global_scale=parts["global_scale"], shape=shape, **kw)
+        try:
+            result[name] = _qq.QuantizedArray(arrays[name], parts["scales"], parts["biases"],
+                                              global_scale=parts["global_scale"], shape=shape, **kw)
+        except (ValueError, TypeError) as e:   # metadata that contradicts the tensors
+            raise ValueError(f"{func}: {path}: {name!r} is damaged: {e}") from None
         used.add(name)
         used.update(f"{name}_{p}" for p in _PARTS)
     for k, a in arrays.items():
@@ -170,17 +178,37 @@ def read_raw(path) -> tuple:
         header = json.loads(raw[8:8 + n])
     except ValueError as e:
         raise ValueError(f"{func}: {path}: not a safetensors file (its header is not JSON)") from e
+    if not isinstance(header, dict):
+        raise ValueError(f"{func}: {path}: not a safetensors file (its header is not a JSON object)")
+    if 8 + n > len(raw):
+        raise ValueError(f"{func}: {path}: the file is truncated (its header claims {n} bytes; "
+                         f"{len(raw) - 8} follow the header length)")
     meta = header.pop("__metadata__", None) or {}
     data = memoryview(raw)[8 + n:]
     out = {}
     for name, info in header.items():
-        dt, shape, (b0, b1) = info["dtype"], list(info["shape"]), info["data_offsets"]
+        damaged = f"{func}: {path}: tensor {name!r}: its header entry is damaged"
+        try:
+            dt, shape, (b0, b1) = info["dtype"], list(info["shape"]), info["data_offsets"]
+        except (TypeError, KeyError, ValueError):
+            raise ValueError(f"{damaged} (expected {{dtype, shape, data_offsets: [begin, end]}}, got "
+                             f"{info!r:.200})") from None
+        if (not all(type(d) is int and d >= 0 for d in shape) or type(b0) is not int or type(b1) is not int
+                or not 0 <= b0 <= b1 or (dt == "F4" and not shape)):
+            raise ValueError(f"{damaged} (shape {shape!r:.100}, data_offsets {info['data_offsets']!r:.100})")
+        if b1 > len(data):
+            raise ValueError(f"{func}: {path}: tensor {name!r}: its data ends at byte {b1} of {len(data)}; "
+                             f"the file is truncated")
         npdt = ml_dtypes.bfloat16 if dt == "BF16" else _RAW_DTYPES.get(dt)
         if npdt is None:
             raise ValueError(f"{func}: {path}: tensor {name!r} has dtype {dt}, which qq does not read")
         if dt == "F4":
             shape[-1] = (shape[-1] + 1) // 2
-        out[name] = (dt, np.frombuffer(data[b0:b1], dtype=npdt).reshape(shape))
+        try:
+            out[name] = (dt, np.frombuffer(data[b0:b1], dtype=npdt).reshape(shape))
+        except ValueError:
+            raise ValueError(f"{func}: {path}: tensor {name!r}: its {b1 - b0} bytes do not hold a {dt} "
+                             f"tensor of shape {list(info['shape'])} (a damaged file)") from None
     return meta, out
 
 
