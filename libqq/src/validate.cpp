@@ -597,6 +597,9 @@ void align_batch(Mat* m, int nb, const int64_t* bshape) {
 }
 
 qqStatus_t check_group_ends(const char* op, const int32_t* ends, int64_t E, int64_t T) {
+  if (E == 0 && T > 0)  // no group: the T tokens would belong to no expert (and out stay unwritten)
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument 'offsets' is empty but x has T = %lld tokens; every "
+                     "token belongs to one expert: give E group ends, the last = T", op, (long long)T);
   for (int64_t e = 0; e < E; ++e)
     if (group_end_bad(ends, e, E, T)) {
       if (e == E - 1 && ends[e] >= (e ? ends[e - 1] : 0) && ends[e] <= T)

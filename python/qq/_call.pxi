@@ -180,6 +180,13 @@ cdef class _Call:
                              f"writable array")
         return v
 
+    cdef _View need(self, obj, str name):
+        """view() of an argument the operation cannot do without: None is a TypeError naming
+        it (a None view would be dereferenced below: a segfault)."""
+        if obj is None:
+            raise TypeError(_not_an_array(self.func, name, obj))
+        return self.view(obj, name)
+
     cdef _View out_view(self, obj, str name):
         """A caller's out= array. Like torch's own out= ops: a tensor that requires grad is
         refused while grad mode is on, and the version counter of a written tensor is bumped
@@ -202,7 +209,16 @@ cdef class _Call:
         caller's framework on CUDA)."""
         if value is None or not isinstance(value, numbers.Real) or isinstance(value, bool):
             return value
-        v = float(value)
+        try:
+            v = float(value)
+            big = math.isfinite(v) and not -3.4028235677973366e38 < v < 3.4028235677973366e38
+        except OverflowError:               # an int beyond float64's range
+            big = True
+        if big:     # finite but beyond float32 (inf and NaN go on, to be refused as such)
+            text = repr(value)
+            raise ValueError(f"{self.func}: argument '{name}' is {text if len(text) < 24 else text[:8] + '...'}, "
+                             f"beyond float32's range; a global scale must be a positive finite number "
+                             f"of at least 1e-30 (the tensor's amax, e.g. qq.amax(x)), or 0 / None for none")
         if not self.on_gpu:
             return np.array(v, dtype=np.float32)
         if self.fw == "torch":
@@ -230,11 +246,19 @@ cdef class _Call:
         except MemoryError as e:
             raise MemoryError(f"{self.func}: cannot allocate the result '{name}' of shape {shape} "
                               f"({dtype}): {e}") from None
-        except RuntimeError as e:   # torch.OutOfMemoryError and friends
-            if "out of memory" not in str(e).lower():
-                raise
-            raise MemoryError(f"{self.func}: cannot allocate the result '{name}' of shape {shape} "
-                              f"({dtype}) on the GPU: {e}") from None
+        except (ValueError, OverflowError, TypeError, RuntimeError) as e:
+            # NumPy's "array is too big", a C long overflow, torch's "Storage size calculation
+            # overflowed": a shape no array can have (a huge broadcast batch of stride-0
+            # views, a huge `shape` argument), said as this operation's error
+            if _beyond_limits(shape):
+                raise ValueError(f"{self.func}: the result '{name}' would have shape {shape}: more "
+                                 f"than 2^56 elements, beyond what libqq addresses; check the "
+                                 f"arguments' shapes (broadcast batch axes multiply)") from None
+            if isinstance(e, RuntimeError) and "out of memory" in str(e).lower():
+                # torch.OutOfMemoryError and friends
+                raise MemoryError(f"{self.func}: cannot allocate the result '{name}' of shape "
+                                  f"{shape} ({dtype}) on the GPU: {e}") from None
+            raise
 
     cdef tuple _empty(self, tuple shape, str dtype, str name):
         cdef _DeviceBuffer b
@@ -375,6 +399,17 @@ cdef inline _Call _new_call(str func, anchor, str anchor_name, stream):
     cdef _Call c = _Call.__new__(_Call)
     c.init(func, anchor, anchor_name, stream)
     return c
+
+
+cdef bint _beyond_limits(tuple shape):
+    """A result shape no allocation can hold: an extent outside [0, 2^63) or more than
+    2^56 elements (libqq's bound, qqQuantizedShapes)."""
+    n = 1
+    for d in shape:
+        if not 0 <= d < 2**63:
+            return True
+        n *= d
+    return n > 2**56
 
 
 cdef str _not_an_array(str func, str name, obj):

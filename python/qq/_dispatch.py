@@ -200,6 +200,16 @@ def quantized_matmul_swiglu(x, w, scales=None, biases=None, group_size=None, bit
     y = quantized_matmul(x, w, scales, biases, True, group_size, bits, mode,
                          global_scale=global_scale, bias=bias, scale_layout=scale_layout,
                          fp8_format=fp8_format, dtype=dtype, stream=stream)
+    # said here, of w and out: swiglu's own refusals would name swiglu and its x (which is y)
+    shape = tuple(y.shape)
+    if len(shape) == 0 or shape[-1] % 2:
+        raise ValueError(f"quantized_matmul_swiglu: w has N = {shape[-1] if shape else 0} rows; a gate/up "
+                         f"weight [2F, K] (the gate's F rows, then the up projection's) has an even "
+                         f"number of rows")
+    want = shape[:-1] + (shape[-1] // 2,)
+    if out is not None and hasattr(out, "shape") and tuple(out.shape) != want:
+        raise ValueError(f"quantized_matmul_swiglu: argument 'out' has shape {tuple(out.shape)}; "
+                         f"expected {want} ([..., F] for w of [2F, K])")
     if out is None:
         return swiglu(y, stream=stream)
     return swiglu(y, out=out, stream=stream)

@@ -61,6 +61,12 @@ def unswizzle_scales(scales, shape, *, out=None, stream=None):
     try:
         vs = call.view(scales, "scales")
         if out is None:
+            # blocked scales are at least as large as the linear ones in every axis: a larger
+            # `shape` is refused before its result is allocated
+            if math.prod(linear_shape) > math.prod(vs.pyshape()):
+                raise ValueError(f"{func}: shape: {linear_shape} holds more scales than the blocked "
+                                 f"'scales' of shape {vs.pyshape()}; pass the linear scales' shape "
+                                 f"[..., R, C] that these blocked scales were made from")
             result, vo = call.empty(linear_shape, call.like_bytes(vs), "out")
         else:
             vo = call.out_view(out, "out")

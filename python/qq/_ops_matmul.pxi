@@ -106,7 +106,7 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     try:
         vx = call.view(x, "x")
         vxs = call.view(x_scales, "x_scales")
-        vw = call.view(w, "w")
+        vw = call.need(w, "w")
         vws = call.view(scales, "scales")
         vgx = call.view(call.scalar(global_scale_x, "global_scale_x"), "global_scale_x")
         vgw = call.view(call.scalar(global_scale_w, "global_scale_w"), "global_scale_w")
@@ -244,8 +244,8 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
     try:
         vx = call.view(x, "x")
         vxs = call.view(x_scales, "x_scales")
-        voff = call.view(offsets, "offsets")
-        vw = call.view(w, "w")
+        voff = call.need(offsets, "offsets")
+        vw = call.need(w, "w")
         vws = call.view(scales, "scales")
         vgx = call.view(call.scalar(global_scale_x, "global_scale_x"), "global_scale_x")
         vgw = call.view(call.scalar(global_scale_w, "global_scale_w"), "global_scale_w")
@@ -307,8 +307,8 @@ def grouped_qqmm_wgrad(x, dy, offsets, mode="mxfp8", *, global_scale_x=None, glo
     result = None
     try:
         vx = call.view(x, "x")
-        vdy = call.view(dy, "dy")
-        voff = call.view(offsets, "offsets")
+        vdy = call.need(dy, "dy")
+        voff = call.need(offsets, "offsets")
         vgx = call.view(call.scalar(global_scale_x, "global_scale_x"), "global_scale_x")
         vgd = call.view(call.scalar(global_scale_dy, "global_scale_dy"), "global_scale_dy")
         xs, ds, os_ = vx.pyshape(), vdy.pyshape(), voff.pyshape()
@@ -361,7 +361,7 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
     result = None
     try:
         vx = call.view(x, "x")
-        vw = call.view(w, "w")
+        vw = call.need(w, "w")
         vs = call.view(scales, "scales")
         vb = call.view(biases, "biases")
         vg = call.view(call.scalar(global_scale, "global_scale"), "global_scale")
@@ -439,7 +439,7 @@ def prepare_decode(w, stream=None, *, gated=False):
                 st = qqToDecodeLayoutGated(NULL, tw, ts, tb, &p, to, s)
             else:
                 st = qqToDecodeLayout(NULL, tw, ts, tb, &p, to, s)
-        _check(st)
+        _check_as(st, "to_decode_layout_gated" if cgated else "to_decode_layout", func)
         call.finish()
     finally:
         call.release()
@@ -673,10 +673,10 @@ def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
     result = None
     try:
         vx = call.view(x, "x")
-        vw = call.view(w, "w")
+        vw = call.need(w, "w")
         vs = call.view(scales, "scales")
         vb = call.view(biases, "biases")
-        vi = call.view(rhs_indices, "rhs_indices")
+        vi = call.need(rhs_indices, "rhs_indices")
         vg = call.view(call.scalar(global_scale, "global_scale"), "global_scale")
         vbias = call.view(bias, "bias")
         if out is None:

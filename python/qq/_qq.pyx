@@ -54,6 +54,7 @@ cdef extern from "Python.h":
 
 cimport cython
 
+import math
 import numbers
 import operator
 import sys

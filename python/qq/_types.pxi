@@ -166,6 +166,28 @@ class QuantizedArray:
         if shape is None:
             data_shape = tuple(int(d) for d in data.shape)
             shape = data_shape[:-1] + (_unpacked_last(func, "data", &p, data_shape),)
+        else:
+            # a logical shape that does not match the data would surface later as an error
+            # about an 'out' the caller never passed, or a negative extent as NumPy's own
+            try:
+                shape = tuple(operator.index(d) for d in shape)
+            except TypeError:
+                raise TypeError(f"{func}: shape: expected a sequence of ints, got {shape!r}") from None
+            if any(d < 0 for d in shape):
+                raise ValueError(f"{func}: shape: {shape} has a negative extent; pass the logical "
+                                 f"float shape [..., K] of the data (or leave shape out)")
+            if hasattr(data, "shape"):
+                data_shape = tuple(int(d) for d in data.shape)
+                try:
+                    want = _quantized_shapes(func, &p, shape)[0] if shape else None
+                except ValueError as e:
+                    why = str(e).replace(f"{func}: argument 'x': ", "")
+                    raise ValueError(f"{func}: shape: {shape} is not the shape of a {mode} array "
+                                     f"({why})") from None
+                if want != data_shape:
+                    raise ValueError(f"{func}: shape: {shape} packs into data of shape {want}, but "
+                                     f"'data' has shape {data_shape}; pass the logical float shape "
+                                     f"[..., K] of the data (or leave shape out)")
         self.data = data
         self.scales = scales
         self.biases = biases

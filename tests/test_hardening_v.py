@@ -1,0 +1,212 @@
+"""Regression tests of a hostile-input probe of the less-travelled Python API on the CPU
+(gather_qmm, grouped_qqmm(_wgrad), quantized_matmul(_swiglu), prepare_decode,
+unswizzle_scales, QuantizedArray, qq.checkpoint): each test names the defect it pins down."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import qq
+import qq.checkpoint as ck
+from helpers import raises
+
+F32 = np.float32
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((8, 64)).astype(F32)
+W3 = RNG.standard_normal((3, 16, 64)).astype(F32)
+OFF = np.array([2, 5, 8], np.int32)
+
+
+def _big(shape, base):
+    """A stride-0 view of `base` with a huge leading batch (no memory behind it)."""
+    return np.lib.stride_tricks.as_strided(base, shape, (0,) * (len(shape) - base.ndim) + base.strides)
+
+
+# ---- 1. None where a required array goes: a segfault (a None view dereferenced) ------------
+
+def _qa_without_data(shape, **kw):
+    q = qq.quantize(RNG.standard_normal(shape).astype(F32), **kw)
+    q.data = None
+    return q
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda: qq.quantized_matmul(X, None), ("quantized_matmul", "w")),
+    (lambda: qq.quantized_matmul(X, None, transpose=False), ("quantized_matmul", "w")),
+    (lambda: qq.quantized_matmul_swiglu(X, None), ("w",)),
+    (lambda: qq.gather_qmm(X[None], None, rhs_indices=np.array([0], np.int32)), ("gather_qmm", "w")),
+    (lambda: qq.grouped_qqmm(X, None, OFF), ("grouped_qqmm", "w")),
+    (lambda: qq.grouped_qqmm_wgrad(X, None, OFF), ("grouped_qqmm_wgrad", "dy")),
+    (lambda: qq.grouped_qqmm_wgrad(X, X[:, :16], None), ("grouped_qqmm_wgrad", "offsets")),
+    (lambda: qq.grouped_qqmm(X, W3, None), ("grouped_qqmm", "offsets")),
+    (lambda: qq.qqmm(X, _qa_without_data((16, 64), mode="mxfp8"), mode="mxfp8"), ("qqmm", "w")),
+    (lambda: qq.quantized_matmul(X, _qa_without_data((16, 64), mode="mxfp8")), ("quantized_matmul", "w")),
+    (lambda: qq.gather_qmm(X[None], _qa_without_data((3, 16, 64), mode="mxfp8"),
+                           rhs_indices=np.array([0], np.int32)), ("gather_qmm", "w")),
+    (lambda: qq.grouped_qqmm(X, _qa_without_data((3, 16, 64), mode="mxfp8"), OFF), ("grouped_qqmm", "w")),
+], ids=["qmm-w", "qmm-w-T", "qmm-swiglu-w", "gather-w", "grouped-w", "wgrad-dy", "wgrad-offsets",
+        "grouped-offsets", "qqmm-qa-data", "qmm-qa-data", "gather-qa-data", "grouped-qa-data"])
+def test_none_for_a_required_array_is_a_type_error(call, names):
+    """Before: a segfault (grouped_qqmm(x, w, None): a ValueError 'offsets is NULL')."""
+    raises(TypeError, names, call)
+
+
+# ---- 2. grouped_qqmm with no experts but tokens: uninitialized memory returned --------------
+
+def test_grouped_no_experts_with_tokens_is_refused():
+    """Before: offsets [] with T = 8 returned np.empty's garbage (no expert wrote out)."""
+    raises(ValueError, ("grouped_qqmm", "offsets"), qq.grouped_qqmm, X, W3[:0], np.array([], np.int32))
+    y = qq.grouped_qqmm(X[:0], W3[:0], np.array([], np.int32))    # T = 0, E = 0 stays valid
+    assert y.shape == (0, 16)
+
+
+# ---- 3. results too large for any array: NumPy's / torch's bare errors ----------------------
+
+W64 = RNG.standard_normal((3, 64, 32)).astype(F32)
+XBIG = _big((2**28, 2**28, 1, 32), np.ones((1, 32), np.float16))   # 2^62 bytes of view, no memory
+
+
+def _torch_big():
+    torch = pytest.importorskip("torch")
+    x = torch.ones(1, 1, 1, 64).expand(2**26, 2**26, 1, 64)
+    return qq.qqmm(x, torch.ones(64, 64), mode="mxfp8")
+
+
+@pytest.mark.parametrize("call, func", [
+    (lambda: qq.unswizzle_scales(np.zeros((128, 4), np.uint8), (2**62, 3)), "unswizzle_scales"),
+    (lambda: qq.unswizzle_scales(np.zeros((128, 4), np.uint8), (2**70, 3)), "unswizzle_scales"),
+    (lambda: qq.gather_qmm(XBIG, qq.quantize(W64, mode="mxfp8"), rhs_indices=np.array(0, np.int32),
+                           dtype="float32"), "gather_qmm"),
+    (lambda: qq.qqmm(XBIG, W64[0], mode="mxfp8", dtype="float32"), "qqmm"),
+    (lambda: qq.quantized_matmul(XBIG, qq.quantize(W64[0], mode="mxfp8"), dtype="float32"), "quantized_matmul"),
+    (_torch_big, "qqmm"),
+], ids=["unswizzle-2^62", "unswizzle-2^70", "gather_qmm", "qqmm", "quantized_matmul", "qqmm-torch"])
+def test_result_beyond_any_array_names_the_function(call, func):
+    """Before: NumPy's 'array is too big; arr.size * arr.dtype.itemsize ...', 'Python int too
+    large to convert to C long' or torch's 'Storage size calculation overflowed', naming no
+    function or argument (broadcast batch axes of stride-0 views, a huge `shape`)."""
+    e = raises(ValueError, (func,), call)
+    assert str(e).startswith(func + ":"), str(e)
+
+
+def test_unswizzle_shape_larger_than_the_scales_is_refused_before_allocating():
+    raises(ValueError, ("unswizzle_scales", "shape"), qq.unswizzle_scales,
+           np.zeros((128, 4), np.uint8), (2**40, 2**20))
+
+
+# ---- 4. a Python int global scale beyond float64 ----------------------------------------------
+
+@pytest.mark.parametrize("gs", [10**400, -10**400, 1e300], ids=["10^400", "-10^400", "1e300"])
+def test_python_global_scale_beyond_float32(gs):
+    """Before: 10**400 gave a bare OverflowError 'int too large to convert to float'; 1e300 a
+    NumPy overflow RuntimeWarning and then 'is inf'."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        raises(ValueError, ("quantize", "global_scale"), qq.quantize, X, mode="nvfp4", global_scale=gs)
+
+
+# ---- 5. QuantizedArray(shape=...) that contradicts its data ---------------------------------
+
+def test_quantized_array_shape_must_match_data():
+    """Before: accepted; dequantize then said "argument 'out' has shape (16, 64)" (no out was
+    given) or, for a negative extent, NumPy's bare 'negative dimensions are not allowed'."""
+    q = qq.quantize(X, mode="nvfp4")
+    raises(ValueError, ("QuantizedArray", "shape"), qq.QuantizedArray, q.data, q.scales, mode="nvfp4",
+           shape=(16, 64))
+    raises(ValueError, ("QuantizedArray", "shape"), qq.QuantizedArray, q.data, q.scales, mode="nvfp4",
+           shape=(-8, 64))
+    raises(ValueError, ("QuantizedArray", "shape"), qq.QuantizedArray, q.data, q.scales, mode="nvfp4",
+           shape=(8, 40))
+    raises(TypeError, ("QuantizedArray", "shape"), qq.QuantizedArray, q.data, q.scales, mode="nvfp4",
+           shape="ab")
+    assert qq.QuantizedArray(q.data, q.scales, mode="nvfp4", shape=np.array([8, 64])).shape == (8, 64)
+
+
+# ---- 6. prepare_decode's messages named C entry points ----------------------------------------
+
+def test_prepare_decode_messages_name_prepare_decode():
+    """Before: 'to_decode_layout_gated: w has N = 96 rows ...', 'to_decode_layout: argument 'w'
+    has stride 2 ...'."""
+    w = RNG.standard_normal((96, 256)).astype(F32)
+    e = raises(ValueError, ("prepare_decode",), qq.prepare_decode, qq.quantize(w, mode="nvfp4"), gated=True)
+    assert str(e).startswith("prepare_decode:"), str(e)
+    q = qq.quantize(w[:64], mode="nvfp4")
+    d = np.zeros((64, 256), np.uint8)
+    d[:, ::2] = q.data
+    e = raises(ValueError, ("w",), qq.prepare_decode, qq.QuantizedArray(d[:, ::2], q.scales, mode="nvfp4"))
+    assert str(e).startswith("prepare_decode:"), str(e)
+
+
+# ---- 7. quantized_matmul_swiglu's refusals named swiglu and its x -----------------------------
+
+def test_quantized_matmul_swiglu_names_itself():
+    """Before: an odd N gave "swiglu: argument 'x' has shape (4, 3)", a wrong out "swiglu:
+    argument 'out' ... (x's shape with the last axis halved)"."""
+    x = RNG.standard_normal((4, 64)).astype(F32)
+    q3 = qq.quantize(RNG.standard_normal((3, 64)).astype(F32), mode="nvfp4")
+    e = raises(ValueError, ("w",), qq.quantized_matmul_swiglu, x, q3, mode="nvfp4")
+    assert str(e).startswith("quantized_matmul_swiglu:"), str(e)
+    q8 = qq.quantize(RNG.standard_normal((8, 64)).astype(F32), mode="nvfp4")
+    e = raises(ValueError, ("out",), qq.quantized_matmul_swiglu, x, q8, out=np.empty((4, 8), F32))
+    assert str(e).startswith("quantized_matmul_swiglu:"), str(e)
+    y = qq.quantized_matmul_swiglu(x, q8)
+    assert y.shape == (4, 4)
+
+
+# ---- 8. qq.checkpoint on malformed files -------------------------------------------------------
+
+def _file(tmp_path):
+    p = tmp_path / "a.safetensors"
+    ck.save(p, {"w": qq.quantize(X, mode="nvfp4", global_scale=qq.amax(X)), "b": np.ones(3, F32)})
+    raw = p.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    return p, raw, n, json.loads(raw[8:8 + n])
+
+
+def _write(tmp_path, header, body):
+    hb = json.dumps(header).encode()
+    q = tmp_path / "b.safetensors"
+    q.write_bytes(len(hb).to_bytes(8, "little") + hb + body)
+    return q
+
+
+def test_read_raw_malformed_files(tmp_path):
+    """Before: NumPy's 'cannot reshape array of size 22 into shape (8,4)' (truncated file),
+    KeyError 'data_offsets', TypeError 'pop expected at most 1 argument' (a JSON list
+    header), IndexError (0-d F4), and a shape of [-1, 32] silently inferred."""
+    p, raw, n, hdr = _file(tmp_path)
+    body = raw[8 + n:]
+    t = tmp_path / "t.safetensors"
+    t.write_bytes(raw[:-10])
+    cases = [t, _write(tmp_path, [1, 2], body)]
+    for entry in [5, {"dtype": "U8", "shape": [8, 32]}, dict(hdr["w"], shape=[-1, 32]),
+                  dict(hdr["w"], shape=[9, 32]), dict(hdr["w"], dtype="F4", shape=[]),
+                  dict(hdr["w"], data_offsets=[0, 10**6]), dict(hdr["w"], data_offsets=hdr["w"]["data_offsets"][::-1]),
+                  dict(hdr["w"], dtype="F32", shape=[7])]:
+        cases.append(_write(tmp_path, dict(hdr, w=entry), body))
+        for bad in cases[-1:]:
+            raises(ValueError, ("qq.checkpoint.read_raw",), ck.read_raw, bad)
+    raises(ValueError, ("qq.checkpoint.read_raw",), ck.read_raw, cases[0])
+    raises(ValueError, ("qq.checkpoint.read_raw",), ck.read_raw, cases[1])
+
+
+def test_load_malformed_files(tmp_path):
+    """Before: safetensors' own SafetensorError (no function, no path) for a truncated file;
+    metadata whose shape contradicts the data loaded, and failed later with a message about an
+    'out' never passed."""
+    p, raw, n, hdr = _file(tmp_path)
+    t = tmp_path / "t.safetensors"
+    t.write_bytes(raw[:-10])
+    raises(ValueError, ("qq.checkpoint.load",), ck.load, t)
+    for shape in ([16, 64], [-8, 64]):
+        meta = dict(hdr["__metadata__"])
+        info = json.loads(meta["qq.quantized.w"])
+        info["shape"] = shape
+        meta["qq.quantized.w"] = json.dumps(info)
+        raises(ValueError, ("qq.checkpoint.load", "'w'"), ck.load, _write(tmp_path, dict(hdr, __metadata__=meta),
+                                                                          raw[8 + n:]))
+    assert sorted(ck.load(p)) == ["b", "w"]
