@@ -288,5 +288,5 @@ def test_grouped_qqmm_wgrad_errors(n, device, rng):
     raises(ValueError, "mode", qq.grouped_qqmm_wgrad, x, dy, good, mode="affine")
     raises(ValueError, ("x", "dy"), qq.grouped_qqmm_wgrad, x, dev(cast(rng.standard_normal((9, 32)), BF16), device),
            good)
-    raises(ValueError, "dtype", qq.grouped_qqmm_wgrad, x, dy, good, dtype="int8")
+    raises(TypeError, "dtype", qq.grouped_qqmm_wgrad, x, dy, good, dtype="int8")
     raises(ValueError, "global", qq.grouped_qqmm_wgrad, x, dy, good, global_scale_x=1.0)

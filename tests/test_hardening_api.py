@@ -210,3 +210,29 @@ def test_load_malformed_files(tmp_path):
         raises(ValueError, ("qq.checkpoint.load", "'w'"), ck.load, _write(tmp_path, dict(hdr, __metadata__=meta),
                                                                           raw[8 + n:]))
     assert sorted(ck.load(p)) == ["b", "w"]
+
+
+# ---- dtype errors are TypeErrors, arguments named as the caller passed them ----------------
+
+def test_gather_qmm_float_indices_is_a_type_error():
+    """Before: a ValueError (libqq's INVALID_VALUE); a wrong dtype is a TypeError everywhere else."""
+    w = qq.quantize(W3, mode="mxfp8")
+    with pytest.raises(TypeError, match="gather_qmm: argument 'rhs_indices' must be int32"):
+        qq.gather_qmm(X[:2, None], w, rhs_indices=np.array([0, 1], F32))
+
+
+def test_grouped_qqmm_wgrad_dtype_is_checked_as_everywhere():
+    """Before: dtype='int32' was a ValueError in eager calls and a TypeError under torch.compile,
+    and a NumPy dtype (np.float32) was refused."""
+    dy = RNG.standard_normal((8, 32)).astype(F32)
+    with pytest.raises(TypeError, match="grouped_qqmm_wgrad: dtype: expected"):
+        qq.grouped_qqmm_wgrad(X, dy, OFF, dtype="int32")
+    a = qq.grouped_qqmm_wgrad(X, dy, OFF, dtype=np.float32)
+    b = qq.grouped_qqmm_wgrad(X, dy, OFF)
+    assert a.dtype == np.float32 and np.array_equal(a, b)
+
+
+def test_prepare_weight_none_names_w():
+    """Before: "prepare_weight: x: expected a NumPy array ..." for prepare_weight(None)."""
+    with pytest.raises(TypeError, match="^prepare_weight: w: expected a NumPy array"):
+        qq.prepare_weight(None)

@@ -190,7 +190,7 @@ qqStatus_t gather_indices(Ctx& c, const DLTensor* indices, Mat* x, Mat* g, int* 
   DType idt;
   QQ_TRY(check_tensor(c, "rhs_indices", indices, &idt));
   if (idt != DType::I32)
-    return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument 'rhs_indices' must be int32 (expert indices); got %s",
+    return set_error(QQ_STATUS_INVALID_DTYPE, "%s: argument 'rhs_indices' must be int32 (expert indices); got %s",
                      c.op, dtype_str(indices->dtype).c_str());
   if (indices->ndim > kMaxDims - 2)
     return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument 'rhs_indices' has %d dimensions; at most %d", c.op,

@@ -301,8 +301,8 @@ def grouped_qqmm_wgrad(x, dy, offsets, mode="mxfp8", *, global_scale_x=None, glo
         raise ValueError(f"{func}: mode 'affine' has no quantized-activation GEMM; use nvfp4, "
                          f"mxfp4 or mxfp8")
     _quant_params(func, &p, mode, None, None, rounding, "linear", fp8_format)
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"{func}: dtype must be 'float32', 'bfloat16' or 'float16'; got {dtype!r}")
+    # (the same rule, and TypeError, as every other dtype= and this op's torch.compile form)
+    dtype = _dtype_arg(func, dtype) or "float32"
     cdef _Call call = _new_call(func, x, "x", stream)
     result = None
     try:

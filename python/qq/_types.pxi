@@ -389,6 +389,8 @@ def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_f
             msg = str(e)
             if msg.startswith("quantize:"):
                 msg = func + ":" + msg[len("quantize:"):].replace("argument 'x'", "argument 'w'")
+                if msg.startswith(func + ": x:"):     # (the "func: name:" form of a non-array)
+                    msg = func + ": w:" + msg[len(func) + 4:]
             raise type(e)(msg) from None
     if len(qa.shape) not in (2, 3):
         raise ValueError(f"{func}: w: qqmm weights are [N, K] (or grouped_qqmm's experts [E, N, K]); "

@@ -546,6 +546,12 @@ static int t_gather_indices_null_shape(void) {
   DLTensor t = tens(idx, I32, 1, NULL);
   return expect(gather_call(&t), ST(QQ_STATUS_INVALID_VALUE), "rhs_indices");
 }
+static int t_gather_indices_float(void) {
+  static float idx[3] = {0.0f, 1.0f, 1.0f};
+  int64_t is[1] = {3};
+  DLTensor t = tens(idx, F32, 1, is);
+  return expect(gather_call(&t), ST(QQ_STATUS_INVALID_DTYPE), "int32");
+}
 static int t_gather_valid(void) {
   static int32_t idx[3] = {1, 0, 1};
   int64_t is[1] = {3};
@@ -788,6 +794,7 @@ static const struct check kChecks[] = {
     {"gather_null_indices", t_gather_null_indices, 0},
     {"gather_index_out_of_range", t_gather_index_out_of_range, 0},
     {"gather_indices_null_shape", t_gather_indices_null_shape, 0},
+    {"gather_indices_float", t_gather_indices_float, 0},
     {"gather_valid", t_gather_valid, 0},
     {"valid_quantize_golden", t_valid_quantize_golden, 0},
     {"cuda_info", t_cuda_info, 0},
