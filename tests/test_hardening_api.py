@@ -236,3 +236,19 @@ def test_prepare_weight_none_names_w():
     """Before: "prepare_weight: x: expected a NumPy array ..." for prepare_weight(None)."""
     with pytest.raises(TypeError, match="^prepare_weight: w: expected a NumPy array"):
         qq.prepare_weight(None)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: qq.quantize_colwise(X, mode="mxfp8", rowwise="yes"), "rowwise"),
+    (lambda: qq.quantize_dequantize(X, colwise="no"), "colwise"),
+    (lambda: qq.quantize_dequantize(X, rowwise=1), "rowwise"),
+])
+def test_flags_must_be_bools(call, name):
+    """Before: a string or a number was read by its truth value (colwise="no" as True)."""
+    with pytest.raises(TypeError, match=f": {name} must be True or False"):
+        call()
+
+
+def test_numpy_bools_are_flags():
+    a = qq.quantize_dequantize(X, rowwise=np.bool_(True), colwise=np.bool_(False))
+    assert np.array_equal(np.asarray(a), np.asarray(qq.quantize_dequantize(X)))

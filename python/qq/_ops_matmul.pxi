@@ -418,9 +418,7 @@ def prepare_decode(w, stream=None, *, gated=False):
         raise ValueError(f"{func}: w must be a weight [N, K] or experts [E, N, K]; got shape "
                          f"{tuple(w.shape)}")
     n, k = int(w.shape[-2]), int(w.shape[-1])
-    if not isinstance(gated, (bool, np.bool_)):
-        raise TypeError(f"{func}: gated must be True or False; got {gated!r}")
-    cdef bint cgated = gated
+    cdef bint cgated = _flag(func, "gated", gated)
     _quant_params(func, &p, w.mode, w.group_size, w.bits, "ceil", w.scale_layout, w.fp8_format)
     # libqq decides which modes and K the layout holds (ValueError otherwise)
     _check_as(qqDecodeLayoutSize(&p, n, k, &nbytes), "decode_layout_size", func)

@@ -84,6 +84,7 @@ def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_sca
     cdef DLTensor *trb
     cdef void* s
     _quant_params(func, &p, mode, group_size, bits, rounding, scale_layout, fp8_format)
+    rowwise = _flag(func, "rowwise", rowwise)
     cdef _Call call = _new_call(func, x, "x", stream)
     biases = rdata = rscales = rbiases = None
     try:
@@ -254,6 +255,7 @@ def quantize_dequantize(x, mode="mxfp8", *, global_scale=None, rowwise=True, col
     cdef DLTensor *tr
     cdef DLTensor *tc
     cdef void* s
+    rowwise, colwise = _flag(func, "rowwise", rowwise), _flag(func, "colwise", colwise)
     if not rowwise and not colwise:
         raise ValueError(f"{func}: rowwise and colwise are both False; ask for at least one")
     if mode == "affine":

@@ -119,6 +119,14 @@ cdef int _quant_params(str func, qqQuantParams_t* p, mode, group_size, bits, rou
     return 0
 
 
+cdef bint _flag(str func, str name, value) except -1:
+    """A True / False argument (NumPy's bool too): a string or a number would be read by its
+    truth value ("no" as True), so anything else is a TypeError."""
+    if value is True or value is False or isinstance(value, np.bool_):
+        return bool(value)
+    raise TypeError(f"{func}: {name} must be True or False; got {value!r}")
+
+
 cdef str _dtype_arg(str func, dtype):
     """The `dtype=` argument as one of _FLOAT_DTYPES, or None when not given."""
     if dtype is None:
