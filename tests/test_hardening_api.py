@@ -252,3 +252,21 @@ def test_flags_must_be_bools(call, name):
 def test_numpy_bools_are_flags():
     a = qq.quantize_dequantize(X, rowwise=np.bool_(True), colwise=np.bool_(False))
     assert np.array_equal(np.asarray(a), np.asarray(qq.quantize_dequantize(X)))
+
+
+def test_checkpoint_per_tensor_scales_checked():
+    """Before: a string weight_scale_2 and a 0-d MLX weight gave NumPy's own errors; a zero
+    compressed-tensors weight_global_scale became an infinite global scale (with a warning)."""
+    mo = {"l.weight": np.zeros((4, 16), np.uint8), "l.weight_scale": np.zeros((4, 2), np.uint8)}
+    with pytest.raises(ValueError, match="from_modelopt: 'l.weight_scale_2' is not a float32"):
+        ck.from_modelopt({**mo, "l.weight_scale_2": "abc"}, "l")
+    with pytest.raises(ValueError, match="from_modelopt: 'l.weight_scale_2' holds"):
+        ck.from_modelopt({**mo, "l.weight_scale_2": np.array([np.nan], F32)}, "l")
+    ct = {"l.weight_packed": np.zeros((4, 16), np.uint8), "l.weight_scale": np.zeros((4, 2), np.uint8),
+          "l.weight_global_scale": np.zeros(1, F32)}
+    with pytest.raises(ValueError, match="from_compressed_tensors: 'l.weight_global_scale' holds .*positive"):
+        ck.from_compressed_tensors(ct, "l")
+    mlx = {"l.weight": np.zeros((), np.uint32), "l.scales": np.zeros((4, 2), np.float16),
+           "l.biases": np.zeros((4, 2), np.float16)}
+    with pytest.raises(ValueError, match="from_mlx: l.weight has shape"):
+        ck.from_mlx(mlx, "l")

@@ -226,10 +226,18 @@ def _bytes(a, func, key, what):
     return a.view(np.uint8)
 
 
-def _f32_scalar(a, func, key):
-    a = np.asarray(a, dtype=np.float32).reshape(-1)
+def _f32_scalar(a, func, key, *, divisor=False):
+    """A per-tensor scale as float32 values: finite and >= 0 (> 0 where it divides)."""
+    try:
+        a = np.asarray(a, dtype=np.float32).reshape(-1)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{func}: {key!r} is not a float32 per-tensor scale ({e})") from None
     if a.size == 0:
         raise ValueError(f"{func}: {key!r} is empty")
+    if not (np.isfinite(a).all() and (a > 0 if divisor else a >= 0).all()):
+        raise ValueError(f"{func}: {key!r} holds {a[:4].tolist()}{' ...' if a.size > 4 else ''}; a per-tensor "
+                         f"scale must be finite and {'positive (it divides)' if divisor else 'non-negative'}: "
+                         f"the checkpoint is damaged")
     return a
 
 
@@ -261,7 +269,7 @@ def from_compressed_tensors(tensors: Mapping[str, Any], prefix: str) -> "_qq.Qua
     key = f"{prefix}.weight_global_scale"
     if key not in tensors:  # mxfp4-pack-quantized
         return _qq.QuantizedArray(data, scales, None, mode="mxfp4")
-    gsd = _f32_scalar(_need(tensors, key, func, ""), func, key)
+    gsd = _f32_scalar(_need(tensors, key, func, ""), func, key, divisor=True)
     gs = np.asarray([np.float32(2688.0) / gsd.max()], dtype=np.float32)
     return _qq.QuantizedArray(data, scales, None, mode="nvfp4", global_scale=gs)
 
@@ -326,6 +334,9 @@ def from_mlx(tensors: Mapping[str, Any], prefix: str, *, mode: str = "affine", g
     w = np.asarray(_need(tensors, f"{prefix}.weight", func, "packed uint32 words"))
     if w.dtype != np.uint32:
         raise ValueError(f"{func}: {prefix}.weight must be uint32 (MLX's packed words); got {w.dtype}")
+    if w.ndim < 2:
+        raise ValueError(f"{func}: {prefix}.weight has shape {w.shape}; MLX's packed weights are "
+                         f"[..., N, K*bits/32]")
     data = w.astype("<u4", copy=False).view(np.uint8)
     scales = np.asarray(_need(tensors, f"{prefix}.scales", func, "scales"))
     bkey = f"{prefix}.biases"
