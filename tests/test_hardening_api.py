@@ -266,6 +266,9 @@ def test_checkpoint_per_tensor_scales_checked():
           "l.weight_global_scale": np.zeros(1, F32)}
     with pytest.raises(ValueError, match="from_compressed_tensors: 'l.weight_global_scale' holds .*positive"):
         ck.from_compressed_tensors(ct, "l")
+    # 2688 / amax of an all-zero weight: +Inf, no global scale (as before)
+    q = ck.from_compressed_tensors({**ct, "l.weight_global_scale": np.array([np.inf], F32)}, "l")
+    assert float(np.asarray(q.global_scale).reshape(-1)[0]) == 0.0
     mlx = {"l.weight": np.zeros((), np.uint32), "l.scales": np.zeros((4, 2), np.float16),
            "l.biases": np.zeros((4, 2), np.float16)}
     with pytest.raises(ValueError, match="from_mlx: l.weight has shape"):

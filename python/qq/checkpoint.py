@@ -227,16 +227,17 @@ def _bytes(a, func, key, what):
 
 
 def _f32_scalar(a, func, key, *, divisor=False):
-    """A per-tensor scale as float32 values: finite and >= 0 (> 0 where it divides)."""
+    """A per-tensor scale as float32 values: finite and >= 0; where it divides, > 0 (+Inf
+    included: 2688 / amax of an all-zero weight, which makes no global scale)."""
     try:
         a = np.asarray(a, dtype=np.float32).reshape(-1)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{func}: {key!r} is not a float32 per-tensor scale ({e})") from None
     if a.size == 0:
         raise ValueError(f"{func}: {key!r} is empty")
-    if not (np.isfinite(a).all() and (a > 0 if divisor else a >= 0).all()):
+    if not ((a > 0).all() if divisor else (np.isfinite(a) & (a >= 0)).all()):
         raise ValueError(f"{func}: {key!r} holds {a[:4].tolist()}{' ...' if a.size > 4 else ''}; a per-tensor "
-                         f"scale must be finite and {'positive (it divides)' if divisor else 'non-negative'}: "
+                         f"scale must be {'positive (it divides)' if divisor else 'finite and non-negative'}: "
                          f"the checkpoint is damaged")
     return a
 
