@@ -273,3 +273,10 @@ def test_checkpoint_per_tensor_scales_checked():
            "l.biases": np.zeros((4, 2), np.float16)}
     with pytest.raises(ValueError, match="from_mlx: l.weight has shape"):
         ck.from_mlx(mlx, "l")
+
+
+def test_quantized_matmul_swiglu_names_itself():
+    """Before: its matmul half's refusals began "quantized_matmul:"."""
+    w = qq.quantize(RNG.standard_normal((16, 64)).astype(F32), mode="mxfp8")
+    with pytest.raises(ValueError, match="^quantized_matmul_swiglu: 'x' has K=32"):
+        qq.quantized_matmul_swiglu(np.zeros((2, 32), F32), w)

@@ -197,9 +197,15 @@ def quantized_matmul_swiglu(x, w, scales=None, biases=None, group_size=None, bit
             return r
     if out is not None and dtype is None and hasattr(out, "dtype"):
         dtype = out.dtype   # the product in out's dtype, as quantized_matmul(x, w, out=out) and the fused kernel
-    y = quantized_matmul(x, w, scales, biases, True, group_size, bits, mode,
-                         global_scale=global_scale, bias=bias, scale_layout=scale_layout,
-                         fp8_format=fp8_format, dtype=dtype, stream=stream)
+    try:
+        y = quantized_matmul(x, w, scales, biases, True, group_size, bits, mode,
+                             global_scale=global_scale, bias=bias, scale_layout=scale_layout,
+                             fp8_format=fp8_format, dtype=dtype, stream=stream)
+    except (ValueError, TypeError) as e:    # named as the caller's function, not its first half
+        msg = str(e)
+        if not msg.startswith("quantized_matmul:"):
+            raise
+        raise type(e)("quantized_matmul_swiglu:" + msg[len("quantized_matmul:"):]) from None
     # said here, of w and out: swiglu's own refusals would name swiglu and its x (which is y)
     shape = tuple(y.shape)
     if len(shape) == 0 or shape[-1] % 2:
