@@ -155,6 +155,10 @@ cdef class _Call:
             pass                    # a real-dtype, strided torch tensor on CPU or CUDA
         else:
             fw = _framework_of(obj)
+            if fw == "torch" and obj.is_meta:
+                # torch's DLPack export would say only "Unknown device type meta for Dlpack"
+                raise ValueError(f"{self.func}: {name}: the tensor is on torch's meta device (shapes "
+                                 f"only, no data for libqq to read); pass a CPU or CUDA tensor")
             if fw == "torch" and (obj.is_conj() or obj.is_neg()):
                 # torch's lazy conjugate / negative views (t.conj().imag, t._neg_view())
                 # share memory holding the un-negated values: read as is they come out as +t.

@@ -68,10 +68,20 @@ def _torch_dtypes_arg(func, value):
     return _TD[_check_torch_dtypes(func, value)]
 
 
-def _byte_dtypes(mode, fp8_format, td):
+def _td_back(func, td):
+    """An op's torch_dtypes string back to qq's value; a string the ops never pass (a
+    direct torch.ops.qq.* call) is a ValueError, not a KeyError."""
+    try:
+        return _TD_BACK[td]
+    except (KeyError, TypeError):
+        raise ValueError(f"{func}: torch_dtypes: expected 'true', 'false' or 'float4' (the op's "
+                         f"spelling of True / False / 'float4'); got {td!r}") from None
+
+
+def _byte_dtypes(mode, fp8_format, td, func="quantize"):
     """(data dtype, scales dtype) of a quantize result (the fake implementations; the
     rule is libqq's: qq._qq._torch_result_dtypes)."""
-    d, s = _qq._torch_result_dtypes(mode, fp8_format, _TD_BACK[td])
+    d, s = _qq._torch_result_dtypes(mode, fp8_format, _td_back(func, td))
     return getattr(torch, d), getattr(torch, s)
 
 
@@ -89,6 +99,8 @@ def _quantized_shapes(func, x_shape, group_size, bits, blocked, axis="K"):
     [B..., roundup(M, 128), roundup(K/group, 4)] for x [B..., M, K] (1-D x: M = 1).
     K must be a multiple of the group (a guard on a dynamic K)."""
     x_shape = tuple(x_shape)
+    torch._check_value(len(x_shape) >= 1, lambda: f"{func}: argument 'x' has 0 dimensions; "
+                                                  f"expected [..., K] with 1 to 8")
     k = x_shape[-1]
     torch._check_value(k % group_size == 0,
                        lambda: f"{func}: {axis}={k} is not a positive multiple of group_size "
@@ -100,10 +112,11 @@ def _quantized_shapes(func, x_shape, group_size, bits, blocked, axis="K"):
     return data, x_shape[:-2] + (_roundup(m, 128), _roundup(k // group_size, 4))
 
 
-def _matmul_shape(x_shape, w_shape, n):
+def _matmul_shape(x_shape, w_shape, n, func="qqmm"):
     """[..., M, N] for x [..., M, K] and w [..., N or K, ...]; batch axes broadcast; a
     1-D x [K] gives [..., N] (qqmm / quantized_matmul)."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
+    torch._check_value(len(x_shape) >= 1, lambda: f"{func}: x: expected [..., M, K], got a 0-d array")
     if len(x_shape) == 1:
         return w_shape[:-2] + (n,)
     return tuple(torch.broadcast_shapes(x_shape[:-2], w_shape[:-2])) + (x_shape[-2], n)
@@ -119,7 +132,7 @@ def _quantize_op(x: Tensor, global_scale: Optional[Tensor], mode: str, group_siz
                  torch_dtypes: str) -> list[Tensor]:
     qa = _qq.quantize(x, group_size, bits, mode, global_scale=global_scale, rounding=rounding,
                       scale_layout=scale_layout, fp8_format=fp8_format,
-                      torch_dtypes=_TD_BACK[torch_dtypes])
+                      torch_dtypes=_td_back("quantize", torch_dtypes))
     return list(qa)
 
 
@@ -142,7 +155,7 @@ def _quantize_colwise_op(x: Tensor, global_scale: Optional[Tensor], mode: str, g
     r = _qq.quantize_colwise(x, group_size, bits, mode, global_scale=global_scale,
                              rounding=rounding, scale_layout=scale_layout,
                              fp8_format=fp8_format, rowwise=rowwise,
-                             torch_dtypes=_TD_BACK[torch_dtypes])
+                             torch_dtypes=_td_back("quantize_colwise", torch_dtypes))
     if rowwise:
         row, col = r
         return list(col) + list(row)
@@ -155,7 +168,7 @@ def _(x, global_scale, mode, group_size, bits, rounding, scale_layout, fp8_forma
     xs = tuple(x.shape)
     torch._check_value(len(xs) >= 2, lambda: f"quantize_colwise: argument 'x' has shape {xs}; "
                                              f"expected [..., M, K]")
-    ddt, sdt = _byte_dtypes(mode, fp8_format, torch_dtypes)
+    ddt, sdt = _byte_dtypes(mode, fp8_format, torch_dtypes, "quantize_colwise")
     if mode == "affine":
         sdt = x.dtype
     out = []
@@ -284,7 +297,7 @@ def _quantized_matmul_op(x: Tensor, w: Tensor, scales: Tensor, biases: Optional[
 @_quantized_matmul_op.register_fake
 def _(x, w, scales, biases, global_scale, bias, transpose, n, mode, group_size, bits,
       scale_layout, fp8_format, dtype):
-    return x.new_empty(_matmul_shape(x.shape, w.shape, n), dtype=dtype)
+    return x.new_empty(_matmul_shape(x.shape, w.shape, n, "quantized_matmul"), dtype=dtype)
 
 
 @torch.library.custom_op("qq::gather_qmm", mutates_args=())
@@ -333,13 +346,13 @@ def _(scales, shape):
 def _quantize_moe_op(w: Tensor, scaling: str, rounding: str, scale_layout: str,
                      fp8_format: str, torch_dtypes: str) -> list[Tensor]:
     return list(_qq.quantize_moe(w, scaling, rounding=rounding, scale_layout=scale_layout,
-                                 fp8_format=fp8_format, torch_dtypes=_TD_BACK[torch_dtypes]))
+                                 fp8_format=fp8_format, torch_dtypes=_td_back("quantize_moe", torch_dtypes)))
 
 
 @_quantize_moe_op.register_fake
 def _(w, scaling, rounding, scale_layout, fp8_format, torch_dtypes):
     e, d1, d2 = w.shape
-    ddt, sdt = _byte_dtypes("mxfp8", fp8_format, torch_dtypes)
+    ddt, sdt = _byte_dtypes("mxfp8", fp8_format, torch_dtypes, "quantize_moe")
     # data [E, D1, D2] column-major per expert: the [E, D2, D1] buffer seen transposed.
     data = w.new_empty((e, d2, d1), dtype=ddt).transpose(-2, -1)
     if scale_layout == "blocked":
@@ -666,7 +679,8 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
     w, scales, biases, gs, mode, g, b, scale_layout, fp8_format, n = _weight_only_args(
         func, w, scales, biases, global_scale, transpose, group_size, bits, mode, scale_layout,
         fp8_format, x)
-    dt = _dtype(func, dtype) or (out.dtype if out is not None else x.dtype)
+    dt = _dtype(func, dtype) or (out.dtype if out is not None else
+                                 (x.dtype if _is_float(x) else torch.bfloat16))
     y = _quantized_matmul_op(x, w, scales, biases, gs, bias, bool(transpose), n, mode, g, b,
                              scale_layout, fp8_format, dt)
     return _finish(y, out)
@@ -683,7 +697,8 @@ def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
     w, scales, biases, gs, mode, g, b, scale_layout, fp8_format, n = _weight_only_args(
         func, w, scales, biases, global_scale, transpose, group_size, bits, mode, scale_layout,
         fp8_format, x)
-    dt = _dtype(func, dtype) or (out.dtype if out is not None else x.dtype)
+    dt = _dtype(func, dtype) or (out.dtype if out is not None else
+                                 (x.dtype if _is_float(x) else torch.bfloat16))
     y = _gather_qmm_op(x, w, scales, biases, rhs_indices, gs, bias, bool(transpose), n, mode, g,
                        b, scale_layout, fp8_format, dt)
     return _finish(y, out)

@@ -76,7 +76,7 @@ def _qqmm(a, wop, mode, dtype, bias=None):
 
 def _pad_rows(a, g):
     xp = _xp(a)
-    r = (-a.shape[0]) % g
+    r = (-a.shape[0]) % g if a.shape[0] else g   # no tokens: one block of zeros (a zero dW)
     return a if r == 0 else xp.concatenate([a, xp.zeros((r, a.shape[1]), a.dtype)], axis=0)
 
 
@@ -121,6 +121,9 @@ def _host(fn, result_shapes, *args):
 def _check(x, w, b, mode):
     if mode not in MODES:
         raise ValueError(f"qq_linear: mode must be one of {MODES}; got {mode!r}")
+    for name, a in (("x", x), ("w", w), ("b", b)):
+        if a is not None and not (hasattr(a, "ndim") and hasattr(a, "dtype")):
+            raise TypeError(f"qq_linear: {name} must be a JAX or NumPy array; got {type(a).__name__}")
     if w.ndim != 2:
         raise ValueError(f"qq_linear: w must be [out_features, in_features]; got shape {w.shape}")
     if x.ndim < 1 or x.shape[-1] != w.shape[1]:
@@ -131,9 +134,9 @@ def _check(x, w, b, mode):
         if a is not None and jnp.dtype(a.dtype) not in (jnp.float32, jnp.bfloat16, jnp.float16):
             raise TypeError(f"qq_linear: {name} must be float32, bfloat16 or float16; got {a.dtype}")
     g = _GROUP[mode]
-    if w.shape[0] % g or w.shape[1] % g:
+    if w.shape[0] % g or w.shape[1] % g or w.shape[0] <= 0 or w.shape[1] <= 0:
         raise ValueError(f"qq_linear: in_features ({w.shape[1]}) and out_features ({w.shape[0]}) must be "
-                         f"multiples of {g} for mode {mode!r}")
+                         f"positive multiples of {g} for mode {mode!r}")
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(3,))

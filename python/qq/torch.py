@@ -56,6 +56,8 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias, mode: str) -> None:
         raise ValueError(f"qq_linear: mode must be one of {MODES}; got {mode!r}")
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
         raise TypeError("qq_linear: x and weight must be torch tensors")
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise TypeError(f"qq_linear: bias must be a torch tensor or None; got {type(bias).__name__}")
     if weight.dim() != 2:
         raise ValueError(f"qq_linear: weight must be [out_features, in_features]; got shape {tuple(weight.shape)}")
     if x.dim() < 1 or x.shape[-1] != weight.shape[1]:
@@ -71,9 +73,12 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias, mode: str) -> None:
                          f"weight on {weight.device}" + (f", bias on {bias.device}" if bias is not None else ""))
     g = _GROUP[mode]
     n, k = weight.shape
-    if k % g or n % g or (mode == "mxfp8" and (n % 32 or k % 32)):
-        raise ValueError(f"qq_linear: in_features ({k}) and out_features ({n}) must be multiples of {g} "
-                         f"for mode {mode!r} (both GEMM directions quantize along them); pad the layer")
+    if k % g or n % g or (mode == "mxfp8" and (n % 32 or k % 32)) or n <= 0 or k <= 0:
+        raise ValueError(f"qq_linear: in_features ({k}) and out_features ({n}) must be positive multiples of "
+                         f"{g} for mode {mode!r} (both GEMM directions quantize along them); pad the layer")
+    if weight.stride(1) != 1 or weight.stride(0) < k:
+        raise ValueError(f"qq_linear: weight has strides {weight.stride()} (a transposed, expanded or "
+                         f"overlapping view); libqq reads it row by row: pass weight.contiguous()")
 
 
 def _gs(t: torch.Tensor, mode: str):
@@ -218,6 +223,26 @@ def _linear_backward(dy2, saved, mode, need_dx, need_dw, xdtype, wdtype):
     return dx, dw
 
 
+def _once_differentiable(func: str, grads, inputs_need_grad: bool):
+    """The backward's results, made to raise a clear error if differentiated again: with
+    create_graph=True the backward runs in grad mode, and qq's GEMMs have no derivative, so
+    a second-order term through them would silently be zero (a gradient penalty's weight
+    gradient). As torch's once_differentiable, with qq's message and a check that also sees
+    the saved weight (an input of the first call, not of the backward)."""
+    if not (torch.is_grad_enabled() and inputs_need_grad):
+        return grads
+    live = [g for g in grads if g is not None]
+    if not live:
+        return grads
+    err = torch._C._functions.DelayedError(
+        f"{func}: differentiating its gradients again (create_graph=True, then a second backward "
+        f"through them) is not supported: qq's quantized GEMMs have no second derivative; compute "
+        f"the higher-order term with a plain nn.Linear / F.linear".encode(), len(live))
+    wrapped = err(*[g.detach().requires_grad_() for g in live])
+    wrapped = iter(wrapped if isinstance(wrapped, tuple) else (wrapped,))
+    return tuple(None if g is None else next(wrapped) for g in grads)
+
+
 class QQLinearFunction(torch.autograd.Function):
     """y = x @ W^T + b with all three GEMMs on quantized operands (module docstring).
     Eager only: under torch.compile qq_linear runs the qq::linear custom op instead (the
@@ -246,6 +271,7 @@ class QQLinearFunction(torch.autograd.Function):
         db = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0, dtype=torch.float32).to(ctx.wdtype)
+        dx, dw = _once_differentiable("qq_linear", (dx, dw), True)
         return None if dx is None else dx.reshape(ctx.shape), dw, db, None, None
 
 
@@ -327,6 +353,8 @@ def qq_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     so that a compiled model traces without graph breaks, backward included."""
     # Whether a weight gradient can be asked of this call: if not, the forward skips x's
     # values along the tokens (wgrad's operand)
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"qq_linear: weight must be a torch tensor; got {type(weight).__name__}")
     need_dw = torch.is_grad_enabled() and weight.requires_grad
     if not torch.compiler.is_compiling():
         return QQLinearFunction.apply(x, weight, bias, mode, need_dw)
@@ -406,6 +434,7 @@ class QQGroupedLinearFunction(torch.autograd.Function):
             if not direct:
                 dw = dw.to(ctx.wdtype)
         ctx.bwd = None
+        dx, dw = _once_differentiable("qq_grouped_linear", (dx, dw), True)
         return dx, dw, None, None
 
 
@@ -460,9 +489,9 @@ class QQLinear(nn.Linear):
         if mode not in MODES:
             raise ValueError(f"QQLinear: mode must be one of {MODES}; got {mode!r}")
         g = _GROUP[mode]
-        if in_features % g or out_features % g:
+        if in_features % g or out_features % g or in_features <= 0 or out_features <= 0:
             raise ValueError(f"QQLinear: in_features ({in_features}) and out_features ({out_features}) must "
-                             f"be multiples of {g} for mode {mode!r}")
+                             f"be positive multiples of {g} for mode {mode!r}")
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.mode = mode
 
@@ -486,9 +515,9 @@ class QQLinear(nn.Linear):
         if mode not in MODES:
             raise ValueError(f"QQLinear.from_linear: mode must be one of {MODES}; got {mode!r}")
         g = _GROUP[mode]
-        if new.in_features % g or new.out_features % g:
+        if new.in_features % g or new.out_features % g or new.in_features <= 0 or new.out_features <= 0:
             raise ValueError(f"QQLinear.from_linear: in_features ({new.in_features}) and out_features "
-                             f"({new.out_features}) must be multiples of {g} for mode {mode!r}")
+                             f"({new.out_features}) must be positive multiples of {g} for mode {mode!r}")
         return new
 
 
@@ -497,18 +526,20 @@ def convert_linear(module: nn.Module, mode: str = "mxfp8", filter_fn=None) -> nn
     by QQLinear.from_linear(child, mode), keeping its parameters. filter_fn(name, linear)
     -> bool chooses which ones (default: all whose sizes fit the mode's block). Returns the
     module (changed in place)."""
-    g = _GROUP.get(mode)
+    g = _GROUP.get(mode) if isinstance(mode, str) else None
     if g is None:
         raise ValueError(f"convert_linear: mode must be one of {MODES}; got {mode!r}")
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"convert_linear: module must be an nn.Module; got {type(module).__name__}")
 
     def want(name, lin):
         if filter_fn is not None:
             return filter_fn(name, lin)
-        if lin.in_features % g == 0 and lin.out_features % g == 0:
+        if lin.in_features % g == 0 and lin.out_features % g == 0 and lin.in_features > 0 and lin.out_features > 0:
             return True
         # not silent: a layer left in bf16 changes the model's speed and numerics
         _log.warning("convert_linear: %s (in_features=%d, out_features=%d) left as nn.Linear: both must be "
-                     "multiples of %d for mode %r", name or "<module>", lin.in_features, lin.out_features, g, mode)
+                     "positive multiples of %d for mode %r", name or "<module>", lin.in_features, lin.out_features, g, mode)
         return False
 
     if isinstance(module, nn.Linear) and not isinstance(module, QQLinear):
@@ -542,8 +573,16 @@ def _inference_params(func: str, mode: str, group_size, bits, weight_only: bool,
     if decode_layout and not weight_only:
         raise ValueError(f"{func}: decode_layout=True is the weight-only matmul's layout (qqmm has no decode "
                          f"form); pass weight_only=True or decode_layout=False")
+    for name, v in (("weight_only", weight_only), ("decode_layout", decode_layout)):
+        if not (v is True or v is False or type(v).__name__ == "bool_"):
+            raise TypeError(f"{func}: {name} must be True or False; got {v!r}")
+    for name, v in (("group_size", group_size), ("bits", bits)):
+        if v is not None and (isinstance(v, bool) or not hasattr(v, "__index__")):
+            raise TypeError(f"{func}: {name} must be an int or None (the mode's default); got {v!r}")
     g, b = defaults[mode]
-    return (g if group_size is None else int(group_size)), (b if bits is None else int(bits))
+    g, b = (g if group_size is None else int(group_size)), (b if bits is None else int(bits))
+    qq._qq._jax_quant_params(func, mode, g, b, "ceil", "linear", "e4m3")   # libqq's rule: ValueError naming func
+    return g, b
 
 
 def _refreshed(old, new, field: str):
@@ -595,9 +634,9 @@ class QuantizedLinear(nn.Module):
                  decode_layout: bool = False, device=None, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
         g, b = _inference_params("QuantizedLinear", mode, group_size, bits, weight_only, decode_layout)
-        if in_features % g:
-            raise ValueError(f"QuantizedLinear: in_features ({in_features}) must be a multiple of group_size "
-                             f"({g}) for mode {mode!r}")
+        if in_features % g or in_features <= 0 or out_features < 0:
+            raise ValueError(f"QuantizedLinear: in_features ({in_features}) must be a positive multiple of "
+                             f"group_size ({g}) for mode {mode!r}, out_features ({out_features}) >= 0")
         if dtype not in _FLOATS:
             raise TypeError(f"QuantizedLinear: dtype must be float32, bfloat16 or float16; got {dtype}")
         self.in_features, self.out_features = int(in_features), int(out_features)
@@ -629,10 +668,19 @@ class QuantizedLinear(nn.Module):
         w = linear.weight.detach()
         if w.dtype not in _FLOATS:
             raise TypeError(f"QuantizedLinear.from_linear: weight must be float32, bfloat16 or float16; got {w.dtype}")
+        if w.is_meta:
+            raise ValueError("QuantizedLinear.from_linear: weight is on the meta device (no values to quantize); "
+                             "load the float weights first, or load a save_quantized file with load_quantized")
+        if w.dim() == 2 and w.numel() and (w.stride(1) != 1 or w.stride(0) < w.shape[1]):
+            raise ValueError(f"QuantizedLinear.from_linear: weight has strides {w.stride()} (a transposed or "
+                             f"expanded view); libqq reads it row by row: give the layer a contiguous weight")
         new = cls(linear.in_features, linear.out_features, linear.bias is not None, mode=mode,
                   group_size=group_size, bits=bits, weight_only=weight_only, decode_layout=decode_layout,
                   device=w.device, dtype=w.dtype)
         gs = qq.amax(w) if mode == "nvfp4" else None
+        if gs is not None and not bool(torch.isfinite(gs)):   # once per layer, at conversion
+            raise ValueError(f"QuantizedLinear.from_linear: weight holds NaN or Inf (its amax, nvfp4's global "
+                             f"scale, is {float(gs)}); fix the weight before quantizing it")
         # uint8 bytes (torch_dtypes=False): the buffers' dtype, so copy_ moves bytes, not values
         q = qq.quantize(w, new.group_size, new.bits, mode, global_scale=gs, torch_dtypes=False)
         with torch.no_grad():
@@ -645,6 +693,29 @@ class QuantizedLinear(nn.Module):
             if linear.bias is not None:
                 new.bias.copy_(linear.bias.detach())
         return new
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # load_state_dict copies with copy_, which converts values: a float or float8-typed
+        # tensor (qq.quantize's default torch_dtypes=True) copied into the uint8 buffers would
+        # become other bytes, silently. The buffers take bytes (uint8) only; affine's scales
+        # and biases, float values.
+        fp = self.mode != "affine"
+        for name in ("weight", "weight_scales", "weight_biases"):
+            t = state_dict.get(prefix + name)
+            if not isinstance(t, torch.Tensor):
+                continue
+            want_bytes = name == "weight" or fp
+            if want_bytes and t.dtype != torch.uint8:
+                fix = (f"pass its bytes: t.view(torch.uint8)" if t.element_size() == 1 else
+                       "pass the uint8 buffers of a QuantizedLinear / save_quantized file (or "
+                       "qq.quantize(..., torch_dtypes=False)'s)")
+                raise TypeError(f"QuantizedLinear.load_state_dict: {prefix}{name} has dtype {t.dtype}; the "
+                                f"{self.mode} buffer holds packed bytes (uint8), and copying would convert "
+                                f"values instead of bytes; {fix}")
+            if not want_bytes and not t.dtype.is_floating_point:
+                raise TypeError(f"QuantizedLinear.load_state_dict: {prefix}{name} has dtype {t.dtype}; "
+                                f"affine scales and biases are float values (the weight's dtype)")
+        return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _apply(self, fn, recurse=True):
         # .to(dtype) / .half() cast every float buffer; nvfp4's global scale stays float32
@@ -725,8 +796,11 @@ class QuantizedLinear(nn.Module):
         return dw
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"QuantizedLinear: x's last axis ({x.shape[-1]}) must equal in_features "
+        s = x.shape if isinstance(x, torch.Tensor) else None
+        if not s or s[-1] != self.in_features:
+            if s is None:
+                raise TypeError(f"QuantizedLinear: x must be a torch tensor; got {type(x).__name__}")
+            raise ValueError(f"QuantizedLinear: x's last axis ({s[-1] if s else None}) must equal in_features "
                              f"({self.in_features})")
         flat = x.dim() == 2
         x2 = x if flat else x.reshape(-1, self.in_features)
@@ -791,8 +865,8 @@ def quantize_(model: nn.Module, mode: str = "nvfp4", *, weight_only: bool = True
             if filter_fn is not None and not filter_fn(child, fqn):
                 report.skipped.append((fqn, "filter_fn returned False"))
                 continue
-            if child.in_features % g:
-                report.skipped.append((fqn, f"in_features ({child.in_features}) is not a multiple of group_size "
+            if child.in_features % g or child.in_features <= 0:
+                report.skipped.append((fqn, f"in_features ({child.in_features}) is not a positive multiple of group_size "
                                             f"{g} for mode {mode!r}"))
                 continue
             if child.weight.dtype not in _FLOATS:
