@@ -91,6 +91,40 @@ def test_create_graph_without_second_backward_still_works():
     assert torch.equal(gx.detach(), x2.grad) and torch.equal(gw.detach(), w2.grad)
 
 
+@pytest.mark.parametrize("grouped", [False, True])
+def test_create_graph_with_a_frozen_weight_is_plain(grouped):
+    """Review: with a frozen weight and dy not requiring grad, dx's second-order term is truly
+    zero (F.linear's gradient is a plain tensor there), so a penalty on it must work, as
+    before this session's check."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 64, requires_grad=True)
+    if grouped:
+        y = qqt.qq_grouped_linear(x, torch.randn(2, 32, 64), torch.tensor([4, 8], dtype=torch.int32))
+    else:
+        y = qqt.qq_linear(x, torch.randn(32, 64))
+    (g,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+    assert not g.requires_grad
+    (g.square().sum() + x.square().sum()).backward()
+    assert x.grad is not None
+
+
+def test_numpy_bool_flags_for_quantized_linear():
+    """Review: NumPy 2's bool type is named "bool", not "bool_", and was refused."""
+    layer = qqt.QuantizedLinear(64, 32, mode="nvfp4", weight_only=np.True_, decode_layout=np.False_)
+    assert layer.weight_only is np.True_ or bool(layer.weight_only)
+
+
+def test_flags_checked_under_torch_compile():
+    """Review: the compiled wrappers read a string flag by its truth value (eager refuses it)."""
+    x = torch.randn(64, 64)
+    f = torch.compile(lambda t: qq.quantize_dequantize(t, "mxfp8", colwise="no"), fullgraph=True)
+    with pytest.raises(Exception, match="quantize_dequantize: colwise must be True or False"):
+        f(x)
+    g = torch.compile(lambda t: qq.quantize_colwise(t, mode="mxfp8", rowwise="yes"), fullgraph=True)
+    with pytest.raises(Exception, match="quantize_colwise: rowwise must be True or False"):
+        g(x)
+
+
 def test_convert_linear_bad_arguments():
     refused(ValueError, ["convert_linear", "mode"], qqt.convert_linear, nn.Linear(64, 32), mode=["mxfp8"])
     refused(TypeError, ["convert_linear", "module"], qqt.convert_linear, "model")

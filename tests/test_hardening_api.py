@@ -271,14 +271,26 @@ def test_checkpoint_per_tensor_scales_checked():
     # 2688 / amax of an all-zero weight: +Inf, no global scale (as before)
     q = ck.from_compressed_tensors({**ct, "l.weight_global_scale": np.array([np.inf], F32)}, "l")
     assert float(np.asarray(q.global_scale).reshape(-1)[0]) == 0.0
+    with pytest.raises(ValueError, match="mixes \\+Inf"):  # fused shards: one all-zero, one not
+        ck.from_compressed_tensors({**ct, "l.weight_global_scale": np.array([np.inf, 448.0], F32)}, "l")
     mlx = {"l.weight": np.zeros((), np.uint32), "l.scales": np.zeros((4, 2), np.float16),
            "l.biases": np.zeros((4, 2), np.float16)}
     with pytest.raises(ValueError, match="from_mlx: l.weight has shape"):
         ck.from_mlx(mlx, "l")
 
 
-def test_quantized_matmul_swiglu_names_itself():
+def test_quantized_matmul_swiglu_names_itself_for_its_matmul():
     """Before: its matmul half's refusals began "quantized_matmul:"."""
     w = qq.quantize(RNG.standard_normal((16, 64)).astype(F32), mode="mxfp8")
     with pytest.raises(ValueError, match="^quantized_matmul_swiglu: 'x' has K=32"):
         qq.quantized_matmul_swiglu(np.zeros((2, 32), F32), w)
+
+
+def test_checkpoint_cut_inside_header_is_truncated(tmp_path):
+    """Review: a file cut inside its JSON header said "its header is not JSON"."""
+    pytest.importorskip("safetensors")  # (the sanitizer stage of .ci/run installs no extras)
+    p, raw, n, hdr = _file(tmp_path)
+    t = tmp_path / "cut.safetensors"
+    t.write_bytes(raw[:20])
+    with pytest.raises(ValueError, match="read_raw: .* the file is truncated"):
+        ck.read_raw(t)

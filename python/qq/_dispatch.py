@@ -53,6 +53,14 @@ def check_torch_dtypes(func: str, value):
     raise ValueError(f"{func}: torch_dtypes: expected True, False or 'float4', got {value!r}")
 
 
+def check_flag(func: str, name: str, value) -> bool:
+    """A True / False argument checked where Cython cannot run (Dynamo tracing, the JAX custom
+    calls): the rule of qq._qq's _flag (NumPy's bool too; anything else is a TypeError)."""
+    if value is True or value is False or type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
+        return bool(value)
+    raise TypeError(f"{func}: {name} must be True or False; got {value!r}")
+
+
 def require_indices(func: str, rhs_indices):
     """gather_qmm's indices are required: checked where Cython cannot run (Dynamo tracing,
     the JAX custom call), with the words of qq._qq.gather_qmm's check."""

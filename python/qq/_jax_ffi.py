@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _qq
-from ._dispatch import check_torch_dtypes, require_indices, swiglu_shape_error
+from ._dispatch import check_flag, check_torch_dtypes, require_indices, swiglu_shape_error
 from ._qq import DecodeWeight, NotSupportedError, PreparedWeight, QuantizedArray
 
 #: The operations with XLA handlers (qq_xla_<op>_cpu / _cuda in libqq_xla.so).
@@ -240,6 +240,7 @@ def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_sca
                      rounding="ceil", scale_layout="linear", fp8_format="e4m3", rowwise=False,
                      torch_dtypes=True, stream=None):
     func = "quantize_colwise"
+    rowwise = check_flag(func, "rowwise", rowwise)
     _no_stream_or_out(func, stream)
     check_torch_dtypes(func, torch_dtypes)   # taken for torch callers; JAX results are uint8
     p = _qq._jax_quant_params(func, mode, group_size, bits, rounding, scale_layout, fp8_format)

@@ -49,7 +49,7 @@ from torch import Tensor
 from . import _qq
 from ._qq import DecodeWeight, PreparedWeight, QuantizedArray
 from ._dispatch import check_torch_dtypes as _check_torch_dtypes
-from ._dispatch import require_indices, swiglu_shape_error
+from ._dispatch import check_flag, require_indices, swiglu_shape_error
 
 # group_size and bits of each mode when not given, asked of libqq once (qqQuantParamsInit):
 # the fake implementations need them as Python ints at trace time.
@@ -514,6 +514,7 @@ def quantize_dequantize(x, mode="mxfp8", *, global_scale=None, rowwise=True, col
                         rounding="ceil", fp8_format="e4m3", stream=None):
     func = "quantize_dequantize"
     _no_stream(func, stream)
+    rowwise, colwise = check_flag(func, "rowwise", rowwise), check_flag(func, "colwise", colwise)
     if not rowwise and not colwise:
         raise ValueError(f"{func}: rowwise and colwise are both False; ask for at least one")
     t = _quantize_dequantize_op(x, _scalar(global_scale, x), mode, rounding, fp8_format,
@@ -536,6 +537,7 @@ def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_sca
                      torch_dtypes=True, stream=None):
     func = "quantize_colwise"
     _no_stream(func, stream)
+    rowwise = check_flag(func, "rowwise", rowwise)
     g, b = _params(func, mode, group_size, bits)
     gs = _scalar(global_scale, x)
     t = _quantize_colwise_op(x, gs, mode, g, b, rounding, scale_layout, fp8_format, bool(rowwise),

@@ -174,15 +174,15 @@ def read_raw(path) -> tuple:
     if len(raw) < 8:
         raise ValueError(f"{func}: {path}: not a safetensors file (shorter than its header length)")
     n = int.from_bytes(raw[:8], "little")
+    if 8 + n > len(raw):  # (before parsing: a file cut inside its header is truncated, not "not JSON")
+        raise ValueError(f"{func}: {path}: the file is truncated (its header claims {n} bytes; "
+                         f"{len(raw) - 8} follow the header length)")
     try:
         header = json.loads(raw[8:8 + n])
     except ValueError as e:
         raise ValueError(f"{func}: {path}: not a safetensors file (its header is not JSON)") from e
     if not isinstance(header, dict):
         raise ValueError(f"{func}: {path}: not a safetensors file (its header is not a JSON object)")
-    if 8 + n > len(raw):
-        raise ValueError(f"{func}: {path}: the file is truncated (its header claims {n} bytes; "
-                         f"{len(raw) - 8} follow the header length)")
     meta = header.pop("__metadata__", None) or {}
     data = memoryview(raw)[8 + n:]
     out = {}
@@ -271,6 +271,11 @@ def from_compressed_tensors(tensors: Mapping[str, Any], prefix: str) -> "_qq.Qua
     if key not in tensors:  # mxfp4-pack-quantized
         return _qq.QuantizedArray(data, scales, None, mode="mxfp4")
     gsd = _f32_scalar(_need(tensors, key, func, ""), func, key, divisor=True)
+    if np.isinf(gsd).any() and not np.isinf(gsd).all():
+        # fused shards: an all-zero shard's +Inf would make the max Inf and drop the others' scale
+        raise ValueError(f"{func}: {key!r} mixes +Inf (an all-zero shard) with finite shard scales "
+                         f"{gsd[np.isfinite(gsd)][:4].tolist()}; qq keeps one global scale per weight: "
+                         f"requantize the fused weight with one scale")
     gs = np.asarray([np.float32(2688.0) / gsd.max()], dtype=np.float32)
     return _qq.QuantizedArray(data, scales, None, mode="nvfp4", global_scale=gs)
 

@@ -223,15 +223,17 @@ def _linear_backward(dy2, saved, mode, need_dx, need_dw, xdtype, wdtype):
     return dx, dw
 
 
-def _once_differentiable(func: str, grads, inputs_need_grad: bool):
+def _once_differentiable(func: str, grads, differentiable):
     """The backward's results, made to raise a clear error if differentiated again: with
     create_graph=True the backward runs in grad mode, and qq's GEMMs have no derivative, so
     a second-order term through them would silently be zero (a gradient penalty's weight
-    gradient). As torch's once_differentiable, with qq's message and a check that also sees
-    the saved weight (an input of the first call, not of the backward)."""
-    if not (torch.is_grad_enabled() and inputs_need_grad):
+    gradient). As torch's once_differentiable, with qq's message; `differentiable[i]`: whether
+    grads[i] depends on something that requires grad (dy, or the other GEMM operand saved by
+    the forward), so that a gradient whose second-order term is truly zero stays a plain
+    tensor, as F.linear's would."""
+    if not torch.is_grad_enabled():
         return grads
-    live = [g for g in grads if g is not None]
+    live = [g for g, d in zip(grads, differentiable) if g is not None and d]
     if not live:
         return grads
     err = torch._C._functions.DelayedError(
@@ -240,7 +242,7 @@ def _once_differentiable(func: str, grads, inputs_need_grad: bool):
         f"the higher-order term with a plain nn.Linear / F.linear".encode(), len(live))
     wrapped = err(*[g.detach().requires_grad_() for g in live])
     wrapped = iter(wrapped if isinstance(wrapped, tuple) else (wrapped,))
-    return tuple(None if g is None else next(wrapped) for g in grads)
+    return tuple(next(wrapped) if g is not None and d else g for g, d in zip(grads, differentiable))
 
 
 class QQLinearFunction(torch.autograd.Function):
@@ -257,6 +259,7 @@ class QQLinearFunction(torch.autograd.Function):
                                    need_dw)
         ctx.save_for_backward(*saved)
         ctx.mode, ctx.shape, ctx.xdtype = mode, shape, x.dtype
+        ctx.x_grad, ctx.w_grad = x.requires_grad, weight.requires_grad  # (_once_differentiable)
         ctx.wdtype, ctx.has_bias = weight.dtype, bias is not None
         return y.reshape(*shape[:-1], weight.shape[0])
 
@@ -271,7 +274,9 @@ class QQLinearFunction(torch.autograd.Function):
         db = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0, dtype=torch.float32).to(ctx.wdtype)
-        dx, dw = _once_differentiable("qq_linear", (dx, dw), True)
+        # dx = dy W, dw = dy^T x: second-order terms through dy and the other operand
+        dx, dw = _once_differentiable("qq_linear", (dx, dw), (dy.requires_grad or ctx.w_grad,
+                                                              dy.requires_grad or ctx.x_grad))
         return None if dx is None else dx.reshape(ctx.shape), dw, db, None, None
 
 
@@ -413,6 +418,7 @@ class QQGroupedLinearFunction(torch.autograd.Function):
         y = _grouped(x, fwd, offsets, mode, x.dtype)
         ctx.save_for_backward(x, offsets)
         ctx.bwd, ctx.mode, ctx.wdtype = bwd, mode, weight.dtype
+        ctx.x_grad, ctx.w_grad = x.requires_grad, weight.requires_grad  # (_once_differentiable)
         return y
 
     @staticmethod
@@ -434,7 +440,8 @@ class QQGroupedLinearFunction(torch.autograd.Function):
             if not direct:
                 dw = dw.to(ctx.wdtype)
         ctx.bwd = None
-        dx, dw = _once_differentiable("qq_grouped_linear", (dx, dw), True)
+        dx, dw = _once_differentiable("qq_grouped_linear", (dx, dw), (dy.requires_grad or ctx.w_grad,
+                                                                      dy.requires_grad or ctx.x_grad))
         return dx, dw, None, None
 
 
@@ -574,7 +581,7 @@ def _inference_params(func: str, mode: str, group_size, bits, weight_only: bool,
         raise ValueError(f"{func}: decode_layout=True is the weight-only matmul's layout (qqmm has no decode "
                          f"form); pass weight_only=True or decode_layout=False")
     for name, v in (("weight_only", weight_only), ("decode_layout", decode_layout)):
-        if not (v is True or v is False or type(v).__name__ == "bool_"):
+        if not (v is True or v is False or type(v).__module__ == "numpy" and type(v).__name__ in ("bool", "bool_")):
             raise TypeError(f"{func}: {name} must be True or False; got {v!r}")
     for name, v in (("group_size", group_size), ("bits", bits)):
         if v is not None and (isinstance(v, bool) or not hasattr(v, "__index__")):
