@@ -83,6 +83,38 @@ def test_weight_only_matches_reference(mode, kw, bias, dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("weight_only", [True, False], ids=["weight_only", "both"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode,kw", MODES, ids=IDS)
+def test_input_gradient(mode, kw, dtype, weight_only, device):
+    """x's gradient through a frozen quantized layer (an adapter or a prefix trained under it):
+    dy @ W with W the layer's dequantized weight (straight through q(x) for weight_only=False).
+    Before, the result had no grad_fn and the gradient was silently lost."""
+    if mode == "affine" and not weight_only:
+        pytest.skip("affine has no qqmm form")
+    d = dev(device)
+    torch.manual_seed(2)
+    lin = nn.Linear(64, 96, bias=True).to(d, dtype)
+    layer = qqt.QuantizedLinear.from_linear(lin, mode, weight_only=weight_only, **kw)
+    x = torch.randn(2, 3, 64, dtype=dtype, device=d, requires_grad=True)
+    y = layer(x)
+    assert y.grad_fn is not None
+    with torch.no_grad():   # the forward is the same product with or without x's graph
+        assert torch.equal(y.detach(), layer(x.detach()))
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    assert x.grad is not None and x.grad.shape == x.shape and x.grad.dtype == dtype
+    ref = R.quantized_matmul(np_of(dy).reshape(-1, 96), ref_weight(layer), transpose=False)
+    msg = R.matmul_mismatch(np_of(x.grad).reshape(-1, 64), ref)
+    assert msg is None, msg
+    # a second backward through that gradient would need W's GEMM's derivative in dy: refused
+    x2 = x.detach().requires_grad_()
+    (g,) = torch.autograd.grad(layer(x2).square().sum(), x2, create_graph=True)
+    with pytest.raises(RuntimeError, match="QuantizedLinear: differentiating its gradients again"):
+        g.sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", ["nvfp4", "mxfp4", "mxfp8"])
 def test_both_quantized_matches_reference(mode, device):
     d = dev(device)

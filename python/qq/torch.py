@@ -811,6 +811,14 @@ class QuantizedLinear(nn.Module):
                              f"({self.in_features})")
         flat = x.dim() == 2
         x2 = x if flat else x.reshape(-1, self.in_features)
+        if x.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            y = _QuantizedLinearInput.apply(x2, self)   # x's gradient (adapters on a frozen base)
+        else:
+            y = self._matmul(x2)
+        return y if flat else y.reshape(*x.shape[:-1], self.out_features)
+
+    def _matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        """y [T, out] for x2 [T, in]: the layer's product, bias included."""
         if self.weight_only:
             dw = None
             if self.decode_layout and not torch.compiler.is_compiling() and self._buffers["weight"].is_cuda:
@@ -828,12 +836,35 @@ class QuantizedLinear(nn.Module):
                             global_scale_x=gsx, global_scale_w=self.weight_global_scale, bias=self.bias)
             else:
                 y = qq.qqmm(x2, self._prepared_weight(), global_scale_x=gsx, bias=self.bias)
-        return y if flat else y.reshape(*x.shape[:-1], self.out_features)
+        return y
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"mode={self.mode!r}, group_size={self.group_size}, bits={self.bits}, weight_only={self.weight_only}"
                 + (", decode_layout=True" if self.decode_layout else ""))
+
+
+class _QuantizedLinearInput(torch.autograd.Function):
+    """QuantizedLinear's product where x requires grad (eager): the layer's result, and
+    x's gradient dy @ W with the packed weight itself (qq.quantized_matmul, transpose=False:
+    dy [T, out] times W [out, in], W = dequantize(weight) exactly; for weight_only=False the
+    straight-through estimate through q(x)). The weight and bias are buffers: no gradient.
+    Without it the result had no grad_fn and x's gradient was silently lost (a LoRA adapter
+    or a prefix under a frozen quantized base)."""
+
+    @staticmethod
+    def forward(ctx, x2, layer):
+        ctx.layer, ctx.xdtype = layer, x2.dtype
+        return layer._matmul(x2)
+
+    @staticmethod
+    def backward(ctx, dy):
+        l = ctx.layer
+        dx = qq.quantized_matmul(dy.contiguous(), l.weight, l.weight_scales, l.weight_biases, transpose=False,
+                                 group_size=l.group_size, bits=l.bits, mode=l.mode,
+                                 global_scale=l.weight_global_scale, dtype=ctx.xdtype)
+        (dx,) = _once_differentiable("QuantizedLinear", (dx,), (dy.requires_grad,))
+        return dx, None
 
 
 @dataclass
