@@ -294,3 +294,11 @@ def test_checkpoint_cut_inside_header_is_truncated(tmp_path):
     t.write_bytes(raw[:20])
     with pytest.raises(ValueError, match="read_raw: .* the file is truncated"):
         ck.read_raw(t)
+
+
+def test_deinterleave_parts_is_not_a_bool():
+    """The probe's report: parts=True was taken as 1 (a bool is an int)."""
+    qa = qq.quantize(RNG.standard_normal((8, 64)).astype(F32), mode="mxfp8")
+    with pytest.raises(ValueError, match="deinterleave: parts: expected a positive int, got True"):
+        ck.deinterleave(qa, parts=True)
+    assert len(ck.deinterleave(qa, parts=2)) == 2

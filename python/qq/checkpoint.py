@@ -308,7 +308,7 @@ def deinterleave(qa: "_qq.QuantizedArray", parts: int = 2) -> tuple:
     func = "qq.checkpoint.deinterleave"
     if not isinstance(qa, _qq.QuantizedArray):
         raise TypeError(f"{func}: qa: expected a qq.QuantizedArray, got {type(qa).__name__}")
-    if not isinstance(parts, int) or parts < 1:
+    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:  # (True is an int: 1)
         raise ValueError(f"{func}: parts: expected a positive int, got {parts!r}")
     shape = tuple(qa.shape)
     if len(shape) < 2 or shape[-2] % parts:
