@@ -29,6 +29,7 @@ import inspect
 import linecache
 import sys
 
+from numpy import bool_ as _np_bool
 from numpy import ndarray as _ndarray
 
 from . import _qq
@@ -56,7 +57,7 @@ def check_torch_dtypes(func: str, value):
 def check_flag(func: str, name: str, value) -> bool:
     """A True / False argument checked where Cython cannot run (Dynamo tracing, the JAX custom
     calls): the rule of qq._qq's _flag (NumPy's bool too; anything else is a TypeError)."""
-    if value is True or value is False or type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
+    if value is True or value is False or isinstance(value, _np_bool):
         return bool(value)
     raise TypeError(f"{func}: {name} must be True or False; got {value!r}")
 

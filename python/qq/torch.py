@@ -41,6 +41,7 @@ from torch import nn
 
 import qq
 from qq import _torch_ops  # noqa: F401  (registers qq's torch ops: torch.compile support)
+from qq._dispatch import check_flag
 
 __all__ = ["QQLinear", "QQLinearFunction", "convert_linear", "qq_linear", "MODES",
            "QQGroupedLinear", "QQGroupedLinearFunction", "qq_grouped_linear",
@@ -76,9 +77,15 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias, mode: str) -> None:
     if k % g or n % g or (mode == "mxfp8" and (n % 32 or k % 32)) or n <= 0 or k <= 0:
         raise ValueError(f"qq_linear: in_features ({k}) and out_features ({n}) must be positive multiples of "
                          f"{g} for mode {mode!r} (both GEMM directions quantize along them); pad the layer")
-    if weight.stride(1) != 1 or weight.stride(0) < k:
+    if not _rows_readable(weight):
         raise ValueError(f"qq_linear: weight has strides {weight.stride()} (a transposed, expanded or "
                          f"overlapping view); libqq reads it row by row: pass weight.contiguous()")
+
+
+def _rows_readable(w: torch.Tensor) -> bool:
+    """A 2-D weight libqq can read row by row: unit stride along a row, rows apart by at least
+    a row (row-strided slices of a wider matrix pass; transposed or expanded views do not)."""
+    return w.stride(1) == 1 and w.stride(0) >= w.shape[1]
 
 
 def _gs(t: torch.Tensor, mode: str):
@@ -580,9 +587,8 @@ def _inference_params(func: str, mode: str, group_size, bits, weight_only: bool,
     if decode_layout and not weight_only:
         raise ValueError(f"{func}: decode_layout=True is the weight-only matmul's layout (qqmm has no decode "
                          f"form); pass weight_only=True or decode_layout=False")
-    for name, v in (("weight_only", weight_only), ("decode_layout", decode_layout)):
-        if not (v is True or v is False or type(v).__module__ == "numpy" and type(v).__name__ in ("bool", "bool_")):
-            raise TypeError(f"{func}: {name} must be True or False; got {v!r}")
+    check_flag(func, "weight_only", weight_only)
+    check_flag(func, "decode_layout", decode_layout)
     for name, v in (("group_size", group_size), ("bits", bits)):
         if v is not None and (isinstance(v, bool) or not hasattr(v, "__index__")):
             raise TypeError(f"{func}: {name} must be an int or None (the mode's default); got {v!r}")
@@ -678,7 +684,7 @@ class QuantizedLinear(nn.Module):
         if w.is_meta:
             raise ValueError("QuantizedLinear.from_linear: weight is on the meta device (no values to quantize); "
                              "load the float weights first, or load a save_quantized file with load_quantized")
-        if w.dim() == 2 and w.numel() and (w.stride(1) != 1 or w.stride(0) < w.shape[1]):
+        if w.dim() == 2 and w.numel() and not _rows_readable(w):
             raise ValueError(f"QuantizedLinear.from_linear: weight has strides {w.stride()} (a transposed or "
                              f"expanded view); libqq reads it row by row: give the layer a contiguous weight")
         new = cls(linear.in_features, linear.out_features, linear.bias is not None, mode=mode,
