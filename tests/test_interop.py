@@ -4,6 +4,8 @@ container; QuantizedArray unpacks like MLX's result; out= returns the very objec
 
 from __future__ import annotations
 
+import sys
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -154,6 +156,78 @@ def test_torch_results_on_the_inputs_device_under_a_default_device(rng):
         assert t.device.type == "cpu"
     assert_bits_equal(y, ref_dequantize_qa(q, np.float32))
     assert float(a) == float(np.abs(x).max())
+
+
+def _torch_results_checks(torch, device, rng, monkeypatch):
+    """qq's torch results come from torch's C shim (qq/_call.pxi, _torch_empty): plain,
+    contiguous tensors on the inputs' device that alone hold their memory (the shim's
+    handle is deleted: a leaked one would hold a second reference to the tensor), with torch's Python
+    allocation (new_empty) not called at all."""
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    xt = torch.from_numpy(x).to(device)
+
+    def refuse(self, *a, **k):
+        raise AssertionError("torch.Tensor.new_empty was called")
+    monkeypatch.setattr(torch.Tensor, "new_empty", refuse)
+    q = qq.quantize(xt, mode="nvfp4")
+    y = qq.dequantize(q, dtype="float32")
+    a = qq.amax(xt)
+    monkeypatch.undo()
+    assert (q.data.dtype, q.scales.dtype, y.dtype, a.dtype) == (
+        torch.uint8, torch.float8_e4m3fn, torch.float32, torch.float32)
+    assert (tuple(q.data.shape), tuple(q.scales.shape), tuple(y.shape), tuple(a.shape)) == (
+        (4, 32), (4, 4), (4, 64), ())
+    for t in (q.data, q.scales, y, a):
+        assert type(t) is torch.Tensor and t.is_contiguous() and t.device == xt.device
+        assert t._use_count() == 1
+    assert_quantized_equal(q, R.quantize(x, mode="nvfp4"), x)
+    assert_bits_equal(y, ref_dequantize_qa(q, np.float32))
+    assert float(a) == float(np.abs(x).max())
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the C allocation path is looked up in libtorch_cpu.so")
+def test_torch_cpu_results_through_the_c_shim(rng, monkeypatch):
+    torch = pytest.importorskip("torch")
+    _torch_results_checks(torch, "cpu", rng, monkeypatch)
+
+
+def test_torch_results_under_a_dispatch_mode_go_through_it(rng):
+    """Inside a TorchDispatchMode (a tracer, a FakeTensorMode, a logger) results are made by
+    torch's Python path, so the mode sees them; the C path would bypass it."""
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    with Log() as log:
+        q = qq.quantize(torch.from_numpy(x), mode="mxfp8")
+    assert sum("new_empty" in o for o in log.ops) == 2, log.ops
+    assert_quantized_equal(q, R.quantize(x, mode="mxfp8"), x)
+
+
+@pytest.mark.gpu
+def test_torch_cuda_results_through_the_c_shim(rng, monkeypatch):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    _torch_results_checks(torch, "cuda", rng, monkeypatch)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    xt = torch.randn(64, 4096, device="cuda")
+    for _ in range(10):
+        q = qq.quantize(xt, mode="nvfp4")
+        del q
+    del xt
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == base  # every result's memory went back to torch
 
 
 @pytest.mark.gpu
