@@ -394,3 +394,91 @@ def test_qqmm_small_m_route(cfg, m, rng):
     qw = qq.quantize(cuda(w), global_scale=cuda(gw), scale_layout="blocked", **kw)
     got = qq.qqmm(cuda(x), qw, global_scale_x=cuda(gx), dtype="float32", **kw)
     assert_matmul_close(got, ref_qqmm(x, w, cfg, gx, gw), f"qqmm small-M m={m}", dtype=F32)
+
+
+def _qqmm_kernels(torch, fn):
+    """Names of the CUDA kernels one call of fn launches (torch's profiler)."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+            and not e.name.startswith(("Memcpy", "Memset"))]
+
+
+def _x_specials(x, k, huge):
+    """x with the groups the quantizer treats apart: all zeros, a NaN, an Inf, subnormals,
+    and (huge) values at the top of bf16's range - in row 0; the other rows stay random."""
+    x = x.copy()
+    if k >= 160:
+        x[0, 0:32] = 0.0
+        x[0, 32] = np.nan
+        x[0, 64] = np.inf
+        x[0, 128:160] = 1.0e-39 * np.sign(x[0, 128:160])
+        if huge:
+            x[0, 96:128] = 3.0e38 * np.sign(x[0, 96:128])
+    return x
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 512), (1, 96), (1, 16384), (2, 4096), (5, 224), (8, 2048),
+                                   (2, 3, 256)], ids=str)
+@pytest.mark.parametrize("xdt", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("cfg", [FpCfg("nvfp4", global_scale=True), FpCfg("nvfp4"), FpCfg("mxfp4", "floor"),
+                                 FpCfg("mxfp8", "ceil", "e4m3"), FpCfg("mxfp8", "ceil", "e5m2")], ids=str)
+def test_qqmm_small_m_x_quantized_in_the_launch(cfg, xdt, shape, rng):
+    """At M <= 8 with a stored weight qqmm quantizes x inside the weight-only kernel's own
+    launch (ops.cuh, QX: qmma, and qmv for mxfp8 at M = 1), one kernel and no scratch: the
+    same bits as the two-launch form (the unfused_qx hook: a qdq kernel first, then the
+    kernel on q(x)), and the reference's values. Special groups (zeros, NaN, Inf, the top of
+    bf16's range, subnormals) in row 0, ragged steps (K = 96, 224), x in every dtype,
+    batched x (M = 6 folded), rows off 16-byte boundaries (K = 224), the largest K that fits
+    (16384 at M = 1)."""
+    torch = torch_or_skip()
+    *lead, k = shape
+    m = int(np.prod(lead))
+    n = 72
+    # (huge values only without a global scale: one would scale every other row to zero)
+    x = cast(_x_specials(randn(rng, (m, k)), k, not cfg.global_scale), getattr(np, xdt) if xdt != "bfloat16" else BF16)
+    w = randn(rng, (n, k), BF16)
+    gx = R.amax(np.where(np.isfinite(x.astype(F32)), x, 0).astype(F32)) if cfg.global_scale else None
+    gw = R.amax(w) if cfg.global_scale else None
+    kw = qq_kwargs(cfg)
+    qw = qq.quantize(cuda(w), global_scale=cuda(gw), **kw)
+    xc = cuda(x.reshape(shape))
+    if k == 224:  # rows that start off 16-byte boundaries (element loads in the kernels)
+        xc = torch.cat([xc, xc], dim=-1)[..., 1:k + 1]
+    gxc = cuda(gx)
+    call = lambda: qq.qqmm(xc, qw, global_scale_x=gxc, dtype="float32", **kw)  # noqa: E731
+    fused = to_numpy(call()).reshape(m, n)
+    route = qq.last_route()
+    assert route == ("qmv" if cfg.mode == "mxfp8" and m == 1 else "qmma")
+    kernels = _qqmm_kernels(torch, call)
+    assert len(kernels) == 1 and "qdq" not in kernels[0], kernels
+    old = qq._qq._set_test_hook("unfused_qx", 1)
+    try:
+        two = to_numpy(call()).reshape(m, n)
+        assert qq.last_route() == route
+        assert len(_qqmm_kernels(torch, call)) == 2
+    finally:
+        qq._qq._set_test_hook("unfused_qx", old)
+    np.testing.assert_array_equal(fused, two)  # NaN where NaN, every other bit equal
+    assert_matmul_close(fused, ref_qqmm(x, w, cfg, gx, gw), f"qqmm fused {cfg} M={m} K={k}", dtype=F32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 16384), (9, 512)], ids=str)
+def test_qqmm_small_m_two_launches_beyond_the_bound(shape, rng):
+    """Where q(x) does not fit the kernels' shared memory (M = 2, K = 16384: 64 KB) or M > 8,
+    qqmm quantizes x in a kernel of its own first, as before."""
+    torch = torch_or_skip()
+    m, k = shape
+    x, w = randn(rng, (m, k), BF16), randn(rng, (72, k), BF16)
+    qw = qq.quantize(cuda(w), mode="nvfp4")
+    xc = cuda(x)
+    call = lambda: qq.qqmm(xc, qw, mode="nvfp4", dtype="float32")  # noqa: E731
+    y = to_numpy(call())
+    assert qq.last_route() == "qmma"
+    assert len(_qqmm_kernels(torch, call)) == 2
+    assert_matmul_close(y, ref_qqmm(x, w, FpCfg("nvfp4")), f"qqmm M={m} K={k}", dtype=F32)

@@ -107,6 +107,10 @@ enum TestHook {
   // Number of block-scaled heuristic queries made so far (read-only counter,
   // so a test can see that a refusal is remembered).
   HOOK_BLOCKSCALED_QUERIES = 2,
+  // qqmm's small-M routes quantize x in a kernel of its own first (two launches and
+  // scratch), as before x was quantized inside the weight-only kernel (ops.cuh, QX): the
+  // tests compare the two forms, the benchmarks time them.
+  HOOK_UNFUSED_QX = 3,
   HOOK_COUNT
 };
 int test_hook(TestHook h);

@@ -64,11 +64,11 @@ QQ_API const char* qqGetRouteString(qqRoute_t route) {
 }
 
 // Not in qq.h (see the top of this file). Names: "force_blockscaled",
-// "fail_blockscaled_matmul" (set to value), "blockscaled_queries" (read:
+// "fail_blockscaled_matmul", "unfused_qx" (set to value), "blockscaled_queries" (read:
 // *old gets the count; value is added). *old (may be NULL) gets the previous value.
 QQ_API qqStatus_t qqInternalSetTestHook(const char* name, int value, int* old) {
   static const char* const names[HOOK_COUNT] = {"force_blockscaled", "fail_blockscaled_matmul",
-                                                "blockscaled_queries"};
+                                                "blockscaled_queries", "unfused_qx"};
   for (int i = 0; name && i < HOOK_COUNT; ++i) {
     if (strcmp(name, names[i]) != 0) continue;
     const int prev = i == HOOK_BLOCKSCALED_QUERIES ? g_hooks[i].fetch_add(value) : g_hooks[i].exchange(value);
@@ -76,7 +76,7 @@ QQ_API qqStatus_t qqInternalSetTestHook(const char* name, int value, int* old) {
     return QQ_STATUS_SUCCESS;
   }
   return set_error(QQ_STATUS_INVALID_VALUE, "qqInternalSetTestHook: unknown hook '%s'; expected "
-                   "force_blockscaled, fail_blockscaled_matmul or blockscaled_queries", name ? name : "(null)");
+                   "force_blockscaled, fail_blockscaled_matmul, blockscaled_queries or unfused_qx", name ? name : "(null)");
 }
 
 }  // extern "C"

@@ -17,13 +17,36 @@
 namespace qq {
 namespace cuda {
 
+// qqmm's small-M routes with x quantized inside the weight-only kernel's own launch
+// (qmma.cu, qmv.cu): each CTA writes q(x)'s values for all rows of x into its shared
+// memory (qdq.cuh, qx_rows_to_smem) before its main loop, instead of a qdq kernel writing
+// them to scratch first - one launch and no scratch a call, the host cost that kept
+// qqmm at M = 1 above torch's bf16 GEMM (bench/results/overhead-h200.md). x's nvfp4
+// global scale multiplies the sums (qmma: alpha; qmv: its factor at the store). Taken
+// where q(x) fits the shared memory below (x's rows are re-quantized by every CTA: ~16
+// elements a thread at K = 4096, M = 1) and the kernel covers the call; qqmm falls back
+// to the two launches otherwise.
+struct QX {
+  bool on = false;
+  Mat x;                     // x itself: [B..., rows, K] of any float dtype
+  QSpec q;                   // x's quantization (nvfp4: group 16; mx modes: 32)
+  const float* gs = nullptr; // x's nvfp4 global scale (its encode factor), or none
+  int rows = 0;              // rows of x, batch folded in (the matmul's M)
+  int64_t pitch = 0;         // bf16 elements between rows in shared memory: K + 8 (a bank shift a row)
+  bool vec = false;          // x's rows 16-byte aligned (16-byte loads)
+};
+constexpr size_t kQxMaxSmem = 40 * 1024;
+inline size_t qx_smem_bytes(int64_t rows, int64_t K) { return (size_t)rows * (size_t)(K + 8) * 2; }
+
 // qmv.cu - weight-only matmul for small M: out = x @ dequant(w)^T (+ bias),
 // reading each packed weight byte once. Covers every mode, x/out dtype,
 // transpose both ways, batch broadcasting and bias for M <= kQmvMaxM.
 // Returns QQ_STATUS_NOT_SUPPORTED (without an error message) for a case it
 // does not cover, so the caller can pick another path.
 constexpr int kQmvMaxM = 4;  // measured: the M=16 tile runs slower than dequantize + GEMM (bench/results/qmm-h100.md)
-qqStatus_t qmv(const MatmulArgs& a, cudaStream_t stream);
+// qx (qqmm, QX above): x quantized inside the launch; NOT_SUPPORTED where that form does
+// not cover the call (only the 16-byte-chunk transpose=True kernels of the fp formats have it).
+qqStatus_t qmv(const MatmulArgs& a, cudaStream_t stream, const QX* qx = nullptr);
 
 // qmma.cu - weight-only matmul on the tensor cores for M <= kQmmaMaxM: bf16
 // x, nvfp4 / mxfp4 / mxfp8 weights, transpose=True, 16-byte aligned rows.
@@ -39,7 +62,9 @@ constexpr int kPackedOverValuesMaxM = 16;
 // gather_qmm (a.gidx): with the handle's context `c` (scratch for the plan), entries that
 // likely share experts are grouped by expert first, each expert's weights then read once
 // (qmma.cu, gather_grouped); c == nullptr keeps one work item per batch entry.
-qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream, qqContext* c = nullptr);
+// qx as for qmv (fp formats, M <= 8, no gather).
+qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream, qqContext* c = nullptr,
+                const QX* qx = nullptr);
 
 // gather_qmm's entries grouped by expert (qmma.cu; used by qmma's and qmmp's gather
 // kernels): tables built on the device by one small kernel from the int32 indices, so that
@@ -68,7 +93,7 @@ qqStatus_t gather_plan(const Mat& gidx, int64_t B, int64_t M, int E, int MT, Scr
                        const char* op, GPlan* G);
 // Whether qmma takes call `a` (the same checks, no launch): qqmm asks before it
 // quantizes x for it.
-bool qmma_takes(const MatmulArgs& a);
+bool qmma_takes(const MatmulArgs& a, const QX* qx = nullptr);
 
 // gemm.cu - one cuBLASLt GEMM, row-major:
 //   D[M, N] = alpha * A[M, K] @ op(B) (+ bias[N]),  op(B) = B^T for B [N, K]

@@ -44,6 +44,7 @@
 #include "../internal.h"
 #include "common.cuh"
 #include "ops.cuh"
+#include "qdq.cuh"
 #include "vec.cuh"
 
 namespace qq {
@@ -440,9 +441,13 @@ __device__ __forceinline__ AffPart<NT> aff_exact_warp(const AffRows R, const QL 
 // gather_qmm with its batch entries grouped by expert (kSorted): a work item is then a
 // tile of MT rows of one expert (GPlan, ops.cuh) instead of one batch entry.
 
-template <int F, int MT, bool kSorted>
+// kQX (qqmm, ops.cuh QX): x is X.x in any float dtype, quantized by this CTA into its
+// dynamic shared memory before the main loop; the x loads of the steps read it there.
+template <int F, int MT, bool kSorted, bool kQX = false>
 __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, const QL L, const float* alpha,
-                                                           const GPlan G) {
+                                                           const GPlan G, const QX X) {
+  static_assert(!kQX || (!kSorted && !is_aff(F)), "x quantized in the launch: fp formats, one work item");
+  extern __shared__ __align__(16) unsigned char qx_smem[];
   constexpr int NT = MT / 8;  // n8 tiles of x rows
   constexpr int kDepth = depth<F, MT>();
   // M <= 8: two accumulators taken in turn, so that consecutive mmas do not
@@ -579,8 +584,14 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
       __syncthreads();
     }
     auto xrow_t = [&](int t) {
-      if constexpr (kSorted) return xtab[8 * t + g];
+      if constexpr (kQX) return (const __nv_bfloat16*)qx_smem + (8 * t + g) * X.pitch;
+      else if constexpr (kSorted) return xtab[8 * t + g];
       else return xg + t * xld8;
+    };
+    // x's 16-byte pieces: global memory through the read-only path, or q(x) in shared memory
+    auto ldx = [](const uint4* p) {
+      if constexpr (kQX) return *p;
+      else return __ldg(p);
     };
 
     float acc[NA][4];
@@ -618,7 +629,7 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
         if (valid && m < mrows) {
           const uint4* xp = reinterpret_cast<const uint4*>(xrow_t(t) + (size_t)c * (bytes8(F) ? 16 : 32));
 #pragma unroll
-          for (int i = 0; i < (bytes8(F) ? 2 : 4); ++i) xv[i] = __ldg(xp + i);
+          for (int i = 0; i < (bytes8(F) ? 2 : 4); ++i) xv[i] = ldx(xp + i);
         }
       };
       if constexpr (is_aff(F)) {
@@ -633,6 +644,10 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
 #pragma unroll
     for (int p = 0; p < kDepth; ++p)
       if (p < nsteps) load(p, ring[p]);
+    if constexpr (kQX) {  // while the first steps' weights are in flight
+      qx_rows_to_smem(X, (__nv_bfloat16*)qx_smem, a.K);
+      __syncthreads();
+    }
     for (int s0 = 0; s0 < nsteps; s0 += kDepth) {
 #pragma unroll
       for (int p = 0; p < kDepth; ++p) {
@@ -751,7 +766,8 @@ __global__ void __launch_bounds__(kPlanThreads) gather_plan_kernel(const Mat gid
 }
 
 template <int F, bool kSorted>
-void launch_k(const MatmulArgs& a, QL L, const float* alpha, const GPlan& G, int64_t items, int MT, cudaStream_t st) {
+void launch_k(const MatmulArgs& a, QL L, const float* alpha, const GPlan& G, int64_t items, int MT, cudaStream_t st,
+              const QX& X = QX{}) {
   const int kDepth = MT <= 8 ? depth<F, 8>() : (MT <= 16 ? depth<F, 16>() : depth<F, 64>());
   // k-slices per row tile: the fewest (1..8) that give the grid a full wave of
   // warps (16 per SM: ~2 CTAs fit by registers), while every warp keeps at
@@ -769,15 +785,18 @@ void launch_k(const MatmulArgs& a, QL L, const float* alpha, const GPlan& G, int
   const int64_t gy = kSorted ? items : a.out.batch();
   const dim3 grid((unsigned)((tiles + per_cta - 1) / per_cta), (unsigned)(gy < 65535 ? gy : 65535));
   if constexpr (kSorted) {  // MT 8, 16 or 32 (not affine)
-    if (MT <= 8) qmma_kernel<F, 8, true><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
-    else if (MT <= 16 || is_aff(F)) qmma_kernel<F, 16, true><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
-    else if constexpr (!is_aff(F)) qmma_kernel<F, 32, true><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
+    if (MT <= 8) qmma_kernel<F, 8, true><<<grid, kThreads, 0, st>>>(a, L, alpha, G, X);
+    else if (MT <= 16 || is_aff(F)) qmma_kernel<F, 16, true><<<grid, kThreads, 0, st>>>(a, L, alpha, G, X);
+    else if constexpr (!is_aff(F)) qmma_kernel<F, 32, true><<<grid, kThreads, 0, st>>>(a, L, alpha, G, X);
+  } else if (X.on) {  // (plan: MT 8, fp formats)
+    if constexpr (!is_aff(F))
+      qmma_kernel<F, 8, false, true><<<grid, kThreads, qx_smem_bytes(X.rows, a.K), st>>>(a, L, alpha, G, X);
   } else {
-    if (MT <= 8) qmma_kernel<F, 8, false><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
-    else if (MT <= 16 || is_aff(F)) qmma_kernel<F, 16, false><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
+    if (MT <= 8) qmma_kernel<F, 8, false><<<grid, kThreads, 0, st>>>(a, L, alpha, G, X);
+    else if (MT <= 16 || is_aff(F)) qmma_kernel<F, 16, false><<<grid, kThreads, 0, st>>>(a, L, alpha, G, X);
     else if constexpr (!is_aff(F)) {
-      if (MT <= 32) qmma_kernel<F, 32, false><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
-      else qmma_kernel<F, 64, false><<<grid, kThreads, 0, st>>>(a, L, alpha, G);
+      if (MT <= 32) qmma_kernel<F, 32, false><<<grid, kThreads, 0, st>>>(a, L, alpha, G, X);
+      else qmma_kernel<F, 64, false><<<grid, kThreads, 0, st>>>(a, L, alpha, G, X);
     }
   }
 }
@@ -817,7 +836,7 @@ bool gather_grouped(const MatmulArgs& a) {
 }
 
 template <int F>
-qqStatus_t launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st, qqContext* c) {
+qqStatus_t launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st, qqContext* c, const QX* qx) {
   const int64_t B = a.out.batch(), E = a.gidx.ptr ? a.w.bshape[0] : 0;
   // gather_qmm whose entries likely share experts (gather_grouped): work items of one
   // expert each (GPlan), built by gather_plan_kernel. Tiles sized to the rows an expert
@@ -837,6 +856,10 @@ qqStatus_t launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st
     // (the plan's scratch is freed on the stream after the kernel)
     return check_launch("gather_qmm");
   }
+  if (qx) {
+    launch_k<F, false>(a, L, alpha, GPlan{}, 0, 8, st, *qx);
+    return check_launch("qqmm");
+  }
   launch_k<F, false>(a, L, alpha, GPlan{}, 0, a.M <= 8 ? 8 : (a.M <= 16 ? 16 : (a.M <= 32 ? 32 : 64)), st);
   return check_launch(a.gidx.ptr ? "gather_qmm" : "quantized_matmul");
 }
@@ -846,7 +869,7 @@ qqStatus_t launch(const MatmulArgs& a, QL L, const float* alpha, cudaStream_t st
 namespace {
 // The kernel's format and layout for call `a` (*F, *L), or false when qmma
 // does not take it.
-bool plan(const MatmulArgs& a, int* F, QL* L) {
+bool plan(const MatmulArgs& a, int* F, QL* L, const QX* qx) {
   // mxfp8 at M = 1: qmv.cu's kernel is faster (177 vs 234 us at 16384^2 on
   // the H100, bench/results/qmm-h100.md); from M = 2 this one is. gather_qmm whose
   // entries it groups by expert (launch) comes here too: qmv cannot group them.
@@ -889,28 +912,31 @@ bool plan(const MatmulArgs& a, int* F, QL* L) {
       (*F == QNV4 && !aligned(a.w_scales, 2)))
     return false;
   L->C = row_bytes / 16;
+  // x quantized in the launch: fp formats, at most 8 rows (one n8 tile), q(x) within the
+  // shared memory of ops.cuh's rule
+  if (qx && (is_aff(*F) || a.M > 8 || a.gidx.ptr || qx_smem_bytes(a.M, a.K) > kQxMaxSmem)) return false;
   return true;
 }
 }  // namespace
 
-bool qmma_takes(const MatmulArgs& a) {
+bool qmma_takes(const MatmulArgs& a, const QX* qx) {
   int F;
   QL L;
-  return plan(a, &F, &L);
+  return plan(a, &F, &L, qx);
 }
 
-qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream, qqContext* c) {
+qqStatus_t qmma(const MatmulArgs& a, const float* alpha, cudaStream_t stream, qqContext* c, const QX* qx) {
   int F;
   QL L;
-  if (!plan(a, &F, &L)) return QQ_STATUS_NOT_SUPPORTED;
+  if (!plan(a, &F, &L, qx)) return QQ_STATUS_NOT_SUPPORTED;
   switch (F) {
-    case QNV4: return launch<QNV4>(a, L, alpha, stream, c);
-    case QMX4: return launch<QMX4>(a, L, alpha, stream, c);
-    case QMX8: return launch<QMX8>(a, L, alpha, stream, c);
-    case QA4G1: return launch<QA4G1>(a, L, alpha, stream, c);
-    case QA4G2: return launch<QA4G2>(a, L, alpha, stream, c);
-    case QA8G1: return launch<QA8G1>(a, L, alpha, stream, c);
-    default: return launch<QA8G2>(a, L, alpha, stream, c);
+    case QNV4: return launch<QNV4>(a, L, alpha, stream, c, qx);
+    case QMX4: return launch<QMX4>(a, L, alpha, stream, c, qx);
+    case QMX8: return launch<QMX8>(a, L, alpha, stream, c, qx);
+    case QA4G1: return launch<QA4G1>(a, L, alpha, stream, c, nullptr);
+    case QA4G2: return launch<QA4G2>(a, L, alpha, stream, c, nullptr);
+    case QA8G1: return launch<QA8G1>(a, L, alpha, stream, c, nullptr);
+    default: return launch<QA8G2>(a, L, alpha, stream, c, nullptr);
   }
 }
 

@@ -55,6 +55,7 @@
 #include "../internal.h"
 #include "common.cuh"
 #include "ops.cuh"
+#include "qdq.cuh"
 #include "vec.cuh"
 
 namespace qq {
@@ -253,6 +254,17 @@ template <> __device__ __forceinline__ void load_x8<XF16>(const void* p, bool ve
     for (int i = 0; i < 8; ++i) v[i] = __half2float(__ushort_as_half(__ldg(h + i)));  // exact, one cvt
   }
 }
+// q(x) in bf16 in the CTA's shared memory (qqmm, ops.cuh QX): plain 16-byte loads.
+struct XQS {};
+template <> __device__ __forceinline__ void load_x8<XQS>(const void* p, bool, float* v) {
+  const uint4 a = *reinterpret_cast<const uint4*>(p);
+  const uint32_t w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = bf16lo(w[i]);
+    v[2 * i + 1] = bf16hi(w[i]);
+  }
+}
 // x dtype chosen at run time (Launch::xk): the narrow T kernel and the N kernel,
 // off the main path, take it so as not to be compiled once per x dtype.
 struct XRT {};
@@ -322,8 +334,12 @@ struct Raw {
   uint32_t s[2];
 };
 
+// XT = XQS: x is X.x, quantized by this CTA into its dynamic shared memory first (qqmm);
+// x's nvfp4 global factor multiplies each sum at the store.
 template <typename XT, int F, int MT, bool kNarrow>
-__global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, const Launch L) {
+__global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, const Launch L, const QX X) {
+  constexpr bool kQX = std::is_same<XT, XQS>::value;
+  extern __shared__ __align__(16) unsigned char qx_smem[];
   constexpr int R = kNarrow ? 1 : t_rows<MT>();
   constexpr int U = kNarrow ? 4 : t_unroll<MT>();
   using Ch = Chunk<F, kNarrow>;
@@ -356,8 +372,9 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
       brow[r] = fp ? nullptr : (const uint8_t*)a.w_biases.ptr + (a.w_biases.offset(wb) + n * a.w_biases.ld) * es;
     }
     const int xsz = x_size<XT>(L.xk);
-    const char* xb = (const char*)a.x.ptr + a.x.offset(b) * xsz;
-    const int64_t xld = a.x.ld * xsz;
+    const char* xb = kQX ? (const char*)qx_smem : (const char*)a.x.ptr + a.x.offset(b) * xsz;
+    const int64_t xld = (kQX ? X.pitch : a.x.ld) * xsz;
+    const float xpost = kQX && X.gs ? nvfp4_dec(*X.gs) : 1.0f;
 
     float acc[MT][R];
 #pragma unroll
@@ -444,6 +461,10 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
     };
     Raw cur[U][R];
     if (t < C) load_step(t, cur);
+    if constexpr (kQX) {  // while the first step's weights are in flight
+      qx_rows_to_smem(X, (__nv_bfloat16*)qx_smem, a.K);
+      __syncthreads();
+    }
     for (int64_t c0 = t; c0 < C; c0 += step) {
       Raw nxt[U][R];
       if (c0 + step < C) load_step(c0 + step, nxt);
@@ -475,7 +496,7 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
       if (m >= L.M || n >= N) continue;
       float s = red[g * wpg][mr];
       for (int w = 1; w < wpg; ++w) s += red[g * wpg + w][mr];
-      store_out(a, b, m, n, s * wmul);
+      store_out(a, b, m, n, kQX ? s * wmul * xpost : s * wmul);
     }
     __syncthreads();  // red is reused by the next batch entry
   }
@@ -602,7 +623,7 @@ int ilog2(int v) {
 constexpr int kQmvSteps = 4;
 
 template <typename XT, int F, int MT, bool kNarrow>
-void launch_t(const MatmulArgs& a, Launch L, cudaStream_t st) {
+void launch_t(const MatmulArgs& a, Launch L, cudaStream_t st, const QX& X = QX{}) {
   constexpr int R = kNarrow ? 1 : t_rows<MT>();
   constexpr int U = kNarrow ? 4 : t_unroll<MT>();
   // Threads per row: fewer threads per row means more pipelined steps per
@@ -638,7 +659,8 @@ void launch_t(const MatmulArgs& a, Launch L, cudaStream_t st) {
   const int64_t rows_per_cta = (int64_t)L.G * R;
   const dim3 grid((unsigned)((a.N + rows_per_cta - 1) / rows_per_cta),
                   (unsigned)(a.out.batch() < 65535 ? a.out.batch() : 65535));
-  qmv_t_kernel<XT, F, MT, kNarrow><<<grid, kThreads, 0, st>>>(a, L);
+  const size_t smem = std::is_same<XT, XQS>::value ? qx_smem_bytes(X.rows, a.K) : 0;
+  qmv_t_kernel<XT, F, MT, kNarrow><<<grid, kThreads, smem, st>>>(a, L, X);
 }
 
 // wide T kernels: x dtype and M tile at compile time
@@ -704,7 +726,7 @@ qqStatus_t dispatch(const MatmulArgs& a, const Launch& L, int F, bool narrow, cu
 
 }  // namespace
 
-qqStatus_t qmv(const MatmulArgs& a, cudaStream_t stream) {
+qqStatus_t qmv(const MatmulArgs& a, cudaStream_t stream, const QX* qx) {
   if (a.M < 1 || a.M > kQmvMaxM || a.x_packed || !a.w_packed) return QQ_STATUS_NOT_SUPPORTED;
   if (a.w_blocked && !a.transpose) return QQ_STATUS_NOT_SUPPORTED;  // the API refuses it already
   const QSpec& q = a.q;
@@ -744,6 +766,18 @@ qqStatus_t qmv(const MatmulArgs& a, cudaStream_t stream) {
   } else {
     L.C = a.K;
     L.wvec = (F != AFFG && aligned(a.w, q.bits)) ? 1 : 0;  // 8 elements = 4 or 8 bytes
+  }
+  if (qx) {
+    // x quantized in the launch: the wide fp kernels at M = 1 (qqmm's mxfp8 decode: qmma
+    // takes the other small-M calls), q(x) within ops.cuh's bound
+    if (a.M != 1 || !a.transpose || narrow || !q.fp() || qx_smem_bytes(a.M, a.K) > kQxMaxSmem)
+      return QQ_STATUS_NOT_SUPPORTED;
+    switch (F) {
+      case FP4NV: launch_t<XQS, FP4NV, 1, false>(a, L, stream, *qx); break;
+      case FP4MX: launch_t<XQS, FP4MX, 1, false>(a, L, stream, *qx); break;
+      default: launch_t<XQS, FP8, 1, false>(a, L, stream, *qx); break;
+    }
+    return check_launch("qqmm");
   }
   return dispatch(a, L, F, narrow, stream);
 }

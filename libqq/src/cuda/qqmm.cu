@@ -39,6 +39,7 @@
 #include "common.cuh"
 #include "grouped_gemm.h"
 #include "ops.cuh"
+#include "qdq.cuh"
 #include "vec.cuh"
 
 namespace qq {
@@ -46,63 +47,6 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-// Decoded values of a pair of codes (lo in the low byte/nibble). fp8 uses the
-// hardware conversion to half2 on sm_89+ (exact: every E4M3/E5M2 value is an
-// fp16 value); E2M1 and older GPUs the codec.
-__device__ __forceinline__ float2 decode2(int elem, uint32_t pr) {
-  if (elem == ELEM_E2M1) return make_float2(e2m1_decode(pr & 0xf), e2m1_decode((pr >> 4) & 0xf));
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)pr, elem == ELEM_E4M3 ? __NV_E4M3 : __NV_E5M2);
-  return __half22float2(__half2(h));
-#else
-  return make_float2(elem_decode(elem, pr & 0xff), elem_decode(elem, pr >> 8));
-#endif
-}
-
-// One group of G values, in place: q(v)'s values, v = decode(q(v)) * scale -
-// the quantize kernel's scale and element math (codec.h, bit for bit); enc is
-// the nvfp4 global scale's encode factor (1 for none); the global scale itself
-// stays out (the caller folds it into alpha), except gs_post (qdq_kernel).
-// kElem: the element format at compile time (one path, no branch a pair), or
-// -1 for q.elem's at run time.
-// qdq_scaled: the same for N values of a group of G whose amax is given as
-// |x|'s largest bit pattern (NaN above Inf) - a group spread over several
-// values arrays (moe_qdq_kernel's 32x32 tiles). qdq_group: a whole group.
-template <int G, int N, int kElem = -1>
-__device__ __forceinline__ void qdq_scaled(float* v, uint32_t ab, const QSpec& q, float enc, const float* gs_post) {
-  const int elem = kElem >= 0 ? kElem : q.elem;
-  const float amax = u2f(ab);
-  const FpGroupScale gsc = fp_group_scale(amax, G == 16, enc, elem, q.floor_rounding);
-  const float f = gsc.factor;
-  const bool nan_group = gsc.nan_group;
-  float sdec = G == 16 ? e4m3_decode(gsc.code) : ue8m0_decode(gsc.code);
-  if (gs_post) sdec = sdec * nvfp4_dec(*gs_post);  // fp32 route only; one extra rounding, within tolerance
-#pragma unroll
-  for (int i = 0; i < N; i += 2) {
-    uint32_t pr;
-    if (elem == ELEM_E2M1) pr = nan_group ? 0 : e2m1x2_encode(v[i] * f, v[i + 1] * f);
-    else if (elem == ELEM_E4M3) pr = nan_group ? 0x7f7f : e4m3x2_encode(v[i] * f, v[i + 1] * f);
-    else pr = nan_group ? 0x7f7f : e5m2x2_encode(v[i] * f, v[i + 1] * f);
-    const float2 d = decode2(elem, pr);
-    v[i] = d.x * sdec;
-    v[i + 1] = d.y * sdec;
-  }
-}
-
-// |v|'s largest bit pattern over N values (the amax as qdq_scaled takes it; NaN above Inf).
-template <int N>
-__device__ __forceinline__ uint32_t abs_bits_max(const float* v) {
-  uint32_t ab = 0;
-#pragma unroll
-  for (int i = 0; i < N; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
-  return ab;
-}
-
-template <int G, int kElem = -1>
-__device__ __forceinline__ void qdq_group(float* v, const QSpec& q, float enc, const float* gs_post) {
-  qdq_scaled<G, G, kElem>(v, abs_bits_max<G>(v), q, enc, gs_post);
-}
 
 // q(x) for one group of G elements per thread: the quantize kernel's scale
 // and element math (codec.h, bit for bit), then decode * scale - without the
@@ -676,14 +620,30 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
       return set_error(QQ_STATUS_NOT_SUPPORTED, "qqmm: route '%s' takes M <= %d rows (batch folded in); got %lld; "
                        "use route 'auto' or 'exact'", qqGetRouteString(want),
                        want == QQ_ROUTE_QMMA ? kQmmaMaxM : kQmvMaxM, (long long)Mtot);
+    // x quantized inside the weight-only kernel's own launch (ops.cuh, QX): one launch and
+    // no scratch, where q(x) fits the kernels' shared memory; else a qdq kernel first.
+    QX qx;
+    qx.on = true;
+    qx.x = a.x;
+    qx.q = a.q;
+    qx.gs = a.gs_x;
+    qx.rows = (int)(Mtot < 8 ? Mtot : 8);  // (taken only for Mtot <= 8)
+    qx.pitch = K + 8;
+    qx.vec = rows_aligned(a.x);
+    const bool fuse = wonly && Mtot <= 8 && qx_smem_bytes(Mtot, K) <= kQxMaxSmem && !test_hook(HOOK_UNFUSED_QX);
     // Small and medium M, stored weight: the tensor-core weight-only kernel
     // on q(x) in bf16 (exact), alpha = nvfp4_alpha(gs_x, gs_w) applied to its
     // fp32 sums by the kernel.
     if ((any || want == QQ_ROUTE_QMMA) && Mtot <= kQmmaMaxM && wonly) {
-      __nv_bfloat16* xq = nullptr;
-      QQ_TRY(scratch.get("qqmm", (size_t)(Mtot * K) * 2, &xq));
-      const MatmulArgs b = weight_only_args(a, xq, DType::BF16, Mtot);
-      if (qmma_takes(b)) {  // asked first: x is quantized only for the route that runs
+      if (fuse) {
+        const MatmulArgs b = weight_only_args(a, nullptr, DType::BF16, Mtot);
+        if (qmma_takes(b, &qx)) return routed(qmma(b, nullptr, st, nullptr, &qx), QQ_ROUTE_QMMA);
+      }
+      const MatmulArgs b0 = weight_only_args(a, nullptr, DType::BF16, Mtot);
+      if (qmma_takes(b0)) {  // asked first: x is quantized only for the route that runs
+        __nv_bfloat16* xq = nullptr;
+        QQ_TRY(scratch.get("qqmm", (size_t)(Mtot * K) * 2, &xq));
+        const MatmulArgs b = weight_only_args(a, xq, DType::BF16, Mtot);
         QQ_TRY(qdq<__nv_bfloat16>(a.x, a.q, a.gs_x, nullptr, xq, st));
         return routed(qmma(b, nullptr, st), QQ_ROUTE_QMMA);
       }
@@ -695,6 +655,10 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
     // Small M otherwise: the CUDA-core weight-only kernel on q(x) (fp32,
     // gx/2688 applied), w's global scale applied by qmv as dequantize does.
     if ((any || want == QQ_ROUTE_QMV) && Mtot <= kQmvMaxM && wonly) {
+      if (fuse) {
+        const qqStatus_t s = qmv(weight_only_args(a, nullptr, DType::BF16, Mtot), st, &qx);
+        if (s != QQ_STATUS_NOT_SUPPORTED) return routed(s, QQ_ROUTE_QMV);
+      }
       float* xq = nullptr;
       QQ_TRY(scratch.get("qqmm", (size_t)(Mtot * K) * 4, &xq));
       QQ_TRY(qdq<float>(a.x, a.q, a.gs_x, a.gs_x, xq, st));

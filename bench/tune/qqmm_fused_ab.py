@@ -1,0 +1,102 @@
+"""qqmm at small M with x quantized inside the weight-only kernel's launch (ops.cuh QX)
+against the two-launch form (a qdq kernel and scratch first: the unfused_qx test hook),
+same process, same weights, interleaved (GPU).
+
+Two views per case:
+  loop   a loop of N calls then one synchronize (what an eager decode step sees: host cost
+         included), us per call;
+  graph  the same N calls captured in one CUDA graph and replayed (GPU time alone), us per call.
+Peer in the same run: torch's bf16 `x @ w.T` (loop and graph).
+
+    python bench/tune/qqmm_fused_ab.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import qq
+
+SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)]
+
+
+def loop_us(f, n, reps):
+    f()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            f()
+        torch.cuda.synchronize()
+        out.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(out)
+
+
+def graph_us(f, n, reps):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        f()
+        f()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            f()
+    g.replay()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b) * 1e3 / n)
+    return statistics.median(out)
+
+
+def hook(v):
+    return qq._qq._set_test_hook("unfused_qx", v)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    n, reps = (200, 5) if args.quick else (500, 9)
+    torch.manual_seed(0)
+    print(f"{torch.cuda.get_device_name()}; loop of {n} calls + one sync, and {n} calls in one graph; "
+          f"median of {reps}")
+    print(f"{'mode':>6} {'N x K':>12} {'M':>2} | {'loop fused':>10} {'two':>7} {'torch':>7} | "
+          f"{'graph fused':>11} {'two':>7} {'torch':>7} | route")
+    for mode in ("nvfp4", "mxfp8"):
+        for (nn, k) in SHAPES:
+            w = torch.randn(nn, k, device="cuda", dtype=torch.bfloat16)
+            pw = qq.prepare_weight(w, mode=mode)
+            for m in (1, 4, 8):
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                f = lambda: qq.qqmm(x, pw)  # noqa: E731
+                t = lambda: x @ w.T  # noqa: E731
+                r = {}
+                for rep in range(2):  # interleaved: fused, two, torch, twice; the later kept
+                    hook(0)
+                    r["lf"], r["gf"] = loop_us(f, n, reps), graph_us(f, n, reps)
+                    f()
+                    route = qq.last_route()
+                    hook(1)
+                    r["lt"], r["gt"] = loop_us(f, n, reps), graph_us(f, n, reps)
+                    hook(0)
+                    r["lp"], r["gp"] = loop_us(t, n, reps), graph_us(t, n, reps)
+                print(f"{mode:>6} {f'{nn}x{k}':>12} {m:>2} | {r['lf']:10.2f} {r['lt']:7.2f} {r['lp']:7.2f} | "
+                      f"{r['gf']:11.2f} {r['gt']:7.2f} {r['gp']:7.2f} | {route}", flush=True)
+            del w, pw
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
