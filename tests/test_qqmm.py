@@ -448,7 +448,9 @@ def test_qqmm_small_m_x_quantized_in_the_launch(cfg, xdt, shape, rng):
     qw = qq.quantize(cuda(w), global_scale=cuda(gw), **kw)
     xc = cuda(x.reshape(shape))
     if k == 224:  # rows that start off 16-byte boundaries (element loads in the kernels)
-        xc = torch.cat([xc, xc], dim=-1)[..., 1:k + 1]
+        big = torch.zeros(*xc.shape[:-1], k + 1, dtype=xc.dtype, device="cuda")
+        big[..., 1:] = xc
+        xc = big[..., 1:]
     gxc = cuda(gx)
     call = lambda: qq.qqmm(xc, qw, global_scale_x=gxc, dtype="float32", **kw)  # noqa: E731
     fused = to_numpy(call()).reshape(m, n)
@@ -468,13 +470,14 @@ def test_qqmm_small_m_x_quantized_in_the_launch(cfg, xdt, shape, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(2, 16384), (9, 512)], ids=str)
-def test_qqmm_small_m_two_launches_beyond_the_bound(shape, rng):
-    """Where q(x) does not fit the kernels' shared memory (M = 2, K = 16384: 64 KB) or M > 8,
-    qqmm quantizes x in a kernel of its own first, as before."""
+@pytest.mark.parametrize("m,k,n", [(2, 16384, 72), (9, 512, 72), (4, 4096, 4096)], ids=str)
+def test_qqmm_small_m_two_launches_beyond_the_bound(m, k, n, rng):
+    """Where q(x) does not fit the kernels' shared memory (M = 2, K = 16384: 64 KB), M > 8,
+    or every CTA re-quantizing x would cost more than the launch it saves (ops.cuh,
+    qx_work_ok: 4096 x 4096 at M = 4 is ~256 CTAs x 16384 fp4 elements), qqmm quantizes x
+    in a kernel of its own first, as before."""
     torch = torch_or_skip()
-    m, k = shape
-    x, w = randn(rng, (m, k), BF16), randn(rng, (72, k), BF16)
+    x, w = randn(rng, (m, k), BF16), randn(rng, (n, k), BF16)
     qw = qq.quantize(cuda(w), mode="nvfp4")
     xc = cuda(x)
     call = lambda: qq.qqmm(xc, qw, mode="nvfp4", dtype="float32")  # noqa: E731

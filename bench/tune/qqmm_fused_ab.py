@@ -1,5 +1,5 @@
 """qqmm at small M with x quantized inside the weight-only kernel's launch (ops.cuh QX)
-against the two-launch form (a qdq kernel and scratch first: the unfused_qx test hook),
+- AUTO's choice: fused where qx_work_ok allows, else the two launches - against the two-launch form (a qdq kernel and scratch first: the unfused_qx test hook),
 same process, same weights, interleaved (GPU).
 
 Two views per case:
@@ -60,6 +60,17 @@ def graph_us(f, n, reps):
     return statistics.median(out)
 
 
+def kernels(f):
+    """Kernels one call launches (torch's profiler): 1 fused, 2 with a qdq kernel first."""
+    f()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        f()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not e.name.startswith(("Memcpy", "Memset")))
+
+
 def hook(v):
     return qq._qq._set_test_hook("unfused_qx", v)
 
@@ -73,7 +84,7 @@ def main():
     print(f"{torch.cuda.get_device_name()}; loop of {n} calls + one sync, and {n} calls in one graph; "
           f"median of {reps}")
     print(f"{'mode':>6} {'N x K':>12} {'M':>2} | {'loop fused':>10} {'two':>7} {'torch':>7} | "
-          f"{'graph fused':>11} {'two':>7} {'torch':>7} | route")
+          f"{'graph fused':>11} {'two':>7} {'torch':>7} | route, kernels (AUTO)")
     for mode in ("nvfp4", "mxfp8"):
         for (nn, k) in SHAPES:
             w = torch.randn(nn, k, device="cuda", dtype=torch.bfloat16)
@@ -88,12 +99,13 @@ def main():
                     r["lf"], r["gf"] = loop_us(f, n, reps), graph_us(f, n, reps)
                     f()
                     route = qq.last_route()
+                    nk = kernels(f)
                     hook(1)
                     r["lt"], r["gt"] = loop_us(f, n, reps), graph_us(f, n, reps)
                     hook(0)
                     r["lp"], r["gp"] = loop_us(t, n, reps), graph_us(t, n, reps)
                 print(f"{mode:>6} {f'{nn}x{k}':>12} {m:>2} | {r['lf']:10.2f} {r['lt']:7.2f} {r['lp']:7.2f} | "
-                      f"{r['gf']:11.2f} {r['gt']:7.2f} {r['gp']:7.2f} | {route}", flush=True)
+                      f"{r['gf']:11.2f} {r['gt']:7.2f} {r['gp']:7.2f} | {route}, {nk}", flush=True)
             del w, pw
             torch.cuda.empty_cache()
 

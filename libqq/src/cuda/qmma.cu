@@ -765,19 +765,23 @@ __global__ void __launch_bounds__(kPlanThreads) gather_plan_kernel(const Mat gid
     }
 }
 
+// k-slices per row tile: the fewest (1..8) that give the grid a full wave of warps (16 per
+// SM: ~2 CTAs fit by registers), while every warp keeps at least kDepth steps. SMs of the
+// device the call runs on (a.out.device, current here). batch: the work items.
+int ks_for(const MatmulArgs& a, const QL& L, int kDepth, int64_t batch) {
+  const int64_t wave = (int64_t)sm_count(a.out.device) * 16;
+  const int64_t tiles = (a.N + 15) / 16, groups4 = (L.C + 3) / 4;
+  int KS = 1;
+  while (KS < kWarps && tiles * batch * KS < wave && groups4 / (2 * KS) >= kDepth) KS <<= 1;
+  return KS;
+}
+
 template <int F, bool kSorted>
 void launch_k(const MatmulArgs& a, QL L, const float* alpha, const GPlan& G, int64_t items, int MT, cudaStream_t st,
               const QX& X = QX{}) {
   const int kDepth = MT <= 8 ? depth<F, 8>() : (MT <= 16 ? depth<F, 16>() : depth<F, 64>());
-  // k-slices per row tile: the fewest (1..8) that give the grid a full wave of
-  // warps (16 per SM: ~2 CTAs fit by registers), while every warp keeps at
-  // least kDepth steps.
-  // SMs of the device the call runs on (a.out.device, current here).
-  const int64_t wave = (int64_t)sm_count(a.out.device) * 16;
-  const int64_t tiles = (a.N + 15) / 16, groups4 = (L.C + 3) / 4;
-  const int64_t batch = kSorted ? items : a.out.batch();
-  int KS = 1;
-  while (KS < kWarps && tiles * batch * KS < wave && groups4 / (2 * KS) >= kDepth) KS <<= 1;
+  const int64_t tiles = (a.N + 15) / 16;
+  const int KS = ks_for(a, L, kDepth, kSorted ? items : a.out.batch());
   L.KS = KS;
   L.logKS = KS == 1 ? 0 : (KS == 2 ? 1 : (KS == 4 ? 2 : 3));
   const int64_t per_cta = kWarps / KS;
@@ -913,8 +917,13 @@ bool plan(const MatmulArgs& a, int* F, QL* L, const QX* qx) {
     return false;
   L->C = row_bytes / 16;
   // x quantized in the launch: fp formats, at most 8 rows (one n8 tile), q(x) within the
-  // shared memory of ops.cuh's rule
-  if (qx && (is_aff(*F) || a.M > 8 || a.gidx.ptr || qx_smem_bytes(a.M, a.K) > kQxMaxSmem)) return false;
+  // shared memory and the re-quantization within the work of ops.cuh's rules (every CTA
+  // quantizes all of x: CTAs * rows * K elements)
+  if (qx) {
+    if (is_aff(*F) || a.M > 8 || a.gidx.ptr || qx_smem_bytes(a.M, a.K) > kQxMaxSmem) return false;
+    const int64_t per_cta = kWarps / ks_for(a, *L, *F == QMX8 ? depth<QMX8, 8>() : depth<QNV4, 8>(), 1);
+    if (!qx_work_ok(qx->q, ((a.N + 15) / 16 + per_cta - 1) / per_cta, a.M, a.K)) return false;
+  }
   return true;
 }
 }  // namespace

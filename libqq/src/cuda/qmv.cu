@@ -622,8 +622,10 @@ int ilog2(int v) {
 // again, edit it here and run bench/tune/qmv_tune.sh.
 constexpr int kQmvSteps = 4;
 
+// Returns false, launching nothing, where x quantized in the launch (XQS) would cost more
+// than ops.cuh's qx_work_ok allows on this grid.
 template <typename XT, int F, int MT, bool kNarrow>
-void launch_t(const MatmulArgs& a, Launch L, cudaStream_t st, const QX& X = QX{}) {
+bool launch_t(const MatmulArgs& a, Launch L, cudaStream_t st, const QX& X = QX{}) {
   constexpr int R = kNarrow ? 1 : t_rows<MT>();
   constexpr int U = kNarrow ? 4 : t_unroll<MT>();
   // Threads per row: fewer threads per row means more pipelined steps per
@@ -660,7 +662,9 @@ void launch_t(const MatmulArgs& a, Launch L, cudaStream_t st, const QX& X = QX{}
   const dim3 grid((unsigned)((a.N + rows_per_cta - 1) / rows_per_cta),
                   (unsigned)(a.out.batch() < 65535 ? a.out.batch() : 65535));
   const size_t smem = std::is_same<XT, XQS>::value ? qx_smem_bytes(X.rows, a.K) : 0;
+  if (std::is_same<XT, XQS>::value && !qx_work_ok(X.q, (int64_t)grid.x * grid.y, X.rows, a.K)) return false;
   qmv_t_kernel<XT, F, MT, kNarrow><<<grid, kThreads, smem, st>>>(a, L, X);
+  return true;
 }
 
 // wide T kernels: x dtype and M tile at compile time
@@ -772,12 +776,13 @@ qqStatus_t qmv(const MatmulArgs& a, cudaStream_t stream, const QX* qx) {
     // takes the other small-M calls), q(x) within ops.cuh's bound
     if (a.M != 1 || !a.transpose || narrow || !q.fp() || qx_smem_bytes(a.M, a.K) > kQxMaxSmem)
       return QQ_STATUS_NOT_SUPPORTED;
+    bool launched;
     switch (F) {
-      case FP4NV: launch_t<XQS, FP4NV, 1, false>(a, L, stream, *qx); break;
-      case FP4MX: launch_t<XQS, FP4MX, 1, false>(a, L, stream, *qx); break;
-      default: launch_t<XQS, FP8, 1, false>(a, L, stream, *qx); break;
+      case FP4NV: launched = launch_t<XQS, FP4NV, 1, false>(a, L, stream, *qx); break;
+      case FP4MX: launched = launch_t<XQS, FP4MX, 1, false>(a, L, stream, *qx); break;
+      default: launched = launch_t<XQS, FP8, 1, false>(a, L, stream, *qx); break;
     }
-    return check_launch("qqmm");
+    return launched ? check_launch("qqmm") : QQ_STATUS_NOT_SUPPORTED;
   }
   return dispatch(a, L, F, narrow, stream);
 }
