@@ -485,3 +485,20 @@ def test_qqmm_small_m_two_launches_beyond_the_bound(m, k, n, rng):
     assert qq.last_route() == "qmma"
     assert len(_qqmm_kernels(torch, call)) == 2
     assert_matmul_close(y, ref_qqmm(x, w, FpCfg("nvfp4")), f"qqmm M={m} K={k}", dtype=F32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp4", "mxfp8"])
+def test_qqmm_decode_shape_is_one_launch(mode, rng):
+    """The decode call the host-cost benchmark times (bench_overhead: M = 1, 4096 x 4096,
+    a prepared weight) runs as one kernel on an H100 / H200 (256 CTAs x 4096 elements of
+    re-quantization: within ops.cuh's qx_work_ok)."""
+    torch = torch_or_skip()
+    if torch.cuda.get_device_properties(0).multi_processor_count < 100:
+        pytest.skip("the bound is stated for H100-class GPUs (its CTA count follows the SMs)")
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    pw = qq.prepare_weight(w, mode=mode)
+    call = lambda: qq.qqmm(x, pw)  # noqa: E731
+    assert len(_qqmm_kernels(torch, call)) == 1
+    assert qq.last_route() == ("qmv" if mode == "mxfp8" else "qmma")

@@ -37,17 +37,15 @@ struct QX {
 };
 constexpr size_t kQxMaxSmem = 40 * 1024;
 inline size_t qx_smem_bytes(int64_t rows, int64_t K) { return (size_t)rows * (size_t)(K + 8) * 2; }
-// The re-quantization is the fused form's cost on the GPU: ctas * rows * K elements, each
-// quantized and decoded again (~19 instructions an element for the fp4 formats' software
-// E2M1, about half that for mxfp8's hardware conversions), mostly before the main loop.
-// Measured on the H200 (bench/results/qqmm-small-m-h200.md), in CUDA graphs, against the
-// two launches: no slower up to ~0.5 M fp4 elements (4096 x 4096 at M = 1: 128 CTAs) and ~1 M
-// mxfp8 ones; 3.7 M fp4 elements (4096 x 14336 at M = 1) cost 5 us of a 22 us kernel. Past
-// this bound the GPU time the second launch saves on the host is lost on the device.
-constexpr int64_t kQxMaxWork = (int64_t)1 << 20;  // mxfp8 elements; fp4 elements count twice
-inline bool qx_work_ok(const QSpec& q, int64_t ctas, int64_t rows, int64_t K) {
-  return ctas * rows * K * (q.elem == ELEM_E2M1 ? 2 : 1) <= kQxMaxWork;
-}
+// The re-quantization is the fused form's cost on the GPU: every CTA quantizes and decodes
+// all of x again (ctas * rows * K elements, ~19 instructions an element for the fp4
+// formats' software E2M1), mostly before its main loop. Measured on the H200 in CUDA graphs
+// against the two launches (bench/results/qqmm-small-m-h200.md): 256 CTAs x 4096 (4096 x
+// 4096 at M = 1, nvfp4 and mxfp8) no slower; 384 x 4096 (6144 x 4096) 0.9 us slower of 17;
+// 256 x 14336 (4096 x 14336) 5 us of 22; 256 x 16384 (4096 x 4096 at M = 4) 5 us of 11.
+// Past this bound the launch it saves the host is lost on the device.
+constexpr int64_t kQxMaxWork = (int64_t)1 << 20;
+inline bool qx_work_ok(int64_t ctas, int64_t rows, int64_t K) { return ctas * rows * K <= kQxMaxWork; }
 
 // qmv.cu - weight-only matmul for small M: out = x @ dequant(w)^T (+ bias),
 // reading each packed weight byte once. Covers every mode, x/out dtype,

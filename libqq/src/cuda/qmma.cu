@@ -922,7 +922,7 @@ bool plan(const MatmulArgs& a, int* F, QL* L, const QX* qx) {
   if (qx) {
     if (is_aff(*F) || a.M > 8 || a.gidx.ptr || qx_smem_bytes(a.M, a.K) > kQxMaxSmem) return false;
     const int64_t per_cta = kWarps / ks_for(a, *L, *F == QMX8 ? depth<QMX8, 8>() : depth<QNV4, 8>(), 1);
-    if (!qx_work_ok(qx->q, ((a.N + 15) / 16 + per_cta - 1) / per_cta, a.M, a.K)) return false;
+    if (!qx_work_ok(((a.N + 15) / 16 + per_cta - 1) / per_cta, a.M, a.K)) return false;
   }
   return true;
 }

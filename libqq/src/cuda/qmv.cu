@@ -662,7 +662,7 @@ bool launch_t(const MatmulArgs& a, Launch L, cudaStream_t st, const QX& X = QX{}
   const dim3 grid((unsigned)((a.N + rows_per_cta - 1) / rows_per_cta),
                   (unsigned)(a.out.batch() < 65535 ? a.out.batch() : 65535));
   const size_t smem = std::is_same<XT, XQS>::value ? qx_smem_bytes(X.rows, a.K) : 0;
-  if (std::is_same<XT, XQS>::value && !qx_work_ok(X.q, (int64_t)grid.x * grid.y, X.rows, a.K)) return false;
+  if (std::is_same<XT, XQS>::value && !qx_work_ok((int64_t)grid.x * grid.y, X.rows, a.K)) return false;
   qmv_t_kernel<XT, F, MT, kNarrow><<<grid, kThreads, smem, st>>>(a, L, X);
   return true;
 }
