@@ -408,16 +408,19 @@ def _qqmm_kernels(torch, fn):
 
 
 def _x_specials(x, k, huge):
-    """x with the groups the quantizer treats apart: all zeros, a NaN, an Inf, subnormals,
-    and (huge) values at the top of bf16's range - in row 0; the other rows stay random."""
+    """x with the groups the quantizer treats apart: in row 0 all zeros, subnormals and
+    (huge) values at the top of bf16's range, all finite so that the row's products are
+    compared; a NaN and an Inf in the last row when there are two or more (a NaN or Inf
+    group makes its whole output row NaN). The other rows stay random."""
     x = x.copy()
     if k >= 160:
         x[0, 0:32] = 0.0
-        x[0, 32] = np.nan
-        x[0, 64] = np.inf
         x[0, 128:160] = 1.0e-39 * np.sign(x[0, 128:160])
         if huge:
             x[0, 96:128] = 3.0e38 * np.sign(x[0, 96:128])
+        if x.shape[0] > 1:
+            x[-1, 32] = np.nan
+            x[-1, 64] = np.inf
     return x
 
 
@@ -433,8 +436,8 @@ def test_qqmm_small_m_x_quantized_in_the_launch(cfg, xdt, shape, rng):
     same bits as the two-launch form (the unfused_qx hook: a qdq kernel first, then the
     kernel on q(x)), and the reference's values. Special groups (zeros, NaN, Inf, the top of
     bf16's range, subnormals) in row 0, ragged steps (K = 96, 224), x in every dtype,
-    batched x (M = 6 folded), rows off 16-byte boundaries (K = 224), the largest K that fits
-    (16384 at M = 1)."""
+    batched x (M = 6 folded, entries apart in memory), rows off 16-byte boundaries (K = 224),
+    the largest K that fits (16384 at M = 1)."""
     torch = torch_or_skip()
     *lead, k = shape
     m = int(np.prod(lead))
@@ -447,6 +450,10 @@ def test_qqmm_small_m_x_quantized_in_the_launch(cfg, xdt, shape, rng):
     kw = qq_kwargs(cfg)
     qw = qq.quantize(cuda(w), global_scale=cuda(gw), **kw)
     xc = cuda(x.reshape(shape))
+    if len(shape) == 3:  # entries apart in memory: a batch stride other than rows * K
+        big = torch.zeros(shape[0], shape[1] + 1, k, dtype=xc.dtype, device="cuda")
+        big[:, :shape[1]] = xc
+        xc = big[:, :shape[1]]
     if k == 224:  # rows that start off 16-byte boundaries (element loads in the kernels)
         big = torch.zeros(*xc.shape[:-1], k + 1, dtype=xc.dtype, device="cuda")
         big[..., 1:] = xc
@@ -477,6 +484,8 @@ def test_qqmm_small_m_two_launches_beyond_the_bound(m, k, n, rng):
     qx_work_ok: 4096 x 4096 at M = 4 is ~256 CTAs x 16384 fp4 elements), qqmm quantizes x
     in a kernel of its own first, as before."""
     torch = torch_or_skip()
+    if n == 4096 and torch.cuda.get_device_properties(0).multi_processor_count < 100:
+        pytest.skip("the CTA count, and so the bound, follows the SMs: stated for H100-class GPUs")
     x, w = randn(rng, (m, k), BF16), randn(rng, (n, k), BF16)
     qw = qq.quantize(cuda(w), mode="nvfp4")
     xc = cuda(x)
@@ -502,3 +511,38 @@ def test_qqmm_decode_shape_is_one_launch(mode, rng):
     call = lambda: qq.qqmm(x, pw)  # noqa: E731
     assert len(_qqmm_kernels(torch, call)) == 1
     assert qq.last_route() == ("qmv" if mode == "mxfp8" else "qmma")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [512, 4096])
+@pytest.mark.parametrize("cfg", [FpCfg("nvfp4", global_scale=True), FpCfg("nvfp4"), FpCfg("mxfp4", "ceil"),
+                                 FpCfg("mxfp8", "floor", "e5m2")], ids=str)
+def test_qqmm_qmv_route_x_quantized_in_the_launch(cfg, k, rng):
+    """route='qmv' at M = 1 (AUTO sends only mxfp8 there) also quantizes x in the launch,
+    every fp mode: x's nvfp4 global factor multiplies each sum at the store (the two-launch
+    form puts it into every q(x) value: one rounding apart, so compared through the
+    reference there; bit for bit without a global scale)."""
+    torch = torch_or_skip()
+    n = 72
+    x = _x_specials(randn(rng, (1, k), BF16).astype(F32), k, not cfg.global_scale).astype(BF16)
+    w = randn(rng, (n, k), BF16)
+    gx = R.amax(x) if cfg.global_scale else None
+    gw = R.amax(w) if cfg.global_scale else None
+    kw = qq_kwargs(cfg)
+    qw = qq.quantize(cuda(w), global_scale=cuda(gw), **kw)
+    xc, gxc = cuda(x), cuda(gx)
+    call = lambda: qq.qqmm(xc, qw, global_scale_x=gxc, dtype="float32", route="qmv", **kw)  # noqa: E731
+    fused = to_numpy(call())
+    assert qq.last_route() == "qmv"
+    assert len(_qqmm_kernels(torch, call)) == 1
+    old = qq._qq._set_test_hook("unfused_qx", 1)
+    try:
+        two = to_numpy(call())
+        assert len(_qqmm_kernels(torch, call)) == 2
+    finally:
+        qq._qq._set_test_hook("unfused_qx", old)
+    want = ref_qqmm(x, w, cfg, gx, gw)
+    assert_matmul_close(fused, want, f"qqmm qmv fused {cfg} K={k}", dtype=F32)
+    assert_matmul_close(two, want, f"qqmm qmv two launches {cfg} K={k}", dtype=F32)
+    if not cfg.global_scale:
+        np.testing.assert_array_equal(fused, two)

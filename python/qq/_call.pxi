@@ -540,7 +540,7 @@ cdef class _TorchKind:
     cdef object template
     cdef int dtype_code, device_type, device_index
     cdef int64_t esize
-    cdef bint c_path
+    cdef bint c_path, on_cpu
 
 
 cdef dict _TORCH_TEMPLATES = {}
@@ -551,6 +551,7 @@ cdef _aoti_get_i32_t* _aoti_dtype = NULL
 cdef _aoti_get_i32_t* _aoti_device_type = NULL
 cdef _aoti_get_i32_t* _aoti_device_index = NULL
 cdef object _aoti_wrap = None     # torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr
+cdef object _aoti_handle_of = None  # torch._C._aoti.unsafe_alloc_void_ptr_from_tensor
 cdef object _torch_dispatch_depth = None
 cdef int _aoti_state = 0          # 0: not looked up yet; 1: usable; -1: not (the fallback only)
 # Results above this size take torch's Python path: their allocation dwarfs its parsing, and
@@ -559,20 +560,24 @@ cdef int64_t _AOTI_MAX_BYTES = 1 << 28
 
 
 cdef int _aoti_lookup(object torch) except -1:
-    """Find the shim's entry points and torch's handle -> tensor wrapper once; any miss (an
+    """Find the shim's entry points and torch's handle <-> tensor functions once; any miss (an
     older or differently built torch, another OS) leaves the Python path alone in use."""
     global _aoti_state, _aoti_empty, _aoti_data_ptr, _aoti_delete, _aoti_wrap, _torch_dispatch_depth
-    global _aoti_dtype, _aoti_device_type, _aoti_device_index
-    _aoti_state = -1
+    global _aoti_dtype, _aoti_device_type, _aoti_device_index, _aoti_handle_of
+    # (the state is written once, at the end: another thread that runs meanwhile looks up
+    # again rather than caching a kind without the C path)
     import os
     aoti = getattr(torch._C, "_aoti", None)
     wrap = getattr(aoti, "alloc_tensor_by_stealing_from_void_ptr", None)
+    handle_of = getattr(aoti, "unsafe_alloc_void_ptr_from_tensor", None)
     depth = getattr(torch._C, "_len_torch_dispatch_stack", None)
-    if wrap is None or depth is None:
+    if wrap is None or handle_of is None or depth is None:
+        _aoti_state = -1
         return 0
     path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so").encode()
     cdef void* lib = dlopen(path, RTLD_LAZY | RTLD_NOLOAD)     # loaded already: no new load
     if lib == NULL:
+        _aoti_state = -1
         return 0
     _aoti_empty = <_aoti_empty_t*>dlsym(lib, b"aoti_torch_empty_strided")
     _aoti_data_ptr = <_aoti_get_ptr_t*>dlsym(lib, b"aoti_torch_get_data_ptr")
@@ -582,43 +587,66 @@ cdef int _aoti_lookup(object torch) except -1:
     _aoti_device_index = <_aoti_get_i32_t*>dlsym(lib, b"aoti_torch_get_device_index")
     if (_aoti_empty == NULL or _aoti_data_ptr == NULL or _aoti_delete == NULL or _aoti_dtype == NULL
             or _aoti_device_type == NULL or _aoti_device_index == NULL):
+        _aoti_state = -1
         return 0
-    _aoti_wrap, _torch_dispatch_depth = wrap, depth
+    _aoti_wrap, _aoti_handle_of, _torch_dispatch_depth = wrap, handle_of, depth
     _aoti_state = 1
     return 0
 
 
-cdef _TorchKind _torch_kind(tuple key, object torch, int dev_id, str dtype):
-    """The template of (dtype, device) and, where the shim is usable, its codes, checked by
-    one allocation through it that must give exactly the template's dtype and device."""
-    cdef _TorchKind k = _TorchKind()
+cdef bint _aoti_probe(_TorchKind k, object torch) except -1:
+    """Whether the shim path gives exactly the template's kind of tensor, and the wrapper
+    copies the tensor out of the handle (torch's today: the handle keeps a reference of its
+    own, use count 2, which _torch_empty_c then deletes) rather than taking the handle over
+    (use count 1: deleting it then would free it twice; the handle is left alone then and
+    the C path stays off). Also reads the shim's dtype and device codes off the template."""
     cdef void* h = NULL
     cdef void* p = NULL
+    cdef int64_t dims[2]
+    handle = _aoti_handle_of(k.template)
+    h = PyCapsule_GetPointer(handle, PyCapsule_GetName(handle))
+    ok = (_aoti_dtype(h, &k.dtype_code) == 0 and _aoti_device_type(h, &k.device_type) == 0
+          and _aoti_device_index(h, &k.device_index) == 0)
+    _aoti_delete(h)
+    if not ok:
+        return False
+    dims[0] = 1
+    dims[1] = 1
+    h = NULL
+    if _aoti_empty(1, dims, dims + 1, k.dtype_code, k.device_type, k.device_index, &h) != 0 or h == NULL:
+        return False
+    t = _aoti_wrap(PyCapsule_New(h, NULL, NULL))
+    if t._use_count() != 2:
+        return False
+    ok = (_aoti_data_ptr(h, &p) == 0 and type(t) is torch.Tensor and t.dtype == k.template.dtype
+          and t.device == k.template.device and tuple(t.shape) == (1,) and t.data_ptr() == <intptr_t>p)
+    _aoti_delete(h)
+    return ok and t._use_count() == 1
+
+
+cdef _TorchKind _torch_kind(tuple key, object torch, int dev_id, str dtype):
+    """The template of (dtype, device) and, where the shim is usable, its codes, checked by
+    one allocation through it (_aoti_probe). Cached once complete; not inside a dispatch
+    mode (the probe's allocation would go through it), where the next call makes it."""
+    cdef _TorchKind k = _TorchKind()
     dev = torch.device("cpu") if dev_id < 0 else _torch_device(dev_id)
     k.template = torch.empty(0, dtype=getattr(torch, dtype), device=dev)
-    # kept only when it is a plain tensor: one made under a dispatch mode
-    # (FakeTensorMode, ...) would make every later result fake
+    k.esize = k.template.element_size()
+    k.on_cpu = dev_id < 0
+    # kept only when it is a plain tensor made outside a dispatch mode: one made under a
+    # mode (FakeTensorMode, ...) would make every later result fake
     if type(k.template) is not torch.Tensor:
         return k
-    _TORCH_TEMPLATES[key] = k
     if _aoti_state == 0:
         _aoti_lookup(torch)
-    if _aoti_state != 1:
-        return k
-    # the shim's dtype and device codes, read off the template (c10's enums: reading them
-    # back needs no table of our own)
-    handle = torch._C._aoti.unsafe_alloc_void_ptr_from_tensor(k.template)
-    h = PyCapsule_GetPointer(handle, PyCapsule_GetName(handle))
-    k.c_path = (_aoti_dtype(h, &k.dtype_code) == 0 and _aoti_device_type(h, &k.device_type) == 0
-                and _aoti_device_index(h, &k.device_index) == 0)
-    _aoti_delete(h)
-    k.esize = k.template.element_size()
-    if not k.c_path:
-        return k
-    t = _torch_empty_c(k, (1,), &p)
-    k.c_path = (t is not None and type(t) is torch.Tensor and t.dtype == k.template.dtype
-                and t.device == k.template.device and tuple(t.shape) == (1,)
-                and t.data_ptr() == <intptr_t>p)
+    if _aoti_state == 1:
+        if _torch_dispatch_depth() != 0:
+            return k
+        try:
+            k.c_path = _aoti_probe(k, torch)
+        except Exception:
+            k.c_path = False
+    _TORCH_TEMPLATES[key] = k
     return k
 
 
@@ -638,16 +666,23 @@ cdef object _torch_empty_c(_TorchKind k, tuple shape, void** data):
         dims[i] = n
         dims[nd + i] = stride           # torch's contiguous strides: sizes 0 count as 1
         stride *= n if n > 1 else 1
-    # (the GIL stays held, as torch.empty holds it: releasing it cost more than the call)
-    rc = _aoti_empty(nd, dims, dims + nd, k.dtype_code, k.device_type, k.device_index, &h)
+    if k.on_cpu:
+        # (the GIL held: releasing it cost more than a CPU allocation)
+        rc = _aoti_empty(nd, dims, dims + nd, k.dtype_code, k.device_type, k.device_index, &h)
+    else:
+        # a CUDA allocation may call cudaMalloc or free the cache and retry: without the GIL,
+        # as torch's own bindings allocate
+        with nogil:
+            rc = _aoti_empty(nd, dims, dims + nd, k.dtype_code, k.device_type, k.device_index, &h)
     if rc != 0 or h == NULL:
         return None
     t = None
     try:
-        # the wrapper copies the tensor out of the handle (a reference of its own); the
-        # handle is deleted here in every case
+        # the wrapper copies the tensor out of the handle (a reference of its own, checked by
+        # _aoti_probe); the handle is deleted here in every case
         t = _aoti_wrap(PyCapsule_New(h, NULL, NULL))
-        _aoti_data_ptr(h, data)
+        if _aoti_data_ptr(h, data) != 0:
+            t = None
     except Exception:
         t = None
     finally:
