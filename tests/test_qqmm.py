@@ -409,15 +409,15 @@ def _qqmm_kernels(torch, fn):
 
 def _x_specials(x, k, huge):
     """x with the groups the quantizer treats apart: in row 0 all zeros, subnormals and
-    (huge) values at the top of bf16's range, all finite so that the row's products are
+    (huge) values near the top of the scales' range, all finite so that the row's products are
     compared; a NaN and an Inf in the last row when there are two or more (a NaN or Inf
     group makes its whole output row NaN). The other rows stay random."""
     x = x.copy()
     if k >= 160:
         x[0, 0:32] = 0.0
         x[0, 128:160] = 1.0e-39 * np.sign(x[0, 128:160])
-        if huge:
-            x[0, 96:128] = 3.0e38 * np.sign(x[0, 96:128])
+        if huge:  # (not 3e38: a product's sums must stay within fp32)
+            x[0, 96:128] = 1.0e36 * np.sign(x[0, 96:128])
         if x.shape[0] > 1:
             x[-1, 32] = np.nan
             x[-1, 64] = np.inf
@@ -434,8 +434,8 @@ def test_qqmm_small_m_x_quantized_in_the_launch(cfg, xdt, shape, rng):
     """At M <= 8 with a stored weight qqmm quantizes x inside the weight-only kernel's own
     launch (ops.cuh, QX: qmma, and qmv for mxfp8 at M = 1), one kernel and no scratch: the
     same bits as the two-launch form (the unfused_qx hook: a qdq kernel first, then the
-    kernel on q(x)), and the reference's values. Special groups (zeros, NaN, Inf, the top of
-    bf16's range, subnormals) in row 0, ragged steps (K = 96, 224), x in every dtype,
+    kernel on q(x)), and the reference's values. Special groups (zeros, subnormals, 1e36 in
+    row 0; NaN and Inf in the last row), ragged steps (K = 96, 224), x in every dtype,
     batched x (M = 6 folded, entries apart in memory), rows off 16-byte boundaries (K = 224),
     the largest K that fits (16384 at M = 1)."""
     torch = torch_or_skip()
