@@ -110,6 +110,38 @@ def forward_only(layer, x):
     return run
 
 
+def replay_us(g, n: int, reps: int = 5) -> float:
+    """GPU microseconds per call of a CUDA graph `g` holding n calls: the graph replayed
+    between two events, median of reps replays."""
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b) * 1e3 / n)
+    return statistics.median(out)
+
+
+def graph_us(fn, n: int, reps: int) -> float:
+    """GPU microseconds per call of fn: n calls captured in one CUDA graph (after two calls on
+    a side stream, as torch asks before a capture), replay_us of it."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    return replay_us(g, n, reps)
+
+
 def copy_bandwidth(timer: Timer, nbytes: int = 1 << 30) -> float:
     """Device copy bandwidth in GB/s, counting bytes read plus bytes written."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()

@@ -8,12 +8,16 @@ For each mode, the Llama-3-8B gate/up weight [28672, 4096] (and a small one), M 
 each as a graph of 20 back-to-back calls, replayed; us per call, median of 5 replays, the
 variants interleaved.  python bench/tune/gated_probe.py
 """
+import os
 import statistics
 import sys
 
 import torch
 
-import qq
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from harness import replay_us  # noqa: E402
+
+import qq  # noqa: E402
 
 MODES = {"nvfp4": dict(mode="nvfp4"), "mxfp8": dict(mode="mxfp8"),
          "affine4": dict(mode="affine", bits=4, group_size=64)}
@@ -34,18 +38,6 @@ def graph_of(fn, n=20):
     return g, out, n
 
 
-def time_graph(g, n, reps=5):
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1000 / n)
-    return statistics.median(ts)
-
-
 def main():
     shapes = [(28672, 4096), (2048, 4096)]
     for mode, kw in MODES.items():
@@ -62,7 +54,7 @@ def main():
                 res = {name: [] for name in fns}
                 for _ in range(2):
                     for name, (g, _, cnt) in graphs.items():
-                        res[name].append(time_graph(g, cnt))
+                        res[name].append(replay_us(g, cnt))
                 print(f"{mode:8s} {n}x{k} M={m:2d} " + "  ".join(f"{k2} {min(v):7.2f}" for k2, v in res.items()),
                       flush=True)
                 del graphs
@@ -87,7 +79,7 @@ def mlp():
             res = {name: [] for name in fns}
             for _ in range(3):
                 for name, (g, _, cnt) in graphs.items():
-                    res[name].append(time_graph(g, cnt))
+                    res[name].append(replay_us(g, cnt))
             print(f"mlp {mode:8s} M={m:2d} " + "  ".join(f"{k2} {min(v):7.2f}" for k2, v in res.items()), flush=True)
             del graphs
 

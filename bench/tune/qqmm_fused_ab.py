@@ -13,51 +13,24 @@ Peer in the same run: torch's bf16 `x @ w.T` (loop and graph).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
-import time
+import sys
 
 import torch
 
-import qq
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from harness import graph_us  # noqa: E402
+from host_timing import loop_us  # noqa: E402
+
+import qq  # noqa: E402
 
 SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)]
 
 
-def loop_us(f, n, reps):
+def loop_median_us(f, n, reps):
     f()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            f()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) / n * 1e6)
-    return statistics.median(out)
-
-
-def graph_us(f, n, reps):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        f()
-        f()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            f()
-    g.replay()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) * 1e3 / n)
-    return statistics.median(out)
+    return statistics.median(loop_us(f, n, torch.cuda.synchronize) for _ in range(reps))
 
 
 def kernels(f):
@@ -97,13 +70,13 @@ def main():
                 r = {}
                 for rep in range(2):  # interleaved: fused, two, torch, twice; the later kept
                     hook(0)
-                    r["lf"], r["gf"] = loop_us(f, n, reps), graph_us(f, n, reps)
+                    r["lf"], r["gf"] = loop_median_us(f, n, reps), graph_us(f, n, reps)
                     f()
                     route = qq.last_route()
                     hook(1)
-                    r["lt"], r["gt"] = loop_us(f, n, reps), graph_us(f, n, reps)
+                    r["lt"], r["gt"] = loop_median_us(f, n, reps), graph_us(f, n, reps)
                     hook(0)
-                    r["lp"], r["gp"] = loop_us(t, n, reps), graph_us(t, n, reps)
+                    r["lp"], r["gp"] = loop_median_us(t, n, reps), graph_us(t, n, reps)
                 rows.append((mode, nn, k, m, r, route, f))
     # kernels per call in a pass of its own: the profiler slows the host loops timed after it
     for mode, nn, k, m, r, route, f in rows:
