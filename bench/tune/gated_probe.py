@@ -9,7 +9,6 @@ each as a graph of 20 back-to-back calls, replayed; us per call, median of 5 rep
 variants interleaved.  python bench/tune/gated_probe.py
 """
 import os
-import statistics
 import sys
 
 import torch
