@@ -693,9 +693,9 @@ cdef object _torch_empty_c(_TorchKind k, tuple shape, void** data):
 cdef object _torch_empty(tuple shape, str dtype, int dev_id, void** data):
     """A new torch tensor on the CPU (dev_id < 0) or cuda:dev_id, and its data pointer.
 
-    Through torch's C shim where it is usable (one C call to torch's allocator; ~2.7 us of
-    Python argument parsing a result less than torch.empty on an H100 host, where quantize's
-    two results took 8 us of its 13-22 us), outside torch's dispatch modes (a FakeTensorMode
+    Through torch's C shim where it is usable (one C call to torch's allocator, no Python
+    argument parsing: 0.3-0.6 us less a call on a 2-core CPU host, no measurable change on an
+    H200 host; bench/results/overhead-h100-notes.md, session w), outside torch's dispatch modes (a FakeTensorMode
     or a tracing mode sees the allocation only on the Python path), for results up to
     _AOTI_MAX_BYTES (a failure there, out of memory, is logged by the shim on stderr and the
     Python path then raises torch's own error). Otherwise new_empty of
