@@ -191,6 +191,75 @@ def test_torch_cpu_results_through_the_c_shim(rng, monkeypatch):
     _torch_results_checks(torch, "cpu", rng, monkeypatch)
 
 
+def _refuse_attributes(monkeypatch, torch):
+    """Make the Python attributes that _import_torch's attribute path reads raise."""
+    def refuse(self, *a, **k):
+        raise AssertionError("a torch.Tensor attribute was read from Python")
+    for name in ("stride", "data_ptr", "get_device"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="THPVariable_Wrap is looked up in libtorch_python.so")
+def test_torch_tensors_through_the_dlpack_exchange_table(rng, monkeypatch):
+    """torch tensors (and nn.Parameters) are read through torch's DLPack C exchange table
+    (qq/_dlpack.pxi, _import_torch_c) - none of their Python attributes is read - with
+    every kind of strided view described exactly: a storage offset, a row stride, a
+    broadcast batch (stride 0), 1-D, 3-D, zero rows. Results come from the shim, wrapped by
+    THPVariable_Wrap (a C call)."""
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+        pytest.skip("this torch has no DLPack exchange table")
+    x = random_data(rng, (6, 128), F32, 16)
+    base = torch.from_numpy(x)
+    cases = {
+        "contiguous": (base, x),
+        "storage offset": (base[1:], x[1:]),
+        "row stride": (base[::2], x[::2]),
+        "1-D": (base[3], x[3]),
+        "3-D": (base.reshape(2, 3, 128), x.reshape(2, 3, 128)),
+        "broadcast batch": (base[:2].expand(3, 2, 128), np.broadcast_to(x[:2], (3, 2, 128))),
+        "zero rows": (base[:0], x[:0]),
+        "parameter": (torch.nn.Parameter(base.clone(), requires_grad=False), x),
+        "bfloat16": (base.bfloat16(), base.bfloat16().float().numpy()),
+    }
+    got = {}
+    with monkeypatch.context() as m:
+        _refuse_attributes(m, torch)
+        for name, (t, _) in cases.items():
+            got[name] = qq.quantize(t, mode="mxfp8", torch_dtypes=False)
+    for name, (_, ref_x) in cases.items():
+        ref_x = np.ascontiguousarray(ref_x, dtype=np.float32)
+        assert_quantized_equal(got[name], R.quantize(ref_x, mode="mxfp8"), ref_x)
+    paths = qq._qq._torch_fast_paths()
+    assert paths["exchange"] and paths["thp_wrap"], paths
+    assert paths["kinds"][("uint8", -1)] == (True, True), paths
+
+
+def test_torch_subclasses_are_read_through_their_attributes(rng, monkeypatch):
+    """A torch.Tensor subclass other than nn.Parameter (it may override what its attributes
+    say) is read through its Python attributes, not the exchange table. (Its module is
+    torch's, so that qq takes it for a torch tensor, as it does torch's own subclasses.)"""
+    torch = pytest.importorskip("torch")
+
+    class Sub(torch.Tensor):
+        __module__ = "torch.qq_test_subclass"
+
+    x = random_data(rng, (4, 64), F32, 16)
+    t = torch.from_numpy(x).as_subclass(Sub)
+    seen = []
+    orig = torch.Tensor.stride
+
+    def spy(self, *a):
+        seen.append(type(self))
+        return orig(self, *a)
+    monkeypatch.setattr(torch.Tensor, "stride", spy)
+    got = qq.quantize(t, mode="nvfp4", torch_dtypes=False)
+    monkeypatch.undo()
+    assert type(t) in seen
+    assert isinstance(got.data, torch.Tensor)
+    assert_quantized_equal(got, R.quantize(x, mode="nvfp4"), x)
+
+
 def test_torch_results_under_a_dispatch_mode_go_through_it(rng):
     """Inside a TorchDispatchMode (a tracer, a FakeTensorMode, a logger) results are made by
     torch's Python path, so the mode sees them; the C path would bypass it."""
@@ -257,6 +326,22 @@ def test_torch_cuda_stream(rng):
     ref = R.quantize(x, mode="nvfp4")
     for got in (q, q2, q3):
         assert_quantized_equal(got, ref, x)
+
+
+@pytest.mark.gpu
+def test_torch_cuda_current_stream_through_the_exchange_table():
+    """qq reads torch's current stream (a side stream inside `with torch.cuda.stream(s)`,
+    the default stream outside it) through torch's exchange table where it has one."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        inside = qq._qq._torch_fast_paths(0)
+    outside = qq._qq._torch_fast_paths(0)
+    assert inside["stream"] == s.cuda_stream
+    assert outside["stream"] == torch.cuda.current_stream().cuda_stream
+    assert inside["exchange"] == hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
 
 
 def _no_torch_dlpack(monkeypatch, torch):

@@ -18,6 +18,16 @@ cdef str _framework_of(obj):
     return "other"
 
 
+cdef enum:
+    _HOLD_GIL_ELEMS = 4096     # _Call.release_gil
+
+
+cdef inline void _relock(PyThreadState* ts) noexcept:
+    """Take back the GIL that _Call.unlock released (NULL: it was kept)."""
+    if ts != NULL:
+        PyEval_RestoreThread(ts)
+
+
 # One per public call; never in a reference cycle (see _View).
 @cython.freelist(4)
 @cython.no_gc
@@ -363,6 +373,36 @@ cdef class _Call:
     cdef void* cstream(self):
         return <void*>self.stream
 
+    cdef PyThreadState* unlock(self) noexcept:
+        """Around the one C call of an op: `_gil = call.unlock()`, the call (C only: nothing
+        in between may touch a Python object), `_relock(_gil)`. Releases the GIL where
+        release_gil() says so (NULL: kept)."""
+        return PyEval_SaveThread() if self.release_gil() else NULL
+
+    cdef bint release_gil(self) noexcept:
+        """Whether the C call runs without the GIL: always on a GPU (a launch may block on
+        a full launch queue), and on the CPU unless the call's arrays hold at most
+        _HOLD_GIL_ELEMS elements together (work of a few microseconds at most, where
+        releasing and taking back the GIL, ~0.07 us, was 5 % of a NumPy quantize of [1, 32];
+        NumPy keeps the GIL below 500 elements for the same reason)."""
+        if self.on_gpu:
+            return True
+        cdef int64_t n = 0
+        cdef _View v = self.views
+        cdef int i
+        cdef int64_t e
+        while v is not None:
+            e = 1
+            for i in range(v.tensor.ndim):
+                e *= v.tensor.shape[i]
+                if e > _HOLD_GIL_ELEMS:
+                    return True
+            n += e
+            if n > _HOLD_GIL_ELEMS:
+                return True
+            v = v.next
+        return False
+
     cdef finish(self):
         """After the C call succeeded, before the views are released."""
         if self.torch_outs:
@@ -532,6 +572,12 @@ ctypedef int _aoti_empty_t(int64_t ndim, const int64_t* sizes, const int64_t* st
 ctypedef int _aoti_get_i32_t(void* tensor, int* ret) noexcept nogil
 ctypedef int _aoti_get_ptr_t(void* tensor, void** ret) noexcept nogil
 ctypedef int _aoti_delete_t(void* tensor) noexcept nogil
+# torch's THPVariable_Wrap(const at::TensorBase&) (torch/csrc/autograd/python_variable.h, exported
+# by libtorch_python): the function torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr calls
+# after pybind11 has parsed its argument. A shim handle is an at::Tensor* (what the shim casts
+# it to), so the reference is the handle itself. Returns a new reference, or NULL with a Python
+# exception set.
+ctypedef PyObject* _thp_wrap_t(void* tensor) noexcept
 
 
 cdef class _TorchKind:
@@ -541,9 +587,11 @@ cdef class _TorchKind:
     cdef int dtype_code, device_type, device_index
     cdef int64_t esize
     cdef bint c_path, on_cpu
+    cdef bint direct            # c_path through _thp_wrap (a C call), not through _aoti_wrap
 
 
-cdef dict _TORCH_TEMPLATES = {}
+# dtype name -> [kind of the CPU, of cuda:0, of cuda:1, ...] (None where not made yet)
+cdef dict _TORCH_KINDS = {}
 cdef _aoti_empty_t* _aoti_empty = NULL
 cdef _aoti_get_ptr_t* _aoti_data_ptr = NULL
 cdef _aoti_delete_t* _aoti_delete = NULL
@@ -551,6 +599,7 @@ cdef _aoti_get_i32_t* _aoti_dtype = NULL
 cdef _aoti_get_i32_t* _aoti_device_type = NULL
 cdef _aoti_get_i32_t* _aoti_device_index = NULL
 cdef object _aoti_wrap = None     # torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr
+cdef _thp_wrap_t* _thp_wrap = NULL  # THPVariable_Wrap, where found (else _aoti_wrap)
 cdef object _aoti_handle_of = None  # torch._C._aoti.unsafe_alloc_void_ptr_from_tensor
 cdef object _torch_dispatch_depth = None
 cdef int _aoti_state = 0          # 0: not looked up yet; 1: usable; -1: not (the fallback only)
@@ -563,7 +612,7 @@ cdef int _aoti_lookup(object torch) except -1:
     """Find the shim's entry points and torch's handle <-> tensor functions once; any miss (an
     older or differently built torch, another OS) leaves the Python path alone in use."""
     global _aoti_state, _aoti_empty, _aoti_data_ptr, _aoti_delete, _aoti_wrap, _torch_dispatch_depth
-    global _aoti_dtype, _aoti_device_type, _aoti_device_index, _aoti_handle_of
+    global _aoti_dtype, _aoti_device_type, _aoti_device_index, _aoti_handle_of, _thp_wrap
     # (the state is written once, at the end: another thread that runs meanwhile looks up
     # again rather than caching a kind without the C path)
     import os
@@ -590,8 +639,27 @@ cdef int _aoti_lookup(object torch) except -1:
         _aoti_state = -1
         return 0
     _aoti_wrap, _aoti_handle_of, _torch_dispatch_depth = wrap, handle_of, depth
+    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_python.so").encode()
+    lib = dlopen(path, RTLD_LAZY | RTLD_NOLOAD)
+    if lib != NULL:     # (Itanium C++ ABI name of THPVariable_Wrap(const at::TensorBase&))
+        _thp_wrap = <_thp_wrap_t*>dlsym(lib, b"_Z16THPVariable_WrapRKN2at10TensorBaseE")
     _aoti_state = 1
     return 0
+
+
+cdef object _wrap_handle(bint direct, void* h):
+    """The torch tensor of shim handle h, a copy of it (h stays the caller's to delete):
+    through THPVariable_Wrap (direct) or torch's pybind11 wrapper. None where it failed."""
+    cdef PyObject* o
+    if not direct:
+        return _aoti_wrap(PyCapsule_New(h, NULL, NULL))
+    o = _thp_wrap(h)
+    if o == NULL:
+        PyErr_Clear()
+        return None
+    t = <object>o       # (a reference of its own: the new one the call returned is dropped)
+    Py_DECREF(t)
+    return t
 
 
 cdef bint _aoti_probe(_TorchKind k, object torch) except -1:
@@ -599,7 +667,8 @@ cdef bint _aoti_probe(_TorchKind k, object torch) except -1:
     copies the tensor out of the handle (torch's today: the handle keeps a reference of its
     own, use count 2, which _torch_empty_c then deletes) rather than taking the handle over
     (use count 1: deleting it then would free it twice; the handle is left alone then and
-    the C path stays off). Also reads the shim's dtype and device codes off the template."""
+    the C path stays off). THPVariable_Wrap is tried first (k.direct), then torch's pybind11
+    wrapper. Also reads the shim's dtype and device codes off the template."""
     cdef void* h = NULL
     cdef void* p = NULL
     cdef int64_t dims[2]
@@ -612,22 +681,38 @@ cdef bint _aoti_probe(_TorchKind k, object torch) except -1:
         return False
     dims[0] = 1
     dims[1] = 1
-    h = NULL
-    if _aoti_empty(1, dims, dims + 1, k.dtype_code, k.device_type, k.device_index, &h) != 0 or h == NULL:
-        return False
-    t = _aoti_wrap(PyCapsule_New(h, NULL, NULL))
-    if t._use_count() != 2:
-        return False
-    ok = (_aoti_data_ptr(h, &p) == 0 and type(t) is torch.Tensor and t.dtype == k.template.dtype
-          and t.device == k.template.device and tuple(t.shape) == (1,) and t.data_ptr() == <intptr_t>p)
-    _aoti_delete(h)
-    return ok and t._use_count() == 1
+    for direct in (True, False):
+        if direct and _thp_wrap == NULL:
+            continue
+        h = NULL
+        if _aoti_empty(1, dims, dims + 1, k.dtype_code, k.device_type, k.device_index, &h) != 0 or h == NULL:
+            return False
+        t = _wrap_handle(direct, h)
+        if t is None:
+            _aoti_delete(h)
+            continue
+        if t._use_count() != 2:
+            continue        # (the handle is left alone: it may be the only owner)
+        ok = (_aoti_data_ptr(h, &p) == 0 and type(t) is torch.Tensor and t.dtype == k.template.dtype
+              and t.device == k.template.device and tuple(t.shape) == (1,) and t.data_ptr() == <intptr_t>p)
+        _aoti_delete(h)
+        if ok and t._use_count() == 1:
+            k.direct = direct
+            return True
+    return False
 
 
-cdef _TorchKind _torch_kind(tuple key, object torch, int dev_id, str dtype):
-    """The template of (dtype, device) and, where the shim is usable, its codes, checked by
-    one allocation through it (_aoti_probe). Cached once complete; not inside a dispatch
-    mode (the probe's allocation would go through it), where the next call makes it."""
+cdef _TorchKind _torch_kind(str dtype, int dev_id):
+    """The kind of torch result of (dtype, device: -1 the CPU, else cuda:dev_id): its
+    template and, where the shim is usable, its codes, checked by one allocation through it
+    (_aoti_probe). Cached once complete; not inside a dispatch mode (the probe's allocation
+    would go through it), where the next call makes it."""
+    kinds = _TORCH_KINDS.get(dtype)
+    if kinds is not None and dev_id + 1 < len(<list>kinds):
+        k0 = (<list>kinds)[dev_id + 1]
+        if k0 is not None:
+            return <_TorchKind>k0
+    torch = sys.modules["torch"]
     cdef _TorchKind k = _TorchKind()
     dev = torch.device("cpu") if dev_id < 0 else _torch_device(dev_id)
     k.template = torch.empty(0, dtype=getattr(torch, dtype), device=dev)
@@ -646,7 +731,10 @@ cdef _TorchKind _torch_kind(tuple key, object torch, int dev_id, str dtype):
             k.c_path = _aoti_probe(k, torch)
         except Exception:
             k.c_path = False
-    _TORCH_TEMPLATES[key] = k
+    kinds = _TORCH_KINDS.setdefault(dtype, [])
+    while len(kinds) < dev_id + 2:
+        kinds.append(None)
+    kinds[dev_id + 1] = k
     return k
 
 
@@ -659,10 +747,18 @@ cdef object _torch_empty_c(_TorchKind k, tuple shape, void** data):
     cdef int64_t stride = 1, n
     cdef void* h = NULL
     cdef int rc
+    cdef int64_t nbytes = k.esize
     if nd > _MAX_NDIM:
         return None
     for i in range(nd - 1, -1, -1):
         n = shape[i]
+        # results beyond _AOTI_MAX_BYTES take the Python path (each factor and the running
+        # product stay below 2^28 before a multiplication: no overflow)
+        if n < 0 or n > _AOTI_MAX_BYTES:
+            return None
+        nbytes *= n
+        if nbytes > _AOTI_MAX_BYTES:
+            return None
         dims[i] = n
         dims[nd + i] = stride           # torch's contiguous strides: sizes 0 count as 1
         stride *= n if n > 1 else 1
@@ -680,8 +776,8 @@ cdef object _torch_empty_c(_TorchKind k, tuple shape, void** data):
     try:
         # the wrapper copies the tensor out of the handle (a reference of its own, checked by
         # _aoti_probe); the handle is deleted here in every case
-        t = _aoti_wrap(PyCapsule_New(h, NULL, NULL))
-        if _aoti_data_ptr(h, data) != 0:
+        t = _wrap_handle(k.direct, h)
+        if t is not None and _aoti_data_ptr(h, data) != 0:
             t = None
     except Exception:
         t = None
@@ -704,25 +800,11 @@ cdef object _torch_empty(tuple shape, str dtype, int dev_id, void** data):
     on the CPU), and the result lands on the call's device also inside a `with
     torch.device(...)` block, which redirects a torch.empty without device= (a CPU call then
     got meta or CUDA results)."""
-    cdef _TorchKind k
-    cdef int64_t n
-    key = (dtype, dev_id)
-    k = _TORCH_TEMPLATES.get(key)
-    if k is None:
-        k = _torch_kind(key, sys.modules["torch"], dev_id, dtype)
+    cdef _TorchKind k = _torch_kind(dtype, dev_id)
     if k.c_path and _torch_dispatch_depth() == 0:
-        n = k.esize
-        for d in shape:
-            if d > _AOTI_MAX_BYTES:     # (each factor and n stay below 2^28: no overflow)
-                n = _AOTI_MAX_BYTES + 1
-                break
-            n *= <int64_t>d
-            if n > _AOTI_MAX_BYTES:
-                break
-        if n <= _AOTI_MAX_BYTES:
-            t = _torch_empty_c(k, shape, data)
-            if t is not None:
-                return t
+        t = _torch_empty_c(k, shape, data)      # (None: beyond _AOTI_MAX_BYTES, or failed)
+        if t is not None:
+            return t
     # The sizes as separate ints: torch parses them faster than one tuple argument
     # (~0.5 us a call on the CPU, 1.5 us on an H100 host); a 0-d result as size=(), which
     # torch parses as fast (a positional () takes the slow tuple path).
@@ -735,13 +817,40 @@ cdef object _torch_raw_stream = None
 
 
 cdef intptr_t _torch_current_stream(int dev_id) except? -1:
-    """torch's current CUDA stream on dev_id as a cudaStream_t value. torch's own
-    torch._C._cuda_getCurrentRawStream (what its generated code calls) skips building a
-    torch.cuda.Stream object; torch.cuda.current_stream() is the fallback."""
+    """torch's current CUDA stream on dev_id as a cudaStream_t value: through torch's DLPack
+    exchange table (a C call) where it has one, else torch._C._cuda_getCurrentRawStream (what
+    torch's generated code calls; it skips building a torch.cuda.Stream object), else
+    torch.cuda.current_stream()."""
     global _torch_raw_stream
+    cdef void* s = NULL
+    if _torch_tensor_type is None:
+        _torch_types_init()
+    if _torch_xapi != NULL:
+        if _torch_xapi.current_work_stream(kDLCUDA, dev_id, &s) == 0:
+            return <intptr_t>s
+        PyErr_Clear()       # (an invalid device and the like: the Python path raises it)
     torch = sys.modules["torch"]
     if _torch_raw_stream is None:
         _torch_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", False)
     if _torch_raw_stream is not False:
         return _torch_raw_stream(dev_id)
     return torch.cuda.current_stream(dev_id).cuda_stream
+
+
+def _torch_fast_paths(device=None):
+    """For tests and diagnostics: which of the C paths to torch this process uses -
+    exchange (tensors and the current stream read through torch's DLPack exchange table),
+    thp_wrap (THPVariable_Wrap found), and per result kind made so far, (dtype, device id
+    or -1): (through the shim, wrapped by THPVariable_Wrap); with a CUDA device id, also
+    stream: torch's current stream there as qq reads it."""
+    if "torch" in sys.modules and _torch_tensor_type is None:
+        _torch_types_init()
+    kinds = {}
+    for dtype, ks in _TORCH_KINDS.items():
+        for i, k in enumerate(ks):
+            if k is not None:
+                kinds[(dtype, i - 1)] = ((<_TorchKind>k).c_path, (<_TorchKind>k).direct)
+    r = {"exchange": _torch_xapi != NULL, "thp_wrap": _thp_wrap != NULL, "kinds": kinds}
+    if device is not None:
+        r["stream"] = _torch_current_stream(device)
+    return r

@@ -90,3 +90,34 @@ cdef enum:
 cdef enum:
     DLPACK_FLAG_BITMASK_READ_ONLY = 1
     DLPACK_FLAG_BITMASK_IS_COPIED = 2
+
+
+# The DLPack C exchange API (DLPack >= 1.3, dlpack.h's "__dlpack_c_exchange_api__"): a
+# framework's table of C functions on its tensor type, a PyCapsule named
+# "dlpack_exchange_api". A consumer that launches work on the framework's current stream reads
+# tensors and that stream through it with plain C calls, no Python attribute access and no
+# capsule per tensor. Declared from the spec; the layout must match it exactly.
+ctypedef void (*DLPackSetError)(void* error_ctx, const char* kind, const char* message) noexcept
+ctypedef int (*DLPackManagedTensorAllocator)(DLTensor* prototype, DLManagedTensorVersioned** out,
+                                             void* error_ctx, DLPackSetError set_error) noexcept
+ctypedef int (*DLPackManagedTensorFromPyObjectNoSync)(void* py_object,
+                                                      DLManagedTensorVersioned** out) noexcept
+ctypedef int (*DLPackManagedTensorToPyObjectNoSync)(DLManagedTensorVersioned* tensor,
+                                                    void** out_py_object) noexcept
+# Fills a caller-owned DLTensor; shape and strides point into the producer's tensor (valid
+# while it lives, unchanged). 0, or -1 with a Python exception set.
+ctypedef int (*DLPackDLTensorFromPyObjectNoSync)(void* py_object, DLTensor* out) noexcept
+ctypedef int (*DLPackCurrentWorkStream)(DLDeviceType device_type, int32_t device_id,
+                                        void** out_current_stream) noexcept
+
+cdef struct DLPackExchangeAPIHeader:
+    DLPackVersion version
+    DLPackExchangeAPIHeader* prev_api
+
+cdef struct DLPackExchangeAPI:
+    DLPackExchangeAPIHeader header
+    DLPackManagedTensorAllocator managed_tensor_allocator
+    DLPackManagedTensorFromPyObjectNoSync managed_tensor_from_py_object_no_sync
+    DLPackManagedTensorToPyObjectNoSync managed_tensor_to_py_object_no_sync
+    DLPackDLTensorFromPyObjectNoSync dltensor_from_py_object_no_sync    # may be NULL
+    DLPackCurrentWorkStream current_work_stream

@@ -31,8 +31,9 @@ def swizzle_scales(scales, *, out=None, stream=None):
             vo = call.out_view(out, "out")
         ts, to = _t(vs), _t(vo)
         s = call.cstream()
-        with nogil:
-            st = qqSwizzleScales(NULL, ts, to, s)
+        _gil = call.unlock()
+        st = qqSwizzleScales(NULL, ts, to, s)
+        _relock(_gil)
         _check(st)
         call.finish()
     finally:
@@ -75,8 +76,9 @@ def unswizzle_scales(scales, shape, *, out=None, stream=None):
                                  f"linear shape {linear_shape} given as 'shape'")
         ts, to = _t(vs), _t(vo)
         s = call.cstream()
-        with nogil:
-            st = qqUnswizzleScales(NULL, ts, to, s)
+        _gil = call.unlock()
+        st = qqUnswizzleScales(NULL, ts, to, s)
+        _relock(_gil)
         _check(st)
         call.finish()
     finally:
@@ -103,8 +105,9 @@ def amax(x, *, out=None, stream=None):
             vo = call.out_view(out, "out")
         tx, to = _t(vx), _t(vo)
         s = call.cstream()
-        with nogil:
-            st = qqAmax(NULL, tx, to, s)
+        _gil = call.unlock()
+        st = qqAmax(NULL, tx, to, s)
+        _relock(_gil)
         _check(st)
         call.finish()
     finally:
@@ -136,8 +139,9 @@ def swiglu(x, *, out=None, stream=None):
             vo = call.out_view(out, "out")
         tx, to = _t(vx), _t(vo)
         s = call.cstream()
-        with nogil:
-            st = qqSwiglu(NULL, tx, to, s)
+        _gil = call.unlock()
+        st = qqSwiglu(NULL, tx, to, s)
+        _relock(_gil)
         _check(st)
         call.finish()
     finally:

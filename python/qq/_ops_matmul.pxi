@@ -132,8 +132,9 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
         tx, txs, tw, tws = _t(vx), _t(vxs), _t(vw), _t(vws)
         tgx, tgw, tbias, to = _t(vgx), _t(vgw), _t(vbias), _t(vo)
         s = call.cstream()
-        with nogil:
-            st = qqQqmm(NULL, tx, txs, tw, tws, &qp, tgx, tgw, tbias, to, s)
+        _gil = call.unlock()
+        st = qqQqmm(NULL, tx, txs, tw, tws, &qp, tgx, tgw, tbias, to, s)
+        _relock(_gil)
         _check(st)
         call.finish()
     finally:
@@ -263,8 +264,9 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
         tx, txs, toff, tw, tws = _t(vx), _t(vxs), _t(voff), _t(vw), _t(vws)
         tgx, tgw, to = _t(vgx), _t(vgw), _t(vo)
         s = call.cstream()
-        with nogil:
-            st = qqGroupedQqmm(NULL, tx, txs, toff, tw, tws, &qp, tgx, tgw, to, s)
+        _gil = call.unlock()
+        st = qqGroupedQqmm(NULL, tx, txs, toff, tw, tws, &qp, tgx, tgw, to, s)
+        _relock(_gil)
         _check(st)
         call.finish()
     finally:
@@ -318,8 +320,9 @@ def grouped_qqmm_wgrad(x, dy, offsets, mode="mxfp8", *, global_scale_x=None, glo
         result, vo = call.empty((os_[0], xs[1], ds[1]), dtype, "out")
         tx, tdy, toff, tgx, tgd, to = _t(vx), _t(vdy), _t(voff), _t(vgx), _t(vgd), _t(vo)
         s = call.cstream()
-        with nogil:
-            st = qqGroupedQqmmWgrad(NULL, tx, tdy, toff, &p, tgx, tgd, to, s)
+        _gil = call.unlock()
+        st = qqGroupedQqmmWgrad(NULL, tx, tdy, toff, &p, tgx, tgd, to, s)
+        _relock(_gil)
         _check(st)
         call.finish()
     finally:
@@ -376,8 +379,9 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
         tx, tw, ts, tb = _t(vx), _t(vw), _t(vs), _t(vb)
         tg, tbias, to = _t(vg), _t(vbias), _t(vo)
         s = call.cstream()
-        with nogil:
-            st = qqQuantizedMatmul(NULL, tx, tw, ts, tb, &p, ctranspose, tg, tbias, to, s)
+        _gil = call.unlock()
+        st = qqQuantizedMatmul(NULL, tx, tw, ts, tb, &p, ctranspose, tg, tbias, to, s)
+        _relock(_gil)
         _check(st)
         call.finish()
     finally:
@@ -432,11 +436,12 @@ def prepare_decode(w, stream=None, *, gated=False):
                                 "uint8", "out")
         tw, ts, tb, to = _t(vw), _t(vs), _t(vb), _t(vo)
         s = call.cstream()
-        with nogil:
-            if cgated:
-                st = qqToDecodeLayoutGated(NULL, tw, ts, tb, &p, to, s)
-            else:
-                st = qqToDecodeLayout(NULL, tw, ts, tb, &p, to, s)
+        _gil = call.unlock()
+        if cgated:
+            st = qqToDecodeLayoutGated(NULL, tw, ts, tb, &p, to, s)
+        else:
+            st = qqToDecodeLayout(NULL, tw, ts, tb, &p, to, s)
+        _relock(_gil)
         _check_as(st, "to_decode_layout_gated" if cgated else "to_decode_layout", func)
         call.finish()
     finally:
@@ -521,11 +526,12 @@ cdef object _decode_matmul(str func, x, dw, scales, biases, transpose, group_siz
             vo = _out_view(call, out, out_dtype)
         tx, tw, tg, tbias, to = _t(vx), _t(vw), _t(vg), _t(vbias), _t(vo)
         s = call.cstream()
-        with nogil:
-            if gated:
-                st = qqDecodeGatedMatmul(NULL, tx, tw, &p, tg, tbias, swiglu, to, s)
-            else:
-                st = qqDecodeMatmul(NULL, tx, tw, &p, tg, tbias, to, s)
+        _gil = call.unlock()
+        if gated:
+            st = qqDecodeGatedMatmul(NULL, tx, tw, &p, tg, tbias, swiglu, to, s)
+        else:
+            st = qqDecodeMatmul(NULL, tx, tw, &p, tg, tbias, to, s)
+        _relock(_gil)
         if st == QQ_STATUS_NOT_SUPPORTED and swiglu:
             return None
         if st == QQ_STATUS_NOT_SUPPORTED:
@@ -613,8 +619,9 @@ cdef object _decode_gather(str func, x, dw, rhs_indices, scales, biases, transpo
             vo = _out_view(call, out, out_dtype)
         tx, tw, ti, tg, tbias, to = _t(vx), _t(vw), _t(vi), _t(vg), _t(vbias), _t(vo)
         s = call.cstream()
-        with nogil:
-            st = qqDecodeGatherQmm(NULL, tx, tw, ti, &p, tg, tbias, to, s)
+        _gil = call.unlock()
+        st = qqDecodeGatherQmm(NULL, tx, tw, ti, &p, tg, tbias, to, s)
+        _relock(_gil)
         if st == QQ_STATUS_NOT_SUPPORTED:  # e.g. float x, unaligned rows, an older GPU: the packed experts
             gather_qmm(x, qa, rhs_indices=rhs_indices, bias=bias, dtype=dtype,
                        out=out if out is not None else result, stream=stream)
@@ -687,8 +694,9 @@ def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
         tx, tw, ts, tb, ti = _t(vx), _t(vw), _t(vs), _t(vb), _t(vi)
         tg, tbias, to = _t(vg), _t(vbias), _t(vo)
         s = call.cstream()
-        with nogil:
-            st = qqGatherQmm(NULL, tx, tw, ts, tb, ti, &p, ctranspose, tg, tbias, to, s)
+        _gil = call.unlock()
+        st = qqGatherQmm(NULL, tx, tw, ts, tb, ti, &p, ctranspose, tg, tbias, to, s)
+        _relock(_gil)
         _check(st)
         call.finish()
     finally:

@@ -49,8 +49,9 @@ def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
             biases, vb = call.empty(scales_shape, scale_dtype, "biases")
         tx, tg, td, ts, tb = _t(vx), _t(vg), _t(vd), _t(vs), _t(vb)
         s = call.cstream()
-        with nogil:
-            st = qqQuantize(NULL, tx, &p, tg, td, ts, tb, s)
+        _gil = call.unlock()
+        st = qqQuantize(NULL, tx, &p, tg, td, ts, tb, s)
+        _relock(_gil)
         _check(st)
         call.finish()
     finally:
@@ -113,8 +114,9 @@ def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_sca
         tx, tg, td, ts, tb = _t(vx), _t(vg), _t(vd), _t(vs), _t(vb)
         trd, trs, trb = _t(vrd), _t(vrs), _t(vrb)
         s = call.cstream()
-        with nogil:
-            st = qqQuantizeColwise(NULL, tx, &p, tg, td, ts, tb, trd, trs, trb, s)
+        _gil = call.unlock()
+        st = qqQuantizeColwise(NULL, tx, &p, tg, td, ts, tb, trd, trs, trb, s)
+        _relock(_gil)
         _check(st)
         call.finish()
     finally:
@@ -194,8 +196,9 @@ def quantize_moe(w, scaling="32x1", *, rounding="ceil", scale_layout="linear", f
         td.strides = dstrides
         tx, ts = _t(vx), _t(vs)
         s = call.cstream()
-        with nogil:
-            st = qqQuantizeMoe(NULL, tx, &p, sc, &td, ts, s)
+        _gil = call.unlock()
+        st = qqQuantizeMoe(NULL, tx, &p, sc, &td, ts, s)
+        _relock(_gil)
         _check(st)
         call.finish()
     finally:
@@ -278,8 +281,9 @@ def quantize_dequantize(x, mode="mxfp8", *, global_scale=None, rowwise=True, col
             cols, vc = call.empty_bf16(xs, "cols", "qqQuantizeDequantize")
         tx, tg, tr, tc = _t(vx), _t(vg), _t(vr), _t(vc)
         s = call.cstream()
-        with nogil:
-            st = qqQuantizeDequantize(NULL, tx, &p, tg, tr, tc, s)
+        _gil = call.unlock()
+        st = qqQuantizeDequantize(NULL, tx, &p, tg, tr, tc, s)
+        _relock(_gil)
         _check(st)
         call.finish()
     finally:
@@ -321,8 +325,9 @@ def quantize_dequantize_moe(w, *, values=True, transposed=False, rounding="ceil"
             t, vt = call.empty_bf16(ws[:-2] + (ws[-1], ws[-2]), "transposed", "qqQuantizeDequantizeMoe")
         tw, to, tt = _t(vw), _t(vo), _t(vt)
         s = call.cstream()
-        with nogil:
-            st = qqQuantizeDequantizeMoe(NULL, tw, &p, to, tt, s)
+        _gil = call.unlock()
+        st = qqQuantizeDequantizeMoe(NULL, tw, &p, to, tt, s)
+        _relock(_gil)
         _check(st)
         call.finish()
     finally:
@@ -371,8 +376,9 @@ def dequantize(w, scales=None, biases=None, group_size=None, bits=None, mode="af
             vo = _out_view(call, out, out_dtype)
         tw, ts, tb, tg, to = _t(vw), _t(vs), _t(vb), _t(vg), _t(vo)
         s = call.cstream()
-        with nogil:
-            st = qqDequantize(NULL, tw, ts, tb, &p, tg, to, s)
+        _gil = call.unlock()
+        st = qqDequantize(NULL, tw, ts, tb, &p, tg, to, s)
+        _relock(_gil)
         _check(st)
         call.finish()
     finally:

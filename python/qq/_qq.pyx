@@ -19,10 +19,11 @@ wrappers in _ops_quantize.pxi, _ops_matmul.pxi and _ops_layout.pxi, and _jax_sha
 is specified in docs/api.md.
 """
 
+from cpython.exc cimport PyErr_Clear
 from cpython.long cimport PyLong_FromLongLong
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_INCREF
+from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.pycapsule cimport (PyCapsule_GetName, PyCapsule_GetPointer, PyCapsule_IsValid,
                                 PyCapsule_New, PyCapsule_SetName)
@@ -31,6 +32,7 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 
 from ._dlpack cimport (DLDataType, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned, DLTensor,
+                       DLPackExchangeAPI,
                        DLPACK_FLAG_BITMASK_READ_ONLY, QQ_DLPACK_MAJOR, QQ_DLPACK_MINOR,
                        kDLBfloat, kDLBool, kDLComplex, kDLCPU, kDLCUDA, kDLCUDAHost,
                        kDLCUDAManaged, kDLFloat, kDLFloat8_e3m4, kDLFloat8_e4m3,
@@ -48,6 +50,9 @@ cdef extern from "structmember.h":
 
 
 cdef extern from "Python.h":
+    ctypedef struct PyThreadState
+    PyThreadState* PyEval_SaveThread() nogil
+    void PyEval_RestoreThread(PyThreadState*) nogil
     ctypedef struct PyMemberDescrObject:      # a __slots__ entry's descriptor
         PyMemberDef* d_member
     object PyType_GenericAlloc(type t, Py_ssize_t nitems)
