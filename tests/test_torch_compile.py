@@ -283,6 +283,24 @@ def test_quantize_dequantize_amax(device, mode, layout, backend):
         check(lambda x: qq.quantize(x, mode="nvfp4", global_scale=448.0 * 6), x, backend=backend)
 
 
+@pytest.mark.parametrize("strict", [False, True])
+def test_torch_export(strict):
+    """torch.export, strict (Dynamo) and non-strict (the module runs on fake tensors with
+    torch.compiler's _is_compiling_flag set): qq's calls become its ops either way (the
+    dispatch wrapper reads is_dynamo_compiling() and that flag, qq/_dispatch.py), and the
+    exported program equals eager."""
+    class M(torch.nn.Module):
+        def forward(self, x):
+            qa = qq.quantize(x, mode="mxfp8")
+            return qq.dequantize(qa, dtype="float32"), qq.amax(x)
+
+    x = data(4, 64)
+    ep = torch.export.export(M(), (x,), strict=strict)
+    assert any("qq." in str(n.target) for n in ep.graph.nodes), ep.graph
+    for got, want in zip(ep.module()(x), M()(x)):
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("mode,layout", CASES)
 @pytest.mark.parametrize("device", DEVICES)
 def test_quantize_colwise(device, mode, layout):

@@ -88,15 +88,35 @@ def _torch_ops_eager():
     happen inside a trace (the first qq call Dynamo traces), and a global written during a
     trace fails the guard Dynamo put on it (`import qq; import torch;
     torch.compile(..., fullgraph=True)` raised on its first call)."""
-    global _is_compiling
+    global _is_compiling, _compile_flags
     _torch_ops()
-    _is_compiling = _modules["torch"].compiler.is_compiling
+    tc = _modules["torch"].compiler
+    if hasattr(tc, "is_dynamo_compiling") and isinstance(getattr(tc, "_is_compiling_flag", None), bool):
+        # torch.compiler.is_compiling() holds where Dynamo traces (it folds the call to
+        # True, as it folds is_dynamo_compiling()) and where torch.export's non-strict
+        # tracing has set _is_compiling_flag (what the function returns when it runs, after
+        # a torch.jit.is_scripting() check that never holds here). The two read directly:
+        # 0.05 us a call on the 2-core CPU host instead of 0.13.
+        _compile_flags = tc
+        _is_compiling = tc.is_dynamo_compiling
+    else:
+        _is_compiling = tc.is_compiling
 
 
-# torch.compiler.is_compiling, set by _torch_ops_eager (in eager code, never while Dynamo
-# traces): a global that does not change once set, so Dynamo's guard on it holds.
+# torch.compiler.is_dynamo_compiling (or is_compiling, in a torch without it), set by
+# _torch_ops_eager (in eager code, never while Dynamo traces): a global that does not change
+# once set, so Dynamo's guard on it holds.
 # Reading it saves every eager call the lookups of torch and torch.compiler.
 _is_compiling = None
+
+
+class _NoFlags:
+    _is_compiling_flag = False
+
+
+# torch.compiler where _is_compiling is its is_dynamo_compiling (its _is_compiling_flag is
+# read beside it), else a stand-in whose flag is always False.
+_compile_flags = _NoFlags
 
 
 def _jax_ffi():
@@ -119,7 +139,7 @@ def _make(_eager):
         if type({first}) is not _ndarray:   # (a NumPy array is never a traced torch value)
             _qq_c = _is_compiling
             if _qq_c is not None:
-                if _qq_c():
+                if _qq_c() or _compile_flags._is_compiling_flag:
                     return getattr(_torch_ops(), "{name}")({args}, **_qq_kw)
             elif "torch" in _modules:       # torch imported after qq
                 if _compiling():
