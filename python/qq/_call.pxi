@@ -72,6 +72,22 @@ cdef class _Call:
             self.on_gpu = False
             self._resolve_stream(stream)
             return 0
+        cdef DLTensor d
+        if _torch_xapi != NULL:
+            tp = type(anchor)
+            if tp is _torch_tensor_type or tp is _torch_param_type:
+                # the device through torch's exchange table (one C call; meta tensors and the
+                # like fail it and go on below)
+                if _torch_xapi.dltensor_from_py_object_no_sync(<void*>anchor, &d) == 0:
+                    if d.device.device_type == kDLCPU or d.device.device_type == kDLCUDA:
+                        self.fw = "torch"
+                        self.on_gpu = d.device.device_type == kDLCUDA
+                        self.dev_type = kDLCUDA if self.on_gpu else kDLCPU
+                        self.dev_id = d.device.device_id if self.on_gpu else 0
+                        self._resolve_stream(stream)
+                        return 0
+                else:
+                    PyErr_Clear()
         self.fw = _framework_of(anchor)
         if self.fw == "torch" and _torch_tensor_type is not None and isinstance(anchor, _torch_tensor_type):
             # (torch's __dlpack_device__ asks is_pinned(), a call into the allocator; pinned
