@@ -258,12 +258,13 @@ void gather_scales(const Mat& scales, const Mat* biases, bool blocked, int64_t b
 void dequantize_rows(const Mat& data, const Mat& scales, const Mat* biases, bool blocked, const QSpec& q,
                      float gdec, int64_t b, int64_t r0, int64_t rows, int64_t K, float* out) {
   const int64_t ng = K / q.group;
-  std::vector<uint8_t> sc(ng);
-  std::vector<float> scf(ng), bif(ng);
+  Scratch buf(2 * ng + (ng + 3) / 4);     // fp32 scales and biases, then the scale bytes
+  float* scf = buf.data();
+  float* bif = scf + ng;
+  uint8_t* sc = (uint8_t*)(bif + ng);
   for (int64_t r = r0; r < r0 + rows; ++r) {
-    gather_scales(scales, biases, blocked, b, r, ng, sc.data(), scf.data(), bif.data());
-    dequantize_row(data.at<uint8_t>(b, r), K, q, sc.data(), scf.data(), bif.data(), gdec,
-                   out + (r - r0) * K);
+    gather_scales(scales, biases, blocked, b, r, ng, sc, scf, bif);
+    dequantize_row(data.at<uint8_t>(b, r), K, q, sc, scf, bif, gdec, out + (r - r0) * K);
   }
 }
 
@@ -277,23 +278,27 @@ void quantize_range(void* ctx, int64_t begin, int64_t end) {
   const QuantizeJob& j = *(const QuantizeJob*)ctx;
   const QuantizeArgs& a = *j.a;
   const int64_t K = a.x.cols, ng = K / a.q.group, M = a.x.rows;
-  std::vector<float> row(K), scf(ng), bif(ng);
-  std::vector<uint8_t> sc(ng);
+  // row (K floats), the fp32 scales and biases (ng each) and the scale bytes (ng)
+  Scratch buf(K + 2 * ng + (ng + 3) / 4);
+  float* row = buf.data();
+  float* scf = row + K;
+  float* bif = scf + ng;
+  uint8_t* sc = (uint8_t*)(bif + ng);
   for (int64_t i = begin; i < end; ++i) {
     const int64_t b = i / M, r = i % M;
-    load_row((const char*)a.x.ptr + (a.x.offset(b) + r * a.x.ld) * dtype_size(a.x.dt), a.x.dt, K, row.data());
+    load_row((const char*)a.x.ptr + (a.x.offset(b) + r * a.x.ld) * dtype_size(a.x.dt), a.x.dt, K, row);
     uint8_t* d = (uint8_t*)a.data.ptr + i * a.data.cols;
-    quantize_row(row.data(), K, a.q, j.enc, d, sc.data(), scf.data(), bif.data(), a.x.dt);
+    quantize_row(row, K, a.q, j.enc, d, sc, scf, bif, a.x.dt);
     if (a.q.fp()) {
       if (a.q.blocked) {
         uint8_t* base = (uint8_t*)a.scales.ptr + b * a.scales.rows * a.scales.cols;
         for (int64_t g = 0; g < ng; ++g) base[blocked_offset(r, g, a.scales.cols)] = sc[g];
       } else {
-        memcpy((uint8_t*)a.scales.ptr + i * ng, sc.data(), (size_t)ng);
+        memcpy((uint8_t*)a.scales.ptr + i * ng, sc, (size_t)ng);
       }
     } else {
-      store_row(scf.data(), ng, a.x.dt, (char*)a.scales.ptr + i * ng * dtype_size(a.x.dt));
-      store_row(bif.data(), ng, a.x.dt, (char*)a.biases.ptr + i * ng * dtype_size(a.x.dt));
+      store_row(scf, ng, a.x.dt, (char*)a.scales.ptr + i * ng * dtype_size(a.x.dt));
+      store_row(bif, ng, a.x.dt, (char*)a.biases.ptr + i * ng * dtype_size(a.x.dt));
     }
   }
 }
@@ -390,7 +395,7 @@ namespace {
 void dequantize_range(void* ctx, int64_t begin, int64_t end) {
   const DequantizeArgs& a = *(const DequantizeArgs*)ctx;
   const int64_t K = a.out.cols, M = a.data.rows;
-  std::vector<float> row(K);
+  Scratch row(K);
   const float gdec = a.gs ? nvfp4_dec(*a.gs) : 1.0f;
   for (int64_t i = begin; i < end; ++i) {
     const int64_t b = i / M, r = i % M;

@@ -3,10 +3,29 @@
 #ifndef QQ_CPU_ROWS_H_
 #define QQ_CPU_ROWS_H_
 
+#include <vector>
+
 #include "../internal.h"
 
 namespace qq {
 namespace cpu {
+
+// Per-call scratch of n floats: on the stack up to kStack (a row of a few thousand
+// elements, what the small calls whose host cost bench_overhead measures need: four heap
+// allocations a quantize of [1, 32] were ~5 % of it), else one heap block.
+class Scratch {
+ public:
+  explicit Scratch(size_t n) : p_(n <= kStack ? buf_ : (heap_.resize(n), heap_.data())) {}
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  float* data() { return p_; }
+
+ private:
+  static constexpr size_t kStack = 2048;
+  float buf_[kStack];
+  std::vector<float> heap_;
+  float* p_;
+};
 
 void load_row(const void* p, DType dt, int64_t n, float* out);
 void store_row(const float* in, int64_t n, DType dt, void* p);
