@@ -211,6 +211,10 @@ def test_torch_tensors_through_the_dlpack_exchange_table(rng, monkeypatch):
         pytest.skip("this torch has no DLPack exchange table")
     x = random_data(rng, (6, 128), F32, 16)
     base = torch.from_numpy(x)
+    qq.quantize(base, mode="mxfp8", torch_dtypes=False)       # makes the uint8 result kind
+    paths = qq._qq._torch_fast_paths()
+    if not (paths["exchange"] and paths["thp_wrap"] and paths["kinds"][("uint8", -1)] == (True, True)):
+        pytest.skip(f"this torch lacks a C path qq uses: {paths}")
     cases = {
         "contiguous": (base, x),
         "storage offset": (base[1:], x[1:]),
@@ -230,9 +234,54 @@ def test_torch_tensors_through_the_dlpack_exchange_table(rng, monkeypatch):
     for name, (_, ref_x) in cases.items():
         ref_x = np.ascontiguousarray(ref_x, dtype=np.float32)
         assert_quantized_equal(got[name], R.quantize(ref_x, mode="mxfp8"), ref_x)
+
+
+def test_torch_c_paths_in_use_on_linux():
+    """On Linux with this torch (2.13), both C paths are found: the exchange table and
+    THPVariable_Wrap (a silent fallback would only show as lost speed)."""
+    torch = pytest.importorskip("torch")
+    if sys.platform != "linux" or not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+        pytest.skip("not Linux, or a torch without the exchange table")
+    qq.quantize(torch.zeros(1, 32), mode="nvfp4", torch_dtypes=False)
     paths = qq._qq._torch_fast_paths()
     assert paths["exchange"] and paths["thp_wrap"], paths
     assert paths["kinds"][("uint8", -1)] == (True, True), paths
+
+
+def test_cxx_exceptions_do_not_cross_the_extension():
+    """The call into torch's C++ (THPVariable_Wrap) goes through qq_call_wrap
+    (python/qq/_cxx_call.cpp): a C++ exception becomes a RuntimeError (crossing the C frames
+    of the Cython module would end the process)."""
+    with pytest.raises(RuntimeError, match="qq_throwing_for_test"):
+        qq._qq._cxx_call_selftest()
+
+
+def test_nothing_python_while_the_gil_is_released():
+    """Between `_gil = call.unlock()` and `_relock(_gil)` (python/qq/_ops_*.pxi) the GIL may be
+    released: Cython cannot check what runs there (its `with nogil:` takes no run-time
+    condition), so this does - only the C call (`st = qq...(...)`) and branches on C flags
+    declared `cdef bint` in the same file."""
+    import pathlib
+    import re
+    root = pathlib.Path(__file__).resolve().parents[1] / "python" / "qq"
+    regions = 0
+    for path in sorted(root.glob("_ops_*.pxi")):
+        text = path.read_text()
+        bints = set(re.findall(r"cdef bint (\w+)", text))
+        lines = text.splitlines()
+        for i, line in enumerate(lines):
+            if line.strip() != "_gil = call.unlock()":
+                continue
+            regions += 1
+            j = i + 1
+            while lines[j].strip() != "_relock(_gil)":
+                body = lines[j].strip()
+                m = re.fullmatch(r"if (\w+):", body)
+                ok = (re.fullmatch(r"st = qq[A-Za-z]+\([\w&, ]*\)", body) is not None or body == "else:"
+                      or (m is not None and m.group(1) in bints))
+                assert ok, f"{path.name}:{j + 1}: {body!r} between unlock() and _relock()"
+                j += 1
+    assert regions >= 18, regions
 
 
 def test_torch_subclasses_are_read_through_their_attributes(rng, monkeypatch):

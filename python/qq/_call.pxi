@@ -398,9 +398,10 @@ cdef class _Call:
     cdef bint release_gil(self) noexcept:
         """Whether the C call runs without the GIL: always on a GPU (a launch may block on
         a full launch queue), and on the CPU unless the call's arrays hold at most
-        _HOLD_GIL_ELEMS elements together (work of a few microseconds at most, where
-        releasing and taking back the GIL, ~0.07 us, was 5 % of a NumPy quantize of [1, 32];
-        NumPy keeps the GIL below 500 elements for the same reason)."""
+        _HOLD_GIL_ELEMS elements together (releasing and taking back the GIL, ~0.07 us, was
+        5 % of a NumPy quantize of [1, 32]; NumPy keeps the GIL below 500 elements for the
+        same reason). The work kept under the GIL is ~20 us at most (a matmul of [16, 64] x
+        [64, 64]; docs/api.md, "The GIL")."""
         if self.on_gpu:
             return True
         cdef int64_t n = 0
@@ -595,6 +596,23 @@ ctypedef int _aoti_delete_t(void* tensor) noexcept nogil
 # exception set.
 ctypedef PyObject* _thp_wrap_t(void* tensor) noexcept
 
+cdef extern from *:
+    """
+    PyObject* qq_call_wrap(PyObject* (*fn)(void*), void* arg);  /* python/qq/_cxx_call.cpp */
+    PyObject* qq_throwing_for_test(void*);
+    """
+    # fn(arg) inside a C++ try block: an exception becomes a RuntimeError and NULL
+    PyObject* qq_call_wrap(_thp_wrap_t* fn, void* arg) noexcept
+    _thp_wrap_t qq_throwing_for_test
+    object _qq_call_wrap_raising "qq_call_wrap"(_thp_wrap_t* fn, void* arg)   # NULL: raise it
+
+
+def _cxx_call_selftest():
+    """For tests: qq_call_wrap around a C++ function that throws raises the RuntimeError it
+    makes of the exception (the process would end if the exception crossed the extension's
+    C frames)."""
+    return _qq_call_wrap_raising(qq_throwing_for_test, NULL)
+
 
 cdef class _TorchKind:
     """What a torch result of one (dtype, device) needs: the template tensor (the fallback's
@@ -669,7 +687,7 @@ cdef object _wrap_handle(bint direct, void* h):
     cdef PyObject* o
     if not direct:
         return _aoti_wrap(PyCapsule_New(h, NULL, NULL))
-    o = _thp_wrap(h)
+    o = qq_call_wrap(_thp_wrap, h)
     if o == NULL:
         PyErr_Clear()
         return None

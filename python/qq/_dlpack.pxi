@@ -269,7 +269,10 @@ cdef bint _import_torch(_View v, object t) except -1:
         return False
     if _torch_xapi != NULL:
         tp = type(t)
-        if tp is _torch_tensor_type or tp is _torch_param_type:     # (subclasses: their attributes)
+        # (nn.Parameter too: the spec asks for the table's own type, and torch's function
+        # takes any tensor its pybind11 cast accepts, Parameter included; other subclasses
+        # may override what their attributes say and take the path below)
+        if tp is _torch_tensor_type or tp is _torch_param_type:
             return _import_torch_c(v, t)
     code_bits = _TORCH_TO_DL.get(t.dtype)
     if code_bits is None:
