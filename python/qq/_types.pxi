@@ -20,8 +20,7 @@ cdef tuple _quantized_shapes(str func, const qqQuantParams_t* p, tuple x_shape, 
         raise ValueError(f"{func}: {nd} dimensions; at most {_MAX_NDIM} are supported")
     for i in range(nd):
         xs[i] = x_shape[i]
-    with nogil:
-        st = qqQuantizedShapes(p, nd, xs, ds, ss, &sn)
+    st = qqQuantizedShapes(p, nd, xs, ds, ss, &sn)     # (arithmetic: the GIL stays)
     try:
         _check_as(st, "quantized_shapes", func)  # about the caller's operation, not this helper
     except ValueError as e:
