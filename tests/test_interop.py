@@ -309,6 +309,25 @@ def test_torch_subclasses_are_read_through_their_attributes(rng, monkeypatch):
     assert_quantized_equal(got, R.quantize(x, mode="nvfp4"), x)
 
 
+def test_torch_subclass_from_elsewhere_gets_torch_results(rng):
+    """A torch.Tensor subclass defined outside torch (a user's, a library's) is a torch
+    tensor to qq: results are torch tensors (they were NumPy arrays: such a tensor was an
+    unknown CPU producer)."""
+    torch = pytest.importorskip("torch")
+
+    class Mine(torch.Tensor):
+        pass
+
+    x = random_data(rng, (4, 64), F32, 16)
+    t = torch.from_numpy(x).as_subclass(Mine)
+    q = qq.quantize(t, mode="nvfp4")
+    y = qq.dequantize(q, dtype="float32")
+    for r in (q.data, q.scales, y):
+        assert isinstance(r, torch.Tensor), type(r)
+    assert_quantized_equal(q, R.quantize(x, mode="nvfp4"), x)
+    assert_bits_equal(y, ref_dequantize_qa(q, np.float32))
+
+
 def test_torch_results_under_a_dispatch_mode_go_through_it(rng):
     """Inside a TorchDispatchMode (a tracer, a FakeTensorMode, a logger) results are made by
     torch's Python path, so the mode sees them; the C path would bypass it."""

@@ -7,7 +7,8 @@
 
 cdef str _framework_of(obj):
     """'numpy', 'torch', 'cupy', 'jax' or 'other', from the type's module, importing
-    nothing (a framework that made `obj` is imported already)."""
+    nothing (a framework that made `obj` is imported already). A torch.Tensor subclass
+    defined elsewhere (a user's, a library's) is torch's too: its results are torch tensors."""
     if isinstance(obj, np.ndarray):
         return "numpy"
     root = (type(obj).__module__ or "").partition(".")[0]
@@ -15,6 +16,9 @@ cdef str _framework_of(obj):
         return root
     if root == "jax" or root == "jaxlib":
         return "jax"
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return "torch"
     return "other"
 
 

@@ -302,8 +302,12 @@ cdef bint _import_torch(_View v, object t) except -1:
     for i in range(nd):
         dims[i] = shape[i]
         dims[nd + i] = strides[i]
+    try:
+        ptr = t.data_ptr()          # a wrapper subclass without storage raises here
+    except RuntimeError:
+        return False
     v.owner = t                         # keeps the tensor alive until the view is released
-    v.tensor.data = <void*><intptr_t>t.data_ptr()
+    v.tensor.data = <void*><intptr_t>ptr
     v.tensor.device.device_type = <DLDeviceType>dev_type
     v.tensor.device.device_id = dev_id
     v.tensor.ndim = nd
