@@ -79,19 +79,17 @@ cdef class _Call:
         cdef DLTensor d
         if _torch_xapi != NULL:
             tp = type(anchor)
-            if tp is _torch_tensor_type or tp is _torch_param_type:
-                # the device through torch's exchange table (one C call; meta tensors and the
-                # like fail it and go on below)
-                if _torch_xapi.dltensor_from_py_object_no_sync(<void*>anchor, &d) == 0:
-                    if d.device.device_type == kDLCPU or d.device.device_type == kDLCUDA:
-                        self.fw = "torch"
-                        self.on_gpu = d.device.device_type == kDLCUDA
-                        self.dev_type = kDLCUDA if self.on_gpu else kDLCPU
-                        self.dev_id = d.device.device_id if self.on_gpu else 0
-                        self._resolve_stream(stream)
-                        return 0
-                else:
-                    PyErr_Clear()
+            # the device through torch's exchange table (one C call; view() reads the anchor
+            # again when it comes to it: the description is valid only while no other code
+            # runs, and allocations in between release the GIL; meta tensors and the like
+            # fail it and go on below)
+            if (tp is _torch_tensor_type or tp is _torch_param_type) and _torch_xapi_read(anchor, &d):
+                self.fw = "torch"
+                self.on_gpu = d.device.device_type == kDLCUDA
+                self.dev_type = kDLCUDA if self.on_gpu else kDLCPU
+                self.dev_id = d.device.device_id if self.on_gpu else 0
+                self._resolve_stream(stream)
+                return 0
         self.fw = _framework_of(anchor)
         if self.fw == "torch" and _torch_tensor_type is not None and isinstance(anchor, _torch_tensor_type):
             # (torch's __dlpack_device__ asks is_pinned(), a call into the allocator; pinned

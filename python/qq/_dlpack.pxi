@@ -212,21 +212,29 @@ cdef inline int _width_index(int bits) noexcept:
     return 0 if bits == 8 else (1 if bits == 16 else (2 if bits == 32 else (3 if bits == 64 else -1)))
 
 
+cdef bint _torch_xapi_read(object t, DLTensor* d) noexcept:
+    """torch tensor t (torch.Tensor or nn.Parameter; _torch_xapi set) described into *d by
+    torch's exchange table: one C call; shape and strides point into the tensor. False for
+    a tensor the table cannot describe (a meta tensor and the like: the DLPack path says
+    what is wrong) or one on a device other than the CPU and CUDA."""
+    if _torch_xapi.dltensor_from_py_object_no_sync(<void*>t, d) != 0:
+        PyErr_Clear()
+        return False
+    return d.device.device_type == kDLCPU or d.device.device_type == kDLCUDA
+
+
 cdef bint _import_torch_c(_View v, object t) except -1:
-    """_import_torch through torch's exchange table: one C call fills a DLTensor whose
-    shape and strides point into the tensor; they are copied into the view. False for
-    what the Python attributes path would refuse too (the DLPack path then decides)."""
+    """_import_torch through torch's exchange table (_torch_xapi_read); shape and strides
+    are copied into the view. False for what the Python attributes path would refuse too
+    (the DLPack path then decides)."""
     cdef DLTensor d
     cdef int i, w, nd
     if t.is_neg():          # torch's lazy negative view: its memory holds -t (view() resolves it)
         return False
-    if _torch_xapi.dltensor_from_py_object_no_sync(<void*>t, &d) != 0:
-        PyErr_Clear()       # a meta tensor and the like: the DLPack path says what is wrong
+    if not _torch_xapi_read(t, &d):
         return False
     w = _width_index(d.dtype.bits)
     if d.dtype.lanes != 1 or w < 0 or d.dtype.code >= 64 or not (_torch_code_mask[w] >> d.dtype.code) & 1:
-        return False
-    if d.device.device_type != kDLCPU and d.device.device_type != kDLCUDA:
         return False
     nd = d.ndim
     if nd > _MAX_NDIM or nd < 0:

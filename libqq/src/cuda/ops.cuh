@@ -37,6 +37,7 @@ struct QX {
 };
 constexpr size_t kQxMaxSmem = 40 * 1024;
 inline size_t qx_smem_bytes(int64_t rows, int64_t K) { return (size_t)rows * (size_t)(K + 8) * 2; }
+inline bool qx_fits(int64_t rows, int64_t K) { return qx_smem_bytes(rows, K) <= kQxMaxSmem; }
 // The re-quantization is the fused form's cost on the GPU: every CTA quantizes and decodes
 // all of x again (ctas * rows * K elements, ~19 instructions an element for the fp4
 // formats' software E2M1), mostly before its main loop. Measured on the H200 in CUDA graphs

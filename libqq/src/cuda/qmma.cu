@@ -921,8 +921,7 @@ bool plan(const MatmulArgs& a, int* F, QL* L, const QX* qx) {
   // quantizes all of x: CTAs * rows * K elements)
   if (qx) {
     // (one work item: the kernel fills q(x) once, for the rows of qx)
-    if (is_aff(*F) || a.M > 8 || a.gidx.ptr || a.out.batch() != 1 || a.M != qx->rows ||
-        qx_smem_bytes(a.M, a.K) > kQxMaxSmem)
+    if (is_aff(*F) || a.M > 8 || a.gidx.ptr || a.out.batch() != 1 || a.M != qx->rows || !qx_fits(a.M, a.K))
       return false;
     const int64_t per_cta = kWarps / ks_for(a, *L, *F == QMX8 ? depth<QMX8, 8>() : depth<QNV4, 8>(), 1);
     if (!qx_work_ok(((a.N + 15) / 16 + per_cta - 1) / per_cta, a.M, a.K)) return false;

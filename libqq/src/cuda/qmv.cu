@@ -775,8 +775,7 @@ qqStatus_t qmv(const MatmulArgs& a, cudaStream_t stream, const QX* qx) {
     // x quantized in the launch: the wide fp kernels at M = 1 (qqmm's mxfp8 decode: qmma
     // takes the other small-M calls), q(x) within ops.cuh's bound
     // (one work item: the kernel fills q(x) once, for the rows of qx)
-    if (a.M != 1 || qx->rows != 1 || a.out.batch() != 1 || !a.transpose || narrow || !q.fp() ||
-        qx_smem_bytes(a.M, a.K) > kQxMaxSmem)
+    if (a.M != 1 || qx->rows != 1 || a.out.batch() != 1 || !a.transpose || narrow || !q.fp() || !qx_fits(a.M, a.K))
       return QQ_STATUS_NOT_SUPPORTED;
     bool launched;
     switch (F) {

@@ -621,25 +621,26 @@ qqStatus_t qqmm_core(qqHandle_t h, const MatmulArgs& a, void* stream) {
                        "use route 'auto' or 'exact'", qqGetRouteString(want),
                        want == QQ_ROUTE_QMMA ? kQmmaMaxM : kQmvMaxM, (long long)Mtot);
     // x quantized inside the weight-only kernel's own launch (ops.cuh, QX): one launch and
-    // no scratch, where q(x) fits the kernels' shared memory; else a qdq kernel first.
+    // no scratch; else a qdq kernel first. qqmm offers it (float x, packed w, M <= 8); the
+    // kernels decide whether they take it (q(x) within their shared memory, the work bound:
+    // qmma.cu's plan, qmv.cu).
     QX qx;
-    qx.on = true;
-    qx.x = a.x;
-    qx.q = a.q;
-    qx.gs = a.gs_x;
-    qx.rows = (int)(Mtot < 8 ? Mtot : 8);  // (taken only for Mtot <= 8)
-    qx.pitch = K + 8;
-    qx.vec = rows_aligned(a.x);
-    const bool fuse = wonly && Mtot <= 8 && qx_smem_bytes(Mtot, K) <= kQxMaxSmem && !test_hook(HOOK_UNFUSED_QX);
+    const bool fuse = wonly && Mtot <= 8 && !test_hook(HOOK_UNFUSED_QX);
+    if (fuse) {
+      qx.on = true;
+      qx.x = a.x;
+      qx.q = a.q;
+      qx.gs = a.gs_x;
+      qx.rows = (int)Mtot;
+      qx.pitch = K + 8;
+      qx.vec = rows_aligned(a.x);
+    }
     // Small and medium M, stored weight: the tensor-core weight-only kernel
     // on q(x) in bf16 (exact), alpha = nvfp4_alpha(gs_x, gs_w) applied to its
     // fp32 sums by the kernel.
     if ((any || want == QQ_ROUTE_QMMA) && Mtot <= kQmmaMaxM && wonly) {
-      if (fuse) {
-        const MatmulArgs b = weight_only_args(a, nullptr, DType::BF16, Mtot);
-        if (qmma_takes(b, &qx)) return routed(qmma(b, nullptr, st, nullptr, &qx), QQ_ROUTE_QMMA);
-      }
       const MatmulArgs b0 = weight_only_args(a, nullptr, DType::BF16, Mtot);
+      if (fuse && qmma_takes(b0, &qx)) return routed(qmma(b0, nullptr, st, nullptr, &qx), QQ_ROUTE_QMMA);
       if (qmma_takes(b0)) {  // asked first: x is quantized only for the route that runs
         __nv_bfloat16* xq = nullptr;
         QQ_TRY(scratch.get("qqmm", (size_t)(Mtot * K) * 2, &xq));
