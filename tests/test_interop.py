@@ -12,8 +12,8 @@ import pytest
 
 import qq
 import reference as R
-from helpers import (BF16, as_bytes, assert_bits_equal, assert_matmul_close, assert_quantized_equal,
-                     numpy_to_torch, poison, random_data, ref_dequantize_qa, to_numpy)
+from helpers import (BF16, DEVICES, as_bytes, assert_bits_equal, assert_matmul_close, assert_quantized_equal,
+                     numpy_to_torch, poison, random_data, ref_dequantize_qa, to_numpy, torch_device)
 
 F32 = np.float32
 
@@ -246,6 +246,64 @@ def test_torch_c_paths_in_use_on_linux():
     paths = qq._qq._torch_fast_paths()
     assert paths["exchange"] and paths["thp_wrap"], paths
     assert paths["kinds"][("uint8", -1)] == (True, True), paths
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kw", [dict(mode="nvfp4"), dict(mode="mxfp8", torch_dtypes=False),
+                                dict(mode="mxfp4", scale_layout="blocked"), dict(bits=4, group_size=32)],
+                         ids=["nvfp4", "mxfp8-uint8", "mxfp4-blocked", "affine4"])
+def test_torch_quantize_results_share_one_block(kw, device, rng):
+    """A torch caller's qq.quantize results come out of one allocation (docs/api.md, "quantize's
+    results share one storage"): each a plain contiguous tensor of its own dtype, at a
+    multiple of 256 bytes of one storage, none overlapping another; the bytes are the
+    reference's; one result alone keeps the block alive."""
+    torch = pytest.importorskip("torch")
+    import gc
+    tdev = torch_device(device)
+    x = random_data(rng, (130, 96), F32, 16)
+    t = torch.from_numpy(x).to(tdev)
+    q = qq.quantize(t, **kw)
+    pool = qq._qq._torch_fast_paths()["pool"].get(-1 if device == "cpu" else tdev.index or 0)
+    if not pool:
+        pytest.skip(f"this torch has no C path to one block: {qq._qq._torch_fast_paths()}")
+    assert_quantized_equal(q, R.quantize(x, **{k: v for k, v in kw.items() if k != "torch_dtypes"}), x)
+    parts = [q.data, q.scales] + ([q.biases] if q.biases is not None else [])
+    base = parts[0].untyped_storage().data_ptr()
+    end = base
+    for p in parts:
+        assert type(p) is torch.Tensor and p.is_contiguous() and p._base is None and p.device == tdev
+        assert p.untyped_storage().data_ptr() == base
+        assert (p.data_ptr() - base) % 256 == 0 and p.data_ptr() >= end, [
+            (r.data_ptr() - base, r.nbytes) for r in parts]
+        end = p.data_ptr() + p.nbytes
+    assert parts[0].untyped_storage().nbytes() >= end - base
+    scales = q.scales.cpu().clone()
+    kept = q.scales
+    del q, parts, p
+    gc.collect()
+    torch.empty(1 << 16, dtype=torch.uint8, device=tdev).fill_(0xAB)    # (reuses freed memory)
+    assert torch.equal(kept.cpu().view(torch.uint8), scales.view(torch.uint8))
+
+
+def test_torch_quantize_results_apart_inside_a_dispatch_mode(rng):
+    """Inside a torch dispatch mode the results are allocated through torch's Python path, one
+    each (the mode sees every allocation), with the same bytes."""
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = random_data(rng, (4, 64), F32, 16)
+    with Log():
+        q = qq.quantize(torch.from_numpy(x), mode="nvfp4")
+    assert q.data.untyped_storage().data_ptr() != q.scales.untyped_storage().data_ptr()
+    assert sum("empty" in f for f in seen) >= 2, seen
+    assert_quantized_equal(q, R.quantize(x, mode="nvfp4"), x)
 
 
 def test_cxx_exceptions_do_not_cross_the_extension():

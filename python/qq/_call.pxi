@@ -24,6 +24,8 @@ cdef str _framework_of(obj):
 
 cdef enum:
     _HOLD_GIL_ELEMS = 4096     # _Call.release_gil
+    _MAX_GROUP = 8             # results of one call that share a storage (quantize_colwise: 6)
+    _GROUP_ALIGN = 256         # each one's byte offset in it (cuBLASLt wants 16-byte scale pointers)
 
 
 cdef inline void _relock(PyThreadState* ts) noexcept:
@@ -317,6 +319,21 @@ cdef class _Call:
             r = b
         return r, self.view(r, name, True)
 
+    cdef list empties(self, tuple specs):
+        """[(result, view)] of each (shape, dtype, name) of specs, as empty() makes them, but
+        for torch callers all in one storage (_torch_empty_group): one allocation a call
+        instead of one a result (a CUDA allocation through torch cost ~1.5-1.9 us of host
+        time on an H200 host, bench/results/overhead-h100-notes.md, session y)."""
+        cdef void* ptrs[_MAX_GROUP]
+        cdef int i
+        if self.fw == "torch":
+            rs = _torch_empty_group(specs, self.dev_id if self.on_gpu else -1, ptrs)
+            if rs is not None:
+                return [(rs[i], self._result_view(rs[i], ptrs[i], (<tuple>specs[i])[0], (<tuple>specs[i])[1],
+                                                  (<tuple>specs[i])[2]))
+                        for i in range(len(specs))]
+        return [self.empty(<tuple>spec[0], <str>spec[1], <str>spec[2]) for spec in specs]
+
     cdef tuple empty_bf16(self, tuple shape, str name, str centry):
         """empty() of a bfloat16 result, whose framework may have no bfloat16 (CuPy): then a
         TypeError that says so and names the C entry `centry` as the way around."""
@@ -591,6 +608,10 @@ ctypedef int _aoti_empty_t(int64_t ndim, const int64_t* sizes, const int64_t* st
 ctypedef int _aoti_get_i32_t(void* tensor, int* ret) noexcept nogil
 ctypedef int _aoti_get_ptr_t(void* tensor, void** ret) noexcept nogil
 ctypedef int _aoti_delete_t(void* tensor) noexcept nogil
+# a tensor of any dtype, sizes and strides on the storage of `self` from byte offset_bytes on
+# (inductor's _alloc_from_pool: its own TensorImpl, not an autograd view)
+ctypedef int _aoti_pool_t(void* self, int64_t offset_bytes, int dtype, int64_t ndim, const int64_t* sizes,
+                          const int64_t* strides, void** ret) noexcept nogil
 # torch's THPVariable_Wrap(const at::TensorBase&) (torch/csrc/autograd/python_variable.h, exported
 # by libtorch_python): the function torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr calls
 # after pybind11 has parsed its argument. A shim handle is an at::Tensor* (what the shim casts
@@ -624,6 +645,7 @@ cdef class _TorchKind:
     cdef int64_t esize
     cdef bint c_path, on_cpu
     cdef bint direct            # c_path through _thp_wrap (a C call), not through _aoti_wrap
+    cdef int pool               # uint8 kinds: _torch_empty_group usable on this device (1), not (-1), unknown (0)
 
 
 # dtype name -> [kind of the CPU, of cuda:0, of cuda:1, ...] (None where not made yet)
@@ -634,6 +656,7 @@ cdef _aoti_delete_t* _aoti_delete = NULL
 cdef _aoti_get_i32_t* _aoti_dtype = NULL
 cdef _aoti_get_i32_t* _aoti_device_type = NULL
 cdef _aoti_get_i32_t* _aoti_device_index = NULL
+cdef _aoti_pool_t* _aoti_pool = NULL   # aoti_torch__alloc_from_pool, where found (else a result each)
 cdef object _aoti_wrap = None     # torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr
 cdef _thp_wrap_t* _thp_wrap = NULL  # THPVariable_Wrap, where found (else _aoti_wrap)
 cdef object _aoti_handle_of = None  # torch._C._aoti.unsafe_alloc_void_ptr_from_tensor
@@ -648,7 +671,7 @@ cdef int _aoti_lookup(object torch) except -1:
     """Find the shim's entry points and torch's handle <-> tensor functions once; any miss (an
     older or differently built torch, another OS) leaves the Python path alone in use."""
     global _aoti_state, _aoti_empty, _aoti_data_ptr, _aoti_delete, _aoti_wrap, _torch_dispatch_depth
-    global _aoti_dtype, _aoti_device_type, _aoti_device_index, _aoti_handle_of, _thp_wrap
+    global _aoti_dtype, _aoti_device_type, _aoti_device_index, _aoti_handle_of, _thp_wrap, _aoti_pool
     # (the state is written once, at the end: another thread that runs meanwhile looks up
     # again rather than caching a kind without the C path)
     import os
@@ -670,6 +693,7 @@ cdef int _aoti_lookup(object torch) except -1:
     _aoti_dtype = <_aoti_get_i32_t*>dlsym(lib, b"aoti_torch_get_dtype")
     _aoti_device_type = <_aoti_get_i32_t*>dlsym(lib, b"aoti_torch_get_device_type")
     _aoti_device_index = <_aoti_get_i32_t*>dlsym(lib, b"aoti_torch_get_device_index")
+    _aoti_pool = <_aoti_pool_t*>dlsym(lib, b"aoti_torch__alloc_from_pool")
     if (_aoti_empty == NULL or _aoti_data_ptr == NULL or _aoti_delete == NULL or _aoti_dtype == NULL
             or _aoti_device_type == NULL or _aoti_device_index == NULL):
         _aoti_state = -1
@@ -822,6 +846,146 @@ cdef object _torch_empty_c(_TorchKind k, tuple shape, void** data):
     return t
 
 
+cdef int _contiguous_dims(tuple shape, int64_t esize, int64_t* dims, int64_t* nbytes) except -2:
+    """dims[0:nd] = shape, dims[nd:2nd] = torch's contiguous strides (sizes 0 count as 1), and
+    the byte size; -1 (not an error) for what the shim path leaves to torch's Python path:
+    more than _MAX_NDIM axes, or more than _AOTI_MAX_BYTES (each factor and the running
+    product stay below 2^28 before a multiplication: no overflow)."""
+    cdef int nd = len(shape)
+    cdef int i
+    cdef int64_t stride = 1, n, nb = esize
+    if nd > _MAX_NDIM:
+        return -1
+    for i in range(nd - 1, -1, -1):
+        n = shape[i]
+        if n < 0 or n > _AOTI_MAX_BYTES:
+            return -1
+        nb *= n
+        if nb > _AOTI_MAX_BYTES:
+            return -1
+        dims[i] = n
+        dims[nd + i] = stride
+        stride *= n if n > 1 else 1
+    nbytes[0] = nb
+    return nd
+
+
+cdef bint _pool_probe(_TorchKind k8, object torch) except -1:
+    """Whether a tensor carved out of a shim-made uint8 tensor (_aoti_pool) is what
+    _torch_empty_group needs: its own dtype, sizes and device, its data at the storage's
+    start plus the offset, the storage kept alive by the tensor alone once the handles are
+    deleted."""
+    cdef void* h = NULL
+    cdef void* hp = NULL
+    cdef void* base = NULL
+    cdef void* p = NULL
+    cdef int64_t dims[2]
+    k16 = _torch_kind("bfloat16", -1 if k8.on_cpu else k8.device_index)
+    if not k16.c_path:
+        return False
+    dims[0] = 2 * _GROUP_ALIGN
+    dims[1] = 1
+    if _aoti_empty(1, dims, dims + 1, k8.dtype_code, k8.device_type, k8.device_index, &h) != 0 or h == NULL:
+        return False
+    ok = False
+    dims[0] = 3
+    if (_aoti_data_ptr(h, &base) == 0
+            and _aoti_pool(h, _GROUP_ALIGN, (<_TorchKind>k16).dtype_code, 1, dims, dims + 1, &hp) == 0 and hp != NULL):
+        t = _wrap_handle((<_TorchKind>k16).direct, hp)
+        ok = (t is not None and _aoti_data_ptr(hp, &p) == 0 and <char*>p == <char*>base + _GROUP_ALIGN)
+        _aoti_delete(hp)
+        if ok:
+            _aoti_delete(h)
+            h = NULL
+            ok = (type(t) is torch.Tensor and t.dtype == (<_TorchKind>k16).template.dtype
+                  and t.device == (<_TorchKind>k16).template.device and tuple(t.shape) == (3,)
+                  and t.stride() == (1,) and t.data_ptr() == <intptr_t>p and t._use_count() == 1
+                  and t.untyped_storage().data_ptr() == <intptr_t>base
+                  and t.untyped_storage().nbytes() == 2 * _GROUP_ALIGN)
+    if h != NULL:
+        _aoti_delete(h)
+    return ok
+
+
+cdef object _torch_empty_group(tuple specs, int dev_id, void** ptrs):
+    """The torch tensors of specs ((shape, dtype name, result name), up to _MAX_GROUP) in one
+    new uint8 storage of the device, each at a multiple of _GROUP_ALIGN bytes, and their data
+    pointers in ptrs: one allocation for all of a call's results. A tuple, or None where
+    this path does not apply (the caller then makes each result alone): no shim or
+    _alloc_from_pool, inside a dispatch mode, a result beyond _AOTI_MAX_BYTES, nothing to
+    allocate, or a failure.
+
+    The results share the storage: a result's untyped_storage() is the whole block, and it
+    stays allocated while any of them lives (docs/api.md, "How torch results are made")."""
+    cdef int n = len(specs)
+    cdef int i, nd
+    cdef int64_t dims[_MAX_GROUP][2 * _MAX_NDIM]
+    cdef int nds[_MAX_GROUP]
+    cdef int64_t off[_MAX_GROUP]
+    cdef int64_t total = 0, nbytes = 0, one = 1
+    cdef void* h = NULL
+    cdef void* hi = NULL
+    cdef int rc
+    cdef _TorchKind k
+    if n > _MAX_GROUP or n == 0:
+        return None
+    cdef _TorchKind k8 = _torch_kind("uint8", dev_id)
+    if not k8.c_path or _aoti_pool == NULL or _torch_dispatch_depth() != 0:
+        return None
+    if k8.pool == 0:
+        try:
+            k8.pool = 1 if _pool_probe(k8, sys.modules["torch"]) else -1
+        except Exception:
+            k8.pool = -1
+    if k8.pool < 0:
+        return None
+    kinds = []
+    for i in range(n):
+        spec = <tuple>specs[i]
+        k = _torch_kind(<str>spec[1], dev_id)
+        if not k.c_path:
+            return None
+        nd = _contiguous_dims(<tuple>spec[0], k.esize, dims[i], &nbytes)
+        if nd < 0:
+            return None
+        nds[i] = nd
+        off[i] = total
+        total += (nbytes + _GROUP_ALIGN - 1) // _GROUP_ALIGN * _GROUP_ALIGN
+        if total > _AOTI_MAX_BYTES:
+            return None
+        kinds.append(k)
+    if total == 0:
+        return None
+    if k8.on_cpu:
+        rc = _aoti_empty(1, &total, &one, k8.dtype_code, k8.device_type,
+                         k8.device_index, &h)
+    else:
+        with nogil:         # (a CUDA allocation without the GIL, as in _torch_empty_c)
+            rc = _aoti_empty(1, &total, &one, k8.dtype_code, k8.device_type,
+                             k8.device_index, &h)
+    if rc != 0 or h == NULL:
+        return None
+    out = []
+    try:
+        for i in range(n):
+            k = <_TorchKind>kinds[i]
+            hi = NULL
+            if _aoti_pool(h, off[i], k.dtype_code, nds[i], dims[i], &dims[i][nds[i]], &hi) != 0 or hi == NULL:
+                return None
+            try:
+                t = _wrap_handle(k.direct, hi)
+                if t is None or _aoti_data_ptr(hi, &ptrs[i]) != 0:
+                    return None
+            finally:
+                _aoti_delete(hi)
+            out.append(t)
+    except Exception:
+        return None
+    finally:
+        _aoti_delete(h)
+    return out
+
+
 cdef object _torch_empty(tuple shape, str dtype, int dev_id, void** data):
     """A new torch tensor on the CPU (dev_id < 0) or cuda:dev_id, and its data pointer.
 
@@ -878,15 +1042,19 @@ def _torch_fast_paths(device=None):
     exchange (tensors and the current stream read through torch's DLPack exchange table),
     thp_wrap (THPVariable_Wrap found), and per result kind made so far, (dtype, device id
     or -1): (through the shim, wrapped by THPVariable_Wrap); with a CUDA device id, also
-    stream: torch's current stream there as qq reads it."""
+    stream: torch's current stream there as qq reads it; pool: per device id (-1 the CPU)
+    whether a call's results share one storage there (_torch_empty_group), once probed."""
     if "torch" in sys.modules and _torch_tensor_type is None:
         _torch_types_init()
     kinds = {}
+    pool = {}
     for dtype, ks in _TORCH_KINDS.items():
         for i, k in enumerate(ks):
             if k is not None:
                 kinds[(dtype, i - 1)] = ((<_TorchKind>k).c_path, (<_TorchKind>k).direct)
-    r = {"exchange": _torch_xapi != NULL, "thp_wrap": _thp_wrap != NULL, "kinds": kinds}
+                if dtype == "uint8" and (<_TorchKind>k).pool != 0:
+                    pool[i - 1] = (<_TorchKind>k).pool > 0
+    r = {"exchange": _torch_xapi != NULL, "thp_wrap": _thp_wrap != NULL, "kinds": kinds, "pool": pool}
     if device is not None:
         r["stream"] = _torch_current_stream(device)
     return r

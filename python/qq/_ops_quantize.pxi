@@ -19,6 +19,21 @@ def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
     float8_e5m2 (True), packed fp4 as float4_e2m1fn_x2 too ("float4"), or uint8 (False).
     See docs/api.md.
     """
+    return _quantize(x, group_size, bits, mode, global_scale, rounding, scale_layout, fp8_format,
+                     torch_dtypes, stream, True)
+
+
+def _quantize_apart(x, group_size, bits, mode, global_scale, rounding, scale_layout, fp8_format,
+                    torch_dtypes):
+    """quantize with each torch result in a storage of its own: for the qq::quantize custom op
+    (qq/_torch_ops.py), whose outputs torch.library requires not to alias one another."""
+    return _quantize(x, group_size, bits, mode, global_scale, rounding, scale_layout, fp8_format,
+                     torch_dtypes, None, False)
+
+
+cdef object _quantize(x, group_size, bits, mode, global_scale, rounding, scale_layout, fp8_format,
+                      torch_dtypes, stream, bint one_block):
+    """quantize; one_block: a torch caller's results in one storage (_Call.empties)."""
     cdef str func = "quantize"
     cdef _View vx, vg, vd, vs, vb
     cdef qqQuantParams_t p
@@ -42,11 +57,19 @@ def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
         data_dtype, scale_dtype = call.byte_dtypes(func, &p, torch_dtypes)
         if p.mode == QQ_MODE_AFFINE:
             scale_dtype = vx.float_dtype()
-        data, vd = call.empty(data_shape, data_dtype, "data")
-        scales, vs = call.empty(scales_shape, scale_dtype, "scales")
         vb = None
-        if p.mode == QQ_MODE_AFFINE:
-            biases, vb = call.empty(scales_shape, scale_dtype, "biases")
+        if not one_block:
+            data, vd = call.empty(data_shape, data_dtype, "data")
+            scales, vs = call.empty(scales_shape, scale_dtype, "scales")
+            if p.mode == QQ_MODE_AFFINE:
+                biases, vb = call.empty(scales_shape, scale_dtype, "biases")
+        elif p.mode == QQ_MODE_AFFINE:
+            (data, vd), (scales, vs), (biases, vb) = call.empties(
+                ((data_shape, data_dtype, "data"), (scales_shape, scale_dtype, "scales"),
+                 (scales_shape, scale_dtype, "biases")))
+        else:
+            (data, vd), (scales, vs) = call.empties(((data_shape, data_dtype, "data"),
+                                                     (scales_shape, scale_dtype, "scales")))
         tx, tg, td, ts, tb = _t(vx), _t(vg), _t(vd), _t(vs), _t(vb)
         s = call.cstream()
         _gil = call.unlock()

@@ -130,9 +130,9 @@ def _matmul_shape(x_shape, w_shape, n, func="qqmm"):
 def _quantize_op(x: Tensor, global_scale: Optional[Tensor], mode: str, group_size: int,
                  bits: int, rounding: str, scale_layout: str, fp8_format: str,
                  torch_dtypes: str) -> list[Tensor]:
-    qa = _qq.quantize(x, group_size, bits, mode, global_scale=global_scale, rounding=rounding,
-                      scale_layout=scale_layout, fp8_format=fp8_format,
-                      torch_dtypes=_td_back("quantize", torch_dtypes))
+    # (each result in a storage of its own: a custom op's outputs may not alias one another)
+    qa = _qq._quantize_apart(x, group_size, bits, mode, global_scale, rounding, scale_layout,
+                             fp8_format, _td_back("quantize", torch_dtypes))
     return list(qa)
 
 

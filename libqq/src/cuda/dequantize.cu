@@ -1,7 +1,8 @@
 // cuda/dequantize.cu - dequantization (qqDequantize) on the GPU: a thread per
 // up to kDqChunks chunks of 8 output elements on the row-wise grid of quant.cuh; fp modes
-// decode with the group's scale (and nvfp4's global scale), affine with its
-// scale and bias, through the codecs of codec.h.
+// (dequantize_fp_kernel, one instance per format) decode with the group's scale (and
+// nvfp4's global scale), affine codes (dequantize_affine_kernel) with their group's scale
+// and bias, through the codecs of codec.h.
 //
 // Indexing and bit-exactness: quant.cuh.
 #include <cuda_bf16.h>
@@ -21,7 +22,7 @@ namespace cuda {
 namespace {
 
 // ---------------------------------------------------------------------------
-// dequantize kernel: each thread U <= kDqChunks chunks of 8 output elements,
+// dequantize kernels: each thread U <= kDqChunks chunks of 8 output elements,
 // kRowThreads apart along the row (each load and store instruction of a warp stays
 // contiguous), U chosen per call so that a row's blocks are all (nearly) full.
 // All of a thread's loads are issued before it decodes: with one chunk per thread
@@ -37,7 +38,7 @@ constexpr int kDqThreadsMax = 256;  // a block: 32 .. 256 threads (launch_dequan
 // element value, normal in bf16), one by the scale s (an exact bf16: E4M3 or a power
 // of two). The product e * s is rounded once, to nearest even, by the bf16 fma: the
 // bits f_to_bf16(e * s) gives, e * s being exact in fp32. 2-4 instructions an element
-// instead of ~14 through the fp32 codecs. Not taken (the fp32 path below is): a NaN
+// instead of ~14 through the fp32 codecs. Not taken (fp_chunk_codec is): a NaN
 // scale, an fp8 code with an all-ones exponent (the hardware's NaN is not the
 // codec's). nvfp4 with a global scale takes the bf16x2 products too, then widens them
 // to fp32 (exact), multiplies by the global scale's factor in fp32 and rounds once to the
@@ -57,7 +58,6 @@ template <> __device__ __forceinline__ void store8_bf16x2<float>(float* p, const
   for (int i = 0; i < 4; ++i) v[2 * i] = u2f(o[i] << 16), v[2 * i + 1] = u2f(o[i] & 0xffff0000u);
   store8<float>(p, v);
 }
-template <> __device__ __forceinline__ void store8_bf16x2<__half>(__half*, const uint32_t (&)[4]) {}
 
 // Eight fp32 values as four bf16x2 words by the hardware conversion: to nearest even, as
 // f_to_bf16 for every non-NaN value (overflow to Inf); only a NaN's bits differ.
@@ -103,108 +103,150 @@ __device__ __forceinline__ void affine_store8(TO* p, const uint32_t (&code)[kVec
   store8<TO>(p, v);
 }
 
-// kBits: 4 or 8 = affine codes of that width on aligned rows (avec); 0 = any call
-template <typename TO, typename TS, int kBits>
-__global__ void __launch_bounds__(kDqThreadsMax) dequantize_kernel(DequantizeArgs a, Shape s, int U, bool avec,
-                                                                   uint32_t mul0, uint32_t mul1) {
+// The fp formats, each a kernel of its own (dequantize_fp_kernel): the element width, the
+// scale's kind, the group and the fp8 placement are compile-time constants, so that the
+// loop holds no mode tests (one kernel for every mode held ~475 branches in its sm_90a
+// SASS and ran at 0.66-0.8 of copy bandwidth on an H200, instruction bound:
+// bench/results/quantize-h200-profile.md).
+enum DqFp : int { kDqNv4 = 0, kDqMx4 = 1, kDqE4M3 = 2, kDqE5M2 = 3 };
+
+// One chunk of 8 fp elements through codec.h's fp32 codecs, rounded once to the output:
+// fp16 output (no bf16x2 form: fp16's range is smaller), NaN scales, fp8 codes with an
+// all-ones exponent, and fp8 to fp32 below bf16's subnormal precision.
+// Out of line where the bf16x2 path is the main one (fewer registers and instructions
+// around it); inline for fp16 output, where it is the only one.
+template <typename TO, int FM>
+__device__ __forceinline__ void fp_chunk_codec_body(TO* o, uint32_t w0, uint32_t w1, uint32_t u, bool gsc, float gd) {
+  float v[kVec];
+  const float f = FM == kDqNv4 ? e4m3_decode((uint8_t)u) : ue8m0_decode((uint8_t)u);
+  if constexpr (FM <= kDqMx4) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) v[i] = e2m1_decode((uint8_t)((w0 >> (4 * i)) & 0xf)) * f;
+  } else {
+    constexpr int elem = FM == kDqE4M3 ? ELEM_E4M3 : ELEM_E5M2;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[i] = elem_decode(elem, (uint8_t)(w0 >> (8 * i))) * f;
+      v[i + 4] = elem_decode(elem, (uint8_t)(w1 >> (8 * i))) * f;
+    }
+  }
+  if (gsc) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) v[i] = v[i] * gd;
+  }
+  store8<TO>(o, v);
+}
+template <typename TO, int FM>
+__device__ __noinline__ void fp_chunk_codec_call(TO* o, uint32_t w0, uint32_t w1, uint32_t u, bool gsc, float gd) {
+  fp_chunk_codec_body<TO, FM>(o, w0, w1, u, gsc, gd);
+}
+template <typename TO, int FM>
+__device__ __forceinline__ void fp_chunk_codec(TO* o, uint32_t w0, uint32_t w1, uint32_t u, bool gsc, float gd) {
+  if constexpr (std::is_same<TO, __half>::value) fp_chunk_codec_body<TO, FM>(o, w0, w1, u, gsc, gd);
+  else fp_chunk_codec_call<TO, FM>(o, w0, w1, u, gsc, gd);
+}
+
+// fp modes: each thread U <= kDqChunks chunks of 8 elements (4 bytes of fp4 codes or 8 of
+// fp8, and the group's scale byte), loaded before any is decoded.
+template <typename TO, int FM>
+__global__ void __launch_bounds__(kDqThreadsMax) dequantize_fp_kernel(DequantizeArgs a, Shape s, int U, uint32_t mul0,
+                                                                      uint32_t mul1) {
+  constexpr bool kNv = FM == kDqNv4, kFp4 = FM <= kDqMx4, kE4 = FM == kDqE4M3;
+  constexpr int kGShift = kNv ? 1 : 2;  // chunk -> group: 8 elements of 16 (nvfp4) or 32
+  constexpr int kW = kFp4 ? 1 : 2;      // 32-bit words of codes a chunk
   const uint32_t row = blockIdx.x, prows = (uint32_t)s.prows;
   const uint32_t b = prows == gridDim.x ? 0u : row / prows, r = row - b * prows;
   const uint32_t T = blockDim.x, c0 = blockIdx.y * (T * U) + threadIdx.x, chunks = (uint32_t)s.chunks;
   const uint8_t* d = a.data.at<uint8_t>(b, r);
   TO* out = reinterpret_cast<TO*>(a.out.ptr) + (int64_t)row * a.out.cols;
-  const int group = a.q.group;
-  if (kBits == 0 && a.q.fp()) {
-    uint32_t w[kDqChunks][2];
-    uint8_t sb[kDqChunks];
-    const uint8_t* srow = a.q.blocked ? a.scales.at<uint8_t>(b) : a.scales.at<uint8_t>(b, r);
+  // group g's scale byte: srow[g], or in the blocked layout srow[(g / 4) * 512 + g % 4] from
+  // the row's own offset (codec.h's blocked_offset, split into its row and column terms)
+  const bool blocked = a.q.blocked;
+  const uint8_t* srow =
+      blocked ? a.scales.at<uint8_t>(b) + blocked_offset(r, 0, a.scales.cols) : a.scales.at<uint8_t>(b, r);
+  uint32_t w[kDqChunks][kW];
+  uint32_t sb[kDqChunks];
 #pragma unroll
-    for (int j = 0; j < kDqChunks; ++j) {
-      const uint32_t c = j < U ? c0 + j * T : chunks;
-      w[j][0] = w[j][1] = 0;
-      sb[j] = 0;
-      if (c >= chunks) continue;
-      const uint32_t g = c * kVec / group;
-      sb[j] = srow[a.q.blocked ? blocked_offset(r, g, a.scales.cols) : g];
-      if (a.q.bits == 4) {
-        w[j][0] = *reinterpret_cast<const uint32_t*>(d + (size_t)c * 4);
-      } else {
-        const uint2 v = *reinterpret_cast<const uint2*>(d + (size_t)c * 8);
-        w[j][0] = v.x, w[j][1] = v.y;
-      }
+  for (int j = 0; j < kDqChunks; ++j) {
+    const uint32_t c = j < U ? c0 + j * T : chunks;
+#pragma unroll
+    for (int h = 0; h < kW; ++h) w[j][h] = 0;
+    sb[j] = 0;
+    if (c >= chunks) continue;
+    const uint32_t g = c >> kGShift;
+    sb[j] = srow[blocked ? ((g >> 2) << 9) + (g & 3) : g];
+    if constexpr (kFp4) {
+      w[j][0] = *reinterpret_cast<const uint32_t*>(d + (size_t)c * 4);
+    } else {
+      const uint2 v = *reinterpret_cast<const uint2*>(d + (size_t)c * 8);
+      w[j][0] = v.x, w[j][1] = v.y;
     }
-    const float gd = (a.q.mode == QQ_MODE_NVFP4 && a.gs) ? nvfp4_dec(*a.gs) : 1.0f;
-    const bool nv = a.q.mode == QQ_MODE_NVFP4;
-    // the global factor after the bf16x2 products; gd is finite (nvfp4_gs clamps)
-    const bool gsc = nv && a.gs != nullptr;
-    const bool fast = !std::is_same<TO, __half>::value;
+  }
+  // nvfp4's global factor after the bf16x2 products; gd is finite (nvfp4_gs clamps)
+  const bool gsc = kNv && a.gs != nullptr;
+  const float gd = gsc ? nvfp4_dec(*a.gs) : 1.0f;
 #pragma unroll
-    for (int j = 0; j < kDqChunks; ++j) {
-      const uint32_t c = j < U ? c0 + j * T : chunks;
-      if (c >= chunks) continue;
-      const uint32_t u = sb[j];
+  for (int j = 0; j < kDqChunks; ++j) {
+    const uint32_t c = j < U ? c0 + j * T : chunks;
+    if (c >= chunks) continue;
+    const uint32_t u = sb[j];
+    TO* o = out + (size_t)c * kVec;
+    if constexpr (!std::is_same<TO, __half>::value) {
       // fp32 output takes bf16's rounding only where there is none: fp8 codes times
       // scales below 2^-124 (E4M3) / 2^-117 (E5M2) can fall under bf16's subnormal
       // precision (2^-133) while exact in fp32 (fp4 values never do).
-      const bool exact_bf16 = !std::is_same<TO, float>::value || a.q.bits == 4 ||
-                              u >= (a.q.elem == ELEM_E4M3 ? 3u : 10u);
-      if (fast && exact_bf16 && !(nv ? (u & 0x7fu) == 0x7fu : u == 0xffu)) {
+      bool ok = kNv ? (u & 0x7fu) != 0x7fu : u != 0xffu;
+      if (std::is_same<TO, float>::value && !kFp4) ok = ok && u >= (kE4 ? 3u : 10u);
+      if (ok) {
         // the scale as bf16x2 (both halves): E4M3 placed, times 2^120; UE8M0 2^(u-127)
-        const uint32_t S = nv ? bmul(dup16(e4m3_bf16_bits(u)), 0x7b807b80u) : dup16(u ? u << 7 : 0x0040u);
-        uint32_t o[4];
-        bool ok = true;
-        if (a.q.bits == 4) {
+        const uint32_t S = kNv ? bmul(dup16(e4m3_bf16_bits(u)), 0x7b807b80u) : dup16(u ? u << 7 : 0x0040u);
+        uint32_t q[4];
+        if constexpr (kFp4) {
           uint32_t pr[4];  // (e_i, e_i+4) * 2^-126
           const uint32_t mul[2] = {mul0, mul1};
           fp4_pairs(w[j][0], mul, pr);
 #pragma unroll
           for (int i = 0; i < 4; ++i) pr[i] = bmul(bmul(pr[i], 0x7e807e80u), S);  // * 2^126, * s
-          o[0] = prmt(pr[0], pr[1], 0x5410u), o[1] = prmt(pr[2], pr[3], 0x5410u);
-          o[2] = prmt(pr[0], pr[1], 0x7632u), o[3] = prmt(pr[2], pr[3], 0x7632u);
+          q[0] = prmt(pr[0], pr[1], 0x5410u), q[1] = prmt(pr[2], pr[3], 0x5410u);
+          q[2] = prmt(pr[0], pr[1], 0x7632u), q[3] = prmt(pr[2], pr[3], 0x7632u);
         } else {
-          // vec.cuh's fp8_place: pairs (e0, e2), (e1, e3) of each word times 2^-fix,
-          // then in order
-          const Fp8Bf16 e4 = fp8_bf16(true), e5 = fp8_bf16(false);
-          const bool k4 = a.q.elem == ELEM_E4M3;
-          const uint32_t shl = k4 ? e4.shl : e5.shl, shr = k4 ? e4.shr : e5.shr, mag = k4 ? e4.mag : e5.mag;
-          const uint32_t fix = k4 ? e4.fix2 : e5.fix2;
-          const uint32_t nmask = k4 ? e4.nan_mask : e5.nan_mask, nadd = k4 ? e4.nan_add : e5.nan_add;
+          // vec.cuh's fp8_place: pairs (e0, e2), (e1, e3) of each word times 2^-fix, then in order
+          const Fp8Bf16 e = fp8_bf16(kE4);
+          ok = !fp8_special(w[j][0], e.nan_mask, e.nan_add) && !fp8_special(w[j][1], e.nan_mask, e.nan_add);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const uint32_t x = w[j][h];
-            ok = ok && !fp8_special(x, nmask, nadd);  // no all-ones exponent
             uint32_t p0, p1;
-            fp8_place(x, shl, shr, mag, p0, p1);
-            p0 = bmul(bmul(p0, fix), S);
-            p1 = bmul(bmul(p1, fix), S);
-            o[2 * h] = prmt(p0, p1, 0x5410u);
-            o[2 * h + 1] = prmt(p0, p1, 0x7632u);
+            fp8_place(w[j][h], e.shl, e.shr, e.mag, p0, p1);
+            p0 = bmul(bmul(p0, e.fix2), S);
+            p1 = bmul(bmul(p1, e.fix2), S);
+            q[2 * h] = prmt(p0, p1, 0x5410u);
+            q[2 * h + 1] = prmt(p0, p1, 0x7632u);
           }
         }
         if (ok) {
-          if (gsc) store8_scaled<TO>(out + (size_t)c * kVec, o, gd);
-          else store8_bf16x2<TO>(out + (size_t)c * kVec, o);
+          if (gsc) store8_scaled<TO>(o, q, gd);
+          else store8_bf16x2<TO>(o, q);
           continue;
         }
       }
-      float v[kVec];
-      const float f = a.q.mode == QQ_MODE_NVFP4 ? e4m3_decode(sb[j]) : ue8m0_decode(sb[j]);
-      if (a.q.bits == 4) {
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) v[i] = e2m1_decode((uint8_t)((w[j][0] >> (4 * i)) & 0xf)) * f;
-      } else {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          v[i] = elem_decode(a.q.elem, (uint8_t)(w[j][0] >> (8 * i))) * f;
-          v[i + 4] = elem_decode(a.q.elem, (uint8_t)(w[j][1] >> (8 * i))) * f;
-        }
-      }
-      if (a.q.mode == QQ_MODE_NVFP4 && a.gs) {
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) v[i] = v[i] * gd;
-      }
-      store8<TO>(out + (size_t)c * kVec, v);
     }
-  } else if constexpr (kBits == 4 || kBits == 8) {
+    fp_chunk_codec<TO, FM>(o, w[j][0], kW > 1 ? w[j][kW - 1] : 0u, u, gsc, gd);
+  }
+}
+
+// Affine codes. kBits: 4 or 8 = codes of that width on aligned rows (avec); 0 = any call
+template <typename TO, typename TS, int kBits>
+__global__ void __launch_bounds__(kDqThreadsMax) dequantize_affine_kernel(DequantizeArgs a, Shape s, int U,
+                                                                          bool avec) {
+  const uint32_t row = blockIdx.x, prows = (uint32_t)s.prows;
+  const uint32_t b = prows == gridDim.x ? 0u : row / prows, r = row - b * prows;
+  const uint32_t T = blockDim.x, c0 = blockIdx.y * (T * U) + threadIdx.x, chunks = (uint32_t)s.chunks;
+  const uint8_t* d = a.data.at<uint8_t>(b, r);
+  TO* out = reinterpret_cast<TO*>(a.out.ptr) + (int64_t)row * a.out.cols;
+  // chunk c's group: c * 8 / group, a shift (groups of 32, 64 or 128; a run-time division
+  // was ~20 instructions a chunk)
+  const uint32_t gshift = (uint32_t)(__ffs(a.q.group) - 4);
+  if constexpr (kBits == 4 || kBits == 8) {
     // affine 4- or 8-bit codes on aligned rows, the width at compile time: a code is a
     // constant shift and mask of a 32-bit word, where the run-time width below shifts 64-bit
     // words; 40 registers instead of 48 (12 blocks an SM instead of 10). 16384^2 to bf16 on
@@ -222,7 +264,7 @@ __global__ void __launch_bounds__(kDqThreadsMax) dequantize_kernel(DequantizeArg
       for (int h = 0; h < kW; ++h) w[j][h] = 0;
       sc[j] = bi[j] = 0.0f;
       if (c >= chunks) continue;
-      const uint32_t g = c * kVec / group;
+      const uint32_t g = c >> gshift;
       sc[j] = load_cast<TS>(srow + g);
       bi[j] = load_cast<TS>(brow + g);
       if constexpr (kBits == 4) {
@@ -255,7 +297,7 @@ __global__ void __launch_bounds__(kDqThreadsMax) dequantize_kernel(DequantizeArg
       acc[j] = 0;
       sc[j] = bi[j] = 0.0f;
       if (c >= chunks) continue;
-      const uint32_t g = c * kVec / group;
+      const uint32_t g = c >> gshift;
       sc[j] = load_cast<TS>(srow + g);
       bi[j] = load_cast<TS>(brow + g);
       const uint8_t* p = d + (size_t)c * bits;  // a chunk is `bits` bytes
@@ -286,10 +328,18 @@ constexpr uint32_t kMul0 = 65u << 6, kMul1 = 65u << 2;
 
 template <typename TO, typename TS>
 void launch_dq(dim3 grid, int nt, cudaStream_t st, const DequantizeArgs& a, const Shape& s, int U, bool avec) {
-  const int kb = !a.q.fp() && avec ? a.q.bits : 0;
-  if (kb == 4) dequantize_kernel<TO, TS, 4><<<grid, nt, 0, st>>>(a, s, U, avec, kMul0, kMul1);
-  else if (kb == 8) dequantize_kernel<TO, TS, 8><<<grid, nt, 0, st>>>(a, s, U, avec, kMul0, kMul1);
-  else dequantize_kernel<TO, TS, 0><<<grid, nt, 0, st>>>(a, s, U, avec, kMul0, kMul1);
+  const int kb = avec ? a.q.bits : 0;
+  if (kb == 4) dequantize_affine_kernel<TO, TS, 4><<<grid, nt, 0, st>>>(a, s, U, avec);
+  else if (kb == 8) dequantize_affine_kernel<TO, TS, 8><<<grid, nt, 0, st>>>(a, s, U, avec);
+  else dequantize_affine_kernel<TO, TS, 0><<<grid, nt, 0, st>>>(a, s, U, avec);
+}
+
+template <typename TO>
+void launch_dq_fp(dim3 grid, int nt, cudaStream_t st, const DequantizeArgs& a, const Shape& s, int U) {
+  if (a.q.mode == QQ_MODE_NVFP4) dequantize_fp_kernel<TO, kDqNv4><<<grid, nt, 0, st>>>(a, s, U, kMul0, kMul1);
+  else if (a.q.bits == 4) dequantize_fp_kernel<TO, kDqMx4><<<grid, nt, 0, st>>>(a, s, U, kMul0, kMul1);
+  else if (a.q.elem == ELEM_E4M3) dequantize_fp_kernel<TO, kDqE4M3><<<grid, nt, 0, st>>>(a, s, U, kMul0, kMul1);
+  else dequantize_fp_kernel<TO, kDqE5M2><<<grid, nt, 0, st>>>(a, s, U, kMul0, kMul1);
 }
 
 template <typename TO>
@@ -311,7 +361,11 @@ qqStatus_t launch_dequantize_t(const DequantizeArgs& a, Shape s, bool avec, cuda
     if (t <= kDqThreadsMax && left < idle) idle = left, per_row = rows_wide, U = u, nt = (int)t;
   }
   const dim3 grid((unsigned)(s.total / s.chunks), (unsigned)per_row);
-  switch (a.q.fp() ? DType::U8 : a.scales.dt) {
+  if (a.q.fp()) {
+    launch_dq_fp<TO>(grid, nt, st, a, s, U);
+    return check_launch("dequantize");
+  }
+  switch (a.scales.dt) {
     case DType::F16: launch_dq<TO, __half>(grid, nt, st, a, s, U, avec); break;
     case DType::BF16: launch_dq<TO, __nv_bfloat16>(grid, nt, st, a, s, U, avec); break;
     default: launch_dq<TO, float>(grid, nt, st, a, s, U, avec); break;
