@@ -59,6 +59,27 @@ def test_fp_random(cfg, layout, device, rng):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k", [12288, 14368, 16384, 20480])
+@pytest.mark.parametrize("cfg", FP_PARAMS)
+def test_fp_long_rows(cfg, k, device, rng):
+    """Rows of K >= 12288 take the GPU's long-row launch (up to 8 chunks a thread in blocks of
+    up to 256 threads; 14368 leaves a block's last threads idle; 20480 takes the short-row
+    one again: two blocks a row would give threads 5 chunks): bit-exact like every other row
+    length, linear and blocked scales, every output written (poisoned out=)."""
+    x = random_data(rng, (3, k), F32, cfg.group_size)
+    gs = R.amax(x) if cfg.global_scale else None
+    for layout in ("linear", "blocked"):
+        ref = R.quantize(x, scale_layout=layout, **cfg.kwargs(gs))
+        kw = fp_kwargs(cfg, gs, layout)
+        check_dequantize(device, ref.data, ref.scales, **kw)
+        out = to_device(poison((3, k), BF16), device)
+        if kw.get("global_scale") is not None:
+            kw["global_scale"] = to_device(np.asarray(kw["global_scale"], F32), device)
+        assert qq.dequantize(to_device(ref.data, device), to_device(ref.scales, device), out=out, **kw) is out
+        assert_bits_equal(out, R.dequantize(ref.data, ref.scales, dtype=BF16, **fp_kwargs(cfg, gs, layout)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", dtype_params())
 @pytest.mark.parametrize("bits,group_size", AFFINE_PARAMS)
 def test_affine_random(bits, group_size, dtype, device, rng):

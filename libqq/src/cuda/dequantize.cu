@@ -30,6 +30,7 @@ namespace {
 // the kernel ran at 0.50-0.63 of copy bandwidth (bench/results/quantize-h100.md).
 // ---------------------------------------------------------------------------
 constexpr int kDqChunks = 4;
+constexpr int kDqChunksLong = 8, kDqLongMin = 6;  // long fp rows (launch_dequantize_t)
 constexpr int kDqThreadsMax = 256;  // a block: 32 .. 256 threads (launch_dequantize_t)
 
 // Fast decoding of fp chunks into bf16 / fp32 output (not fp16: its range is smaller),
@@ -146,9 +147,10 @@ __device__ __forceinline__ void fp_chunk_codec(TO* o, uint32_t w0, uint32_t w1, 
   else fp_chunk_codec_call<TO, FM>(o, w0, w1, u, gsc, gd);
 }
 
-// fp modes: each thread U <= kDqChunks chunks of 8 elements (4 bytes of fp4 codes or 8 of
-// fp8, and the group's scale byte), loaded before any is decoded.
-template <typename TO, int FM>
+// fp modes: each thread U <= KC chunks of 8 elements (4 bytes of fp4 codes or 8 of fp8, and
+// the group's scale byte), loaded before any is decoded. KC = kDqChunksLong for long rows
+// (launch_dequantize_t).
+template <typename TO, int FM, int KC>
 __global__ void __launch_bounds__(kDqThreadsMax) dequantize_fp_kernel(DequantizeArgs a, Shape s, int U, uint32_t mul0,
                                                                       uint32_t mul1) {
   constexpr bool kNv = FM == kDqNv4, kFp4 = FM <= kDqMx4, kE4 = FM == kDqE4M3;
@@ -164,10 +166,10 @@ __global__ void __launch_bounds__(kDqThreadsMax) dequantize_fp_kernel(Dequantize
   const bool blocked = a.q.blocked;
   const uint8_t* srow =
       blocked ? a.scales.at<uint8_t>(b) + blocked_offset(r, 0, a.scales.cols) : a.scales.at<uint8_t>(b, r);
-  uint32_t w[kDqChunks][kW];
-  uint32_t sb[kDqChunks];
+  uint32_t w[KC][kW];
+  uint32_t sb[KC];
 #pragma unroll
-  for (int j = 0; j < kDqChunks; ++j) {
+  for (int j = 0; j < KC; ++j) {
     const uint32_t c = j < U ? c0 + j * T : chunks;
 #pragma unroll
     for (int h = 0; h < kW; ++h) w[j][h] = 0;
@@ -186,7 +188,7 @@ __global__ void __launch_bounds__(kDqThreadsMax) dequantize_fp_kernel(Dequantize
   const bool gsc = kNv && a.gs != nullptr;
   const float gd = gsc ? nvfp4_dec(*a.gs) : 1.0f;
 #pragma unroll
-  for (int j = 0; j < kDqChunks; ++j) {
+  for (int j = 0; j < KC; ++j) {
     const uint32_t c = j < U ? c0 + j * T : chunks;
     if (c >= chunks) continue;
     const uint32_t u = sb[j];
@@ -334,12 +336,12 @@ void launch_dq(dim3 grid, int nt, cudaStream_t st, const DequantizeArgs& a, cons
   else dequantize_affine_kernel<TO, TS, 0><<<grid, nt, 0, st>>>(a, s, U, avec);
 }
 
-template <typename TO>
+template <typename TO, int KC>
 void launch_dq_fp(dim3 grid, int nt, cudaStream_t st, const DequantizeArgs& a, const Shape& s, int U) {
-  if (a.q.mode == QQ_MODE_NVFP4) dequantize_fp_kernel<TO, kDqNv4><<<grid, nt, 0, st>>>(a, s, U, kMul0, kMul1);
-  else if (a.q.bits == 4) dequantize_fp_kernel<TO, kDqMx4><<<grid, nt, 0, st>>>(a, s, U, kMul0, kMul1);
-  else if (a.q.elem == ELEM_E4M3) dequantize_fp_kernel<TO, kDqE4M3><<<grid, nt, 0, st>>>(a, s, U, kMul0, kMul1);
-  else dequantize_fp_kernel<TO, kDqE5M2><<<grid, nt, 0, st>>>(a, s, U, kMul0, kMul1);
+  if (a.q.mode == QQ_MODE_NVFP4) dequantize_fp_kernel<TO, kDqNv4, KC><<<grid, nt, 0, st>>>(a, s, U, kMul0, kMul1);
+  else if (a.q.bits == 4) dequantize_fp_kernel<TO, kDqMx4, KC><<<grid, nt, 0, st>>>(a, s, U, kMul0, kMul1);
+  else if (a.q.elem == ELEM_E4M3) dequantize_fp_kernel<TO, kDqE4M3, KC><<<grid, nt, 0, st>>>(a, s, U, kMul0, kMul1);
+  else dequantize_fp_kernel<TO, kDqE5M2, KC><<<grid, nt, 0, st>>>(a, s, U, kMul0, kMul1);
 }
 
 template <typename TO>
@@ -360,11 +362,24 @@ qqStatus_t launch_dequantize_t(const DequantizeArgs& a, Shape s, bool avec, cuda
     const int64_t left = rows_wide * u * t - s.chunks;
     if (t <= kDqThreadsMax && left < idle) idle = left, per_row = rows_wide, U = u, nt = (int)t;
   }
-  const dim3 grid((unsigned)(s.total / s.chunks), (unsigned)per_row);
   if (a.q.fp()) {
-    launch_dq_fp<TO>(grid, nt, st, a, s, U);
+    // Long fp rows: blocks of up to kDqThreadsMax threads with up to kDqChunksLong chunks a
+    // thread where that gives every thread at least kDqLongMin of them (K >= 12288): more
+    // bytes in flight a thread. 16384^2 nvfp4 / mxfp4 / mxfp8 on an H200: 0.86 / 0.86 / 0.90
+    // -> 0.90 / 0.90 / 0.92 of copy bandwidth. The instance's larger arrays cost registers,
+    // so shorter rows keep kDqChunks (8192 x 5120 at 3 chunks a thread: 0.79 -> 0.63).
+    // (bench/tune/dq_sweep.py; bench/results/dequantize-h200-notes.md, session y.)
+    const int64_t pl = (s.chunks + kDqThreadsMax * kDqChunksLong - 1) / (kDqThreadsMax * kDqChunksLong);
+    const int ul = (int)((s.chunks + kDqThreadsMax * pl - 1) / (kDqThreadsMax * pl));
+    if (ul >= kDqLongMin) {
+      const int tl = (int)(((s.chunks + pl * ul - 1) / (pl * ul) + 31) / 32 * 32);
+      launch_dq_fp<TO, kDqChunksLong>(dim3((unsigned)(s.total / s.chunks), (unsigned)pl), tl, st, a, s, ul);
+    } else {
+      launch_dq_fp<TO, kDqChunks>(dim3((unsigned)(s.total / s.chunks), (unsigned)per_row), nt, st, a, s, U);
+    }
     return check_launch("dequantize");
   }
+  const dim3 grid((unsigned)(s.total / s.chunks), (unsigned)per_row);
   switch (a.scales.dt) {
     case DType::F16: launch_dq<TO, __half>(grid, nt, st, a, s, U, avec); break;
     case DType::BF16: launch_dq<TO, __nv_bfloat16>(grid, nt, st, a, s, U, avec); break;
