@@ -1,12 +1,16 @@
-"""Probe: qq.dequantize to bf16 under the variants of a temporary QQ_DQ_V knob (session y's
-sweep of dequantize_fp_kernel: chunks a thread, streaming stores, block width); one process
-per variant. Prints us and GB/s against the copy bandwidth of that process.
+"""Probe: qq.dequantize to bf16 under settings of temporary environment knobs (session y's
+sweeps of cuda/dequantize.cu's launch: chunks a thread, streaming stores, block width, the
+long-row rule for affine codes; the knobs were patched in for the sweep and are not in the
+code). One process per setting; prints us and the fraction of that process's copy bandwidth.
 
-    python bench/tune/dq_sweep.py [V ...]
+    python bench/tune/dq_sweep.py KNOB=VALUE [KNOB=VALUE ...]     (e.g. QQ_DQ_AL=0 QQ_DQ_AL=1)
 """
 import os
 import subprocess
 import sys
+
+SHAPES = [(16384, 16384), (4096, 14336), (8192, 5120)]
+MODES = [("nvfp4", {}), ("mxfp4", {}), ("mxfp8", {}), ("affine4", {"bits": 4}), ("affine8", {"bits": 8})]
 
 if len(sys.argv) > 1 and sys.argv[1] == "--one":
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -16,16 +20,19 @@ if len(sys.argv) > 1 and sys.argv[1] == "--one":
     timer = Timer()
     copy = copy_bandwidth(timer)
     out = []
-    for shape in [(16384, 16384), (8192, 5120)]:
+    for shape in SHAPES:
         x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
-        for mode, gs in [("nvfp4", False), ("nvfp4", True), ("mxfp4", False), ("mxfp8", False)]:
-            q = qq.quantize(x, mode=mode, scale_layout="blocked", global_scale=qq.amax(x) if gs else None)
-            moved = x.numel() * 2 + q.data.numel() * q.data.element_size() + q.scales.numel()
+        for mode, kw in MODES:
+            qmode = "affine" if mode.startswith("affine") else mode
+            q = qq.quantize(x, mode=qmode, scale_layout="linear" if qmode == "affine" else "blocked", **kw)
+            moved = x.numel() * 2 + sum(t.numel() * t.element_size() for t in (q.data, q.scales, q.biases)
+                                        if t is not None)
             us = timer(lambda: qq.dequantize(q, dtype=torch.bfloat16), moved)
-            out.append(f"{mode}{'+gs' if gs else ''} {shape[0]}x{shape[1]} {us:.2f} us {moved / us / 1e3 / copy:.3f}")
-    print(f"V={os.environ.get('QQ_DQ_V', '0')} copy={copy:.0f} | " + " | ".join(out), flush=True)
+            out.append(f"{mode} {shape[0]}x{shape[1]} {us:.2f}us {moved / us / 1e3 / copy:.3f}")
+    print(f"{sys.argv[2]} copy={copy:.0f} | " + " | ".join(out), flush=True)
     sys.exit(0)
 
-for v in sys.argv[1:] or ["0", "1", "2", "3", "4", "5", "6", "7"]:
-    env = dict(os.environ, QQ_DQ_V=v)
-    subprocess.run([sys.executable, os.path.abspath(__file__), "--one"], env=env, check=False)
+for setting in sys.argv[1:]:
+    k, v = setting.split("=", 1)
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--one", setting], env=dict(os.environ, **{k: v}),
+                   check=False)

@@ -236,7 +236,9 @@ __global__ void __launch_bounds__(kDqThreadsMax) dequantize_fp_kernel(Dequantize
   }
 }
 
-// Affine codes. kBits: 4 or 8 = codes of that width on aligned rows (avec); 0 = any call
+// Affine codes. kBits: 4 or 8 = codes of that width on aligned rows (avec); 0 = any call.
+// (kDqChunks a thread at most: the long-row launch of the fp modes made 16384^2 affine
+// 4- / 8-bit slower on an H200, 0.80 / 0.86 -> 0.67 / 0.75 of copy bandwidth.)
 template <typename TO, typename TS, int kBits>
 __global__ void __launch_bounds__(kDqThreadsMax) dequantize_affine_kernel(DequantizeArgs a, Shape s, int U,
                                                                           bool avec) {
@@ -362,24 +364,26 @@ qqStatus_t launch_dequantize_t(const DequantizeArgs& a, Shape s, bool avec, cuda
     const int64_t left = rows_wide * u * t - s.chunks;
     if (t <= kDqThreadsMax && left < idle) idle = left, per_row = rows_wide, U = u, nt = (int)t;
   }
-  if (a.q.fp()) {
-    // Long fp rows: blocks of up to kDqThreadsMax threads with up to kDqChunksLong chunks a
-    // thread where that gives every thread at least kDqLongMin of them (K >= 12288): more
-    // bytes in flight a thread. 16384^2 nvfp4 / mxfp4 / mxfp8 on an H200: 0.86 / 0.86 / 0.90
-    // -> 0.90 / 0.90 / 0.92 of copy bandwidth. The instance's larger arrays cost registers,
-    // so shorter rows keep kDqChunks (8192 x 5120 at 3 chunks a thread: 0.79 -> 0.63).
-    // (bench/tune/dq_sweep.py; bench/results/dequantize-h200-notes.md, session y.)
-    const int64_t pl = (s.chunks + kDqThreadsMax * kDqChunksLong - 1) / (kDqThreadsMax * kDqChunksLong);
-    const int ul = (int)((s.chunks + kDqThreadsMax * pl - 1) / (kDqThreadsMax * pl));
-    if (ul >= kDqLongMin) {
-      const int tl = (int)(((s.chunks + pl * ul - 1) / (pl * ul) + 31) / 32 * 32);
-      launch_dq_fp<TO, kDqChunksLong>(dim3((unsigned)(s.total / s.chunks), (unsigned)pl), tl, st, a, s, ul);
-    } else {
-      launch_dq_fp<TO, kDqChunks>(dim3((unsigned)(s.total / s.chunks), (unsigned)per_row), nt, st, a, s, U);
-    }
-    return check_launch("dequantize");
+  // Long rows: blocks of up to kDqThreadsMax threads with up to kDqChunksLong chunks a
+  // thread where that gives every thread at least kDqLongMin of them (K >= 12288): more
+  // bytes in flight a thread. 16384^2 nvfp4 / mxfp4 / mxfp8 on an H200: 0.86 / 0.86 / 0.90
+  // -> 0.90 / 0.90 / 0.92 of copy bandwidth. The instance's larger arrays cost registers,
+  // so shorter rows keep kDqChunks (8192 x 5120 at 3 chunks a thread: 0.79 -> 0.63).
+  // (bench/tune/dq_sweep.py; bench/results/dequantize-h200-notes.md, session y.)
+  const int64_t pl = (s.chunks + kDqThreadsMax * kDqChunksLong - 1) / (kDqThreadsMax * kDqChunksLong);
+  const int ul = (int)((s.chunks + kDqThreadsMax * pl - 1) / (kDqThreadsMax * pl));
+  const bool lng = a.q.fp() && ul >= kDqLongMin;
+  if (lng) {
+    nt = (int)(((s.chunks + pl * ul - 1) / (pl * ul) + 31) / 32 * 32);
+    per_row = pl;
+    U = ul;
   }
   const dim3 grid((unsigned)(s.total / s.chunks), (unsigned)per_row);
+  if (a.q.fp()) {
+    if (lng) launch_dq_fp<TO, kDqChunksLong>(grid, nt, st, a, s, U);
+    else launch_dq_fp<TO, kDqChunks>(grid, nt, st, a, s, U);
+    return check_launch("dequantize");
+  }
   switch (a.scales.dt) {
     case DType::F16: launch_dq<TO, __half>(grid, nt, st, a, s, U, avec); break;
     case DType::BF16: launch_dq<TO, __nv_bfloat16>(grid, nt, st, a, s, U, avec); break;
