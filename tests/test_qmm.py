@@ -18,7 +18,10 @@ AFFINE_QMM = [(4, 64), (2, 32), (3, 128), (5, 64), (6, 32), (8, 128)]
 
 
 BROADCAST = [((2, 1, 5, 64), (3, 32, 64)), ((5, 64), (2, 32, 64)), ((4, 5, 64), (32, 64)),
-             ((2, 3, 5, 64), (1, 3, 32, 64))]
+             ((2, 3, 5, 64), (1, 3, 32, 64)),
+             # more rows of x than the CPU multiplies at a time (64), chunks across entries,
+             # two weight entries each broadcast over three of x's entries, N not a multiple of 16
+             ((3, 50, 64), (40, 64)), ((2, 3, 30, 64), (2, 1, 40, 64))]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -77,8 +80,11 @@ def test_qmm_known_answer(device):
 @pytest.mark.parametrize("shapes", BROADCAST, ids=lambda s: f"{s[0]}@{s[1]}".replace(" ", ""))
 def test_qmm_batch_broadcast(shapes, transpose, device, rng):
     """Batch axes of x [..., M, K] and w broadcast like NumPy: (2,1)x(3) -> (2,3),
-    ()x(2) -> (2), (4)x() -> (4), (2,3)x(1,3) -> (2,3)."""
+    ()x(2) -> (2), (4)x() -> (4), (2,3)x(1,3) -> (2,3), (3)x() and (2,3)x(2,1) with more
+    rows of x than the CPU backend multiplies at a time."""
     xs, ws = shapes
+    if not transpose and ws[-2] % 32:
+        pytest.skip("w [K, N] groups along N: N must be a multiple of the group size (32)")
     x = randn(rng, xs, BF16)
     wshape = ws if transpose else ws[:-2] + (ws[-1], ws[-2])
     ref_q = R.quantize(randn(rng, wshape, BF16), group_size=32, bits=4)

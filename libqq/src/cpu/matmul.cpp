@@ -223,31 +223,109 @@ qqStatus_t grouped_wgrad(const WgradArgs& a) {
   return QQ_STATUS_SUCCESS;
 }
 
+namespace {
+
+// quantized_matmul with w [N, K] (transpose): blocks of 16 weight rows dequantized into
+// the scratch of the thread that multiplies them with a chunk of x's rows (qmm_rows).
+struct QmmJob {
+  const MatmulArgs* a;
+  int64_t e;          // w's batch entry
+  float gdec;         // nvfp4's global dequantization factor (1 otherwise)
+  const float* xd;    // [rows, K], fp32
+  int64_t rows;
+  const float* bias;  // [N] or nullptr
+  float* c;           // [rows, N]
+};
+
+void qmm_range(void* ctx, int64_t nb0, int64_t nb1) {
+  const QmmJob& j = *(const QmmJob*)ctx;
+  const MatmulArgs& a = *j.a;
+  const int64_t N = a.N, K = a.K;
+  Scratch wb((size_t)(16 * K));
+  for (int64_t nb = nb0; nb < nb1; ++nb) {
+    const int64_t n0 = nb * 16, n1 = std::min(n0 + 16, N);
+    dequantize_rows(a.w, a.w_scales, &a.w_biases, a.w_blocked, a.q, j.gdec, j.e, n0, n1 - n0, K, wb.data());
+    for (int64_t r = 0; r < j.rows; ++r)
+      for (int64_t n = n0; n < n1; ++n) {  // gemm_range's sums, in its order
+        float v = 1.0f * dot(j.xd + r * K, wb.data() + (n - n0) * K, K);
+        if (j.bias) v += j.bias[n];
+        j.c[r * N + n] = v;
+      }
+  }
+}
+
+// x's rows (b, m) that multiply weight entry e, up to kQmmRows at a time: converted to fp32,
+// multiplied block by block of w's rows (qmm_range, threads over the blocks), stored.
+constexpr int64_t kQmmRows = 64;
+void qmm_rows(const MatmulArgs& a, int64_t e, float gdec, const float* bias, const int64_t* bs, int64_t nb) {
+  const int64_t M = a.M, N = a.N, K = a.K, total = nb * M;
+  const int64_t chunk = std::min(total, kQmmRows);
+  Scratch xd((size_t)(chunk * K)), c((size_t)(chunk * N));
+  const int xes = dtype_size(a.x.dt), oes = dtype_size(a.out.dt);
+  for (int64_t r0 = 0; r0 < total; r0 += chunk) {
+    const int64_t rows = std::min(chunk, total - r0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t b = bs[(r0 + r) / M], m = (r0 + r) % M;
+      load_row((const char*)a.x.ptr + (a.x.offset(b) + m * a.x.ld) * xes, a.x.dt, K, xd.data() + r * K);
+    }
+    QmmJob j{&a, e, gdec, xd.data(), rows, bias, c.data()};
+    parallel_for((N + 15) / 16, 16 * rows * K, qmm_range, &j);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t b = bs[(r0 + r) / M], m = (r0 + r) % M;
+      store_row(c.data() + r * N, N, a.out.dt, (char*)a.out.ptr + (a.out.offset(b) + m * a.out.ld) * oes);
+    }
+  }
+}
+
+}  // namespace
+
+// w [N, K] (transpose): the weight is dequantized 16 rows at a time inside the threads
+// that multiply them (qmm_rows), for all of x's rows that use it; w [K, N]: dequantized
+// whole, transposed, then gemm_nt. Same sums either way (dot, in gemm_range's order); the
+// first form holds a few MB where the whole fp32 weight took N * K * 4 bytes (1 GiB for
+// 16384^2) and a single-threaded pass over it.
 qqStatus_t quantized_matmul(const MatmulArgs& a) {
   const int64_t M = a.M, N = a.N, K = a.K;
   const float gdec = a.gs_w ? nvfp4_dec(*a.gs_w) : 1.0f;
-  std::vector<float> wd(N * K), wt, xd(M * K), c(M * N);
-  if (!a.transpose) wt.resize(K * N);
   const std::vector<float> bias = bias_f32(a.bias, N);
+  const float* bp = bias.empty() ? nullptr : bias.data();
+  const int64_t B = a.out.batch();
+  if (a.transpose) {
+    // the batch entries grouped by the weight they use (the same w and scales offsets: a
+    // broadcast w, or gather_qmm's entries naming one expert), in entry order
+    std::vector<std::pair<std::pair<int64_t, int64_t>, int64_t>> order((size_t)B);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t e = weight_entry(a, b);  // gather_qmm's indices were range-checked by the API
+      order[(size_t)b] = {{a.w.offset(e), a.w_scales.offset(e)}, b};
+    }
+    std::stable_sort(order.begin(), order.end(),
+                     [](const auto& u, const auto& v) { return u.first < v.first; });
+    std::vector<int64_t> bs;
+    for (size_t i = 0; i < order.size();) {
+      size_t k = i;
+      bs.clear();
+      while (k < order.size() && order[k].first == order[i].first) bs.push_back(order[k++].second);
+      qmm_rows(a, weight_entry(a, bs[0]), gdec, bp, bs.data(), (int64_t)bs.size());
+      i = k;
+    }
+    return QQ_STATUS_SUCCESS;
+  }
+  std::vector<float> wd(N * K), wt(K * N), xd(M * K), c(M * N);
   int64_t last_w = -1, last_s = -1;
-  for (int64_t b = 0; b < a.out.batch(); ++b) {
-    const int64_t e = weight_entry(a, b);  // gather_qmm's indices were range-checked by the API
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t e = weight_entry(a, b);
     const int64_t woff = a.w.offset(e), soff = a.w_scales.offset(e);
     if (woff != last_w || soff != last_s) {  // broadcast w: dequantize each entry once in a row
-      if (a.transpose) {
-        dequantize_rows(a.w, a.w_scales, &a.w_biases, a.w_blocked, a.q, gdec, e, 0, N, K, wd.data());
-      } else {
-        dequantize_rows(a.w, a.w_scales, &a.w_biases, false, a.q, gdec, e, 0, K, N, wt.data());
-        for (int64_t k = 0; k < K; ++k)
-          for (int64_t n = 0; n < N; ++n) wd[n * K + k] = wt[k * N + n];
-      }
+      dequantize_rows(a.w, a.w_scales, &a.w_biases, false, a.q, gdec, e, 0, K, N, wt.data());
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t n = 0; n < N; ++n) wd[n * K + k] = wt[k * N + n];
       last_w = woff;
       last_s = soff;
     }
     for (int64_t m = 0; m < M; ++m)
       load_row((const char*)a.x.ptr + (a.x.offset(b) + m * a.x.ld) * dtype_size(a.x.dt), a.x.dt, K,
                xd.data() + m * K);
-    gemm_nt(xd.data(), M, wd.data(), N, K, 1.0f, bias.empty() ? nullptr : bias.data(), c.data());
+    gemm_nt(xd.data(), M, wd.data(), N, K, 1.0f, bp, c.data());
     store_out(a.out, b, c.data(), M, N);
   }
   return QQ_STATUS_SUCCESS;
