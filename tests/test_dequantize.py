@@ -59,13 +59,14 @@ def test_fp_random(cfg, layout, device, rng):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("k", [12288, 14368, 16384, 20480])
+@pytest.mark.parametrize("k", [10272, 12288, 14368, 16384, 20480, 24576, 40960])
 @pytest.mark.parametrize("cfg", FP_PARAMS)
 def test_fp_long_rows(cfg, k, device, rng):
-    """Rows of K >= 12288 take the GPU's long-row launch (up to 8 chunks a thread in blocks of
-    up to 256 threads; 14368 leaves a block's last threads idle; 20480 takes the short-row
-    one again: two blocks a row would give threads 5 chunks): bit-exact like every other row
-    length, linear and blocked scales, every output written (poisoned out=)."""
+    """Long rows take the GPU's long-row launch where its layout gives threads 6 to 8 chunks
+    (cuda/dequantize.cu: blocks of up to 256 threads): one block a row at 10272 (the last
+    threads 5 chunks or none), 12288, 14368 (idle threads) and 16384; two at 24576, three at
+    40960; 20480 takes the short-row launch (5 chunks a thread). Bit-exact like every other
+    row length, linear and blocked scales, every output written (poisoned out=)."""
     x = random_data(rng, (3, k), F32, cfg.group_size)
     gs = R.amax(x) if cfg.global_scale else None
     for layout in ("linear", "blocked"):
@@ -82,10 +83,10 @@ def test_fp_long_rows(cfg, k, device, rng):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k", [12288, 14336 + 128, 16384])
 @pytest.mark.parametrize("bits,group_size", [(4, 64), (8, 128), (4, 32), (8, 32)])
-def test_affine_long_rows(bits, group_size, k, device, rng):
-    """Long rows of 4- and 8-bit affine codes (the GPU's long-row launch: up to 8 chunks a
-    thread, the last block's threads partly idle at 14464) decode bit-exact, every output
-    written (poisoned out=), with bfloat16 and float32 scales."""
+def test_affine_wide_rows(bits, group_size, k, device, rng):
+    """Wide rows of 4- and 8-bit affine codes (several blocks a row, each chunk's group by a
+    shift of its index) decode bit-exact, every output written (poisoned out=), with
+    bfloat16 and float32 scales. (The fp modes' long-row launch is not taken by affine codes.)"""
     x = random_data(rng, (3, k), F32, group_size)
     for sdt in (BF16, F32):
         ref = R.quantize(x.astype(sdt), group_size=group_size, bits=bits)
@@ -162,6 +163,30 @@ def test_every_code_and_scale(cfg, device):
     n_bytes = 256
     codes = np.tile(row, (n_bytes, 1))
     scales = np.repeat(np.arange(n_bytes, dtype=np.uint8)[:, None], row.size // g, axis=1)
+    gs = np.array(1000.0, F32) if cfg.global_scale else None
+    check_dequantize(device, R.pack(codes, cfg.bits), scales, **fp_kwargs(cfg, gs))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cfg", [FpCfg("nvfp4"), FpCfg("nvfp4", global_scale=True), FpCfg("mxfp4"),
+                                 FpCfg("mxfp8"), FpCfg("mxfp8", fp8_format="e5m2")], ids=str)
+def test_every_code_and_scale_long_rows(cfg, device):
+    """test_every_code_and_scale's codes and scale bytes along rows of K = 12288 (the GPU's
+    long-row launch, 8 chunks a thread): NaN scales, fp8 codes with an all-ones exponent and
+    products under bf16's subnormal precision take its out-of-line fp32 path too. Group j of
+    row r holds code block (j + r) mod (blocks) and scale byte j mod 256, so every code meets
+    every scale byte."""
+    n_codes = 256 if cfg.bits == 8 else 16
+    g, k = cfg.group_size, 12288
+    per = min(g, n_codes)            # codes a group holds
+    nblk = n_codes // per            # code blocks (fp8: 8, fp4: 1)
+    ng = k // g
+    codes = np.empty((nblk, k), np.uint8)
+    for r in range(nblk):
+        cb = (np.arange(ng) + r) % nblk
+        block = (cb[:, None] * per + np.arange(per)[None, :]).astype(np.uint8)   # [ng, per]
+        codes[r] = np.tile(block, (1, g // per)).reshape(-1)
+    scales = np.tile((np.arange(ng) % 256).astype(np.uint8), (nblk, 1))
     gs = np.array(1000.0, F32) if cfg.global_scale else None
     check_dequantize(device, R.pack(codes, cfg.bits), scales, **fp_kwargs(cfg, gs))
 

@@ -889,31 +889,32 @@ cdef bint _pool_probe(_TorchKind k8, object torch) except -1:
         return False
     ok = False
     dims[0] = 3
-    if (_aoti_data_ptr(h, &base) == 0
-            and _aoti_pool(h, _GROUP_ALIGN, (<_TorchKind>k16).dtype_code, 1, dims, dims + 1, &hp) == 0 and hp != NULL):
-        t = _wrap_handle((<_TorchKind>k16).direct, hp)
-        ok = (t is not None and _aoti_data_ptr(hp, &p) == 0 and <char*>p == <char*>base + _GROUP_ALIGN)
-        _aoti_delete(hp)
-        if ok:
-            _aoti_delete(h)
-            h = NULL
-            ok = (type(t) is torch.Tensor and t.dtype == (<_TorchKind>k16).template.dtype
-                  and t.device == (<_TorchKind>k16).template.device and tuple(t.shape) == (3,)
-                  and t.stride() == (1,) and t.data_ptr() == <intptr_t>p and t._use_count() == 1
-                  and t.untyped_storage().data_ptr() == <intptr_t>base
-                  and t.untyped_storage().nbytes() == 2 * _GROUP_ALIGN)
-    if h != NULL:
-        _aoti_delete(h)
-    return ok
+    t = None
+    try:
+        if (_aoti_data_ptr(h, &base) == 0
+                and _aoti_pool(h, _GROUP_ALIGN, (<_TorchKind>k16).dtype_code, 1, dims, dims + 1, &hp) == 0
+                and hp != NULL):
+            try:
+                t = _wrap_handle((<_TorchKind>k16).direct, hp)
+                ok = t is not None and _aoti_data_ptr(hp, &p) == 0 and <char*>p == <char*>base + _GROUP_ALIGN
+            finally:
+                _aoti_delete(hp)
+    finally:
+        _aoti_delete(h)     # (t, where made, holds the storage now: checked below)
+    return ok and (type(t) is torch.Tensor and t.dtype == (<_TorchKind>k16).template.dtype
+                   and t.device == (<_TorchKind>k16).template.device and tuple(t.shape) == (3,)
+                   and t.stride() == (1,) and t.data_ptr() == <intptr_t>p and t._use_count() == 1
+                   and t.untyped_storage().data_ptr() == <intptr_t>base
+                   and t.untyped_storage().nbytes() == 2 * _GROUP_ALIGN)
 
 
 cdef object _torch_empty_group(tuple specs, int dev_id, void** ptrs):
     """The torch tensors of specs ((shape, dtype name, result name), up to _MAX_GROUP) in one
     new uint8 storage of the device, each at a multiple of _GROUP_ALIGN bytes, and their data
-    pointers in ptrs: one allocation for all of a call's results. A tuple, or None where
+    pointers in ptrs: one allocation for all of a call's results. A list, or None where
     this path does not apply (the caller then makes each result alone): no shim or
-    _alloc_from_pool, inside a dispatch mode, a result beyond _AOTI_MAX_BYTES, nothing to
-    allocate, or a failure.
+    _alloc_from_pool, inside a dispatch mode, a result or the block beyond _AOTI_MAX_BYTES,
+    nothing to allocate, or a failure.
 
     The results share the storage: a result's untyped_storage() is the whole block, and it
     stays allocated while any of them lives (docs/api.md, "How torch results are made")."""

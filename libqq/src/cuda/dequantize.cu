@@ -22,9 +22,10 @@ namespace cuda {
 namespace {
 
 // ---------------------------------------------------------------------------
-// dequantize kernels: each thread U <= kDqChunks chunks of 8 output elements,
-// kRowThreads apart along the row (each load and store instruction of a warp stays
-// contiguous), U chosen per call so that a row's blocks are all (nearly) full.
+// dequantize kernels: each thread U chunks of 8 output elements (U <= kDqChunks, or
+// kDqChunksLong for long fp rows), blockDim.x apart along the row (each load and store
+// instruction of a warp stays contiguous), U chosen per call so that a row's blocks are all
+// (nearly) full.
 // All of a thread's loads are issued before it decodes: with one chunk per thread
 // the reads in flight (4-8 bytes a thread) were too few to cover DRAM latency, and
 // the kernel ran at 0.50-0.63 of copy bandwidth (bench/results/quantize-h100.md).
@@ -365,10 +366,12 @@ qqStatus_t launch_dequantize_t(const DequantizeArgs& a, Shape s, bool avec, cuda
     if (t <= kDqThreadsMax && left < idle) idle = left, per_row = rows_wide, U = u, nt = (int)t;
   }
   // Long rows: blocks of up to kDqThreadsMax threads with up to kDqChunksLong chunks a
-  // thread where that gives every thread at least kDqLongMin of them (K >= 12288): more
-  // bytes in flight a thread. 16384^2 nvfp4 / mxfp4 / mxfp8 on an H200: 0.86 / 0.86 / 0.90
-  // -> 0.90 / 0.90 / 0.92 of copy bandwidth. The instance's larger arrays cost registers,
-  // so shorter rows keep kDqChunks (8192 x 5120 at 3 chunks a thread: 0.79 -> 0.63).
+  // thread where that layout gives threads kDqLongMin or more of them (the last threads of
+  // a row may get fewer): K in [10248, 16384], [20488, 32768] and above. More bytes in flight
+  // a thread: 16384^2 nvfp4 / mxfp4 / mxfp8 on an H200 0.86 / 0.86 / 0.90 -> 0.90 / 0.90 /
+  // 0.92 of copy bandwidth. The instance's larger arrays cost registers, so shorter rows keep
+  // kDqChunks (8192 x 5120 at 3 chunks a thread: 0.79 -> 0.63). Measured at 8, 7 (4096 x
+  // 14336: 0.80-0.84, no A/B) and 3 chunks a thread; 6 is the untested edge of the rule.
   // (bench/tune/dq_sweep.py; bench/results/dequantize-h200-notes.md, session y.)
   const int64_t pl = (s.chunks + kDqThreadsMax * kDqChunksLong - 1) / (kDqThreadsMax * kDqChunksLong);
   const int ul = (int)((s.chunks + kDqThreadsMax * pl - 1) / (kDqThreadsMax * pl));
