@@ -21,7 +21,7 @@ BROADCAST = [((2, 1, 5, 64), (3, 32, 64)), ((5, 64), (2, 32, 64)), ((4, 5, 64), 
              ((2, 3, 5, 64), (1, 3, 32, 64)),
              # more rows of x than the CPU multiplies at a time (64), chunks across entries,
              # two weight entries each broadcast over three of x's entries, N not a multiple of 16
-             ((3, 50, 64), (40, 64)), ((2, 3, 30, 64), (2, 1, 40, 64))]
+             ((3, 50, 64), (40, 64)), ((2, 3, 30, 64), (2, 1, 40, 64)), ((3, 50, 64), (96, 64))]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -81,7 +81,8 @@ def test_qmm_known_answer(device):
 def test_qmm_batch_broadcast(shapes, transpose, device, rng):
     """Batch axes of x [..., M, K] and w broadcast like NumPy: (2,1)x(3) -> (2,3),
     ()x(2) -> (2), (4)x() -> (4), (2,3)x(1,3) -> (2,3), (3)x() and (2,3)x(2,1) with more
-    rows of x than the CPU backend multiplies at a time."""
+    rows of x than the CPU backend multiplies at a time (w [K, N]: N = 96, three blocks of
+    columns)."""
     xs, ws = shapes
     if not transpose and ws[-2] % 32:
         pytest.skip("w [K, N] groups along N: N must be a multiple of the group size (32)")

@@ -225,8 +225,9 @@ qqStatus_t grouped_wgrad(const WgradArgs& a) {
 
 namespace {
 
-// quantized_matmul with w [N, K] (transpose): blocks of 16 weight rows dequantized into
-// the scratch of the thread that multiplies them with a chunk of x's rows (qmm_rows).
+// quantized_matmul: blocks of W's columns (w [N, K]: 16 of its rows; w [K, N]: one group of
+// columns, transposed) dequantized into the scratch of the thread that multiplies them with
+// a chunk of x's rows (qmm_rows).
 struct QmmJob {
   const MatmulArgs* a;
   int64_t e;          // w's batch entry
@@ -237,14 +238,25 @@ struct QmmJob {
   float* c;           // [rows, N]
 };
 
+// W's columns a block: 16 rows of w [N, K]; for w [K, N] one group of columns (its scales
+// are along N; 64 columns instead of nvfp4's 16 took x [1, 4096] @ [4096, 4096] from 39 to
+// 58 ms on a 2-core host: the block's two scratch copies outgrow the L2)
+int64_t qmm_block(const MatmulArgs& a) { return a.transpose ? 16 : std::max<int64_t>(16, a.q.group); }
+
 void qmm_range(void* ctx, int64_t nb0, int64_t nb1) {
   const QmmJob& j = *(const QmmJob*)ctx;
   const MatmulArgs& a = *j.a;
-  const int64_t N = a.N, K = a.K;
-  Scratch wb((size_t)(16 * K));
+  const int64_t N = a.N, K = a.K, bw = qmm_block(a);
+  Scratch wb((size_t)(bw * K)), wt(a.transpose ? 0 : (size_t)(bw * K));
   for (int64_t nb = nb0; nb < nb1; ++nb) {
-    const int64_t n0 = nb * 16, n1 = std::min(n0 + 16, N);
-    dequantize_rows(a.w, a.w_scales, &a.w_biases, a.w_blocked, a.q, j.gdec, j.e, n0, n1 - n0, K, wb.data());
+    const int64_t n0 = nb * bw, n1 = std::min(n0 + bw, N);
+    if (a.transpose) {
+      dequantize_rows(a.w, a.w_scales, &a.w_biases, a.w_blocked, a.q, j.gdec, j.e, n0, n1 - n0, K, wb.data());
+    } else {  // W[:, n0:n1] from w's rows, then transposed
+      dequantize_block(a.w, a.w_scales, &a.w_biases, false, a.q, j.gdec, j.e, 0, K, n0, n1 - n0, wt.data());
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t n = 0; n < n1 - n0; ++n) wb.data()[n * K + k] = wt.data()[k * (n1 - n0) + n];
+    }
     for (int64_t r = 0; r < j.rows; ++r)
       for (int64_t n = n0; n < n1; ++n) {  // gemm_range's sums, in its order
         float v = 1.0f * dot(j.xd + r * K, wb.data() + (n - n0) * K, K);
@@ -269,7 +281,8 @@ void qmm_rows(const MatmulArgs& a, int64_t e, float gdec, const float* bias, con
       load_row((const char*)a.x.ptr + (a.x.offset(b) + m * a.x.ld) * xes, a.x.dt, K, xd.data() + r * K);
     }
     QmmJob j{&a, e, gdec, xd.data(), rows, bias, c.data()};
-    parallel_for((N + 15) / 16, 16 * rows * K, qmm_range, &j);
+    const int64_t bw = qmm_block(a);
+    parallel_for((N + bw - 1) / bw, bw * rows * K, qmm_range, &j);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t b = bs[(r0 + r) / M], m = (r0 + r) % M;
       store_row(c.data() + r * N, N, a.out.dt, (char*)a.out.ptr + (a.out.offset(b) + m * a.out.ld) * oes);
@@ -279,54 +292,31 @@ void qmm_rows(const MatmulArgs& a, int64_t e, float gdec, const float* bias, con
 
 }  // namespace
 
-// w [N, K] (transpose): the weight is dequantized 16 rows at a time inside the threads
-// that multiply them (qmm_rows), for all of x's rows that use it; w [K, N]: dequantized
-// whole, transposed, then gemm_nt. Same sums either way (dot, in gemm_range's order); the
-// first form holds a few MB where the whole fp32 weight took N * K * 4 bytes (1 GiB for
-// 16384^2) and a single-threaded pass over it.
+// The weight is dequantized a block of W's columns at a time inside the threads that
+// multiply them (qmm_rows), for all of x's rows that use it: a few MB where the whole fp32
+// weight took N * K * 4 bytes (1 GiB for 16384^2; w [K, N] twice, and its transpose) on one
+// thread; the same sums (dot, in gemm_range's order).
 qqStatus_t quantized_matmul(const MatmulArgs& a) {
-  const int64_t M = a.M, N = a.N, K = a.K;
+  const int64_t N = a.N;
   const float gdec = a.gs_w ? nvfp4_dec(*a.gs_w) : 1.0f;
   const std::vector<float> bias = bias_f32(a.bias, N);
   const float* bp = bias.empty() ? nullptr : bias.data();
   const int64_t B = a.out.batch();
-  if (a.transpose) {
-    // the batch entries grouped by the weight they use (the same w and scales offsets: a
-    // broadcast w, or gather_qmm's entries naming one expert), in entry order
-    std::vector<std::pair<std::pair<int64_t, int64_t>, int64_t>> order((size_t)B);
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t e = weight_entry(a, b);  // gather_qmm's indices were range-checked by the API
-      order[(size_t)b] = {{a.w.offset(e), a.w_scales.offset(e)}, b};
-    }
-    std::stable_sort(order.begin(), order.end(),
-                     [](const auto& u, const auto& v) { return u.first < v.first; });
-    std::vector<int64_t> bs;
-    for (size_t i = 0; i < order.size();) {
-      size_t k = i;
-      bs.clear();
-      while (k < order.size() && order[k].first == order[i].first) bs.push_back(order[k++].second);
-      qmm_rows(a, weight_entry(a, bs[0]), gdec, bp, bs.data(), (int64_t)bs.size());
-      i = k;
-    }
-    return QQ_STATUS_SUCCESS;
-  }
-  std::vector<float> wd(N * K), wt(K * N), xd(M * K), c(M * N);
-  int64_t last_w = -1, last_s = -1;
+  // the batch entries grouped by the weight they use (the same w and scales offsets: a
+  // broadcast w, or gather_qmm's entries naming one expert), in entry order
+  std::vector<std::pair<std::pair<int64_t, int64_t>, int64_t>> order((size_t)B);
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t e = weight_entry(a, b);
-    const int64_t woff = a.w.offset(e), soff = a.w_scales.offset(e);
-    if (woff != last_w || soff != last_s) {  // broadcast w: dequantize each entry once in a row
-      dequantize_rows(a.w, a.w_scales, &a.w_biases, false, a.q, gdec, e, 0, K, N, wt.data());
-      for (int64_t k = 0; k < K; ++k)
-        for (int64_t n = 0; n < N; ++n) wd[n * K + k] = wt[k * N + n];
-      last_w = woff;
-      last_s = soff;
-    }
-    for (int64_t m = 0; m < M; ++m)
-      load_row((const char*)a.x.ptr + (a.x.offset(b) + m * a.x.ld) * dtype_size(a.x.dt), a.x.dt, K,
-               xd.data() + m * K);
-    gemm_nt(xd.data(), M, wd.data(), N, K, 1.0f, bp, c.data());
-    store_out(a.out, b, c.data(), M, N);
+    const int64_t e = weight_entry(a, b);  // gather_qmm's indices were range-checked by the API
+    order[(size_t)b] = {{a.w.offset(e), a.w_scales.offset(e)}, b};
+  }
+  std::stable_sort(order.begin(), order.end(), [](const auto& u, const auto& v) { return u.first < v.first; });
+  std::vector<int64_t> bs;
+  for (size_t i = 0; i < order.size();) {
+    size_t k = i;
+    bs.clear();
+    while (k < order.size() && order[k].first == order[i].first) bs.push_back(order[k++].second);
+    qmm_rows(a, weight_entry(a, bs[0]), gdec, bp, bs.data(), (int64_t)bs.size());
+    i = k;
   }
   return QQ_STATUS_SUCCESS;
 }

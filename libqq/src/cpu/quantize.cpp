@@ -236,38 +236,42 @@ void dequantize_row(const uint8_t* data, int64_t K, const QSpec& q, const uint8_
 }
 
 // ---- operands ------------------------------------------------------------------
-// Gather the scales of row r of batch b (linear or blocked) into sc / scf / bif.
-void gather_scales(const Mat& scales, const Mat* biases, bool blocked, int64_t b, int64_t r, int64_t ng,
+// Gather the scales of groups [g0, g0 + ng) of row r of batch b (linear or blocked) into
+// sc / scf / bif.
+void gather_scales(const Mat& scales, const Mat* biases, bool blocked, int64_t b, int64_t r, int64_t g0, int64_t ng,
                    uint8_t* sc, float* scf, float* bif) {
   if (scales.dt == DType::U8) {
     if (blocked) {
       const uint8_t* base = scales.at<uint8_t>(b);
       const int64_t c4 = scales.cols;
-      for (int64_t g = 0; g < ng; ++g) sc[g] = base[blocked_offset(r, g, c4)];
+      for (int64_t g = 0; g < ng; ++g) sc[g] = base[blocked_offset(r, g0 + g, c4)];
     } else {
-      memcpy(sc, scales.at<uint8_t>(b, r), (size_t)ng);
+      memcpy(sc, scales.at<uint8_t>(b, r) + g0, (size_t)ng);
     }
     return;
   }
   const int es = dtype_size(scales.dt);
-  load_row((const char*)scales.ptr + (scales.offset(b) + r * scales.ld) * es, scales.dt, ng, scf);
+  load_row((const char*)scales.ptr + (scales.offset(b) + r * scales.ld + g0) * es, scales.dt, ng, scf);
   const int eb = dtype_size(biases->dt);
-  load_row((const char*)biases->ptr + (biases->offset(b) + r * biases->ld) * eb, biases->dt, ng, bif);
+  load_row((const char*)biases->ptr + (biases->offset(b) + r * biases->ld + g0) * eb, biases->dt, ng, bif);
 }
 
-// Dequantize `rows` rows [r0, r0+rows) of batch b of a packed operand into
-// out (fp32, row length K, row stride K).
-void dequantize_rows(const Mat& data, const Mat& scales, const Mat* biases, bool blocked, const QSpec& q,
-                     float gdec, int64_t b, int64_t r0, int64_t rows, int64_t K, float* out) {
-  const int64_t ng = K / q.group;
+void dequantize_block(const Mat& data, const Mat& scales, const Mat* biases, bool blocked, const QSpec& q,
+                      float gdec, int64_t b, int64_t r0, int64_t rows, int64_t c0, int64_t n, float* out) {
+  const int64_t ng = n / q.group;
   Scratch buf(2 * ng + (ng + 3) / 4);     // fp32 scales and biases, then the scale bytes
   float* scf = buf.data();
   float* bif = scf + ng;
   uint8_t* sc = (uint8_t*)(bif + ng);
   for (int64_t r = r0; r < r0 + rows; ++r) {
-    gather_scales(scales, biases, blocked, b, r, ng, sc, scf, bif);
-    dequantize_row(data.at<uint8_t>(b, r), K, q, sc, scf, bif, gdec, out + (r - r0) * K);
+    gather_scales(scales, biases, blocked, b, r, c0 / q.group, ng, sc, scf, bif);
+    dequantize_row(data.at<uint8_t>(b, r) + c0 * q.bits / 8, n, q, sc, scf, bif, gdec, out + (r - r0) * n);
   }
+}
+
+void dequantize_rows(const Mat& data, const Mat& scales, const Mat* biases, bool blocked, const QSpec& q,
+                     float gdec, int64_t b, int64_t r0, int64_t rows, int64_t K, float* out) {
+  dequantize_block(data, scales, biases, blocked, q, gdec, b, r0, rows, 0, K, out);
 }
 
 // ---- quantize ------------------------------------------------------------------

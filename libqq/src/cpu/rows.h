@@ -42,6 +42,10 @@ void dequantize_row(const uint8_t* data, int64_t K, const QSpec& q, const uint8_
 // (fp32, K per row, contiguous).
 void dequantize_rows(const Mat& data, const Mat& scales, const Mat* biases, bool blocked, const QSpec& q,
                      float gdec, int64_t b, int64_t r0, int64_t rows, int64_t K, float* out);
+// The same for columns [c0, c0 + n) of those rows (c0 and n multiples of q.group): out is
+// fp32, n per row, contiguous.
+void dequantize_block(const Mat& data, const Mat& scales, const Mat* biases, bool blocked, const QSpec& q,
+                      float gdec, int64_t b, int64_t r0, int64_t rows, int64_t c0, int64_t n, float* out);
 
 }  // namespace cpu
 }  // namespace qq
