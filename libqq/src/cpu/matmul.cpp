@@ -4,7 +4,9 @@
 // cpu/quantize.cpp (so the values are exactly what quantize + dequantize give),
 // then C = alpha * A @ B^T (+ bias) with fp32 accumulation, then one rounding
 // to the output dtype. The dot products keep 16 independent partial sums so
-// that the compiler vectorizes them without -ffast-math.
+// that the compiler vectorizes them without -ffast-math. quantized_matmul
+// dequantizes its weight block by block inside the threads (qmm_rows); qqmm
+// makes whole fp32 copies of its operands.
 #include <string.h>
 
 #include <algorithm>
@@ -293,9 +295,9 @@ void qmm_rows(const MatmulArgs& a, int64_t e, float gdec, const float* bias, con
 }  // namespace
 
 // The weight is dequantized a block of W's columns at a time inside the threads that
-// multiply them (qmm_rows), for all of x's rows that use it: a few MB where the whole fp32
-// weight took N * K * 4 bytes (1 GiB for 16384^2; w [K, N] twice, and its transpose) on one
-// thread; the same sums (dot, in gemm_range's order).
+// multiply them (qmm_rows), for all of x's rows that use it: a few MB, where dequantizing it
+// whole first took N * K * 4 bytes (1 GiB for 16384^2; twice that for w [K, N], dequantized
+// then transposed) and one thread; the same sums (dot, in gemm_range's order).
 qqStatus_t quantized_matmul(const MatmulArgs& a) {
   const int64_t N = a.N;
   const float gdec = a.gs_w ? nvfp4_dec(*a.gs_w) : 1.0f;
