@@ -4,9 +4,9 @@
 // cpu/quantize.cpp (so the values are exactly what quantize + dequantize give),
 // then C = alpha * A @ B^T (+ bias) with fp32 accumulation, then one rounding
 // to the output dtype. The dot products keep 16 independent partial sums so
-// that the compiler vectorizes them without -ffast-math. quantized_matmul
-// dequantizes its weight block by block inside the threads (qmm_rows); qqmm
-// makes whole fp32 copies of its operands.
+// that the compiler vectorizes them without -ffast-math. Both hold x as fp32 up
+// to kQmmRows rows at a time and make w's values block by block inside the
+// threads that multiply them (qmm_rows, qqmm), never the whole fp32 weight.
 #include <string.h>
 
 #include <algorithm>
@@ -35,6 +35,10 @@ float dot(const float* a, const float* b, int64_t k) {
     for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
   return acc[0];
 }
+
+// Rows of x that quantized_matmul and qqmm hold as fp32 at a time (then the weight's blocks
+// are made again for the next rows: 1/64 of the products' work).
+constexpr int64_t kQmmRows = 64;
 
 struct GemmJob {
   const float* A;  // [M, K]
@@ -170,36 +174,97 @@ qqStatus_t quantize_dequantize(const QdqArgs& a) {
   return QQ_STATUS_SUCCESS;
 }
 
+namespace {
+
+// The rows [r0, r0 + n) of entry b of m as a plain 2-D operand (for a transposed view, trans:
+// m is the stored [C, R] and these are its columns r0 ..).
+Mat rows_of(const Mat& m, int64_t b, int64_t r0, int64_t n, bool trans) {
+  Mat v = m;
+  v.ptr = (char*)m.ptr + (m.offset(b) + (trans ? r0 : r0 * m.ld)) * dtype_size(m.dt);
+  v.nb = 0;
+  if (!trans) v.rows = n;
+  return v;
+}
+
+// q(w)'s values of w's rows [n0, n0 + n), fp32 [n, K]; nvfp4's global factor is left to alpha.
+void qqmm_w_rows(const MatmulArgs& a, int64_t n0, int64_t n, float* out) {
+  // q(w)'s values already (a prepared w, or w_values next to a packed w): no dequantization
+  const Mat* values = a.w_prepared ? &a.w : (a.w_values.ptr ? &a.w_values : nullptr);
+  if (values) {
+    const bool trans = a.w_prepared && a.w_trans;
+    load_values(rows_of(*values, 0, n0, n, trans), trans, 0, n, a.K, out);
+  } else if (a.w_packed) {
+    dequantize_rows(a.w, a.w_scales, nullptr, a.w_blocked, a.q, 1.0f, 0, n0, n, a.K, out);
+  } else {
+    qdq_rows(rows_of(a.w, 0, n0, n, false), 0, a.q, a.gs_w, out);
+  }
+}
+
+// q(x)'s values of row m of x's entry b, fp32 [K].
+void qqmm_x_row(const MatmulArgs& a, int64_t b, int64_t m, float* out) {
+  if (a.x_prepared)
+    load_values(rows_of(a.x, b, m, 1, a.x_trans), a.x_trans, 0, 1, a.K, out);
+  else if (a.x_packed)
+    dequantize_rows(a.x, a.x_scales, nullptr, a.x_blocked, a.q, 1.0f, b, m, 1, a.K, out);
+  else
+    qdq_rows(rows_of(a.x, b, m, 1, false), 0, a.q, a.gs_x, out);
+}
+
+struct QqmmJob {
+  const MatmulArgs* a;
+  float alpha;
+  const float* xd;  // [rows, K]
+  int64_t rows;
+  const float* bias;
+  float* c;         // [rows, N]
+};
+
+void qqmm_range(void* ctx, int64_t nb0, int64_t nb1) {
+  const QqmmJob& j = *(const QqmmJob*)ctx;
+  const MatmulArgs& a = *j.a;
+  const int64_t N = a.N, K = a.K;
+  Scratch wb((size_t)(16 * K));
+  for (int64_t nb = nb0; nb < nb1; ++nb) {
+    const int64_t n0 = nb * 16, n1 = std::min(n0 + 16, N);
+    qqmm_w_rows(a, n0, n1 - n0, wb.data());
+    for (int64_t r = 0; r < j.rows; ++r)
+      for (int64_t n = n0; n < n1; ++n) {  // gemm_range's sums, in its order
+        float v = j.alpha * dot(j.xd + r * K, wb.data() + (n - n0) * K, K);
+        if (j.bias) v += j.bias[n];
+        j.c[r * N + n] = v;
+      }
+  }
+}
+
+}  // namespace
+
+// Up to kQmmRows of x's rows (over its batch entries) at a time: q(x)'s values, then w's by
+// blocks of 16 rows inside the threads that multiply them (qqmm_range), as quantized_matmul
+// (qmm_rows): a few MB where whole fp32 copies of w took N * K * 4 bytes; the same sums.
 qqStatus_t qqmm(const MatmulArgs& a) {
   const int64_t M = a.M, N = a.N, K = a.K;
   // alpha = (gx / 2688) * (gw / 2688): the product of the two dequantize factors.
   const float alpha = nvfp4_alpha(a.gs_x, a.gs_w);
-  std::vector<float> wd(N * K), xd(M * K), c(M * N);
-  // q(w)'s values already (a prepared w, or w_values next to a packed w): no dequantization
-  const Mat* values = a.w_prepared ? &a.w : (a.w_values.ptr ? &a.w_values : nullptr);
-  if (values)
-    load_values(*values, a.w_prepared && a.w_trans, 0, N, K, wd.data());
-  else if (a.w_packed)
-    dequantize_rows(a.w, a.w_scales, nullptr, a.w_blocked, a.q, 1.0f, 0, 0, N, K, wd.data());
-  else
-    qdq_rows(a.w, 0, a.q, a.gs_w, wd.data());
   const std::vector<float> bias = bias_f32(a.bias, N);
-  for (int64_t b = 0; b < a.x.batch(); ++b) {
-    if (a.x_prepared)
-      load_values(a.x, a.x_trans, b, M, K, xd.data());
-    else if (a.x_packed)
-      dequantize_rows(a.x, a.x_scales, nullptr, a.x_blocked, a.q, 1.0f, b, 0, M, K, xd.data());
-    else
-      qdq_rows(a.x, b, a.q, a.gs_x, xd.data());
-    gemm_nt(xd.data(), M, wd.data(), N, K, alpha, bias.empty() ? nullptr : bias.data(), c.data());
-    if (a.c.ptr) {  // + beta * C in fp32, then one rounding (C may alias out: read before the store)
-      std::vector<float> crow(N);
-      for (int64_t m = 0; m < M; ++m) {
+  const int64_t total = a.x.batch() * M, chunk = std::min(total, kQmmRows);
+  Scratch xd((size_t)(chunk * K)), c((size_t)(chunk * N)), crow((size_t)(a.c.ptr ? N : 0));
+  const int oes = dtype_size(a.out.dt);
+  for (int64_t r0 = 0; r0 < total; r0 += chunk) {
+    const int64_t rows = std::min(chunk, total - r0);
+    for (int64_t r = 0; r < rows; ++r) qqmm_x_row(a, (r0 + r) / M, (r0 + r) % M, xd.data() + r * K);
+    QqmmJob j{&a, alpha, xd.data(), rows, bias.empty() ? nullptr : bias.data(), c.data()};
+    parallel_for((N + 15) / 16, 16 * rows * K, qqmm_range, &j);
+    if (a.c.ptr) {  // + beta * C in fp32, then one rounding (C may alias out: all read before a store)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t b = (r0 + r) / M, m = (r0 + r) % M;
         load_row((const char*)a.c.ptr + (a.c.offset(b) + m * a.c.ld) * dtype_size(a.c.dt), a.c.dt, N, crow.data());
-        for (int64_t n = 0; n < N; ++n) c[m * N + n] = std::fma(a.beta, crow[n], c[m * N + n]);
+        for (int64_t n = 0; n < N; ++n) c.data()[r * N + n] = std::fma(a.beta, crow.data()[n], c.data()[r * N + n]);
       }
     }
-    store_out(a.out, b, c.data(), M, N);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t b = (r0 + r) / M, m = (r0 + r) % M;
+      store_row(c.data() + r * N, N, a.out.dt, (char*)a.out.ptr + (a.out.offset(b) + m * a.out.ld) * oes);
+    }
   }
   return QQ_STATUS_SUCCESS;
 }
@@ -270,7 +335,6 @@ void qmm_range(void* ctx, int64_t nb0, int64_t nb1) {
 
 // x's rows (b, m) that multiply weight entry e, up to kQmmRows at a time: converted to fp32,
 // multiplied block by block of w's rows (qmm_range, threads over the blocks), stored.
-constexpr int64_t kQmmRows = 64;
 void qmm_rows(const MatmulArgs& a, int64_t e, float gdec, const float* bias, const int64_t* bs, int64_t nb) {
   const int64_t M = a.M, N = a.N, K = a.K, total = nb * M;
   const int64_t chunk = std::min(total, kQmmRows);
