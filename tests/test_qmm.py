@@ -97,6 +97,29 @@ def test_qmm_batch_broadcast(shapes, transpose, device, rng):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("transpose", [True, False], ids=["T", "N"])
+def test_qmm_broadcast_w_own_biases(transpose, device, rng):
+    """Affine w and scales broadcast over a batch axis (stride 0, as expand() / broadcast_to
+    make them) while the biases differ per entry: each entry multiplies by its own biases
+    (the CPU backend groups entries by the w, scales and biases they read; grouping by w and
+    scales alone gave entries (1, j) the biases of (0, j), off by hundreds)."""
+    ref_q = R.quantize(randn(rng, (1, 3, 32, 64) if transpose else (1, 3, 64, 32), F32), group_size=32, bits=4)
+    data = np.broadcast_to(ref_q.data, (2,) + ref_q.data.shape[1:])
+    scales = np.broadcast_to(ref_q.scales, (2,) + ref_q.scales.shape[1:])
+    biases = np.stack([ref_q.biases[0], ref_q.biases[0] + 5.0]).astype(ref_q.biases.dtype)  # [2, 3, ...]
+    x = randn(rng, (2, 3, 4, 64), F32)
+    got = to_numpy(qq.quantized_matmul(dev(x, device), dev(data, device), dev(scales, device),
+                                       dev(biases, device), transpose=transpose, group_size=32, bits=4))
+    for i in range(2):
+        for j in range(3):
+            w = R.dequantize(np.ascontiguousarray(data[i, j]), np.ascontiguousarray(scales[i, j]),
+                             biases[i, j], group_size=32, bits=4, dtype=F32)
+            want = x[i, j] @ (w.T if transpose else w)
+            np.testing.assert_allclose(got[i, j], want, rtol=1e-4, atol=1e-3 * float(np.abs(want).max()),
+                                       err_msg=f"entry ({i}, {j})")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("transpose", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("mode", ["affine", "nvfp4"])
 def test_qmm_bias(mode, transpose, device, rng):
     """bias [N] (any float dtype) is added to every row."""

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <utility>
 #include <vector>
@@ -37,7 +38,7 @@ float dot(const float* a, const float* b, int64_t k) {
 }
 
 // Rows of x that quantized_matmul and qqmm hold as fp32 at a time (then the weight's blocks
-// are made again for the next rows: 1/64 of the products' work).
+// are dequantized again for the next rows: 1/64 of the products' multiply-adds).
 constexpr int64_t kQmmRows = 64;
 
 struct GemmJob {
@@ -186,8 +187,36 @@ Mat rows_of(const Mat& m, int64_t b, int64_t r0, int64_t n, bool trans) {
   return v;
 }
 
+// A float w quantized once (its codes and scale bytes, row by row, linear): its values are
+// then dequantized by block like a packed w's, where quantizing w again for every chunk of
+// x's rows made qqmm of [4096, 1024] x [1024, 1024] take 2x the time (N * K / 2 bytes for
+// fp4, an eighth of a whole fp32 copy).
+struct QuantizedW {
+  std::vector<uint8_t> codes, sc;
+  int64_t pc = 0, ng = 0;  // code bytes and scale bytes a row
+};
+
+struct QuantizeWJob {
+  const MatmulArgs* a;
+  QuantizedW* qw;
+  float enc;
+};
+
+void quantize_w_range(void* ctx, int64_t r0, int64_t r1) {
+  const QuantizeWJob& j = *(const QuantizeWJob*)ctx;
+  const Mat& w = j.a->w;
+  const int64_t K = j.a->K;
+  Scratch row((size_t)K);
+  for (int64_t r = r0; r < r1; ++r) {
+    load_row((const char*)w.ptr + (w.offset(0) + r * w.ld) * dtype_size(w.dt), w.dt, K, row.data());
+    quantize_row(row.data(), K, j.a->q, j.enc, j.qw->codes.data() + r * j.qw->pc, j.qw->sc.data() + r * j.qw->ng,
+                 nullptr, nullptr, w.dt);
+  }
+}
+
 // q(w)'s values of w's rows [n0, n0 + n), fp32 [n, K]; nvfp4's global factor is left to alpha.
-void qqmm_w_rows(const MatmulArgs& a, int64_t n0, int64_t n, float* out) {
+// qw: a float w quantized (else nullptr).
+void qqmm_w_rows(const MatmulArgs& a, const QuantizedW* qw, int64_t n0, int64_t n, float* out) {
   // q(w)'s values already (a prepared w, or w_values next to a packed w): no dequantization
   const Mat* values = a.w_prepared ? &a.w : (a.w_values.ptr ? &a.w_values : nullptr);
   if (values) {
@@ -195,8 +224,10 @@ void qqmm_w_rows(const MatmulArgs& a, int64_t n0, int64_t n, float* out) {
     load_values(rows_of(*values, 0, n0, n, trans), trans, 0, n, a.K, out);
   } else if (a.w_packed) {
     dequantize_rows(a.w, a.w_scales, nullptr, a.w_blocked, a.q, 1.0f, 0, n0, n, a.K, out);
-  } else {
-    qdq_rows(rows_of(a.w, 0, n0, n, false), 0, a.q, a.gs_w, out);
+  } else {  // as qdq_rows: the codes dequantized without the global factor
+    for (int64_t r = n0; r < n0 + n; ++r)
+      dequantize_row(qw->codes.data() + r * qw->pc, a.K, a.q, qw->sc.data() + r * qw->ng, nullptr, nullptr, 1.0f,
+                     out + (r - n0) * a.K);
   }
 }
 
@@ -212,6 +243,7 @@ void qqmm_x_row(const MatmulArgs& a, int64_t b, int64_t m, float* out) {
 
 struct QqmmJob {
   const MatmulArgs* a;
+  const QuantizedW* qw;
   float alpha;
   const float* xd;  // [rows, K]
   int64_t rows;
@@ -226,7 +258,7 @@ void qqmm_range(void* ctx, int64_t nb0, int64_t nb1) {
   Scratch wb((size_t)(16 * K));
   for (int64_t nb = nb0; nb < nb1; ++nb) {
     const int64_t n0 = nb * 16, n1 = std::min(n0 + 16, N);
-    qqmm_w_rows(a, n0, n1 - n0, wb.data());
+    qqmm_w_rows(a, j.qw, n0, n1 - n0, wb.data());
     for (int64_t r = 0; r < j.rows; ++r)
       for (int64_t n = n0; n < n1; ++n) {  // gemm_range's sums, in its order
         float v = j.alpha * dot(j.xd + r * K, wb.data() + (n - n0) * K, K);
@@ -240,19 +272,30 @@ void qqmm_range(void* ctx, int64_t nb0, int64_t nb1) {
 
 // Up to kQmmRows of x's rows (over its batch entries) at a time: q(x)'s values, then w's by
 // blocks of 16 rows inside the threads that multiply them (qqmm_range), as quantized_matmul
-// (qmm_rows): a few MB where whole fp32 copies of w took N * K * 4 bytes; the same sums.
+// (qmm_rows; a float w quantized once first): where whole fp32 copies of w took N * K * 4
+// bytes; the same sums.
 qqStatus_t qqmm(const MatmulArgs& a) {
   const int64_t M = a.M, N = a.N, K = a.K;
   // alpha = (gx / 2688) * (gw / 2688): the product of the two dequantize factors.
   const float alpha = nvfp4_alpha(a.gs_x, a.gs_w);
   const std::vector<float> bias = bias_f32(a.bias, N);
+  QuantizedW qw;
+  const bool float_w = !a.w_prepared && !a.w_values.ptr && !a.w_packed;
+  if (float_w) {
+    qw.pc = a.q.packed_cols(K);
+    qw.ng = K / a.q.group;
+    qw.codes.resize((size_t)(N * qw.pc));
+    qw.sc.resize((size_t)(N * qw.ng));
+    QuantizeWJob qj{&a, &qw, a.gs_w ? nvfp4_enc(*a.gs_w) : 1.0f};
+    parallel_for(N, K * 4, quantize_w_range, &qj);
+  }
   const int64_t total = a.x.batch() * M, chunk = std::min(total, kQmmRows);
   Scratch xd((size_t)(chunk * K)), c((size_t)(chunk * N)), crow((size_t)(a.c.ptr ? N : 0));
   const int oes = dtype_size(a.out.dt);
   for (int64_t r0 = 0; r0 < total; r0 += chunk) {
     const int64_t rows = std::min(chunk, total - r0);
     for (int64_t r = 0; r < rows; ++r) qqmm_x_row(a, (r0 + r) / M, (r0 + r) % M, xd.data() + r * K);
-    QqmmJob j{&a, alpha, xd.data(), rows, bias.empty() ? nullptr : bias.data(), c.data()};
+    QqmmJob j{&a, float_w ? &qw : nullptr, alpha, xd.data(), rows, bias.empty() ? nullptr : bias.data(), c.data()};
     parallel_for((N + 15) / 16, 16 * rows * K, qqmm_range, &j);
     if (a.c.ptr) {  // + beta * C in fp32, then one rounding (C may alias out: all read before a store)
       for (int64_t r = 0; r < rows; ++r) {
@@ -368,12 +411,14 @@ qqStatus_t quantized_matmul(const MatmulArgs& a) {
   const std::vector<float> bias = bias_f32(a.bias, N);
   const float* bp = bias.empty() ? nullptr : bias.data();
   const int64_t B = a.out.batch();
-  // the batch entries grouped by the weight they use (the same w and scales offsets: a
-  // broadcast w, or gather_qmm's entries naming one expert), in entry order
-  std::vector<std::pair<std::pair<int64_t, int64_t>, int64_t>> order((size_t)B);
+  // the batch entries grouped by the weight they use (the same w, scales and biases offsets:
+  // a broadcast w, or gather_qmm's entries naming one expert), in entry order
+  // (biases too: a w and scales broadcast where the biases are not, as expand() makes them)
+  using Key = std::array<int64_t, 3>;
+  std::vector<std::pair<Key, int64_t>> order((size_t)B);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t e = weight_entry(a, b);  // gather_qmm's indices were range-checked by the API
-    order[(size_t)b] = {{a.w.offset(e), a.w_scales.offset(e)}, b};
+    order[(size_t)b] = {Key{a.w.offset(e), a.w_scales.offset(e), a.w_biases.ptr ? a.w_biases.offset(e) : 0}, b};
   }
   std::stable_sort(order.begin(), order.end(), [](const auto& u, const auto& v) { return u.first < v.first; });
   std::vector<int64_t> bs;
