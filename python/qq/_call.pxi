@@ -24,7 +24,7 @@ cdef str _framework_of(obj):
 
 cdef enum:
     _HOLD_GIL_ELEMS = 4096     # _Call.release_gil
-    _MAX_GROUP = 8             # results of one call that share a storage (quantize_colwise: 6)
+    _MAX_GROUP = 8             # results of one call that may share a storage (quantize: 2 or 3)
     _GROUP_ALIGN = 256         # each one's byte offset in it (cuBLASLt wants 16-byte scale pointers)
 
 
@@ -798,45 +798,27 @@ cdef _TorchKind _torch_kind(str dtype, int dev_id):
     return k
 
 
-cdef object _torch_empty_c(_TorchKind k, tuple shape, void** data):
-    """The shim's empty_strided (one C call: torch's allocator, no argument parsing) and the
-    handle wrapped as a torch.Tensor; None where it failed (the caller falls back)."""
-    cdef int64_t dims[2 * _MAX_NDIM]
-    cdef int nd = len(shape)
-    cdef int i
-    cdef int64_t stride = 1, n
-    cdef void* h = NULL
+cdef int _shim_empty(_TorchKind k, int nd, const int64_t* sizes, const int64_t* strides, void** h) except -1:
+    """The shim's empty_strided of kind k (one C call: torch's allocator, no argument parsing)
+    into *h; its return code (0: made)."""
     cdef int rc
-    cdef int64_t nbytes = k.esize
-    if nd > _MAX_NDIM:
-        return None
-    for i in range(nd - 1, -1, -1):
-        n = shape[i]
-        # results beyond _AOTI_MAX_BYTES take the Python path (each factor and the running
-        # product stay below 2^28 before a multiplication: no overflow)
-        if n < 0 or n > _AOTI_MAX_BYTES:
-            return None
-        nbytes *= n
-        if nbytes > _AOTI_MAX_BYTES:
-            return None
-        dims[i] = n
-        dims[nd + i] = stride           # torch's contiguous strides: sizes 0 count as 1
-        stride *= n if n > 1 else 1
     if k.on_cpu:
         # (the GIL held: releasing it cost more than a CPU allocation)
-        rc = _aoti_empty(nd, dims, dims + nd, k.dtype_code, k.device_type, k.device_index, &h)
-    else:
-        # a CUDA allocation may call cudaMalloc or free the cache and retry: without the GIL,
-        # as torch's own bindings allocate
-        with nogil:
-            rc = _aoti_empty(nd, dims, dims + nd, k.dtype_code, k.device_type, k.device_index, &h)
-    if rc != 0 or h == NULL:
-        return None
+        return _aoti_empty(nd, sizes, strides, k.dtype_code, k.device_type, k.device_index, h)
+    # a CUDA allocation may call cudaMalloc or free the cache and retry: without the GIL, as
+    # torch's own bindings allocate
+    with nogil:
+        rc = _aoti_empty(nd, sizes, strides, k.dtype_code, k.device_type, k.device_index, h)
+    return rc
+
+
+cdef object _wrap_and_delete(bint direct, void* h, void** data):
+    """The torch tensor of shim handle h and its data pointer in *data; the handle is deleted
+    in every case (the wrapper copies the tensor out of it: a reference of its own, checked by
+    _aoti_probe). None where the wrap failed."""
     t = None
     try:
-        # the wrapper copies the tensor out of the handle (a reference of its own, checked by
-        # _aoti_probe); the handle is deleted here in every case
-        t = _wrap_handle(k.direct, h)
+        t = _wrap_handle(direct, h)
         if t is not None and _aoti_data_ptr(h, data) != 0:
             t = None
     except Exception:
@@ -844,6 +826,18 @@ cdef object _torch_empty_c(_TorchKind k, tuple shape, void** data):
     finally:
         _aoti_delete(h)
     return t
+
+
+cdef object _torch_empty_c(_TorchKind k, tuple shape, void** data):
+    """A new tensor of kind k through the shim (_shim_empty), wrapped as a torch.Tensor;
+    None where it failed or the result is for torch's Python path (_contiguous_dims)."""
+    cdef int64_t dims[2 * _MAX_NDIM]
+    cdef int64_t nbytes = 0
+    cdef void* h = NULL
+    cdef int nd = _contiguous_dims(shape, k.esize, dims, &nbytes)
+    if nd < 0 or _shim_empty(k, nd, dims, dims + nd, &h) != 0 or h == NULL:
+        return None
+    return _wrap_and_delete(k.direct, h, data)
 
 
 cdef int _contiguous_dims(tuple shape, int64_t esize, int64_t* dims, int64_t* nbytes) except -2:
@@ -926,7 +920,6 @@ cdef object _torch_empty_group(tuple specs, int dev_id, void** ptrs):
     cdef int64_t total = 0, nbytes = 0, one = 1
     cdef void* h = NULL
     cdef void* hi = NULL
-    cdef int rc
     cdef _TorchKind k
     if n > _MAX_GROUP or n == 0:
         return None
@@ -957,14 +950,7 @@ cdef object _torch_empty_group(tuple specs, int dev_id, void** ptrs):
         kinds.append(k)
     if total == 0:
         return None
-    if k8.on_cpu:
-        rc = _aoti_empty(1, &total, &one, k8.dtype_code, k8.device_type,
-                         k8.device_index, &h)
-    else:
-        with nogil:         # (a CUDA allocation without the GIL, as in _torch_empty_c)
-            rc = _aoti_empty(1, &total, &one, k8.dtype_code, k8.device_type,
-                             k8.device_index, &h)
-    if rc != 0 or h == NULL:
+    if _shim_empty(k8, 1, &total, &one, &h) != 0 or h == NULL:
         return None
     out = []
     try:
@@ -973,15 +959,10 @@ cdef object _torch_empty_group(tuple specs, int dev_id, void** ptrs):
             hi = NULL
             if _aoti_pool(h, off[i], k.dtype_code, nds[i], dims[i], &dims[i][nds[i]], &hi) != 0 or hi == NULL:
                 return None
-            try:
-                t = _wrap_handle(k.direct, hi)
-                if t is None or _aoti_data_ptr(hi, &ptrs[i]) != 0:
-                    return None
-            finally:
-                _aoti_delete(hi)
+            t = _wrap_and_delete(k.direct, hi, &ptrs[i])
+            if t is None:
+                return None
             out.append(t)
-    except Exception:
-        return None
     finally:
         _aoti_delete(h)
     return out

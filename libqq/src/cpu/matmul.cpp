@@ -50,15 +50,22 @@ struct GemmJob {
   float* C;  // [M, N]
 };
 
+// C[m, n] = alpha * dot(A row m, B row n - n0) + bias[n] for m < M, n in [n0, n1): the one
+// home of the matmuls' sums (B holds rows n0 .. n1 - 1; C's rows are N apart).
+void block_dots(const float* A, int64_t M, const float* B, int64_t n0, int64_t n1, int64_t K, int64_t N,
+                float alpha, const float* bias, float* C) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = n0; n < n1; ++n) {
+      float v = alpha * dot(A + m * K, B + (n - n0) * K, K);
+      if (bias) v += bias[n];
+      C[m * N + n] = v;
+    }
+}
+
 void gemm_range(void* ctx, int64_t nb0, int64_t nb1) {
   const GemmJob& j = *(const GemmJob*)ctx;
   const int64_t n0 = nb0 * 16, n1 = nb1 * 16 < j.N ? nb1 * 16 : j.N;
-  for (int64_t m = 0; m < j.M; ++m)
-    for (int64_t n = n0; n < n1; ++n) {
-      float v = j.alpha * dot(j.A + m * j.K, j.B + n * j.K, j.K);
-      if (j.bias) v += j.bias[n];
-      j.C[m * j.N + n] = v;
-    }
+  block_dots(j.A, j.M, j.B + n0 * j.K, n0, n1, j.K, j.N, j.alpha, j.bias, j.C);
 }
 
 // C[M, N] = alpha * A[M, K] @ B[N, K]^T + bias, threads over blocks of 16 columns.
@@ -76,10 +83,13 @@ std::vector<float> bias_f32(const Mat& bias, int64_t n) {
   return v;
 }
 
+// Row m of out's entry b = c (N fp32 values, rounded to out's dtype).
+void store_out_row(const Mat& out, int64_t b, int64_t m, const float* c, int64_t N) {
+  store_row(c, N, out.dt, (char*)out.ptr + (out.offset(b) + m * out.ld) * dtype_size(out.dt));
+}
+
 void store_out(const Mat& out, int64_t b, const float* c, int64_t M, int64_t N) {
-  const int es = dtype_size(out.dt);
-  for (int64_t m = 0; m < M; ++m)
-    store_row(c + m * N, N, out.dt, (char*)out.ptr + (out.offset(b) + m * out.ld) * es);
+  for (int64_t m = 0; m < M; ++m) store_out_row(out, b, m, c + m * N, N);
 }
 
 // fp32 [rows, K] of a float operand, quantized and dequantized on the fly
@@ -259,12 +269,7 @@ void qqmm_range(void* ctx, int64_t nb0, int64_t nb1) {
   for (int64_t nb = nb0; nb < nb1; ++nb) {
     const int64_t n0 = nb * 16, n1 = std::min(n0 + 16, N);
     qqmm_w_rows(a, j.qw, n0, n1 - n0, wb.data());
-    for (int64_t r = 0; r < j.rows; ++r)
-      for (int64_t n = n0; n < n1; ++n) {  // gemm_range's sums, in its order
-        float v = j.alpha * dot(j.xd + r * K, wb.data() + (n - n0) * K, K);
-        if (j.bias) v += j.bias[n];
-        j.c[r * N + n] = v;
-      }
+    block_dots(j.xd, j.rows, wb.data(), n0, n1, K, N, j.alpha, j.bias, j.c);
   }
 }
 
@@ -291,7 +296,6 @@ qqStatus_t qqmm(const MatmulArgs& a) {
   }
   const int64_t total = a.x.batch() * M, chunk = std::min(total, kQmmRows);
   Scratch xd((size_t)(chunk * K)), c((size_t)(chunk * N)), crow((size_t)(a.c.ptr ? N : 0));
-  const int oes = dtype_size(a.out.dt);
   for (int64_t r0 = 0; r0 < total; r0 += chunk) {
     const int64_t rows = std::min(chunk, total - r0);
     for (int64_t r = 0; r < rows; ++r) qqmm_x_row(a, (r0 + r) / M, (r0 + r) % M, xd.data() + r * K);
@@ -304,10 +308,7 @@ qqStatus_t qqmm(const MatmulArgs& a) {
         for (int64_t n = 0; n < N; ++n) c.data()[r * N + n] = std::fma(a.beta, crow.data()[n], c.data()[r * N + n]);
       }
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t b = (r0 + r) / M, m = (r0 + r) % M;
-      store_row(c.data() + r * N, N, a.out.dt, (char*)a.out.ptr + (a.out.offset(b) + m * a.out.ld) * oes);
-    }
+    for (int64_t r = 0; r < rows; ++r) store_out_row(a.out, (r0 + r) / M, (r0 + r) % M, c.data() + r * N, N);
   }
   return QQ_STATUS_SUCCESS;
 }
@@ -367,12 +368,7 @@ void qmm_range(void* ctx, int64_t nb0, int64_t nb1) {
       for (int64_t k = 0; k < K; ++k)
         for (int64_t n = 0; n < n1 - n0; ++n) wb.data()[n * K + k] = wt.data()[k * (n1 - n0) + n];
     }
-    for (int64_t r = 0; r < j.rows; ++r)
-      for (int64_t n = n0; n < n1; ++n) {  // gemm_range's sums, in its order
-        float v = 1.0f * dot(j.xd + r * K, wb.data() + (n - n0) * K, K);
-        if (j.bias) v += j.bias[n];
-        j.c[r * N + n] = v;
-      }
+    block_dots(j.xd, j.rows, wb.data(), n0, n1, K, N, 1.0f, j.bias, j.c);
   }
 }
 
@@ -382,7 +378,7 @@ void qmm_rows(const MatmulArgs& a, int64_t e, float gdec, const float* bias, con
   const int64_t M = a.M, N = a.N, K = a.K, total = nb * M;
   const int64_t chunk = std::min(total, kQmmRows);
   Scratch xd((size_t)(chunk * K)), c((size_t)(chunk * N));
-  const int xes = dtype_size(a.x.dt), oes = dtype_size(a.out.dt);
+  const int xes = dtype_size(a.x.dt);
   for (int64_t r0 = 0; r0 < total; r0 += chunk) {
     const int64_t rows = std::min(chunk, total - r0);
     for (int64_t r = 0; r < rows; ++r) {
@@ -392,10 +388,7 @@ void qmm_rows(const MatmulArgs& a, int64_t e, float gdec, const float* bias, con
     QmmJob j{&a, e, gdec, xd.data(), rows, bias, c.data()};
     const int64_t bw = qmm_block(a);
     parallel_for((N + bw - 1) / bw, bw * rows * K, qmm_range, &j);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t b = bs[(r0 + r) / M], m = (r0 + r) % M;
-      store_row(c.data() + r * N, N, a.out.dt, (char*)a.out.ptr + (a.out.offset(b) + m * a.out.ld) * oes);
-    }
+    for (int64_t r = 0; r < rows; ++r) store_out_row(a.out, bs[(r0 + r) / M], (r0 + r) % M, c.data() + r * N, N);
   }
 }
 
