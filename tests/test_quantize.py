@@ -62,6 +62,22 @@ def test_larger_random(kw, dtype, device, rng):
         check_quantize(x, device, scale_layout=layout, **kw)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", dtype_params([np.float16, BF16]))
+@pytest.mark.parametrize("layout", ["linear", "blocked"])
+@pytest.mark.parametrize("cfg", FP_PARAMS)
+def test_fp_wide_rows(cfg, layout, dtype, device, rng):
+    """Rows of 2048 16-bit elements (groups a row a multiple of 4: the GPU kernel's gathered
+    4-byte scale stores), batch dims, rows past a 128-row tile (blocked padding rows), NaN
+    and +-Inf in some groups, every fp mode; data and scales bit-exact."""
+    x = random_data(rng, (2, 67, 2048), dtype, cfg.group_size)
+    flat = x.reshape(-1)
+    for v, at in ((np.nan, 5), (np.inf, 1030), (-np.inf, 4100), (np.nan, flat.size - 1)):
+        flat[at] = v
+    gs = R.amax(x[np.isfinite(x.astype(F32))]) if cfg.global_scale else None
+    check_quantize(x, device, scale_layout=layout, **cfg.kwargs(gs))
+
+
 SHAPES = [(128,), (1, 128), (3, 128), (100, 128), (129, 256), (2, 3, 5, 128), (2, 1, 129, 128)]
 
 
