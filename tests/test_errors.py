@@ -246,3 +246,24 @@ def test_prepared_values_and_device_feature_errors():
     else:
         with pytest.raises(ValueError, match="qqGetDeviceFeature"):
             qq._qq._blockscaled_capability(qq.device_count() + 3)
+
+
+def test_argument_beside_a_quantized_array_without_it():
+    """An argument a QuantizedArray does not carry (a global scale of an mx or nvfp4-without
+    weight, biases of an fp one) is refused as such, not as "given both"; one it does carry,
+    given again, as "given both"."""
+    x = X[:, :64]
+    mx, nv = qq.quantize(W, mode="mxfp4"), qq.quantize(W, mode="nvfp4")
+    cases = [
+        (lambda: qq.quantized_matmul(x, mx, global_scale=GS), "global_scale"),
+        (lambda: qq.qqmm(x, nv, global_scale_w=GS), "global_scale_w"),
+        (lambda: qq.qqmm(nv, W, global_scale_x=GS), "global_scale_x"),
+        (lambda: qq.dequantize(mx, biases=np.zeros((8, 2), F32)), "biases"),
+    ]
+    for call, arg in cases:
+        with pytest.raises(ValueError) as e:
+            call()
+        msg = str(e.value)
+        assert arg in msg and "is None" in msg and "given both" not in msg, msg
+    with pytest.raises(ValueError, match="given both"):
+        qq.dequantize(mx, scales=np.asarray(mx.scales).copy())

@@ -252,8 +252,8 @@ def test_torch_c_paths_in_use_on_linux():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kw", [dict(mode="nvfp4"), dict(mode="mxfp8", torch_dtypes=False),
-                                dict(mode="mxfp4", scale_layout="blocked"), dict(bits=4, group_size=32)],
-                         ids=["nvfp4", "mxfp8-uint8", "mxfp4-blocked", "affine4"])
+                                dict(mode="mxfp4", scale_layout="blocked")],
+                         ids=["nvfp4", "mxfp8-uint8", "mxfp4-blocked"])
 def test_torch_quantize_results_share_one_block(kw, device, rng):
     """A torch caller's qq.quantize results come out of one allocation (docs/api.md, "quantize's
     results share one storage"): each a plain contiguous tensor of its own dtype, at a
@@ -293,6 +293,33 @@ def test_torch_quantize_results_share_one_block(kw, device, rng):
     fill = [torch.full((block,), 0xAB, dtype=torch.uint8, device=tdev) for _ in range(8)]
     assert torch.equal(kept.cpu().view(torch.uint8), scales.view(torch.uint8))
     del fill
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kw", [dict(bits=4, group_size=32), dict(bits=8, group_size=64), dict(mode="nvfp4"),
+                                dict(mode="mxfp8")], ids=["affine4", "affine8", "nvfp4", "mxfp8"])
+def test_torch_quantize_results_save_together(kw, device, rng):
+    """torch.save of a quantize result's tensors together (a state dict) works and loads the
+    same bytes: affine's float scales and biases are allocated apart from its uint8 data
+    (torch refuses to save views of one storage as dtypes of different sizes; docs/api.md,
+    "quantize's results share one storage"); the fp modes' byte results share their block."""
+    torch = pytest.importorskip("torch")
+    import io
+    x = random_data(rng, (64, 128), F32, 32)
+    q = qq.quantize(torch.from_numpy(x).to(torch_device(device)), **kw)
+    parts = [q.data, q.scales] + ([q.biases] if q.biases is not None else [])
+    if q.biases is not None:
+        ptrs = {p.untyped_storage().data_ptr() for p in parts}
+        assert len(ptrs) == len(parts), "affine results share a storage"
+    buf = io.BytesIO()
+    torch.save({"data": q.data, "scales": q.scales, "biases": q.biases}, buf)
+    buf.seek(0)
+    back = torch.load(buf)
+    for name in ("data", "scales", "biases"):
+        a, b = getattr(q, name), back[name]
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.dtype == b.dtype and torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8))
 
 
 def test_torch_quantize_results_apart_inside_a_dispatch_mode(rng):

@@ -9,6 +9,8 @@ implementations, no code generation); one test runs inductor. CUDA variants are 
 
 from __future__ import annotations
 
+import re
+
 import os
 import subprocess
 import sys
@@ -564,6 +566,28 @@ def test_errors_under_compile():
         compiled(lambda x: qq.quantize(x, mode="mxfp8"))(data(4, 48))
     with pytest.raises(ValueError, match="quantize: rounding: expected one of 'ceil', 'floor'"):
         compiled(lambda x: qq.quantize(x, mode="mxfp8", rounding="up"))(x)
+
+
+def test_out_checked_under_compile():
+    """out= under compile is held to eager's rule (docs/api.md: the exact shape and dtype,
+    contiguous) before the result is copied in, where copy_ would broadcast a row, convert a
+    dtype or write through strides; a right out gets eager's bits."""
+    x = data(1, 128)
+    q = qq.quantize(x, mode="nvfp4")
+    f = compiled(lambda q, out: qq.dequantize(q, dtype=torch.float32, out=out))
+    for out, words in ((torch.empty(4, 128), "argument 'out' has shape (4, 128)"),
+                       (torch.empty(1, 128, dtype=torch.float16), "out has dtype torch.float16"),
+                       (torch.empty(128, 2).T[:1], "not contiguous")):
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=re.escape(words)):
+            f(q, out)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=re.escape("argument 'out' has shape (8,)")):
+        compiled(lambda x, out: qq.amax(x, out=out))(x, torch.zeros(8))
+    torch._dynamo.reset()
+    out = torch.full((1, 128), float("nan"))
+    assert_same(f(q, out), qq.dequantize(q, dtype=torch.float32), "out")
+    assert_same(out, qq.dequantize(q, dtype=torch.float32), "out written")
 
 
 # =========================================================================================

@@ -165,8 +165,8 @@ QQ_API qqStatus_t qqQuantizedShapes(const qqQuantParams_t* params, int x_ndim, c
       return set_error(QQ_STATUS_INVALID_VALUE, "quantized_shapes: no pointer argument may be NULL");
     if (x_ndim < 1 || x_ndim > kMaxDims)
       return set_error(QQ_STATUS_INVALID_VALUE,
-                       "quantized_shapes: argument 'x' has %d dimensions; expected [..., K] with 1 to %d", x_ndim,
-                       kMaxDims);
+                       "quantized_shapes: argument 'x' has %d dimensions; expected [..., K] with 1 to %d "
+                       "dimensions", x_ndim, kMaxDims);
     for (int i = 0; i < x_ndim; ++i)
       if (x_shape[i] < 0)
         return set_error(QQ_STATUS_INVALID_VALUE, "quantized_shapes: x_shape[%d] is %lld; extents are >= 0", i,

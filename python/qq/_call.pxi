@@ -557,8 +557,8 @@ cdef inline DLTensor* _t(_View v):
 cdef _View _out_view(_Call call, out, str dtype):
     cdef _View v = call.out_view(out, "out")
     if dtype is not None and v.dtype_name() != dtype:
-        raise ValueError(f"{call.func}: out has dtype {v.dtype_name() or 'unsupported'} but "
-                         f"dtype={dtype!r} was asked for")
+        raise ValueError(f"{call.func}: out has dtype {v.dtype_name() or getattr(out, 'dtype', 'unsupported')} "
+                         f"but dtype={dtype!r} was asked for")
     return v
 
 

@@ -58,18 +58,19 @@ cdef object _quantize(x, group_size, bits, mode, global_scale, rounding, scale_l
         if p.mode == QQ_MODE_AFFINE:
             scale_dtype = vx.float_dtype()
         vb = None
-        if not one_block or call.fw != "torch":      # (empties' tuples cost NumPy calls ~0.1 us)
+        # A torch caller's fp results share one storage (_Call.empties); affine's do not:
+        # torch.save refuses tensors that view one storage as dtypes of different sizes (its
+        # float scales and biases beside uint8 data), and torch.compile refuses in-place
+        # changes to such views inside a compiled function. NumPy callers: one empty a result
+        # (empties' tuples cost them ~0.1 us).
+        if one_block and call.fw == "torch" and p.mode != QQ_MODE_AFFINE:
+            (data, vd), (scales, vs) = call.empties(((data_shape, data_dtype, "data"),
+                                                     (scales_shape, scale_dtype, "scales")))
+        else:
             data, vd = call.empty(data_shape, data_dtype, "data")
             scales, vs = call.empty(scales_shape, scale_dtype, "scales")
             if p.mode == QQ_MODE_AFFINE:
                 biases, vb = call.empty(scales_shape, scale_dtype, "biases")
-        elif p.mode == QQ_MODE_AFFINE:
-            (data, vd), (scales, vs), (biases, vb) = call.empties(
-                ((data_shape, data_dtype, "data"), (scales_shape, scale_dtype, "scales"),
-                 (scales_shape, scale_dtype, "biases")))
-        else:
-            (data, vd), (scales, vs) = call.empties(((data_shape, data_dtype, "data"),
-                                                     (scales_shape, scale_dtype, "scales")))
         tx, tg, td, ts, tb = _t(vx), _t(vg), _t(vd), _t(vs), _t(vb)
         s = call.cstream()
         _gil = call.unlock()

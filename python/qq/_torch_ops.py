@@ -100,7 +100,7 @@ def _quantized_shapes(func, x_shape, group_size, bits, blocked, axis="K"):
     K must be a multiple of the group (a guard on a dynamic K)."""
     x_shape = tuple(x_shape)
     torch._check_value(len(x_shape) >= 1, lambda: f"{func}: argument 'x' has 0 dimensions; "
-                                                  f"expected [..., K] with 1 to 8")
+                                                  f"expected [..., K] with 1 to 8 dimensions")
     k = x_shape[-1]
     torch._check_value(k % group_size == 0,
                        lambda: f"{func}: {axis}={k} is not a positive multiple of group_size "
@@ -470,8 +470,14 @@ def _take(func, arg, given, default, qa_value, qa_name):
 
 
 def _take_array(func, arg, given, qa_value, qa_name, qa_field):
+    """qq._qq's _take_array rule and words, where Cython cannot run (Dynamo tracing)."""
     if given is None or given is qa_value:
         return qa_value
+    if qa_value is None:
+        raise ValueError(f"{func}: {arg} was given, but {qa_name} is a QuantizedArray with no "
+                         f"{qa_field} ({qa_name}.{qa_field} is None: global scales exist only for "
+                         f"nvfp4, biases only for affine, and the codes were made without one); "
+                         f"leave {arg} out, or quantize with it")
     raise ValueError(f"{func}: {arg} was given both as an argument and as "
                      f"{qa_name}.{qa_field} (a QuantizedArray); pass it once")
 
@@ -490,10 +496,25 @@ def _qa(tensors, mode, group_size, bits, global_scale, rounding, scale_layout, f
     return qa
 
 
-def _finish(result, out):
-    """out= under torch.compile: the op's result copied into out (which is returned)."""
+def _finish(func, result, out):
+    """out= under torch.compile: the op's result copied into out (which is returned), out
+    held to eager's rule first - a torch tensor of the result's exact shape and dtype,
+    contiguous, on its device (docs/api.md) - where copy_ alone would broadcast and convert."""
     if out is None:
         return result
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{func}: out: expected a torch tensor (the inputs are torch tensors); got "
+                        f"{type(out).__name__}")
+    if tuple(out.shape) != tuple(result.shape):
+        raise ValueError(f"{func}: argument 'out' has shape {tuple(out.shape)}; expected "
+                         f"{tuple(result.shape)} (the result's shape)")
+    if out.dtype != result.dtype:
+        raise ValueError(f"{func}: out has dtype {out.dtype}; the result is {result.dtype} "
+                         f"(pass dtype= to match out, or an out of the result's dtype)")
+    if out.device != result.device:
+        raise ValueError(f"{func}: out is on {out.device}; the result is on {result.device}")
+    if not out.is_contiguous():
+        raise ValueError(f"{func}: argument 'out' is not contiguous; pass a contiguous tensor")
     out.copy_(result)
     return out
 
@@ -581,17 +602,17 @@ def dequantize(w, scales=None, biases=None, group_size=None, bits=None, mode="af
     dt = _dtype(func, dtype) or (out.dtype if out is not None else torch.bfloat16)
     y = _dequantize_op(w, scales, biases, _scalar(global_scale, w), mode, g, b, scale_layout,
                        fp8_format, dt)
-    return _finish(y, out)
+    return _finish("dequantize", y, out)
 
 
 def amax(x, *, out=None, stream=None):
     _no_stream("amax", stream)
-    return _finish(_amax_op(x), out)
+    return _finish("amax", _amax_op(x), out)
 
 
 def swiglu(x, *, out=None, stream=None):
     _no_stream("swiglu", stream)
-    return _finish(_swiglu_op(x), out)
+    return _finish("swiglu", _swiglu_op(x), out)
 
 
 def _is_float(t):
@@ -650,7 +671,7 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     y = _qqmm_op(x, x_scales, _scalar(global_scale_x, x), w, scales, _scalar(global_scale_w, x),
                  w_values, bias, c, float(beta) if c is not None else 0.0, mode, g, b,
                  rounding, x_layout, w_layout, fp8_format, dt, bool(x_prepared), bool(w_prepared))
-    return _finish(y, out)
+    return _finish("qqmm", y, out)
 
 
 def _weight_only_args(func, w, scales, biases, global_scale, transpose, group_size, bits, mode,
@@ -685,7 +706,7 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
                                  (x.dtype if _is_float(x) else torch.bfloat16))
     y = _quantized_matmul_op(x, w, scales, biases, gs, bias, bool(transpose), n, mode, g, b,
                              scale_layout, fp8_format, dt)
-    return _finish(y, out)
+    return _finish("quantized_matmul", y, out)
 
 
 def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
@@ -703,17 +724,17 @@ def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
                                  (x.dtype if _is_float(x) else torch.bfloat16))
     y = _gather_qmm_op(x, w, scales, biases, rhs_indices, gs, bias, bool(transpose), n, mode, g,
                        b, scale_layout, fp8_format, dt)
-    return _finish(y, out)
+    return _finish("gather_qmm", y, out)
 
 
 def swizzle_scales(scales, *, out=None, stream=None):
     _no_stream("swizzle_scales", stream)
-    return _finish(_swizzle_scales_op(scales), out)
+    return _finish("swizzle_scales", _swizzle_scales_op(scales), out)
 
 
 def unswizzle_scales(scales, shape, *, out=None, stream=None):
     _no_stream("unswizzle_scales", stream)
-    return _finish(_unswizzle_scales_op(scales, list(shape)), out)
+    return _finish("unswizzle_scales", _unswizzle_scales_op(scales, list(shape)), out)
 
 
 def quantize_moe(w, scaling="32x1", *, rounding="ceil", scale_layout="linear", fp8_format="e4m3",
@@ -769,7 +790,7 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
     y = _grouped_qqmm_op(x, x_scales, _scalar(global_scale_x, x), w, scales, _scalar(global_scale_w, x),
                          offsets, mode, g, b, rounding, x_layout, w_layout, fp8_format,
                          moe_scaling or "", dt, w_prepared)
-    return _finish(y, out)
+    return _finish("grouped_qqmm", y, out)
 
 
 def grouped_qqmm_wgrad(x, dy, offsets, mode="mxfp8", *, global_scale_x=None, global_scale_dy=None,

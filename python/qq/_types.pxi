@@ -122,6 +122,13 @@ cdef object _take(str func, str arg, given, default, qa_value, str qa_name):
 cdef object _take_array(str func, str arg, given, qa_value, str qa_name, str qa_field):
     if given is None or given is qa_value:
         return qa_value
+    if qa_value is None:
+        # (the QuantizedArray was made without it: its codes were computed without it too;
+        # qq._torch_ops._take_array has the same words for Dynamo)
+        raise ValueError(f"{func}: {arg} was given, but {qa_name} is a QuantizedArray with no "
+                         f"{qa_field} ({qa_name}.{qa_field} is None: global scales exist only for "
+                         f"nvfp4, biases only for affine, and the codes were made without one); "
+                         f"leave {arg} out, or quantize with it")
     raise ValueError(f"{func}: {arg} was given both as an argument and as {qa_name}.{qa_field} "
                      f"(a QuantizedArray); pass it once")
 
