@@ -89,6 +89,12 @@ def test_errors(tmp_path, rng):
     raises(ValueError, ["qq.checkpoint.save", "metadata"], ck.save, path, {"w": q}, {"qq.mine": "x"})
     raises(TypeError, ["qq.checkpoint.save", "metadata"], ck.save, path, {"w": q}, {"k": 3})
     raises(ValueError, ["qq.checkpoint.save", "w_scales"], ck.save, path, {"w": q, "w_scales": w})
+    # a part the QuantizedArray does not have is reserved too (load would read the array as it)
+    gs = np.float32(1000.0)
+    raises(ValueError, ["qq.checkpoint.save", "w_global_scale", "reserved"], ck.save, path,
+           {"w": qq.quantize(w, mode="nvfp4"), "w_global_scale": gs})
+    raises(ValueError, ["qq.checkpoint.save", "w_biases", "reserved"], ck.save, path,
+           {"w_biases": w, "w": q})
     raises(TypeError, ["qq.checkpoint.save", "tensors"], ck.save, path, [q])
     # a foreign file
     sn.save_file({"x": w}, str(path))
@@ -136,6 +142,45 @@ def test_torch_model_save_load(tmp_path):
     assert torch.equal(y, model[0](x))
     # a model of another architecture
     raises(ValueError, ["load_quantized", "3"], qqt.load_quantized, nn.Sequential(nn.Linear(64, 64)), path)
+
+
+def test_torch_model_save_load_tied_and_single_layer(tmp_path):
+    """save_quantized of a model whose float lm_head shares the embedding's weight (safetensors
+    refuses shared memory: the tie is written as a copy and loaded into both), and of a model
+    that is one QuantizedLinear (loaded into a QuantizedLinear; another module is refused
+    with a message naming what to pass)."""
+    torch = pytest.importorskip("torch")
+    qqt = pytest.importorskip("qq.torch")
+    from torch import nn
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.emb, self.mid = nn.Embedding(100, 64), nn.Linear(64, 64)
+            self.head = nn.Linear(64, 100, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, i):
+            return self.head(self.mid(self.emb(i)))
+
+    model = Tied()
+    qqt.quantize_(model, "mxfp8", filter_fn=lambda m, fqn: fqn != "head")
+    path = tmp_path / "tied.safetensors"
+    qqt.save_quantized(model, path)
+    fresh = Tied()
+    with torch.no_grad():
+        fresh.emb.weight.zero_()
+    qqt.load_quantized(fresh, path)
+    i = torch.tensor([[1, 2, 3]])
+    assert torch.equal(fresh(i), model(i)) and fresh.head.weight is fresh.emb.weight
+    layer = qqt.QuantizedLinear.from_linear(nn.Linear(64, 32), "nvfp4")
+    qqt.save_quantized(layer, path)
+    back = qqt.QuantizedLinear(64, 32, True, mode="nvfp4", dtype=torch.float32)
+    assert [c[0] for c in qqt.load_quantized(back, path).converted] == [""]
+    x = torch.randn(3, 64)
+    assert torch.equal(back(x), layer(x))
+    raises(ValueError, ["load_quantized", "QuantizedLinear"], qqt.load_quantized, nn.Linear(64, 32), path)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

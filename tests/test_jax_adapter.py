@@ -58,6 +58,27 @@ def test_gradients(mode, jit):
     assert np.allclose(np.asarray(db), db_ref, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_bias_gradient_in_the_bias_dtype(jit):
+    """Each gradient in its own parameter's dtype (JAX's rule) where the bias's dtype is not
+    w's: the bias's gradient is the sum of dy in float32, then the bias's dtype."""
+    x, w, _, dy = data()
+    for wdt, bdt in ((jnp.bfloat16, jnp.float32), (jnp.float32, jnp.bfloat16)):
+        xj, wj = jnp.asarray(x, wdt), jnp.asarray(w, wdt)
+        bj = jnp.asarray(np.linspace(-1, 1, 128), bdt)
+
+        def f(x, w, b):
+            return qqj.qq_linear(x, w, b, mode="mxfp8")
+
+        fn = jax.jit(f) if jit else f
+        y, vjp = jax.vjp(fn, xj, wj, bj)
+        dx, dw, db = vjp(jnp.asarray(dy, y.dtype))
+        assert (dx.dtype, dw.dtype, db.dtype) == (xj.dtype, wj.dtype, bj.dtype)
+        want = np.asarray(jnp.asarray(dy, y.dtype), np.float32).reshape(-1, 128).sum(0)
+        tol = 1e-2 if bdt == jnp.bfloat16 else 1e-5   # (the sum's order may differ from NumPy's)
+        assert np.allclose(np.asarray(db, np.float32), want, rtol=tol, atol=tol)
+
+
 def test_jit_matches_eager():
     """The jitted path (XLA custom calls) computes the same numbers as the eager path."""
     x, w, b, _ = data(1)

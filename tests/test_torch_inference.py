@@ -160,6 +160,33 @@ def test_convert_linear_warns_on_skip(caplog):
     assert "1 (in_features=32, out_features=100) left as nn.Linear" in caplog.text
 
 
+def test_shared_layers_and_training_layers_converted():
+    """A layer registered under two names becomes one converted layer under both (convert_linear
+    and quantize_; named_children lists it once and left the second name a float layer); a
+    QQLinear (qq's training layer) is quantized by quantize_ like any nn.Linear (train, then
+    quantize for inference), and to the same bytes as the float layer it came from."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32))
+    model.add_module("again", model[0])
+    plain = qqt.QuantizedLinear.from_linear(model[0], "nvfp4")
+    qqt.convert_linear(model, "mxfp8")
+    assert isinstance(model.again, qqt.QQLinear) and model.again is model[0]
+    report = qqt.quantize_(model, "nvfp4")
+    assert sorted(c[0] for c in report.converted) == ["0", "2", "again"] and not report.skipped
+    assert isinstance(model.again, qqt.QuantizedLinear) and model.again is model[0]
+    for name in ("weight", "weight_scales", "weight_global_scale"):
+        assert torch.equal(getattr(model[0], name), getattr(plain, name)), name
+
+
+def test_transposed_and_expanded_input():
+    """x as a transposed or expanded 2-D view (nn.Linear takes them): the layer's result on the
+    contiguous copy."""
+    torch.manual_seed(0)
+    layer = qqt.QuantizedLinear.from_linear(nn.Linear(64, 16), "mxfp8")
+    for x in (torch.randn(64, 5).t(), torch.randn(1, 64).expand(6, 64)):
+        assert torch.equal(layer(x), layer(x.contiguous()))
+
+
 @pytest.mark.parametrize("mode,kw", MODES, ids=IDS)
 def test_state_dict_round_trip(mode, kw, tmp_path):
     model = make_model(torch.bfloat16, "cpu")

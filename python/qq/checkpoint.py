@@ -81,9 +81,18 @@ def save(path, tensors: Mapping[str, Any], metadata: Optional[Mapping[str, str]]
             raise ValueError(f"{func}: tensors: the name {key!r} is used twice ({what}); rename one")
         out[key] = np.require(_host(arr, func, key), requirements="C")  # keeps 0-d arrays 0-d
 
+    # every {name}_{part} of a QuantizedArray entry is its own, present or not: load() takes
+    # a tensor of that name as the part (a plain array "w_global_scale" beside an nvfp4 "w"
+    # without one came back as w's global scale, and beside an mx "w" made the file unreadable)
+    reserved = {f"{n}_{p}": n for n, v in tensors.items() if isinstance(v, _qq.QuantizedArray)
+                for p in _PARTS}
     for name, v in tensors.items():
         if not isinstance(name, str) or not name:
             raise TypeError(f"{func}: tensors: names must be non-empty strings; got {name!r}")
+        if not isinstance(v, _qq.QuantizedArray) and name in reserved:
+            raise ValueError(f"{func}: tensors: the name {name!r} is reserved for a part of the "
+                             f"QuantizedArray {reserved[name]!r} (load() would read it as that "
+                             f"part); rename the array")
         if isinstance(v, _qq.QuantizedArray):
             put(name, v.data, f"data of {name}")
             for part in _PARTS:

@@ -85,7 +85,7 @@ def _forward(x2, w, b, mode):
     return _qqmm(x2, fwd, mode, str(x2.dtype), bias=b)
 
 
-def _backward(x2, w, dy2, mode, has_bias):
+def _backward(x2, w, dy2, mode, bias_dtype):
     _, bwd = _weight_operands(w, mode)
     dx = _qqmm(dy2, bwd, mode, str(x2.dtype))
     g = _GROUP[mode]
@@ -93,7 +93,9 @@ def _backward(x2, w, dy2, mode, has_bias):
     qdy = qq.quantize_colwise(dyp, mode=mode, global_scale=_gs(dyp, mode))
     qx = qq.quantize_colwise(xpd, mode=mode, global_scale=_gs(xpd, mode))
     dw = qq.qqmm(qdy, qx, mode=mode, dtype=str(w.dtype))
-    db = dy2.astype(np.float32).sum(axis=0).astype(w.dtype) if has_bias else None
+    # the bias's gradient in the bias's dtype (JAX gives a gradient its parameter's dtype; a bias
+    # may differ from w's)
+    db = dy2.astype(np.float32).sum(axis=0).astype(bias_dtype) if bias_dtype is not None else None
     return dx, dw, db
 
 
@@ -168,13 +170,14 @@ def _linear_bwd(mode, res, dy):
     if _host_fallback(x2, w, dy2):
         shapes = [jax.ShapeDtypeStruct(x2.shape, x2.dtype), jax.ShapeDtypeStruct(w.shape, w.dtype)]
         if has_bias:
-            shapes.append(jax.ShapeDtypeStruct((w.shape[0],), w.dtype))
-        outs = _host(lambda a, ww, d: tuple(o for o in _backward(a, ww, d, mode, has_bias) if o is not None),
+            shapes.append(jax.ShapeDtypeStruct((w.shape[0],), b.dtype))
+        bdt = b.dtype if has_bias else None
+        outs = _host(lambda a, ww, d: tuple(o for o in _backward(a, ww, d, mode, bdt) if o is not None),
                      tuple(shapes), x2, w, dy2)
         dx, dw = outs[0], outs[1]
         db = outs[2] if has_bias else None
     else:
-        dx, dw, db = _backward(x2, w, dy2, mode, has_bias)
+        dx, dw, db = _backward(x2, w, dy2, mode, b.dtype if has_bias else None)
         dx, dw = jnp.asarray(dx), jnp.asarray(dw)
         db = None if db is None else jnp.asarray(db)
     return jnp.reshape(dx, shape), dw, db

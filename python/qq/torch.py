@@ -558,13 +558,25 @@ def convert_linear(module: nn.Module, mode: str = "mxfp8", filter_fn=None) -> nn
 
     if isinstance(module, nn.Linear) and not isinstance(module, QQLinear):
         return QQLinear.from_linear(module, mode) if want("", module) else module
-    for name, child in list(module.named_modules()):
-        for cname, c in list(child.named_children()):
-            if isinstance(c, nn.Linear) and not isinstance(c, QQLinear):
-                full = f"{name}.{cname}" if name else cname
-                if want(full, c):
-                    setattr(child, cname, QQLinear.from_linear(c, mode))
+    done: dict = {}  # id(linear) -> its QQLinear: a layer registered under two names stays one layer
+    for name, child, cname, c in _child_slots(module):
+        if isinstance(c, nn.Linear) and not isinstance(c, QQLinear):
+            full = f"{name}.{cname}" if name else cname
+            if id(c) in done:
+                setattr(child, cname, done[id(c)])
+            elif want(full, c):
+                done[id(c)] = QQLinear.from_linear(c, mode)
+                setattr(child, cname, done[id(c)])
     return module
+
+
+def _child_slots(model: nn.Module):
+    """(parent name, parent, child name, child) of every child slot below `model`, a child
+    registered under two names (s.c = s.a) once for each: named_children() and
+    named_modules() list a module once, which converted one of the two names and left the
+    other a float layer. Listed before any is replaced."""
+    return [(pname, parent, cname, child) for pname, parent in model.named_modules()
+            for cname, child in list(parent._modules.items()) if child is not None]
 
 
 # ---------------------------------------------------------------------------
@@ -817,6 +829,8 @@ class QuantizedLinear(nn.Module):
                              f"({self.in_features})")
         flat = x.dim() == 2
         x2 = x if flat else x.reshape(-1, self.in_features)
+        if x2.numel() and not _rows_readable(x2):  # a transposed or expanded x, as nn.Linear takes
+            x2 = x2.contiguous()
         if x.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling():
             y = _QuantizedLinearInput.apply(x2, self)   # x's gradient (adapters on a frozen base)
         else:
@@ -901,24 +915,33 @@ def quantize_(model: nn.Module, mode: str = "nvfp4", *, weight_only: bool = True
     if not isinstance(model, nn.Module):
         raise TypeError(f"quantize_: model must be an nn.Module; got {type(model).__name__}")
     report = QuantizeReport()
-    for parent_name, parent in list(model.named_modules()):
-        for cname, child in list(parent.named_children()):
-            if not isinstance(child, nn.Linear) or isinstance(child, QQLinear):
-                continue
-            fqn = f"{parent_name}.{cname}" if parent_name else cname
-            if filter_fn is not None and not filter_fn(child, fqn):
-                report.skipped.append((fqn, "filter_fn returned False"))
-                continue
-            if child.in_features % g or child.in_features <= 0:
-                report.skipped.append((fqn, f"in_features ({child.in_features}) is not a positive multiple of group_size "
-                                            f"{g} for mode {mode!r}"))
-                continue
-            if child.weight.dtype not in _FLOATS:
-                report.skipped.append((fqn, f"weight dtype {child.weight.dtype} is not float32/bfloat16/float16"))
-                continue
-            setattr(parent, cname, QuantizedLinear.from_linear(child, mode, group_size=g, bits=b,
-                                                               weight_only=weight_only, decode_layout=decode_layout))
-            report.converted.append((fqn, child.in_features, child.out_features))
+    done: dict = {}  # id(linear) -> its QuantizedLinear: a layer under two names stays one layer
+    for parent_name, parent, cname, child in _child_slots(model):
+        # (QQLinear, qq's training layer, is an nn.Linear: its float weight is quantized
+        # like any other, the train-then-quantize flow)
+        if not isinstance(child, nn.Linear):
+            continue
+        fqn = f"{parent_name}.{cname}" if parent_name else cname
+        if id(child) in done:
+            if done[id(child)] is not None:
+                setattr(parent, cname, done[id(child)])
+                report.converted.append((fqn, child.in_features, child.out_features))
+            continue
+        done[id(child)] = None
+        if filter_fn is not None and not filter_fn(child, fqn):
+            report.skipped.append((fqn, "filter_fn returned False"))
+            continue
+        if child.in_features % g or child.in_features <= 0:
+            report.skipped.append((fqn, f"in_features ({child.in_features}) is not a positive multiple of group_size "
+                                        f"{g} for mode {mode!r}"))
+            continue
+        if child.weight.dtype not in _FLOATS:
+            report.skipped.append((fqn, f"weight dtype {child.weight.dtype} is not float32/bfloat16/float16"))
+            continue
+        done[id(child)] = QuantizedLinear.from_linear(child, mode, group_size=g, bits=b, weight_only=weight_only,
+                                                      decode_layout=decode_layout)
+        setattr(parent, cname, done[id(child)])
+        report.converted.append((fqn, child.in_features, child.out_features))
     _log.info("quantize_(mode=%r, weight_only=%s): %d linear layers converted, %d skipped", mode, weight_only,
               len(report.converted), len(report.skipped))
     for name, why in report.skipped:
@@ -954,7 +977,17 @@ def save_quantized(model: nn.Module, path, metadata: Optional[dict] = None) -> N
         if not isinstance(k, str) or not isinstance(v, str) or k.startswith("qq."):
             raise ValueError(f"save_quantized: metadata: str keys not starting with 'qq.' and str values; got {k!r}")
         meta[k] = v
-    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path), metadata=meta)
+    # safetensors refuses tensors that share memory (an embedding tied to a float lm_head, views
+    # of one fused weight): each storage is written once as is, further tensors on it as copies;
+    # load_quantized's load_state_dict writes tied parameters twice with the same values
+    tensors, seen = {}, set()
+    for k, v in model.state_dict().items():
+        v = v.detach()
+        ptr = v.untyped_storage().data_ptr() if v.numel() else None
+        tensors[k] = v.clone() if ptr in seen else v.contiguous()
+        if ptr is not None:
+            seen.add(ptr)
+    save_file(tensors, str(path), metadata=meta)
 
 
 def load_quantized(model: nn.Module, path, *, strict: bool = True, decode_layout: bool = False) -> QuantizeReport:
@@ -978,6 +1011,15 @@ def load_quantized(model: nn.Module, path, *, strict: bool = True, decode_layout
     report = QuantizeReport()
     device = None
     for fqn, cfg in json.loads(meta["qq.torch.layers"]).items():
+        if not fqn:  # the file's model was one QuantizedLinear: `model` must be one to load into
+            if not isinstance(model, QuantizedLinear) or \
+                    (model.in_features, model.out_features) != (cfg["in_features"], cfg["out_features"]):
+                raise ValueError(f"load_quantized: {path}: the file holds one quantized layer "
+                                 f"({cfg['in_features']} -> {cfg['out_features']}, saved as the whole model); "
+                                 f"pass a QuantizedLinear of that shape and mode (e.g. "
+                                 f"QuantizedLinear.from_linear(linear, {cfg['mode']!r}))")
+            report.converted.append(("", cfg["in_features"], cfg["out_features"]))
+            continue
         parent_name, _, cname = fqn.rpartition(".")
         try:
             parent = model.get_submodule(parent_name) if parent_name else model
