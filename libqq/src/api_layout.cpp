@@ -21,10 +21,15 @@ qqStatus_t swizzle_common(const char* op, qqHandle_t handle, const DLTensor* lin
     DType ldt, bdt;
     const char* lname = to_blocked ? "scales" : "out";
     const char* bname = to_blocked ? "out" : "scales";
-    QQ_TRY(check_tensor(c, to_blocked ? lname : bname, to_blocked ? lin : blk, to_blocked ? &ldt : &bdt));
-    QQ_TRY(check_tensor(c, to_blocked ? bname : lname, to_blocked ? blk : lin, to_blocked ? &bdt : &ldt));
-    QQ_TRY(expect_bytes(c, lname, lin, ldt, "scale bytes"));
-    QQ_TRY(expect_bytes(c, bname, blk, bdt, "scale bytes"));
+    QQ_TRY(check_tensor(c, "scales", to_blocked ? lin : blk, to_blocked ? &ldt : &bdt));
+    QQ_TRY(expect_bytes(c, "scales", to_blocked ? lin : blk, to_blocked ? ldt : bdt, "scale bytes"));
+    {  // the output: a wrong buffer is QQ_STATUS_INVALID_VALUE, as every op's out (output_mat)
+      const DLTensor* ot = to_blocked ? blk : lin;
+      DType* odt = to_blocked ? &bdt : &ldt;
+      qqStatus_t st = check_tensor(c, "out", ot, odt);
+      if (st == QQ_STATUS_SUCCESS) st = expect_bytes(c, "out", ot, *odt, "scale bytes");
+      if (st != QQ_STATUS_SUCCESS) return st == QQ_STATUS_INVALID_DTYPE ? QQ_STATUS_INVALID_VALUE : st;
+    }
     if (lin->ndim < 1)
       return set_error(QQ_STATUS_INVALID_VALUE, "%s: the linear scales must have at least one dimension", op);
     int64_t bshape[kMaxDims + 1];

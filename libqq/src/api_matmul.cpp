@@ -81,6 +81,10 @@ qqStatus_t qqmm_single(Ctx& c, qqHandle_t handle, const DLTensor* x, const DLTen
     const DLTensor* t = which ? w : x;
     const DLTensor* st = which ? w_scales : x_scales;
     const int lay = raw_enum(which ? p.w_scale_layout : p.x_scale_layout);
+    // (checked for every operand, as every enum is: a float operand ignores it, but a value
+    // outside the enum is the caller's error wherever it is)
+    if (lay != QQ_SCALE_LINEAR && lay != QQ_SCALE_BLOCKED)
+      return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: unknown scale layout %d for '%s'", (int)lay, snm);
     DType dt;
     QQ_TRY(check_tensor(c, nm, t, &dt));
     const bool prepared = which ? p.w_prepared : p.x_prepared;
@@ -111,8 +115,6 @@ qqStatus_t qqmm_single(Ctx& c, qqHandle_t handle, const DLTensor* x, const DLTen
         return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: argument '%s' is packed but its row of %lld bytes is not "
                          "a whole number of elements", nm, (long long)fshape[t->ndim - 1]);
       fshape[t->ndim - 1] = fshape[t->ndim - 1] * 8 / a.q.bits;
-      if (lay != QQ_SCALE_LINEAR && lay != QQ_SCALE_BLOCKED)
-        return set_error(QQ_STATUS_INVALID_VALUE, "qqmm: unknown scale layout %d for '%s'", (int)lay, snm);
       QSpec sq = a.q;
       sq.blocked = lay == QQ_SCALE_BLOCKED;
       QQ_TRY(check_k(c, nm, "K", fshape[t->ndim - 1], a.q));

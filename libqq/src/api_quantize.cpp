@@ -106,6 +106,10 @@ QQ_API qqStatus_t qqQuantizeColwise(qqHandle_t handle, const DLTensor* x, const 
                                     void* stream) {
   return guard("quantize_colwise", [&]() -> qqStatus_t {
     ColwiseArgs a{};
+    if (!data && (scales || biases))  // the row-wise half is asked for by data; its parts alone are a mistake
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_colwise: argument '%s' is given but 'data' is NULL; "
+                       "pass data too for both orientations (data, scales, biases), or none of them",
+                       scales ? "scales" : "biases");
     if (data) {  // both orientations: validate the row-wise half exactly as qqQuantize does
       QQ_TRY(quantize_validate("quantize_colwise", x, params, global_scale, data, scales, biases, &a.row));
       a.rowwise = true;
@@ -327,6 +331,11 @@ QQ_API qqStatus_t qqQuantizeMoeShapes(const qqQuantParams_t* params, qqMoeScalin
     QSpec q;
     bool tile32 = false;
     QQ_TRY(moe_check(c, params, raw_enum(scaling), w_shape, &q, &tile32));
+    // the element bound qqQuantizeMoe's tensor check makes (check_tensor), so that no shape
+    // it would refuse is answered here, and the scales' roundup cannot overflow
+    if (bounded_product(3, w_shape) < 0)
+      return set_error(QQ_STATUS_INVALID_VALUE, "quantize_moe: argument 'w' has shape %s: more than 2^56 "
+                       "elements, beyond what libqq addresses", shape_str(3, w_shape).c_str());
     const char* why;
     moe_scales_shape(q, tile32, w_shape[0], w_shape[1], w_shape[2], scales_shape, &why);
     return QQ_STATUS_SUCCESS;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "validate.h"
 
 namespace qq {
 namespace {
@@ -41,11 +42,13 @@ using namespace qq;
 extern "C" {
 
 QQ_API qqStatus_t qqGetLastRoute(qqRoute_t* route) {
-  if (!route)
-    return set_error(QQ_STATUS_INVALID_VALUE, "qqGetLastRoute: route must not be NULL; pass the address of a "
-                     "qqRoute_t");
-  *route = g_last_route;
-  return QQ_STATUS_SUCCESS;
+  return guard("qqGetLastRoute", [&]() -> qqStatus_t {  // (a success clears the message, as every call's)
+    if (!route)
+      return set_error(QQ_STATUS_INVALID_VALUE, "qqGetLastRoute: route must not be NULL; pass the address of a "
+                       "qqRoute_t");
+    *route = g_last_route;
+    return QQ_STATUS_SUCCESS;
+  });
 }
 
 QQ_API const char* qqGetRouteString(qqRoute_t route) {

@@ -784,7 +784,75 @@ static int t_decode_gated(void) {
               "out, experts and NULL arguments refused", GF);
 }
 
+/* ======================================================================== */
+/* Found by probing the C ABI (session z)                                   */
+/* ======================================================================== */
+/* qqQuantizeMoeShapes answers no shape qqQuantizeMoe refuses (more than 2^56 elements),
+ * and computes no overflowing roundup */
+static int t_moe_shapes_bound(void) {
+  qqQuantParams_t p;
+  qqQuantParamsInit(&p, QQ_MODE_MXFP8);
+  p.scale_layout = QQ_SCALE_BLOCKED;
+  int64_t w1[3] = {1, 32, INT64_MAX - 31}, w2[3] = {P2(40), P2(40), P2(40)}, s[3];
+  if (!expect(qqQuantizeMoeShapes(&p, QQ_MOE_32X1, w1, s), ST(QQ_STATUS_INVALID_VALUE), "2^56")) return 0;
+  if (!expect(qqQuantizeMoeShapes(&p, QQ_MOE_32X1, w2, s), ST(QQ_STATUS_INVALID_VALUE), "2^56")) return 0;
+  int64_t ok[3] = {2, 64, 256};
+  if (!expect(qqQuantizeMoeShapes(&p, QQ_MOE_32X1, ok, s), ST(QQ_STATUS_SUCCESS), NULL)) return 0;
+  if (s[0] != 2 || s[1] != 256 || s[2] != 4) return fail("scales shape [%lld, %lld, %lld]", (long long)s[0],
+                                                        (long long)s[1], (long long)s[2]);
+  return pass("2^56 bound as qqQuantizeMoe's; [2, 64, 256] -> [2, 256, 4]");
+}
+
+/* a successful qqGetLastRoute leaves the message empty, as every successful call */
+static int t_last_route_clears_message(void) {
+  if (qqGetLastRoute(NULL) == QQ_STATUS_SUCCESS) return fail("qqGetLastRoute(NULL) succeeded");
+  qqRoute_t r;
+  if (!expect(qqGetLastRoute(&r), ST(QQ_STATUS_SUCCESS), NULL)) return 0;
+  if (qqGetLastErrorMessage()[0] != '\0') return fail("message after success: \"%s\"", qqGetLastErrorMessage());
+  return pass("message empty after a successful qqGetLastRoute");
+}
+
+/* an out-of-range scale layout is refused for a float operand too */
+static int t_qqmm_layout_enum_float_operand(void) {
+  int64_t xs[2] = {4, 64}, ws[2] = {8, 64}, os[2] = {4, 8};
+  DLTensor x = tens(xbuf, F32, 2, xs), w = tens(wbuf, F32, 2, ws), out = tens(obuf, F32, 2, os);
+  qqQqmmParams_t p;
+  qqQqmmParamsInit(&p, QQ_MODE_MXFP8);
+  int nine = 9;
+  memcpy(&p.x_scale_layout, &nine, sizeof nine);
+  return expect(qqQqmm(NULL, &x, NULL, &w, NULL, &p, NULL, NULL, NULL, &out, NULL), ST(QQ_STATUS_INVALID_VALUE),
+                "unknown scale layout 9");
+}
+
+/* quantize_colwise: scales or biases without data (the row-wise half) is refused */
+static int t_colwise_scales_without_data(void) {
+  static float x[64 * 64];
+  static uint8_t dt[64 * 32], st[64 * 4], sc[7 * 7];
+  int64_t xs[2] = {64, 64}, ds[2] = {64, 32}, ss[2] = {64, 4}, bogus[2] = {7, 7};
+  DLTensor tx = tens(x, F32, 2, xs), tdt = tens(dt, U8, 2, ds), tst = tens(st, U8, 2, ss),
+           tsc = tens(sc, U8, 2, bogus);
+  qqQuantParams_t p;
+  qqQuantParamsInit(&p, QQ_MODE_NVFP4);
+  return expect(qqQuantizeColwise(NULL, &tx, &p, NULL, &tdt, &tst, NULL, NULL, &tsc, NULL, NULL),
+                ST(QQ_STATUS_INVALID_VALUE), "'data' is NULL");
+}
+
+/* a swizzle output of a wrong dtype is a wrong buffer (INVALID_VALUE), as every op's out */
+static int t_swizzle_out_dtype(void) {
+  static uint8_t lin[4 * 4];
+  static int64_t blk[128 * 4];
+  int64_t ls[2] = {4, 4}, bs[2] = {128, 4};
+  DLDataType i64 = {kDLInt, 64, 1};
+  DLTensor tl = tens(lin, U8, 2, ls), tb = tens(blk, i64, 2, bs);
+  return expect(qqSwizzleScales(NULL, &tl, &tb, NULL), ST(QQ_STATUS_INVALID_VALUE), "out");
+}
+
 static const struct check kChecks[] = {
+    {"moe_shapes_bound", t_moe_shapes_bound, 0},
+    {"last_route_clears_message", t_last_route_clears_message, 0},
+    {"qqmm_layout_enum_float_operand", t_qqmm_layout_enum_float_operand, 0},
+    {"colwise_scales_without_data", t_colwise_scales_without_data, 0},
+    {"swizzle_out_dtype", t_swizzle_out_dtype, 0},
     {"qdq_no_outputs", t_qdq_no_outputs, 0},
     {"qdq_valid", t_qdq_valid, 0},
     {"wgrad_valid", t_wgrad_valid, 0},
