@@ -66,8 +66,9 @@ from . import checkpoint  # noqa: E402  (safetensors files; imports safetensors 
 
 def build_info():
     """How the loaded libqq was built: version (str), cuda (bool), cuda_version (str),
-    archs (list of str), cublaslt (int), and cublaslt_preload ("ok", the reason the
-    preload failed, or a note that a CPU-only build does not need it)."""
+    archs (list of str), cublaslt (int), cublaslt_source (where the build took cuBLASLt's
+    headers: path, toolkit or wheel; empty without CUDA) and cublaslt_preload ("ok", the
+    reason the preload failed, or a note that a CPU-only build does not need it)."""
     info = _qq.build_info()
     if not info["cuda"] and _CUBLASLT_PRELOAD != "ok":
         info["cublaslt_preload"] = f"not needed (CPU-only build); {_CUBLASLT_PRELOAD}"
