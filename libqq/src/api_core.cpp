@@ -14,11 +14,11 @@
 namespace qq {
 namespace {
 // The mode arrives as a plain int (raw_enum): an out-of-range value is an error, not UB.
-qqStatus_t quant_params_init(qqQuantParams_t* p, int mode) {
+qqStatus_t quant_params_init(const char* op, qqQuantParams_t* p, int mode) {
   memset(p, 0, sizeof *p);
   p->struct_size = sizeof *p;
   memcpy(&p->mode, &mode, sizeof mode);
-  Ctx c{"qqQuantParamsInit"};
+  Ctx c{op};  // (the entry point called: qqQuantParamsInit or qqQqmmParamsInit)
   QSpec q;
   QQ_TRY(resolve_params(c, p, &q));
   p->group_size = q.group;
@@ -142,7 +142,7 @@ QQ_API qqStatus_t qqDeviceFree(int device, void* ptr, void* stream) {
 QQ_API qqStatus_t qqQuantParamsInit(qqQuantParams_t* p, qqMode_t mode) {
   return guard("qqQuantParamsInit", [&]() -> qqStatus_t {
     if (!p) return set_error(QQ_STATUS_INVALID_VALUE, "qqQuantParamsInit: params must not be NULL");
-    return quant_params_init(p, raw_enum(mode));
+    return quant_params_init("qqQuantParamsInit", p, raw_enum(mode));
   });
 }
 
@@ -151,7 +151,7 @@ QQ_API qqStatus_t qqQqmmParamsInit(qqQqmmParams_t* p, qqMode_t mode) {
     if (!p) return set_error(QQ_STATUS_INVALID_VALUE, "qqQqmmParamsInit: params must not be NULL");
     memset(p, 0, sizeof *p);
     p->struct_size = sizeof *p;
-    return quant_params_init(&p->quant, raw_enum(mode));
+    return quant_params_init("qqQqmmParamsInit", &p->quant, raw_enum(mode));
   });
 }
 

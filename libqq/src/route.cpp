@@ -21,8 +21,9 @@ void set_route(qqRoute_t r) { g_last_route = r; }
 // `route` arrives as a plain int (raw_enum in validate.h): checked before it is an enum.
 qqStatus_t check_route(const char* op, int route_value, int device) {
   if (route_value < (int)QQ_ROUTE_AUTO || route_value > (int)QQ_ROUTE_QMV)
-    return set_error(QQ_STATUS_INVALID_VALUE, "%s: params.route is %d, not a qqRoute_t; expected QQ_ROUTE_AUTO (0) "
-                     "to QQ_ROUTE_QMV (5)", op, route_value);
+    return set_error(QQ_STATUS_INVALID_VALUE, "%s: params.route is %d, not a route a call can ask for; expected "
+                     "QQ_ROUTE_AUTO (0) to QQ_ROUTE_QMV (5) (QQ_ROUTE_DECODE is reported, not requested: "
+                     "qqDecodeMatmul takes the decode layout)", op, route_value);
   const qqRoute_t route = (qqRoute_t)route_value;
   if (device < 0 && route != QQ_ROUTE_AUTO && route != QQ_ROUTE_CPU)
     return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: route '%s' is a GPU route but the tensors are on the CPU; use "
