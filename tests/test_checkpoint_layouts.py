@@ -290,3 +290,43 @@ def test_deinterleave_gate_up(rng):
         ck.deinterleave(qq.quantize(w), 5)
     with pytest.raises(ValueError, match="blocked"):
         ck.deinterleave(qq.quantize(w, mode="mxfp4", scale_layout="blocked"))
+
+
+def test_layer_parts_found_or_refused(tmp_path, rng):
+    """What a probe of the readers found: a compressed-tensors NVFP4 layer without its global
+    scale is refused (it was read as mxfp4, its E4M3 scales as E8M0), as is a layer whose
+    scales' shape contradicts its format; a part whose layer marker is missing (or tensors of
+    another layout) is refused, not passed through as a plain array; a per-tensor scale
+    that makes the factor 0 over non-zero block scales, or an infinite one, is refused; a
+    weight whose parts lie in different shards loads; a damaged config is a ValueError."""
+    packed, scales = rand_nvfp4(rng, 8, 64)
+    raises(ValueError, ["p.weight_global_scale", "missing"], ck.from_compressed_tensors,
+           {"p.weight_packed": packed, "p.weight_scale": scales}, "p")
+    e8 = rng.integers(120, 135, (8, 2), dtype=np.uint8)
+    raises(ValueError, ["p.weight_scale", "nvfp4"], ck.from_compressed_tensors,
+           {"p.weight_packed": packed, "p.weight_scale": e8, "p.weight_global_scale": np.float32(2)}, "p")
+    raises(ValueError, ["mxfp4"], ck.from_compressed_tensors,
+           {"p.weight_packed": packed, "p.weight_scale": scales}, "p", format="mxfp4-pack-quantized")
+    path = tmp_path / "m.safetensors"
+    write_raw(path, {"a.weight": ("U8", packed, None), "a.weight_scale": ("F8_E4M3", scales, None)})
+    raises(ValueError, ["a.weight_scale", "a.weight_scale_2", "missing"], ck.load_layout, path, "modelopt")
+    write_raw(path, {"a.weight": ("U8", packed, None), "a.weight_scale": ("F8_E4M3", scales, None),
+                     "a.weight_scale_2": ("F32", np.array(np.float32(0.5)), None)})
+    raises(ValueError, ["a.weight_scale", "a.weight_packed"], ck.load_layout, path, "compressed-tensors")
+    for s2 in (0.0, 1e36):
+        raises(ValueError, ["p.weight_scale_2"], ck.from_modelopt,
+               {"p.weight": packed, "p.weight_scale": scales, "p.weight_scale_2": np.float32(s2)}, "p")
+    zeros = ck.from_modelopt({"p.weight": packed, "p.weight_scale": np.zeros_like(scales),
+                              "p.weight_scale_2": np.float32(0)}, "p")
+    assert not dq32(zeros).any()
+    # parts split over two shards
+    d = _model_dir(tmp_path, {"architectures": ["X"]}, {
+        "model-00001-of-00002.safetensors": {"a.weight": ("U8", packed, None),
+                                             "a.weight_scale": ("F8_E4M3", scales, None)},
+        "model-00002-of-00002.safetensors": {"a.weight_scale_2": ("F32", np.array(np.float32(0.5)), None)}},
+        hf_quant={"quantization": {"quant_algo": "NVFP4", "group_size": 16}})
+    got = ck.load_pretrained(d)
+    np.testing.assert_array_equal(dq32(got["a.weight"]),
+                                  fp4_decode(packed) * np.repeat(e4m3_value(scales), 16, axis=1) * 0.5)
+    (d / "config.json").write_text("{not json")
+    raises(ValueError, ["config.json", "JSON"], ck.load_pretrained, d)

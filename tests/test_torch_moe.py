@@ -130,3 +130,16 @@ def test_moe_training_matches_bf16(device):
     lq, lb = sum(q[-50:]) / 50, sum(b[-50:]) / 50
     assert lb < sum(b[:10]) / 10 / 3 and lq < sum(q[:10]) / 10 / 3, (q[:3], q[-3:], b[:3], b[-3:])
     assert abs(lq - lb) <= 0.05 * lb, f"mxfp8 {lq:.4f} vs bf16 {lb:.4f}"
+
+
+def test_grouped_linear_backward_twice_with_retain_graph():
+    """A graph kept with retain_graph=True is backed through again (the weight operands stay
+    with it): the second backward adds the same gradients (it raised a TypeError on None)."""
+    torch.manual_seed(0)
+    layer = qqt.QQGroupedLinear(2, 64, 32, mode="mxfp8")
+    x = torch.randn(40, 64, requires_grad=True)
+    y = layer(x, torch.tensor([7, 40], dtype=torch.int32))
+    y.sum().backward(retain_graph=True)
+    gx, gw = x.grad.clone(), layer.weight.grad.clone()
+    y.sum().backward()
+    assert torch.equal(x.grad, 2 * gx) and torch.equal(layer.weight.grad, 2 * gw)

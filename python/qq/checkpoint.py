@@ -262,22 +262,39 @@ def from_modelopt(tensors: Mapping[str, Any], prefix: str) -> "_qq.QuantizedArra
                     f"{prefix}.weight_scale", "E4M3 scales")
     s2 = _f32_scalar(_need(tensors, f"{prefix}.weight_scale_2", func, "per-tensor scale"), func,
                      f"{prefix}.weight_scale_2")
-    gs = np.asarray([np.float32(2688.0) * s2.max()], dtype=np.float32)
+    with np.errstate(over="ignore"):
+        gs = np.asarray([np.float32(2688.0) * s2.max()], dtype=np.float32)
+    _check_global(func, f"{prefix}.weight_scale_2", gs, scales)
     return _qq.QuantizedArray(data, scales, None, mode="nvfp4", global_scale=gs)
 
 
-def from_compressed_tensors(tensors: Mapping[str, Any], prefix: str) -> "_qq.QuantizedArray":
+def from_compressed_tensors(tensors: Mapping[str, Any], prefix: str, *, format: Optional[str] = None
+                            ) -> "_qq.QuantizedArray":
     """llm-compressor / compressed-tensors linear `prefix`: "nvfp4-pack-quantized"
     ({prefix}.weight_packed U8, .weight_scale E4M3, .weight_global_scale F32 = 2688 / amax)
     -> nvfp4 with global_scale 2688 / weight_global_scale; "mxfp4-pack-quantized" (no global
-    scale, .weight_scale U8 E8M0) -> mxfp4."""
+    scale, .weight_scale U8 E8M0) -> mxfp4. Which one: `format` (the config's) where given,
+    and the scales' shape always (one a 16 elements is nvfp4, one a 32 mxfp4): a layer whose
+    tensors contradict it is refused, not read as the other format."""
     func = "qq.checkpoint.from_compressed_tensors"
     data = _bytes(_need(tensors, f"{prefix}.weight_packed", func, "packed E2M1"), func,
                   f"{prefix}.weight_packed", "packed codes")
     scales = _bytes(_need(tensors, f"{prefix}.weight_scale", func, "block scales"), func,
                     f"{prefix}.weight_scale", "block scales")
     key = f"{prefix}.weight_global_scale"
-    if key not in tensors:  # mxfp4-pack-quantized
+    k = 2 * data.shape[-1] if data.ndim else 0
+    by_shape = {k // 16: "nvfp4", k // 32: "mxfp4"}.get(scales.shape[-1] if scales.ndim else -1)
+    want = {"nvfp4-pack-quantized": "nvfp4", "mxfp4-pack-quantized": "mxfp4", None: None}.get(format, "?")
+    if want == "?":
+        raise ValueError(f"{func}: format {format!r}; qq reads nvfp4-pack-quantized and mxfp4-pack-quantized")
+    mode = want or by_shape or ("nvfp4" if key in tensors else "mxfp4")
+    if by_shape != mode or (mode == "nvfp4") != (key in tensors):
+        raise ValueError(f"{func}: {prefix!r} is not a {mode} layer of compressed-tensors: "
+                         f"{prefix}.weight_scale has shape {list(scales.shape)} for "
+                         f"{prefix}.weight_packed {list(data.shape)} (nvfp4: one scale a 16 elements, with "
+                         f"{key}; mxfp4: one a 32, without it), and {key} is "
+                         f"{'present' if key in tensors else 'missing'}")
+    if mode == "mxfp4":
         return _qq.QuantizedArray(data, scales, None, mode="mxfp4")
     gsd = _f32_scalar(_need(tensors, key, func, ""), func, key, divisor=True)
     if np.isinf(gsd).any() and not np.isinf(gsd).all():
@@ -286,7 +303,21 @@ def from_compressed_tensors(tensors: Mapping[str, Any], prefix: str) -> "_qq.Qua
                          f"{gsd[np.isfinite(gsd)][:4].tolist()}; qq keeps one global scale per weight: "
                          f"requantize the fused weight with one scale")
     gs = np.asarray([np.float32(2688.0) / gsd.max()], dtype=np.float32)
+    _check_global(func, key, gs, scales)
     return _qq.QuantizedArray(data, scales, None, mode="nvfp4", global_scale=gs)
+
+
+def _check_global(func, key, gs, scales):
+    """A per-tensor scale qq can hold as nvfp4's global scale: finite, and 0 (qq's "no global
+    scale", a factor of 1) only where every block scale is 0 too (an all-zero weight reads as
+    zeros either way; with non-zero block scales the file's factor 0 would read as 1)."""
+    g = float(gs.reshape(-1)[0])
+    if not np.isfinite(g):
+        raise ValueError(f"{func}: {key!r} gives a global scale of {g} (beyond float32); the checkpoint "
+                         f"is damaged")
+    if g == 0.0 and np.asarray(scales).any():
+        raise ValueError(f"{func}: {key!r} makes the weight's factor 0 while its block scales are not 0; qq "
+                         f"cannot hold that (its global scale 0 means 'none'): the checkpoint is damaged")
 
 
 def from_gpt_oss(tensors: Mapping[str, Any], prefix: str) -> "_qq.QuantizedArray":
@@ -385,16 +416,35 @@ def load_layout(path, layout: str, **kwargs) -> dict:
     func = "qq.checkpoint.load_layout"
     if layout not in _LAYOUTS:
         raise ValueError(f"{func}: layout must be one of {sorted(_LAYOUTS)}; got {layout!r}")
-    marker, wsuffix, loader = _LAYOUTS[layout]
     _, tensors = read_raw(path)
+    return _from_layout(func, tensors, layout, kwargs)
+
+
+def _from_layout(func, tensors, layout, kwargs, overrides=None) -> dict:
+    """load_layout's conversion of {name: (dtype, array)} (one file, or every shard of a
+    model directory together: a weight's parts may lie in different shards). `overrides`: MLX
+    per-module {prefix: {mode, group_size, bits}}. A part of a quantized weight whose weight
+    the layout does not find (a missing marker tensor, or tensors of another layout) is
+    refused, not passed through as a plain array."""
+    marker, wsuffix, loader = _LAYOUTS[layout]
     prefixes = [k[:-len(marker)] for k in tensors if k.endswith(marker)]
     if layout == "gpt-oss":
         prefixes += [k[:-len(".blocks")] for k in tensors if k.endswith(".blocks")]
+    found = set(prefixes)
+    for k in tensors:
+        for part in _ORPHANS[layout]:
+            if k.endswith(part) and k[:-len(part)] not in found:
+                raise ValueError(f"{func}: {k!r} is a part of a {layout} quantized weight, but "
+                                 f"{k[:-len(part)] + marker!r} is missing (or the tensors are in another "
+                                 f"layout than {layout!r}); the checkpoint is incomplete")
     result, used = {}, set()
     for p in sorted(prefixes):
-        before = set(tensors)
-        result[p + wsuffix] = loader(tensors, p, **kwargs)
-        used.update(k for k in before if k == p + wsuffix or (k.startswith(p) and k[len(p):] in _PART_NAMES[layout]))
+        kw = dict(kwargs)
+        o = (overrides or {}).get(p)
+        if isinstance(o, dict):
+            kw.update({k: o[k] for k in ("mode", "group_size", "bits") if k in o})
+        result[p + wsuffix] = loader(tensors, p, **kw)
+        used.update(k for k in tensors if k == p + wsuffix or (k.startswith(p) and k[len(p):] in _PART_NAMES[layout]))
     for k, (_, a) in tensors.items():
         if k not in used and k not in result:
             result[k] = a
@@ -402,6 +452,12 @@ def load_layout(path, layout: str, **kwargs) -> dict:
 
 
 # the tensors of one quantized weight, per layout (what load_layout does not pass through)
+_ORPHANS = {  # parts that exist only beside the layout's marker tensor
+    "modelopt": (".weight_scale",),
+    "compressed-tensors": (".weight_scale", ".weight_global_scale"),
+    "gpt-oss": ("_scales",),
+    "mlx": (".biases",),
+}
 _PART_NAMES = {
     "modelopt": {".weight", ".weight_scale", ".weight_scale_2"},
     "compressed-tensors": {".weight_packed", ".weight_scale", ".weight_global_scale"},
@@ -414,9 +470,12 @@ def _detect_layout(cfg: dict, hf_quant: Optional[dict]) -> tuple:
     """(layout, kwargs for its loader) from a model directory's config.json and
     hf_quant_config.json (docs/checkpoints.md, "Model directories")."""
     func = "qq.checkpoint.load_pretrained"
-    if hf_quant is not None and str(hf_quant.get("quantization", {}).get("quant_algo", "")).upper() == "NVFP4":
+    hq = (hf_quant or {}).get("quantization")
+    if isinstance(hq, dict) and str(hq.get("quant_algo", "")).upper() == "NVFP4":
         return "modelopt", {}
     qc = cfg.get("quantization_config") or {}
+    if not isinstance(qc, dict):
+        raise ValueError(f"{func}: config.json's quantization_config is a {type(qc).__name__}; expected an object")
     method = str(qc.get("quant_method", "")).lower()
     if method == "modelopt":
         if str(qc.get("quant_algo", "")).upper() != "NVFP4":
@@ -428,7 +487,7 @@ def _detect_layout(cfg: dict, hf_quant: Optional[dict]) -> tuple:
         if fmt not in ("nvfp4-pack-quantized", "mxfp4-pack-quantized"):
             raise ValueError(f"{func}: a compressed-tensors checkpoint in format {fmt!r}; qq loads "
                              f"nvfp4-pack-quantized and mxfp4-pack-quantized")
-        return "compressed-tensors", {}
+        return "compressed-tensors", {"format": fmt}
     if method == "mxfp4":
         return "gpt-oss", {}
     q = cfg.get("quantization")
@@ -453,8 +512,14 @@ def load_pretrained(directory) -> dict:
         p = os.path.join(d, name)
         if not os.path.exists(p):
             return None
-        with open(p) as f:
-            return json.load(f)
+        try:
+            with open(p) as f:
+                v = json.load(f)
+        except ValueError as e:
+            raise ValueError(f"{func}: {p}: not valid JSON ({e})") from None
+        if not isinstance(v, dict):
+            raise ValueError(f"{func}: {p}: expected a JSON object; got {type(v).__name__}")
+        return v
 
     cfg = read_json("config.json")
     if cfg is None:
@@ -462,31 +527,21 @@ def load_pretrained(directory) -> dict:
     layout, kwargs = _detect_layout(cfg, read_json("hf_quant_config.json"))
     index = read_json("model.safetensors.index.json")
     if index is not None:
-        files = sorted(set(index.get("weight_map", {}).values()))
+        files = sorted(set((index.get("weight_map") or {}).values()))
     else:
         files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
     if not files:
         raise ValueError(f"{func}: {d}: no .safetensors files")
     overrides = cfg.get("quantization") if layout == "mlx" else None
-    result: dict = {}
+    # every shard's tensors together first: a weight's parts may lie in different shards
+    tensors: dict = {}
     for fname in files:
         path = os.path.join(d, fname)
-        if layout == "mlx" and isinstance(overrides, dict) and any(isinstance(v, dict) for v in overrides.values()):
-            _, tensors = read_raw(path)
-            part = {}
-            for key in [k for k in tensors if k.endswith(".scales")]:
-                p = key[:-len(".scales")]
-                kw = dict(kwargs)
-                o = overrides.get(p)
-                if isinstance(o, dict):
-                    kw.update({k: o[k] for k in ("mode", "group_size", "bits") if k in o})
-                part[p + ".weight"] = from_mlx(tensors, p, **kw)
-            used = {p[:-len(".weight")] + s for p in part for s in _PART_NAMES["mlx"]}
-            part.update({k: a for k, (_, a) in tensors.items() if k not in used})
-        else:
-            part = load_layout(path, layout, **kwargs)
-        dup = set(part) & set(result)
+        if not os.path.isfile(path):
+            raise ValueError(f"{func}: {d}: the shard {fname!r} (model.safetensors.index.json) is missing")
+        _, part = read_raw(path)
+        dup = set(part) & set(tensors)
         if dup:
             raise ValueError(f"{func}: {d}: {sorted(dup)[0]!r} appears in two files")
-        result.update(part)
-    return result
+        tensors.update(part)
+    return _from_layout(func, tensors, layout, kwargs, overrides if isinstance(overrides, dict) else None)

@@ -446,7 +446,8 @@ class QQGroupedLinearFunction(torch.autograd.Function):
                                        dtype=wname if direct else "float32")
             if not direct:
                 dw = dw.to(ctx.wdtype)
-        ctx.bwd = None
+        # (ctx.bwd stays: a graph kept with retain_graph=True is backed through again; the
+        # operands go with the graph)
         dx, dw = _once_differentiable("qq_grouped_linear", (dx, dw), (dy.requires_grad or ctx.w_grad,
                                                                       dy.requires_grad or ctx.x_grad))
         return dx, dw, None, None
