@@ -229,15 +229,20 @@ static int t_enum_scale_layout_5(void) {
 static int t_enum_fp8_format_3(void) { return enum_check(offsetof(qqQuantParams_t, fp8_format), 3, "fp8_format"); }
 static int t_enum_mode_negative(void) { return enum_check(offsetof(qqQuantParams_t, mode), -1, "mode"); }
 
-static int t_enum_qqmm_mode_99(void) {
+/* qqQqmm of two float operands with `value` written as a raw int at `offset` of its params:
+ * refused with a message containing `needle` */
+static int qqmm_enum_check(size_t offset, int value, const char* needle) {
   int64_t xs[2] = {4, 64}, ws[2] = {8, 64}, os[2] = {4, 8};
   DLTensor x = tens(xbuf, F32, 2, xs), w = tens(wbuf, F32, 2, ws), out = tens(obuf, F32, 2, os);
   qqQqmmParams_t p;
   qqQqmmParamsInit(&p, QQ_MODE_MXFP8);
-  int v = 99;
-  memcpy(&p.quant.mode, &v, sizeof v);
+  memcpy((char*)&p + offset, &value, sizeof value);
   qqStatus_t st = qqQqmm(NULL, &x, NULL, &w, NULL, &p, NULL, NULL, NULL, &out, NULL);
-  return expect(st, ST(QQ_STATUS_INVALID_VALUE), "mode");
+  return expect(st, ST(QQ_STATUS_INVALID_VALUE), needle);
+}
+
+static int t_enum_qqmm_mode_99(void) {
+  return qqmm_enum_check(offsetof(qqQqmmParams_t, quant) + offsetof(qqQuantParams_t, mode), 99, "mode");
 }
 
 static int t_enum_moe_scaling_9(void) {
@@ -814,14 +819,7 @@ static int t_last_route_clears_message(void) {
 
 /* an out-of-range scale layout is refused for a float operand too */
 static int t_qqmm_layout_enum_float_operand(void) {
-  int64_t xs[2] = {4, 64}, ws[2] = {8, 64}, os[2] = {4, 8};
-  DLTensor x = tens(xbuf, F32, 2, xs), w = tens(wbuf, F32, 2, ws), out = tens(obuf, F32, 2, os);
-  qqQqmmParams_t p;
-  qqQqmmParamsInit(&p, QQ_MODE_MXFP8);
-  int nine = 9;
-  memcpy(&p.x_scale_layout, &nine, sizeof nine);
-  return expect(qqQqmm(NULL, &x, NULL, &w, NULL, &p, NULL, NULL, NULL, &out, NULL), ST(QQ_STATUS_INVALID_VALUE),
-                "unknown scale layout 9");
+  return qqmm_enum_check(offsetof(qqQqmmParams_t, x_scale_layout), 9, "unknown scale layout 9");
 }
 
 /* quantize_colwise: scales or biases without data (the row-wise half) is refused */
