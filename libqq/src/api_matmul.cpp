@@ -443,7 +443,8 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
     QQ_TRY(check_tensor(c, "w", w, &dt));
     if (w->ndim != 3 || w->shape[0] != E)
       return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'w' has shape %s; expected [E=%lld, N, K] "
-                       "(or packed [E, N, K*bits/8])", shape_str(w->ndim, w->shape).c_str(), (long long)E);
+                       "(or packed [E, N, K*bits/8]): E experts, one a group end of 'offsets' (%lld entries)",
+                       shape_str(w->ndim, w->shape).c_str(), (long long)E, (long long)E);
     if (w_scales) {
       QQ_TRY(check_tensor(c, "scales", w_scales, &dt));
       if (w_scales->ndim != 3 || w_scales->shape[0] != E)
