@@ -29,6 +29,18 @@ SHAPES = [(16384, 16384), (8192, 5120), (16, 4096)]
 MODES = [("nvfp4", {}), ("mxfp4", {}), ("mxfp8", {}), ("affine4", {"bits": 4}), ("affine8", {"bits": 8})]
 
 
+def quantize_args(mode: str, kw: dict) -> dict:
+    """qq.quantize's arguments for a mode name of MODES (and bench/tune/q_sweep.py's):
+    "affine..." is mode "affine" with linear scales (its only layout); fp modes take blocked."""
+    qmode = "affine" if mode.startswith("affine") else mode
+    return dict(kw, mode=qmode, scale_layout="linear" if qmode == "affine" else "blocked")
+
+
+def moved_bytes(x, q) -> int:
+    """The bytes one quantization of x into q moves: x read; data, scales (, biases) written."""
+    return nbytes(x) + sum(nbytes(t) for t in (q.data, q.scales, q.biases) if t is not None)
+
+
 # ---- torch-op versions of the same quantizations (the torch.compile peer) ----
 def _ceil_pow2_exponent(q: torch.Tensor) -> torch.Tensor:
     """Biased UE8M0 exponent of the smallest power of two >= q (q >= 0, fp32)."""
@@ -133,12 +145,11 @@ def main() -> None:
     for shape in SHAPES:
         x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
         for mode, kw in MODES:
-            qmode = "affine" if mode.startswith("affine") else mode
-            layout = "linear" if qmode == "affine" else "blocked"
-            q = qq.quantize(x, mode=qmode, scale_layout=layout, **kw)
-            moved = nbytes(x) + nbytes(q.data) + nbytes(q.scales) + (nbytes(q.biases) if q.biases is not None else 0)
+            qa = quantize_args(mode, kw)
+            q = qq.quantize(x, **qa)
+            moved = moved_bytes(x, q)
             if want("quantize"):
-                us = timer(lambda: qq.quantize(x, mode=qmode, scale_layout=layout, **kw), moved)
+                us = timer(lambda: qq.quantize(x, **qa), moved)
                 gbps = moved / (us * 1e-6) / 1e9
                 bench.row("quantize", mode, shape, "GBps", gbps, "copy", copy_gbps, us=round(us, 2))
             if want("quantize") and not args.quick and shape == SHAPES[0]:  # compile time: one shape per mode
@@ -154,7 +165,7 @@ def main() -> None:
             bench.row("dequantize", mode, shape, "GBps", dq_moved / (us_dq * 1e-6) / 1e9, "copy", copy_gbps,
                       us=round(us_dq, 2))
             if mode == "nvfp4":  # with a global scale, as nvfp4 checkpoints have (variant "global_scale")
-                qg = qq.quantize(x, mode=qmode, scale_layout=layout, global_scale=qq.amax(x))
+                qg = qq.quantize(x, **qa, global_scale=qq.amax(x))
                 us_g = timer(lambda: qq.dequantize(qg, dtype=torch.bfloat16), dq_moved + 4)
                 bench.row("dequantize", mode, shape, "GBps", (dq_moved + 4) / (us_g * 1e-6) / 1e9, "copy",
                           copy_gbps, us=round(us_g, 2), variant="global_scale")
@@ -163,12 +174,11 @@ def main() -> None:
     for shape in (SHAPES[:2] if want("colwise") else []):
         x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
         for mode, kw in MODES:
-            qmode = "affine" if mode.startswith("affine") else mode
-            layout = "linear" if qmode == "affine" else "blocked"
-            col = qq.quantize_colwise(x, mode=qmode, scale_layout=layout, **kw)
-            moved = nbytes(x) + nbytes(col.data) + nbytes(col.scales) + (
-                nbytes(col.biases) if col.biases is not None else 0)
-            us = timer(lambda: qq.quantize_colwise(x, mode=qmode, scale_layout=layout, **kw), moved)
+            qa = quantize_args(mode, kw)
+            qmode = qa["mode"]
+            col = qq.quantize_colwise(x, **qa)
+            moved = moved_bytes(x, col)
+            us = timer(lambda: qq.quantize_colwise(x, **qa), moved)
             bench.row("quantize_colwise", mode, shape, "GBps", moved / (us * 1e-6) / 1e9, "copy", copy_gbps,
                       us=round(us, 2))
             if not args.quick and qmode in ("mxfp4", "mxfp8") and shape == SHAPES[0]:
@@ -176,7 +186,7 @@ def main() -> None:
                 fn(x)
                 bench.row("quantize_colwise", mode, shape, "us", us, "torch_compile", timer(lambda: fn(x), moved))
             moved2 = moved * 2 - nbytes(x)  # one read, both outputs written
-            us2 = timer(lambda: qq.quantize_colwise(x, mode=qmode, scale_layout=layout, rowwise=True, **kw), moved2)
+            us2 = timer(lambda: qq.quantize_colwise(x, rowwise=True, **qa), moved2)
             bench.row("quantize_colwise", mode, shape, "GBps", moved2 / (us2 * 1e-6) / 1e9, "copy", copy_gbps,
                       us=round(us2, 2), variant="both")
     # ---- MoE 3D MXFP8

@@ -22,6 +22,7 @@ MODES = [("nvfp4", {}), ("mxfp4", {}), ("mxfp8", {}), ("affine4", {"bits": 4}), 
 if len(sys.argv) > 1 and sys.argv[1] == "--one":
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import torch
+    from bench_quantize import moved_bytes, quantize_args
     from harness import Timer, copy_bandwidth
     import qq
     timer = Timer()
@@ -32,12 +33,10 @@ if len(sys.argv) > 1 and sys.argv[1] == "--one":
     for shape in SHAPES:
         x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
         for mode, kw in modes:
-            qmode = "affine" if mode.startswith("affine") else mode
-            layout = "linear" if qmode == "affine" else "blocked"
-            q = qq.quantize(x, mode=qmode, scale_layout=layout, **kw)
-            moved = x.numel() * 2 + sum(t.numel() * t.element_size() for t in (q.data, q.scales, q.biases)
-                                        if t is not None)
-            us = timer(lambda: qq.quantize(x, mode=qmode, scale_layout=layout, **kw), moved)
+            qa = quantize_args(mode, kw)
+            q = qq.quantize(x, **qa)
+            moved = moved_bytes(x, q)
+            us = timer(lambda: qq.quantize(x, **qa), moved)
             out.append(f"{mode} {shape[0]}x{shape[1]} {us:.2f}us {moved / us / 1e3 / copy:.3f}")
     print(f"{sys.argv[2]} copy={copy:.0f}\n  " + "\n  ".join(out), flush=True)
     sys.exit(0)

@@ -444,7 +444,8 @@ def _from_layout(func, tensors, layout, kwargs, overrides=None) -> dict:
         if isinstance(o, dict):
             kw.update({k: o[k] for k in ("mode", "group_size", "bits") if k in o})
         result[p + wsuffix] = loader(tensors, p, **kw)
-        used.update(k for k in tensors if k == p + wsuffix or (k.startswith(p) and k[len(p):] in _PART_NAMES[layout]))
+        # the layer's tensor names (a scan of every tensor a layer was quadratic in a model's)
+        used.update([p + wsuffix] + [p + part for part in _PART_NAMES[layout]])
     for k, (_, a) in tensors.items():
         if k not in used and k not in result:
             result[k] = a

@@ -241,14 +241,22 @@ void qqmm_w_rows(const MatmulArgs& a, const QuantizedW* qw, int64_t n0, int64_t 
   }
 }
 
-// q(x)'s values of row m of x's entry b, fp32 [K].
-void qqmm_x_row(const MatmulArgs& a, int64_t b, int64_t m, float* out) {
-  if (a.x_prepared)
-    load_values(rows_of(a.x, b, m, 1, a.x_trans), a.x_trans, 0, 1, a.K, out);
-  else if (a.x_packed)
-    dequantize_rows(a.x, a.x_scales, nullptr, a.x_blocked, a.q, 1.0f, b, m, 1, a.K, out);
-  else
-    qdq_rows(rows_of(a.x, b, m, 1, false), 0, a.q, a.gs_x, out);
+// q(x)'s values of x's rows [r0, r0 + rows) over its batch entries (M a entry), fp32
+// [rows, K]: one call for each run of rows of one entry (a call a row made qdq_rows's
+// scratch a row).
+void qqmm_x_rows(const MatmulArgs& a, int64_t r0, int64_t rows, float* out) {
+  const int64_t M = a.M, K = a.K;
+  for (int64_t r = r0; r < r0 + rows;) {
+    const int64_t b = r / M, m = r % M, n = std::min(M - m, r0 + rows - r);
+    float* o = out + (r - r0) * K;
+    if (a.x_prepared)
+      load_values(rows_of(a.x, b, m, n, a.x_trans), a.x_trans, 0, n, K, o);
+    else if (a.x_packed)
+      dequantize_rows(a.x, a.x_scales, nullptr, a.x_blocked, a.q, 1.0f, b, m, n, K, o);
+    else
+      qdq_rows(rows_of(a.x, b, m, n, false), 0, a.q, a.gs_x, o);
+    r += n;
+  }
 }
 
 struct QqmmJob {
@@ -298,7 +306,7 @@ qqStatus_t qqmm(const MatmulArgs& a) {
   Scratch xd((size_t)(chunk * K)), c((size_t)(chunk * N)), crow((size_t)(a.c.ptr ? N : 0));
   for (int64_t r0 = 0; r0 < total; r0 += chunk) {
     const int64_t rows = std::min(chunk, total - r0);
-    for (int64_t r = 0; r < rows; ++r) qqmm_x_row(a, (r0 + r) / M, (r0 + r) % M, xd.data() + r * K);
+    qqmm_x_rows(a, r0, rows, xd.data());
     QqmmJob j{&a, float_w ? &qw : nullptr, alpha, xd.data(), rows, bias.empty() ? nullptr : bias.data(), c.data()};
     parallel_for((N + 15) / 16, 16 * rows * K, qqmm_range, &j);
     if (a.c.ptr) {  // + beta * C in fp32, then one rounding (C may alias out: all read before a store)
