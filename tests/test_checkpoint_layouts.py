@@ -184,6 +184,46 @@ def test_errors(tmp_path, rng):
     raises(ValueError, ["qq.checkpoint.read_raw", "JSON"], ck.read_raw, bad)
 
 
+@pytest.mark.parametrize("layout,names,bad", [
+    ("modelopt", {"a.weight": "U8", "a.weight_scale": "F8_E4M3", "a.weight_scale_2": "F32"}, ("a.weight_scale", "F8_E5M2")),
+    ("modelopt", {"a.weight": "U8", "a.weight_scale": "F8_E4M3", "a.weight_scale_2": "F32"}, ("a.weight_scale", "F8_E8M0")),
+    ("modelopt", {"a.weight": "U8", "a.weight_scale": "F8_E4M3", "a.weight_scale_2": "F32"}, ("a.weight", "F8_E4M3")),
+    ("compressed-tensors", {"a.weight_packed": "U8", "a.weight_scale": "F8_E4M3", "a.weight_global_scale": "F32"},
+     ("a.weight_scale", "F8_E8M0")),
+    ("compressed-tensors", {"a.weight_packed": "U8", "a.weight_scale": "U8"}, ("a.weight_scale", "F8_E4M3")),
+    ("gpt-oss", {"a_blocks": "U8", "a_scales": "U8"}, ("a_scales", "F8_E4M3")),
+])
+def test_byte_tensors_of_another_float8_type_are_refused(tmp_path, rng, layout, names, bad):
+    """Before: any one-byte dtype passed, so E5M2 / E8M0 bytes were read as E4M3 scales (or the
+    other way round): silently wrong weights. The same files with the right dtypes load."""
+    n, k = 4, 64
+    mx = layout == "gpt-oss" or "a.weight_global_scale" not in names and layout == "compressed-tensors"
+    arrays = {"a.weight": rng.integers(0, 256, (n, k // 2), dtype=np.uint8),
+              "a.weight_packed": rng.integers(0, 256, (n, k // 2), dtype=np.uint8),
+              "a.weight_scale": rng.integers(0x30, 0x40, (n, k // (32 if mx else 16)), dtype=np.uint8),
+              "a.weight_scale_2": np.array(0.5, np.float32), "a.weight_global_scale": np.array([2.0], np.float32),
+              "a_blocks": rng.integers(0, 256, (1, n, k // 32, 16), dtype=np.uint8),
+              "a_scales": rng.integers(120, 130, (1, n, k // 32), dtype=np.uint8)}
+    good = {name: (dt, arrays[name], None) for name, dt in names.items()}
+    write_raw(tmp_path / "good.safetensors", good)
+    assert len(ck.load_layout(tmp_path / "good.safetensors", layout)) == 1
+    key, dt = bad
+    write_raw(tmp_path / "bad.safetensors", dict(good, **{key: (dt, arrays[key], None)}))
+    raises(ValueError, [key, dt], ck.load_layout, tmp_path / "bad.safetensors", layout)
+
+
+def test_torch_float8_scales_are_checked():
+    torch = pytest.importorskip("torch")
+    packed = np.zeros((2, 16), np.uint8)
+    ok = torch.full((2, 2), 0.5).to(torch.float8_e4m3fn)
+    q = ck.from_modelopt({"p.weight": torch.from_numpy(packed), "p.weight_scale": ok,
+                          "p.weight_scale_2": torch.tensor(1.0)}, "p")
+    assert np.asarray(q.scales).tolist() == [[0x30, 0x30]] * 2     # E4M3 0.5, as its bytes
+    raises(ValueError, ["p.weight_scale", "F8_E5M2"], ck.from_modelopt,
+           {"p.weight": torch.from_numpy(packed), "p.weight_scale": ok.to(torch.float8_e5m2),
+            "p.weight_scale_2": torch.tensor(1.0)}, "p")
+
+
 def _model_dir(tmp_path, config, shards, hf_quant=None):
     """A model directory: config.json, shards {file: tensors} and their index."""
     d = tmp_path / "model"

@@ -90,6 +90,24 @@ def test_out_requiring_grad_is_refused():
         qq.dequantize(qq.quantize(torch.randn(8, 64), mode="mxfp8"), mode="mxfp8", out=y)
 
 
+@needs_torch
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_made_under_inference_mode(device):
+    """Before: an inference tensor (made under torch.inference_mode) was written through out=
+    outside inference mode, which torch's own out= ops refuse (it has no version counter)."""
+    q = qq.quantize(torch.randn(8, 64, device=device), mode="mxfp8")
+    with torch.inference_mode():
+        o = torch.full((8, 64), 7.0, device=device)
+        t = torch.empty(8, 64, device=device)
+    with pytest.raises(RuntimeError, match="inference"):
+        torch.add(o, o, out=t)                  # the rule qq follows
+    raises(ValueError, ("out", "inference_mode"), qq.dequantize, q, out=o)
+    assert bool((o == 7).all()), "out untouched"
+    with torch.inference_mode():                # inside inference mode it is allowed, as in torch
+        qq.dequantize(q, out=o)
+    assert torch.equal(o, qq.dequantize(q, dtype=torch.float32))
+
+
 # ---- 7. outputs that alias inputs ---------------------------------------------------------
 
 def test_swizzle_in_place_is_refused():

@@ -232,6 +232,15 @@ cdef class _Call:
                                  f"supported (qq's ops are not differentiable through out=, as "
                                  f"torch's out= ops are not); pass a tensor without requires_grad "
                                  f"or leave {name}=None")
+            if obj.is_inference() and not torch.is_inference_mode_enabled():
+                # torch's own rule for in-place writes (torch.add(..., out=t) raises the
+                # same): an inference tensor has no version counter, so autograd could not
+                # tell that it changed
+                raise ValueError(f"{self.func}: {name}: the tensor was made under "
+                                 f"torch.inference_mode and cannot be written outside it (torch "
+                                 f"refuses in-place updates of inference tensors there too); call "
+                                 f"inside torch.inference_mode(), pass {name}.clone(), or leave "
+                                 f"{name}=None")
             if self.torch_outs is None:
                 self.torch_outs = []
             self.torch_outs.append(obj)

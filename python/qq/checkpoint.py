@@ -225,13 +225,42 @@ def _need(tensors, key, func, hint):
     if key not in tensors:
         raise ValueError(f"{func}: the tensor {key!r} is missing ({hint})")
     v = tensors[key]
-    return v[1] if isinstance(v, tuple) else np.asarray(v)
+    return v[1] if isinstance(v, tuple) else _host(v, func, key)
 
 
-def _bytes(a, func, key, what):
+# The safetensors dtype of a one-byte tensor where it can be told: read_raw's (dtype, array)
+# pairs say it; torch and NumPy (ml_dtypes) arrays by their dtype's name.
+_BYTE_DTYPES = {"uint8": "U8", "int8": "I8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3",
+                "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0", "float4_e2m1fn_x2": "F4"}
+# What each kind of byte tensor may be stored as: its own float type, or plain bytes. A
+# float8 type of another kind means other values (E5M2 or E8M0 bytes read as E4M3 scales
+# would be silently wrong numbers), so it is refused.
+PACKED = ("U8", "I8", "F4")
+E4M3 = ("F8_E4M3", "U8")
+E8M0 = ("F8_E8M0", "U8")
+
+
+def _stored_dtype(v):
+    if isinstance(v, tuple):
+        return v[0]
+    dt = getattr(v, "dtype", None)
+    return _BYTE_DTYPES.get(str(dt).rpartition(".")[2]) if dt is not None else None
+
+
+def _bytes(tensors, key, func, what, allowed):
+    """tensors[key] as its bytes (uint8), refused unless it holds one byte an element and,
+    where its stored dtype is known, that dtype is one of `allowed`."""
+    v = tensors[key] if key in tensors else None
+    a = _need(tensors, key, func, what)
+    dt = _stored_dtype(v)
+    if dt is not None and dt not in allowed:
+        raise ValueError(f"{func}: {key!r} is stored as {dt}; {what} are stored as "
+                         f"{' or '.join(allowed)} (another type means other values): the checkpoint "
+                         f"does not have the layout this reader expects")
     a = np.asarray(a)
     if a.dtype.itemsize != 1:
-        raise ValueError(f"{func}: {key!r} must hold {what} as one byte each (U8 / F8); got {a.dtype}")
+        raise ValueError(f"{func}: {key!r} must hold {what} as one byte each ({' / '.join(allowed)}); "
+                         f"got {a.dtype}")
     return a.view(np.uint8)
 
 
@@ -257,9 +286,8 @@ def from_modelopt(tensors: Mapping[str, Any], prefix: str) -> "_qq.QuantizedArra
     2688 * weight_scale_2 (libqq's factor is global_scale / 2688). Several fused shards'
     weight_scale_2 values: the largest, as vLLM does."""
     func = "qq.checkpoint.from_modelopt"
-    data = _bytes(_need(tensors, f"{prefix}.weight", func, "packed E2M1"), func, f"{prefix}.weight", "packed codes")
-    scales = _bytes(_need(tensors, f"{prefix}.weight_scale", func, "E4M3 block scales"), func,
-                    f"{prefix}.weight_scale", "E4M3 scales")
+    data = _bytes(tensors, f"{prefix}.weight", func, "packed E2M1 codes", PACKED)
+    scales = _bytes(tensors, f"{prefix}.weight_scale", func, "E4M3 block scales", E4M3)
     s2 = _f32_scalar(_need(tensors, f"{prefix}.weight_scale_2", func, "per-tensor scale"), func,
                      f"{prefix}.weight_scale_2")
     with np.errstate(over="ignore"):
@@ -277,10 +305,8 @@ def from_compressed_tensors(tensors: Mapping[str, Any], prefix: str, *, format: 
     and the scales' shape always (one a 16 elements is nvfp4, one a 32 mxfp4): a layer whose
     tensors contradict it is refused, not read as the other format."""
     func = "qq.checkpoint.from_compressed_tensors"
-    data = _bytes(_need(tensors, f"{prefix}.weight_packed", func, "packed E2M1"), func,
-                  f"{prefix}.weight_packed", "packed codes")
-    scales = _bytes(_need(tensors, f"{prefix}.weight_scale", func, "block scales"), func,
-                    f"{prefix}.weight_scale", "block scales")
+    data = _bytes(tensors, f"{prefix}.weight_packed", func, "packed E2M1 codes", PACKED)
+    scales = _bytes(tensors, f"{prefix}.weight_scale", func, "block scales", E4M3 + E8M0[:1])
     key = f"{prefix}.weight_global_scale"
     k = 2 * data.shape[-1] if data.ndim else 0
     by_shape = {k // 16: "nvfp4", k // 32: "mxfp4"}.get(scales.shape[-1] if scales.ndim else -1)
@@ -294,6 +320,8 @@ def from_compressed_tensors(tensors: Mapping[str, Any], prefix: str, *, format: 
                          f"{prefix}.weight_packed {list(data.shape)} (nvfp4: one scale a 16 elements, with "
                          f"{key}; mxfp4: one a 32, without it), and {key} is "
                          f"{'present' if key in tensors else 'missing'}")
+    # (checked against the mode: E4M3 and E8M0 are both one byte a scale)
+    _bytes(tensors, f"{prefix}.weight_scale", func, f"{mode}'s block scales", E4M3 if mode == "nvfp4" else E8M0)
     if mode == "mxfp4":
         return _qq.QuantizedArray(data, scales, None, mode="mxfp4")
     gsd = _f32_scalar(_need(tensors, key, func, ""), func, key, divisor=True)
@@ -327,10 +355,8 @@ def from_gpt_oss(tensors: Mapping[str, Any], prefix: str) -> "_qq.QuantizedArray
     changed. The bias ({prefix}_bias) is a plain tensor of the file."""
     func = "qq.checkpoint.from_gpt_oss"
     sep = "_" if f"{prefix}_blocks" in tensors else "."
-    blocks = _bytes(_need(tensors, f"{prefix}{sep}blocks", func, "packed E2M1 blocks"), func,
-                    f"{prefix}{sep}blocks", "packed codes")
-    scales = _bytes(_need(tensors, f"{prefix}{sep}scales", func, "E8M0 scales"), func,
-                    f"{prefix}{sep}scales", "E8M0 scales")
+    blocks = _bytes(tensors, f"{prefix}{sep}blocks", func, "packed E2M1 blocks", PACKED)
+    scales = _bytes(tensors, f"{prefix}{sep}scales", func, "E8M0 scales", E8M0)
     if blocks.ndim < 2 or blocks.shape[-1] != 16:
         raise ValueError(f"{func}: {prefix}{sep}blocks must be [..., K/32, 16]; got {blocks.shape}")
     data = blocks.reshape(*blocks.shape[:-2], blocks.shape[-2] * 16)
@@ -393,7 +419,7 @@ def from_mlx(tensors: Mapping[str, Any], prefix: str, *, mode: str = "affine", g
     if mode == "nvfp4" and f"{prefix}.global_scale" in tensors:
         gs = _f32_scalar(_need(tensors, f"{prefix}.global_scale", func, ""), func, f"{prefix}.global_scale")
     if mode != "affine":
-        scales = _bytes(scales, func, f"{prefix}.scales", "fp scales")
+        scales = _bytes(tensors, f"{prefix}.scales", func, f"{mode}'s scales", E4M3 if mode == "nvfp4" else E8M0)
     return _qq.QuantizedArray(data, scales, biases if mode == "affine" else None, mode=mode,
                               group_size=group_size, bits=bits, global_scale=gs)
 
