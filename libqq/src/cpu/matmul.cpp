@@ -25,6 +25,12 @@ namespace qq {
 namespace cpu {
 namespace {
 
+// Built twice on x86-64 (GCC / Clang target_clones: the loader picks one by the CPU): the
+// baseline (SSE2, the 16 sums in four 4-wide registers) and AVX2 (two 8-wide ones). Each
+// sum still adds its own products in the same order, so both give the same bits.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__linux__)
+__attribute__((target_clones("avx2", "default")))
+#endif
 float dot(const float* a, const float* b, int64_t k) {
   float acc[16] = {0};
   int64_t i = 0;
