@@ -260,3 +260,36 @@ def test_grouped_qqmm_prepared_values_and_views(rng, device):
     np.testing.assert_allclose(to_numpy(view), to_numpy(got), rtol=1e-6, atol=1e-6)
     raises(ValueError, "w_prepared", qq.grouped_qqmm, x, (d, s), ends, w_prepared=True, moe_scaling="32x32",
            scale_layout="blocked")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grouped_qqmm_prepared_transposed_view_bf16(rng, device):
+    """A MoE layer's dgrad: dy [T, N] @ W[e] with W's [E, N, K] values given as the view
+    v.transpose(1, 2) ([E, K, N], stride 1 on axis 1), bf16 result. On Hopper this is the
+    transposed-B grouped GEMM (one launch, so it also runs under CUDA-graph capture, where the
+    per-expert loop refuses); it equals the call on a contiguous copy bit for bit."""
+    e, n, k, t = 4, 96, 64, 90
+    w = to_device(random_data(rng, (e, n, k), BF16, varied=False), device)
+    dy = to_device(random_data(rng, (t, n), BF16, varied=False), device)
+    ends = to_device(np.array([30, 30, 31, 90], np.int32), device)
+    v = qq.quantize_dequantize_moe(w)                       # [E, N, K]
+    view = np.swapaxes(v, 1, 2) if device == "cpu" else v.transpose(1, 2)
+    copy = np.ascontiguousarray(view) if device == "cpu" else view.contiguous()
+    got = qq.grouped_qqmm(dy, view, ends, w_prepared=True, mode="mxfp8")
+    want = qq.grouped_qqmm(dy, copy, ends, w_prepared=True, mode="mxfp8")
+    assert got.shape == (t, k)
+    np.testing.assert_array_equal(to_numpy(got).view(np.uint16), to_numpy(want).view(np.uint16))
+    dyq = to_numpy(qq.quantize_dequantize(dy, "mxfp8")).astype(np.float64)   # q(dy) along N
+    ref = np.concatenate([dyq[r0:r1] @ to_numpy(v)[i].astype(np.float64)
+                          for i, (r0, r1) in enumerate(zip([0, 30, 30, 31], [30, 30, 31, 90]))])
+    np.testing.assert_allclose(to_numpy(got).astype(np.float64), ref, rtol=1e-2, atol=1e-2)
+    if device == "cuda" and qq.build_info().get("grouped_sm90") == "ON" and qq.device_capability(0)[0] == 9:
+        import torch
+        out = torch.empty_like(got)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            qq.grouped_qqmm(dy, view, ends, w_prepared=True, mode="mxfp8", out=out)
+        out.zero_()
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, got)

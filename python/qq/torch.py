@@ -381,14 +381,17 @@ def qq_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
 def _grouped_weight_operands(weight: torch.Tensor, mode: str):
     """The expert weights [E, N, K] as grouped_qqmm's operands: (forward kwargs, dgrad kwargs).
     mxfp8: the 32x32 quantization (the tiles make both directions the same values, as for one
-    matrix) - on the exact path its bf16 values [E, N, K] and [E, K, N] from one
-    quantize_dequantize_moe call, where the block-scaled GEMMs are its codes from quantize_moe
-    in each orientation; other modes: the float weight,
+    matrix) - on the exact path its bf16 values [E, N, K] from one quantize_dequantize_moe
+    call (dgrad reads them as a transposed view), where the block-scaled GEMMs are its codes
+    from quantize_moe in each orientation; other modes: the float weight,
     quantized inside grouped_qqmm along the contracted axis (nvfp4 with per-expert amax)."""
     if mode == "mxfp8" and _values_path(weight):
-        # the exact path multiplies q(W)'s bf16 values: both directions' from one read of W
-        v, vt = qq.quantize_dequantize_moe(weight, values=True, transposed=True)
-        return {"w": v, "values": True}, {"w": vt, "values": True}
+        # the exact path multiplies q(W)'s bf16 values, one 32x32-tile quantization for both
+        # directions: dgrad takes the same [E, N, K] values as a transposed view, which
+        # grouped_qqmm's GEMM reads as stored (a transposed copy was 2 more bytes an element
+        # of W written every step)
+        v = qq.quantize_dequantize_moe(weight)
+        return {"w": v, "values": True}, {"w": v.transpose(1, 2), "values": True}
     if mode == "mxfp8":
         # forward contracts K: quantize_moe on the [E, K, N] view (D1 = K); dgrad contracts N:
         # on W itself (D1 = N), read by grouped_qqmm as the [E, K, N] weight of dy @ W

@@ -28,6 +28,9 @@ namespace cuda {
 //    on the device, written by the caller's segment kernel); A bf16 [K, Tp], B
 //    [N, Tp], D [E_all] x [K, N] (expert pitch d_stride); an empty expert's
 //    D[e] is written with zeros.
+// kSplitRows with b_trans: each B[e] is given as its transpose, [K, N] rows of
+// pitch ldb (a transposed view of prepared experts, w.transpose(1, 2)), read
+// as it is stored (CUTLASS's row-major B) instead of copied.
 // bf16 operands, row-major, pitches in elements, 16-byte aligned rows; fp32
 // accumulation; D bf16 or fp32 (d_f32). alpha: device pointer, alpha_stride 1
 // (one per expert, indexed by e) or 0 (one), or nullptr for 1. Bad ends
@@ -42,6 +45,7 @@ struct GroupedGemmSm90 {
   int64_t lda = 0;
   const void* B = nullptr;
   int64_t ldb = 0, b_stride = 0;
+  bool b_trans = false;  // kSplitRows only: B[e] stored [K, N] (see above)
   void* D = nullptr;
   int64_t ldd = 0, d_stride = 0;
   bool d_f32 = false;

@@ -15,7 +15,8 @@
 // shapes, pointers and strides CUTLASS reads, and checks them on the way.
 //
 // Why a separate translation unit: CUTLASS's sm90 kernels need sm_90a and take
-// ~45 s of nvcc per instantiation (two here: bf16 and fp32 D), so this file is
+// ~45 s of nvcc per instantiation (three here: bf16 and fp32 D, and bf16 D with
+// B stored transposed for grouped_qqmm's dgrad), so this file is
 // compiled for sm_90a alone
 // (CMakeLists.txt, QQ_HAVE_GROUPED_SM90) and talks to the rest of libqq through
 // grouped_gemm.h's plain types. It contains no libqq headers beyond that one.
@@ -48,14 +49,16 @@ using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;  //
 // the column-major K x N operand (our [N, K] rows), D row-major. The tile and
 // cluster of the large bf16 grouped problems of MoE training (the choice torch
 // makes for them too); TMA needs 16-byte rows (grouped_qqmm checks).
+// B stored transposed ([K, N] rows: g.b_trans) is CUTLASS's row-major B: the
+// dgrad of a MoE layer multiplies by the experts' [N, K] values as they are, so
+// its caller need not write a transposed copy of every expert each step.
 using LayoutA = cutlass::layout::RowMajor;
-using LayoutB = cutlass::layout::ColumnMajor;
 using LayoutD = cutlass::layout::RowMajor;
 constexpr int kAlignAB = 8;
 using TileShape = Shape<_128, _256, _64>;
 using ClusterShape = Shape<_2, _1, _1>;
 
-template <typename ElemD>
+template <typename ElemD, typename LayoutB = cutlass::layout::ColumnMajor>
 struct Grouped {
   static constexpr int kAlignD = 16 / sizeof(ElemD);
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
@@ -75,8 +78,10 @@ struct Grouped {
 
 using Gbf16 = Grouped<Elem>;
 using Gf32 = Grouped<float>;
+using Gbf16T = Grouped<Elem, cutlass::layout::RowMajor>;  // B stored [K, N] (b_trans)
 using StrideA = typename Gbf16::Kernel::InternalStrideA;
 using StrideB = typename Gbf16::Kernel::InternalStrideB;
+using StrideBT = typename Gbf16T::Kernel::InternalStrideB;
 using StrideD = typename Gbf16::Kernel::InternalStrideD;
 using Shape3 = typename ProblemShape::UnderlyingProblemShape;
 // Each operand is rows of contiguous elements: stride (row pitch, 1, 0) over
@@ -85,6 +90,11 @@ static_assert(std::is_same_v<StrideA, Stride<int64_t, _1, _0>>, "A: (pitch, 1, 0
 static_assert(std::is_same_v<StrideB, Stride<int64_t, _1, _0>>, "B: (pitch, 1, 0)");
 static_assert(std::is_same_v<StrideD, Stride<int64_t, _1, _0>>, "D: (pitch, 1, 0)");
 static_assert(std::is_same_v<StrideD, typename Gf32::Kernel::InternalStrideD>, "fp32 D: (pitch, 1, 0)");
+// B stored [K, N]: stride (1, pitch, 0) over (N, K, group), in the same 8 bytes
+static_assert(std::is_same_v<StrideBT, Stride<_1, int64_t, _0>>, "transposed B: (1, pitch, 0)");
+static_assert(sizeof(StrideBT) == sizeof(StrideB), "one array serves both B strides");
+static_assert(std::is_same_v<StrideA, typename Gbf16T::Kernel::InternalStrideA> &&
+              std::is_same_v<StrideD, typename Gbf16T::Kernel::InternalStrideD>, "A, D as in Gbf16");
 
 // The per-group arrays CUTLASS reads, carved from one scratch buffer.
 struct Arrays {
@@ -121,6 +131,11 @@ template <typename S>
 __device__ S row_stride(int64_t pitch) {
   S s{};
   get<0>(s) = pitch;
+  return s;
+}
+__device__ StrideBT trans_stride(int64_t pitch) {
+  StrideBT s{};
+  get<1>(s) = pitch;
   return s;
 }
 
@@ -173,7 +188,8 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(GroupedGemmSm90 g, A
         r.d[i] = static_cast<char*>(g.D) + e * g.d_stride * (g.d_f32 ? 4 : 2);
       }
       r.sa[i] = row_stride<StrideA>(g.lda);
-      r.sb[i] = row_stride<StrideB>(g.ldb);
+      if (g.b_trans) reinterpret_cast<StrideBT*>(r.sb)[i] = trans_stride(g.ldb);
+      else r.sb[i] = row_stride<StrideB>(g.ldb);
       r.sd[i] = row_stride<StrideD>(g.ldd);
     }
   }
@@ -210,7 +226,7 @@ typename G::Gemm::Arguments arguments(const GroupedGemmSm90& g, const Arrays& r)
   fusion.dAlpha = {_0{}, _0{}, g.alpha ? g.alpha_stride : 0};
   args = typename G::Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
                                      {g.E, r.shapes, nullptr},
-                                     {r.a, r.sa, r.b, r.sb},
+                                     {r.a, r.sa, r.b, reinterpret_cast<typename G::Kernel::InternalStrideB*>(r.sb)},
                                      {fusion, nullptr, nullptr, reinterpret_cast<ElemD**>(r.d), r.sd},
                                      hw};
   return args;
@@ -237,7 +253,8 @@ const char* run(const GroupedGemmSm90& g, const Arrays& r, void* workspace, cuda
 bool grouped_gemm_sm90_built() { return true; }
 
 size_t grouped_gemm_sm90_scratch(const GroupedGemmSm90& g) {
-  return arrays_bytes(g.E) + align_up(g.d_f32 ? workspace_bytes<Gf32>(g) : workspace_bytes<Gbf16>(g));
+  const size_t ws = g.d_f32 ? workspace_bytes<Gf32>(g) : g.b_trans ? workspace_bytes<Gbf16T>(g) : workspace_bytes<Gbf16>(g);
+  return arrays_bytes(g.E) + align_up(ws);
 }
 
 const char* grouped_gemm_sm90(const GroupedGemmSm90& g, void* scratch, cudaStream_t st) {
@@ -247,7 +264,9 @@ const char* grouped_gemm_sm90(const GroupedGemmSm90& g, void* scratch, cudaStrea
   prep_kernel<<<blocks < 1 ? 1 : blocks, kPrepThreads, 0, st>>>(g, r);
   if (cudaPeekAtLastError() != cudaSuccess) return "the group-shape kernel did not launch";
   void* workspace = static_cast<char*>(scratch) + arrays_bytes(g.E);
-  return g.d_f32 ? run<Gf32>(g, r, workspace, st) : run<Gbf16>(g, r, workspace, st);
+  if (g.b_trans && (g.d_f32 || g.split != kSplitRows)) return "a transposed B is built for bf16 grouped_qqmm only";
+  return g.d_f32 ? run<Gf32>(g, r, workspace, st) : g.b_trans ? run<Gbf16T>(g, r, workspace, st)
+                                                    : run<Gbf16>(g, r, workspace, st);
 }
 
 }  // namespace cuda

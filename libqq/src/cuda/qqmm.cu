@@ -753,7 +753,9 @@ qqStatus_t grouped_qqmm(qqHandle_t h, const MatmulArgs& a, int64_t gw_stride, co
       K >= (1ll << 31) || K % 8 || N % 8 || !rows_aligned(a.out))
     return QQ_STATUS_SUCCESS;
   if (w_bf16 && !rows_aligned(a.w)) return QQ_STATUS_SUCCESS;
-  if (a.w_trans) return QQ_STATUS_SUCCESS;  // prepared experts given transposed: the per-expert loop reads them
+  // prepared experts given transposed (w.transpose(1, 2) of [E, N, K] values): bf16 ones are read as
+  // stored by the transposed-B GEMM; other dtypes go to the per-expert loop
+  if (a.w_trans && !w_bf16) return QQ_STATUS_SUCCESS;
   *taken = true;
   return on_device(c->device, [&]() -> qqStatus_t {
     cudaStream_t st = (cudaStream_t)stream;
@@ -788,8 +790,9 @@ qqStatus_t grouped_qqmm(qqHandle_t h, const MatmulArgs& a, int64_t gw_stride, co
     const int64_t chunk = w_bf16 ? E : std::max<int64_t>(1, std::min<int64_t>(E, kGroupedBf16WeightBytes / (N * K * 2)));
     if (w_bf16) {
       wb = (__nv_bfloat16*)a.w.ptr;
-      g.ldb = a.w.ld;
+      g.ldb = a.w.ld;  // (a.w_trans: a.w is the stored [K, N] matrix, ld its pitch)
       g.b_stride = a.w.nb ? a.w.bstride[0] : 0;
+      g.b_trans = a.w_trans;
     } else {
       QQ_TRY(scratch.get("grouped_qqmm", (size_t)(chunk * N * K) * 2, &wb));
     }
