@@ -290,3 +290,58 @@ def test_jax_zero_tokens_gradient(mode):
         for g in (f, jax.jit(f)):
             dx, dw, db = g(x, w, b)
             assert dx.shape == (0, 64) and dw.shape == (32, 64) and not jnp.any(dw) and not jnp.any(db)
+
+
+# ---- Session aa's probe of qq.torch's training side -----------------------------------------
+
+def test_nvfp4_layers_take_nonfinite_and_tiny_values():
+    """Before: on the CPU the nvfp4 layers raised 'quantize_dequantize: argument global_scale
+    is inf' (an argument the user never passed) for an Inf / NaN activation or gradient or one
+    below 1e-30; now such a scale means none (as on the GPU) and Inf / NaN propagate, as in
+    the mxfp8 mode, which AMP's GradScaler relies on."""
+    torch.manual_seed(0)
+    lin = qqt.QQLinear(64, 96, mode="nvfp4")
+    x = torch.randn(4, 64, requires_grad=True)
+    dy = torch.ones(4, 96)
+    dy[1, 2] = float("inf")
+    lin(x).backward(dy)
+    assert not torch.isfinite(x.grad).all()
+    x.grad = None
+    lin(x).backward(torch.full((4, 96), 1e-31))          # tiny but valid: goes through
+    assert torch.isfinite(x.grad).all()
+    xn = torch.randn(4, 64)
+    xn[0, 0] = float("nan")
+    assert torch.isnan(lin(xn)[0]).any()
+    g = qqt.QQGroupedLinear(2, 64, 64, mode="nvfp4")
+    with torch.no_grad():
+        g.weight[1].mul_(1e-34)                           # an expert whose amax is below 1e-30
+    xg = torch.randn(8, 64, requires_grad=True)
+    g(xg, torch.tensor([3, 8], dtype=torch.int32)).backward(torch.full((8, 64), 1e-31))
+    assert torch.isfinite(xg.grad).all()
+
+
+def test_grouped_linear_inputs():
+    """Before: a transposed x was refused (qq_linear takes it), float64 or list inputs and int64
+    offsets got other functions' messages (amax, grouped_qqmm's dtype=) or an AttributeError."""
+    torch.manual_seed(0)
+    g = qqt.QQGroupedLinear(2, 64, 96, mode="mxfp8")
+    off = torch.tensor([7, 40], dtype=torch.int32)
+    xt = torch.randn(64, 40).t()
+    assert torch.equal(g(xt, off), g(xt.contiguous(), off))
+    refused(TypeError, ["qq_grouped_linear", "x"], g, torch.randn(40, 64, dtype=torch.float64), off)
+    refused(TypeError, ["qq_grouped_linear", "x"], g, [[0.0] * 64] * 40, off)
+    refused(TypeError, ["qq_grouped_linear", "offsets", "torch.int32"], g, torch.randn(40, 64), off.long())
+    refused(ValueError, ["qq_grouped_linear", "weight", "contiguous"], qqt.qq_grouped_linear, torch.randn(40, 64),
+            torch.randn(2, 64, 96).transpose(1, 2), off)
+
+
+def test_bias_gradient_in_the_bias_dtype():
+    """Before: an fp32 bias beside a bf16 weight got the fp32 sum rounded to bf16."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 64, dtype=torch.bfloat16)
+    w = (torch.randn(96, 64) / 8).bfloat16().requires_grad_()
+    b = torch.zeros(96, requires_grad=True)
+    dy = torch.randn(64, 96).bfloat16()
+    qqt.qq_linear(x, w, b, mode="mxfp8").backward(dy)
+    assert b.grad.dtype == torch.float32
+    assert torch.equal(b.grad, dy.float().sum(0))

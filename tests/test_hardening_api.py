@@ -302,3 +302,116 @@ def test_deinterleave_parts_is_not_a_bool():
     with pytest.raises(ValueError, match="deinterleave: parts: expected a positive int, got True"):
         ck.deinterleave(qa, parts=True)
     assert len(ck.deinterleave(qa, parts=2)) == 2
+
+
+# ---- Session aa's probe (quantize family, MoE / prepared weights, qq.torch) -----------------
+
+def test_mode_as_a_str_subclass():
+    """Before: numpy.str_ passed the checks, libqq ran, then building the QuantizedArray raised a
+    Cython TypeError naming neither the function nor the argument."""
+    x = np.ones((32, 32), F32)
+    for fn in (qq.quantize, qq.quantize_colwise):
+        q = fn(x, mode=np.str_("mxfp8"), scale_layout=np.str_("linear"))
+        assert type(q.mode) is str and q.mode == "mxfp8" and type(q.scale_layout) is str
+    assert type(qq.QuantizedArray(q.data, q.scales, mode=np.str_("mxfp8")).mode) is str
+
+
+def test_group_size_check_does_not_depend_on_earlier_calls():
+    """Before: group_size=32.0 was refused in a fresh process but accepted once 32 had been
+    seen (the cache of resolved parameters matched 32.0 to 32's entry)."""
+    x = np.ones((64, 64), F32)
+    qq.quantize_colwise(x, group_size=32, mode="affine")
+    raises(TypeError, "group_size", qq.quantize_colwise, x, group_size=32.0, mode="affine")
+    qq.quantize(x, bits=4, mode="affine")
+    raises(TypeError, "bits", qq.quantize, x, bits=4.0, mode="affine")
+
+
+def test_qdq_moe_flags_are_true_or_false():
+    """Before: values= / transposed= took truth values ("no" meant True, 0 False)."""
+    w = np.ones((64, 64), F32)
+    raises(TypeError, "transposed", qq.quantize_dequantize_moe, w, transposed="no")
+    raises(TypeError, "values", qq.quantize_dequantize_moe, w, values=0)
+
+
+def test_qdq_moe_shape_error_shows_the_callers_shape():
+    """Before: a 2-D w of a bad shape was reported as (1, D1, D2)."""
+    e = raises(ValueError, "w", qq.quantize_dequantize_moe, np.ones((32, 48), F32))
+    assert "(32, 48)" in str(e) and "(1, 32, 48)" not in str(e)
+
+
+def test_swizzle_size_refusal_names_scales():
+    """Before: the message named 'x_shape' (no such argument) and a shape 32 times wider."""
+    e = raises(ValueError, "scales", qq.swizzle_scales, np.broadcast_to(np.uint8(1), (1, 2 ** 52)))
+    assert "x_shape" not in str(e) and "2^56" in str(e)
+
+
+def test_negative_row_stride_is_named_as_such():
+    """Before: reversed rows were refused as 'a transposed or overlapping view'."""
+    x = RNG.standard_normal((8, 40)).astype(F32)
+    e = raises(ValueError, "x", qq.swiglu, x[::-1])
+    assert "negative row stride" in str(e) and "transposed" not in str(e)
+
+
+def test_wrong_out_dtype_is_a_value_error_everywhere():
+    """Before: grouped_qqmm and DecodeWeight matmuls raised TypeError for a float64 out=
+    (docs/api.md: a wrong out= buffer is a ValueError)."""
+    raises(ValueError, "out", qq.grouped_qqmm, X, W3, OFF, out=np.zeros((8, 16), np.float64))
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    qa = qq.quantize(np.ones((64, 256), ml_dtypes.bfloat16), mode="nvfp4")
+    xb = np.ones((4, 256), ml_dtypes.bfloat16)
+    raises(ValueError, "out", qq.quantized_matmul, xb, qq.prepare_decode(qa), out=np.zeros((4, 64), np.float64))
+
+
+def test_grouped_out_shape_error_names_the_callers_out():
+    """Before: a wrong out was described as an expert's slice of it: '(2, 17); expected (2, 16)'."""
+    e = raises(ValueError, "out", qq.grouped_qqmm, X, W3, OFF, out=np.zeros((8, 17), F32))
+    assert "(8, 17)" in str(e) and "(8, 16)" in str(e)
+
+
+def test_prepare_weight_of_a_quantized_array():
+    """Before: an affine QuantizedArray got dequantize's error; contradicting arguments were
+    silently ignored (qqmm refuses them)."""
+    w = RNG.standard_normal((16, 64)).astype(F32)
+    raises(ValueError, ("prepare_weight", "affine"), qq.prepare_weight, qq.quantize(w, mode="affine"))
+    raises(ValueError, "global_scale", qq.prepare_weight, qq.quantize(w, mode="nvfp4"), global_scale=np.float32(5))
+    raises(ValueError, "fp8_format", qq.prepare_weight, qq.quantize(w, mode="mxfp8"), fp8_format="e5m2")
+    raises(ValueError, "mode", qq.prepare_weight, qq.quantize(w, mode="mxfp8"), mode="mxfp4")
+    assert qq.prepare_weight(qq.quantize(w, mode="mxfp8")).quantized.mode == "mxfp8"
+
+
+def test_swiglu_matmul_out_errors_name_it():
+    """Before: a float64 out blamed a dtype= never passed; a mismatch with dtype= named swiglu."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = RNG.standard_normal((3, 64)).astype(F32)
+    qa = qq.quantize(RNG.standard_normal((128, 64)).astype(F32), mode="mxfp8")
+    e = raises(ValueError, "out", qq.quantized_matmul_swiglu, x, qa, out=np.zeros((3, 64), np.float64))
+    assert str(e).startswith("quantized_matmul_swiglu:") and "dtype:" not in str(e)
+    e = raises(ValueError, "out", qq.quantized_matmul_swiglu, x, qa, out=np.zeros((3, 64), ml_dtypes.bfloat16),
+               dtype="float32")
+    assert str(e).startswith("quantized_matmul_swiglu:")
+
+
+def test_qqmm_beta_string_is_refused():
+    """Before: float() parsed beta="2" (and b"2")."""
+    c = np.ones((8, 16), F32)
+    for beta in ("2", b"2"):
+        raises(TypeError, "beta", qq.qqmm, X, W3[0], mode="mxfp8", c=c, beta=beta)
+
+
+def test_result_beyond_2_56_is_a_value_error():
+    """Before: NumPy's MemoryError for 2^58 elements came through as MemoryError."""
+    qa = qq.quantize(RNG.standard_normal((2, 16, 64)).astype(F32), mode="mxfp8")
+    x = _big((2 ** 27, 1, 1, 64), np.ones((1, 1, 64), F32))
+    idx = np.broadcast_to(np.int32(0), (1, 2 ** 27))
+    raises(ValueError, ("out", "2^56"), qq.gather_qmm, x, qa, rhs_indices=idx)
+
+
+def test_group_checks_do_not_depend_on_the_data():
+    """Before: wgrad with K or N = 0 took any offsets; a negative global_scale_w entry passed
+    while its expert had no tokens."""
+    bad = np.array([9, 1], np.int32)
+    raises(ValueError, "offsets", qq.grouped_qqmm_wgrad, np.ones((6, 32), F32),
+           np.ones((6, 0), F32), bad)
+    gw = np.array([1, -1, 1], F32)
+    raises(ValueError, "global_scale_w", qq.grouped_qqmm, X, W3, np.array([2, 2, 8], np.int32), mode="nvfp4",
+           global_scale_w=gw)

@@ -459,8 +459,20 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
                          "(one global scale per expert) or one scale for all; got %s %s", (long long)E,
                          dtype_str(global_scale_w->dtype).c_str(),
                          shape_str(global_scale_w->ndim, global_scale_w->shape).c_str());
+      // Host scales are read here, every expert's (an empty expert's is never read by its
+      // qqmm, but a negative or NaN entry is the caller's error all the same)
+      if (c.device < 0) {
+        const float* g = (const float*)((const char*)global_scale_w->data + global_scale_w->byte_offset);
+        const int64_t n = numel(global_scale_w), gst = global_scale_w->ndim ? stride_of(global_scale_w, 0) : 0;
+        for (int64_t e = 0; e < n; ++e)
+          if (!(g[e * gst] == 0.0f || nvfp4_gs_valid(g[e * gst])))
+            return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'global_scale_w' holds %g (entry "
+                             "%lld); a global scale must be a positive finite number of at least %g (the "
+                             "expert's amax), or 0 for none", (double)g[e * gst], (long long)e,
+                             (double)kNvfp4MinGlobalScale);
+      }
     }
-    QQ_TRY(check_tensor(c, "out", out, &dt));
+    QQ_TRY(check_output(c, "out", out, true, &dt));
     if (out->ndim != 2 || out->shape[0] != T)
       return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'out' has shape %s; expected [T=%lld, N]",
                        shape_str(out->ndim, out->shape).c_str(), (long long)T);
@@ -498,7 +510,21 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
       QQ_TRY(cuda::grouped_qqmm(handle, a, one_gw ? 0 : 1, (const int32_t*)src, E, stream, &taken));
       if (taken) return QQ_STATUS_SUCCESS;
     }
-    // Elsewhere the group ends are read on the host, and each expert runs as a qqmm.
+    // Elsewhere the group ends are read on the host, and each expert runs as a qqmm. The
+    // arguments are checked first as expert 0's qqmm of all T tokens (as the Hopper path
+    // does): a wrong 'out' is then named by its own shape, not by an expert's rows of it.
+    if (T > 0 && E > 0) {
+      SubTensor ws(w, 0, 0, true), wss(w_scales ? w_scales : w, 0, 0, true);
+      SubTensor gws(global_scale_w && !one_gw ? global_scale_w : offsets, 0, 0, true);
+      const DLTensor* gw = one_gw ? global_scale_w : (global_scale_w ? &gws.t : nullptr);
+      Ctx ce{"qqmm"};
+      const qqStatus_t st = qqmm_single(ce, handle, x, x_scales, &ws.t, w_scales ? &wss.t : nullptr, p,
+                                        global_scale_x, gw, nullptr, out, stream, false);
+      if (st != QQ_STATUS_SUCCESS) {
+        const std::string msg = last_error();
+        return set_error(st, "grouped_qqmm: expert 0: %s", msg.c_str());
+      }
+    }
     std::vector<int32_t> ends(E);
     if (E > 0) {
       if (c.device < 0) memcpy(ends.data(), src, E * sizeof(int32_t));
@@ -581,9 +607,10 @@ QQ_API qqStatus_t qqGroupedQqmmWgrad(qqHandle_t handle, const DLTensor* x, const
     QQ_TRY(check_no_alias(c, {{"out", out}}, {{"x", x}, {"dy", dy}, {"offsets", offsets},
                                              {"global_scale_x", global_scale_x}, {"global_scale_dy", global_scale_dy}}));
     a.ends = (const int32_t*)((const char*)offsets->data + offsets->byte_offset);
+    // (host ends are checked whatever the result's size, as grouped_qqmm checks them)
+    if (c.device < 0) QQ_TRY(check_group_ends("grouped_qqmm_wgrad", a.ends, a.E, a.T));
     if (a.K * a.N == 0) return QQ_STATUS_SUCCESS;
     if (c.device >= 0) return cuda::grouped_qqmm_wgrad(handle, a, stream);
-    QQ_TRY(check_group_ends("grouped_qqmm_wgrad", a.ends, a.E, a.T));
     return routed(cpu::grouped_wgrad(a), QQ_ROUTE_CPU);
   });
 }
@@ -747,8 +774,7 @@ qqStatus_t decode_matmul_api(const char* op, bool gated, int swiglu, qqHandle_t 
     DType xdt, odt;
     QQ_TRY(check_tensor(c, "x", x, &xdt));
     QQ_TRY(expect_float(c, "x", x, xdt));
-    QQ_TRY(check_tensor(c, "out", out, &odt));
-    QQ_TRY(expect_float(c, "out", out, odt));
+    QQ_TRY(check_output(c, "out", out, true, &odt));
     QQ_TRY(expect_compact(c, "out", out));
     if (x->ndim < 1 || out->ndim != x->ndim)
       return set_error(QQ_STATUS_INVALID_VALUE, "%s: 'x' must be [..., M, K] and 'out' [..., M, N] "

@@ -67,8 +67,10 @@ void moe_scales_shape(const QSpec& q, bool tile32, int64_t E, int64_t D1, int64_
 // quantize_moe's parameters and w shape (qqQuantizeMoe and qqQuantizeMoeShapes).
 // `sc` is the caller's qqMoeScaling_t read as an int (raw_enum at the entry point: an
 // out-of-range value must not be loaded as the enum type).
+// (`shown`, `shown_nd`: w's shape as the caller gave it, for the message, where `shape` is
+// its [E, D1, D2] form)
 qqStatus_t moe_check(Ctx& c, const qqQuantParams_t* params, int sc, const int64_t* shape, QSpec* q,
-                     bool* tile32) {
+                     bool* tile32, const int64_t* shown = nullptr, int shown_nd = 3) {
   QQ_TRY(resolve_params(c, params, q));
   if (q->mode != QQ_MODE_MXFP8)
     return set_error(QQ_STATUS_INVALID_VALUE, "%s: mode %s is not supported; MoE weight scaling "
@@ -78,7 +80,7 @@ qqStatus_t moe_check(Ctx& c, const qqQuantParams_t* params, int sc, const int64_
   *tile32 = sc == QQ_MOE_32X32;
   if (shape[0] < 0 || shape[1] % 32 || shape[2] % 32 || shape[1] <= 0 || shape[2] <= 0)
     return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument 'w' has shape %s; D1 and D2 must be "
-                     "positive multiples of 32", c.op, shape_str(3, shape).c_str());
+                     "positive multiples of 32", c.op, shape_str(shown_nd, shown ? shown : shape).c_str());
   return QQ_STATUS_SUCCESS;
 }
 }  // namespace
@@ -270,7 +272,7 @@ QQ_API qqStatus_t qqQuantizeDequantizeMoe(qqHandle_t handle, const DLTensor* w, 
     const int nd = w->ndim;
     const int64_t shape3[3] = {nd == 3 ? w->shape[0] : 1, w->shape[nd - 2], w->shape[nd - 1]};
     bool tile32;
-    QQ_TRY(moe_check(c, params, QQ_MOE_32X32, shape3, &a.q, &tile32));
+    QQ_TRY(moe_check(c, params, QQ_MOE_32X32, shape3, &a.q, &tile32, w->shape, nd));
     if (!out && !out_t)
       return set_error(QQ_STATUS_INVALID_VALUE, "quantize_dequantize_moe: 'out' and 'out_t' are both NULL; pass "
                        "at least one of them");

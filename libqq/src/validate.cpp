@@ -346,6 +346,11 @@ qqStatus_t to_mat(Ctx& c, const char* name, const DLTensor* t, DType dt, Mat* m)
                        "(pass a contiguous tensor, e.g. .contiguous() / np.ascontiguousarray)",
                        c.op, name, (long long)stride_of(t, nd - 1));
     r.ld = nd >= 2 ? stride_of(t, nd - 2) : r.cols;
+    if (nd >= 2 && r.rows > 1 && r.ld < 0)
+      return set_error(QQ_STATUS_INVALID_VALUE,
+                       "%s: argument '%s' has a negative row stride %lld (its rows in reverse order, e.g. "
+                       "x[::-1]); libqq reads rows in increasing memory order: pass a copy "
+                       "(np.ascontiguousarray / .contiguous())", c.op, name, (long long)r.ld);
     if (nd >= 2 && r.rows > 1 && r.ld < r.cols)
       return set_error(QQ_STATUS_INVALID_VALUE,
                        "%s: argument '%s' has row stride %lld smaller than its row length %lld (a transposed "
@@ -386,17 +391,21 @@ qqStatus_t expect_compact(Ctx& c, const char* name, const DLTensor* t) {
   return QQ_STATUS_SUCCESS;
 }
 
-qqStatus_t output_mat(Ctx& c, const char* name, const DLTensor* t, int ndim, const int64_t* shape,
-                      int want, const char* why, Mat* m) {
+qqStatus_t check_output(Ctx& c, const char* name, const DLTensor* t, bool need_float, DType* dt) {
   // A wrong output buffer is a value error of the call (INVALID_VALUE), not
   // a dtype the operation cannot take: docs/api.md.
-  DType dt;
-  qqStatus_t st = check_tensor(c, name, t, &dt);
+  qqStatus_t st = check_tensor(c, name, t, dt);
   if (st == QQ_STATUS_INVALID_DTYPE) return QQ_STATUS_INVALID_VALUE;
   if (st) return st;
-  if (want < 0) {
-    if (expect_float(c, name, t, dt)) return QQ_STATUS_INVALID_VALUE;
-  } else if ((int)dt != want) {
+  if (need_float && expect_float(c, name, t, *dt)) return QQ_STATUS_INVALID_VALUE;
+  return QQ_STATUS_SUCCESS;
+}
+
+qqStatus_t output_mat(Ctx& c, const char* name, const DLTensor* t, int ndim, const int64_t* shape,
+                      int want, const char* why, Mat* m) {
+  DType dt;
+  QQ_TRY(check_output(c, name, t, want < 0, &dt));
+  if (want >= 0 && (int)dt != want) {
     static const char* names[] = {"float32", "float16", "bfloat16", "uint8", "int32"};
     return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' has dtype %s; expected %s (%s)", c.op, name,
                      dtype_str(t->dtype).c_str(), names[want], why);

@@ -108,6 +108,10 @@ qqStatus_t expect_compact(Ctx& c, const char* name, const DLTensor* t);
 // one row, a 0D tensor one element). The last axis needs stride 1; rows may
 // have any stride; batch axes any strides.
 qqStatus_t to_mat(Ctx& c, const char* name, const DLTensor* t, DType dt, Mat* m);
+// check_tensor of an output (a float one where need_float), a wrong dtype
+// reported as INVALID_VALUE: a wrong out= buffer is a value error of the call
+// (docs/api.md), not a dtype the operation cannot take.
+qqStatus_t check_output(Ctx& c, const char* name, const DLTensor* t, bool need_float, DType* dt);
 // A compact output of exactly `shape` and dtype `want` (or any float if want
 // is -1), returned as a Mat.
 qqStatus_t output_mat(Ctx& c, const char* name, const DLTensor* t, int ndim, const int64_t* shape,

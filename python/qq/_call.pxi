@@ -286,17 +286,18 @@ cdef class _Call:
         view of it. `result` goes through self.result() before it is returned."""
         try:
             return self._empty(shape, dtype, name)
-        except MemoryError as e:
-            raise MemoryError(f"{self.func}: cannot allocate the result '{name}' of shape {shape} "
-                              f"({dtype}): {e}") from None
-        except (ValueError, OverflowError, TypeError, RuntimeError) as e:
-            # NumPy's "array is too big", a C long overflow, torch's "Storage size calculation
-            # overflowed": a shape no array can have (a huge broadcast batch of stride-0
-            # views, a huge `shape` argument), said as this operation's error
+        except (MemoryError, ValueError, OverflowError, TypeError, RuntimeError) as e:
+            # NumPy's "array is too big" (or a MemoryError for 2^58 elements it can count), a
+            # C long overflow, torch's "Storage size calculation overflowed": a shape no array
+            # can have (a huge broadcast batch of stride-0 views, a huge `shape` argument),
+            # said as this operation's error
             if _beyond_limits(shape):
                 raise ValueError(f"{self.func}: the result '{name}' would have shape {shape}: more "
                                  f"than 2^56 elements, beyond what libqq addresses; check the "
                                  f"arguments' shapes (broadcast batch axes multiply)") from None
+            if isinstance(e, MemoryError):
+                raise MemoryError(f"{self.func}: cannot allocate the result '{name}' of shape {shape} "
+                                  f"({dtype}): {e}") from None
             if isinstance(e, RuntimeError) and "out of memory" in str(e).lower():
                 # torch.OutOfMemoryError and friends
                 raise MemoryError(f"{self.func}: cannot allocate the result '{name}' of shape "

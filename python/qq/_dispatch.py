@@ -224,8 +224,18 @@ def quantized_matmul_swiglu(x, w, scales=None, biases=None, group_size=None, bit
             r = None                    # a JAX tracer: the two ops' custom calls below
         if r is not None:
             return r
-    if out is not None and dtype is None and hasattr(out, "dtype"):
-        dtype = out.dtype   # the product in out's dtype, as quantized_matmul(x, w, out=out) and the fused kernel
+    if out is not None and hasattr(out, "dtype"):
+        # the product in out's dtype, as quantized_matmul(x, w, out=out) and the fused kernel;
+        # out said wrong is refused here, in this function's words (not as the dtype of the
+        # intermediate product, nor as swiglu's out)
+        od = _dtype_name(out.dtype)
+        if od not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"quantized_matmul_swiglu: argument 'out' has dtype {od}; expected float32, "
+                             f"float16 or bfloat16")
+        if dtype is None:
+            dtype = out.dtype
+        elif _dtype_name(dtype) != od:
+            raise ValueError(f"quantized_matmul_swiglu: out has dtype {od} but dtype={dtype!r} was asked for")
     try:
         y = quantized_matmul(x, w, scales, biases, True, group_size, bits, mode,
                              global_scale=global_scale, bias=bias, scale_layout=scale_layout,
@@ -245,9 +255,26 @@ def quantized_matmul_swiglu(x, w, scales=None, biases=None, group_size=None, bit
     if out is not None and hasattr(out, "shape") and tuple(out.shape) != want:
         raise ValueError(f"quantized_matmul_swiglu: argument 'out' has shape {tuple(out.shape)}; "
                          f"expected {want} ([..., F] for w of [2F, K])")
-    if out is None:
-        return swiglu(y, stream=stream)
-    return swiglu(y, out=out, stream=stream)
+    try:
+        return swiglu(y, stream=stream) if out is None else swiglu(y, out=out, stream=stream)
+    except (ValueError, TypeError) as e:    # (its out is ours; its x is our product)
+        msg = str(e)
+        if not msg.startswith("swiglu:"):
+            raise
+        raise type(e)("quantized_matmul_swiglu:" + msg[len("swiglu:"):]) from None
+
+
+def _dtype_name(d) -> str:
+    """'float32', 'bfloat16', ... of a dtype given as a name, a NumPy / ml_dtypes dtype or
+    type, or a torch dtype (for comparisons where Cython's _dtype_arg cannot run)."""
+    text = str(d)
+    if text.startswith("torch."):
+        return text[len("torch."):]
+    try:
+        import numpy
+        return numpy.dtype(d).name
+    except TypeError:
+        return text
 
 
 # QuantizedArray's sequence protocol in Python: Dynamo traces these (unpacking

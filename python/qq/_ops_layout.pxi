@@ -23,7 +23,13 @@ def swizzle_scales(scales, *, out=None, stream=None):
             # of an x [B..., R, C*group]: ask qqQuantizedShapes (any fp mode) rather than
             # repeat its padding rule here; C = 0 pads to 0 columns.
             _quant_params(func, &p, "mxfp8", None, None, "ceil", "blocked", "e4m3")
-            _, blocked = _quantized_shapes(func, &p, shape[:-1] + (max(shape[-1], 1) * p.group_size,))
+            try:
+                _, blocked = _quantized_shapes(func, &p, shape[:-1] + (max(shape[-1], 1) * p.group_size,))
+            except ValueError:
+                # (said of the caller's scales: the x of the question above is ours)
+                raise ValueError(f"{func}: argument 'scales' has shape {shape}: its blocked layout "
+                                 f"[..., roundup(R, 128), roundup(C, 4)] would be beyond what libqq "
+                                 f"addresses (2^56 elements); split the scales") from None
             if shape[-1] == 0:
                 blocked = blocked[:-1] + (0,)
             result, vo = call.empty(blocked, call.like_bytes(vs), "out")

@@ -116,6 +116,8 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
         vwv = call.view(w_values, "w_values")
         qp.w_values = _t(vwv)
         try:
+            if isinstance(beta, (str, bytes, bytearray)):    # float() would parse "2"
+                raise TypeError
             qp.beta = float(beta) if c is not None else 0.0
         except (TypeError, ValueError):
             raise TypeError(f"{func}: beta: expected a real number, got "

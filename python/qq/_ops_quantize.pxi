@@ -332,6 +332,7 @@ def quantize_dequantize_moe(w, *, values=True, transposed=False, rounding="ceil"
     cdef DLTensor *to
     cdef DLTensor *tt
     cdef void* s
+    values, transposed = _flag(func, "values", values), _flag(func, "transposed", transposed)
     if not values and not transposed:
         raise ValueError(f"{func}: values and transposed are both False; ask for at least one")
     _quant_params(func, &p, "mxfp8", None, None, rounding, "linear", fp8_format)

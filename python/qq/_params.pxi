@@ -79,11 +79,11 @@ cdef int _quant_params(str func, qqQuantParams_t* p, mode, group_size, bits, rou
         p[0] = _last_params
         return 0
     key = (mode, group_size, bits, rounding, scale_layout, fp8_format)
-    cdef bytes cached
-    try:
+    cdef bytes cached = None
+    # (only plain keys are looked up: 32.0 or a str subclass would find the entry of 32 or of
+    # the str, equal and of the same hash, and skip the checks that refuse them)
+    if _plain_key(key):
         cached = _PARAMS_CACHE.get(key)
-    except TypeError:               # an unhashable argument: no cache, the checks below name it
-        cached = None
     if cached is not None:
         memcpy(p, <const char*>cached, sizeof(qqQuantParams_t))
         if _plain_key(key):

@@ -547,6 +547,7 @@ def quantize_dequantize_moe(w, *, values=True, transposed=False, rounding="ceil"
                             stream=None):
     func = "quantize_dequantize_moe"
     _no_stream(func, stream)
+    values, transposed = check_flag(func, "values", values), check_flag(func, "transposed", transposed)
     if not values and not transposed:
         raise ValueError(f"{func}: values and transposed are both False; ask for at least one")
     t = _quantize_dequantize_moe_op(w, rounding, fp8_format, bool(values), bool(transposed))
@@ -668,6 +669,8 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
                                                 else torch.bfloat16)
     if w_values is not None and scales is None:
         w_values = None
+    if c is not None and isinstance(beta, (str, bytes, bytearray)):     # (float() would parse "2")
+        raise TypeError(f"{func}: beta: expected a real number, got {type(beta).__name__} {beta!r}")
     y = _qqmm_op(x, x_scales, _scalar(global_scale_x, x), w, scales, _scalar(global_scale_w, x),
                  w_values, bias, c, float(beta) if c is not None else 0.0, mode, g, b,
                  rounding, x_layout, w_layout, fp8_format, dt, bool(x_prepared), bool(w_prepared))

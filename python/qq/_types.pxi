@@ -163,6 +163,8 @@ class QuantizedArray:
         cdef qqQuantParams_t p
         func = "QuantizedArray"
         _quant_params(func, &p, mode, group_size, bits, rounding, scale_layout, fp8_format)
+        mode, rounding, scale_layout, fp8_format = (_plain_str(mode), _plain_str(rounding),
+                                                    _plain_str(scale_layout), _plain_str(fp8_format))
         if mode == "affine" and biases is None:
             raise ValueError(f"{func}: biases: affine mode needs biases")
         if mode != "affine" and biases is not None:
@@ -274,10 +276,18 @@ cdef inline object _qa_get(object qa, int slot):
     return <object>v
 
 
-cdef object _new_quantized_array(data, scales, biases, str mode, const qqQuantParams_t* p,
+cdef inline object _plain_str(v):
+    """A validated string parameter as a plain str (a str subclass such as numpy.str_ passes
+    the checks; the QuantizedArray keeps the str it names)."""
+    return v if v is None or type(v) is str else str(v)
+
+
+cdef object _new_quantized_array(data, scales, biases, mode, const qqQuantParams_t* p,
                                   global_scale, rounding, scale_layout, fp8_format, tuple shape):
     """A QuantizedArray from an operation that has validated everything already: the fields
     are set directly (QuantizedArray() would resolve the parameters again; 1.5 us a call)."""
+    mode, rounding, scale_layout, fp8_format = (_plain_str(mode), _plain_str(rounding),
+                                                _plain_str(scale_layout), _plain_str(fp8_format))
     if not _qa_slots_known:
         qa = QuantizedArray.__new__(QuantizedArray)
         (qa.data, qa.scales, qa.biases, qa.mode, qa.group_size, qa.bits, qa.global_scale,
@@ -383,6 +393,14 @@ def prepare_weight(w, mode="nvfp4", *, global_scale=None, rounding="ceil", fp8_f
     func = "prepare_weight"
     if isinstance(w, QuantizedArray):
         qa = w
+        if qa.mode == "affine":
+            raise ValueError(f"{func}: w is an affine QuantizedArray; affine has no qqmm: pass it to "
+                             f"qq.quantized_matmul instead")
+        # the QuantizedArray decides; an explicit argument may only agree with it (qqmm's rule)
+        _take(func, "mode", mode, "nvfp4", qa.mode, "w")
+        _take(func, "rounding", rounding, "ceil", qa.rounding, "w")
+        _take(func, "fp8_format", fp8_format, "e4m3", qa.fp8_format, "w")
+        _take_array(func, "global_scale", global_scale, qa.global_scale, "w", "global_scale")
     else:
         if mode == "affine":
             raise ValueError(f"{func}: mode 'affine' has no qqmm; use qq.quantize and "

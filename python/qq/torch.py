@@ -27,7 +27,8 @@ are quantized along T (blocks of G tokens from the first; a ragged last block co
 missing tokens as zeros, which add nothing and do not change its scale): their values from
 qq.quantize_dequantize(colwise=True) on the exact path, qq.quantize_colwise's codes where the
 block-scaled tensor cores are. Accumulation is fp32; outputs
-are x's dtype (y, dx) and W's dtype (dW); db = dy summed over tokens in torch.
+are x's dtype (y, dx) and W's dtype (dW); db = dy summed over tokens in torch (fp32, then the
+bias's dtype).
 """
 
 from __future__ import annotations
@@ -90,7 +91,18 @@ def _rows_readable(w: torch.Tensor) -> bool:
 
 def _gs(t: torch.Tensor, mode: str):
     """nvfp4's per-tensor global scale (amax, on t's device), else None."""
-    return qq.amax(t) if mode == "nvfp4" else None
+    return _usable_gs(qq.amax(t)) if mode == "nvfp4" else None
+
+
+def _usable_gs(g: torch.Tensor) -> torch.Tensor:
+    """An amax as a global scale: one outside nvfp4's range (NaN or Inf in the tensor, or all
+    of it below 1e-30) becomes 0, "no global scale", so that the step goes on and NaN / Inf
+    reach the result as they do in the other modes (what AMP's GradScaler needs to see). The
+    GPU kernels read such a scale that way themselves (docs/formats.md); libqq refuses it from
+    host memory, where it can check it, so CPU scales are mapped here."""
+    if g.device.type != "cpu":
+        return g
+    return torch.where(torch.isfinite(g) & (g >= 1e-30), g, torch.zeros_like(g))
 
 
 def _quantize_weight(w: torch.Tensor, mode: str):
@@ -268,6 +280,7 @@ class QQLinearFunction(torch.autograd.Function):
         ctx.mode, ctx.shape, ctx.xdtype = mode, shape, x.dtype
         ctx.x_grad, ctx.w_grad = x.requires_grad, weight.requires_grad  # (_once_differentiable)
         ctx.wdtype, ctx.has_bias = weight.dtype, bias is not None
+        ctx.bdtype = bias.dtype if bias is not None else None
         return y.reshape(*shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -280,7 +293,7 @@ class QQLinearFunction(torch.autograd.Function):
                                   ctx.needs_input_grad[1], ctx.xdtype, ctx.wdtype)
         db = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy2.sum(0, dtype=torch.float32).to(ctx.wdtype)
+            db = dy2.sum(0, dtype=torch.float32).to(ctx.bdtype)
         # dx = dy W, dw = dy^T x: second-order terms through dy and the other operand
         dx, dw = _once_differentiable("qq_linear", (dx, dw), (dy.requires_grad or ctx.w_grad,
                                                               dy.requires_grad or ctx.x_grad))
@@ -341,6 +354,7 @@ def _linear_setup(ctx, inputs, output):
     x2, weight, bias, mode = inputs[:4]
     ctx.save_for_backward(*(([] if _values_path(x2) else [x2]) + list(output[1:])))
     ctx.mode, ctx.xdtype, ctx.wdtype, ctx.has_bias = mode, x2.dtype, weight.dtype, bias is not None
+    ctx.bdtype = bias.dtype if bias is not None else None
 
 
 def _linear_grad(ctx, grads):
@@ -350,7 +364,7 @@ def _linear_grad(ctx, grads):
     r = iter(_linear_backward_op(dy2, saved, ctx.mode, need_dx, need_dw, ctx.xdtype, ctx.wdtype))
     dx = next(r) if need_dx else None
     dw = next(r) if need_dw else None
-    db = dy2.sum(0, dtype=torch.float32).to(ctx.wdtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
+    db = dy2.sum(0, dtype=torch.float32).to(ctx.bdtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
     return dx, dw, db, None, None
 
 
@@ -401,7 +415,7 @@ def _grouped_weight_operands(weight: torch.Tensor, mode: str):
     wt = weight.transpose(1, 2).contiguous()
     fwd, bwd = {"w": weight}, {"w": wt}
     if mode == "nvfp4":
-        fwd["global_scale_w"] = weight.detach().abs().amax(dim=(1, 2)).float()
+        fwd["global_scale_w"] = _usable_gs(weight.detach().abs().amax(dim=(1, 2)).float())
         bwd["global_scale_w"] = fwd["global_scale_w"]
     return fwd, bwd
 
@@ -463,6 +477,17 @@ def qq_grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tens
     offsets: int32 [E], cumulative group ends (the last = T; empty experts allowed)."""
     if mode not in MODES:
         raise ValueError(f"qq_grouped_linear: mode must be one of {MODES}; got {mode!r}")
+    for name, t in (("x", x), ("weight", weight), ("offsets", offsets)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"qq_grouped_linear: {name} must be a torch tensor; got {type(t).__name__}")
+    for name, t in (("x", x), ("weight", weight)):
+        if t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise TypeError(f"qq_grouped_linear: {name} must be float32, bfloat16 or float16; got {t.dtype}")
+    if offsets.dtype != torch.int32 or offsets.dim() != 1:
+        raise TypeError(f"qq_grouped_linear: offsets must be int32 [E] (cumulative group ends); got "
+                        f"{offsets.dtype} of shape {tuple(offsets.shape)}"
+                        + (": pass offsets.to(torch.int32)" if offsets.dim() == 1 and not offsets.is_floating_point()
+                           else ""))
     if x.dim() != 2 or weight.dim() != 3 or x.shape[1] != weight.shape[2]:
         raise ValueError(f"qq_grouped_linear: x must be [T, K] and weight [E, N, K] with the same K; got "
                          f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")
@@ -470,7 +495,17 @@ def qq_grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tens
     if weight.shape[1] % 32 or weight.shape[2] % 32:
         raise ValueError(f"qq_grouped_linear: N ({weight.shape[1]}) and K ({weight.shape[2]}) must be multiples "
                          f"of 32 (both GEMM directions quantize along them, in blocks of {g}); pad the experts")
-    return QQGroupedLinearFunction.apply(x, weight, offsets, mode)
+    if weight.shape[0] != offsets.shape[0]:
+        raise ValueError(f"qq_grouped_linear: weight has {weight.shape[0]} experts but offsets {offsets.shape[0]} "
+                         f"group ends; give one end per expert")
+    if x.device != weight.device or offsets.device != weight.device:
+        raise ValueError(f"qq_grouped_linear: x, weight and offsets must be on one device; got x on {x.device}, "
+                         f"weight on {weight.device}, offsets on {offsets.device}")
+    if weight.stride(2) != 1 or weight.stride(1) < weight.shape[2]:
+        raise ValueError(f"qq_grouped_linear: weight has strides {weight.stride()} (a transposed, expanded or "
+                         f"overlapping view); libqq reads each expert row by row: pass weight.contiguous()")
+    # x of any strides, as nn.Linear and qq_linear take it (the tokens are read row by row)
+    return QQGroupedLinearFunction.apply(x.contiguous(), weight, offsets, mode)
 
 
 class QQGroupedLinear(nn.Module):
