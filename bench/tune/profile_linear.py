@@ -3,6 +3,7 @@ to torch.nn.Linear's step on the same problem (bench_linear's shape). A tuning a
 benchmark: prints each kernel's CUDA time per step.
 
     python bench/tune/profile_linear.py [mode ...]
+    python bench/tune/profile_linear.py --moe E      (the MoE part alone, E experts)
 
 Then the same for bench_moe's layer (E = 8, mxfp8 QQGroupedLinear up / SwiGLU / down against
 torch._grouped_mm in bf16).
@@ -80,6 +81,9 @@ def idle(prof, reps, top=8):
 
 
 def main():
+    if sys.argv[1:2] == ["--moe"]:
+        moe(int(sys.argv[2]))
+        return
     modes = sys.argv[1:] or ["mxfp8"]
     t, n, k = 16384, 4096, 4096
     torch.manual_seed(0)
