@@ -11,6 +11,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
+
 #include "../codec.h"
 #include "../internal.h"
 #include "rows.h"
@@ -190,32 +194,68 @@ const DecodeTables& decode_tables() {
 }
 }  // namespace
 
-// out[i] = affine_decode(c[i], s, b) = fma(c[i], s, b) for a group of n codes. A function of
-// its own so that it can be built twice: x86-64's baseline has no FMA instruction, so there
-// fmaf is a libm call per element (affine quantized_matmul at M = 1 read ~0.9 ns a weight on a
-// 2-core host, four times the fp modes' ~0.2); where the CPU has FMA (checked once) a copy
-// built for it runs instead, the multiply-adds inline and vectorized. Same bits: fma rounds
-// once either way (and -ffp-contract=off keeps every other product and sum apart).
+// Two steps of dequantize_row, each a function of its own so that it can be built twice, the
+// copy for the CPU at hand picked once (row_kernels()):
+//  - affine: out[i] = affine_decode(c[i], s, b) = fma(c[i], s, b) for a group of n codes.
+//    x86-64's baseline has no FMA instruction, so there fmaf is a libm call per element
+//    (affine quantized_matmul at M = 1 read ~0.9 ns a weight on a 2-core host, four times the
+//    fp modes' ~0.2); with FMA the multiply-adds are inline and vectorized. Same bits: fma
+//    rounds once either way (and -ffp-contract=off keeps every other product and sum apart).
+//  - fp4: out[i] = e2m1(code i) * f for a group of n codes (n / 2 bytes, low nibble first):
+//    with AVX2 eight codes at a time (the byte's nibbles shifted into lanes, the magnitude from
+//    an 8-entry table in a register, the sign bit or-ed in), the same products as the
+//    table lookups of the portable copy.
 namespace {
 constexpr int kMaxAffineGroup = 128;  // affine group sizes: 32, 64, 128 (validate.cpp)
-using AffineFma = void (*)(const uint8_t* c, int n, float s, float b, float* o);
+struct RowKernels {
+  void (*affine)(const uint8_t* c, int n, float s, float b, float* o);
+  void (*fp4)(const uint8_t* d, int n, float f, float* o);
+};
 void affine_fma_generic(const uint8_t* c, int n, float s, float b, float* o) {
   for (int i = 0; i < n; ++i) o[i] = affine_decode(c[i], s, b);
+}
+void fp4_generic(const uint8_t* d, int n, float f, float* o) {
+  // a byte's two values from one lookup, times the scale: the products e2m1 * f of the
+  // codec (the group's 16 scaled values first, then two lookups a byte, took ~0.5 ns an
+  // element; a multiply an element with the byte re-read after each store ~1 ns)
+  const DecodeTables& t = decode_tables();
+  for (int i = 0; i < n / 2; ++i) {
+    const float* pr = t.e2m1_pair[d[i]];
+    o[2 * i] = pr[0] * f;
+    o[2 * i + 1] = pr[1] * f;
+  }
 }
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 __attribute__((target("avx2,fma"))) void affine_fma_x86(const uint8_t* c, int n, float s, float b, float* o) {
   for (int i = 0; i < n; ++i) o[i] = __builtin_fmaf((float)c[i], s, b);
 }
+__attribute__((target("avx2"))) void fp4_avx2(const uint8_t* d, int n, float f, float* o) {
+  const DecodeTables& t = decode_tables();
+  const __m256 mag = _mm256_loadu_ps(t.e2m1);  // codes 0..7: the magnitudes
+  const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  const __m256i low4 = _mm256_set1_epi32(15), sign = _mm256_set1_epi32((int)0x80000000u);
+  const __m256 vf = _mm256_set1_ps(f);
+  for (int i = 0; i < n; i += 8) {  // (n is a multiple of 16)
+    uint32_t w;
+    memcpy(&w, d + i / 2, 4);
+    const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), shifts), low4);
+    const __m256 v = _mm256_or_ps(_mm256_permutevar8x32_ps(mag, c),
+                                  _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(c, 28), sign)));
+    _mm256_storeu_ps(o + i, _mm256_mul_ps(v, vf));
+  }
+}
 #endif
-AffineFma affine_fma() {
-  static const AffineFma f = [] {
+const RowKernels& row_kernels() {
+  static const RowKernels k = [] {
+    RowKernels r{&affine_fma_generic, &fp4_generic};
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &affine_fma_x86;
+    if (__builtin_cpu_supports("avx2")) r.fp4 = &fp4_avx2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) r.affine = &affine_fma_x86;
 #endif
-    return &affine_fma_generic;
+    return r;
   }();
-  return f;
+  return k;
 }
 }  // namespace
 
@@ -227,21 +267,13 @@ void dequantize_row(const uint8_t* data, int64_t K, const QSpec& q, const uint8_
     const DecodeTables& t = decode_tables();
     const bool nv = q.mode == QQ_MODE_NVFP4;
     const float* lut = t.fp8[q.elem];
+    const auto fp4_group = row_kernels().fp4;
     for (int64_t gi = 0; gi < ng; ++gi) {
       const uint8_t s = sc[gi];
       const float f = nv ? t.fp8[ELEM_E4M3][s] : ue8m0_decode(s);  // (the table: e4m3_decode's values)
       float* o = out + gi * g;
       if (q.bits == 4) {
-        // a byte's two values from one lookup, times the scale: the products e2m1 * f of
-        // the codec (the group's 16 scaled values first, then two lookups a byte, took
-        // ~0.5 ns an element; a multiply an element with the byte re-read after each
-        // store ~1 ns)
-        const uint8_t* d = data + gi * g / 2;
-        for (int i = 0; i < g / 2; ++i) {
-          const float* pr = t.e2m1_pair[d[i]];
-          o[2 * i] = pr[0] * f;
-          o[2 * i + 1] = pr[1] * f;
-        }
+        fp4_group(data + gi * g / 2, g, f, o);
       } else {
         const uint8_t* d = data + gi * g;
         for (int i = 0; i < g; ++i) o[i] = lut[d[i]] * f;
@@ -255,7 +287,7 @@ void dequantize_row(const uint8_t* data, int64_t K, const QSpec& q, const uint8_
   // itself; other widths bit by bit), then fma(code, scale, bias) over the group
   const int bits = q.bits;
   const uint32_t mask = (1u << bits) - 1;
-  const AffineFma fma_group = affine_fma();
+  const auto fma_group = row_kernels().affine;
   uint8_t codes[kMaxAffineGroup];
   for (int64_t gi = 0; gi < ng; ++gi) {
     const uint8_t* c = codes;
