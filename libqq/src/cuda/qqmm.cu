@@ -1180,56 +1180,86 @@ qqStatus_t colqdq(const Mat& x, const int32_t* end, const QSpec& q, const float*
 // 8cq..8cq+7 of rows rq + 8k, so every load and the out store cover whole 64-byte
 // row pieces from consecutive lanes (a row per lane, the first version, wrote
 // half sectors per instruction: 0.43 of copy). The tile amax is a warp max; out_t
-// [E, D2, D1] goes through shared memory (pitch 34 halfwords), 8 rows of a column
-// per lane.
-template <typename T, int kElem>
+// [E, D2, D1] goes through shared memory (pitch 34 halfwords, kT only), 8 rows of a
+// column per lane.
+// Each warp takes kMoeTilesPerWarp tiles in turn and loads the next tile's raw bytes
+// before it works on the current one: with a tile a warp (and the warp gone after it)
+// the loads waited alone and the H200 read and wrote at ~0.5 of copy (bench/results/
+// moe-h200-notes.md).
+constexpr int kMoeTilesPerWarp = 8;
+
+template <typename T, int kElem, bool kT>
 __global__ void __launch_bounds__(kThreads)
     moe_qdq_kernel(Mat w, QSpec q, __nv_bfloat16* out, __nv_bfloat16* out_t, bool vec) {
-  constexpr int kPitch = 34;
-  __shared__ __align__(16) uint16_t tile[kThreads / 32][32][kPitch];
+  constexpr int kPitch = 34, kU4 = sizeof(T) / 2;  // uint4s a lane loads per 8 elements
+  __shared__ __align__(16) uint16_t tile[kT ? kThreads / 32 : 1][32][kPitch];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, rq = lane >> 2, cq = lane & 3;
-  const int64_t tc = w.cols / 32, t = (int64_t)blockIdx.x * (kThreads / 32) + warp, b = blockIdx.y;
-  if (t >= (w.rows / 32) * tc) return;  // the whole warp
-  const int64_t r0 = (t / tc) * 32, c0 = (t % tc) * 32 + cq * 8;
-  float v[32];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const T* src = w.at<T>(b, r0 + rq + 8 * k) + c0;
-    if (vec) {  // (a uniform branch: one kernel for aligned and unaligned rows)
-      load8<T>(src, v + 8 * k);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[8 * k + i] = load1<T>(src + i);
-    }
-  }
-  uint32_t ab = abs_bits_max<32>(v);
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) ab = max(ab, __shfl_xor_sync(0xffffffffu, ab, o));  // the tile's amax
-  qdq_scaled<32, 32, kElem>(v, ab, q, 1.0f, nullptr);  // one scale for the whole tile
-  if (out) {
+  const int64_t tc = w.cols / 32, ntiles = (w.rows / 32) * tc, b = blockIdx.y;
+  const int64_t step = (int64_t)gridDim.x * (kThreads / 32);
+  int64_t t = (int64_t)blockIdx.x * (kThreads / 32) + warp;
+  if (t >= ntiles) return;  // the whole warp
+  uint4 raw[4][kU4];
+  auto fetch = [&](int64_t tt) {  // tile tt's bytes of this lane (vec: 16-byte aligned rows)
+    const int64_t r0 = (tt / tc) * 32, c0 = (tt % tc) * 32 + cq * 8;
 #pragma unroll
     for (int k = 0; k < 4; ++k)
-      *reinterpret_cast<uint4*>(out + (b * w.rows + r0 + rq + 8 * k) * w.cols + c0) = bf16x8_bits(v + 8 * k);
-  }
-  if (out_t) {
-    uint16_t(*tl)[kPitch] = tile[warp];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      uint32_t* d = reinterpret_cast<uint32_t*>(&tl[rq + 8 * k][cq * 8]);
+      for (int j = 0; j < kU4; ++j) raw[k][j] = __ldg(reinterpret_cast<const uint4*>(w.at<T>(b, r0 + rq + 8 * k) + c0) + j);
+  };
+  if (vec) fetch(t);
+  for (; t < ntiles; t += step) {
+    const int64_t r0 = (t / tc) * 32, c0 = (t % tc) * 32 + cq * 8;
+    float v[32];
+    if (vec) {  // (a uniform branch: one kernel for aligned and unaligned rows)
 #pragma unroll
-      for (int i = 0; i < 8; i += 2) d[i / 2] = bf16x2_bits(v[8 * k + i], v[8 * k + i + 1]);
+      for (int k = 0; k < 4; ++k) {
+        if constexpr (kU4 == 1) {
+          unpack8<T>(raw[k][0], v + 8 * k);
+        } else {
+          const float* f = reinterpret_cast<const float*>(raw[k]);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) v[8 * k + i] = f[i];
+        }
+      }
+      if (t + step < ntiles) fetch(t + step);  // in flight while this tile is worked on
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const T* src = w.at<T>(b, r0 + rq + 8 * k) + c0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[8 * k + i] = load1<T>(src + i);
+      }
     }
-    __syncwarp();
-    // out_t row c0' + c (tile column c = rq + 8k), its rows 8cq..8cq+7 of the tile
+    uint32_t ab = abs_bits_max<32>(v);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int c = rq + 8 * k;
-      uint32_t p[4];
+    for (int o = 1; o < 32; o <<= 1) ab = max(ab, __shfl_xor_sync(0xffffffffu, ab, o));  // the tile's amax
+    qdq_scaled<32, 32, kElem>(v, ab, q, 1.0f, nullptr);  // one scale for the whole tile
+    if (out) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        p[i] = (uint32_t)tl[cq * 8 + 2 * i][c] | ((uint32_t)tl[cq * 8 + 2 * i + 1][c] << 16);
-      *reinterpret_cast<uint4*>(out_t + (b * w.cols + (c0 - cq * 8) + c) * w.rows + r0 + cq * 8) =
-          make_uint4(p[0], p[1], p[2], p[3]);
+      for (int k = 0; k < 4; ++k)
+        *reinterpret_cast<uint4*>(out + (b * w.rows + r0 + rq + 8 * k) * w.cols + c0) = bf16x8_bits(v + 8 * k);
+    }
+    if constexpr (kT) {
+      uint16_t(*tl)[kPitch] = tile[warp];
+      __syncwarp();  // (the previous tile's reads of tl are done)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        uint32_t* d = reinterpret_cast<uint32_t*>(&tl[rq + 8 * k][cq * 8]);
+#pragma unroll
+        for (int i = 0; i < 8; i += 2) d[i / 2] = bf16x2_bits(v[8 * k + i], v[8 * k + i + 1]);
+      }
+      __syncwarp();
+      // out_t row c0' + c (tile column c = rq + 8k), its rows 8cq..8cq+7 of the tile
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int c = rq + 8 * k;
+        uint32_t p[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          p[i] = (uint32_t)tl[cq * 8 + 2 * i][c] | ((uint32_t)tl[cq * 8 + 2 * i + 1][c] << 16);
+        *reinterpret_cast<uint4*>(out_t + (b * w.cols + (c0 - cq * 8) + c) * w.rows + r0 + cq * 8) =
+            make_uint4(p[0], p[1], p[2], p[3]);
+      }
     }
   }
 }
@@ -1237,12 +1267,17 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 qqStatus_t launch_moe_qdq_t(const QdqArgs& a, cudaStream_t st) {
   const Mat& w = a.x;
-  const int64_t tiles = (w.rows / 32) * (w.cols / 32);
-  const dim3 grid((unsigned)((tiles + kThreads / 32 - 1) / (kThreads / 32)), (unsigned)w.batch());
+  const int64_t tiles = (w.rows / 32) * (w.cols / 32), per_block = (kThreads / 32) * kMoeTilesPerWarp;
+  const dim3 grid((unsigned)std::max<int64_t>(1, (tiles + per_block - 1) / per_block), (unsigned)w.batch());
   __nv_bfloat16 *o = (__nv_bfloat16*)a.out.ptr, *ot = (__nv_bfloat16*)a.out_t.ptr;
   const bool vec = rows_aligned(w);
-  if (a.q.elem == ELEM_E4M3) moe_qdq_kernel<T, ELEM_E4M3><<<grid, kThreads, 0, st>>>(w, a.q, o, ot, vec);
-  else moe_qdq_kernel<T, ELEM_E5M2><<<grid, kThreads, 0, st>>>(w, a.q, o, ot, vec);
+  auto go = [&](auto kElem, auto kT) {
+    moe_qdq_kernel<T, decltype(kElem)::value, decltype(kT)::value><<<grid, kThreads, 0, st>>>(w, a.q, o, ot, vec);
+  };
+  using E4 = std::integral_constant<int, ELEM_E4M3>;
+  using E5 = std::integral_constant<int, ELEM_E5M2>;
+  if (a.q.elem == ELEM_E4M3) ot ? go(E4{}, std::true_type{}) : go(E4{}, std::false_type{});
+  else ot ? go(E5{}, std::true_type{}) : go(E5{}, std::false_type{});
   return check_launch("quantize_dequantize_moe");
 }
 
