@@ -1184,12 +1184,14 @@ qqStatus_t colqdq(const Mat& x, const int32_t* end, const QSpec& q, const float*
 // column per lane.
 // Each warp takes kMoeTilesPerWarp tiles in turn and loads the next tile's raw bytes
 // before it works on the current one: with a tile a warp (and the warp gone after it)
-// the loads waited alone and the H200 read and wrote at ~0.5 of copy (bench/results/
-// moe-h200-notes.md).
+// the loads waited alone. H200, E = 32 experts' two weights of bench_moe (3.2 GB read and
+// written): 1476 us (one tile a warp, 64 registers, 32 warps an SM) -> 1050 (eight in turn,
+// 96 registers, 16 warps) -> 965 (the same at 80 registers, 24 warps), 0.79 of copy
+// (bench/results/moe-h200-notes.md).
 constexpr int kMoeTilesPerWarp = 8;
 
 template <typename T, int kElem, bool kT>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 3)  // 24 warps an SM (80 registers, a few bytes spilled)
     moe_qdq_kernel(Mat w, QSpec q, __nv_bfloat16* out, __nv_bfloat16* out_t, bool vec) {
   constexpr int kPitch = 34, kU4 = sizeof(T) / 2;  // uint4s a lane loads per 8 elements
   __shared__ __align__(16) uint16_t tile[kT ? kThreads / 32 : 1][32][kPitch];
