@@ -415,3 +415,65 @@ def test_group_checks_do_not_depend_on_the_data():
     gw = np.array([1, -1, 1], F32)
     raises(ValueError, "global_scale_w", qq.grouped_qqmm, X, W3, np.array([2, 2, 8], np.int32), mode="nvfp4",
            global_scale_w=gw)
+
+
+def test_last_route_after_a_call_refused_in_python():
+    """Before: a qqmm / quantized_matmul refused before libqq ran left last_route() at the route
+    of the call before (docs/api.md: None after a failed call)."""
+    w = RNG.standard_normal((16, 64)).astype(F32)
+    qq.qqmm(X, w, mode="mxfp8")
+    assert qq.last_route() == "cpu"
+    with pytest.raises(ValueError):
+        qq.qqmm(X, w, mode="affine")
+    assert qq.last_route() is None
+    qq.quantized_matmul(X, qq.quantize(w, mode="mxfp8"))
+    assert qq.last_route() == "cpu"
+    with pytest.raises(ValueError):
+        qq.quantized_matmul(X, qq.quantize(w, mode="mxfp8"), mode="nvfp4")
+    assert qq.last_route() is None
+
+
+class _OnlyDLPack:
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, **kw):
+        return self.a.__dlpack__(**kw)
+
+
+class _BrokenDevice(_OnlyDLPack):
+    def __dlpack_device__(self):
+        raise TypeError("object of type 'NoneType' has no len()")
+
+
+def test_dlpack_producers_named():
+    """Before: an object with __dlpack__ alone was told it had no __dlpack__ (first argument) or
+    got a bare AttributeError (elsewhere); a producer's own error came through unnamed."""
+    q = qq.quantize(RNG.standard_normal((16, 64)).astype(F32), mode="mxfp8")
+    e = raises(TypeError, "x", qq.amax, _OnlyDLPack(X))
+    assert "__dlpack_device__" in str(e)
+    e = raises(TypeError, "w", qq.quantized_matmul, X, _OnlyDLPack(q.data), q.scales, mode="mxfp8")
+    assert "__dlpack_device__" in str(e)
+    e = raises(TypeError, "x", qq.amax, _BrokenDevice(X))
+    assert str(e).startswith("amax: x:")
+
+
+def test_quantized_array_with_a_changed_shape():
+    """Before: prepare_decode sized the layout from a QuantizedArray's assigned .shape: a weight
+    of 32 rows given shape (64, 256) gave 32 columns of zeros; dequantize blamed an 'out'."""
+    q = qq.quantize(RNG.standard_normal((64, 256)).astype(F32), mode="nvfp4")
+    q.data, q.scales = q.data[:32], q.scales[:32]
+    raises(ValueError, ("w", "shape"), qq.prepare_decode, q)
+    e = raises(ValueError, ("w", "shape"), qq.dequantize, q)
+    assert "'out'" not in str(e)
+
+
+def test_quantized_array_without_data_is_a_type_error():
+    raises(TypeError, "data", qq.QuantizedArray, None, np.zeros((4, 2), np.uint8), mode="mxfp8")
+
+
+def test_moe_scaling_weights_are_mxfp8():
+    """Before: grouped_qqmm(mode='nvfp4', moe_scaling=...) ran as mxfp8 without a word."""
+    d, s = qq.quantize_moe(RNG.standard_normal((2, 64, 32)).astype(F32), scaling="32x32", scale_layout="blocked")
+    raises(ValueError, "mode", qq.grouped_qqmm, RNG.standard_normal((4, 64)).astype(F32), (d, s),
+           np.array([2, 4], np.int32), mode="nvfp4", moe_scaling="32x32", scale_layout="blocked")

@@ -24,6 +24,7 @@ cdef str _framework_of(obj):
 
 cdef enum:
     _HOLD_GIL_ELEMS = 4096     # _Call.release_gil
+    _HOLD_GIL_MACS = 65536     # a matmul's work kept under the GIL: [16, 64] x [64, 64], ~18 us
     _MAX_GROUP = 8             # results of one call that may share a storage (quantize: 2 or 3)
     _GROUP_ALIGN = 256         # each one's byte offset in it (cuBLASLt wants 16-byte scale pointers)
 
@@ -64,6 +65,7 @@ cdef class _Call:
     cdef list buffers           # _DeviceBuffers allocated for results (None until the first)
     cdef bint torch_current     # torch tensors, work on torch's current stream (stream=None or that stream)
     cdef list torch_outs        # torch tensors passed as out= (None until the first): versions bumped in finish()
+    cdef int64_t macs           # a matmul's multiply-adds (out elements x K), set by its wrapper: release_gil
 
     cdef int init(self, str func, anchor, str anchor_name, stream) except -1:
         """Called once, by _new_call."""
@@ -111,7 +113,10 @@ cdef class _Call:
         elif isinstance(anchor, _DeviceBuffer):
             dev = (kDLCUDA, (<_DeviceBuffer>anchor).device)
         elif hasattr(anchor, "__dlpack_device__"):
-            dev = anchor.__dlpack_device__()
+            try:
+                dev = anchor.__dlpack_device__()
+            except Exception as e:
+                raise _producer_error(f"{func}: {anchor_name}", "__dlpack_device__()", e) from e
         else:
             raise TypeError(_not_an_array(func, anchor_name, anchor))
         self.dev_type = int(dev[0])
@@ -418,6 +423,18 @@ cdef class _Call:
     cdef void* cstream(self):
         return <void*>self.stream
 
+    cdef void matmul_work(self, _View x, _View out) noexcept:
+        """A matmul's work for release_gil: out's elements times x's K. Its arrays alone can
+        hold few elements while the work is large (gather_qmm's x broadcast against many
+        indices: 1724 rows of K = 512 from 4096 elements of arrays, ~0.2 ms)."""
+        cdef int64_t n = 1
+        cdef int i
+        if x is None or out is None or x.tensor.ndim == 0:
+            return
+        for i in range(out.tensor.ndim):
+            n *= out.tensor.shape[i]
+        self.macs = n * x.tensor.shape[x.tensor.ndim - 1]
+
     cdef PyThreadState* unlock(self) noexcept:
         """Around the one C call of an op: `_gil = call.unlock()`, the call (C only: nothing
         in between may touch a Python object), `_relock(_gil)`. Releases the GIL where
@@ -431,7 +448,7 @@ cdef class _Call:
         5 % of a NumPy quantize of [1, 32]; NumPy keeps the GIL below 500 elements for the
         same reason). The work kept under the GIL is ~20 us at most (a matmul of [16, 64] x
         [64, 64]; docs/api.md, "The GIL")."""
-        if self.on_gpu:
+        if self.on_gpu or self.macs > _HOLD_GIL_MACS:
             return True
         cdef int64_t n = 0
         cdef _View v = self.views
@@ -502,19 +519,41 @@ cdef bint _beyond_limits(tuple shape):
 
 cdef str _not_an_array(str func, str name, obj):
     what = "a QuantizedArray" if isinstance(obj, QuantizedArray) else type(obj).__name__
+    if hasattr(obj, "__dlpack__") and not hasattr(obj, "__dlpack_device__"):
+        return (f"{func}: {name}: {what} has __dlpack__ but no __dlpack_device__; the DLPack "
+                f"protocol needs both (pass a NumPy array or a torch, CuPy or JAX array)")
     return (f"{func}: {name}: expected a NumPy array or an array with __dlpack__ (torch, CuPy, "
             f"JAX), got {what}")
 
 
+cdef object _producer_error(str where, str what, e):
+    """A producer's own exception from its DLPack methods, named as the argument's: the same
+    class where it takes a message (else ValueError), raised `from` the original."""
+    msg = f"{where}: reading the array failed in its {what} ({type(e).__name__}: {e})"
+    try:
+        return type(e)(msg)
+    except Exception:
+        return ValueError(msg)
+
+
 cdef int _import_dlpack(_View v, obj, dl_stream, str where) except -1:
-    dev = obj.__dlpack_device__()
+    if not hasattr(obj, "__dlpack_device__"):
+        func, _, name = where.partition(": ")
+        raise TypeError(_not_an_array(func, name, obj))
+    try:
+        dev = obj.__dlpack_device__()
+    except Exception as e:
+        raise _producer_error(where, "__dlpack_device__()", e) from e
     # Producers on a CUDA device get the consumer's stream; CPU producers must get None.
     stream = dl_stream if _is_cuda_device(int(dev[0])) else None
     try:
-        capsule = obj.__dlpack__(stream=stream, max_version=(QQ_DLPACK_MAJOR, QQ_DLPACK_MINOR))
-    except TypeError:
-        # A producer from before DLPack 1.0 has no max_version and returns a legacy capsule.
-        capsule = obj.__dlpack__(stream=stream)
+        try:
+            capsule = obj.__dlpack__(stream=stream, max_version=(QQ_DLPACK_MAJOR, QQ_DLPACK_MINOR))
+        except TypeError:
+            # A producer from before DLPack 1.0 has no max_version and returns a legacy capsule.
+            capsule = obj.__dlpack__(stream=stream)
+    except Exception as e:
+        raise _producer_error(where, "__dlpack__()", e) from e
     _consume_capsule(v, capsule, where)
     return 0
 
@@ -585,10 +624,18 @@ cdef object _numpy_empty(tuple shape, str dtype):
     cdef int nd = len(shape)
     cdef cnp.npy_intp dims[_MAX_NDIM]
     cdef int i
+    cdef double n = 1.0
     if nd > _MAX_NDIM:
         raise ValueError(f"{nd} dimensions; at most {_MAX_NDIM} are supported")
     for i in range(nd):
         dims[i] = shape[i]
+        n *= <double>dims[i]
+    # more than 2^56 elements is refused before NumPy tries (its MemoryError comes after a
+    # request that a sanitizer's allocator treats as fatal); _Call.empty says it as a
+    # ValueError. (A double product: no division on this path; near 2^56 NumPy's own
+    # MemoryError, said the same way, is the backstop.)
+    if n > 72057594037927936.0:
+        raise ValueError("array is too big")
     return cnp.PyArray_EMPTY(nd, dims, typenum, 0)
 
 

@@ -139,11 +139,34 @@ def device_capability(int device=0):
     return (major, minor)
 
 
+cdef extern from *:
+    """
+    /* Set by the Python wrappers of the routed calls (qqmm, quantized_matmul, ...) on entry
+       and cleared right after their C call: a call that fails before it reaches libqq (a
+       refusal of its arguments in Python) leaves libqq's own record of the call before,
+       so last_route() reads this first. Per thread, as libqq's record. */
+    static __thread int qq_route_pending = 0;
+    """
+    int qq_route_pending
+
+
+cdef inline void _route_pending() noexcept:
+    global qq_route_pending
+    qq_route_pending = 1
+
+
+cdef inline void _route_recorded() noexcept:
+    global qq_route_pending
+    qq_route_pending = 0
+
+
 def last_route():
     """The route ('cpu', 'exact', 'blockscaled', 'qmma' or 'qmv') that the last qqmm or
     quantized_matmul call on this thread took (for a batched w or grouped_qqmm: its last
     product); None if no such call has computed a product yet, or the last one failed."""
     cdef qqRoute_t r = QQ_ROUTE_AUTO
+    if qq_route_pending:    # the last call failed in Python, before libqq ran
+        return None
     _check(qqGetLastRoute(&r))
     if r == QQ_ROUTE_AUTO:
         return None

@@ -25,6 +25,7 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     not cover raises NotSupportedError saying why (docs/api.md, "Dispatch"). The route a
     call took: qq.last_route().
     """
+    _route_pending()
     cdef str func = "qqmm"
     cdef _View vx, vxs, vw, vws, vgx, vgw, vbias, vo, vc
     cdef qqQqmmParams_t qp
@@ -134,9 +135,11 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
         tx, txs, tw, tws = _t(vx), _t(vxs), _t(vw), _t(vws)
         tgx, tgw, tbias, to = _t(vgx), _t(vgw), _t(vbias), _t(vo)
         s = call.cstream()
+        call.matmul_work(vx, vo)
         _gil = call.unlock()
         st = qqQqmm(NULL, tx, txs, tw, tws, &qp, tgx, tgw, tbias, to, s)
         _relock(_gil)
+        _route_recorded()
         _check(st)
         call.finish()
     finally:
@@ -168,6 +171,7 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
     result of NaN there. Elsewhere the offsets are read on the host (one wait on the
     stream, a ValueError for bad ones) and each expert runs as a qqmm (docs/api.md).
     """
+    _route_pending()
     cdef str func = "grouped_qqmm"
     cdef _View vx, vxs, voff, vw, vws, vgx, vgw, vo
     cdef qqQqmmParams_t qp
@@ -211,7 +215,7 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
         if isinstance(w, tuple):
             w, scales = w
         w = _swap_last_two(w)   # [E, D1=K, D2=N] column-major per expert = [E, N, K] row-major
-        mode = "mxfp8"
+        mode = _take(func, "mode", mode, "mxfp8", "mxfp8", "w")   # (quantize_moe's codes are mxfp8)
     if isinstance(w, QuantizedArray):
         qa = w
         scales = _take_array(func, "scales", scales, qa.scales, "w", "scales")
@@ -266,9 +270,11 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
         tx, txs, toff, tw, tws = _t(vx), _t(vxs), _t(voff), _t(vw), _t(vws)
         tgx, tgw, to = _t(vgx), _t(vgw), _t(vo)
         s = call.cstream()
+        call.matmul_work(vx, vo)
         _gil = call.unlock()
         st = qqGroupedQqmm(NULL, tx, txs, toff, tw, tws, &qp, tgx, tgw, to, s)
         _relock(_gil)
+        _route_recorded()
         _check(st)
         call.finish()
     finally:
@@ -290,6 +296,7 @@ def grouped_qqmm_wgrad(x, dy, offsets, mode="mxfp8", *, global_scale_x=None, glo
     GEMM; capturable; bad offsets give NaN), on the host elsewhere (ValueError for bad
     ones). C: qqGroupedQqmmWgrad.
     """
+    _route_pending()
     cdef str func = "grouped_qqmm_wgrad"
     cdef _View vx, vdy, voff, vgx, vgd, vo
     cdef qqQuantParams_t p
@@ -322,9 +329,11 @@ def grouped_qqmm_wgrad(x, dy, offsets, mode="mxfp8", *, global_scale_x=None, glo
         result, vo = call.empty((os_[0], xs[1], ds[1]), dtype, "out")
         tx, tdy, toff, tgx, tgd, to = _t(vx), _t(vdy), _t(voff), _t(vgx), _t(vgd), _t(vo)
         s = call.cstream()
+        call.matmul_work(vdy, vo)    # (an overestimate: out [E, K, N] times N)
         _gil = call.unlock()
         st = qqGroupedQqmmWgrad(NULL, tx, tdy, toff, &p, tgx, tgd, to, s)
         _relock(_gil)
+        _route_recorded()
         _check(st)
         call.finish()
     finally:
@@ -341,6 +350,7 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
     W = dequantize(w, ...). x is float [..., M, K]; batch axes broadcast; bias [N] is
     added; fp32 accumulation. dtype default: x's dtype.
     """
+    _route_pending()
     cdef str func = "quantized_matmul"
     if isinstance(w, DecodeWeight):
         return _decode_matmul(func, x, w, scales, biases, transpose, group_size, bits, mode,
@@ -381,9 +391,11 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
         tx, tw, ts, tb = _t(vx), _t(vw), _t(vs), _t(vb)
         tg, tbias, to = _t(vg), _t(vbias), _t(vo)
         s = call.cstream()
+        call.matmul_work(vx, vo)
         _gil = call.unlock()
         st = qqQuantizedMatmul(NULL, tx, tw, ts, tb, &p, ctranspose, tg, tbias, to, s)
         _relock(_gil)
+        _route_recorded()
         _check(st)
         call.finish()
     finally:
@@ -426,6 +438,7 @@ def prepare_decode(w, stream=None, *, gated=False):
     n, k = int(w.shape[-2]), int(w.shape[-1])
     cdef bint cgated = _flag(func, "gated", gated)
     _quant_params(func, &p, w.mode, w.group_size, w.bits, "ceil", w.scale_layout, w.fp8_format)
+    _check_qa_shape(func, &p, w.shape, w.data.shape)    # (the layout's size comes from w.shape)
     # libqq decides which modes and K the layout holds (ValueError otherwise)
     _check_as(qqDecodeLayoutSize(&p, n, k, &nbytes), "decode_layout_size", func)
     cdef _Call call = _new_call(func, w.data, "w", stream)
@@ -528,12 +541,14 @@ cdef object _decode_matmul(str func, x, dw, scales, biases, transpose, group_siz
             vo = _out_view(call, out, out_dtype)
         tx, tw, tg, tbias, to = _t(vx), _t(vw), _t(vg), _t(vbias), _t(vo)
         s = call.cstream()
+        call.matmul_work(vx, vo)
         _gil = call.unlock()
         if gated:
             st = qqDecodeGatedMatmul(NULL, tx, tw, &p, tg, tbias, swiglu, to, s)
         else:
             st = qqDecodeMatmul(NULL, tx, tw, &p, tg, tbias, to, s)
         _relock(_gil)
+        _route_recorded()
         if st == QQ_STATUS_NOT_SUPPORTED and swiglu:
             return None
         if st == QQ_STATUS_NOT_SUPPORTED:
@@ -555,6 +570,7 @@ def _decode_swiglu(x, dw, scales, biases, group_size, bits, mode, global_scale, 
     """quantized_matmul_swiglu's one-kernel form (qq._dispatch): SwiGLU of x @ W.T from a
     gated DecodeWeight's kernel (qqDecodeGatedMatmul), or None where it does not apply
     (the caller then runs quantized_matmul and swiglu)."""
+    _route_pending()
     return _decode_matmul("quantized_matmul_swiglu", x, dw, scales, biases, True, group_size,
                           bits, mode, global_scale, bias, scale_layout, fp8_format, dtype, out,
                           stream, 1)
@@ -621,9 +637,11 @@ cdef object _decode_gather(str func, x, dw, rhs_indices, scales, biases, transpo
             vo = _out_view(call, out, out_dtype)
         tx, tw, ti, tg, tbias, to = _t(vx), _t(vw), _t(vi), _t(vg), _t(vbias), _t(vo)
         s = call.cstream()
+        call.matmul_work(vx, vo)
         _gil = call.unlock()
         st = qqDecodeGatherQmm(NULL, tx, tw, ti, &p, tg, tbias, to, s)
         _relock(_gil)
+        _route_recorded()
         if st == QQ_STATUS_NOT_SUPPORTED:  # e.g. float x, unaligned rows, an older GPU: the packed experts
             gather_qmm(x, qa, rhs_indices=rhs_indices, bias=bias, dtype=dtype,
                        out=out if out is not None else result, stream=stream)
@@ -651,6 +669,7 @@ def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
     raises on the CPU and gives NaN rows on the GPU. Other arguments as in
     quantized_matmul. See docs/api.md ("gather_qmm").
     """
+    _route_pending()
     cdef str func = "gather_qmm"
     cdef _View vx, vw, vs, vb, vi, vg, vbias, vo
     cdef qqQuantParams_t p
@@ -696,9 +715,11 @@ def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
         tx, tw, ts, tb, ti = _t(vx), _t(vw), _t(vs), _t(vb), _t(vi)
         tg, tbias, to = _t(vg), _t(vbias), _t(vo)
         s = call.cstream()
+        call.matmul_work(vx, vo)
         _gil = call.unlock()
         st = qqGatherQmm(NULL, tx, tw, ts, tb, ti, &p, ctranspose, tg, tbias, to, s)
         _relock(_gil)
+        _route_recorded()
         _check(st)
         call.finish()
     finally:

@@ -380,6 +380,7 @@ def dequantize(w, scales=None, biases=None, group_size=None, bits=None, mode="af
     cdef DLTensor *tg
     cdef DLTensor *to
     cdef void* s
+    cdef bint from_qa = isinstance(w, QuantizedArray)
     (w, scales, biases, global_scale, mode, group_size, bits, scale_layout, fp8_format,
      logical_shape) = _unpack_weight(func, w, scales, biases, global_scale, mode, group_size,
                                 bits, scale_layout, fp8_format)
@@ -404,6 +405,12 @@ def dequantize(w, scales=None, biases=None, group_size=None, bits=None, mode="af
         _gil = call.unlock()
         st = qqDequantize(NULL, tw, ts, tb, &p, tg, to, s)
         _relock(_gil)
+        if st != QQ_STATUS_SUCCESS and out is None and from_qa:
+            # a QuantizedArray's stale shape (the result was sized from it) said as such;
+            # libqq's own message is read first (the shape check calls libqq, which clears it)
+            msg = _last_message(st)
+            _check_qa_shape(func, &p, logical_shape, vw.pyshape())
+            _raise(st, msg)
         _check(st)
         call.finish()
     finally:

@@ -55,6 +55,22 @@ cdef int64_t _unpacked_last(str func, str name, const qqQuantParams_t* p, tuple 
     return k
 
 
+cdef int _check_qa_shape(str func, const qqQuantParams_t* p, shape, data_shape) except -1:
+    """A QuantizedArray's logical `shape` against its packed `data` (both set by whoever made
+    it; its fields can be assigned afterwards). Where the shape sizes a result (dequantize's
+    out, prepare_decode's layout) a stale one would give a wrong or misnamed result."""
+    data_shape = tuple(int(d) for d in data_shape)
+    try:
+        want = _quantized_shapes(func, p, tuple(shape))[0]
+    except ValueError:
+        want = None
+    if want != data_shape:
+        raise ValueError(f"{func}: w: the QuantizedArray's shape {tuple(shape)} does not match its "
+                         f"data of shape {data_shape} (were its fields changed after it was made?); "
+                         f"build a new one: qq.QuantizedArray(data, scales, ..., mode=...)")
+    return 0
+
+
 cdef int64_t _weight_n(str func, const qqQuantParams_t* p, bint transpose, tuple w_shape,
                        w_logical) except -1:
     """N of a weight-only matmul: w [..., N, K*bits/8] (transpose) or W [..., K, N] (its
@@ -172,6 +188,9 @@ class QuantizedArray:
         if global_scale is not None and mode != "nvfp4":
             raise ValueError(f"{func}: global_scale: only nvfp4 has a global scale, got mode {mode!r}")
         if shape is None:
+            if not hasattr(data, "shape"):
+                raise TypeError(f"{func}: data: expected an array of packed codes, got "
+                                f"{type(data).__name__} (its logical shape comes from it; or pass shape=)")
             data_shape = tuple(int(d) for d in data.shape)
             shape = data_shape[:-1] + (_unpacked_last(func, "data", &p, data_shape),)
         else:

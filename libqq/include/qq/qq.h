@@ -403,7 +403,7 @@ QQ_API const char* qqGetRouteString(qqRoute_t route);
  *  On-the-fly quantization uses params->quant (its scale_layout is ignored).
  *  alpha = gx * gw / 2688^2 for nvfp4 when global scales are given (either
  *  may be NULL = 2688, i.e. a factor of 1).
- *  Modes: nvfp4, mxfp4, mxfp8 (affine: NOT_SUPPORTED, use
+ *  Modes: nvfp4, mxfp4, mxfp8 (affine: INVALID_VALUE, use
  *  qqQuantizedMatmul). out: float32, float16 or bfloat16. */
 typedef struct {
   size_t struct_size;             /* sizeof(qqQqmmParams_t) */
@@ -522,7 +522,7 @@ QQ_API qqStatus_t qqQuantizedMatmul(qqHandle_t handle, const DLTensor* x,
 /* ---------------------------------------------------------------------------
  * The decode layout (docs/formats.md, "Decode layout"): nvfp4, mxfp4, mxfp8
  * (E4M3) and affine 4-bit (group 64 or 128) or 8-bit weights rearranged once
- * so that the weight-only matmul at decode shapes (M <= 16 rows of bfloat16 x,
+ * so that the weight-only matmul at decode shapes (M <= 64 rows of bfloat16 x (32 of float16),
  * compute capability 9.0+) reads them at close to copy bandwidth. Opaque
  * bytes; the packed layout stays the interchange form.
  * ------------------------------------------------------------------------- */
