@@ -333,6 +333,8 @@ def test_grouped_linear_inputs():
     refused(TypeError, ["qq_grouped_linear", "offsets", "torch.int32"], g, torch.randn(40, 64), off.long())
     refused(ValueError, ["qq_grouped_linear", "weight", "contiguous"], qqt.qq_grouped_linear, torch.randn(40, 64),
             torch.randn(2, 64, 96).transpose(1, 2), off)
+    ends = torch.tensor([[0, 7], [0, 40]], dtype=torch.int32)
+    assert torch.equal(g(xt, ends[:, 1]), g(xt, off))       # strided offsets (they were refused)
 
 
 def test_bias_gradient_in_the_bias_dtype():

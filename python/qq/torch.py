@@ -504,8 +504,8 @@ def qq_grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tens
     if weight.stride(2) != 1 or weight.stride(1) < weight.shape[2]:
         raise ValueError(f"qq_grouped_linear: weight has strides {weight.stride()} (a transposed, expanded or "
                          f"overlapping view); libqq reads each expert row by row: pass weight.contiguous()")
-    # x of any strides, as nn.Linear and qq_linear take it (the tokens are read row by row)
-    return QQGroupedLinearFunction.apply(x.contiguous(), weight, offsets, mode)
+    # x (and offsets) of any strides, as nn.Linear and qq_linear take x (read row by row)
+    return QQGroupedLinearFunction.apply(x.contiguous(), weight, offsets.contiguous(), mode)
 
 
 class QQGroupedLinear(nn.Module):
