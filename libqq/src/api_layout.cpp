@@ -46,7 +46,7 @@ qqStatus_t swizzle_common(const char* op, qqHandle_t handle, const DLTensor* lin
     QQ_TRY(to_mat(c, bname, blk, bdt, &b));
     if (nd == 1) b.nb = 0;
     QQ_TRY(to_blocked ? check_no_alias(c, {{bname, blk}}, {{lname, lin}}) : check_no_alias(c, {{lname, lin}}, {{bname, blk}}));
-    if (l.batch() * l.rows == 0 && b.batch() == 0) return QQ_STATUS_SUCCESS;
+    if (numel(lin) == 0 || numel(blk) == 0) return QQ_STATUS_SUCCESS;  // nothing to move (or pad: no blocks)
     if (c.device < 0) return cpu::swizzle(l, b, to_blocked);
     return cuda::swizzle(handle, l, b, to_blocked, stream);
   });

@@ -31,9 +31,9 @@ struct SubTensor {
   SubTensor(const DLTensor* src, int64_t r0, int64_t n, bool drop) {
     t = *src;
     const int64_t es = (src->dtype.bits * src->dtype.lanes + 7) / 8;
-    const int64_t s0 = stride_of(src, 0);
+    const int64_t s0 = src->ndim ? stride_of(src, 0) : 0;  // (a 0-d tensor has no dim 0: its caller refuses it)
     t.byte_offset = src->byte_offset + (uint64_t)(r0 * s0 * es);
-    const int off = drop ? 1 : 0;
+    const int off = drop && src->ndim ? 1 : 0;
     t.ndim = src->ndim - off;
     for (int i = 0; i < t.ndim; ++i) {
       shape[i] = src->shape[i + off];
@@ -455,13 +455,15 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
     if (global_scale_w) {
       QQ_TRY(check_tensor(c, "global_scale_w", global_scale_w, &dt));
       if (dt != DType::F32 || (numel(global_scale_w) != E && numel(global_scale_w) != 1) || global_scale_w->ndim > 1)
-        return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'global_scale_w' must be float32 [E=%lld] "
+        return set_error(dt != DType::F32 ? QQ_STATUS_INVALID_DTYPE : QQ_STATUS_INVALID_VALUE,
+                         "grouped_qqmm: argument 'global_scale_w' must be float32 [E=%lld] "
                          "(one global scale per expert) or one scale for all; got %s %s", (long long)E,
                          dtype_str(global_scale_w->dtype).c_str(),
                          shape_str(global_scale_w->ndim, global_scale_w->shape).c_str());
       // Host scales are read here, every expert's (an empty expert's is never read by its
-      // qqmm, but a negative or NaN entry is the caller's error all the same)
-      if (c.device < 0) {
+      // qqmm, but a negative or NaN entry is the caller's error all the same); for another
+      // mode than nvfp4 the qqmm check below refuses the global scale itself
+      if (c.device < 0 && raw_enum(p.quant.mode) == QQ_MODE_NVFP4) {
         const float* g = (const float*)((const char*)global_scale_w->data + global_scale_w->byte_offset);
         const int64_t n = numel(global_scale_w), gst = global_scale_w->ndim ? stride_of(global_scale_w, 0) : 0;
         for (int64_t e = 0; e < n; ++e)
@@ -513,10 +515,17 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
     // Elsewhere the group ends are read on the host, and each expert runs as a qqmm. The
     // arguments are checked first as expert 0's qqmm of all T tokens (as the Hopper path
     // does): a wrong 'out' is then named by its own shape, not by an expert's rows of it.
-    if (T > 0 && E > 0) {
+    // With no experts (E = 0) that expert is virtual, as an empty qqmm batch's entry: the
+    // arguments are still checked, with a stand-in address (never read) for NULL data.
+    if ((T > 0 && E > 0) || E == 0) {
       SubTensor ws(w, 0, 0, true), wss(w_scales ? w_scales : w, 0, 0, true);
       SubTensor gws(global_scale_w && !one_gw ? global_scale_w : offsets, 0, 0, true);
       const DLTensor* gw = one_gw ? global_scale_w : (global_scale_w ? &gws.t : nullptr);
+      if (E == 0) {
+        static double stand_in;
+        for (SubTensor* v : {&ws, &wss, &gws})
+          if (!v->t.data) v->t.data = &stand_in;
+      }
       Ctx ce{"qqmm"};
       const qqStatus_t st = qqmm_single(ce, handle, x, x_scales, &ws.t, w_scales ? &wss.t : nullptr, p,
                                         global_scale_x, gw, nullptr, out, stream, false);
@@ -741,6 +750,7 @@ qqStatus_t to_decode_layout_api(const char* op, bool gated, qqHandle_t handle, c
     QQ_TRY(decode_buffer(c, "out", out, a.E * decode_layout_bytes(a.N, a.K, decode_fmt(a.q))));
     QQ_TRY(check_no_alias(c, {{"out", out}}, {{"w", w}, {"scales", scales}, {"biases", biases}}));
     a.out = (uint8_t*)out->data + out->byte_offset;
+    if (numel(out) == 0) return QQ_STATUS_SUCCESS;  // (E, N or K 0: a layout of no bytes)
     if (c.device >= 0) return cuda::to_decode_layout(handle, a, stream);
     return cpu::to_decode_layout(a);
   });

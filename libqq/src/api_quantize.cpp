@@ -218,6 +218,7 @@ QQ_API qqStatus_t qqQuantizeMoe(qqHandle_t handle, const DLTensor* x, const qqQu
     QQ_TRY(check_byte_kind(c, "data", data, a.q, ByteRole::DATA));
     QQ_TRY(check_byte_kind(c, "scales", scales, a.q, ByteRole::SCALES));
     QQ_TRY(check_no_alias(c, {{"data", data}, {"scales", scales}}, {{"w", x}}));
+    if (E == 0) return QQ_STATUS_SUCCESS;  // (D1 and D2 are positive: moe_check)
     if (c.device < 0) return cpu::quantize_colwise(a);
     return cuda::quantize_colwise(handle, a, stream);
   });

@@ -137,21 +137,28 @@ constexpr int64_t kMaxElems = int64_t(1) << 56;
 }  // namespace
 
 int64_t numel(const DLTensor* t) {
+  for (int i = 0; i < t->ndim; ++i)
+    if (t->shape[i] == 0) return 0;  // (first: the other extents' product may be anything)
   int64_t n = 1;
   for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
   return n;
 }
 
+// The product of the extents, or -1 if one is negative or the product of the non-zero ones
+// exceeds 2^56: an empty tensor's other extents are bounded too, so that every partial
+// product (numel, to_mat's empty strides) fits in int64 once a tensor has passed this.
 int64_t bounded_product(int n, const int64_t* shape) {
   int64_t p = 1;
+  bool empty = false;
   for (int i = 0; i < n; ++i) {
-    if (shape[i] == 0) return 0;
-  }
-  for (int i = 0; i < n; ++i) {
+    if (shape[i] == 0) {
+      empty = true;
+      continue;
+    }
     if (shape[i] < 0 || shape[i] > kMaxElems || p > kMaxElems / shape[i]) return -1;
     p *= shape[i];
   }
-  return p;
+  return empty ? 0 : p;
 }
 
 int64_t stride_of(const DLTensor* t, int i) {

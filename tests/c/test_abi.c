@@ -845,7 +845,94 @@ static int t_swizzle_out_dtype(void) {
   return expect(qqSwizzleScales(NULL, &tl, &tb, NULL), ST(QQ_STATUS_INVALID_VALUE), "out");
 }
 
+/* ======================================================================== */
+/* empty tensors (session aa's probe): bounded extents, no work, no UB       */
+/* ======================================================================== */
+static int t_empty_huge_extents(void) {
+  /* [2^62, 2^62, 0]: numel and to_mat's empty strides overflowed int64 (UBSan) */
+  float o = 5.0f;
+  int64_t xs[3] = {P2(62), P2(62), 0}, os[1] = {1};
+  DLTensor x = tens(FAKE, F32, 3, xs), out = tens(&o, F32, 1, os);
+  return expect(qqAmax(NULL, &x, &out, NULL), ST(QQ_STATUS_INVALID_VALUE), "2^56");
+}
+
+static int t_amax_empty_many_rows(void) {
+  /* [3, 2^40, 0]: the CPU looped 3 * 2^40 empty rows (a hang); an empty x gives 0 */
+  float o = 5.0f;
+  int64_t xs[3] = {3, P2(40), 0}, os[1] = {1};
+  DLTensor x = tens(FAKE, F32, 3, xs), out = tens(&o, F32, 1, os);
+  qqStatus_t st = qqAmax(NULL, &x, &out, NULL);
+  if (st != QQ_STATUS_SUCCESS || o != 0.0f) return fail("%s, out %g", stname(st), (double)o);
+  return pass("0");
+}
+
+static int t_swizzle_empty(void) {
+  /* linear [0, 5] -> blocked [0, 8] with NULL data (memset(NULL) under UBSan), and [2^40, 0] (a hang) */
+  static uint8_t buf[16];
+  int64_t ls[2] = {0, 5}, bs[2] = {0, 8}, ls2[2] = {P2(40), 0}, bs2[2] = {P2(40), 0};
+  DLTensor l = tens(NULL, U8, 2, ls), b = tens(NULL, U8, 2, bs);
+  DLTensor l2 = tens(buf, U8, 2, ls2), b2 = tens(buf + 8, U8, 2, bs2);
+  qqStatus_t s1 = qqSwizzleScales(NULL, &l, &b, NULL), s2 = qqSwizzleScales(NULL, &l2, &b2, NULL);
+  if (s1 != QQ_STATUS_SUCCESS || s2 != QQ_STATUS_SUCCESS) return fail("%s / %s", stname(s1), stname(s2));
+  return pass("both SUCCESS");
+}
+
+static int t_decode_layout_empty(void) {
+  /* N = 0: a layout of no bytes (memset(NULL, 0, 0) under UBSan) */
+  int64_t ws[2] = {0, 128}, ss[2] = {0, 16}, os[1] = {0};
+  DLTensor w = tens(NULL, U8, 2, ws), sc = tens(NULL, U8, 2, ss), out = tens(NULL, U8, 1, os);
+  qqQuantParams_t p;
+  qqQuantParamsInit(&p, QQ_MODE_NVFP4);
+  return expect(qqToDecodeLayout(NULL, &w, &sc, NULL, &p, &out, NULL), ST(QQ_STATUS_SUCCESS), "");
+}
+
+static int t_grouped_no_experts_validates(void) {
+  /* E = 0, T = 0: mode affine (and any argument) was accepted without a look */
+  static float xb[1], ob[1];
+  int64_t xs[2] = {0, 32}, ws[3] = {0, 4, 32}, offs[1] = {0}, os[2] = {0, 4};
+  DLTensor x = tens(xb, F32, 2, xs), w = tens(NULL, F32, 3, ws), off = tens(NULL, I32, 1, offs);
+  DLTensor out = tens(ob, F32, 2, os);
+  qqQqmmParams_t p;
+  qqQqmmParamsInit(&p, QQ_MODE_AFFINE);
+  return expect(qqGroupedQqmm(NULL, &x, NULL, &off, &w, NULL, &p, NULL, NULL, &out, NULL),
+                ST(QQ_STATUS_INVALID_VALUE), "affine");
+}
+
+static int t_grouped_global_scale_dtype(void) {
+  /* a float16 global_scale_w is INVALID_DTYPE, as qqQqmm says it (it was INVALID_VALUE) */
+  static uint16_t g[2];
+  int64_t xs[2] = {4, 32}, ws[3] = {2, 4, 32}, offs[1] = {2}, gs[1] = {2}, os[2] = {4, 4};
+  static int32_t ends[2] = {2, 4};
+  DLDataType F16 = {kDLFloat, 16, 1};
+  DLTensor x = tens(xbuf, F32, 2, xs), w = tens(wbuf, F32, 3, ws), off = tens(ends, I32, 1, offs);
+  DLTensor gw = tens(g, F16, 1, gs), out = tens(obuf, F32, 2, os);
+  qqQqmmParams_t p;
+  qqQqmmParamsInit(&p, QQ_MODE_NVFP4);
+  return expect(qqGroupedQqmm(NULL, &x, NULL, &off, &w, NULL, &p, NULL, &gw, &out, NULL),
+                ST(QQ_STATUS_INVALID_DTYPE), "global_scale_w");
+}
+
+static int t_qqmm_batched_0d_x_scales(void) {
+  /* a 0-d x_scales beside a batched w: SubTensor read strides[0] of it (ASan: heap overflow) */
+  static uint8_t sc[1];
+  int64_t xs[2] = {2, 32}, ws[3] = {2, 4, 32}, os[3] = {2, 2, 4}, zero_strides[1] = {1};
+  DLTensor x = tens(xbuf, F32, 2, xs), w = tens(wbuf, F32, 3, ws), out = tens(obuf, F32, 3, os);
+  DLTensor xsc = tens(sc, U8, 0, NULL);
+  xsc.strides = zero_strides;  /* non-NULL strides on a 0-d tensor: nothing to read */
+  qqQqmmParams_t p;
+  qqQqmmParamsInit(&p, QQ_MODE_MXFP8);
+  return expect(qqQqmm(NULL, &x, &xsc, &w, NULL, &p, NULL, NULL, NULL, &out, NULL), ST(QQ_STATUS_INVALID_VALUE),
+                "x_scales");
+}
+
 static const struct check kChecks[] = {
+    {"empty_huge_extents", t_empty_huge_extents, 0},
+    {"amax_empty_many_rows", t_amax_empty_many_rows, 0},
+    {"swizzle_empty", t_swizzle_empty, 0},
+    {"decode_layout_empty", t_decode_layout_empty, 0},
+    {"grouped_no_experts_validates", t_grouped_no_experts_validates, 0},
+    {"grouped_global_scale_dtype", t_grouped_global_scale_dtype, 0},
+    {"qqmm_batched_0d_x_scales", t_qqmm_batched_0d_x_scales, 0},
     {"moe_shapes_bound", t_moe_shapes_bound, 0},
     {"last_route_clears_message", t_last_route_clears_message, 0},
     {"qqmm_layout_enum_float_operand", t_qqmm_layout_enum_float_operand, 0},

@@ -516,6 +516,10 @@ qqStatus_t swizzle(const Mat& lin, const Mat& blk, bool to_blocked) {
 // ---- amax ----------------------------------------------------------------------
 qqStatus_t amax(const Mat& x, float* out) {
   float m = 0.0f;
+  if (x.batch() == 0 || x.rows == 0 || x.cols == 0) {  // (an empty x's other extents may be huge)
+    *out = m;
+    return QQ_STATUS_SUCCESS;
+  }
   std::vector<float> row(x.cols);
   for (int64_t b = 0; b < x.batch(); ++b)
     for (int64_t r = 0; r < x.rows; ++r) {
