@@ -305,8 +305,10 @@ cdef object _new_quantized_array(data, scales, biases, mode, const qqQuantParams
                                   global_scale, rounding, scale_layout, fp8_format, tuple shape):
     """A QuantizedArray from an operation that has validated everything already: the fields
     are set directly (QuantizedArray() would resolve the parameters again; 1.5 us a call)."""
-    mode, rounding, scale_layout, fp8_format = (_plain_str(mode), _plain_str(rounding),
-                                                _plain_str(scale_layout), _plain_str(fp8_format))
+    if not (type(mode) is str and type(rounding) is str and type(scale_layout) is str
+            and type(fp8_format) is str):      # (the rare case: pointer compares on the hot path)
+        mode, rounding, scale_layout, fp8_format = (_plain_str(mode), _plain_str(rounding),
+                                                    _plain_str(scale_layout), _plain_str(fp8_format))
     if not _qa_slots_known:
         qa = QuantizedArray.__new__(QuantizedArray)
         (qa.data, qa.scales, qa.biases, qa.mode, qa.group_size, qa.bits, qa.global_scale,
