@@ -71,8 +71,7 @@ QQ_API qqStatus_t qqAmax(qqHandle_t handle, const DLTensor* x, DLTensor* out, vo
     DType dt, odt;
     QQ_TRY(check_tensor(c, "x", x, &dt));
     QQ_TRY(expect_float(c, "x", x, dt));
-    const qqStatus_t ost = check_tensor(c, "out", out, &odt);
-    if (ost) return ost == QQ_STATUS_INVALID_DTYPE ? QQ_STATUS_INVALID_VALUE : ost;
+    QQ_TRY(check_output(c, "out", out, false, &odt));
     if (odt != DType::F32 || numel(out) != 1)
       return set_error(QQ_STATUS_INVALID_VALUE, "amax: argument 'out' must be a float32 tensor of one element");
     Mat m;

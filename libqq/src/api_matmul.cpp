@@ -466,12 +466,7 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
       if (c.device < 0 && raw_enum(p.quant.mode) == QQ_MODE_NVFP4) {
         const float* g = (const float*)((const char*)global_scale_w->data + global_scale_w->byte_offset);
         const int64_t n = numel(global_scale_w), gst = global_scale_w->ndim ? stride_of(global_scale_w, 0) : 0;
-        for (int64_t e = 0; e < n; ++e)
-          if (!(g[e * gst] == 0.0f || nvfp4_gs_valid(g[e * gst])))
-            return set_error(QQ_STATUS_INVALID_VALUE, "grouped_qqmm: argument 'global_scale_w' holds %g (entry "
-                             "%lld); a global scale must be a positive finite number of at least %g (the "
-                             "expert's amax), or 0 for none", (double)g[e * gst], (long long)e,
-                             (double)kNvfp4MinGlobalScale);
+        for (int64_t e = 0; e < n; ++e) QQ_TRY(check_host_global_scale(c, "global_scale_w", g[e * gst], e));
       }
     }
     QQ_TRY(check_output(c, "out", out, true, &dt));
@@ -488,6 +483,7 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
     // (cuda::grouped_qqmm). Validated as one qqmm of all T tokens against
     // expert 0's weight; the other experts are views of the same tensors.
     const bool one_gw = global_scale_w && numel(global_scale_w) == 1;  // one scale for every expert
+    bool checked = false;  // the arguments checked as expert 0's qqmm of all T tokens
     if (c.device >= 0 && T > 0 && E > 0 && (!global_scale_w || one_gw || stride_of(global_scale_w, 0) == 1)) {
       SubTensor ws(w, 0, 0, true), wss(w_scales ? w_scales : w, 0, 0, true);
       SubTensor gws(global_scale_w && !one_gw ? global_scale_w : offsets, 0, 0, true);
@@ -500,6 +496,7 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
         const std::string msg = last_error();
         return set_error(st, "grouped_qqmm: expert 0: %s", msg.c_str());
       }
+      checked = true;
       a.w.nb = 1;
       a.w.bshape[0] = E;
       a.w.bstride[0] = stride_of(w, 0);
@@ -517,7 +514,7 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x, const DLTe
     // does): a wrong 'out' is then named by its own shape, not by an expert's rows of it.
     // With no experts (E = 0) that expert is virtual, as an empty qqmm batch's entry: the
     // arguments are still checked, with a stand-in address (never read) for NULL data.
-    if ((T > 0 && E > 0) || E == 0) {
+    if (!checked && (T > 0 || E == 0)) {
       SubTensor ws(w, 0, 0, true), wss(w_scales ? w_scales : w, 0, 0, true);
       SubTensor gws(global_scale_w && !one_gw ? global_scale_w : offsets, 0, 0, true);
       const DLTensor* gw = one_gw ? global_scale_w : (global_scale_w ? &gws.t : nullptr);

@@ -196,8 +196,7 @@ QQ_API qqStatus_t qqQuantizeMoe(qqHandle_t handle, const DLTensor* x, const qqQu
     a.x = m;
     // data: [E, D1, D2] with strides (D1*D2, 1, D1)
     DType ddt;
-    qqStatus_t st = check_tensor(c, "data", data, &ddt);
-    if (st) return st == QQ_STATUS_INVALID_DTYPE ? QQ_STATUS_INVALID_VALUE : st;
+    QQ_TRY(check_output(c, "data", data, false, &ddt));
     const int64_t dsh[3] = {E, D1, D2};
     QQ_TRY(expect_shape(c, "data", data, 3, dsh, "[E, D1, D2]"));
     if (ddt != DType::U8 || !data->strides || data->strides[1] != 1 || (D2 > 1 && data->strides[2] != D1) ||

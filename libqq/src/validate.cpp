@@ -537,14 +537,16 @@ qqStatus_t global_scale_ptr(Ctx& c, const char* name, const DLTensor* t, const Q
   // the GPU cannot be read without a synchronization: there the codec treats
   // every value outside the valid range as "no global scale" (nvfp4_gs in
   // codec.h), as it does for 0, the amax of an all-zero tensor.
-  if (c.device < 0) {
-    const float g = **out;
-    if (!(g == 0.0f || nvfp4_gs_valid(g)))
-      return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' is %g; a global scale must be a positive "
-                       "finite number of at least %g (the tensor's amax, e.g. qq.amax(x)), or 0 / None for none",
-                       c.op, name, (double)g, (double)kNvfp4MinGlobalScale);
-  }
+  if (c.device < 0) return check_host_global_scale(c, name, **out, -1);
   return QQ_STATUS_SUCCESS;
+}
+
+qqStatus_t check_host_global_scale(Ctx& c, const char* name, float g, int64_t entry) {
+  if (g == 0.0f || nvfp4_gs_valid(g)) return QQ_STATUS_SUCCESS;
+  const std::string where = entry < 0 ? "" : " (entry " + std::to_string(entry) + ")";
+  return set_error(QQ_STATUS_INVALID_VALUE, "%s: argument '%s' is %g%s; a global scale must be a positive finite "
+                   "number of at least %g (the tensor's amax, e.g. qq.amax(x)), or 0 / None for none", c.op, name,
+                   (double)g, where.c_str(), (double)kNvfp4MinGlobalScale);
 }
 
 qqStatus_t input_scales(Ctx& c, const char* name, const DLTensor* t, const QSpec& q, int fnd,

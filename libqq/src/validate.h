@@ -126,6 +126,9 @@ void quantized_shapes(const QSpec& q, int nd, const int64_t* x, int64_t* data, i
 qqStatus_t check_k(Ctx& c, const char* name, const char* axis, int64_t k, const QSpec& q);
 // Global scale: float32, one element, same device; nvfp4 only.
 qqStatus_t global_scale_ptr(Ctx& c, const char* name, const DLTensor* t, const QSpec& q, const float** out);
+// A global scale read from host memory: 0 (none) or within nvfp4's range, else
+// INVALID_VALUE naming it (and its entry, where entry >= 0, of a per-expert array).
+qqStatus_t check_host_global_scale(Ctx& c, const char* name, float g, int64_t entry);
 // Scales (and affine biases) given as input, checked against the logical
 // float shape `fshape` of the operand they describe (ndim fnd).
 qqStatus_t input_scales(Ctx& c, const char* name, const DLTensor* t, const QSpec& q, int fnd,

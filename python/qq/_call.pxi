@@ -634,20 +634,9 @@ cdef object _numpy_empty(tuple shape, str dtype):
     # request that a sanitizer's allocator treats as fatal); _Call.empty says it as a
     # ValueError. Extents below 2^18 in at most 3 dimensions cannot get there: the common
     # case costs an or a dimension (a product on every call cost a NumPy quantize ~2 %).
-    if (bits >> 18) != 0 or nd > 3:
-        if _too_many(dims, nd):
-            raise ValueError("array is too big")
+    if ((bits >> 18) != 0 or nd > 3) and _beyond_limits(shape):
+        raise ValueError("array is too big")
     return cnp.PyArray_EMPTY(nd, dims, typenum, 0)
-
-
-cdef bint _too_many(const cnp.npy_intp* dims, int nd) noexcept:
-    """More than 2^56 elements (a double product: near the bound NumPy's own MemoryError,
-    said the same way by _Call.empty, is the backstop)."""
-    cdef double n = 1.0
-    cdef int i
-    for i in range(nd):
-        n *= <double>dims[i]
-    return n > 72057594037927936.0
 
 
 cdef dict _TORCH_DEVICES = {}

@@ -79,16 +79,14 @@ cdef int _quant_params(str func, qqQuantParams_t* p, mode, group_size, bits, rou
         p[0] = _last_params
         return 0
     key = (mode, group_size, bits, rounding, scale_layout, fp8_format)
-    cdef bytes cached = None
-    # (only plain keys are looked up: 32.0 or a str subclass would find the entry of 32 or of
-    # the str, equal and of the same hash, and skip the checks that refuse them)
-    if _plain_key(key):
-        cached = _PARAMS_CACHE.get(key)
+    # Only plain keys are cached and looked up: 32.0 or a str subclass would find the entry of
+    # 32 or of the str (equal, of the same hash) and skip the checks that refuse them.
+    cdef bint plain = _plain_key(key)
+    cdef bytes cached = _PARAMS_CACHE.get(key) if plain else None
     if cached is not None:
         memcpy(p, <const char*>cached, sizeof(qqQuantParams_t))
-        if _plain_key(key):
-            _last_params = p[0]     # (the struct before the key that names it)
-            _LAST_PARAMS_ARGS = key
+        _last_params = p[0]     # (the struct before the key that names it)
+        _LAST_PARAMS_ARGS = key
         return 0
     cdef qqStatus_t st = qqQuantParamsInit(p, <qqMode_t>_enum(func, "mode", mode, _MODES))
     _check(st)
@@ -111,7 +109,7 @@ cdef int _quant_params(str func, qqQuantParams_t* p, mode, group_size, bits, rou
     cdef int64_t ss[2]
     cdef int sn = 0
     _check_as(qqQuantizedShapes(p, 1, &xs, &ds, ss, &sn), "quantized_shapes", func)
-    if _plain_key(key):
+    if plain:
         if len(_PARAMS_CACHE) < 256:
             _PARAMS_CACHE[key] = (<char*>p)[:sizeof(qqQuantParams_t)]
         _last_params = p[0]
