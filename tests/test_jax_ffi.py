@@ -17,6 +17,8 @@ On JAX's CPU backend (CI), and - marked gpu, skipped without a CUDA JAX backend 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -492,6 +494,33 @@ def test_error_at_run_time_from_the_handler(dev):
     with pytest.raises(Exception, match="argument 'global_scale' is given but mode is mxfp8"):
         jax.block_until_ready(jax.jit(lambda x: qq.quantize(x, mode="mxfp8", global_scale=1.0))(
             put(np.ones((4, 64), F32), dev)))
+
+
+def test_empty_results_still_checked(dev):
+    """A call whose results all have zero elements still runs libqq's checks under jit (XLA
+    drops such a call as dead code unless it is marked as having a side effect): the same
+    errors as eager, and valid empty calls give the eager shapes."""
+    x0, xi = np.ones((0, 64), F32), np.ones((0, 64), np.int32)
+    w = qq.quantize(np.ones((32, 64), F32), mode="mxfp8")
+    wj = jax.tree_util.tree_map(lambda a: put(a, dev), w)
+    cases = [  # f(x, w, bias), x, the message eager and jit share
+        (lambda x, w, b: qq.quantize(x, mode="mxfp8"), xi, "argument 'x' has dtype int32"),
+        (lambda x, w, b: qq.quantize(x, mode="mxfp8", global_scale=1.0), x0, "is given but mode is mxfp8"),
+        (lambda x, w, b: qq.quantized_matmul(x, w, bias=b), x0, "argument 'bias' has shape (5,)"),
+        (lambda x, w, b: qq.quantized_matmul(x, w, bias=b), xi, "argument 'x' has dtype int32"),
+    ]
+    b5 = np.ones((5,), F32)
+    for f, x, msg in cases:
+        with pytest.raises(Exception, match=re.escape(msg)):
+            f(x, w, b5)
+        with pytest.raises(Exception, match=re.escape(msg)):
+            jax.block_until_ready(jax.jit(f)(put(x, dev), wj, put(b5, dev)))
+    q = jax.block_until_ready(jax.jit(lambda x: qq.quantize(x, mode="mxfp8"))(put(x0, dev)))
+    assert q.data.shape == (0, 64) and q.scales.shape == (0, 2)
+    y = jax.block_until_ready(jax.jit(qq.quantized_matmul)(put(x0, dev), wj))
+    assert y.shape == (0, 32) and y.dtype == jnp.float32
+    qv = jax.jit(jax.vmap(lambda x: qq.quantize(x, mode="mxfp8")))(put(np.ones((3, 0, 64), F32), dev))
+    assert qv.data.shape == (3, 0, 64)
 
 
 def test_functions_without_a_handler_say_so():

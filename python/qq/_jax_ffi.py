@@ -168,7 +168,13 @@ def _ffi(op, operands, results, **attrs):
             names.append(name)
             arrays.append(a)
     kw = {k: (np.float32(v) if k == "beta" else np.int32(v)) for k, v in attrs.items()}
-    call = jax.ffi.ffi_call(f"qq_{op}", results, vmap_method="expand_dims")
+    # A call whose results all have zero elements is dead code to XLA (its results are
+    # constants), so it would never run, and the checks only libqq makes (an int32 x, a
+    # wrong bias, a global scale outside nvfp4) would pass silently where the eager call
+    # raises. Such a call is marked as having a side effect: XLA keeps and runs it, libqq
+    # checks the arguments and writes nothing.
+    empty = all(0 in tuple(r.shape) for r in results)
+    call = jax.ffi.ffi_call(f"qq_{op}", results, vmap_method="expand_dims", has_side_effect=empty)
     return call(*arrays, operands=",".join(names), rank=np.int32(np.ndim(arrays[0])), **kw)
 
 

@@ -258,13 +258,14 @@ size_t grouped_gemm_sm90_scratch(const GroupedGemmSm90& g) {
 }
 
 const char* grouped_gemm_sm90(const GroupedGemmSm90& g, void* scratch, cudaStream_t st) {
+  // (refused before any launch: an error leaves the stream as it was)
+  if (g.b_trans && (g.d_f32 || g.split != kSplitRows)) return "a transposed B is built for bf16 grouped_qqmm only";
   const Arrays r = carve(scratch, g.E);
   const int64_t outputs = g.split == kSplitRows ? g.T * g.N : (int64_t)g.E * g.K * g.N;
   int blocks = (int)std::min<int64_t>((outputs + kPrepThreads * 16 - 1) / (kPrepThreads * 16), 4 * g.sm_count);
   prep_kernel<<<blocks < 1 ? 1 : blocks, kPrepThreads, 0, st>>>(g, r);
   if (cudaPeekAtLastError() != cudaSuccess) return "the group-shape kernel did not launch";
   void* workspace = static_cast<char*>(scratch) + arrays_bytes(g.E);
-  if (g.b_trans && (g.d_f32 || g.split != kSplitRows)) return "a transposed B is built for bf16 grouped_qqmm only";
   return g.d_f32 ? run<Gf32>(g, r, workspace, st) : g.b_trans ? run<Gbf16T>(g, r, workspace, st)
                                                     : run<Gbf16>(g, r, workspace, st);
 }
