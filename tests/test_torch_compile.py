@@ -1,10 +1,11 @@
-"""torch.compile of qq calls and of qq.torch.QQLinear (docs/api.md, "torch.compile").
+"""torch.compile of qq calls and of qq.torch.QQLinear / QQGroupedLinear (docs/api.md,
+"torch.compile").
 
 Every compiled function runs with fullgraph=True (a graph break is an error) and must
 return exactly what the same function returns eagerly: libqq's CPU path is deterministic,
 so quantized codes, scales and GEMM outputs are compared bit for bit. Most cases compile
 with the "eager" / "aot_eager" backends (Dynamo + AOTAutograd with the fake
-implementations, no code generation); one test runs inductor. CUDA variants are marked gpu.
+implementations, no code generation); two tests run inductor. CUDA variants are marked gpu.
 """
 
 from __future__ import annotations
@@ -253,6 +254,27 @@ def test_opcheck_matmuls_and_linear():
         _, *saved = torch.ops.qq.linear(x2, wr.detach(), None, mode, True)
         torch.library.opcheck(torch.ops.qq.linear_backward,
                               (dy, saved, mode, True, True, torch.float32, torch.float32))
+
+
+def test_opcheck_grouped_linear(monkeypatch):
+    """opcheck of qq.torch's grouped linear ops (fake shapes, dtypes and strides, autograd
+    registration) in every mode, and of the mxfp8 form whose dgrad operand is quantize_moe's
+    codes (the block-scaled GPUs' path, forced on the CPU)."""
+    off = torch.tensor([16, 16, 40], dtype=torch.int32)     # expert 1 empty
+
+    def run(mode):
+        x, w = data(40, 64).requires_grad_(), (data(3, 64, 64, seed=1) / 16).requires_grad_()
+        torch.library.opcheck(torch.ops.qq.grouped_linear, (x, w, off, mode))
+        torch.library.opcheck(torch.ops.qq.grouped_linear, (x, w.detach(), off, mode))
+        _, *dgrad = torch.ops.qq.grouped_linear(x.detach(), w.detach(), off, mode)
+        for need in ((True, True), (True, False), (False, True)):
+            torch.library.opcheck(torch.ops.qq.grouped_linear_backward,
+                                  (data(40, 64, seed=4), x.detach(), off, dgrad, mode, *need, torch.float32))
+
+    for mode in qqt.MODES:
+        run(mode)
+    monkeypatch.setattr(qqt, "_values_path", lambda t: False)
+    run("mxfp8")
 
 
 # =========================================================================================
@@ -670,6 +692,159 @@ def test_qqlinear_partial_grads_and_no_grad():
     assert_same(grads[0], grads[1])
     with torch.no_grad():
         assert_same(cm(x), model(x))
+
+
+# =========================================================================================
+# qq.torch.QQGroupedLinear
+# =========================================================================================
+
+GROUP_ENDS = [16, 16, 40]     # three experts, ragged, the second one empty
+
+
+def grouped_step(layer, x, ends=GROUP_ENDS, x_grad=True, dynamic=False):
+    """y, dx and dW of one step of a QQGroupedLinear layer (or its compiled form) on x."""
+    layer.weight.grad = None
+    x = x.detach().requires_grad_(x_grad)
+    if dynamic:
+        torch._dynamo.mark_dynamic(x, 0)
+    y = layer(x, torch.tensor(ends, dtype=torch.int32, device=x.device))
+    y.float().square().sum().backward()
+    return [y, x.grad, layer.weight.grad]
+
+
+def grouped_layer(mode, device="cpu", dtype=torch.float32):
+    torch.manual_seed(0)
+    return qqt.QQGroupedLinear(3, 64, 64, mode=mode, device=device, dtype=dtype)
+
+
+def grouped_ops(rec):
+    """The qq ops in the forward and backward graphs a recording aot_eager backend kept:
+    compiled, the layer must be the two qq::grouped_linear ops (whose backward is registered),
+    not the insides of the eager autograd.Function traced by luck."""
+    def ops(graphs):
+        return {str(n.target) for g in graphs for n in g.graph.nodes
+                if n.op == "call_function" and str(n.target).startswith("qq.")}
+    return ops(rec.fw_graphs), ops(rec.bw_graphs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", qqt.MODES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_grouped_linear_forward_backward(device, mode, dtype):
+    """A compiled QQGroupedLinear layer (ragged groups, an empty expert, T = 40 not a multiple
+    of the wgrad block): y, dx and dW bit-equal to eager with the eager and aot_eager backends
+    and with inductor; forward and backward are the qq::grouped_linear ops."""
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+    d = dev(device)
+    layer = grouped_layer(mode, d, dtype)
+    x = data(40, 64, device=d, dtype=dtype)
+    want = grouped_step(layer, x)
+    rec = AotEagerAndRecordGraphs()
+    for backend in ("eager", rec, "inductor"):
+        torch._dynamo.reset()
+        assert_same(grouped_step(compiled(layer, backend), x), want, f"{backend}")
+    assert grouped_ops(rec) == ({"qq.grouped_linear.default"}, {"qq.grouped_linear_backward.default"})
+
+
+def test_grouped_linear_codes_path(monkeypatch):
+    """mxfp8 on the path block-scaled GPUs take (dgrad's operand is quantize_moe's codes and
+    scales, two tensors from the forward op), forced on the CPU: compiled equals eager, and
+    both equal the exact path's values route within fp32 rounding."""
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+    x = data(40, 64)
+    values = grouped_step(grouped_layer("mxfp8"), x)
+    monkeypatch.setattr(qqt, "_values_path", lambda t: False)
+    layer = grouped_layer("mxfp8")
+    eager = grouped_step(layer, x)
+    rec = AotEagerAndRecordGraphs()
+    assert_same(grouped_step(compiled(layer, rec), x), eager)
+    assert grouped_ops(rec) == ({"qq.grouped_linear.default"}, {"qq.grouped_linear_backward.default"})
+    for a, b in zip(eager, values):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_linear_partial_grads_dynamic_tokens_no_grad():
+    """A frozen weight (the backward op is asked for dx alone), an input without grad (dW
+    alone), a dynamic token axis (one compile serves T = 40 and 72: the fakes on a symbolic
+    T) and a no_grad forward: all equal to eager."""
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+    off = torch.tensor(GROUP_ENDS, dtype=torch.int32)
+    for mode in qqt.MODES:
+        layer = grouped_layer(mode)
+        x = data(40, 64, seed=1)
+        for x_grad, w_grad in ((True, False), (False, True)):
+            torch._dynamo.reset()
+            layer.weight.requires_grad_(w_grad)
+            rec = AotEagerAndRecordGraphs()
+            assert_same(grouped_step(compiled(layer, rec), x, x_grad=x_grad),
+                        grouped_step(layer, x, x_grad=x_grad), f"{mode} x {x_grad} weight {w_grad}")
+            (bw,) = [n for g in rec.bw_graphs for n in g.graph.nodes
+                     if n.target is torch.ops.qq.grouped_linear_backward.default]
+            assert bw.args[5:7] == (x_grad, w_grad)      # need_dx, need_dw
+        layer.weight.requires_grad_(True)
+        torch._dynamo.reset()
+        rec = AotEagerAndRecordGraphs()
+        cm = compiled(layer, rec)
+        for t, ends in ((40, GROUP_ENDS), (72, [30, 30, 72])):
+            xt = data(t, 64, seed=t)
+            assert_same(grouped_step(cm, xt, ends, dynamic=True), grouped_step(layer, xt, ends), f"{mode} T={t}")
+        assert len(rec.graphs) == 1, mode
+        with torch.no_grad():
+            assert_same(cm(x, off), layer(x, off), f"{mode} no_grad")
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_grouped_linear_export(strict):
+    """torch.export of a module holding QQGroupedLinear: the program holds the
+    qq::grouped_linear op, and its module's forward and backward equal eager's (the
+    backward was 'no autograd formula' for the grouped_qqmm traced out of the eager
+    autograd.Function)."""
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.moe = grouped_layer("nvfp4")
+
+        def forward(self, x, offsets):
+            return self.moe(x, offsets)
+
+    m, x = M(), data(40, 64)
+    off = torch.tensor(GROUP_ENDS, dtype=torch.int32)
+    ep = torch.export.export(m, (x, off), strict=strict)
+    assert {str(n.target) for n in ep.graph.nodes if "qq." in str(n.target)} == {"qq.grouped_linear.default"}
+    em = ep.module()
+    want = grouped_step(m.moe, x)
+    xg = x.clone().requires_grad_()
+    y = em(xg, off)
+    y.float().square().sum().backward()
+    assert_same([y, xg.grad, em.get_parameter("moe.weight").grad], want)
+
+
+def test_grouped_linear_double_backward_compiled():
+    """A second backward through the compiled layer's gradients (create_graph=True) raises
+    instead of silently dropping the GEMMs' terms: with backend="eager" qq's own message, as
+    eagerly (the gradient used to come back without a graph: a penalty on it added nothing);
+    through AOTAutograd (aot_eager, inductor) torch's refusal of any double backward. A
+    frozen weight's dx stays a plain tensor, as eagerly."""
+    off = torch.tensor([4, 8], dtype=torch.int32)
+    for backend in ("eager", "aot_eager"):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        x = torch.randn(8, 64, requires_grad=True)
+        w = torch.randn(2, 32, 64, requires_grad=True)
+        f = compiled(lambda x, w: qqt.qq_grouped_linear(x, w, off), backend)
+        (g,) = torch.autograd.grad(f(x, w).sum(), x, create_graph=True)
+        words = ("qq_grouped_linear: differentiating its gradients again" if backend == "eager" else
+                 "torch.compile with aot_autograd does not currently support double backward")
+        with pytest.raises(RuntimeError, match=words):
+            (g.square().sum() + w.square().sum()).backward()
+    torch._dynamo.reset()
+    x = torch.randn(8, 64, requires_grad=True)
+    f = compiled(lambda x: qqt.qq_grouped_linear(x, torch.ones(2, 32, 64), off), "eager")
+    (g,) = torch.autograd.grad(f(x).sum(), x, create_graph=True)
+    assert not g.requires_grad
+    (g.square().sum() + x.square().sum()).backward()
+    assert x.grad is not None
+
 
 
 def test_inductor():

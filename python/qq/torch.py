@@ -392,6 +392,11 @@ def qq_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
 
 # ---- mixture of experts: grouped linear layers ------------------------------------------
 
+def _grouped_values(weight: torch.Tensor, mode: str) -> bool:
+    """Whether the grouped layer multiplies q(W)'s bf16 values (mxfp8 on the exact path)."""
+    return mode == "mxfp8" and _values_path(weight)
+
+
 def _grouped_weight_operands(weight: torch.Tensor, mode: str):
     """The expert weights [E, N, K] as grouped_qqmm's operands: (forward kwargs, dgrad kwargs).
     mxfp8: the 32x32 quantization (the tiles make both directions the same values, as for one
@@ -399,7 +404,7 @@ def _grouped_weight_operands(weight: torch.Tensor, mode: str):
     call (dgrad reads them as a transposed view), where the block-scaled GEMMs are its codes
     from quantize_moe in each orientation; other modes: the float weight,
     quantized inside grouped_qqmm along the contracted axis (nvfp4 with per-expert amax)."""
-    if mode == "mxfp8" and _values_path(weight):
+    if _grouped_values(weight, mode):
         # the exact path multiplies q(W)'s bf16 values, one 32x32-tile quantization for both
         # directions: dgrad takes the same [E, N, K] values as a transposed view, which
         # grouped_qqmm's GEMM reads as stored (a transposed copy was 2 more bytes an element
@@ -430,11 +435,34 @@ def _grouped(a: torch.Tensor, op: dict, offsets: torch.Tensor, mode: str, dtype)
     return qq.grouped_qqmm(a, w, offsets, global_scale_w=op.get("global_scale_w"), **kw)
 
 
+def _grouped_backward(dy, x, offsets, bwd, mode, need_dx, need_dw, wdtype):
+    """(dx [T, K] or None, dW [E, N, K] or None) for dy [T, N] (rows readable): the backward
+    half shared by QQGroupedLinearFunction and the qq::grouped_linear_backward op; bwd is
+    dgrad's weight operand from _grouped_weight_operands."""
+    dx = dw = None
+    if need_dx:
+        dx = _grouped(dy, bwd, offsets, mode, x.dtype)
+    if need_dw:
+        # dW[e] [N, K] = q(dy_e)^T @ q(x_e): grouped_qqmm_wgrad(a, b) gives a_e^T @ b_e
+        # written in the weight's dtype by the GEMM itself (one rounding, as .to() of an
+        # fp32 result would give, without an fp32 [E, N, K] round trip through memory)
+        gdy, gx = (_gs(dy, mode), _gs(x, mode))
+        wname = str(wdtype).rpartition(".")[2]
+        direct = wname in ("float32", "bfloat16", "float16")
+        dw = qq.grouped_qqmm_wgrad(dy, x, offsets, mode=mode, global_scale_x=gdy, global_scale_dy=gx,
+                                   dtype=wname if direct else "float32")
+        if not direct:
+            dw = dw.to(wdtype)
+    return dx, dw
+
+
 class QQGroupedLinearFunction(torch.autograd.Function):
     """Router-free MoE linear: tokens x [T, K] sorted by expert, int32 cumulative group ends
     `offsets` [E], expert weights [E, N, K] -> y [T, N], y[rows of e] = x_e @ W[e]^T. All three
     GEMMs quantized as in QQLinear (forward and dgrad through qq.grouped_qqmm, the weight
-    gradient through qq.grouped_qqmm_wgrad, blocks along the tokens of each expert)."""
+    gradient through qq.grouped_qqmm_wgrad, blocks along the tokens of each expert).
+    Eager only: under torch.compile qq_grouped_linear runs the qq::grouped_linear custom op
+    instead (the same computation, with torch.library.register_autograd)."""
 
     @staticmethod
     def forward(ctx, x, weight, offsets, mode):
@@ -448,21 +476,8 @@ class QQGroupedLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, offsets = ctx.saved_tensors
-        dy = dy.contiguous()
-        dx = dw = None
-        if ctx.needs_input_grad[0]:
-            dx = _grouped(dy, ctx.bwd, offsets, ctx.mode, x.dtype)
-        if ctx.needs_input_grad[1]:
-            # dW[e] [N, K] = q(dy_e)^T @ q(x_e): grouped_qqmm_wgrad(a, b) gives a_e^T @ b_e
-            # written in the weight's dtype by the GEMM itself (one rounding, as .to() of an
-            # fp32 result would give, without an fp32 [E, N, K] round trip through memory)
-            gdy, gx = (_gs(dy, ctx.mode), _gs(x, ctx.mode))
-            wname = str(ctx.wdtype).rpartition(".")[2]
-            direct = wname in ("float32", "bfloat16", "float16")
-            dw = qq.grouped_qqmm_wgrad(dy, x, offsets, mode=ctx.mode, global_scale_x=gdy, global_scale_dy=gx,
-                                       dtype=wname if direct else "float32")
-            if not direct:
-                dw = dw.to(ctx.wdtype)
+        dx, dw = _grouped_backward(dy.contiguous(), x, offsets, ctx.bwd, ctx.mode, ctx.needs_input_grad[0],
+                                   ctx.needs_input_grad[1], ctx.wdtype)
         # (ctx.bwd stays: a graph kept with retain_graph=True is backed through again; the
         # operands go with the graph)
         dx, dw = _once_differentiable("qq_grouped_linear", (dx, dw), (dy.requires_grad or ctx.w_grad,
@@ -470,11 +485,104 @@ class QQGroupedLinearFunction(torch.autograd.Function):
         return dx, dw, None, None
 
 
+# torch.compile: the grouped layer's two halves as custom ops, as qq::linear's. dgrad's weight
+# operand goes from the forward op to the backward op as a list of tensors (an op returns no
+# dicts, and no output may alias an input or another output):
+#   mxfp8, exact path: [q(W)'s bf16 values [E, N, K]] - dgrad's transposed view of them is
+#     made again in the backward;
+#   mxfp8, block-scaled path: [quantize_moe's codes of W, their blocked scales];
+#   nvfp4 / mxfp4: [W^T [E, K, N]], then for nvfp4 the per-expert global scales [E].
+# x and the offsets, the op's inputs, are saved from there (_grouped_setup).
+
+def _dgrad_tensors(fwd: dict, bwd: dict) -> list:
+    """_grouped_weight_operands's dgrad operand as the tensors listed above."""
+    if bwd.get("values"):
+        return [fwd["w"]]       # the values themselves; bwd holds their transposed view
+    if "moe_scaling" in bwd:
+        return list(bwd["w"])
+    return [bwd["w"]] + ([bwd["global_scale_w"]] if "global_scale_w" in bwd else [])
+
+
+def _dgrad_operand(t: list, mode: str) -> dict:
+    """The inverse of _dgrad_tensors: the dict _grouped_weight_operands gave."""
+    if _grouped_values(t[0], mode):
+        return {"w": t[0].transpose(1, 2), "values": True}
+    if mode == "mxfp8":
+        return {"w": (t[0], t[1]), "moe_scaling": "32x32"}
+    return {"w": t[0], **({"global_scale_w": t[1]} if mode == "nvfp4" else {})}
+
+
+# Both call grouped_qqmm, which reads the offsets on the host off Hopper: tagged as it is
+# (cudagraph_unsafe)
+@torch.library.custom_op("qq::grouped_linear", mutates_args=(), tags=_torch_ops._HOST_SYNC_TAGS)
+def _grouped_linear_op(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor,
+                       mode: str) -> list[torch.Tensor]:
+    fwd, bwd = _grouped_weight_operands(weight, mode)
+    return [_grouped(x, fwd, offsets, mode, x.dtype)] + _dgrad_tensors(fwd, bwd)
+
+
+@_grouped_linear_op.register_fake
+def _(x, weight, offsets, mode):
+    (t, _), (e, n, k) = x.shape, weight.shape
+    out = [x.new_empty((t, n))]
+    if _grouped_values(weight, mode):
+        return out + [weight.new_empty((e, n, k), dtype=torch.bfloat16)]
+    if mode == "mxfp8":     # quantize_moe's codes (column-major per expert) and scales: its fake
+        return out + list(torch.ops.qq.quantize_moe(weight, "32x32", "ceil", "blocked", "e4m3", "false"))
+    return out + [weight.new_empty((e, k, n))] + ([weight.new_empty((e,), dtype=torch.float32)]
+                                                  if mode == "nvfp4" else [])
+
+
+@torch.library.custom_op("qq::grouped_linear_backward", mutates_args=(), tags=_torch_ops._HOST_SYNC_TAGS)
+def _grouped_linear_backward_op(dy: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor,
+                                dgrad: list[torch.Tensor], mode: str, need_dx: bool, need_dw: bool,
+                                wdtype: torch.dtype) -> list[torch.Tensor]:
+    # dy may arrive expanded (the gradient of .sum() has stride 0): libqq reads rows
+    dx, dw = _grouped_backward(dy.contiguous(), x.contiguous(), offsets, _dgrad_operand(dgrad, mode), mode,
+                               need_dx, need_dw, wdtype)
+    return [t for t in (dx, dw) if t is not None]
+
+
+@_grouped_linear_backward_op.register_fake
+def _(dy, x, offsets, dgrad, mode, need_dx, need_dw, wdtype):
+    return (([x.new_empty(x.shape)] if need_dx else [])
+            + ([x.new_empty((offsets.shape[0], dy.shape[1], x.shape[1]), dtype=wdtype)] if need_dw else []))
+
+
+def _grouped_setup(ctx, inputs, output):
+    x, weight, offsets, mode = inputs
+    ctx.save_for_backward(x, offsets, *output[1:])
+    ctx.mode, ctx.wdtype = mode, weight.dtype
+
+
+def _grouped_grad(ctx, grads):
+    x, offsets, *dgrad = ctx.saved_tensors
+    dy = grads[0]
+    need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    # The op has no derivative: its results are made plain, as QQGroupedLinearFunction's
+    # qq calls give them, and _once_differentiable (in grad mode: backend="eager" with
+    # create_graph=True; AOTAutograd traces this without) decides which refuse a second
+    # backward (without no_grad, x as an input would give dx of a frozen weight a graph)
+    with torch.no_grad():
+        r = iter(_grouped_linear_backward_op(dy, x, offsets, dgrad, ctx.mode, need_dx, need_dw, ctx.wdtype))
+    dx = next(r) if need_dx else None
+    dw = next(r) if need_dw else None
+    dx, dw = _once_differentiable("qq_grouped_linear", (dx, dw), (dy.requires_grad or need_dw,
+                                                                  dy.requires_grad or need_dx))
+    return dx, dw, None, None
+
+
+_grouped_linear_op.register_autograd(_grouped_grad, setup_context=_grouped_setup)
+
+
 def qq_grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor,
                       mode: str = "mxfp8") -> torch.Tensor:
     """y [T, N] of tokens x [T, K] sorted by expert through expert weights [E, N, K], with
-    quantized operands in the forward and both backward GEMMs (QQGroupedLinearFunction).
-    offsets: int32 [E], cumulative group ends (the last = T; empty experts allowed)."""
+    quantized operands in the forward and both backward GEMMs.
+    offsets: int32 [E], cumulative group ends (the last = T; empty experts allowed).
+
+    Eager: QQGroupedLinearFunction. Under torch.compile: the qq::grouped_linear custom op
+    (same results), so that a compiled model traces without graph breaks, backward included."""
     if mode not in MODES:
         raise ValueError(f"qq_grouped_linear: mode must be one of {MODES}; got {mode!r}")
     for name, t in (("x", x), ("weight", weight), ("offsets", offsets)):
@@ -505,7 +613,10 @@ def qq_grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tens
         raise ValueError(f"qq_grouped_linear: weight has strides {weight.stride()} (a transposed, expanded or "
                          f"overlapping view); libqq reads each expert row by row: pass weight.contiguous()")
     # x (and offsets) of any strides, as nn.Linear and qq_linear take x (read row by row)
-    return QQGroupedLinearFunction.apply(x.contiguous(), weight, offsets.contiguous(), mode)
+    x, offsets = x.contiguous(), offsets.contiguous()
+    if not torch.compiler.is_compiling():
+        return QQGroupedLinearFunction.apply(x, weight, offsets, mode)
+    return _grouped_linear_op(x, weight, offsets, mode)[0]
 
 
 class QQGroupedLinear(nn.Module):
