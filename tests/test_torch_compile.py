@@ -847,6 +847,31 @@ def test_grouped_linear_double_backward_compiled():
 
 
 
+def test_linear_double_backward_compiled():
+    """qq_linear as qq_grouped_linear above: with backend="eager" a second backward through
+    the compiled layer's gradients raises qq's eager message (it was torch's "no autograd
+    formula" for qq::linear_backward); through AOTAutograd torch's own refusal; a frozen
+    weight's dx stays plain."""
+    for backend in ("eager", "aot_eager"):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        x = torch.randn(8, 64, requires_grad=True)
+        w = torch.randn(32, 64, requires_grad=True)
+        f = compiled(lambda x, w: qqt.qq_linear(x, w), backend)
+        (g,) = torch.autograd.grad(f(x, w).sum(), x, create_graph=True)
+        words = ("qq_linear: differentiating its gradients again" if backend == "eager" else
+                 "torch.compile with aot_autograd does not currently support double backward")
+        with pytest.raises(RuntimeError, match=words):
+            (g.square().sum() + w.square().sum()).backward()
+    torch._dynamo.reset()
+    x = torch.randn(8, 64, requires_grad=True)
+    f = compiled(lambda x: qqt.qq_linear(x, torch.ones(32, 64)), "eager")
+    (g,) = torch.autograd.grad(f(x).sum(), x, create_graph=True)
+    assert not g.requires_grad
+    (g.square().sum() + x.square().sum()).backward()
+    assert x.grad is not None
+
+
 def test_inductor():
     """inductor (C++ code generation on the CPU) around the ops: plain qq calls bit-equal;
     the QQLinear model's y, dx and dW bit-equal, db within fp32 rounding (inductor sums the

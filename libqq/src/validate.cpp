@@ -174,6 +174,18 @@ namespace {
 // byte_offset; false if a stride times an extent is out of bounds.
 bool byte_extent(const DLTensor* t, int64_t* lo, int64_t* hi) {
   const int64_t es = (t->dtype.bits * t->dtype.lanes + 7) / 8;
+  // Compact row-major (no strides, or a framework's explicit compact ones: the common case,
+  // checked several times a call) touches [0, numel * es): the loop below gives the same
+  // [lo, hi), at a division per axis
+  int64_t n = 1;
+  bool compact = true;
+  for (int i = t->ndim - 1; i >= 0 && compact; --i)
+    compact = (!t->strides || t->shape[i] == 1 || t->strides[i] == n) && !__builtin_mul_overflow(n, t->shape[i], &n);
+  if (compact && n > 0 && n - 1 <= kMaxElems) {
+    *lo = 0;
+    *hi = n * es;
+    return true;
+  }
   int64_t l = 0, h = 0;
   for (int i = 0; i < t->ndim; ++i) {
     if (t->shape[i] <= 1) continue;

@@ -361,10 +361,15 @@ def _linear_grad(ctx, grads):
     saved = list(ctx.saved_tensors)
     dy2 = grads[0].to(ctx.xdtype).contiguous()
     need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    r = iter(_linear_backward_op(dy2, saved, ctx.mode, need_dx, need_dw, ctx.xdtype, ctx.wdtype))
+    # the op has no derivative: plain results, then _once_differentiable decides which refuse
+    # a second backward, as QQLinearFunction's (_grouped_grad says why no_grad)
+    with torch.no_grad():
+        r = iter(_linear_backward_op(dy2, saved, ctx.mode, need_dx, need_dw, ctx.xdtype, ctx.wdtype))
     dx = next(r) if need_dx else None
     dw = next(r) if need_dw else None
     db = dy2.sum(0, dtype=torch.float32).to(ctx.bdtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
+    dx, dw = _once_differentiable("qq_linear", (dx, dw), (grads[0].requires_grad or need_dw,
+                                                          grads[0].requires_grad or need_dx))
     return dx, dw, db, None, None
 
 
