@@ -223,6 +223,41 @@ def test_grouped_qqmm_wgrad(n, cfg, dtype, device, rng):
         r0 += s
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("xdtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("cfg", [FpCfg("mxfp8"), FpCfg("nvfp4", global_scale=True)], ids=str)
+@pytest.mark.parametrize("n", [40, 36], ids=["n40", "n36"])
+def test_grouped_qqmm_wgrad_many_tiles(n, cfg, xdtype, rng):
+    """Enough 128-token x 64-column tiles that the GPU's blocks of threads take several each
+    (seg_qdq_kernel: tile n + 1 loaded while tile n is worked on): 553 experts, empty ones
+    first, last and in between, of 1 to 64 tokens (605 padded 32-token blocks, 152 tiles
+    along T), K = 488 (8 tiles across, the last 40 columns wide) - 2-3 tiles a block with
+    up to ~200 SMs. x and dy in fp32, fp16 or bf16; dy with N = 40 (16-byte rows) or N = 36
+    (the element-wise kernel, and the per-expert GEMMs)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    sizes = [0] + [1, 33, 0, 17, 40, 5, 64, 0, 31, 2] * 55 + [0, 0]
+    t, k = sum(sizes), 488
+    x = cast(rng.standard_normal((t, k)) * 3, xdtype)
+    dy = cast(rng.standard_normal((t, n)), xdtype)
+    gx = R.amax(x) if cfg.global_scale else None
+    gdy = R.amax(dy) if cfg.global_scale else None
+    got = qq.grouped_qqmm_wgrad(dev(x, "cuda"), dev(dy, "cuda"), dev(offsets_of(sizes), "cuda"), cfg.mode,
+                                global_scale_x=dev(gx, "cuda"), global_scale_dy=dev(gdy, "cuda"),
+                                rounding=cfg.rounding, fp8_format=cfg.fp8_format, dtype="float32")
+    got = to_numpy(got)
+    assert got.shape == (len(sizes), k, n)
+    r0 = 0
+    for e, s in enumerate(sizes):
+        if s == 0:
+            assert not got[e].any(), f"expert {e} (empty) must be zero"
+        else:
+            assert_matmul_close(got[e], ref_wgrad_expert(x[r0:r0 + s], dy[r0:r0 + s], cfg, gx, gdy),
+                                f"wgrad expert {e} ({s} tokens)")
+        r0 += s
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("cfg", CFGS, ids=str)

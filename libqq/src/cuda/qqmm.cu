@@ -859,20 +859,43 @@ __global__ void __launch_bounds__(kSegThreads) seg_plan_kernel(const int32_t* en
   if (threadIdx.x == 0) blk[E] = carry;
 }
 
-// Block (j0, c0): the 4 padded token blocks j0 .. j0+3 (block j of expert e:
-// blk[e] <= j < blk[e+1]; the 4 may belong to different experts, their places
-// in xt are contiguous anyway) x 64 columns c0 ... The 128 x 64 tile is read
-// row-wise into shared memory (16-byte loads, a warp reads 4 rows of 128
+// Tile (jt, c0): the 4 padded token blocks j0 = 4 jt .. j0+3 (block j of expert
+// e: blk[e] <= j < blk[e+1]; the 4 may belong to different experts, their
+// places in xt are contiguous anyway) x 64 columns c0 ... The 128 x 64 tile is
+// read row-wise into shared memory (16-byte loads, a warp reads 4 rows of 128
 // bytes, when kVec: rows aligned and 8 | cols), zero past each expert's last
 // token and for blocks past the last; each thread then quantizes one column of
 // one block (its 32 values, in groups of G along the tokens) and puts the bf16
 // values back into shared memory, from where rows of 128 values (256 bytes)
 // are stored at xt[c, 32 j0].
+// A block of threads takes the token tiles jt = blockIdx.x + n gridDim.x, n <
+// kSegTilesPerCta, of its 64 columns in turn, and (kVec) loads tile n + 1's raw
+// bytes into registers before it quantizes and stores tile n, so that its loads
+// are in flight during its compute and stores (with a tile a block the loads
+// waited alone, the H200 at ~0.62 of copy: moe_qdq_kernel's lesson, 2b70705).
+// The element-wise kernel (unaligned rows, 8 not dividing cols: a fallback) keeps a
+// tile a block: in a loop the compiler holds its run-time format's constants across
+// tiles, 80 registers and spills where one tile needs 48-64.
 constexpr int kSegCols = 64, kSegBlocks = 4, kSegRows = 32 * kSegBlocks;
 constexpr int kSegPitch = kSegCols + 4;       // floats per tile row: 16-byte aligned, column reads conflict-free
 constexpr int kSegOutPitch = kSegRows + 8;    // bf16 per output row: 16-byte aligned
 static_assert(kSegCols * kSegBlocks == kThreads, "one column of one block per thread");
 static_assert(kSegCols * kSegOutPitch * 2 <= kSegRows * kSegPitch * 4, "the output tile reuses the input tile");
+static_assert(kSegRows * kSegCols / 8 == kSegBlocks * kThreads, "kVec: a 16-byte row piece of each block per thread");
+// Tiles a block takes at most (kVec): 4 amortizes a block's first load (the one not
+// overlapped by its own work) and its expert look-ups over 4 tiles, and still
+// leaves several waves at the MoE step's sizes (T = 16384, E = 32: 136 token
+// tiles, 34 blocks a column tile; N = 2048's 32 column tiles give 1088 blocks,
+// ~2.7 waves of 396) where 8 would leave 1.4 (a tail of a third of a wave).
+// Small inputs take fewer a block (launch_seg_qdq_t) so that the grid still fills
+// the GPU.
+constexpr int kSegTilesPerCta = 4;
+// Blocks an SM: 24 warps at <= 80 registers (the prefetched bytes live through
+// the quantization), as moe_qdq_kernel (f77ff5c: 0.73 -> 0.79 of copy there); fp32
+// input, whose prefetch is twice the registers (32), at 16 warps and <= 128
+// registers instead of spilling at 80 (still more bytes in flight an SM: 64 KB to 48).
+// The element-wise kernel: 0, no minimum (__launch_bounds__(kThreads) as before).
+template <typename T> constexpr int seg_ctas_per_sm() { return sizeof(T) == 4 ? 2 : 3; }
 
 __device__ __forceinline__ int seg_expert(const int32_t* blk, int E, int64_t j) {
   int lo = 0, hi = E - 1;  // the last e with blk[e] <= j (empty experts share their successor's blk)
@@ -885,15 +908,23 @@ __device__ __forceinline__ int seg_expert(const int32_t* blk, int E, int64_t j) 
 }
 
 template <typename T, int G, bool kVec, int kElem>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kVec ? seg_ctas_per_sm<T>() : 0)
     seg_qdq_kernel(Mat x, const int32_t* ends, const int32_t* blk, int E, QSpec q, const float* gs,
                    __nv_bfloat16* xt, int64_t tp) {
+  constexpr int kU4 = sizeof(T) / 2;                        // uint4s per 8 elements
+  constexpr int kTiles = kVec ? kSegTilesPerCta : 1;         // tiles of a block at most
   __shared__ __align__(16) float tile[kSegRows * kSegPitch];
-  __shared__ int64_t tok0_s[kSegBlocks], end_s[kSegBlocks];
-  const int64_t j0 = (int64_t)blockIdx.x * kSegBlocks, nblk = blk[E];
-  if (j0 >= nblk) return;
-  if (threadIdx.x < kSegBlocks) {
-    const int64_t j = j0 + threadIdx.x;
+  // the first token and the end of block k of tile n at [n * kSegBlocks + k]
+  __shared__ int64_t tok0_s[kTiles * kSegBlocks], end_s[kTiles * kSegBlocks];
+  // token tiles holding a block (4 jt < nblk); the later ones (tp is the host's
+  // bound on nblk) are not touched, as before
+  const int64_t nblk = blk[E], ntt = (nblk + kSegBlocks - 1) / kSegBlocks;
+  const int64_t jt0 = blockIdx.x, step = gridDim.x;
+  if (jt0 >= ntt) return;  // the whole block
+  const int64_t left = (ntt - jt0 + step - 1) / step;  // tiles of this block (the launch makes it <= kTiles)
+  const int nt = (kTiles == 1 || left >= kTiles) ? kTiles : (int)left;  // (left >= 1)
+  if (threadIdx.x < nt * kSegBlocks) {
+    const int64_t j = (jt0 + (threadIdx.x / kSegBlocks) * step) * kSegBlocks + threadIdx.x % kSegBlocks;
     int64_t t0 = 0, t1 = 0;  // no tokens: past the last block
     if (j < nblk) {
       const int e = seg_expert(blk, E, j);
@@ -905,47 +936,73 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   const int64_t c0 = (int64_t)blockIdx.y * kSegCols;
-  if (kVec) {
+  // kVec: this thread's 16-byte row piece of each block k: row lr, columns lc .. lc+7
+  // (chunk id = threadIdx.x + k kThreads of the tile: row id / 8 = 32 k + lr)
+  const int lr = threadIdx.x / (kSegCols / 8), lc = (threadIdx.x % (kSegCols / 8)) * 8;
+  uint4 raw[kSegBlocks][kU4];  // tile n + 1's bytes (zero where nothing is read: +0.0 in any T)
+  auto fetch = [&](int n) {
 #pragma unroll
-    for (int i = 0; i < kSegRows * kSegCols / 8 / kThreads; ++i) {  // chunk (row, 8 columns)
-      const int id = threadIdx.x + i * kThreads, r = id / (kSegCols / 8), c8 = (id % (kSegCols / 8)) * 8;
-      const int64_t tok = tok0_s[r / 32] + r % 32;
-      float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      if (tok < end_s[r / 32] && c0 + c8 < x.cols) load8<T>(x.at<T>(0, tok) + c0 + c8, v);
-      float4* d = reinterpret_cast<float4*>(tile + r * kSegPitch + c8);
-      d[0] = make_float4(v[0], v[1], v[2], v[3]);
-      d[1] = make_float4(v[4], v[5], v[6], v[7]);
+    for (int k = 0; k < kSegBlocks; ++k) {
+      const int64_t tok = tok0_s[n * kSegBlocks + k] + lr;
+      const bool ok = tok < end_s[n * kSegBlocks + k] && c0 + lc < x.cols;
+      const uint4* src = reinterpret_cast<const uint4*>(x.at<T>(0, ok ? tok : 0) + c0 + lc);
+#pragma unroll
+      for (int i = 0; i < kU4; ++i) raw[k][i] = ok ? __ldg(src + i) : make_uint4(0, 0, 0, 0);
     }
-  } else {
-    for (int id = threadIdx.x; id < kSegRows * kSegCols; id += kThreads) {
-      const int r = id / kSegCols, cc = id % kSegCols;
-      const int64_t tok = tok0_s[r / 32] + r % 32, c = c0 + cc;
-      tile[r * kSegPitch + cc] = (tok < end_s[r / 32] && c < x.cols) ? load1<T>(x.at<T>(0, tok) + c) : 0.0f;
-    }
-  }
-  __syncthreads();
+  };
+  if constexpr (kVec) fetch(0);
   const int cc = threadIdx.x % kSegCols, b = threadIdx.x / kSegCols;
-  float v[32];
-#pragma unroll
-  for (int i = 0; i < 32; ++i) v[i] = tile[(b * 32 + i) * kSegPitch + cc];
-  const float enc = (G == 16 && gs) ? nvfp4_enc(*gs) : 1.0f;
-#pragma unroll
-  for (int g = 0; g < 32; g += G) qdq_group<G, kElem>(v + g, q, enc, nullptr);
-  __syncthreads();  // the input tile is read: its memory now holds the output tile
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(tile);
+  for (int n = 0; n < nt; ++n) {
+    const int64_t j0 = (jt0 + n * step) * kSegBlocks;
+    if (n) __syncthreads();  // the last tile's stores have read the output tile
+    if constexpr (kVec) {
 #pragma unroll
-  for (int i = 0; i < 32; i += 8)  // bf16 values already: one conversion a pair rounds nothing
-    *reinterpret_cast<uint4*>(out + cc * kSegOutPitch + b * 32 + i) = bf16x8_bits(v + i);
-  __syncthreads();
-  // Rows of kSegRows values: 16 threads per row, 16 bytes each; blocks past
-  // the last are not stored (xt ends at tp).
-  const int64_t cols_left = tp - j0 * 32, nrow = cols_left < kSegRows ? cols_left : kSegRows;
-  for (int id = threadIdx.x; id < kSegCols * (kSegRows / 8); id += kThreads) {
-    const int r = id / (kSegRows / 8), k8 = (id % (kSegRows / 8)) * 8;
-    const int64_t c = c0 + r;
-    if (c < x.cols && k8 < nrow)
-      *reinterpret_cast<uint4*>(xt + c * tp + j0 * 32 + k8) =
-          *reinterpret_cast<const uint4*>(out + r * kSegOutPitch + k8);
+      for (int k = 0; k < kSegBlocks; ++k) {
+        float v[8];
+        if constexpr (kU4 == 1) {
+          unpack8<T>(raw[k][0], v);
+        } else {
+          const float* f = reinterpret_cast<const float*>(raw[k]);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) v[i] = f[i];
+        }
+        float4* d = reinterpret_cast<float4*>(tile + (32 * k + lr) * kSegPitch + lc);
+        d[0] = make_float4(v[0], v[1], v[2], v[3]);
+        d[1] = make_float4(v[4], v[5], v[6], v[7]);
+      }
+    } else {
+      for (int id = threadIdx.x; id < kSegRows * kSegCols; id += kThreads) {
+        const int r = id / kSegCols, cl = id % kSegCols, k = n * kSegBlocks + r / 32;
+        const int64_t tok = tok0_s[k] + r % 32, c = c0 + cl;
+        tile[r * kSegPitch + cl] = (tok < end_s[k] && c < x.cols) ? load1<T>(x.at<T>(0, tok) + c) : 0.0f;
+      }
+    }
+    __syncthreads();
+    if constexpr (kVec) {
+      if (n + 1 < nt) fetch(n + 1);  // in flight while this tile is quantized and stored
+    }
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) v[i] = tile[(b * 32 + i) * kSegPitch + cc];
+    const float enc = (G == 16 && gs) ? nvfp4_enc(*gs) : 1.0f;
+#pragma unroll
+    for (int g = 0; g < 32; g += G) qdq_group<G, kElem>(v + g, q, enc, nullptr);
+    __syncthreads();  // the input tile is read: its memory now holds the output tile
+#pragma unroll
+    for (int i = 0; i < 32; i += 8)  // bf16 values already: one conversion a pair rounds nothing
+      *reinterpret_cast<uint4*>(out + cc * kSegOutPitch + b * 32 + i) = bf16x8_bits(v + i);
+    __syncthreads();
+    // Rows of kSegRows values: 16 threads per row, 16 bytes each; blocks past
+    // the last are not stored (xt ends at tp).
+    const int64_t cols_left = tp - j0 * 32, nrow = cols_left < kSegRows ? cols_left : kSegRows;
+    for (int id = threadIdx.x; id < kSegCols * (kSegRows / 8); id += kThreads) {
+      const int r = id / (kSegRows / 8), k8 = (id % (kSegRows / 8)) * 8;
+      const int64_t c = c0 + r;
+      if (c < x.cols && k8 < nrow)
+        *reinterpret_cast<uint4*>(xt + c * tp + j0 * 32 + k8) =
+            *reinterpret_cast<const uint4*>(out + r * kSegOutPitch + k8);
+    }
   }
 }
 
@@ -966,8 +1023,18 @@ void qdq_form(const QSpec& q, bool vec, F&& f) {
 template <typename T>
 qqStatus_t launch_seg_qdq_t(const Mat& x, const int32_t* ends, const int32_t* blk, int E, const QSpec& q,
                             const float* gs, __nv_bfloat16* xt, int64_t tp, cudaStream_t st) {
-  const dim3 grid((unsigned)((tp / 32 + kSegBlocks - 1) / kSegBlocks), (unsigned)((x.cols + kSegCols - 1) / kSegCols));
+  // Token tiles tp / 128 (rounded up; the kernel skips those past blk[E]) over grid.x blocks,
+  // each taking every grid.x-th: at most kSegTilesPerCta a block (kVec; the element-wise
+  // kernel one), fewer where that would leave less than a full wave of blocks
+  // (seg_ctas_per_sm on every SM). The kernel's tiles must number <= its kTiles.
   const bool vec = rows_aligned(x) && x.cols % 8 == 0;
+  const int64_t ntt = (tp / 32 + kSegBlocks - 1) / kSegBlocks, ncol = (x.cols + kSegCols - 1) / kSegCols;
+  int64_t gx = ntt;
+  if (vec) {
+    const int64_t wave = (int64_t)seg_ctas_per_sm<T>() * sm_count(x.device);
+    gx = std::max((ntt + kSegTilesPerCta - 1) / kSegTilesPerCta, std::min(ntt, (wave + ncol - 1) / ncol));
+  }
+  const dim3 grid((unsigned)std::max<int64_t>(1, gx), (unsigned)ncol);
   qdq_form(q, vec, [&](auto G, auto kVec, auto kElem) {
     seg_qdq_kernel<T, G, kVec, kElem><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
   });
