@@ -107,7 +107,9 @@ cdef int64_t* _view_dims(_View v, int nd) except NULL:
 
 # NumPy type number -> DLPack (code, bits), filled on first sight of each type (ml_dtypes'
 # bfloat16 / float8 are user types, recognised by name; others map by kind and size).
-cdef dict _NP_TYPENUM_TO_DL = {}
+# (the small calls' readers take the types seen here only: _fast.pxi; their results' types
+# are here from the start)
+cdef dict _NP_TYPENUM_TO_DL = {np.dtype(n).num: _NUMPY_TO_DL[n] for n in ("uint8", "float32", "float16")}
 
 
 cdef tuple _numpy_code_bits(object dt, str func, str name):
@@ -128,43 +130,52 @@ cdef int _import_numpy(_View v, cnp.ndarray arr, str func, str name) except -1:
     ml_dtypes' bfloat16 / float8 arrays, which this path reads by type number. The array
     is kept alive (v.owner) until the view is released."""
     cdef cnp.dtype dt = arr.descr
-    cdef int typenum = dt.type_num
     if not cnp.PyArray_ISNOTSWAPPED(arr):
         raise TypeError(f"{func}: {name}: byte-swapped (non-native) dtype {dt.str!r} is not "
                         f"supported; convert it with .astype({dt.name!r})")
-    code_bits = _NP_TYPENUM_TO_DL.get(typenum)
-    if code_bits is None:
-        code_bits = _numpy_code_bits(dt, func, name)
-        _NP_TYPENUM_TO_DL[typenum] = code_bits
+    if _NP_TYPENUM_TO_DL.get(dt.type_num) is None:
+        _NP_TYPENUM_TO_DL[dt.type_num] = _numpy_code_bits(dt, func, name)
+    cdef int nd = cnp.PyArray_NDIM(arr)
+    if nd > _MAX_NDIM:
+        raise ValueError(f"{func}: {name}: {nd} dimensions; at most {_MAX_NDIM} are supported")
+    cdef int axis = _numpy_fill(arr, &v.tensor, _view_dims(v, nd))
+    if axis >= 0:
+        raise ValueError(f"{func}: {name}: stride {cnp.PyArray_STRIDES(arr)[axis]} bytes of axis "
+                         f"{axis} is not a multiple of the item size {cnp.PyArray_ITEMSIZE(arr)}; "
+                         f"make the array contiguous (numpy.ascontiguousarray)")
+    v.owner = arr
+    v.readonly = not cnp.PyArray_ISWRITEABLE(arr)
+    return 0
+
+
+cdef int _numpy_fill(cnp.ndarray arr, DLTensor* t, int64_t* dims) except -2:
+    """The DLTensor of a native-order NumPy array whose type number _NP_TYPENUM_TO_DL
+    holds, its shape and strides (in elements) written to dims (room for 2 * ndim): -1, or
+    the first axis whose byte stride is not a whole number of items (t is then unusable).
+    For _import_numpy and the small calls' readers (_fast.pxi)."""
     cdef int nd = cnp.PyArray_NDIM(arr)
     cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(arr)
     cdef cnp.npy_intp* shape = cnp.PyArray_DIMS(arr)
     cdef cnp.npy_intp* strides = cnp.PyArray_STRIDES(arr)
     cdef int i
-    if nd > _MAX_NDIM:
-        raise ValueError(f"{func}: {name}: {nd} dimensions; at most {_MAX_NDIM} are supported")
-    cdef int64_t* dims = _view_dims(v, nd)
     for i in range(nd):
         dims[i] = shape[i]
         # DLPack strides count elements, NumPy's count bytes.
         if strides[i] % itemsize != 0:
-            raise ValueError(f"{func}: {name}: stride {strides[i]} bytes of axis {i} is not a "
-                             f"multiple of the item size {itemsize}; make the array contiguous "
-                             f"(numpy.ascontiguousarray)")
+            return i
         dims[nd + i] = strides[i] // itemsize
-    v.owner = arr
-    v.tensor.data = cnp.PyArray_DATA(arr)
-    v.tensor.device.device_type = kDLCPU
-    v.tensor.device.device_id = 0
-    v.tensor.ndim = nd
-    v.tensor.dtype.code = <int>code_bits[0]
-    v.tensor.dtype.bits = <int>code_bits[1]
-    v.tensor.dtype.lanes = 1
-    v.tensor.shape = dims
-    v.tensor.strides = dims + nd
-    v.tensor.byte_offset = 0
-    v.readonly = not cnp.PyArray_ISWRITEABLE(arr)
-    return 0
+    code, bits = <tuple>_NP_TYPENUM_TO_DL[cnp.PyArray_TYPE(arr)]
+    t.data = cnp.PyArray_DATA(arr)
+    t.device.device_type = kDLCPU
+    t.device.device_id = 0
+    t.ndim = nd
+    t.dtype.code = <int>code
+    t.dtype.bits = <int>bits
+    t.dtype.lanes = 1
+    t.shape = dims
+    t.strides = dims + nd
+    t.byte_offset = 0
+    return -1
 
 
 cdef dict _TORCH_TO_DL = {}
@@ -224,37 +235,44 @@ cdef bint _torch_xapi_read(object t, DLTensor* d) noexcept:
 
 
 cdef bint _import_torch_c(_View v, object t) except -1:
-    """_import_torch through torch's exchange table (_torch_xapi_read); shape and strides
-    are copied into the view. False for what the Python attributes path would refuse too
-    (the DLPack path then decides)."""
+    """_import_torch through torch's exchange table (_torch_fill); shape and strides are
+    copied into the view. False for what the Python attributes path would refuse too (the
+    DLPack path then decides)."""
     cdef DLTensor d
-    cdef int i, w, nd
     if t.is_neg():          # torch's lazy negative view: its memory holds -t (view() resolves it)
         return False
-    if not _torch_xapi_read(t, &d):
+    if not _torch_xapi_read(t, &d) or d.ndim > _MAX_NDIM or d.ndim < 0:
         return False
-    w = _width_index(d.dtype.bits)
+    if not _torch_fill(&d, &v.tensor, _view_dims(v, d.ndim)):
+        return False
+    v.owner = t                         # keeps the tensor alive until the view is released
+    v.readonly = False
+    return True
+
+
+cdef bint _torch_fill(const DLTensor* d, DLTensor* t, int64_t* dims) noexcept:
+    """*t from the exchange table's description *d of a torch tensor (_torch_xapi_read; d.ndim
+    checked by the caller), its shape and strides copied into dims (room for 2 * ndim):
+    False for a dtype libqq does not read from torch. For _import_torch_c and the small
+    calls' readers (_fast.pxi)."""
+    cdef int i
+    cdef int nd = d.ndim
+    cdef int w = _width_index(d.dtype.bits)
     if d.dtype.lanes != 1 or w < 0 or d.dtype.code >= 64 or not (_torch_code_mask[w] >> d.dtype.code) & 1:
         return False
-    nd = d.ndim
-    if nd > _MAX_NDIM or nd < 0:
-        return False
-    cdef int64_t* dims = _view_dims(v, nd)
     cdef int64_t stride = 1
     for i in range(nd - 1, -1, -1):
         dims[i] = d.shape[i]
         dims[nd + i] = d.strides[i] if d.strides != NULL else stride
         stride *= d.shape[i]
-    v.owner = t                         # keeps the tensor alive until the view is released
-    v.tensor.data = <char*>d.data + d.byte_offset
-    v.tensor.device.device_type = d.device.device_type
-    v.tensor.device.device_id = d.device.device_id if d.device.device_type == kDLCUDA else 0
-    v.tensor.ndim = nd
-    v.tensor.dtype = d.dtype
-    v.tensor.shape = dims
-    v.tensor.strides = dims + nd
-    v.tensor.byte_offset = 0
-    v.readonly = False
+    t.data = <char*>d.data + d.byte_offset
+    t.device.device_type = d.device.device_type
+    t.device.device_id = d.device.device_id if d.device.device_type == kDLCUDA else 0
+    t.ndim = nd
+    t.dtype = d.dtype
+    t.shape = dims
+    t.strides = dims + nd
+    t.byte_offset = 0
     return True
 
 

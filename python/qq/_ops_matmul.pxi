@@ -25,6 +25,14 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     not cover raises NotSupportedError saying why (docs/api.md, "Dispatch"). The route a
     call took: qq.last_route().
     """
+    if (_fast_on and scales is None and group_size is None and bits is None and mode == "nvfp4"
+            and global_scale_x is None and global_scale_w is None and x_scales is None and bias is None
+            and c is None and rounding == "ceil" and scale_layout == "linear" and fp8_format == "e4m3"
+            and dtype is None and out is None and stream is None and route == "auto"
+            and x_prepared is False and w_prepared is False):
+        r = _matmul_fast("qqmm", x, w, True)
+        if r is not None:
+            return r
     _route_pending()
     cdef str func = "qqmm"
     cdef _View vx, vxs, vw, vws, vgx, vgw, vbias, vo, vc
@@ -350,6 +358,13 @@ def quantized_matmul(x, w, scales=None, biases=None, transpose=True, group_size=
     W = dequantize(w, ...). x is float [..., M, K]; batch axes broadcast; bias [N] is
     added; fp32 accumulation. dtype default: x's dtype.
     """
+    if (_fast_on and scales is None and biases is None and transpose is True and group_size is None
+            and bits is None and mode == "affine" and global_scale is None and bias is None
+            and scale_layout == "linear" and fp8_format == "e4m3" and dtype is None and out is None
+            and stream is None):
+        r = _matmul_fast("quantized_matmul", x, w, False)
+        if r is not None:
+            return r
     _route_pending()
     cdef str func = "quantized_matmul"
     if isinstance(w, DecodeWeight):
@@ -725,3 +740,4 @@ def gather_qmm(x, w, scales=None, biases=None, rhs_indices=None, transpose=True,
     finally:
         call.release()
     return out if out is not None else call.result(result)
+

@@ -19,6 +19,10 @@ def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
     float8_e5m2 (True), packed fp4 as float4_e2m1fn_x2 too ("float4"), or uint8 (False).
     See docs/api.md.
     """
+    if _fast_on and global_scale is None and stream is None and torch_dtypes is True:
+        r = _quantize_fast(x, group_size, bits, mode, rounding, scale_layout, fp8_format)
+        if r is not None:
+            return r
     return _quantize(x, group_size, bits, mode, global_scale, rounding, scale_layout, fp8_format,
                      torch_dtypes, stream, True)
 

@@ -1,0 +1,292 @@
+# _fast.pxi - included by _qq.pyx (one extension module, one file per job).
+# Small CPU calls without the per-call objects: quantize, quantized_matmul and qqmm on
+# NumPy arrays or torch CPU tensors, in their common form (every argument at its default
+# but the arrays and quantize's parameters).
+#
+# Such a call is mostly host cost (issue 11: [1, 32] against NumPy's and torch's `x + x`):
+# the general path builds a _Call, a _View per argument and shape tuples, ~1 us on the
+# 2-core CI host where libqq's own work is ~0.25 us (quantize) to ~0.9 us (a [32, 32]
+# matmul). Here the arrays are read into DLTensors on the stack by the general path's own
+# readers (_numpy_fill, _torch_fill), the result shapes are asked of libqq, the results are
+# made by the general path's allocators, and libqq is called with the GIL held (the calls
+# taken here are below _Call's GIL thresholds). Anything else returns None and the general
+# path runs: another framework or a device array, an argument given, a call above those
+# thresholds, an array the readers do not take as it is (a lazy torch view, a dtype not
+# seen yet, more than 8 dimensions) - and every call that libqq refuses, which the general
+# path then makes again and refuses with its own words, its checks in their order.
+
+cdef enum:
+    _FAST_NONE = 0
+    _FAST_NUMPY = 1
+    _FAST_TORCH = 2
+
+
+cdef struct _FastArg:
+    DLTensor t
+    int64_t dims[2 * _INLINE_NDIM]
+
+
+cdef bint _fast_on = True
+cdef int64_t _fast_calls = 0
+
+
+def _fast_path(enabled=None):
+    """(on, calls): whether the small calls take this path, and how many have (tests compare
+    it with the general path); enabled=True / False switches it."""
+    global _fast_on
+    if enabled is not None:
+        _fast_on = bool(enabled)
+    return _fast_on, _fast_calls
+
+
+cdef int _fast_read(obj, _FastArg* a, int fw) except -1:
+    """obj into a.t: _FAST_NUMPY for an exact NumPy array, _FAST_TORCH for an exact torch
+    tensor on the CPU (nn.Parameter too), read as the general path reads them; _FAST_NONE
+    for anything else, or where fw (the call's framework so far, or _FAST_NONE) differs."""
+    cdef DLTensor d
+    cdef int typenum
+    if type(obj) is np.ndarray:
+        if fw == _FAST_TORCH or cnp.PyArray_NDIM(<cnp.ndarray>obj) > _INLINE_NDIM:
+            return _FAST_NONE
+        if not cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>obj):
+            return _FAST_NONE
+        typenum = cnp.PyArray_TYPE(<cnp.ndarray>obj)
+        if typenum not in _NP_TYPENUM_TO_DL:     # (a type not seen yet: as _import_numpy learns it)
+            try:
+                _NP_TYPENUM_TO_DL[typenum] = _numpy_code_bits((<cnp.ndarray>obj).descr, "", "")
+            except TypeError:
+                return _FAST_NONE
+        return _FAST_NUMPY if _numpy_fill(<cnp.ndarray>obj, &a.t, a.dims) < 0 else _FAST_NONE
+    if fw == _FAST_NUMPY or _torch_xapi == NULL:
+        return _FAST_NONE
+    tp = type(obj)
+    if tp is not _torch_tensor_type and tp is not _torch_param_type:
+        return _FAST_NONE
+    if obj.is_neg() or not _torch_xapi_read(obj, &d):     # (as _import_torch_c)
+        return _FAST_NONE
+    if d.device.device_type != kDLCPU or d.ndim < 0 or d.ndim > _INLINE_NDIM:
+        return _FAST_NONE
+    return _FAST_TORCH if _torch_fill(&d, &a.t, a.dims) else _FAST_NONE
+
+
+cdef int64_t _fast_numel(const DLTensor* t) noexcept:
+    cdef int64_t n = 1
+    cdef int i
+    for i in range(t.ndim):
+        n *= t.shape[i]
+    return n
+
+
+cdef str _fast_float_name(const DLTensor* t):
+    """'float32', 'float16' or 'bfloat16', or None."""
+    if t.dtype.lanes == 1 and (t.dtype.code == kDLFloat and (t.dtype.bits == 32 or t.dtype.bits == 16)):
+        return "float32" if t.dtype.bits == 32 else "float16"
+    if t.dtype.lanes == 1 and t.dtype.code == kDLBfloat and t.dtype.bits == 16:
+        return "bfloat16"
+    return None
+
+
+cdef object _fast_result(int fw, int nd, const int64_t* dims, str dtype, int typenum, _FastArg* a):
+    """A new compact result of shape dims[:nd] in the call's framework, described in a.t;
+    None where the allocator declines (the general path then makes it). typenum: NumPy's
+    type number of `dtype`."""
+    cdef cnp.npy_intp nd_dims[_INLINE_NDIM]
+    cdef void* data = NULL
+    cdef int i
+    if fw == _FAST_NUMPY:
+        for i in range(nd):
+            nd_dims[i] = dims[i]
+        r = cnp.PyArray_EMPTY(nd, nd_dims, typenum, 0)
+        _numpy_fill(<cnp.ndarray>r, &a.t, a.dims)
+        return r
+    r = _torch_empty(_int_tuple(dims, nd), dtype, -1, &data)
+    _fast_compact_named(a, nd, dims, data, dtype)
+    return r
+
+
+cdef void _fast_compact(_FastArg* a, int nd, const int64_t* dims, void* data, int code, int bits,
+                        int lanes) noexcept:
+    """a.t: a compact CPU tensor of shape dims[:nd] and DLPack type (code, bits, lanes) at data."""
+    cdef int i
+    cdef int64_t stride = 1
+    for i in range(nd - 1, -1, -1):
+        a.dims[i] = dims[i]
+        a.dims[nd + i] = stride
+        stride *= dims[i]
+    a.t.data = data
+    a.t.device.device_type = kDLCPU
+    a.t.device.device_id = 0
+    a.t.ndim = nd
+    a.t.dtype.code = code
+    a.t.dtype.bits = bits
+    a.t.dtype.lanes = lanes
+    a.t.shape = a.dims
+    a.t.strides = a.dims + nd
+    a.t.byte_offset = 0
+
+
+cdef int _fast_compact_named(_FastArg* a, int nd, const int64_t* dims, void* data, str dtype) except -1:
+    """_fast_compact of a result named as _Call names them (_DL_TO_NAME_CODES, _TORCH_BYTE_DTYPES)."""
+    cb = _DL_TO_NAME_CODES.get(dtype)
+    if cb is not None:
+        _fast_compact(a, nd, dims, data, <int>(<tuple>cb)[0], <int>(<tuple>cb)[1], 1)
+    else:
+        cb = _TORCH_BYTE_DTYPES[dtype]
+        _fast_compact(a, nd, dims, data, <int>(<tuple>cb)[0], <int>(<tuple>cb)[1], <int>(<tuple>cb)[2])
+    return 0
+
+
+cdef bint _fast_unmoved(obj, const _FastArg* a, int fw):
+    """obj (read into a by _fast_read) reads the same again: nothing that ran in between (the
+    allocations: torch's may release the GIL) moved or reshaped it."""
+    cdef _FastArg b
+    cdef DLTensor d
+    cdef int i
+    if fw == _FAST_NUMPY:
+        if _numpy_fill(<cnp.ndarray>obj, &b.t, b.dims) >= 0:
+            return False
+    elif not _torch_xapi_read(obj, &d) or d.ndim != a.t.ndim or not _torch_fill(&d, &b.t, b.dims):
+        return False
+    if b.t.data != a.t.data or b.t.ndim != a.t.ndim or b.t.dtype.code != a.t.dtype.code \
+            or b.t.dtype.bits != a.t.dtype.bits:
+        return False
+    for i in range(2 * a.t.ndim):
+        if a.dims[i] != b.dims[i]:
+            return False
+    return True
+
+
+# ---- quantize -------------------------------------------------------------------------------
+
+cdef object _quantize_fast(x, group_size, bits, mode, rounding, scale_layout, fp8_format):
+    """quantize(x, ...) of a small NumPy array or torch CPU tensor (global_scale, stream and
+    torch_dtypes at their defaults), or None."""
+    global _fast_calls
+    cdef _FastArg ax, ad, asc, ab
+    cdef qqQuantParams_t p
+    cdef int64_t ds[_INLINE_NDIM]
+    cdef int64_t ss[_INLINE_NDIM + 1]
+    cdef int sn = 0, nd
+    cdef void* ptrs[_MAX_GROUP]
+    cdef int fw = _fast_read(x, &ax, _FAST_NONE)
+    if fw == _FAST_NONE or ax.t.ndim < 1 or _fast_numel(&ax.t) > _HOLD_GIL_ELEMS:
+        return None
+    xname = _fast_float_name(&ax.t)
+    if xname is None:
+        return None
+    _quant_params("quantize", &p, mode, group_size, bits, rounding, scale_layout, fp8_format)
+    nd = ax.t.ndim
+    if qqQuantizedShapes(&p, nd, ax.t.shape, ds, ss, &sn) != QQ_STATUS_SUCCESS or sn > _INLINE_NDIM:
+        return None
+    affine = p.mode == QQ_MODE_AFFINE
+    biases = None
+    if fw == _FAST_NUMPY:
+        tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
+        data = _fast_result(fw, nd, ds, "uint8", cnp.NPY_UINT8, &ad)
+        scales = _fast_result(fw, sn, ss, xname if affine else "uint8", tn if affine else cnp.NPY_UINT8, &asc)
+        if affine:
+            biases = _fast_result(fw, sn, ss, xname, tn, &ab)
+    else:
+        if affine:      # three results of two sizes of element: the general path's separate storages
+            return None
+        dname, sname = _torch_typed("quantize", p.mode, p.fp8_format, True)
+        rs = _torch_empty_group(((_int_tuple(ds, nd), dname, "data"), (_int_tuple(ss, sn), sname, "scales")),
+                                -1, ptrs)
+        if rs is None:
+            return None
+        data, scales = rs[0], rs[1]
+        _fast_compact_named(&ad, nd, ds, ptrs[0], dname)
+        _fast_compact_named(&asc, sn, ss, ptrs[1], sname)
+    if not _fast_unmoved(x, &ax, fw):
+        return None
+    if qqQuantize(NULL, &ax.t, &p, NULL, &ad.t, &asc.t, &ab.t if affine else NULL, NULL) != QQ_STATUS_SUCCESS:
+        return None
+    _fast_calls += 1
+    return _new_quantized_array(data, scales, biases, mode, &p, None, rounding, scale_layout,
+                                fp8_format, _int_tuple(ax.t.shape, nd))
+
+
+# ---- quantized_matmul and qqmm --------------------------------------------------------------
+
+cdef int _fast_weight(qa, _FastArg* ad, _FastArg* asc, _FastArg* ab, _FastArg* ag, int fw,
+                      qqQuantParams_t* p, str func, int* has) except -1:
+    """A QuantizedArray weight [N, K*bits/8] (exact type, 2-D data) into its DLTensors and
+    parameters; has: 1 for biases, 2 for a global scale. fw, or _FAST_NONE."""
+    has[0] = 0
+    if type(qa) is not QuantizedArray or not _qa_slots_known:
+        return _FAST_NONE
+    data, scales, biases, gs = _qa_get(qa, 0), _qa_get(qa, 1), _qa_get(qa, 2), _qa_get(qa, 6)
+    if _fast_read(data, ad, fw) != fw or ad.t.ndim != 2 or _fast_read(scales, asc, fw) != fw:
+        return _FAST_NONE
+    if biases is not None:
+        if _fast_read(biases, ab, fw) != fw:
+            return _FAST_NONE
+        has[0] |= 1
+    if gs is not None:
+        if _fast_read(gs, ag, fw) != fw:
+            return _FAST_NONE
+        has[0] |= 2
+    _quant_params(func, p, _qa_get(qa, 3), _qa_get(qa, 4), _qa_get(qa, 5), "ceil", _qa_get(qa, 8),
+                  _qa_get(qa, 9))
+    return fw
+
+
+cdef object _matmul_fast(str func, x, w, bint prepared):
+    """quantized_matmul(x, w) (w a QuantizedArray) or qqmm(x, w) (w a PreparedWeight:
+    prepared) of a small x [..., M, K] on a weight of [N, K], everything else at its
+    default; or None."""
+    global _fast_calls
+    cdef _FastArg ax, ad, asc, ab, ag, av, ao
+    cdef qqQuantParams_t p
+    cdef qqQqmmParams_t qp
+    cdef int64_t od[_INLINE_NDIM]
+    cdef int fw, nd, i, has = 0
+    cdef qqStatus_t st
+    cdef int64_t m = 1
+    fw = _fast_read(x, &ax, _FAST_NONE)
+    if fw == _FAST_NONE or ax.t.ndim < 1:
+        return None
+    xname = _fast_float_name(&ax.t)
+    if xname is None:
+        return None
+    values = None
+    if prepared:
+        if type(w) is not PreparedWeight:
+            return None
+        values, w = w.values, w.quantized
+        if values is None or type(w) is not QuantizedArray or _qa_get(w, 3) == "affine":
+            return None
+    if _fast_weight(w, &ad, &asc, &ab, &ag, fw, &p, func, &has) != fw:
+        return None
+    if prepared and (_fast_read(values, &av, fw) != fw or av.t.ndim != 2):
+        return None
+    nd = ax.t.ndim
+    for i in range(nd - 1):
+        m *= ax.t.shape[i]
+    if m * ad.t.shape[0] * ax.t.shape[nd - 1] > _HOLD_GIL_MACS:
+        return None
+    for i in range(nd - 1):
+        od[i] = ax.t.shape[i]
+    od[nd - 1] = ad.t.shape[0]      # N (transpose: w [N, K*bits/8])
+    out = _fast_result(fw, nd, od, xname, cnp.PyArray_TYPE(<cnp.ndarray>x) if fw == _FAST_NUMPY else 0, &ao)
+    if not _fast_unmoved(x, &ax, fw):
+        return None
+    _route_pending()
+    if prepared:
+        # as qqmm's general path: x quantized with the defaults (linear, "ceil"), w's scales
+        # in w's layout
+        _check(qqQqmmParamsInit(&qp, p.mode))
+        qp.quant = p
+        qp.w_scale_layout = p.scale_layout
+        qp.x_scale_layout = QQ_SCALE_LINEAR
+        qp.quant.scale_layout = QQ_SCALE_LINEAR
+        qp.w_values = &av.t
+        st = qqQqmm(NULL, &ax.t, NULL, &ad.t, &asc.t, &qp, NULL, &ag.t if has & 2 else NULL, NULL, &ao.t, NULL)
+    else:
+        st = qqQuantizedMatmul(NULL, &ax.t, &ad.t, &asc.t, &ab.t if has & 1 else NULL, &p, 1,
+                               &ag.t if has & 2 else NULL, NULL, &ao.t, NULL)
+    _route_recorded()
+    if st != QQ_STATUS_SUCCESS:
+        return None
+    _fast_calls += 1
+    return out
