@@ -21,17 +21,17 @@
 #include "../internal.h"
 #include "rows.h"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
+
 namespace qq {
 namespace cpu {
 namespace {
 
-// Built twice on x86-64 (GCC / Clang target_clones: the loader picks one by the CPU): the
-// baseline (SSE2, the 16 sums in four 4-wide registers) and AVX2 (two 8-wide ones). Each
-// sum still adds its own products in the same order, so both give the same bits.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__linux__)
-__attribute__((target_clones("avx2", "default")))
-#endif
-float dot(const float* a, const float* b, int64_t k) {
+// The 16 sums of dot: sum j takes the products a[i] * b[i] of i % 16 == j in order, then
+// the pairwise combine in a fixed order: the same result on every run.
+float dot_generic(const float* a, const float* b, int64_t k) {
   float acc[16] = {0};
   int64_t i = 0;
   for (; i + 16 <= k; i += 16)
@@ -41,6 +41,49 @@ float dot(const float* a, const float* b, int64_t k) {
   for (int w = 8; w >= 1; w >>= 1)
     for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
   return acc[0];
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// The same sums with AVX2: sums 0..7 and 8..15 in two registers, each product added to its
+// own sum in the same order, the combine as four vector adds (w = 8: the two registers; 4:
+// their halves; 2, 1: within one). The compiler's vectorized copy of dot_generic spilled the
+// sums to memory for a scalar combine: ~107 instructions a dot of 32, ~a sixth of a tiny
+// quantized_matmul.
+__attribute__((target("avx2"))) float dot_avx2(const float* a, const float* b, int64_t k) {
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+    hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8)));
+  }
+  if (i < k) {  // a ragged end (k not a multiple of 16): sum j takes a[i] * b[i], i % 16 == j
+    float acc[16];
+    _mm256_storeu_ps(acc, lo);
+    _mm256_storeu_ps(acc + 8, hi);
+    for (; i < k; ++i) acc[i & 15] += a[i] * b[i];
+    lo = _mm256_loadu_ps(acc);
+    hi = _mm256_loadu_ps(acc + 8);
+  }
+  const __m256 s8 = _mm256_add_ps(lo, hi);  // acc[j] + acc[j + 8]
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));  // + acc[j + 4]
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                                 // + acc[j + 2]
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));                         // + acc[1]
+}
+#endif
+
+using DotFn = float (*)(const float*, const float*, int64_t);
+
+// dot for the CPU at hand, picked once: the baseline's (SSE2, the 16 sums in four 4-wide
+// registers) or AVX2's. Both add each sum's products in the same order: the same bits.
+DotFn dot_kernel() {
+  static const DotFn d = [] {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) return &dot_avx2;
+#endif
+    return &dot_generic;
+  }();
+  return d;
 }
 
 // Rows of x that quantized_matmul and qqmm hold as fp32 at a time (then the weight's blocks
@@ -60,6 +103,7 @@ struct GemmJob {
 // home of the matmuls' sums (B holds rows n0 .. n1 - 1; C's rows are N apart).
 void block_dots(const float* A, int64_t M, const float* B, int64_t n0, int64_t n1, int64_t K, int64_t N,
                 float alpha, const float* bias, float* C) {
+  const DotFn dot = dot_kernel();
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = n0; n < n1; ++n) {
       float v = alpha * dot(A + m * K, B + (n - n0) * K, K);
@@ -104,12 +148,16 @@ void store_out(const Mat& out, int64_t b, const float* c, int64_t M, int64_t N) 
 void qdq_rows(const Mat& x, int64_t b, const QSpec& q, const float* g, float* out) {
   const int64_t K = x.cols, ng = K / q.group;
   const float enc = g ? nvfp4_enc(*g) : 1.0f;
-  std::vector<float> row(K);
-  std::vector<uint8_t> packed(q.packed_cols(K)), sc(ng);
+  // the row, then its codes and scale bytes (one Scratch: three vectors were ~10 % of a
+  // qqmm of [1, 32])
+  Scratch buf((size_t)(K + (q.packed_cols(K) + ng + 3) / 4));
+  float* row = buf.data();
+  uint8_t* packed = (uint8_t*)(row + K);
+  uint8_t* sc = packed + q.packed_cols(K);
   for (int64_t r = 0; r < x.rows; ++r) {
-    load_row((const char*)x.ptr + (x.offset(b) + r * x.ld) * dtype_size(x.dt), x.dt, K, row.data());
-    quantize_row(row.data(), K, q, enc, packed.data(), sc.data(), nullptr, nullptr, x.dt);
-    dequantize_row(packed.data(), K, q, sc.data(), nullptr, nullptr, 1.0f, out + r * K);
+    load_row((const char*)x.ptr + (x.offset(b) + r * x.ld) * dtype_size(x.dt), x.dt, K, row);
+    quantize_row(row, K, q, enc, packed, sc, nullptr, nullptr, x.dt);
+    dequantize_row(packed, K, q, sc, nullptr, nullptr, 1.0f, out + r * K);
   }
 }
 
@@ -118,6 +166,10 @@ void qdq_rows(const Mat& x, int64_t b, const QSpec& q, const float* g, float* ou
 void load_values(const Mat& m, bool trans, int64_t b, int64_t R, int64_t C, float* out) {
   const int es = dtype_size(m.dt);
   const char* base = (const char*)m.ptr + m.offset(b) * es;
+  if (!trans && m.ld == C) {  // compact rows: one conversion (a call a row was half its cost at C = 32)
+    load_row(base, m.dt, R * C, out);
+    return;
+  }
   if (!trans) {
     for (int64_t r = 0; r < R; ++r) load_row(base + r * m.ld * es, m.dt, C, out + r * C);
     return;
@@ -418,6 +470,11 @@ qqStatus_t quantized_matmul(const MatmulArgs& a) {
   const std::vector<float> bias = bias_f32(a.bias, N);
   const float* bp = bias.empty() ? nullptr : bias.data();
   const int64_t B = a.out.batch();
+  if (B == 1) {  // one entry, one weight: nothing to group (the vectors and the sort were ~5 % of a [1, 32] call)
+    const int64_t b0 = 0;
+    qmm_rows(a, weight_entry(a, 0), gdec, bp, &b0, 1);
+    return QQ_STATUS_SUCCESS;
+  }
   // the batch entries grouped by the weight they use (the same w, scales and biases offsets:
   // a broadcast w, or gather_qmm's entries naming one expert), in entry order
   // (biases too: a w and scales broadcast where the biases are not, as expand() makes them)

@@ -54,6 +54,13 @@ void parallel_for(int64_t n, int64_t cost, void (*fn)(void*, int64_t, int64_t), 
 }
 
 // ---- row conversions ---------------------------------------------------------
+// Built twice on x86-64 (GCC / Clang target_clones: the loader picks one by the CPU): AVX2's copy converts 8 16-bit values
+// a step where the baseline's took 4 (qqmm's prepared bf16 weight is read through it on every
+// call: ~2 instructions an element were a fifth of a qqmm of [1, 32] x [32, 32]). The
+// conversions are exact either way.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__linux__)
+__attribute__((target_clones("avx2", "default")))
+#endif
 void load_row(const void* p, DType dt, int64_t n, float* out) {
   switch (dt) {
     case DType::F32:
@@ -194,63 +201,220 @@ const DecodeTables& decode_tables() {
 }
 }  // namespace
 
-// Two steps of dequantize_row, each a function of its own so that it can be built twice, the
-// copy for the CPU at hand picked once (row_kernels()):
-//  - affine: out[i] = affine_decode(c[i], s, b) = fma(c[i], s, b) for a group of n codes.
+// The steps of dequantize_row over a whole row (ng groups of g), each a function of its own so
+// that it can be built twice, the copy for the CPU at hand picked once (row_kernels()): a
+// call a row, where one a group (and the tables and constants fetched again in each) made
+// the dequantization of a [32, 32] nvfp4 weight ~380 instructions a row, most of a tiny
+// quantized_matmul.
+//  - affine: out[i] = affine_decode(c[i], s, b) = fma(c[i], s, b) over each group's codes.
 //    x86-64's baseline has no FMA instruction, so there fmaf is a libm call per element
 //    (affine quantized_matmul at M = 1 read ~0.9 ns a weight on a 2-core host, four times the
 //    fp modes' ~0.2); with FMA the multiply-adds are inline and vectorized. Same bits: fma
 //    rounds once either way (and -ffp-contract=off keeps every other product and sum apart).
-//  - fp4: out[i] = e2m1(code i) * f for a group of n codes (n / 2 bytes, low nibble first):
-//    with AVX2 eight codes at a time (the byte's nibbles shifted into lanes, the magnitude from
-//    an 8-entry table in a register, the sign bit or-ed in), the same products as the
-//    table lookups of the portable copy.
+//  - fp4: out[i] = e2m1(code i) * f, f the group's factor (g / 2 bytes a group, low nibble
+//    first): with AVX2 eight codes at a time (the byte's nibbles shifted into lanes, the
+//    magnitude from an 8-entry table in a register, the sign bit or-ed in), the same products
+//    as the table lookups of the portable copy.
+//  - fp8: out[i] = lut[code i] * f: with AVX2 eight lookups put into one register and one
+//    multiply (AVX2's gathers took x [1, 4096] @ mxfp8 [4096, 4096] from 2.6 to 4.0 ms on an
+//    AMD EPYC host), the same products.
 namespace {
-constexpr int kMaxAffineGroup = 128;  // affine group sizes: 32, 64, 128 (validate.cpp)
-struct RowKernels {
-  void (*affine)(const uint8_t* c, int n, float s, float b, float* o);
-  void (*fp4)(const uint8_t* d, int n, float f, float* o);
-};
-void affine_fma_generic(const uint8_t* c, int n, float s, float b, float* o) {
-  for (int i = 0; i < n; ++i) o[i] = affine_decode(c[i], s, b);
+// The fp groups' scale factor: nvfp4's E4M3 byte (the table: e4m3_decode's values), else
+// UE8M0.
+inline float fp_group_factor(const DecodeTables& t, bool nv, uint8_t s) {
+  return nv ? t.fp8[ELEM_E4M3][s] : ue8m0_decode(s);
 }
-void fp4_generic(const uint8_t* d, int n, float f, float* o) {
+constexpr int kMaxAffineGroup = 128;  // affine group sizes: 32, 64, 128 (validate.cpp)
+// fp rows for the fp kernels: rows of ng groups of g codes (d, dld bytes apart) with their
+// scale bytes (sc, sld apart), into o (ng * g values a row, contiguous): a call for a block
+// of rows where the scale bytes lie in rows (linear), one a row otherwise.
+struct FpRows {
+  const uint8_t* d;
+  int64_t dld;
+  const uint8_t* sc;
+  int64_t sld;
+  int64_t rows, ng;
+  int g;
+  bool nv;           // nvfp4: E4M3 scale bytes, else UE8M0
+  const float* lut;  // fp8: the codes' values
+  float* o;
+};
+// affine rows, as FpRows: codes d (dld bytes apart), the groups' fp32 scales and biases (scf,
+// bif; sld, bld apart).
+struct AffineRows {
+  const uint8_t* d;
+  int64_t dld;
+  const float *scf, *bif;
+  int64_t sld, bld;
+  int64_t rows, ng;
+  int g, bits;
+  float* o;
+};
+struct RowKernels {
+  void (*affine)(const AffineRows& a);
+  void (*fp4)(const FpRows& f);
+  void (*fp8)(const FpRows& f);
+};
+// Group gi's codes of an affine row as bytes (4-bit: two a byte, low nibble first; 8-bit: the
+// data itself; other widths bit by bit), in codes[] where they need unpacking.
+inline const uint8_t* affine_codes(const uint8_t* data, int64_t gi, int g, int bits, uint8_t* codes) {
+  if (bits == 8) return data + gi * g;
+  if (bits == 4) {  // (g is even: a group starts on a byte)
+    const uint8_t* d = data + gi * g / 2;
+    for (int i = 0; i < g / 2; ++i) codes[2 * i] = d[i] & 15u, codes[2 * i + 1] = d[i] >> 4;
+    return codes;
+  }
+  const uint32_t mask = (1u << bits) - 1;
+  for (int i = 0; i < g; ++i) {
+    const int64_t bit = (gi * g + i) * bits;
+    const int64_t byte = bit >> 3;
+    const int sh = (int)(bit & 7);
+    uint32_t w = data[byte];
+    if (sh + bits > 8) w |= (uint32_t)data[byte + 1] << 8;
+    codes[i] = (uint8_t)((w >> sh) & mask);
+  }
+  return codes;
+}
+void affine_generic(const AffineRows& a) {
+  uint8_t codes[kMaxAffineGroup];
+  float* o = a.o;
+  for (int64_t r = 0; r < a.rows; ++r)
+    for (int64_t gi = 0; gi < a.ng; ++gi, o += a.g) {
+      const uint8_t* c = affine_codes(a.d + r * a.dld, gi, a.g, a.bits, codes);
+      const float s = a.scf[r * a.sld + gi], b = a.bif[r * a.bld + gi];
+      for (int i = 0; i < a.g; ++i) o[i] = affine_decode(c[i], s, b);
+    }
+}
+void fp4_generic(const FpRows& f) {
   // a byte's two values from one lookup, times the scale: the products e2m1 * f of the
   // codec (the group's 16 scaled values first, then two lookups a byte, took ~0.5 ns an
   // element; a multiply an element with the byte re-read after each store ~1 ns)
   const DecodeTables& t = decode_tables();
-  for (int i = 0; i < n / 2; ++i) {
-    const float* pr = t.e2m1_pair[d[i]];
-    o[2 * i] = pr[0] * f;
-    o[2 * i + 1] = pr[1] * f;
+  const int g = f.g;
+  float* o = f.o;
+  for (int64_t r = 0; r < f.rows; ++r)
+    for (int64_t gi = 0; gi < f.ng; ++gi, o += g) {
+      const float s = fp_group_factor(t, f.nv, f.sc[r * f.sld + gi]);
+      const uint8_t* d = f.d + r * f.dld + gi * g / 2;
+      for (int i = 0; i < g / 2; ++i) {
+        const float* pr = t.e2m1_pair[d[i]];
+        o[2 * i] = pr[0] * s;
+        o[2 * i + 1] = pr[1] * s;
+      }
+    }
+}
+// (the fields in locals and G = 32, mxfp8's group, for the loop's sake, as fp4_avx2_rows's)
+template <int G> void fp8_rows(const FpRows& f) {
+  const DecodeTables& t = decode_tables();
+  const int g = G ? G : f.g;
+  const int64_t rows = f.rows, ng = f.ng, dld = f.dld, sld = f.sld;
+  const float* lut = f.lut;
+  const bool nv = f.nv;
+  float* o = f.o;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* d = f.d + r * dld;
+    const uint8_t* sc = f.sc + r * sld;
+    for (int64_t gi = 0; gi < ng; ++gi, d += g, o += g) {
+      const float s = fp_group_factor(t, nv, sc[gi]);
+      for (int i = 0; i < g; ++i) o[i] = lut[d[i]] * s;
+    }
   }
 }
+void fp8_generic(const FpRows& f) { f.g == 32 ? fp8_rows<32>(f) : fp8_rows<0>(f); }
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target("avx2,fma"))) void affine_fma_x86(const uint8_t* c, int n, float s, float b, float* o) {
-  for (int i = 0; i < n; ++i) o[i] = __builtin_fmaf((float)c[i], s, b);
+// (4- and 8-bit codes eight at a time into lanes, as fp4_avx2 takes them: the same codes as
+// affine_codes, converted exactly)
+__attribute__((target("avx2,fma"))) void affine_fma_x86(const AffineRows& a) {
+  const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), low4 = _mm256_set1_epi32(15);
+  uint8_t codes[kMaxAffineGroup];
+  const int g = a.g;
+  float* o = a.o;
+  for (int64_t r = 0; r < a.rows; ++r)
+    for (int64_t gi = 0; gi < a.ng; ++gi, o += g) {
+      const float s = a.scf[r * a.sld + gi], b = a.bif[r * a.bld + gi];
+      const uint8_t* d = a.d + r * a.dld;
+      if (a.bits == 4 || a.bits == 8) {  // (g is 32, 64 or 128)
+        const __m256 vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b);
+        for (int i = 0; i < g; i += 8) {
+          __m256i c;
+          if (a.bits == 4) {
+            uint32_t w;
+            memcpy(&w, d + (gi * g + i) / 2, 4);
+            c = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), shifts), low4);
+          } else {
+            int64_t w;
+            memcpy(&w, d + gi * g + i, 8);
+            c = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(w));
+          }
+          _mm256_storeu_ps(o + i, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), vs, vb));
+        }
+        continue;
+      }
+      const uint8_t* c = affine_codes(d, gi, g, a.bits, codes);
+      for (int i = 0; i < g; ++i) o[i] = __builtin_fmaf((float)c[i], s, b);
+    }
 }
-__attribute__((target("avx2"))) void fp4_avx2(const uint8_t* d, int n, float f, float* o) {
+// The fields in locals (the stores through o could alias f) and G, NV the format's (nvfp4:
+// 16, E4M3; mx: 32, UE8M0; G = 0: any g) so that the group loop is straight code: a group of
+// 16 took ~60 instructions for its two steps of 14 otherwise.
+template <int G, bool NV> __attribute__((target("avx2"))) inline void fp4_avx2_rows(const FpRows& f) {
   const DecodeTables& t = decode_tables();
   const __m256 mag = _mm256_loadu_ps(t.e2m1);  // codes 0..7: the magnitudes
   const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
   const __m256i low4 = _mm256_set1_epi32(15), sign = _mm256_set1_epi32((int)0x80000000u);
-  const __m256 vf = _mm256_set1_ps(f);
-  for (int i = 0; i < n; i += 8) {  // (n is a multiple of 16)
-    uint32_t w;
-    memcpy(&w, d + i / 2, 4);
-    const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), shifts), low4);
-    const __m256 v = _mm256_or_ps(_mm256_permutevar8x32_ps(mag, c),
-                                  _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(c, 28), sign)));
-    _mm256_storeu_ps(o + i, _mm256_mul_ps(v, vf));
+  const int g = G ? G : f.g;
+  const int64_t rows = f.rows, ng = f.ng, dld = f.dld, sld = f.sld;
+  float* o = f.o;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* d = f.d + r * dld;
+    const uint8_t* sc = f.sc + r * sld;
+    for (int64_t gi = 0; gi < ng; ++gi, d += g / 2, o += g) {
+      const __m256 vf = _mm256_set1_ps(fp_group_factor(t, NV, sc[gi]));
+      for (int i = 0; i < g; i += 8) {  // (g is 16 or 32)
+        uint32_t w;
+        memcpy(&w, d + i / 2, 4);
+        const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), shifts), low4);
+        const __m256 v = _mm256_or_ps(_mm256_permutevar8x32_ps(mag, c),
+                                      _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(c, 28), sign)));
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(v, vf));
+      }
+    }
   }
+}
+__attribute__((target("avx2"))) void fp4_avx2(const FpRows& f) {
+  if (f.nv) f.g == 16 ? fp4_avx2_rows<16, true>(f) : fp4_avx2_rows<0, true>(f);
+  else f.g == 32 ? fp4_avx2_rows<32, false>(f) : fp4_avx2_rows<0, false>(f);
+}
+template <int G> __attribute__((target("avx2"))) inline void fp8_avx2_rows(const FpRows& f) {
+  const DecodeTables& t = decode_tables();
+  const int g = G ? G : f.g;
+  const int64_t rows = f.rows, ng = f.ng, dld = f.dld, sld = f.sld;
+  const float* lut = f.lut;
+  const bool nv = f.nv;
+  float* o = f.o;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* d = f.d + r * dld;
+    const uint8_t* sc = f.sc + r * sld;
+    for (int64_t gi = 0; gi < ng; ++gi, d += g, o += g) {
+      const __m256 vf = _mm256_set1_ps(fp_group_factor(t, nv, sc[gi]));
+      for (int i = 0; i < g; i += 8) {
+        const __m256 v = _mm256_setr_ps(lut[d[i]], lut[d[i + 1]], lut[d[i + 2]], lut[d[i + 3]], lut[d[i + 4]],
+                                        lut[d[i + 5]], lut[d[i + 6]], lut[d[i + 7]]);
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(v, vf));
+      }
+    }
+  }
+}
+__attribute__((target("avx2"))) void fp8_avx2(const FpRows& f) {
+  f.g == 32 ? fp8_avx2_rows<32>(f) : fp8_avx2_rows<0>(f);
 }
 #endif
 const RowKernels& row_kernels() {
   static const RowKernels k = [] {
-    RowKernels r{&affine_fma_generic, &fp4_generic};
+    RowKernels r{&affine_generic, &fp4_generic, &fp8_generic};
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) r.fp4 = &fp4_avx2;
+    if (__builtin_cpu_supports("avx2")) r.fp4 = &fp4_avx2, r.fp8 = &fp8_avx2;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) r.affine = &affine_fma_x86;
 #endif
     return r;
@@ -259,55 +423,23 @@ const RowKernels& row_kernels() {
 }
 }  // namespace
 
+namespace {
+// The fp rows' values: the kernel's products, then nvfp4's global factor (a second product).
+void fp_rows(const FpRows& f, float gdec) {
+  (f.lut ? row_kernels().fp8 : row_kernels().fp4)(f);
+  if (f.nv && gdec != 1.0f)
+    for (int64_t i = 0; i < f.rows * f.ng * f.g; ++i) f.o[i] = f.o[i] * gdec;
+}
+FpRows fp_rows_of(const QSpec& q, int64_t K, const uint8_t* data, const uint8_t* sc, float* out) {
+  return FpRows{data, 0, sc, 0, 1, K / q.group, q.group, q.mode == QQ_MODE_NVFP4,
+                q.bits == 4 ? nullptr : decode_tables().fp8[q.elem], out};
+}
+}  // namespace
+
 void dequantize_row(const uint8_t* data, int64_t K, const QSpec& q, const uint8_t* sc, const float* scf,
                     const float* bif, float gdec, float* out) {
-  const int g = q.group;
-  const int64_t ng = K / g;
-  if (q.fp()) {
-    const DecodeTables& t = decode_tables();
-    const bool nv = q.mode == QQ_MODE_NVFP4;
-    const float* lut = t.fp8[q.elem];
-    const auto fp4_group = row_kernels().fp4;
-    for (int64_t gi = 0; gi < ng; ++gi) {
-      const uint8_t s = sc[gi];
-      const float f = nv ? t.fp8[ELEM_E4M3][s] : ue8m0_decode(s);  // (the table: e4m3_decode's values)
-      float* o = out + gi * g;
-      if (q.bits == 4) {
-        fp4_group(data + gi * g / 2, g, f, o);
-      } else {
-        const uint8_t* d = data + gi * g;
-        for (int i = 0; i < g; ++i) o[i] = lut[d[i]] * f;
-      }
-      if (nv && gdec != 1.0f)
-        for (int i = 0; i < g; ++i) o[i] = o[i] * gdec;
-    }
-    return;
-  }
-  // affine: a group's codes as bytes (4-bit: two a byte, low nibble first; 8-bit: the data
-  // itself; other widths bit by bit), then fma(code, scale, bias) over the group
-  const int bits = q.bits;
-  const uint32_t mask = (1u << bits) - 1;
-  const auto fma_group = row_kernels().affine;
-  uint8_t codes[kMaxAffineGroup];
-  for (int64_t gi = 0; gi < ng; ++gi) {
-    const uint8_t* c = codes;
-    if (bits == 8) {
-      c = data + gi * g;
-    } else if (bits == 4) {  // (g is even: a group starts on a byte)
-      const uint8_t* d = data + gi * g / 2;
-      for (int i = 0; i < g / 2; ++i) codes[2 * i] = d[i] & 15u, codes[2 * i + 1] = d[i] >> 4;
-    } else {
-      for (int i = 0; i < g; ++i) {
-        const int64_t bit = (gi * g + i) * bits;
-        const int64_t byte = bit >> 3;
-        const int sh = (int)(bit & 7);
-        uint32_t w = data[byte];
-        if (sh + bits > 8) w |= (uint32_t)data[byte + 1] << 8;
-        codes[i] = (uint8_t)((w >> sh) & mask);
-      }
-    }
-    fma_group(c, g, scf[gi], bif[gi], out + gi * g);
-  }
+  if (q.fp()) fp_rows(fp_rows_of(q, K, data, sc, out), gdec);
+  else row_kernels().affine(AffineRows{data, 0, scf, bif, 0, 0, 1, K / q.group, q.group, q.bits, out});
 }
 
 // ---- operands ------------------------------------------------------------------
@@ -333,13 +465,29 @@ void gather_scales(const Mat& scales, const Mat* biases, bool blocked, int64_t b
 
 void dequantize_block(const Mat& data, const Mat& scales, const Mat* biases, bool blocked, const QSpec& q,
                       float gdec, int64_t b, int64_t r0, int64_t rows, int64_t c0, int64_t n, float* out) {
-  const int64_t ng = n / q.group;
-  Scratch buf(2 * ng + (ng + 3) / 4);     // fp32 scales and biases, then the scale bytes
+  const int64_t ng = n / q.group, g0 = c0 / q.group;
+  if (q.fp() && scales.dt == DType::U8 && !blocked && rows > 0) {
+    // linear scale bytes: the rows in one call, their bytes read where they lie (a call and a
+    // copy of the scales a row were ~2/3 of the dequantization of a [32, 32] nvfp4 weight)
+    FpRows f = fp_rows_of(q, n, data.at<uint8_t>(b, r0) + c0 * q.bits / 8, scales.at<uint8_t>(b, r0) + g0, out);
+    f.dld = data.ld;
+    f.sld = scales.ld;
+    f.rows = rows;
+    fp_rows(f, gdec);
+    return;
+  }
+  if (!q.fp() && scales.dt == DType::F32 && biases->dt == DType::F32 && rows > 0) {  // fp32 ones: the same
+    row_kernels().affine(AffineRows{data.at<uint8_t>(b, r0) + c0 * q.bits / 8, data.ld, scales.at<float>(b, r0) + g0,
+                                    biases->at<float>(b, r0) + g0, scales.ld, biases->ld, rows, ng, q.group, q.bits,
+                                    out});
+    return;
+  }
+  Scratch buf(2 * ng + (ng + 3) / 4);  // fp32 scales and biases, then the scale bytes
   float* scf = buf.data();
   float* bif = scf + ng;
   uint8_t* sc = (uint8_t*)(bif + ng);
   for (int64_t r = r0; r < r0 + rows; ++r) {
-    gather_scales(scales, biases, blocked, b, r, c0 / q.group, ng, sc, scf, bif);
+    gather_scales(scales, biases, blocked, b, r, g0, ng, sc, scf, bif);
     dequantize_row(data.at<uint8_t>(b, r) + c0 * q.bits / 8, n, q, sc, scf, bif, gdec, out + (r - r0) * n);
   }
 }
