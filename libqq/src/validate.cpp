@@ -12,6 +12,7 @@
 
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "codec.h"
 #include "internal.h"
@@ -255,27 +256,56 @@ bool same_view(const DLTensor* a, const DLTensor* b) {
   return true;
 }
 
-bool overlap(const DLTensor* a, const DLTensor* b) {
-  if (!a || !b || numel(a) == 0 || numel(b) == 0) return false;
-  if (raw_enum(a->device.device_type) != raw_enum(b->device.device_type) ||
-      a->device.device_id != b->device.device_id)
-    return false;
-  int64_t alo, ahi, blo, bhi;
-  if (!byte_extent(a, &alo, &ahi) || !byte_extent(b, &blo, &bhi)) return true;
-  const intptr_t a0 = (intptr_t)a->data + (intptr_t)a->byte_offset, b0 = (intptr_t)b->data + (intptr_t)b->byte_offset;
-  return a0 + alo < b0 + bhi && b0 + blo < a0 + ahi;
+namespace {
+// Where a tensor's bytes lie, for the overlap test: absent (NULL or empty: overlaps nothing),
+// unbounded (strides beyond 2^56: taken to overlap everything on its device), or [lo, hi).
+struct Span {
+  const DLTensor* t;
+  bool present, bounded;
+  intptr_t lo, hi;
+};
+Span span_of(const DLTensor* t) {
+  Span s{t, t && numel(t) > 0, false, 0, 0};
+  int64_t lo, hi;
+  if (s.present && byte_extent(t, &lo, &hi)) {
+    const intptr_t base = (intptr_t)t->data + (intptr_t)t->byte_offset;
+    s.bounded = true;
+    s.lo = base + lo;
+    s.hi = base + hi;
+  }
+  return s;
 }
+bool spans_overlap(const Span& a, const Span& b) {
+  if (!a.present || !b.present) return false;
+  if (raw_enum(a.t->device.device_type) != raw_enum(b.t->device.device_type) ||
+      a.t->device.device_id != b.t->device.device_id)
+    return false;
+  if (!a.bounded || !b.bounded) return true;
+  return a.lo < b.hi && b.lo < a.hi;
+}
+}  // namespace
+
+bool overlap(const DLTensor* a, const DLTensor* b) { return spans_overlap(span_of(a), span_of(b)); }
 
 qqStatus_t check_no_alias(Ctx& c, std::initializer_list<Arg> outs, std::initializer_list<Arg> ins) {
-  for (auto o = outs.begin(); o != outs.end(); ++o) {
-    for (const Arg& i : ins)
-      if (overlap(o->t, i.t))
+  // each tensor's extent once (a call checks up to ~10 pairs; byte_extent was most of a pair)
+  constexpr size_t kInline = 16;
+  const size_t no = outs.size(), n = no + ins.size();
+  Span inline_spans[kInline];
+  std::vector<Span> heap;
+  Span* sp = n <= kInline ? inline_spans : (heap.resize(n), heap.data());
+  const Arg* args[2] = {outs.begin(), ins.begin()};
+  for (size_t k = 0; k < n; ++k) sp[k] = span_of(k < no ? args[0][k].t : args[1][k - no].t);
+  for (size_t a = 0; a < no; ++a) {
+    const char* oname = args[0][a].name;
+    for (size_t b = no; b < n; ++b)
+      if (spans_overlap(sp[a], sp[b]))
         return set_error(QQ_STATUS_INVALID_VALUE, "%s: output '%s' overlaps input '%s' in memory; pass a "
-                         "separate output buffer", c.op, o->name, i.name);
-    for (auto p = o + 1; p != outs.end(); ++p)
-      if (overlap(o->t, p->t))
+                         "separate output buffer", c.op, oname, args[1][b - no].name);
+    for (size_t b = a + 1; b < no; ++b)
+      if (spans_overlap(sp[a], sp[b]))
         return set_error(QQ_STATUS_INVALID_VALUE, "%s: outputs '%s' and '%s' overlap in memory; pass "
-                         "separate buffers", c.op, o->name, p->name);
+                         "separate buffers", c.op, oname, args[0][b].name);
   }
   return QQ_STATUS_SUCCESS;
 }

@@ -62,9 +62,10 @@ cdef int _fast_read(obj, _FastArg* a, int fw) except -1:
     tp = type(obj)
     if tp is not _torch_tensor_type and tp is not _torch_param_type:
         return _FAST_NONE
-    if obj.is_neg() or not _torch_xapi_read(obj, &d):     # (as _import_torch_c)
+    # (a CUDA tensor, the common case not taken here, costs the one C call)
+    if not _torch_xapi_read(obj, &d) or d.device.device_type != kDLCPU or d.ndim < 0 or d.ndim > _INLINE_NDIM:
         return _FAST_NONE
-    if d.device.device_type != kDLCPU or d.ndim < 0 or d.ndim > _INLINE_NDIM:
+    if obj.is_neg():        # (as _import_torch_c)
         return _FAST_NONE
     return _FAST_TORCH if _torch_fill(&d, &a.t, a.dims) else _FAST_NONE
 
@@ -86,10 +87,10 @@ cdef str _fast_float_name(const DLTensor* t):
     return None
 
 
-cdef object _fast_result(int fw, int nd, const int64_t* dims, str dtype, int typenum, _FastArg* a):
-    """A new compact result of shape dims[:nd] in the call's framework, described in a.t;
-    None where the allocator declines (the general path then makes it). typenum: NumPy's
-    type number of `dtype`."""
+cdef object _fast_result(int fw, int nd, const int64_t* dims, DLDataType dt, str dtype, int typenum,
+                         _FastArg* a):
+    """A new compact result of shape dims[:nd] and type dt (`dtype` its torch name, typenum its
+    NumPy type number) in the call's framework, described in a.t."""
     cdef cnp.npy_intp nd_dims[_INLINE_NDIM]
     cdef void* data = NULL
     cdef int i
@@ -97,16 +98,15 @@ cdef object _fast_result(int fw, int nd, const int64_t* dims, str dtype, int typ
         for i in range(nd):
             nd_dims[i] = dims[i]
         r = cnp.PyArray_EMPTY(nd, nd_dims, typenum, 0)
-        _numpy_fill(<cnp.ndarray>r, &a.t, a.dims)
-        return r
-    r = _torch_empty(_int_tuple(dims, nd), dtype, -1, &data)
-    _fast_compact_named(a, nd, dims, data, dtype)
+        data = cnp.PyArray_DATA(<cnp.ndarray>r)
+    else:
+        r = _torch_empty(_int_tuple(dims, nd), dtype, -1, &data)
+    _fast_compact(a, nd, dims, data, dt)
     return r
 
 
-cdef void _fast_compact(_FastArg* a, int nd, const int64_t* dims, void* data, int code, int bits,
-                        int lanes) noexcept:
-    """a.t: a compact CPU tensor of shape dims[:nd] and DLPack type (code, bits, lanes) at data."""
+cdef void _fast_compact(_FastArg* a, int nd, const int64_t* dims, void* data, DLDataType dt) noexcept:
+    """a.t: a compact CPU tensor of shape dims[:nd] and type dt at data."""
     cdef int i
     cdef int64_t stride = 1
     for i in range(nd - 1, -1, -1):
@@ -117,23 +117,38 @@ cdef void _fast_compact(_FastArg* a, int nd, const int64_t* dims, void* data, in
     a.t.device.device_type = kDLCPU
     a.t.device.device_id = 0
     a.t.ndim = nd
-    a.t.dtype.code = code
-    a.t.dtype.bits = bits
-    a.t.dtype.lanes = lanes
+    a.t.dtype = dt
     a.t.shape = a.dims
     a.t.strides = a.dims + nd
     a.t.byte_offset = 0
 
 
-cdef int _fast_compact_named(_FastArg* a, int nd, const int64_t* dims, void* data, str dtype) except -1:
-    """_fast_compact of a result named as _Call names them (_DL_TO_NAME_CODES, _TORCH_BYTE_DTYPES)."""
-    cb = _DL_TO_NAME_CODES.get(dtype)
-    if cb is not None:
-        _fast_compact(a, nd, dims, data, <int>(<tuple>cb)[0], <int>(<tuple>cb)[1], 1)
-    else:
-        cb = _TORCH_BYTE_DTYPES[dtype]
-        _fast_compact(a, nd, dims, data, <int>(<tuple>cb)[0], <int>(<tuple>cb)[1], <int>(<tuple>cb)[2])
-    return 0
+cdef dict _FAST_TYPED = {}
+
+
+cdef tuple _fast_typed(int mode, int fp8_format):
+    """quantize's torch result dtypes for torch_dtypes=True (_torch_typed's names) with their
+    DLPack types: (data name, scales name, data DLDataType, scales DLDataType), cached by
+    (mode, fp8_format)."""
+    cdef DLDataType d, s
+    key = mode * 16 + fp8_format
+    r = _FAST_TYPED.get(key)
+    if r is None:
+        dname, sname = _torch_typed("quantize", mode, fp8_format, True)
+        codes = []
+        for name in (dname, sname):
+            cb = _DL_TO_NAME_CODES.get(name)
+            codes.append((cb[0], cb[1], 1) if cb is not None else _TORCH_BYTE_DTYPES[name])
+        r = _FAST_TYPED[key] = (dname, sname, codes[0], codes[1])
+    return r
+
+
+cdef inline DLDataType _dl_type(tuple cbl) noexcept:
+    cdef DLDataType t
+    t.code = <int>cbl[0]
+    t.bits = <int>cbl[1]
+    t.lanes = <int>cbl[2]
+    return t
 
 
 cdef bint _fast_unmoved(obj, const _FastArg* a, int fw):
@@ -168,6 +183,7 @@ cdef object _quantize_fast(x, group_size, bits, mode, rounding, scale_layout, fp
     cdef int64_t ss[_INLINE_NDIM + 1]
     cdef int sn = 0, nd
     cdef void* ptrs[_MAX_GROUP]
+    cdef DLDataType u8
     cdef int fw = _fast_read(x, &ax, _FAST_NONE)
     if fw == _FAST_NONE or ax.t.ndim < 1 or _fast_numel(&ax.t) > _HOLD_GIL_ELEMS:
         return None
@@ -182,21 +198,24 @@ cdef object _quantize_fast(x, group_size, bits, mode, rounding, scale_layout, fp
     biases = None
     if fw == _FAST_NUMPY:
         tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
-        data = _fast_result(fw, nd, ds, "uint8", cnp.NPY_UINT8, &ad)
-        scales = _fast_result(fw, sn, ss, xname if affine else "uint8", tn if affine else cnp.NPY_UINT8, &asc)
+        u8.code, u8.bits, u8.lanes = kDLUInt, 8, 1
+        data = _fast_result(fw, nd, ds, u8, "uint8", cnp.NPY_UINT8, &ad)
         if affine:
-            biases = _fast_result(fw, sn, ss, xname, tn, &ab)
+            scales = _fast_result(fw, sn, ss, ax.t.dtype, xname, tn, &asc)
+            biases = _fast_result(fw, sn, ss, ax.t.dtype, xname, tn, &ab)
+        else:
+            scales = _fast_result(fw, sn, ss, u8, "uint8", cnp.NPY_UINT8, &asc)
     else:
         if affine:      # three results of two sizes of element: the general path's separate storages
             return None
-        dname, sname = _torch_typed("quantize", p.mode, p.fp8_format, True)
+        dname, sname, dt_d, dt_s = _fast_typed(p.mode, p.fp8_format)
         rs = _torch_empty_group(((_int_tuple(ds, nd), dname, "data"), (_int_tuple(ss, sn), sname, "scales")),
                                 -1, ptrs)
         if rs is None:
             return None
         data, scales = rs[0], rs[1]
-        _fast_compact_named(&ad, nd, ds, ptrs[0], dname)
-        _fast_compact_named(&asc, sn, ss, ptrs[1], sname)
+        _fast_compact(&ad, nd, ds, ptrs[0], _dl_type(dt_d))
+        _fast_compact(&asc, sn, ss, ptrs[1], _dl_type(dt_s))
     if not _fast_unmoved(x, &ax, fw):
         return None
     if qqQuantize(NULL, &ax.t, &p, NULL, &ad.t, &asc.t, &ab.t if affine else NULL, NULL) != QQ_STATUS_SUCCESS:
@@ -268,7 +287,8 @@ cdef object _matmul_fast(str func, x, w, bint prepared):
     for i in range(nd - 1):
         od[i] = ax.t.shape[i]
     od[nd - 1] = ad.t.shape[0]      # N (transpose: w [N, K*bits/8])
-    out = _fast_result(fw, nd, od, xname, cnp.PyArray_TYPE(<cnp.ndarray>x) if fw == _FAST_NUMPY else 0, &ao)
+    out = _fast_result(fw, nd, od, ax.t.dtype, xname, cnp.PyArray_TYPE(<cnp.ndarray>x) if fw == _FAST_NUMPY else 0,
+                       &ao)
     if not _fast_unmoved(x, &ax, fw):
         return None
     _route_pending()
