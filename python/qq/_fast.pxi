@@ -57,7 +57,11 @@ cdef int _fast_read(obj, _FastArg* a, int fw) except -1:
             except TypeError:
                 return _FAST_NONE
         return _FAST_NUMPY if _numpy_fill(<cnp.ndarray>obj, &a.t, a.dims) < 0 else _FAST_NONE
-    if fw == _FAST_NUMPY or _torch_xapi == NULL:
+    if fw == _FAST_NUMPY:
+        return _FAST_NONE
+    if _torch_tensor_type is None and "torch" in sys.modules:
+        _torch_types_init()     # (the first torch call of the process, as _import_torch does)
+    if _torch_xapi == NULL:
         return _FAST_NONE
     tp = type(obj)
     if tp is not _torch_tensor_type and tp is not _torch_param_type:
