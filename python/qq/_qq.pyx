@@ -5,18 +5,20 @@ Nothing is computed here. Every public function
   1. maps its string parameters to the C enums (qqQuantParamsInit fills the defaults),
   2. opens a DLTensor *view* of every array argument (the DLPack section below),
   3. allocates the outputs in the caller's framework (the _Call section),
-  4. calls libqq with the GIL released, and maps a failing qqStatus_t to an exception
-     carrying qqGetLastErrorMessage(),
+  4. calls libqq with the GIL released (kept for small calls), and maps a failing
+     qqStatus_t to an exception carrying qqGetLastErrorMessage(),
   5. releases every view exactly once, whatever happened.
+The small CPU calls of quantize, quantized_matmul and qqmm do 2-4 without the per-call
+objects (_fast.pxi), the general path standing behind them.
 
 One extension module, one file per job (Cython include files, so that calls between them
 stay plain C calls): _errors.pxi (status -> exception, library info), _params.pxi (string
 parameters -> C enums, validated once and cached), _dlpack.pxi (DLPack import: _View;
 export: _DeviceBuffer), _streams.pxi, _call.pxi (per-call state: framework, device,
-stream, views, results), _types.pxi (QuantizedArray, PreparedWeight), and the thin op
-wrappers in _ops_quantize.pxi, _ops_matmul.pxi and _ops_layout.pxi, and _jax_shapes.pxi
-(parameters and result shapes for the JAX custom calls of qq/_jax_ffi.py). The Python API
-is specified in docs/api.md.
+stream, views, results), _types.pxi (QuantizedArray, PreparedWeight), _fast.pxi (the
+small CPU calls), the thin op wrappers in _ops_quantize.pxi, _ops_matmul.pxi and
+_ops_layout.pxi, and _jax_shapes.pxi (parameters and result shapes for the JAX custom
+calls of qq/_jax_ffi.py). The Python API is specified in docs/api.md.
 """
 
 from cpython.exc cimport PyErr_Clear
