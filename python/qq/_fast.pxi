@@ -276,8 +276,11 @@ cdef object _matmul_fast(str func, x, w, bint prepared):
     if prepared:
         if type(w) is not PreparedWeight:
             return None
+        # (the values go with a 2-D weight only, as the general path decides)
+        if w.values is None or len(w.shape) != 2:
+            return None
         values, w = w.values, w.quantized
-        if values is None or type(w) is not QuantizedArray or _qa_get(w, 3) == "affine":
+        if type(w) is not QuantizedArray or _qa_get(w, 3) == "affine":
             return None
     if _fast_weight(w, &ad, &asc, &ab, &ag, fw, &p, func, &has) != fw:
         return None
@@ -286,7 +289,10 @@ cdef object _matmul_fast(str func, x, w, bint prepared):
     nd = ax.t.ndim
     for i in range(nd - 1):
         m *= ax.t.shape[i]
-    if m * ad.t.shape[0] * ax.t.shape[nd - 1] > _HOLD_GIL_MACS:
+        if m > _HOLD_GIL_MACS:      # (each factor bounded first: no overflow)
+            return None
+    if ad.t.shape[0] > _HOLD_GIL_MACS or ax.t.shape[nd - 1] > _HOLD_GIL_MACS \
+            or m * ad.t.shape[0] * ax.t.shape[nd - 1] > _HOLD_GIL_MACS:
         return None
     for i in range(nd - 1):
         od[i] = ax.t.shape[i]
