@@ -7,6 +7,7 @@ edges the forms are built on, plus a stride walk and random patterns); QQ_TEST_E
 runs the proof over all 2^32 fp32 inputs (minutes)."""
 
 import os
+import platform
 import shlex
 import shutil
 import subprocess
@@ -35,5 +36,7 @@ def test_codec_fast_forms_equal_their_oracles(forms, tmp_path):
     r = subprocess.run([str(exe)] + (["--exhaustive"] if EXHAUSTIVE else []), capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [ln for ln in r.stdout.splitlines() if "mismatches" in ln]
-    assert len(lines) == (8 if forms == "gpu" else 7), r.stdout  # every check ran
+    # every check ran (the CPU's AVX2 fp4 encoder is compiled on x86-64 only)
+    x86 = platform.machine() in ("x86_64", "AMD64")
+    assert len(lines) == (8 if forms == "gpu" else 7) + x86, r.stdout
     assert all(ln.endswith(" 0 mismatches") for ln in lines), r.stdout

@@ -55,6 +55,7 @@
 #include <initializer_list>
 
 #include "codec.h"
+#include "cpu/e2m1x8_avx2.h"
 
 namespace {
 // The oracle: codec.h's e2m1_encode before the change, verbatim.
@@ -156,10 +157,32 @@ int main(int argc, char** argv) {
 #else
   printf("host forms, %s\n", exhaustive ? "exhaustive" : "sampled");
 #endif
-  uint64_t bad = 0, bad_div = 0, bad_aff = 0, bad_band = 0, n_band = 0;
+  uint64_t bad = 0, bad_div = 0, bad_aff = 0, bad_band = 0, n_band = 0, bad_x8 = 0, n_x8 = 0;
   volatile float c6 = 6.0f, c448 = 448.0f, c57344 = 57344.0f;  // volatile: real divisions
+#if defined(QQ_E2M1X8_AVX2)
+  // 8. cpu/e2m1x8_avx2.h (the CPU's fp4 quantize, eight at a time) against e2m1_encode of
+  // the same products, every input in groups of eight, times factors 1 and two others
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2");
+  float x8[8];
+  int n8 = 0;
+#endif
   const uint64_t n = for_inputs(exhaustive, [&](uint32_t u) {
     const float x = qq::u2f(u);
+#if defined(QQ_E2M1X8_AVX2)
+    x8[n8++] = x;
+    if (n8 == 8 && avx2) {
+      for (const float f : {1.0f, 0.3f, 3.7e-5f}) {
+        uint32_t want8 = 0;
+        for (int i = 0; i < 8; ++i) want8 |= (uint32_t)qq::e2m1_encode(x8[i] * f) << (4 * i);
+        const uint32_t got8 = qq::cpu::e2m1x8_encode_avx2(x8, f);
+        if (got8 != want8 && bad_x8++ < 10)
+          printf("e2m1x8_encode_avx2 MISMATCH at 0x%08x (f %g): 0x%08x, want 0x%08x\n", u, f, got8, want8);
+        ++n_x8;
+      }
+    }
+    if (n8 == 8) n8 = 0;
+#endif
     const uint8_t want = e2m1_encode_ref(x), got = qq::e2m1_encode(x);
     const uint32_t byte0 = qq::e2m1_abs_sum(x) & 0xffu;
     if ((want != got || byte0 != (want & 7u)) && bad++ < 10)
@@ -197,6 +220,8 @@ int main(int argc, char** argv) {
     }
   });
   printf("e2m1_encode: %llu inputs, %llu mismatches\n", (unsigned long long)n, (unsigned long long)bad);
+  printf("e2m1x8_encode_avx2: %llu groups of eight (x 1, 0.3, 3.7e-5), %llu mismatches\n",
+         (unsigned long long)n_x8, (unsigned long long)bad_x8);
   printf("affine_needs_div, affine_round_clamp (bits 2..8): %llu inputs, %llu mismatches\n",
          (unsigned long long)n, (unsigned long long)bad_aff);
   printf("div_const (6, 448, 57344): %llu inputs each, %llu mismatches\n", (unsigned long long)n,
@@ -270,5 +295,5 @@ int main(int argc, char** argv) {
     if (want != got && bad8++ < 10) printf("e2m1x8 MISMATCH tuple %llu: want 0x%08x got 0x%08x\n", (unsigned long long)t, want, got);
   }
   printf("e2m1x8_encode: %llu random 8-tuples, %llu mismatches\n", (unsigned long long)kTuples, (unsigned long long)bad8);
-  return bad || bad_div || bad_aff || bad_band || bad8 ? 1 : 0;
+  return bad || bad_div || bad_aff || bad_band || bad8 || bad_x8 ? 1 : 0;
 }

@@ -17,6 +17,7 @@
 
 #include "../codec.h"
 #include "../internal.h"
+#include "e2m1x8_avx2.h"
 #include "rows.h"
 
 #define QQ_CPU_TRY(expr)                      \
@@ -104,6 +105,36 @@ float round_to(float v, DType dt) {
 }
 
 // ---- one row: quantize --------------------------------------------------------
+namespace {
+// A group's fp4 codes: g values of v times f into g / 2 bytes (low nibble first): codec.h's
+// e2m1_encode a pair at a time, or eight at a time with AVX2 (e2m1x8_avx2.h: the same codes),
+// picked once for the CPU at hand.
+using Fp4Encode = void (*)(const float* v, int g, float f, uint8_t* d);
+void fp4_encode_generic(const float* v, int g, float f, uint8_t* d) {
+  for (int i = 0; i < g; i += 2) d[i / 2] = (uint8_t)(e2m1_encode(v[i] * f) | (e2m1_encode(v[i + 1] * f) << 4));
+}
+#if defined(QQ_E2M1X8_AVX2)
+__attribute__((target("avx2"))) void fp4_encode_avx2(const float* v, int g, float f, uint8_t* d) {
+  int i = 0;
+  for (; i + 8 <= g; i += 8) {
+    const uint32_t w = e2m1x8_encode_avx2(v + i, f);
+    memcpy(d + i / 2, &w, 4);
+  }
+  fp4_encode_generic(v + i, g - i, f, d + i / 2);
+}
+#endif
+Fp4Encode fp4_encoder() {
+  static const Fp4Encode e = [] {
+#if defined(QQ_E2M1X8_AVX2)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) return &fp4_encode_avx2;
+#endif
+    return &fp4_encode_generic;
+  }();
+  return e;
+}
+}  // namespace
+
 // x: K fp32 values. Writes the packed row to `data`, the group scales to
 // sc[g] (bytes for fp modes; fp32 values for affine in scf/bif, already
 // rounded to the storage dtype `sdt`).
@@ -114,6 +145,7 @@ void quantize_row(const float* x, int64_t K, const QSpec& q, float enc, uint8_t*
   const int g = q.group;
   const int64_t ng = K / g;
   if (q.fp()) {
+    const Fp4Encode fp4_encode = fp4_encoder();
     for (int64_t gi = 0; gi < ng; ++gi) {
       const float* v = x + gi * g;
       float amax = 0.0f;
@@ -126,14 +158,8 @@ void quantize_row(const float* x, int64_t K, const QSpec& q, float enc, uint8_t*
       sc[gi] = gsc.code;
       if (q.bits == 4) {
         uint8_t* d = data + gi * g / 2;
-        for (int i = 0; i < g; i += 2) {
-          uint8_t lo = 0, hi = 0;
-          if (!nan_group) {
-            lo = e2m1_encode(v[i] * f);
-            hi = e2m1_encode(v[i + 1] * f);
-          }
-          d[i / 2] = (uint8_t)(lo | (hi << 4));
-        }
+        if (nan_group) memset(d, 0, (size_t)(g / 2));
+        else fp4_encode(v, g, f, d);
       } else {
         uint8_t* d = data + gi * g;
         const uint8_t nc = elem_nan_code(q.elem);
