@@ -195,3 +195,79 @@ def test_torch_views_and_parameters(rng):
     x = torch._neg_view(torch.randn(2, 128))
     _, _, taken = both(lambda: qq.quantize(x, mode="mxfp8"))
     assert not taken
+
+
+def test_no_route_after_a_refusal_in_python(rng):
+    """A call that fails before libqq runs leaves qq.last_route() None, as the general path
+    does (the small path once kept the previous call's route)."""
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    qa = qq.quantize(rng.standard_normal((16, 64)).astype(np.float32), mode="nvfp4")
+    qq.quantized_matmul(x, qa)
+    assert qq.last_route() == "cpu"
+    qa.group_size = 32
+    for on in (True, False):
+        _qq._fast_path(on)
+        with pytest.raises(ValueError):
+            qq.quantized_matmul(x, qa)
+        assert qq.last_route() is None
+
+
+def test_deleted_fields_as_the_general_path(rng):
+    """A deleted QuantizedArray / PreparedWeight field: the general path's result or error
+    (it reads the fields it needs, in its order; the small path declines)."""
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    w = rng.standard_normal((16, 64)).astype(np.float32)
+    cases = []
+    qa = qq.quantize(w, mode="nvfp4")
+    del qa.shape                                        # quantized_matmul reads it: AttributeError
+    cases.append(lambda: qq.quantized_matmul(x, qa))
+    pw = qq.prepare_weight(w, mode="mxfp8")
+    del pw.quantized.biases                             # qqmm never reads it: a result
+    cases.append(lambda: qq.qqmm(x, pw))
+    pw2 = qq.prepare_weight(w, mode="mxfp8")
+    del pw2.quantized.scales, pw2.quantized.mode        # the general path names 'scales' first
+    cases.append(lambda: qq.qqmm(x, pw2))
+    for fn in cases:
+        got = []
+        for on in (True, False):
+            _qq._fast_path(on)
+            try:
+                got.append(("ok", bits(fn())))
+            except Exception as e:  # noqa: BLE001 - the comparison is the point
+                got.append((type(e), str(e)))
+        if got[0][0] == "ok":
+            assert got[1][0] == "ok" and np.array_equal(got[0][1], got[1][1])
+        else:
+            assert got[0] == got[1]
+
+
+@pytest.mark.skipif(torch is None, reason="torch")
+def test_weight_moved_while_the_result_is_made(rng):
+    """Code that runs while the result is allocated (here a torch dispatch mode's hook, as
+    another thread could) moves the weight's storage: the small path notices and declines,
+    the general path computes; the result is the unmoved weight's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    x = torch.from_numpy(rng.standard_normal((1, 64)).astype(np.float32))
+    qa = qq.quantize(torch.from_numpy(rng.standard_normal((16, 64)).astype(np.float32)), mode="nvfp4")
+    want = qq.quantized_matmul(x, qa)
+
+    class Move(TorchDispatchMode):
+        moved = False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            r = func(*args, **(kwargs or {}))
+            if not Move.moved and func is torch.ops.aten.new_empty.default:
+                Move.moved = True
+                shape, ptr = qa.data.shape, qa.data.data_ptr()
+                qa.data.resize_(1 << 20)            # a new storage, the bytes copied
+                qa.data.resize_(shape)
+                assert qa.data.data_ptr() != ptr
+            return r
+
+    _, before = _qq._fast_path()
+    with Move():
+        got = qq.quantized_matmul(x, qa)
+    assert Move.moved
+    assert _qq._fast_path()[1] == before
+    assert torch.equal(got, want)

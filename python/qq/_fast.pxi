@@ -156,15 +156,17 @@ cdef inline DLDataType _dl_type(tuple cbl) noexcept:
 
 
 cdef bint _fast_unmoved(obj, const _FastArg* a, int fw):
-    """obj (read into a by _fast_read) reads the same again: nothing that ran in between (the
-    allocations: torch's may release the GIL) moved or reshaped it."""
+    """obj (read into a by _fast_read, and referenced by the caller) still has the memory a
+    describes after what ran in between (the allocations: torch's may release the GIL, and
+    another thread may resize_ or set_ a tensor, freeing its storage). A NumPy array keeps its
+    buffer while referenced (resize refuses; a shape or dtype assigned in place leaves the same
+    bytes, which a describes): nothing to read again."""
     cdef _FastArg b
     cdef DLTensor d
     cdef int i
     if fw == _FAST_NUMPY:
-        if _numpy_fill(<cnp.ndarray>obj, &b.t, b.dims) >= 0:
-            return False
-    elif not _torch_xapi_read(obj, &d) or d.ndim != a.t.ndim or not _torch_fill(&d, &b.t, b.dims):
+        return True
+    if not _torch_xapi_read(obj, &d) or d.ndim != a.t.ndim or not _torch_fill(&d, &b.t, b.dims):
         return False
     if b.t.data != a.t.data or b.t.ndim != a.t.ndim or b.t.dtype.code != a.t.dtype.code \
             or b.t.dtype.bits != a.t.dtype.bits:
@@ -231,41 +233,48 @@ cdef object _quantize_fast(x, group_size, bits, mode, rounding, scale_layout, fp
 
 # ---- quantized_matmul and qqmm --------------------------------------------------------------
 
-cdef int _fast_weight(qa, _FastArg* ad, _FastArg* asc, _FastArg* ab, _FastArg* ag, int fw,
-                      qqQuantParams_t* p, str func, int* has) except -1:
-    """A QuantizedArray weight [N, K*bits/8] (exact type, 2-D data) into its DLTensors and
-    parameters; has: 1 for biases, 2 for a global scale. fw, or _FAST_NONE."""
-    has[0] = 0
+cdef object _MISSING = object()
+
+
+cdef inline object _qa_peek(object qa, int slot):
+    """A slot of a QuantizedArray of the exact type (_qa_slots_known), or _MISSING where it is
+    empty (a deleted field: the general path reads it and raises, in its own order)."""
+    cdef PyObject* v = (<PyObject**>((<char*><PyObject*>qa) + _QA_SLOT[slot]))[0]
+    return _MISSING if v == NULL else <object>v
+
+
+cdef inline bint _qa_empty(object qa, int slot) noexcept:
+    return (<PyObject**>((<char*><PyObject*>qa) + _QA_SLOT[slot]))[0] == NULL
+
+
+cdef tuple _fast_weight(qa, qqQuantParams_t* p, str func, bint qmm):
+    """(data, scales, biases or None, global scale or None) of a QuantizedArray weight and its
+    parameters in *p, or None. Only where every field the general path reads is there
+    (quantized_matmul's _unpack_weight reads biases and shape too; qqmm neither)."""
     if type(qa) is not QuantizedArray or not _qa_slots_known:
-        return _FAST_NONE
-    data, scales, biases, gs = _qa_get(qa, 0), _qa_get(qa, 1), _qa_get(qa, 2), _qa_get(qa, 6)
-    if _fast_read(data, ad, fw) != fw or ad.t.ndim != 2 or _fast_read(scales, asc, fw) != fw:
-        return _FAST_NONE
-    if biases is not None:
-        if _fast_read(biases, ab, fw) != fw:
-            return _FAST_NONE
-        has[0] |= 1
-    if gs is not None:
-        if _fast_read(gs, ag, fw) != fw:
-            return _FAST_NONE
-        has[0] |= 2
-    _quant_params(func, p, _qa_get(qa, 3), _qa_get(qa, 4), _qa_get(qa, 5), "ceil", _qa_get(qa, 8),
-                  _qa_get(qa, 9))
-    return fw
+        return None
+    if (_qa_empty(qa, 0) or _qa_empty(qa, 1) or _qa_empty(qa, 3) or _qa_empty(qa, 4) or _qa_empty(qa, 5)
+            or _qa_empty(qa, 6) or _qa_empty(qa, 8) or _qa_empty(qa, 9)
+            or (qmm and (_qa_empty(qa, 2) or _qa_empty(qa, 10)))):
+        return None
+    _quant_params(func, p, _qa_peek(qa, 3), _qa_peek(qa, 4), _qa_peek(qa, 5), "ceil", _qa_peek(qa, 8),
+                  _qa_peek(qa, 9))
+    return (_qa_peek(qa, 0), _qa_peek(qa, 1), _qa_peek(qa, 2) if qmm else None, _qa_peek(qa, 6))
 
 
 cdef object _matmul_fast(str func, x, w, bint prepared):
     """quantized_matmul(x, w) (w a QuantizedArray) or qqmm(x, w) (w a PreparedWeight:
     prepared) of a small x [..., M, K] on a weight of [N, K], everything else at its
-    default; or None."""
+    default; or None (also for anything that raises here: the general path raises it)."""
     global _fast_calls
     cdef _FastArg ax, ad, asc, ab, ag, av, ao
     cdef qqQuantParams_t p
     cdef qqQqmmParams_t qp
     cdef int64_t od[_INLINE_NDIM]
-    cdef int fw, nd, i, has = 0
+    cdef int fw, nd, i
     cdef qqStatus_t st
     cdef int64_t m = 1
+    _route_pending()        # (as the general path: a call that fails before libqq has no route)
     fw = _fast_read(x, &ax, _FAST_NONE)
     if fw == _FAST_NONE or ax.t.ndim < 1:
         return None
@@ -277,14 +286,14 @@ cdef object _matmul_fast(str func, x, w, bint prepared):
         if type(w) is not PreparedWeight:
             return None
         # (the values go with a 2-D weight only, as the general path decides)
-        if w.values is None or len(w.shape) != 2:
+        values, shape, w = w.values, w.shape, w.quantized
+        if values is None or len(shape) != 2 or type(w) is not QuantizedArray or _qa_peek(w, 3) == "affine":
             return None
-        values, w = w.values, w.quantized
-        if type(w) is not QuantizedArray or _qa_get(w, 3) == "affine":
-            return None
-    if _fast_weight(w, &ad, &asc, &ab, &ag, fw, &p, func, &has) != fw:
-        return None
-    if prepared and (_fast_read(values, &av, fw) != fw or av.t.ndim != 2):
+    # The weight's arrays stay referenced here until libqq has run (another thread may assign a
+    # QuantizedArray's fields meanwhile); data is read before the result is made (its N) and
+    # read again after, the others after.
+    arrays = _fast_weight(w, &p, func, not prepared)
+    if arrays is None or _fast_read(arrays[0], &ad, fw) != fw or ad.t.ndim != 2:
         return None
     nd = ax.t.ndim
     for i in range(nd - 1):
@@ -299,9 +308,16 @@ cdef object _matmul_fast(str func, x, w, bint prepared):
     od[nd - 1] = ad.t.shape[0]      # N (transpose: w [N, K*bits/8])
     out = _fast_result(fw, nd, od, ax.t.dtype, xname, cnp.PyArray_TYPE(<cnp.ndarray>x) if fw == _FAST_NUMPY else 0,
                        &ao)
-    if not _fast_unmoved(x, &ax, fw):
+    if not _fast_unmoved(x, &ax, fw) or not _fast_unmoved(arrays[0], &ad, fw):
         return None
-    _route_pending()
+    if _fast_read(arrays[1], &asc, fw) != fw:
+        return None
+    if arrays[2] is not None and _fast_read(arrays[2], &ab, fw) != fw:
+        return None
+    if arrays[3] is not None and _fast_read(arrays[3], &ag, fw) != fw:
+        return None
+    if prepared and (_fast_read(values, &av, fw) != fw or av.t.ndim != 2):
+        return None
     if prepared:
         # as qqmm's general path: x quantized with the defaults (linear, "ceil"), w's scales
         # in w's layout
@@ -311,10 +327,11 @@ cdef object _matmul_fast(str func, x, w, bint prepared):
         qp.x_scale_layout = QQ_SCALE_LINEAR
         qp.quant.scale_layout = QQ_SCALE_LINEAR
         qp.w_values = &av.t
-        st = qqQqmm(NULL, &ax.t, NULL, &ad.t, &asc.t, &qp, NULL, &ag.t if has & 2 else NULL, NULL, &ao.t, NULL)
+        st = qqQqmm(NULL, &ax.t, NULL, &ad.t, &asc.t, &qp, NULL, &ag.t if arrays[3] is not None else NULL,
+                    NULL, &ao.t, NULL)
     else:
-        st = qqQuantizedMatmul(NULL, &ax.t, &ad.t, &asc.t, &ab.t if has & 1 else NULL, &p, 1,
-                               &ag.t if has & 2 else NULL, NULL, &ao.t, NULL)
+        st = qqQuantizedMatmul(NULL, &ax.t, &ad.t, &asc.t, &ab.t if arrays[2] is not None else NULL, &p, 1,
+                               &ag.t if arrays[3] is not None else NULL, NULL, &ao.t, NULL)
     _route_recorded()
     if st != QQ_STATUS_SUCCESS:
         return None

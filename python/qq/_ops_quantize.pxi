@@ -20,7 +20,10 @@ def quantize(x, group_size=None, bits=None, mode="affine", *, global_scale=None,
     See docs/api.md.
     """
     if _fast_on and global_scale is None and stream is None and torch_dtypes is True:
-        r = _quantize_fast(x, group_size, bits, mode, rounding, scale_layout, fp8_format)
+        try:
+            r = _quantize_fast(x, group_size, bits, mode, rounding, scale_layout, fp8_format)
+        except Exception:   # (the general path raises it, in its own words and order)
+            r = None
         if r is not None:
             return r
     return _quantize(x, group_size, bits, mode, global_scale, rounding, scale_layout, fp8_format,
