@@ -364,28 +364,18 @@ cdef class _Call:
         cdef _View v = self._new_view(name)
         cdef int nd = len(shape)
         cdef int i
-        cdef int64_t stride = 1
         if nd > _MAX_NDIM:
             raise ValueError(f"{self.func}: {nd} dimensions; at most {_MAX_NDIM} are supported")
         cdef int64_t* dims = _view_dims(v, nd)
-        for i in range(nd - 1, -1, -1):
+        for i in range(nd):
             dims[i] = shape[i]
-            dims[nd + i] = stride
-            stride *= dims[i]
-        lanes = 1
-        cb = _DL_TO_NAME_CODES.get(dtype)
-        if cb is not None:
-            code, bits = cb
-        else:
-            code, bits, lanes = _TORCH_BYTE_DTYPES[dtype]     # a torch-typed byte result
+        _compact_strides(nd, dims)
         v.owner = r
         v.tensor.data = data
         v.tensor.device.device_type = kDLCUDA if self.on_gpu else kDLCPU
         v.tensor.device.device_id = self.dev_id if self.on_gpu else 0
         v.tensor.ndim = nd
-        v.tensor.dtype.code = <int>code
-        v.tensor.dtype.bits = <int>bits
-        v.tensor.dtype.lanes = <int>lanes
+        v.tensor.dtype = _dl_type_of(dtype)     # (a torch-typed byte result too)
         v.tensor.shape = dims
         v.tensor.strides = dims + nd
         v.tensor.byte_offset = 0

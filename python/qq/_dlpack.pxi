@@ -94,6 +94,28 @@ cdef void _release_view(_View v) noexcept:
     v.owner = None
 
 
+cdef DLDataType _dl_type_of(str dtype) except *:
+    """The DLPack type of a result dtype name (_DL_TO_NAME_CODES, or a torch byte dtype of
+    _TORCH_BYTE_DTYPES)."""
+    cdef DLDataType t
+    cb = _DL_TO_NAME_CODES.get(dtype)
+    if cb is not None:
+        t.code, t.bits, t.lanes = <int>(<tuple>cb)[0], <int>(<tuple>cb)[1], 1
+    else:
+        cb = _TORCH_BYTE_DTYPES[dtype]
+        t.code, t.bits, t.lanes = <int>(<tuple>cb)[0], <int>(<tuple>cb)[1], <int>(<tuple>cb)[2]
+    return t
+
+
+cdef void _compact_strides(int nd, int64_t* dims) noexcept:
+    """dims[nd:2nd] = the compact row-major strides (in elements) of the shape dims[0:nd]."""
+    cdef int i
+    cdef int64_t stride = 1
+    for i in range(nd - 1, -1, -1):
+        dims[nd + i] = stride
+        stride *= dims[i]
+
+
 cdef int64_t* _view_dims(_View v, int nd) except NULL:
     """Room for nd extents and nd strides: inside the view up to 8 dims (no allocation)."""
     if nd <= _INLINE_NDIM:
@@ -133,12 +155,14 @@ cdef int _import_numpy(_View v, cnp.ndarray arr, str func, str name) except -1:
     if not cnp.PyArray_ISNOTSWAPPED(arr):
         raise TypeError(f"{func}: {name}: byte-swapped (non-native) dtype {dt.str!r} is not "
                         f"supported; convert it with .astype({dt.name!r})")
-    if _NP_TYPENUM_TO_DL.get(dt.type_num) is None:
-        _NP_TYPENUM_TO_DL[dt.type_num] = _numpy_code_bits(dt, func, name)
     cdef int nd = cnp.PyArray_NDIM(arr)
     if nd > _MAX_NDIM:
         raise ValueError(f"{func}: {name}: {nd} dimensions; at most {_MAX_NDIM} are supported")
-    cdef int axis = _numpy_fill(arr, &v.tensor, _view_dims(v, nd))
+    cdef int64_t* dims = _view_dims(v, nd)
+    cdef int axis = _numpy_fill(arr, &v.tensor, dims)
+    if axis == -2:      # a type not seen yet
+        _NP_TYPENUM_TO_DL[dt.type_num] = _numpy_code_bits(dt, func, name)
+        axis = _numpy_fill(arr, &v.tensor, dims)
     if axis >= 0:
         raise ValueError(f"{func}: {name}: stride {cnp.PyArray_STRIDES(arr)[axis]} bytes of axis "
                          f"{axis} is not a multiple of the item size {cnp.PyArray_ITEMSIZE(arr)}; "
@@ -148,11 +172,15 @@ cdef int _import_numpy(_View v, cnp.ndarray arr, str func, str name) except -1:
     return 0
 
 
-cdef int _numpy_fill(cnp.ndarray arr, DLTensor* t, int64_t* dims) except -2:
-    """The DLTensor of a native-order NumPy array whose type number _NP_TYPENUM_TO_DL
-    holds, its shape and strides (in elements) written to dims (room for 2 * ndim): -1, or
-    the first axis whose byte stride is not a whole number of items (t is then unusable).
-    For _import_numpy and the small calls' readers (_fast.pxi)."""
+cdef int _numpy_fill(cnp.ndarray arr, DLTensor* t, int64_t* dims) except -3:
+    """The DLTensor of a native-order NumPy array, its shape and strides (in elements) written
+    to dims (room for 2 * ndim): -1; -2 where _NP_TYPENUM_TO_DL does not hold its type number
+    yet (the caller learns it, _numpy_code_bits); or the first axis whose byte stride is not a
+    whole number of items. t is usable on -1 only. For _import_numpy and the small calls'
+    readers (_fast.pxi)."""
+    cb = _NP_TYPENUM_TO_DL.get(cnp.PyArray_TYPE(arr))
+    if cb is None:
+        return -2
     cdef int nd = cnp.PyArray_NDIM(arr)
     cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(arr)
     cdef cnp.npy_intp* shape = cnp.PyArray_DIMS(arr)
@@ -164,7 +192,7 @@ cdef int _numpy_fill(cnp.ndarray arr, DLTensor* t, int64_t* dims) except -2:
         if strides[i] % itemsize != 0:
             return i
         dims[nd + i] = strides[i] // itemsize
-    code, bits = <tuple>_NP_TYPENUM_TO_DL[cnp.PyArray_TYPE(arr)]
+    code, bits = <tuple>cb
     t.data = cnp.PyArray_DATA(arr)
     t.device.device_type = kDLCPU
     t.device.device_id = 0

@@ -44,19 +44,21 @@ cdef int _fast_read(obj, _FastArg* a, int fw) except -1:
     tensor on the CPU (nn.Parameter too), read as the general path reads them; _FAST_NONE
     for anything else, or where fw (the call's framework so far, or _FAST_NONE) differs."""
     cdef DLTensor d
-    cdef int typenum
+    cdef int r
     if type(obj) is np.ndarray:
         if fw == _FAST_TORCH or cnp.PyArray_NDIM(<cnp.ndarray>obj) > _INLINE_NDIM:
             return _FAST_NONE
         if not cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>obj):
             return _FAST_NONE
-        typenum = cnp.PyArray_TYPE(<cnp.ndarray>obj)
-        if typenum not in _NP_TYPENUM_TO_DL:     # (a type not seen yet: as _import_numpy learns it)
+        r = _numpy_fill(<cnp.ndarray>obj, &a.t, a.dims)
+        if r == -2:     # (a type not seen yet: learnt as _import_numpy learns it)
             try:
-                _NP_TYPENUM_TO_DL[typenum] = _numpy_code_bits((<cnp.ndarray>obj).descr, "", "")
+                _NP_TYPENUM_TO_DL[cnp.PyArray_TYPE(<cnp.ndarray>obj)] = _numpy_code_bits(
+                    (<cnp.ndarray>obj).descr, "", "")
             except TypeError:
                 return _FAST_NONE
-        return _FAST_NUMPY if _numpy_fill(<cnp.ndarray>obj, &a.t, a.dims) < 0 else _FAST_NONE
+            r = _numpy_fill(<cnp.ndarray>obj, &a.t, a.dims)
+        return _FAST_NUMPY if r == -1 else _FAST_NONE
     if fw == _FAST_NUMPY:
         return _FAST_NONE
     if _torch_tensor_type is None and "torch" in sys.modules:
@@ -112,11 +114,9 @@ cdef object _fast_result(int fw, int nd, const int64_t* dims, DLDataType dt, str
 cdef void _fast_compact(_FastArg* a, int nd, const int64_t* dims, void* data, DLDataType dt) noexcept:
     """a.t: a compact CPU tensor of shape dims[:nd] and type dt at data."""
     cdef int i
-    cdef int64_t stride = 1
-    for i in range(nd - 1, -1, -1):
+    for i in range(nd):
         a.dims[i] = dims[i]
-        a.dims[nd + i] = stride
-        stride *= dims[i]
+    _compact_strides(nd, a.dims)
     a.t.data = data
     a.t.device.device_type = kDLCPU
     a.t.device.device_id = 0
@@ -139,11 +139,8 @@ cdef tuple _fast_typed(int mode, int fp8_format):
     r = _FAST_TYPED.get(key)
     if r is None:
         dname, sname = _torch_typed("quantize", mode, fp8_format, True)
-        codes = []
-        for name in (dname, sname):
-            cb = _DL_TO_NAME_CODES.get(name)
-            codes.append((cb[0], cb[1], 1) if cb is not None else _TORCH_BYTE_DTYPES[name])
-        r = _FAST_TYPED[key] = (dname, sname, codes[0], codes[1])
+        d, s = _dl_type_of(dname), _dl_type_of(sname)
+        r = _FAST_TYPED[key] = (dname, sname, (d.code, d.bits, d.lanes), (s.code, s.bits, s.lanes))
     return r
 
 
