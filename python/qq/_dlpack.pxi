@@ -129,8 +129,7 @@ cdef int64_t* _view_dims(_View v, int nd) except NULL:
 
 # NumPy type number -> DLPack (code, bits), filled on first sight of each type (ml_dtypes'
 # bfloat16 / float8 are user types, recognised by name; others map by kind and size).
-# (the small calls' readers take the types seen here only: _fast.pxi; their results' types
-# are here from the start)
+# (the result types of the small calls, _fast.pxi, are here from the start)
 cdef dict _NP_TYPENUM_TO_DL = {np.dtype(n).num: _NUMPY_TO_DL[n] for n in ("uint8", "float32", "float16")}
 
 
