@@ -640,13 +640,6 @@ cdef object _torch_device(int dev_id):
     return dev
 
 
-cdef extern from "<dlfcn.h>" nogil:
-    void* dlopen(const char* filename, int flags)
-    void* dlsym(void* handle, const char* symbol)
-    int RTLD_LAZY
-    int RTLD_NOLOAD
-
-
 # torch's C shim (torch/csrc/inductor/aoti_torch/c/shim.h: the stable C ABI of libtorch that
 # AOTInductor's generated code and torch's stable-ABI extensions call), looked up in the
 # libtorch_cpu already loaded by `import torch`.

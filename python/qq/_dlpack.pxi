@@ -208,6 +208,26 @@ cdef int _numpy_fill(cnp.ndarray arr, DLTensor* t, int64_t* dims) except -3:
 cdef dict _TORCH_TO_DL = {}
 
 
+cdef extern from "<dlfcn.h>" nogil:
+    void* dlopen(const char* filename, int flags)
+    void* dlsym(void* handle, const char* symbol)
+    int RTLD_LAZY
+    int RTLD_NOLOAD
+
+cdef extern from *:
+    """
+    int qq_call_is_neg(void* fn, void* impl);  /* python/qq/_cxx_call.cpp */
+    """
+    int qq_call_is_neg(void* fn, void* impl) noexcept nogil
+
+
+# torch's negative bit read in C (_torch_neg): at::native::is_neg from the loaded libtorch_cpu
+# and the offset of a torch.Tensor object's at::Tensor (a TensorImpl pointer) in it; NULL
+# where _torch_neg_init did not confirm both, and t.is_neg() is called instead.
+cdef void* _torch_is_neg_fn = NULL
+cdef Py_ssize_t _torch_impl_offset = 0
+
+
 cdef object _torch_tensor_type = None     # torch.Tensor, once _torch_types_init has run
 cdef object _torch_param_type = None
 # torch's DLPack C exchange table (torch.Tensor.__dlpack_c_exchange_api__, _dlpack.pxd), or
@@ -241,9 +261,78 @@ cdef int _torch_types_init() except -1:
         if (api != NULL and api.header.version.major == QQ_DLPACK_MAJOR
                 and api.dltensor_from_py_object_no_sync != NULL and api.current_work_stream != NULL):
             _torch_xapi = api
+    _torch_neg_init(torch)
     _torch_param_type = torch.nn.Parameter
     _torch_tensor_type = torch.Tensor
     return 0
+
+
+cdef int _torch_neg_init(object torch) except -1:
+    """_torch_is_neg_fn and _torch_impl_offset where they give t.is_neg() exactly.
+
+    Why: t.is_neg() is a torch method that releases and retakes the GIL, ~0.5k instructions,
+    and every torch tensor read pays it (torch's exchange table does not report the bit,
+    and its DLPack export ignores it): a quarter of what a small CPU call spends reading five
+    tensors. Read in C it is the tensor's pointer and one bit of its dispatch key set.
+    A torch.Tensor object holds its at::Tensor right after the object header (torch 2.13;
+    older ones held a MaybeOwned<at::Tensor>: a flag, then the pointer). The offset is the
+    one where the pointer equals t._cdata (the TensorImpl's address) for each probe, and the
+    function must answer each probe as t.is_neg() does; anything else (another layout, a
+    missing symbol, a probe that raises) leaves the Python method in use."""
+    global _torch_is_neg_fn, _torch_impl_offset
+    import os
+    cdef void* fn
+    cdef void* impl
+    cdef Py_ssize_t off
+    try:
+        path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so").encode()
+        lib = dlopen(path, RTLD_LAZY | RTLD_NOLOAD)     # loaded already: no new load
+        if lib == NULL:
+            return 0
+        fn = dlsym(lib, b"_ZN2at6native6is_negERKNS_6TensorE")     # at::native::is_neg(const at::Tensor&)
+        if fn == NULL:
+            return 0
+        plain = torch.zeros(4, device="cpu")
+        neg = plain._neg_view()
+        probes = (plain, neg, neg[1:], neg.detach(), torch.nn.Parameter(neg, requires_grad=False),
+                  torch.zeros(2, dtype=torch.complex64, device="cpu").conj().imag,
+                  torch.nn.Parameter(torch.ones(3, device="cpu")))
+        if not any(t.is_neg() for t in probes) or all(t.is_neg() for t in probes):
+            return 0
+        for off in (sizeof(PyObject), sizeof(PyObject) + sizeof(void*)):
+            for t in probes:
+                impl = (<void**>((<char*><PyObject*>t) + off))[0]
+                if <intptr_t>impl != <intptr_t>t._cdata or qq_call_is_neg(fn, impl) != (1 if t.is_neg() else 0):
+                    break
+            else:
+                _torch_impl_offset = off
+                _torch_is_neg_fn = fn
+                return 0
+    except Exception:
+        pass
+    return 0
+
+
+cdef inline int _torch_neg(object t) except -1:
+    """t.is_neg() for a torch.Tensor or nn.Parameter t (exact types: their objects have the
+    layout _torch_neg_init checked); in C where that was confirmed."""
+    cdef void* impl
+    if _torch_is_neg_fn != NULL:
+        impl = (<void**>((<char*><PyObject*>t) + _torch_impl_offset))[0]
+        return qq_call_is_neg(_torch_is_neg_fn, impl)
+    return 1 if t.is_neg() else 0
+
+
+def _torch_neg_reader(t=None):
+    """For tests: whether the negative bit is read in C (t None), or what _torch_neg says of
+    the torch.Tensor / nn.Parameter t (0 or 1; -1 where the C call failed)."""
+    if _torch_tensor_type is None:
+        _torch_types_init()
+    if t is None:
+        return _torch_is_neg_fn != NULL
+    if type(t) is not _torch_tensor_type and type(t) is not _torch_param_type:
+        raise TypeError("_torch_neg_reader: t must be a torch.Tensor or nn.Parameter")
+    return _torch_neg(t)
 
 
 cdef inline int _width_index(int bits) noexcept:
@@ -266,7 +355,7 @@ cdef bint _import_torch_c(_View v, object t) except -1:
     copied into the view. False for what the Python attributes path would refuse too (the
     DLPack path then decides)."""
     cdef DLTensor d
-    if t.is_neg():          # torch's lazy negative view: its memory holds -t (view() resolves it)
+    if _torch_neg(t) != 0:  # torch's lazy negative view: its memory holds -t (view() resolves it)
         return False
     if not _torch_xapi_read(t, &d) or d.ndim > _MAX_NDIM or d.ndim < 0:
         return False

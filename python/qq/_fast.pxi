@@ -71,7 +71,7 @@ cdef int _fast_read(obj, _FastArg* a, int fw) except -1:
     # (a CUDA tensor, the common case not taken here, costs the one C call)
     if not _torch_xapi_read(obj, &d) or d.device.device_type != kDLCPU or d.ndim < 0 or d.ndim > _INLINE_NDIM:
         return _FAST_NONE
-    if obj.is_neg():        # (as _import_torch_c)
+    if _torch_neg(obj) != 0:        # (as _import_torch_c)
         return _FAST_NONE
     return _FAST_TORCH if _torch_fill(&d, &a.t, a.dims) else _FAST_NONE
 
