@@ -45,7 +45,7 @@ cdef int _fast_read(obj, _FastArg* a, int fw) except -1:
     for anything else, or where fw (the call's framework so far, or _FAST_NONE) differs."""
     cdef DLTensor d
     cdef int r
-    if type(obj) is np.ndarray:
+    if type(obj) is cnp.ndarray:    # (the cimported type: no lookup of np.ndarray a call)
         if fw == _FAST_TORCH or cnp.PyArray_NDIM(<cnp.ndarray>obj) > _INLINE_NDIM:
             return _FAST_NONE
         if not cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>obj):
@@ -244,6 +244,13 @@ cdef inline bint _qa_empty(object qa, int slot) noexcept:
     return (<PyObject**>((<char*><PyObject*>qa) + _QA_SLOT[slot]))[0] == NULL
 
 
+cdef inline object _pw_peek(object pw, int slot):
+    """A slot of a PreparedWeight of the exact type (_pw_slots_known: 0 quantized, 1 values,
+    2 shape), or _MISSING where it is empty."""
+    cdef PyObject* v = (<PyObject**>((<char*><PyObject*>pw) + _PW_SLOT[slot]))[0]
+    return _MISSING if v == NULL else <object>v
+
+
 cdef tuple _fast_weight(qa, qqQuantParams_t* p, str func, bint qmm):
     """(data, scales, biases or None, global scale or None) of a QuantizedArray weight and its
     parameters in *p, or None. Only where every field the general path reads is there
@@ -280,11 +287,13 @@ cdef object _matmul_fast(str func, x, w, bint prepared):
         return None
     values = None
     if prepared:
-        if type(w) is not PreparedWeight:
+        if type(w) is not PreparedWeight or not _pw_slots_known:
             return None
-        # (the values go with a 2-D weight only, as the general path decides)
-        values, shape, w = w.values, w.shape, w.quantized
-        if values is None or len(shape) != 2 or type(w) is not QuantizedArray or _qa_peek(w, 3) == "affine":
+        # (the values go with a 2-D weight only, as the general path decides; a deleted
+        # field is the general path's to report)
+        values, shape, w = _pw_peek(w, 1), _pw_peek(w, 2), _pw_peek(w, 0)
+        if (values is None or values is _MISSING or type(shape) is not tuple or len(<tuple>shape) != 2
+                or type(w) is not QuantizedArray or _qa_peek(w, 3) == "affine"):
             return None
     # The weight's arrays stay referenced here until libqq has run (another thread may assign a
     # QuantizedArray's fields meanwhile); data is read before the result is made (its N) and
