@@ -868,27 +868,38 @@ cdef object _wrap_and_delete(bint direct, void* h, void** data):
     return t
 
 
-cdef object _torch_empty_c(_TorchKind k, tuple shape, void** data):
-    """A new tensor of kind k through the shim (_shim_empty), wrapped as a torch.Tensor;
-    None where it failed or the result is for torch's Python path (_contiguous_dims)."""
+cdef object _torch_empty_c(_TorchKind k, int nd, const int64_t* shape, void** data):
+    """A new tensor of kind k and shape shape[:nd] through the shim (_shim_empty), wrapped
+    as a torch.Tensor; None where it failed or the result is for torch's Python path
+    (_contiguous_dims)."""
     cdef int64_t dims[2 * _MAX_NDIM]
     cdef int64_t nbytes = 0
     cdef void* h = NULL
-    cdef int nd = _contiguous_dims(shape, k.esize, dims, &nbytes)
-    if nd < 0 or _shim_empty(k, nd, dims, dims + nd, &h) != 0 or h == NULL:
+    if _contiguous_dims(nd, shape, k.esize, dims, &nbytes) < 0 or _shim_empty(k, nd, dims, dims + nd, &h) != 0 \
+            or h == NULL:
         return None
     return _wrap_and_delete(k.direct, h, data)
 
 
-cdef int _contiguous_dims(tuple shape, int64_t esize, int64_t* dims, int64_t* nbytes) except -2:
-    """dims[0:nd] = shape, dims[nd:2nd] = torch's contiguous strides (sizes 0 count as 1), and
-    the byte size; -1 (not an error) for what the shim path leaves to torch's Python path:
-    more than _MAX_NDIM axes, or more than _AOTI_MAX_BYTES (each factor and the running
-    product stay below 2^28 before a multiplication: no overflow)."""
+cdef int _tuple_dims(tuple shape, int64_t* out) except -2:
+    """shape's sizes into out (room for _MAX_NDIM); its length, or -1 beyond _MAX_NDIM."""
     cdef int nd = len(shape)
     cdef int i
-    cdef int64_t stride = 1, n, nb = esize
     if nd > _MAX_NDIM:
+        return -1
+    for i in range(nd):
+        out[i] = shape[i]
+    return nd
+
+
+cdef int _contiguous_dims(int nd, const int64_t* shape, int64_t esize, int64_t* dims, int64_t* nbytes) noexcept:
+    """dims[0:nd] = shape[:nd], dims[nd:2nd] = torch's contiguous strides (sizes 0 count as
+    1), and the byte size; -1 for what the shim path leaves to torch's Python path: more than
+    _MAX_NDIM axes, or more than _AOTI_MAX_BYTES (each factor and the running product stay
+    below 2^28 before a multiplication: no overflow)."""
+    cdef int i
+    cdef int64_t stride = 1, n, nb = esize
+    if nd < 0 or nd > _MAX_NDIM:
         return -1
     for i in range(nd - 1, -1, -1):
         n = shape[i]
@@ -944,27 +955,43 @@ cdef bint _pool_probe(_TorchKind k8, object torch) except -1:
 
 cdef object _torch_empty_group(tuple specs, int dev_id, void** ptrs):
     """The torch tensors of specs ((shape, dtype name, result name), up to _MAX_GROUP) in one
-    new uint8 storage of the device, each at a multiple of _GROUP_ALIGN bytes, and their data
-    pointers in ptrs: one allocation for all of a call's results. A list, or None where
-    this path does not apply (the caller then makes each result alone): no shim or
-    _alloc_from_pool, inside a dispatch mode, a result or the block beyond _AOTI_MAX_BYTES,
-    nothing to allocate, or a failure.
-
-    The results share the storage: a result's untyped_storage() is the whole block, and it
-    stays allocated while any of them lives (docs/api.md, "How torch results are made")."""
+    new uint8 storage of the device (_torch_group), and their data pointers in ptrs. A list,
+    or None where this path does not apply (the caller then makes each result alone)."""
     cdef int n = len(specs)
-    cdef int i, nd
-    cdef int64_t dims[_MAX_GROUP][2 * _MAX_NDIM]
+    cdef int i
+    cdef int64_t sizes[_MAX_GROUP][_MAX_NDIM]
+    cdef const int64_t* shapes[_MAX_GROUP]
     cdef int nds[_MAX_GROUP]
-    cdef int64_t off[_MAX_GROUP]
-    cdef int64_t total = 0, nbytes = 0, one = 1
-    cdef void* h = NULL
-    cdef void* hi = NULL
-    cdef _TorchKind k
     if n > _MAX_GROUP or n == 0:
         return None
-    cdef _TorchKind k8 = _torch_kind("uint8", dev_id)
-    if not k8.c_path or _aoti_pool == NULL or _torch_dispatch_depth() != 0:
+    cdef _TorchKind k8 = _torch_group_base(dev_id)
+    if k8 is None:
+        return None
+    kinds = []
+    for i in range(n):
+        spec = <tuple>specs[i]
+        kinds.append(_torch_kind(<str>spec[1], dev_id))
+        nds[i] = _tuple_dims(<tuple>spec[0], sizes[i])
+        shapes[i] = sizes[i]
+        if nds[i] < 0:
+            return None
+    return _torch_group(k8, kinds, n, nds, shapes, ptrs)
+
+
+cdef _TorchKind _cpu_group_base = None     # the CPU's, once usable (it stays so)
+
+
+cdef _TorchKind _torch_group_base(int dev_id):
+    """The uint8 kind whose storage _torch_group carves, where that path applies on the
+    device (-1: the CPU) now: the shim and _alloc_from_pool found, outside a dispatch mode,
+    the carving checked once (_pool_probe); else None."""
+    global _cpu_group_base
+    cdef _TorchKind k8 = _cpu_group_base if dev_id < 0 else None
+    if k8 is None:
+        k8 = _torch_kind("uint8", dev_id)       # (the shim is looked up on the first call)
+        if not k8.c_path or _aoti_pool == NULL:
+            return None
+    if _torch_dispatch_depth() != 0:
         return None
     if k8.pool == 0:
         try:
@@ -973,21 +1000,35 @@ cdef object _torch_empty_group(tuple specs, int dev_id, void** ptrs):
             k8.pool = -1
     if k8.pool < 0:
         return None
-    kinds = []
+    if dev_id < 0:
+        _cpu_group_base = k8
+    return k8
+
+
+cdef object _torch_group(_TorchKind k8, list kinds, int n, const int* nds, const int64_t** shapes, void** ptrs):
+    """The n torch tensors of kinds[i] and shapes[i][:nds[i]] in one new storage of k8
+    (from _torch_group_base), each at a multiple of _GROUP_ALIGN bytes, and their data
+    pointers in ptrs: one allocation for all of a call's results. A list, or None where a
+    kind has no shim path, a result or the block is beyond _AOTI_MAX_BYTES, there is
+    nothing to allocate, or something failed.
+
+    The results share the storage: a result's untyped_storage() is the whole block, and it
+    stays allocated while any of them lives (docs/api.md, "How torch results are made")."""
+    cdef int i
+    cdef int64_t dims[_MAX_GROUP][2 * _MAX_NDIM]
+    cdef int64_t off[_MAX_GROUP]
+    cdef int64_t total = 0, nbytes = 0, one = 1
+    cdef void* h = NULL
+    cdef void* hi = NULL
+    cdef _TorchKind k
     for i in range(n):
-        spec = <tuple>specs[i]
-        k = _torch_kind(<str>spec[1], dev_id)
-        if not k.c_path:
+        k = <_TorchKind>kinds[i]
+        if not k.c_path or _contiguous_dims(nds[i], shapes[i], k.esize, dims[i], &nbytes) < 0:
             return None
-        nd = _contiguous_dims(<tuple>spec[0], k.esize, dims[i], &nbytes)
-        if nd < 0:
-            return None
-        nds[i] = nd
         off[i] = total
         total += (nbytes + _GROUP_ALIGN - 1) // _GROUP_ALIGN * _GROUP_ALIGN
         if total > _AOTI_MAX_BYTES:
             return None
-        kinds.append(k)
     if total == 0:
         return None
     if _shim_empty(k8, 1, &total, &one, &h) != 0 or h == NULL:
@@ -1022,11 +1063,20 @@ cdef object _torch_empty(tuple shape, str dtype, int dev_id, void** data):
     on the CPU), and the result lands on the call's device also inside a `with
     torch.device(...)` block, which redirects a torch.empty without device= (a CPU call then
     got meta or CUDA results)."""
+    cdef int64_t dims[_MAX_NDIM]
+    return _torch_empty_dims(_tuple_dims(shape, dims), dims, dtype, dev_id, data, shape)
+
+
+cdef object _torch_empty_dims(int nd, const int64_t* dims, str dtype, int dev_id, void** data, tuple shape):
+    """_torch_empty of the shape dims[:nd] (nd -1: beyond _MAX_NDIM), given as a tuple too
+    (shape) or not (None: made here where torch's Python path needs it)."""
     cdef _TorchKind k = _torch_kind(dtype, dev_id)
     if k.c_path and _torch_dispatch_depth() == 0:
-        t = _torch_empty_c(k, shape, data)      # (None: beyond _AOTI_MAX_BYTES, or failed)
+        t = _torch_empty_c(k, nd, dims, data)  # (None: beyond _MAX_NDIM or _AOTI_MAX_BYTES, or failed)
         if t is not None:
             return t
+    if shape is None:
+        shape = _int_tuple(dims, nd)
     # The sizes as separate ints: torch parses them faster than one tuple argument
     # (~0.5 us a call on the CPU, 1.5 us on an H100 host); a 0-d result as size=(), which
     # torch parses as fast (a positional () takes the slow tuple path).

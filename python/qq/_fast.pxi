@@ -106,7 +106,7 @@ cdef object _fast_result(int fw, int nd, const int64_t* dims, DLDataType dt, str
         r = cnp.PyArray_EMPTY(nd, nd_dims, typenum, 0)
         data = cnp.PyArray_DATA(<cnp.ndarray>r)
     else:
-        r = _torch_empty(_int_tuple(dims, nd), dtype, -1, &data)
+        r = _torch_empty_dims(nd, dims, dtype, -1, &data, None)
     _fast_compact(a, nd, dims, data, dt)
     return r
 
@@ -131,16 +131,20 @@ cdef dict _FAST_TYPED = {}
 
 
 cdef tuple _fast_typed(int mode, int fp8_format):
-    """quantize's torch result dtypes for torch_dtypes=True (_torch_typed's names) with their
-    DLPack types: (data name, scales name, data DLDataType, scales DLDataType), cached by
-    (mode, fp8_format)."""
+    """quantize's torch result dtypes for torch_dtypes=True (_torch_typed's names): their
+    CPU kinds (a list for _torch_group) and DLPack types, (kinds, data DLDataType, scales
+    DLDataType); cached by (mode, fp8_format) once both kinds have the shim path, else
+    None."""
     cdef DLDataType d, s
     key = mode * 16 + fp8_format
     r = _FAST_TYPED.get(key)
     if r is None:
         dname, sname = _torch_typed("quantize", mode, fp8_format, True)
+        kinds = [_torch_kind(dname, -1), _torch_kind(sname, -1)]
+        if not ((<_TorchKind>kinds[0]).c_path and (<_TorchKind>kinds[1]).c_path):
+            return None
         d, s = _dl_type_of(dname), _dl_type_of(sname)
-        r = _FAST_TYPED[key] = (dname, sname, (d.code, d.bits, d.lanes), (s.code, s.bits, s.lanes))
+        r = _FAST_TYPED[key] = (kinds, (d.code, d.bits, d.lanes), (s.code, s.bits, s.lanes))
     return r
 
 
@@ -186,6 +190,8 @@ cdef object _quantize_fast(x, group_size, bits, mode, rounding, scale_layout, fp
     cdef int64_t ss[_INLINE_NDIM + 1]
     cdef int sn = 0, nd
     cdef void* ptrs[_MAX_GROUP]
+    cdef const int64_t* shapes[2]
+    cdef int nds[2]
     cdef DLDataType u8
     cdef int fw = _fast_read(x, &ax, _FAST_NONE)
     if fw == _FAST_NONE or ax.t.ndim < 1 or _fast_numel(&ax.t) > _HOLD_GIL_ELEMS:
@@ -211,9 +217,16 @@ cdef object _quantize_fast(x, group_size, bits, mode, rounding, scale_layout, fp
     else:
         if affine:      # three results of two sizes of element: the general path's separate storages
             return None
-        dname, sname, dt_d, dt_s = _fast_typed(p.mode, p.fp8_format)
-        rs = _torch_empty_group(((_int_tuple(ds, nd), dname, "data"), (_int_tuple(ss, sn), sname, "scales")),
-                                -1, ptrs)
+        k8 = _torch_group_base(-1)
+        typed = _fast_typed(p.mode, p.fp8_format) if k8 is not None else None
+        if typed is None:
+            return None
+        kinds, dt_d, dt_s = typed
+        shapes[0] = ds
+        shapes[1] = ss
+        nds[0] = nd
+        nds[1] = sn
+        rs = _torch_group(<_TorchKind>k8, <list>kinds, 2, nds, shapes, ptrs)
         if rs is None:
             return None
         data, scales = rs[0], rs[1]
