@@ -61,6 +61,30 @@ def test_torch_negative_views_are_resolved():
 
 
 @needs_torch
+def test_torch_negative_bit_read_in_c_matches_is_neg():
+    """The negative bit is read in C (_dlpack.pxi, _torch_neg): on this torch it must be in use
+    and answer every kind of tensor as t.is_neg() does - views, detached and Parameter copies
+    of negative views, conj().imag, and the small path's inputs (a small negative view is
+    quantized as -t there too)."""
+    assert qq._qq._torch_neg_reader() is True
+    t = torch.linspace(-2, 2, 64).reshape(2, 32)
+    neg = t._neg_view()
+    cases = [t, neg, neg[1:], neg[:, ::2], neg.detach(), neg.t(), t[0], t.bfloat16()._neg_view(),
+             torch.complex(t, t).conj().imag, torch.complex(t, t).conj().real,
+             torch.nn.Parameter(t.clone()), torch.nn.Parameter(neg, requires_grad=False),
+             torch.empty(0)._neg_view()]
+    for c in cases:
+        assert qq._qq._torch_neg_reader(c) == int(c.is_neg()), c
+    assert {int(c.is_neg()) for c in cases} == {0, 1}
+    x = torch.randn(1, 32)
+    on, before = qq._qq._fast_path()
+    got = qq.dequantize(qq.quantize(x._neg_view(), mode="nvfp4"), mode="nvfp4", dtype="float32")
+    want = qq.dequantize(qq.quantize(-x, mode="nvfp4"), mode="nvfp4", dtype="float32")
+    assert torch.equal(got, want)
+    assert qq._qq._fast_path()[1] == before + (1 if on else 0)     # -x took it, the negative view not
+
+
+@needs_torch
 def test_torch_negative_out_is_refused():
     q = qq.quantize(torch.ones(2, 32), mode="mxfp8")
     out = torch.empty(2, 32)._neg_view()
