@@ -56,6 +56,7 @@
 
 #include "codec.h"
 #include "cpu/e2m1x8_avx2.h"
+#include "cpu/fp8x8_avx2.h"
 
 namespace {
 // The oracle: codec.h's e2m1_encode before the change, verbatim.
@@ -158,6 +159,7 @@ int main(int argc, char** argv) {
   printf("host forms, %s\n", exhaustive ? "exhaustive" : "sampled");
 #endif
   uint64_t bad = 0, bad_div = 0, bad_aff = 0, bad_band = 0, n_band = 0, bad_x8 = 0, n_x8 = 0;
+  uint64_t bad_fp8 = 0, n_fp8 = 0;
   volatile float c6 = 6.0f, c448 = 448.0f, c57344 = 57344.0f;  // volatile: real divisions
 #if defined(QQ_E2M1X8_AVX2)
   // 8. cpu/e2m1x8_avx2.h (the CPU's fp4 quantize, eight at a time) against e2m1_encode of
@@ -179,6 +181,18 @@ int main(int argc, char** argv) {
         if (got8 != want8 && bad_x8++ < 10)
           printf("e2m1x8_encode_avx2 MISMATCH at 0x%08x (f %g): 0x%08x, want 0x%08x\n", u, f, got8, want8);
         ++n_x8;
+        // 9. cpu/fp8x8_avx2.h (the CPU's fp8 quantize) against e4m3_encode / e5m2_encode
+        for (const bool e5 : {false, true}) {
+          uint8_t got[8];
+          qq::cpu::fp8x8_encode_avx2(x8, f, e5, got);
+          for (int i = 0; i < 8; ++i) {
+            const uint8_t want1 = e5 ? qq::e5m2_encode(x8[i] * f) : qq::e4m3_encode(x8[i] * f);
+            if (got[i] != want1 && bad_fp8++ < 10)
+              printf("fp8x8_encode_avx2 MISMATCH (%s) at 0x%08x (f %g): 0x%02x, want 0x%02x\n",
+                     e5 ? "e5m2" : "e4m3", qq::f2u(x8[i]), f, got[i], want1);
+          }
+          ++n_fp8;
+        }
       }
     }
     if (n8 == 8) n8 = 0;
@@ -222,6 +236,8 @@ int main(int argc, char** argv) {
   printf("e2m1_encode: %llu inputs, %llu mismatches\n", (unsigned long long)n, (unsigned long long)bad);
   printf("e2m1x8_encode_avx2: %llu groups of eight (x 1, 0.3, 3.7e-5), %llu mismatches\n",
          (unsigned long long)n_x8, (unsigned long long)bad_x8);
+  printf("fp8x8_encode_avx2 (e4m3, e5m2): %llu groups of eight, %llu mismatches\n", (unsigned long long)n_fp8,
+         (unsigned long long)bad_fp8);
   printf("affine_needs_div, affine_round_clamp (bits 2..8): %llu inputs, %llu mismatches\n",
          (unsigned long long)n, (unsigned long long)bad_aff);
   printf("div_const (6, 448, 57344): %llu inputs each, %llu mismatches\n", (unsigned long long)n,
@@ -295,5 +311,5 @@ int main(int argc, char** argv) {
     if (want != got && bad8++ < 10) printf("e2m1x8 MISMATCH tuple %llu: want 0x%08x got 0x%08x\n", (unsigned long long)t, want, got);
   }
   printf("e2m1x8_encode: %llu random 8-tuples, %llu mismatches\n", (unsigned long long)kTuples, (unsigned long long)bad8);
-  return bad || bad_div || bad_aff || bad_band || bad8 || bad_x8 ? 1 : 0;
+  return bad || bad_div || bad_aff || bad_band || bad8 || bad_x8 || bad_fp8 ? 1 : 0;
 }

@@ -18,6 +18,7 @@
 #include "../codec.h"
 #include "../internal.h"
 #include "e2m1x8_avx2.h"
+#include "fp8x8_avx2.h"
 #include "rows.h"
 
 #define QQ_CPU_TRY(expr)                      \
@@ -133,6 +134,30 @@ Fp4Encode fp4_encoder() {
   }();
   return e;
 }
+// A group's fp8 codes: g values of v times f into g bytes, element kind `elem` (E4M3 or
+// E5M2): codec.h's elem_encode one at a time, or eight at a time with AVX2 (fp8x8_avx2.h:
+// the same codes).
+using Fp8Encode = void (*)(const float* v, int g, float f, int elem, uint8_t* d);
+void fp8_encode_generic(const float* v, int g, float f, int elem, uint8_t* d) {
+  for (int i = 0; i < g; ++i) d[i] = elem_encode(elem, v[i] * f);
+}
+#if defined(QQ_FP8X8_AVX2)
+__attribute__((target("avx2"))) void fp8_encode_avx2(const float* v, int g, float f, int elem, uint8_t* d) {
+  int i = 0;
+  for (; i + 8 <= g; i += 8) fp8x8_encode_avx2(v + i, f, elem == ELEM_E5M2, d + i);
+  fp8_encode_generic(v + i, g - i, f, elem, d + i);
+}
+#endif
+Fp8Encode fp8_encoder() {
+  static const Fp8Encode e = [] {
+#if defined(QQ_FP8X8_AVX2)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) return &fp8_encode_avx2;
+#endif
+    return &fp8_encode_generic;
+  }();
+  return e;
+}
 }  // namespace
 
 // x: K fp32 values. Writes the packed row to `data`, the group scales to
@@ -146,6 +171,7 @@ void quantize_row(const float* x, int64_t K, const QSpec& q, float enc, uint8_t*
   const int64_t ng = K / g;
   if (q.fp()) {
     const Fp4Encode fp4_encode = fp4_encoder();
+    const Fp8Encode fp8_encode = fp8_encoder();
     for (int64_t gi = 0; gi < ng; ++gi) {
       const float* v = x + gi * g;
       float amax = 0.0f;
@@ -162,8 +188,8 @@ void quantize_row(const float* x, int64_t K, const QSpec& q, float enc, uint8_t*
         else fp4_encode(v, g, f, d);
       } else {
         uint8_t* d = data + gi * g;
-        const uint8_t nc = elem_nan_code(q.elem);
-        for (int i = 0; i < g; ++i) d[i] = nan_group ? nc : elem_encode(q.elem, v[i] * f);
+        if (nan_group) memset(d, elem_nan_code(q.elem), (size_t)g);
+        else fp8_encode(v, g, f, q.elem, d);
       }
     }
     return;
