@@ -108,8 +108,7 @@ float round_to(float v, DType dt) {
 // ---- one row: quantize --------------------------------------------------------
 namespace {
 // A group's fp4 codes: g values of v times f into g / 2 bytes (low nibble first): codec.h's
-// e2m1_encode a pair at a time, or eight at a time with AVX2 (e2m1x8_avx2.h: the same codes),
-// picked once for the CPU at hand.
+// e2m1_encode a pair at a time, or eight at a time with AVX2 (e2m1x8_avx2.h: the same codes).
 using Fp4Encode = void (*)(const float* v, int g, float f, uint8_t* d);
 void fp4_encode_generic(const float* v, int g, float f, uint8_t* d) {
   for (int i = 0; i < g; i += 2) d[i / 2] = (uint8_t)(e2m1_encode(v[i] * f) | (e2m1_encode(v[i + 1] * f) << 4));
@@ -124,16 +123,6 @@ __attribute__((target("avx2"))) void fp4_encode_avx2(const float* v, int g, floa
   fp4_encode_generic(v + i, g - i, f, d + i / 2);
 }
 #endif
-Fp4Encode fp4_encoder() {
-  static const Fp4Encode e = [] {
-#if defined(QQ_E2M1X8_AVX2)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) return &fp4_encode_avx2;
-#endif
-    return &fp4_encode_generic;
-  }();
-  return e;
-}
 // A group's fp8 codes: g values of v times f into g bytes, element kind `elem` (E4M3 or
 // E5M2): codec.h's elem_encode one at a time, or eight at a time with AVX2 (fp8x8_avx2.h:
 // the same codes).
@@ -148,13 +137,19 @@ __attribute__((target("avx2"))) void fp8_encode_avx2(const float* v, int g, floa
   fp8_encode_generic(v + i, g - i, f, elem, d + i);
 }
 #endif
-Fp8Encode fp8_encoder() {
-  static const Fp8Encode e = [] {
-#if defined(QQ_FP8X8_AVX2)
+// The encoders for the CPU at hand, picked once.
+struct Encoders {
+  Fp4Encode fp4;
+  Fp8Encode fp8;
+};
+const Encoders& encoders() {
+  static const Encoders e = [] {
+    Encoders r{&fp4_encode_generic, &fp8_encode_generic};
+#if defined(QQ_E2M1X8_AVX2) && defined(QQ_FP8X8_AVX2)  // (x86-64, GCC or Clang: both or neither)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) return &fp8_encode_avx2;
+    if (__builtin_cpu_supports("avx2")) r.fp4 = &fp4_encode_avx2, r.fp8 = &fp8_encode_avx2;
 #endif
-    return &fp8_encode_generic;
+    return r;
   }();
   return e;
 }
@@ -170,8 +165,8 @@ void quantize_row(const float* x, int64_t K, const QSpec& q, float enc, uint8_t*
   const int g = q.group;
   const int64_t ng = K / g;
   if (q.fp()) {
-    const Fp4Encode fp4_encode = fp4_encoder();
-    const Fp8Encode fp8_encode = fp8_encoder();
+    const Fp4Encode fp4_encode = encoders().fp4;
+    const Fp8Encode fp8_encode = encoders().fp8;
     for (int64_t gi = 0; gi < ng; ++gi) {
       const float* v = x + gi * g;
       float amax = 0.0f;
