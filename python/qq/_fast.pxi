@@ -249,7 +249,7 @@ cdef object _MISSING = object()
 cdef inline object _qa_peek(object qa, int slot):
     """A slot of a QuantizedArray of the exact type (_qa_slots_known), or _MISSING where it is
     empty (a deleted field: the general path reads it and raises, in its own order)."""
-    cdef PyObject* v = (<PyObject**>((<char*><PyObject*>qa) + _QA_SLOT[slot]))[0]
+    cdef PyObject* v = _slot_ptr(qa, _QA_SLOT[slot])
     return _MISSING if v == NULL else <object>v
 
 
@@ -260,7 +260,7 @@ cdef inline bint _qa_empty(object qa, int slot) noexcept:
 cdef inline object _pw_peek(object pw, int slot):
     """A slot of a PreparedWeight of the exact type (_pw_slots_known: 0 quantized, 1 values,
     2 shape), or _MISSING where it is empty."""
-    cdef PyObject* v = (<PyObject**>((<char*><PyObject*>pw) + _PW_SLOT[slot]))[0]
+    cdef PyObject* v = _slot_ptr(pw, _PW_SLOT[slot])
     return _MISSING if v == NULL else <object>v
 
 

@@ -263,21 +263,26 @@ cdef Py_ssize_t _QA_SLOT[11]
 cdef bint _qa_slots_known = False
 
 
-cdef _qa_slot_offsets():
-    global _qa_slots_known
-    if QuantizedArray.__slots__ != ("data", "scales", "biases", "mode", "group_size", "bits",
-                                    "global_scale", "rounding", "scale_layout", "fp8_format",
-                                    "shape"):   # the order _new_quantized_array writes
-        return
-    for i, name in enumerate(QuantizedArray.__slots__):
-        d = QuantizedArray.__dict__[name]
+cdef bint _slot_offsets(cls, tuple names, Py_ssize_t* out) except -1:
+    """The object offsets of class cls's __slots__ `names` into out; False where one is not
+    a plain object slot (then the caller keeps to getattr / setattr)."""
+    for i, name in enumerate(names):
+        d = cls.__dict__.get(name)
         if type(d).__name__ != "member_descriptor" or (<PyMemberDescrObject*>d).d_member.type != T_OBJECT_EX:
-            return
-        _QA_SLOT[i] = (<PyMemberDescrObject*>d).d_member.offset
-    _qa_slots_known = True
+            return False
+        out[i] = (<PyMemberDescrObject*>d).d_member.offset
+    return True
 
 
-_qa_slot_offsets()
+cdef inline PyObject* _slot_ptr(object obj, Py_ssize_t offset) noexcept:
+    """The slot of obj at offset (from _slot_offsets), borrowed; NULL where it is empty."""
+    return (<PyObject**>((<char*><PyObject*>obj) + offset))[0]
+
+
+# (the order _new_quantized_array writes)
+_qa_slots_known = QuantizedArray.__slots__ == (
+    "data", "scales", "biases", "mode", "group_size", "bits", "global_scale", "rounding",
+    "scale_layout", "fp8_format", "shape") and _slot_offsets(QuantizedArray, QuantizedArray.__slots__, _QA_SLOT)
 
 
 cdef inline void _qa_set(object qa, int slot, object value) noexcept:
@@ -388,17 +393,7 @@ cdef Py_ssize_t _PW_SLOT[3]
 cdef bint _pw_slots_known = False
 
 
-cdef _pw_slot_offsets():
-    global _pw_slots_known
-    for i, name in enumerate(("quantized", "values", "shape")):
-        d = PreparedWeight.__dict__.get(name)
-        if type(d).__name__ != "member_descriptor" or (<PyMemberDescrObject*>d).d_member.type != T_OBJECT_EX:
-            return
-        _PW_SLOT[i] = (<PyMemberDescrObject*>d).d_member.offset
-    _pw_slots_known = True
-
-
-_pw_slot_offsets()
+_pw_slots_known = _slot_offsets(PreparedWeight, ("quantized", "values", "shape"), _PW_SLOT)
 
 
 def _blockscaled_device(w):

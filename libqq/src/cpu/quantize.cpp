@@ -165,8 +165,7 @@ void quantize_row(const float* x, int64_t K, const QSpec& q, float enc, uint8_t*
   const int g = q.group;
   const int64_t ng = K / g;
   if (q.fp()) {
-    const Fp4Encode fp4_encode = encoders().fp4;
-    const Fp8Encode fp8_encode = encoders().fp8;
+    const Encoders& codes = encoders();
     for (int64_t gi = 0; gi < ng; ++gi) {
       const float* v = x + gi * g;
       float amax = 0.0f;
@@ -180,11 +179,11 @@ void quantize_row(const float* x, int64_t K, const QSpec& q, float enc, uint8_t*
       if (q.bits == 4) {
         uint8_t* d = data + gi * g / 2;
         if (nan_group) memset(d, 0, (size_t)(g / 2));
-        else fp4_encode(v, g, f, d);
+        else codes.fp4(v, g, f, d);
       } else {
         uint8_t* d = data + gi * g;
         if (nan_group) memset(d, elem_nan_code(q.elem), (size_t)g);
-        else fp8_encode(v, g, f, q.elem, d);
+        else codes.fp8(v, g, f, q.elem, d);
       }
     }
     return;
