@@ -802,16 +802,23 @@ cdef bint _aoti_probe(_TorchKind k, object torch) except -1:
     return False
 
 
+cdef object _torch_kind_made(str dtype, int dev_id):
+    """_torch_kind's cached kind of (dtype, device), or None where none is made yet (making
+    one runs Python code; this lookup does not)."""
+    kinds = _TORCH_KINDS.get(dtype)
+    if kinds is not None and dev_id + 1 < len(<list>kinds):
+        return (<list>kinds)[dev_id + 1]
+    return None
+
+
 cdef _TorchKind _torch_kind(str dtype, int dev_id):
     """The kind of torch result of (dtype, device: -1 the CPU, else cuda:dev_id): its
     template and, where the shim is usable, its codes, checked by one allocation through it
     (_aoti_probe). Cached once complete; not inside a dispatch mode (the probe's allocation
     would go through it), where the next call makes it."""
-    kinds = _TORCH_KINDS.get(dtype)
-    if kinds is not None and dev_id + 1 < len(<list>kinds):
-        k0 = (<list>kinds)[dev_id + 1]
-        if k0 is not None:
-            return <_TorchKind>k0
+    k0 = _torch_kind_made(dtype, dev_id)
+    if k0 is not None:
+        return <_TorchKind>k0
     torch = sys.modules["torch"]
     cdef _TorchKind k = _TorchKind()
     dev = torch.device("cpu") if dev_id < 0 else _torch_device(dev_id)

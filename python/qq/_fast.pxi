@@ -282,22 +282,29 @@ cdef tuple _fast_weight(qa, qqQuantParams_t* p, str func, bint qmm):
 cdef object _matmul_fast(str func, x, w, bint prepared):
     """quantized_matmul(x, w) (w a QuantizedArray) or qqmm(x, w) (w a PreparedWeight:
     prepared) of a small x [..., M, K] on a weight of [N, K], everything else at its
-    default; or None (also for anything that raises here: the general path raises it)."""
+    default; or None (also for anything that raises here: the general path raises it).
+
+    The weight's fields and parameters are read first: that may run Python code (a parameter
+    of a type not seen yet, an allocation that starts the garbage collector, whose finalizers
+    may do anything). From the first array read to libqq's call only C code runs where the
+    result is a torch tensor of a kind already made: torch's C shim allocates it, and it is
+    wrapped as a Python tensor after libqq has run - so no code can free or resize an array
+    in between. Otherwise (NumPy, whose arrays keep their buffers while referenced, or a
+    torch result made through Python) the arrays are read again after the allocation
+    (_fast_unmoved)."""
     global _fast_calls
     cdef _FastArg ax, ad, asc, ab, ag, av, ao
     cdef qqQuantParams_t p
     cdef qqQqmmParams_t qp
     cdef int64_t od[_INLINE_NDIM]
+    cdef int64_t dims[2 * _INLINE_NDIM]
+    cdef int64_t nbytes = 0
     cdef int fw, nd, i
     cdef qqStatus_t st
     cdef int64_t m = 1
+    cdef void* h = NULL
+    cdef void* data = NULL
     _route_pending()        # (as the general path: a call that fails before libqq has no route)
-    fw = _fast_read(x, &ax, _FAST_NONE)
-    if fw == _FAST_NONE or ax.t.ndim < 1:
-        return None
-    xname = _fast_float_name(&ax.t)
-    if xname is None:
-        return None
     values = None
     if prepared:
         if type(w) is not PreparedWeight or not _pw_slots_known:
@@ -309,10 +316,15 @@ cdef object _matmul_fast(str func, x, w, bint prepared):
                 or type(w) is not QuantizedArray or _qa_peek(w, 3) == "affine"):
             return None
     # The weight's arrays stay referenced here until libqq has run (another thread may assign a
-    # QuantizedArray's fields meanwhile); data is read before the result is made (its N) and
-    # read again after, the others after.
+    # QuantizedArray's fields meanwhile).
     arrays = _fast_weight(w, &p, func, not prepared)
-    if arrays is None or _fast_read(arrays[0], &ad, fw) != fw or ad.t.ndim != 2:
+    if arrays is None:
+        return None
+    fw = _fast_read(x, &ax, _FAST_NONE)
+    if fw == _FAST_NONE or ax.t.ndim < 1:
+        return None
+    xname = _fast_float_name(&ax.t)
+    if xname is None or _fast_read(arrays[0], &ad, fw) != fw or ad.t.ndim != 2:
         return None
     nd = ax.t.ndim
     for i in range(nd - 1):
@@ -325,34 +337,54 @@ cdef object _matmul_fast(str func, x, w, bint prepared):
     for i in range(nd - 1):
         od[i] = ax.t.shape[i]
     od[nd - 1] = ad.t.shape[0]      # N (transpose: w [N, K*bits/8])
-    out = _fast_result(fw, nd, od, ax.t.dtype, xname, cnp.PyArray_TYPE(<cnp.ndarray>x) if fw == _FAST_NUMPY else 0,
-                       &ao)
-    if not _fast_unmoved(x, &ax, fw) or not _fast_unmoved(arrays[0], &ad, fw):
-        return None
-    if _fast_read(arrays[1], &asc, fw) != fw:
-        return None
-    if arrays[2] is not None and _fast_read(arrays[2], &ab, fw) != fw:
-        return None
-    if arrays[3] is not None and _fast_read(arrays[3], &ag, fw) != fw:
-        return None
-    if prepared and (_fast_read(values, &av, fw) != fw or av.t.ndim != 2):
-        return None
-    if prepared:
-        # as qqmm's general path: x quantized with the defaults (linear, "ceil"), w's scales
-        # in w's layout
-        _check(qqQqmmParamsInit(&qp, p.mode))
-        qp.quant = p
-        qp.w_scale_layout = p.scale_layout
-        qp.x_scale_layout = QQ_SCALE_LINEAR
-        qp.quant.scale_layout = QQ_SCALE_LINEAR
-        qp.w_values = &av.t
-        st = qqQqmm(NULL, &ax.t, NULL, &ad.t, &asc.t, &qp, NULL, &ag.t if arrays[3] is not None else NULL,
-                    NULL, &ao.t, NULL)
+    out = None
+    k = _torch_kind_made(xname, -1) if fw == _FAST_TORCH else None
+    if (k is not None and (<_TorchKind>k).c_path and _torch_dispatch_depth() == 0
+            and _contiguous_dims(nd, od, (<_TorchKind>k).esize, dims, &nbytes) >= 0):
+        # the result through the shim, a handle (no Python object) until libqq has run
+        if _shim_empty(<_TorchKind>k, nd, dims, dims + nd, &h) != 0 or h == NULL or _aoti_data_ptr(h, &data) != 0:
+            if h != NULL:
+                _aoti_delete(h)
+            return None
+        _fast_compact(&ao, nd, od, data, ax.t.dtype)
     else:
-        st = qqQuantizedMatmul(NULL, &ax.t, &ad.t, &asc.t, &ab.t if arrays[2] is not None else NULL, &p, 1,
-                               &ag.t if arrays[3] is not None else NULL, NULL, &ao.t, NULL)
-    _route_recorded()
-    if st != QQ_STATUS_SUCCESS:
-        return None
+        out = _fast_result(fw, nd, od, ax.t.dtype, xname,
+                           cnp.PyArray_TYPE(<cnp.ndarray>x) if fw == _FAST_NUMPY else 0, &ao)
+        if not _fast_unmoved(x, &ax, fw) or not _fast_unmoved(arrays[0], &ad, fw):
+            return None
+    try:
+        if _fast_read(arrays[1], &asc, fw) != fw:
+            return None
+        if arrays[2] is not None and _fast_read(arrays[2], &ab, fw) != fw:
+            return None
+        if arrays[3] is not None and _fast_read(arrays[3], &ag, fw) != fw:
+            return None
+        if prepared and (_fast_read(values, &av, fw) != fw or av.t.ndim != 2):
+            return None
+        if prepared:
+            # as qqmm's general path: x quantized with the defaults (linear, "ceil"), w's scales
+            # in w's layout
+            _check(qqQqmmParamsInit(&qp, p.mode))
+            qp.quant = p
+            qp.w_scale_layout = p.scale_layout
+            qp.x_scale_layout = QQ_SCALE_LINEAR
+            qp.quant.scale_layout = QQ_SCALE_LINEAR
+            qp.w_values = &av.t
+            st = qqQqmm(NULL, &ax.t, NULL, &ad.t, &asc.t, &qp, NULL, &ag.t if arrays[3] is not None else NULL,
+                        NULL, &ao.t, NULL)
+        else:
+            st = qqQuantizedMatmul(NULL, &ax.t, &ad.t, &asc.t, &ab.t if arrays[2] is not None else NULL, &p, 1,
+                                   &ag.t if arrays[3] is not None else NULL, NULL, &ao.t, NULL)
+        _route_recorded()
+        if st != QQ_STATUS_SUCCESS:
+            return None
+        if h != NULL:
+            out = _wrap_and_delete((<_TorchKind>k).direct, h, &data)    # (deletes the handle)
+            h = NULL
+            if out is None:
+                return None
+    finally:
+        if h != NULL:
+            _aoti_delete(h)
     _fast_calls += 1
     return out
