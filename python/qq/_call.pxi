@@ -1021,38 +1021,63 @@ cdef object _torch_group(_TorchKind k8, list kinds, int n, const int* nds, const
 
     The results share the storage: a result's untyped_storage() is the whole block, and it
     stays allocated while any of them lives (docs/api.md, "How torch results are made")."""
-    cdef int i
+    cdef void* hs[_MAX_GROUP]
+    if _torch_group_handles(k8, kinds, n, nds, shapes, ptrs, hs) != 0:
+        return None
+    return _torch_group_wrap(kinds, n, hs, ptrs)
+
+
+cdef int _torch_group_handles(_TorchKind k8, list kinds, int n, const int* nds, const int64_t** shapes,
+                              void** ptrs, void** hs) except -2:
+    """_torch_group's tensors as shim handles in hs (no Python object made: C calls only)
+    and their data pointers in ptrs; 0, or -1 where _torch_group gives None (no handle is
+    left then). The caller wraps them (_torch_group_wrap) or deletes them (_aoti_delete)."""
+    cdef int i, j
     cdef int64_t dims[_MAX_GROUP][2 * _MAX_NDIM]
     cdef int64_t off[_MAX_GROUP]
     cdef int64_t total = 0, nbytes = 0, one = 1
     cdef void* h = NULL
-    cdef void* hi = NULL
     cdef _TorchKind k
     for i in range(n):
         k = <_TorchKind>kinds[i]
         if not k.c_path or _contiguous_dims(nds[i], shapes[i], k.esize, dims[i], &nbytes) < 0:
-            return None
+            return -1
         off[i] = total
         total += (nbytes + _GROUP_ALIGN - 1) // _GROUP_ALIGN * _GROUP_ALIGN
         if total > _AOTI_MAX_BYTES:
-            return None
+            return -1
     if total == 0:
-        return None
+        return -1
     if _shim_empty(k8, 1, &total, &one, &h) != 0 or h == NULL:
-        return None
+        return -1
+    for i in range(n):
+        k = <_TorchKind>kinds[i]
+        hs[i] = NULL
+        if (_aoti_pool(h, off[i], k.dtype_code, nds[i], dims[i], &dims[i][nds[i]], &hs[i]) != 0 or hs[i] == NULL
+                or _aoti_data_ptr(hs[i], &ptrs[i]) != 0):
+            for j in range(i + 1):
+                if hs[j] != NULL:
+                    _aoti_delete(hs[j])
+            _aoti_delete(h)
+            return -1
+    _aoti_delete(h)     # (each view holds the storage)
+    return 0
+
+
+cdef object _torch_group_wrap(list kinds, int n, void** hs, void** ptrs):
+    """The torch tensors of _torch_group_handles's handles, each deleted here; a list, or None
+    where a wrap failed."""
+    cdef int i, j
     out = []
-    try:
-        for i in range(n):
-            k = <_TorchKind>kinds[i]
-            hi = NULL
-            if _aoti_pool(h, off[i], k.dtype_code, nds[i], dims[i], &dims[i][nds[i]], &hi) != 0 or hi == NULL:
-                return None
-            t = _wrap_and_delete(k.direct, hi, &ptrs[i])
-            if t is None:
-                return None
-            out.append(t)
-    finally:
-        _aoti_delete(h)
+    for i in range(n):
+        t = _wrap_and_delete((<_TorchKind>kinds[i]).direct, hs[i], &ptrs[i])
+        hs[i] = NULL
+        if t is None:
+            for j in range(i + 1, n):
+                _aoti_delete(hs[j])
+                hs[j] = NULL
+            return None
+        out.append(t)
     return out
 
 

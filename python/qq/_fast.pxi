@@ -193,13 +193,18 @@ cdef object _quantize_fast(x, group_size, bits, mode, rounding, scale_layout, fp
     cdef const int64_t* shapes[2]
     cdef int nds[2]
     cdef DLDataType u8
+    cdef void* hs[2]
+    cdef bint handles = False
+    # The parameters first: that may run Python code. Then, for torch results of kinds already
+    # made, only C code runs from x's read to libqq's call (as _matmul_fast: the results are
+    # shim handles until then), so x is not read again.
+    _quant_params("quantize", &p, mode, group_size, bits, rounding, scale_layout, fp8_format)
     cdef int fw = _fast_read(x, &ax, _FAST_NONE)
     if fw == _FAST_NONE or ax.t.ndim < 1 or _fast_numel(&ax.t) > _HOLD_GIL_ELEMS:
         return None
     xname = _fast_float_name(&ax.t)
     if xname is None:
         return None
-    _quant_params("quantize", &p, mode, group_size, bits, rounding, scale_layout, fp8_format)
     nd = ax.t.ndim
     if qqQuantizedShapes(&p, nd, ax.t.shape, ds, ss, &sn) != QQ_STATUS_SUCCESS or sn > _INLINE_NDIM:
         return None
@@ -217,6 +222,8 @@ cdef object _quantize_fast(x, group_size, bits, mode, rounding, scale_layout, fp
     else:
         if affine:      # three results of two sizes of element: the general path's separate storages
             return None
+        # (made before: lookups only; else making them may run Python code, and x is read again)
+        handles = _cpu_group_base is not None and (p.mode * 16 + p.fp8_format) in _FAST_TYPED
         k8 = _torch_group_base(-1)
         typed = _fast_typed(p.mode, p.fp8_format) if k8 is not None else None
         if typed is None:
@@ -226,16 +233,31 @@ cdef object _quantize_fast(x, group_size, bits, mode, rounding, scale_layout, fp
         shapes[1] = ss
         nds[0] = nd
         nds[1] = sn
-        rs = _torch_group(<_TorchKind>k8, <list>kinds, 2, nds, shapes, ptrs)
-        if rs is None:
-            return None
-        data, scales = rs[0], rs[1]
+        if handles:
+            if _torch_group_handles(<_TorchKind>k8, <list>kinds, 2, nds, shapes, ptrs, hs) != 0:
+                return None
+        else:
+            rs = _torch_group(<_TorchKind>k8, <list>kinds, 2, nds, shapes, ptrs)
+            if rs is None:
+                return None
+            data, scales = rs[0], rs[1]
         _fast_compact(&ad, nd, ds, ptrs[0], _dl_type(dt_d))
         _fast_compact(&asc, sn, ss, ptrs[1], _dl_type(dt_s))
-    if not _fast_unmoved(x, &ax, fw):
-        return None
-    if qqQuantize(NULL, &ax.t, &p, NULL, &ad.t, &asc.t, &ab.t if affine else NULL, NULL) != QQ_STATUS_SUCCESS:
-        return None
+    try:
+        if not handles and not _fast_unmoved(x, &ax, fw):
+            return None
+        if qqQuantize(NULL, &ax.t, &p, NULL, &ad.t, &asc.t, &ab.t if affine else NULL, NULL) != QQ_STATUS_SUCCESS:
+            return None
+        if handles:
+            handles = False
+            rs = _torch_group_wrap(<list>kinds, 2, hs, ptrs)     # (deletes the handles)
+            if rs is None:
+                return None
+            data, scales = rs[0], rs[1]
+    finally:
+        if handles:
+            _aoti_delete(hs[0])
+            _aoti_delete(hs[1])
     _fast_calls += 1
     return _new_quantized_array(data, scales, biases, mode, &p, None, rounding, scale_layout,
                                 fp8_format, _int_tuple(ax.t.shape, nd))
