@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call for kernel patches that were compiled but not run: the tree as it is
+# (base), then each patch of PATCHES applied on top of the ones before it; after each, an
+# incremental sm_90a rebuild, the GPU tests of the small-M weight-only kernels (the fused
+# x-quantization forms against the unfused ones bit for bit, the code space, the M sweeps,
+# qmv) and bench/tune/qqmm_values_probe.py. Logs under $OUT; the patches are taken out at the
+# end (the library is left built with them: rebuild before anything else).
+#   PATCHES="bench/results/logs-2026-11-30ad/qmv_fp8_special_out_of_line.patch.txt ..." \
+#   OUT=$OUT/ab bash bench/tune/patch_ab.sh
+# Session ad's three, stacked in this order (the third is made on top of the second):
+#   L=bench/results/logs-2026-11-30ad; PATCHES="$L/qmv_fp8_special_out_of_line.patch.txt
+#   $L/qx_group_from_format.patch.txt $L/qx_rows_16-values.patch.txt" bash bench/tune/patch_ab.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/patch_ab}
+mkdir -p "$OUT"
+TESTS=${TESTS:-"tests/test_qqmm.py tests/test_qmma.py tests/test_qmv.py"}
+K=${K:-"in_the_launch or code_space or m_sweep or qmv"}
+[ -d .cutlass/cutlass ] && export QQ_CUTLASS_DIR="$PWD/.cutlass"
+build() {
+  python3 -m pip install --no-build-isolation --no-deps -e . -C cmake.define.QQ_CUDA_ARCHS=90a \
+    > "$OUT/build-$1.log" 2>&1 || { tail -20 "$OUT/build-$1.log"; return 1; }
+}
+run() {
+  echo "== $1 $(date +%T)"
+  timeout 150 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider $TESTS -k "$K" > "$OUT/pytest-$1.log" 2>&1
+  tail -1 "$OUT/pytest-$1.log"
+  (cd bench/tune && MODES=${MODES:-mxfp8,nvfp4} SHAPES=${SHAPES:-4096x4096,6144x4096} MS=${MS:-1,2,4} \
+    timeout 120 python3 qqmm_values_probe.py) > "$OUT/probe-$1.txt" 2>&1
+  grep -v '^device' "$OUT/probe-$1.txt" | cut -c1-100
+}
+build base && run base
+n=0
+applied=()
+for p in ${PATCHES:-}; do
+  n=$((n + 1))
+  git apply "$p" || { echo "patch $p does not apply"; break; }
+  applied=("$p" "${applied[@]}")
+  build "p$n" && run "p$n"
+done
+# (the device's .git may be older than the tree it got: take the patches back out, last first)
+for p in "${applied[@]}"; do git apply -R "$p"; done
