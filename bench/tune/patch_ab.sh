@@ -15,6 +15,7 @@ OUT=${OUT:-/tmp/patch_ab}
 mkdir -p "$OUT"
 TESTS=${TESTS:-"tests/test_qqmm.py tests/test_qmma.py tests/test_qmv.py"}
 K=${K:-"in_the_launch or code_space or m_sweep or qmv"}
+export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
 [ -d .cutlass/cutlass ] && export QQ_CUTLASS_DIR="$PWD/.cutlass"
 build() {
   python3 -m pip install --no-build-isolation --no-deps -e . -C cmake.define.QQ_CUDA_ARCHS=90a \
