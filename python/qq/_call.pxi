@@ -875,15 +875,29 @@ cdef object _wrap_and_delete(bint direct, void* h, void** data):
     return t
 
 
-cdef object _torch_empty_c(_TorchKind k, int nd, const int64_t* shape, void** data):
-    """A new tensor of kind k and shape shape[:nd] through the shim (_shim_empty), wrapped
-    as a torch.Tensor; None where it failed or the result is for torch's Python path
-    (_contiguous_dims)."""
+cdef int _torch_empty_handle(_TorchKind k, int nd, const int64_t* shape, void** h, void** data) except -2:
+    """A new compact tensor of kind k and shape shape[:nd] through the shim (_shim_empty) as
+    a handle in *h (no Python object: C calls only) and its data pointer in *data; 0, or -1
+    where it failed or the result is for torch's Python path (_contiguous_dims), no handle
+    left then. The caller wraps it (_wrap_and_delete) or deletes it (_aoti_delete)."""
     cdef int64_t dims[2 * _MAX_NDIM]
     cdef int64_t nbytes = 0
+    h[0] = NULL
+    if _contiguous_dims(nd, shape, k.esize, dims, &nbytes) < 0 or _shim_empty(k, nd, dims, dims + nd, h) != 0 \
+            or h[0] == NULL:
+        return -1
+    if _aoti_data_ptr(h[0], data) != 0:
+        _aoti_delete(h[0])
+        h[0] = NULL
+        return -1
+    return 0
+
+
+cdef object _torch_empty_c(_TorchKind k, int nd, const int64_t* shape, void** data):
+    """A new tensor of kind k and shape shape[:nd] through the shim (_torch_empty_handle),
+    wrapped as a torch.Tensor; None where it failed or the result is for torch's Python path."""
     cdef void* h = NULL
-    if _contiguous_dims(nd, shape, k.esize, dims, &nbytes) < 0 or _shim_empty(k, nd, dims, dims + nd, &h) != 0 \
-            or h == NULL:
+    if _torch_empty_handle(k, nd, shape, &h, data) != 0:
         return None
     return _wrap_and_delete(k.direct, h, data)
 

@@ -130,21 +130,29 @@ cdef void _fast_compact(_FastArg* a, int nd, const int64_t* dims, void* data, DL
 cdef dict _FAST_TYPED = {}
 
 
+cdef inline int _fast_typed_key(int mode, int fp8_format) noexcept:
+    return mode * 16 + fp8_format
+
+
+cdef inline object _fast_typed_made(int mode, int fp8_format):
+    """_fast_typed's cached answer, or None where it is not made yet (a lookup only)."""
+    return _FAST_TYPED.get(_fast_typed_key(mode, fp8_format))
+
+
 cdef tuple _fast_typed(int mode, int fp8_format):
     """quantize's torch result dtypes for torch_dtypes=True (_torch_typed's names): their
-    CPU kinds (a list for _torch_group) and DLPack types, (kinds, data DLDataType, scales
+    CPU kinds (a list for _torch_group_handles) and DLPack types, (kinds, data DLDataType, scales
     DLDataType); cached by (mode, fp8_format) once both kinds have the shim path, else
     None."""
     cdef DLDataType d, s
-    key = mode * 16 + fp8_format
-    r = _FAST_TYPED.get(key)
+    r = _fast_typed_made(mode, fp8_format)
     if r is None:
         dname, sname = _torch_typed("quantize", mode, fp8_format, True)
         kinds = [_torch_kind(dname, -1), _torch_kind(sname, -1)]
         if not ((<_TorchKind>kinds[0]).c_path and (<_TorchKind>kinds[1]).c_path):
             return None
         d, s = _dl_type_of(dname), _dl_type_of(sname)
-        r = _FAST_TYPED[key] = (kinds, (d.code, d.bits, d.lanes), (s.code, s.bits, s.lanes))
+        r = _FAST_TYPED[_fast_typed_key(mode, fp8_format)] = (kinds, (d.code, d.bits, d.lanes), (s.code, s.bits, s.lanes))
     return r
 
 
@@ -194,7 +202,7 @@ cdef object _quantize_fast(x, group_size, bits, mode, rounding, scale_layout, fp
     cdef int nds[2]
     cdef DLDataType u8
     cdef void* hs[2]
-    cdef bint handles = False
+    cdef bint handles = False, reread = False
     # The parameters first: that may run Python code. Then, for torch results of kinds already
     # made, only C code runs from x's read to libqq's call (as _matmul_fast: the results are
     # shim handles until then), so x is not read again.
@@ -222,8 +230,8 @@ cdef object _quantize_fast(x, group_size, bits, mode, rounding, scale_layout, fp
     else:
         if affine:      # three results of two sizes of element: the general path's separate storages
             return None
-        # (made before: lookups only; else making them may run Python code, and x is read again)
-        handles = _cpu_group_base is not None and (p.mode * 16 + p.fp8_format) in _FAST_TYPED
+        # (made before, these are lookups; making them may run Python code: x is read again then)
+        reread = _cpu_group_base is None or _fast_typed_made(p.mode, p.fp8_format) is None
         k8 = _torch_group_base(-1)
         typed = _fast_typed(p.mode, p.fp8_format) if k8 is not None else None
         if typed is None:
@@ -233,18 +241,14 @@ cdef object _quantize_fast(x, group_size, bits, mode, rounding, scale_layout, fp
         shapes[1] = ss
         nds[0] = nd
         nds[1] = sn
-        if handles:
-            if _torch_group_handles(<_TorchKind>k8, <list>kinds, 2, nds, shapes, ptrs, hs) != 0:
-                return None
-        else:
-            rs = _torch_group(<_TorchKind>k8, <list>kinds, 2, nds, shapes, ptrs)
-            if rs is None:
-                return None
-            data, scales = rs[0], rs[1]
+        # the results shim handles (no Python object) until libqq has run
+        if _torch_group_handles(<_TorchKind>k8, <list>kinds, 2, nds, shapes, ptrs, hs) != 0:
+            return None
+        handles = True
         _fast_compact(&ad, nd, ds, ptrs[0], _dl_type(dt_d))
         _fast_compact(&asc, sn, ss, ptrs[1], _dl_type(dt_s))
     try:
-        if not handles and not _fast_unmoved(x, &ax, fw):
+        if reread and not _fast_unmoved(x, &ax, fw):
             return None
         if qqQuantize(NULL, &ax.t, &p, NULL, &ad.t, &asc.t, &ab.t if affine else NULL, NULL) != QQ_STATUS_SUCCESS:
             return None
@@ -319,8 +323,6 @@ cdef object _matmul_fast(str func, x, w, bint prepared):
     cdef qqQuantParams_t p
     cdef qqQqmmParams_t qp
     cdef int64_t od[_INLINE_NDIM]
-    cdef int64_t dims[2 * _INLINE_NDIM]
-    cdef int64_t nbytes = 0
     cdef int fw, nd, i
     cdef qqStatus_t st
     cdef int64_t m = 1
@@ -362,12 +364,8 @@ cdef object _matmul_fast(str func, x, w, bint prepared):
     out = None
     k = _torch_kind_made(xname, -1) if fw == _FAST_TORCH else None
     if (k is not None and (<_TorchKind>k).c_path and _torch_dispatch_depth() == 0
-            and _contiguous_dims(nd, od, (<_TorchKind>k).esize, dims, &nbytes) >= 0):
-        # the result through the shim, a handle (no Python object) until libqq has run
-        if _shim_empty(<_TorchKind>k, nd, dims, dims + nd, &h) != 0 or h == NULL or _aoti_data_ptr(h, &data) != 0:
-            if h != NULL:
-                _aoti_delete(h)
-            return None
+            and _torch_empty_handle(<_TorchKind>k, nd, od, &h, &data) == 0):
+        # the result a shim handle (no Python object) until libqq has run
         _fast_compact(&ao, nd, od, data, ax.t.dtype)
     else:
         out = _fast_result(fw, nd, od, ax.t.dtype, xname,
