@@ -859,15 +859,13 @@ cdef int _shim_empty(_TorchKind k, int nd, const int64_t* sizes, const int64_t* 
     return rc
 
 
-cdef object _wrap_and_delete(bint direct, void* h, void** data):
-    """The torch tensor of shim handle h and its data pointer in *data; the handle is deleted
-    in every case (the wrapper copies the tensor out of it: a reference of its own, checked by
-    _aoti_probe). None where the wrap failed."""
+cdef object _wrap_and_delete(bint direct, void* h):
+    """The torch tensor of shim handle h (whose data pointer its maker read); the handle is
+    deleted in every case (the wrapper copies the tensor out of it: a reference of its own,
+    checked by _aoti_probe). None where the wrap failed."""
     t = None
     try:
         t = _wrap_handle(direct, h)
-        if t is not None and _aoti_data_ptr(h, data) != 0:
-            t = None
     except Exception:
         t = None
     finally:
@@ -899,7 +897,7 @@ cdef object _torch_empty_c(_TorchKind k, int nd, const int64_t* shape, void** da
     cdef void* h = NULL
     if _torch_empty_handle(k, nd, shape, &h, data) != 0:
         return None
-    return _wrap_and_delete(k.direct, h, data)
+    return _wrap_and_delete(k.direct, h)
 
 
 cdef int _tuple_dims(tuple shape, int64_t* out) except -2:
@@ -1038,7 +1036,7 @@ cdef object _torch_group(_TorchKind k8, list kinds, int n, const int* nds, const
     cdef void* hs[_MAX_GROUP]
     if _torch_group_handles(k8, kinds, n, nds, shapes, ptrs, hs) != 0:
         return None
-    return _torch_group_wrap(kinds, n, hs, ptrs)
+    return _torch_group_wrap(kinds, n, hs)
 
 
 cdef int _torch_group_handles(_TorchKind k8, list kinds, int n, const int* nds, const int64_t** shapes,
@@ -1078,13 +1076,13 @@ cdef int _torch_group_handles(_TorchKind k8, list kinds, int n, const int* nds, 
     return 0
 
 
-cdef object _torch_group_wrap(list kinds, int n, void** hs, void** ptrs):
+cdef object _torch_group_wrap(list kinds, int n, void** hs):
     """The torch tensors of _torch_group_handles's handles, each deleted here; a list, or None
     where a wrap failed."""
     cdef int i, j
     out = []
     for i in range(n):
-        t = _wrap_and_delete((<_TorchKind>kinds[i]).direct, hs[i], &ptrs[i])
+        t = _wrap_and_delete((<_TorchKind>kinds[i]).direct, hs[i])
         hs[i] = NULL
         if t is None:
             for j in range(i + 1, n):

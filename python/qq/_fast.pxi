@@ -254,7 +254,7 @@ cdef object _quantize_fast(x, group_size, bits, mode, rounding, scale_layout, fp
             return None
         if handles:
             handles = False
-            rs = _torch_group_wrap(<list>kinds, 2, hs, ptrs)     # (deletes the handles)
+            rs = _torch_group_wrap(<list>kinds, 2, hs)     # (deletes the handles)
             if rs is None:
                 return None
             data, scales = rs[0], rs[1]
@@ -399,7 +399,7 @@ cdef object _matmul_fast(str func, x, w, bint prepared):
         if st != QQ_STATUS_SUCCESS:
             return None
         if h != NULL:
-            out = _wrap_and_delete((<_TorchKind>k).direct, h, &data)    # (deletes the handle)
+            out = _wrap_and_delete((<_TorchKind>k).direct, h)    # (deletes the handle)
             h = NULL
             if out is None:
                 return None
