@@ -645,7 +645,7 @@ __global__ void __launch_bounds__(kThreads, 2) qmma_kernel(const MatmulArgs a, c
     for (int p = 0; p < kDepth; ++p)
       if (p < nsteps) load(p, ring[p]);
     if constexpr (kQX) {  // while the first steps' weights are in flight
-      qx_rows_to_smem(X, (__nv_bfloat16*)qx_smem, a.K);
+      qx_rows_to_smem<F == QNV4 ? 16 : 32>(X, (__nv_bfloat16*)qx_smem, a.K);
       __syncthreads();
     }
     for (int s0 = 0; s0 < nsteps; s0 += kDepth) {

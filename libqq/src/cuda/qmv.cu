@@ -125,13 +125,24 @@ QQ_HD void fp4x8(uint32_t w, float f, float* v) {
   }
 }
 
+// The rare word with an Inf / NaN code, through the codec: out of line, so that its
+// copies (one per word of the unrolled loop) do not fill the instruction cache: inlined,
+// they made qmv's mxfp8 main loop 3876 instructions and its first stall instruction fetch
+// (4096^2, M = 1 with x quantized in the launch: 17.1 -> 14.7 us on an H200 out of line).
+// (The values come back in registers: a pointer into the caller's array would put that
+// array in local memory on every path.)
+__host__ __device__ __noinline__ float4 fp8x4_special(uint32_t w, float f, int kind) {
+  return make_float4(elem_decode(kind, (uint8_t)w) * f, elem_decode(kind, (uint8_t)(w >> 8)) * f,
+                     elem_decode(kind, (uint8_t)(w >> 16)) * f, elem_decode(kind, (uint8_t)(w >> 24)) * f);
+}
 // 4 fp8 codes of w -> v[i] = elem_decode(kind, code) * f, through vec.cuh's
 // fp8_place (bytes 0 and 2 in one bf16 pair, 1 and 3 in the other) and the
-// factor 2^fix; a word holding an all-ones exponent takes the codec path.
+// factor 2^fix; a word holding an all-ones exponent takes the codec path
+// (fp8x4_special).
 QQ_HD void fp8x4(uint32_t w, float f, const Launch& L, float* v) {
   if (fp8_special(w, L.f8_nan_mask, L.f8_nan_add)) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = elem_decode(L.f8_kind, (uint8_t)(w >> (8 * i))) * f;
+    const float4 s = fp8x4_special(w, f, L.f8_kind);
+    v[0] = s.x, v[1] = s.y, v[2] = s.z, v[3] = s.w;
     return;
   }
   uint32_t p0, p1;
@@ -462,7 +473,7 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
     Raw cur[U][R];
     if (t < C) load_step(t, cur);
     if constexpr (kQX) {  // while the first step's weights are in flight
-      qx_rows_to_smem(X, (__nv_bfloat16*)qx_smem, a.K);
+      qx_rows_to_smem<F == FP4NV ? 16 : 32>(X, (__nv_bfloat16*)qx_smem, a.K);
       __syncthreads();
     }
     for (int64_t c0 = t; c0 < C; c0 += step) {
