@@ -7,11 +7,11 @@
 # end (the library is left built with them: rebuild before anything else).
 #   PATCHES="bench/results/logs-2026-11-30ad/qmv_fp8_special_out_of_line.patch.txt ..." \
 #   OUT=$OUT/ab bash bench/tune/patch_ab.sh
-# (Session ad's three landed in 14f9518.) Session ae's two, independent of each other (the
-# first passed every GPU test on an H200 and reads 12.0 us at 4096^2 mxfp8 M = 1; the second
-# was compiled only):
+# (Session ad's three landed in 14f9518.) Session ae's three: the step check (passed every
+# GPU test on an H200, 12.0 us at 4096^2 mxfp8 M = 1), the fix fold (made on top of it) and
+# qmma's codec by value (independent); the last two compiled only:
 #   L=bench/results/logs-2026-11-30ae; PATCHES="$L/qmv_step_check.patch.txt
-#   $L/qmma_fp8_codec_by_value.patch.txt" bash bench/tune/patch_ab.sh
+#   $L/qmv_fp8_fold_fix.patch.txt $L/qmma_fp8_codec_by_value.patch.txt" bash bench/tune/patch_ab.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/patch_ab}
 mkdir -p "$OUT"
