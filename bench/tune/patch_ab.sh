@@ -5,8 +5,7 @@
 # x-quantization forms against the unfused ones bit for bit, the code space, the M sweeps,
 # qmv) and bench/tune/qqmm_values_probe.py. Logs under $OUT; the patches are taken out at the
 # end (the library is left built with them: rebuild before anything else).
-#   PATCHES="bench/results/logs-2026-11-30ad/qmv_fp8_special_out_of_line.patch.txt ..." \
-#   OUT=$OUT/ab bash bench/tune/patch_ab.sh
+#   PATCHES="a.patch.txt b.patch.txt" OUT=$OUT/ab bash bench/tune/patch_ab.sh
 # (Session ad's three landed in 14f9518.) Session ae's three: the step check (passed every
 # GPU test on an H200, 12.0 us at 4096^2 mxfp8 M = 1), the fix fold (made on top of it) and
 # qmma's codec by value (independent); the last two compiled only:
