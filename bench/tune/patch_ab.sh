@@ -30,7 +30,8 @@ run() {
     timeout 120 python3 qqmm_values_probe.py) > "$OUT/probe-$1.txt" 2>&1
   grep -v '^device' "$OUT/probe-$1.txt" | cut -c1-100
 }
-build base && run base
+# SKIP_BASE_RUN=1: build the base (the patches rebuild on top of it) but leave its run out.
+build base && { [ -n "${SKIP_BASE_RUN:-}" ] || run base; }
 n=0
 applied=()
 for p in ${PATCHES:-}; do
