@@ -139,8 +139,11 @@ __host__ __device__ __noinline__ float4 fp8x4_special(uint32_t w, float f, int k
 // fp8_place (bytes 0 and 2 in one bf16 pair, 1 and 3 in the other) and the
 // factor 2^fix; a word holding an all-ones exponent takes the codec path
 // (fp8x4_special).
-QQ_HD void fp8x4(uint32_t w, float f, const Launch& L, float* v) {
-  if (fp8_special(w, L.f8_nan_mask, L.f8_nan_add)) {
+// check = false: the caller has found no such word among those it decodes (qmv_t_kernel
+// tests a whole pipeline step's words at once, one branch a step instead of one a word;
+// both of its calls inline with the flag constant).
+QQ_HD void fp8x4(uint32_t w, float f, const Launch& L, float* v, bool check = true) {
+  if (check && fp8_special(w, L.f8_nan_mask, L.f8_nan_add)) {
     const float4 s = fp8x4_special(w, f, L.f8_kind);
     v[0] = s.x, v[1] = s.y, v[2] = s.z, v[3] = s.w;
     return;
@@ -184,7 +187,7 @@ struct Sc {
 
 // 8 consecutive elements (their packed bytes in `raw`, little endian) -> v.
 template <int F>
-QQ_HD void decode8(uint64_t raw, Sc sc, const Launch& L, float* v) {
+QQ_HD void decode8(uint64_t raw, Sc sc, const Launch& L, float* v, bool check = true) {
   const uint32_t lo = (uint32_t)raw, hi = (uint32_t)(raw >> 32);
   if constexpr (F == FP4NV) {
     fp4x8(lo, sc.s, v);
@@ -193,8 +196,8 @@ QQ_HD void decode8(uint64_t raw, Sc sc, const Launch& L, float* v) {
   } else if constexpr (F == FP4MX) {
     fp4x8(lo, sc.s, v);
   } else if constexpr (F == FP8) {
-    fp8x4(lo, sc.s, L, v);
-    fp8x4(hi, sc.s, L, v + 4);
+    fp8x4(lo, sc.s, L, v, check);
+    fp8x4(hi, sc.s, L, v + 4, check);
   } else if constexpr (F == AFF4) {
     aff4x8(lo, sc.s, sc.g, v);
   } else if constexpr (F == AFF8) {
@@ -363,6 +366,7 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
   const int cbytes = kNarrow ? L.bits : 16;  // bytes per chunk
   const int group = a.q.group;
   constexpr bool fp = F == FP4NV || F == FP4MX || F == FP8;
+  constexpr int kFpGroup = F == FP4NV ? 16 : 32;  // qmv() refuses other group sizes for fp formats
   // nvfp4 global factor, read on the device (1 without a global scale)
   const float gdec = (F == FP4NV && a.gs_w) ? nvfp4_dec(*a.gs_w) : 1.0f;
   const DType sdt = a.w_scales.dt;
@@ -403,7 +407,9 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
       for (int u = 0; u < U; ++u) {
         const int64_t c = c0 + (int64_t)u * L.T;
         if (c >= C) continue;
-        const int64_t g0 = c * Ch::kElems / group;  // first group of the chunk
+        // first group of the chunk (fp formats: a group size fixed by the format, so a shift,
+        // not a 64-bit division routine per chunk)
+        const int64_t g0 = fp ? c * Ch::kElems / kFpGroup : c * Ch::kElems / group;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           const uint8_t* p = wrow[r] + c * cbytes;
@@ -430,7 +436,8 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
         }
       }
     };
-    auto compute_step = [&](int64_t c0, const Raw (&raw)[U][R]) {
+    // check: decode fp8 words through fp8x4's Inf / NaN test (false: the step has none)
+    auto compute_step = [&](bool check, int64_t c0, const Raw (&raw)[U][R]) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t c = c0 + (int64_t)u * L.T;
@@ -454,7 +461,7 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
             if (kNarrow) blk = (uint64_t)d.x | ((uint64_t)d.y << 32);
             else if (fmt_bits<F>() == 4) blk = i == 0 ? d.x : i == 1 ? d.y : i == 2 ? d.z : d.w;
             else blk = i == 0 ? ((uint64_t)d.x | ((uint64_t)d.y << 32)) : ((uint64_t)d.z | ((uint64_t)d.w << 32));
-            decode8<F>(blk, sc[r][Ch::kScales == 2 ? i / 2 : 0], L, v[r]);
+            decode8<F>(blk, sc[r][Ch::kScales == 2 ? i / 2 : 0], L, v[r], check);
           }
           const int64_t k0 = c * Ch::kElems + 8 * i;
 #pragma unroll
@@ -479,7 +486,24 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
     for (int64_t c0 = t; c0 < C; c0 += step) {
       Raw nxt[U][R];
       if (c0 + step < C) load_step(c0 + step, nxt);
-      compute_step(c0, cur);
+      if constexpr (F == FP8) {
+        // Inf / NaN codes anywhere in this step's chunks (rare): only then the tested decode
+        uint32_t sp = 0;
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (c0 + (int64_t)u * L.T >= C) continue;  // not loaded
+            const uint4 d = cur[u][r].d;
+            sp |= fp8_special(d.x, L.f8_nan_mask, L.f8_nan_add) | fp8_special(d.y, L.f8_nan_mask, L.f8_nan_add);
+            if (!kNarrow)
+              sp |= fp8_special(d.z, L.f8_nan_mask, L.f8_nan_add) | fp8_special(d.w, L.f8_nan_mask, L.f8_nan_add);
+          }
+        if (sp) compute_step(true, c0, cur);
+        else compute_step(false, c0, cur);
+      } else {
+        compute_step(true, c0, cur);
+      }
 #pragma unroll
       for (int u = 0; u < U; ++u)
 #pragma unroll
