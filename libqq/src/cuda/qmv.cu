@@ -89,6 +89,7 @@ struct Launch {
   int f8_kind;      // ELEM_E4M3 or ELEM_E5M2
   uint32_t f8_shl, f8_shr, f8_mag, f8_nan_mask, f8_nan_add;
   float f8_fix;
+  uint32_t f8_ulim;  // largest UE8M0 scale byte u with 2^fix * 2^(u - 127) finite (254 - fix)
 };
 
 // ---- element decoders ------------------------------------------------------
@@ -139,9 +140,13 @@ __host__ __device__ __noinline__ float4 fp8x4_special(uint32_t w, float f, int k
 // fp8_place (bytes 0 and 2 in one bf16 pair, 1 and 3 in the other) and the
 // factor 2^fix; a word holding an all-ones exponent takes the codec path
 // (fp8x4_special).
-// check = false: the caller has found no such word among those it decodes (qmv_t_kernel
-// tests a whole pipeline step's words at once, one branch a step instead of one a word;
-// both of its calls inline with the flag constant).
+// check = false: the caller has found no such word among those it decodes, and no scale
+// byte above L.f8_ulim (qmv_t_kernel tests a whole pipeline step at once, one branch a step
+// instead of one a word; both of its calls inline with the flag constant), and f is then
+// already the scale times 2^fix: one multiply an element instead of two. The same value:
+// the placed bf16 is code * 2^-fix exactly, so bf16 * (2^fix * s) is one rounding of the
+// exact code * s, as (bf16 * 2^fix) * s is (its first product is exact), while 2^fix * s
+// is finite, which f8_ulim guarantees.
 QQ_HD void fp8x4(uint32_t w, float f, const Launch& L, float* v, bool check = true) {
   if (check && fp8_special(w, L.f8_nan_mask, L.f8_nan_add)) {
     const float4 s = fp8x4_special(w, f, L.f8_kind);
@@ -150,6 +155,13 @@ QQ_HD void fp8x4(uint32_t w, float f, const Launch& L, float* v, bool check = tr
   }
   uint32_t p0, p1;
   fp8_place(w, L.f8_shl, L.f8_shr, L.f8_mag, p0, p1);
+  if (!check) {
+    v[0] = bf16lo(p0) * f;
+    v[2] = bf16hi(p0) * f;
+    v[1] = bf16lo(p1) * f;
+    v[3] = bf16hi(p1) * f;
+    return;
+  }
   v[0] = (bf16lo(p0) * L.f8_fix) * f;
   v[2] = (bf16hi(p0) * L.f8_fix) * f;
   v[1] = (bf16lo(p1) * L.f8_fix) * f;
@@ -447,7 +459,9 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
         for (int r = 0; r < R; ++r)
 #pragma unroll
           for (int s = 0; s < Ch::kScales; ++s) {
-            if constexpr (fp) sc[r][s] = Sc{fp_scale<F>(raw[u][r].s[s]), gdec};
+            if constexpr (F == FP8)  // unchecked: 2^fix folded into the scale (fp8x4)
+              sc[r][s] = Sc{check ? fp_scale<F>(raw[u][r].s[s]) : fp_scale<F>(raw[u][r].s[s]) * L.f8_fix, gdec};
+            else if constexpr (fp) sc[r][s] = Sc{fp_scale<F>(raw[u][r].s[s]), gdec};
             else sc[r][s] = Sc{sb_to_f(raw[u][r].s[0], sdt), sb_to_f(raw[u][r].s[1], sdt)};
           }
 #pragma unroll
@@ -487,7 +501,8 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
       Raw nxt[U][R];
       if (c0 + step < C) load_step(c0 + step, nxt);
       if constexpr (F == FP8) {
-        // Inf / NaN codes anywhere in this step's chunks (rare): only then the tested decode
+        // Inf / NaN codes, or a scale byte above f8_ulim, anywhere in this step's chunks (rare):
+        // only then the tested decode with its two multiplies an element
         uint32_t sp = 0;
 #pragma unroll
         for (int u = 0; u < U; ++u)
@@ -495,7 +510,8 @@ __global__ void __launch_bounds__(kThreads) qmv_t_kernel(const MatmulArgs a, con
           for (int r = 0; r < R; ++r) {
             if (c0 + (int64_t)u * L.T >= C) continue;  // not loaded
             const uint4 d = cur[u][r].d;
-            sp |= fp8_special(d.x, L.f8_nan_mask, L.f8_nan_add) | fp8_special(d.y, L.f8_nan_mask, L.f8_nan_add);
+            sp |= fp8_special(d.x, L.f8_nan_mask, L.f8_nan_add) | fp8_special(d.y, L.f8_nan_mask, L.f8_nan_add) |
+                  (uint32_t)((cur[u][r].s[0] & 0xffu) > L.f8_ulim);
             if (!kNarrow)
               sp |= fp8_special(d.z, L.f8_nan_mask, L.f8_nan_add) | fp8_special(d.w, L.f8_nan_mask, L.f8_nan_add);
           }
@@ -782,6 +798,7 @@ qqStatus_t qmv(const MatmulArgs& a, cudaStream_t stream, const QX* qx) {
     if (q.elem != ELEM_E4M3 && q.elem != ELEM_E5M2) return QQ_STATUS_NOT_SUPPORTED;
     const Fp8Bf16 f8 = fp8_bf16(q.elem == ELEM_E4M3);
     L.f8_shl = f8.shl, L.f8_shr = f8.shr, L.f8_mag = f8.mag, L.f8_fix = f8.fixf;
+    L.f8_ulim = (uint32_t)(254 - f8.fix);
     L.f8_nan_mask = f8.nan_mask, L.f8_nan_add = f8.nan_add;
   }
   if (q.fp() ? (q.group != (F == FP4NV ? 16 : 32)) : (q.group != 32 && q.group != 64 && q.group != 128))
