@@ -158,14 +158,17 @@ __device__ __forceinline__ void fp8_pairs(uint32_t w, const QL& L, uint32_t S, u
   p0 = bmul(p0, S);
   p1 = bmul(p1, S);
 }
-// The same pairs through the codec (any code), with the UE8M0 scale byte u.
-__device__ __noinline__ void fp8_pairs_codec(uint32_t w, const QL& L, uint32_t u, uint32_t& p0, uint32_t& p1) {
+// The same pairs through the codec (any code), with the UE8M0 scale byte u; element kind
+// `kind`. Returned by value: out of line, a result written through references into the
+// caller's A array would put that array in local memory on every path (it did: four
+// 16-byte local stores and six loads before each step's mma on the common path too).
+__device__ __noinline__ uint2 fp8_pairs_codec(uint32_t w, int kind, uint32_t u) {
   const float s = ue8m0_decode((uint8_t)u);
   float v[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) v[i] = elem_decode(L.f8_kind, (uint8_t)(w >> (8 * i))) * s;
-  p0 = (uint32_t)f_to_bf16(v[0]) | ((uint32_t)f_to_bf16(v[2]) << 16);
-  p1 = (uint32_t)f_to_bf16(v[1]) | ((uint32_t)f_to_bf16(v[3]) << 16);
+  for (int i = 0; i < 4; ++i) v[i] = elem_decode(kind, (uint8_t)(w >> (8 * i))) * s;
+  return make_uint2((uint32_t)f_to_bf16(v[0]) | ((uint32_t)f_to_bf16(v[2]) << 16),
+                    (uint32_t)f_to_bf16(v[1]) | ((uint32_t)f_to_bf16(v[3]) << 16));
 }
 
 // One step of one lane: decode its 16-byte chunks of weight rows g and g + 8
@@ -203,7 +206,11 @@ __device__ __forceinline__ void step_mma(const Ld& l, const QL& L, float (&acc)[
       for (int r = 0; r < 2; ++r) {
         const uint32_t w4[4] = {l.d[r].x, l.d[r].y, l.d[r].z, l.d[r].w};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) fp8_pairs_codec(w4[i], L, r ? u1 : u0, A[r][2 * i], A[r][2 * i + 1]);
+        for (int i = 0; i < 4; ++i) {
+          const uint2 pr = fp8_pairs_codec(w4[i], L.f8_kind, r ? u1 : u0);
+          A[r][2 * i] = pr.x;
+          A[r][2 * i + 1] = pr.y;
+        }
       }
     } else if (two) {
       decode(std::true_type{});
