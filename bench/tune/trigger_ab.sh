@@ -23,8 +23,8 @@ bench() {
   grep -E "fused +[0-9]+ +True" "$OUT/decode-$1.log" | cut -c1-60
 }
 tests() {
-  timeout 150 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_graphs.py tests/test_decode.py \
-    -k "${K:-gated or swiglu or decode_matmul or m_sweep}" > "$OUT/pytest-$1.log" 2>&1
+  timeout 150 python3 -m pytest -q -m gpu -n 16 -p no:cacheprovider tests/test_graphs.py tests/test_decode.py \
+    ${K:+-k "$K"} > "$OUT/pytest-$1.log" 2>&1
   echo "tests $1: $(tail -1 "$OUT/pytest-$1.log")"
 }
 build base && bench base
