@@ -786,7 +786,12 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, cudaStream_
   }
   if constexpr (dec_bits8(FM)) {
     if (M > 8) return launch<FM, 2, 3, 1, 2, 1, GR>(p, tiles, ks, st, xt);
-    r = ks == 1 ? launch<FM, 1, FM == kDecFp8 ? 5 : 4, 1, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
+    // past one wave of two CTAs per SM (the gate/up weight, 448 tiles on 264 slots): four,
+    // 2 stages deep, as the 4-bit codes below; 56 registers for mxfp8, no spills. Decode
+    // step, graphed, H200 (same machine): mxfp8 fused M = 1 2455 -> 2304 us, M = 4 2688 ->
+    // 2515; affine 8-bit 2636 -> 2545, 2919 -> 2781 (qmm-decode-h100-notes.md, session af)
+    r = ks == 1 && ctas > 2 * sms ? launch<FM, 1, 2, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
+    if (r == kRefused) r = ks == 1 ? launch<FM, 1, FM == kDecFp8 ? 5 : 4, 1, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 1, 3, 1, 3, 1, GR>(p, tiles, ks, st, xt);
   } else if (M > 8) {
     const bool kc2 = nk % 2 == 0 && (ks == 1 || nk % 4 == 0);
