@@ -4,8 +4,9 @@
 # patch of PATCHES applied on top of the ones before it; after each an incremental sm_90a
 # build, the gated / graph / decode tests, and bench_decode. Logs under $OUT; the patches are
 # taken out at the end (the library is left built with them: rebuild before anything else).
-#   L=bench/results/logs-2026-11-30af; PATCHES="$L/qmmp_swiglu_late_trigger.patch.txt
-#   $L/qmmp_fp8_four_per_sm.patch.txt" OUT=$OUT/t bash bench/tune/trigger_ab.sh
+#   PATCHES="bench/results/logs-2026-11-30af/qmmp_all_late_trigger.patch.txt" OUT=$OUT/t bash bench/tune/trigger_ab.sh
+# (Session af ran the swiglu-only late trigger, slower, and the four-per-SM patch, landed; the
+# test step takes ~230 s for every GPU test of the two files: set K to narrow it.)
 set -uo pipefail
 OUT=${OUT:-/tmp/trigger_ab}
 mkdir -p "$OUT"
