@@ -10,13 +10,17 @@
 #     bench/tune/qqmm_values_probe.py;
 #   decode: every GPU test of test_decode.py and test_graphs.py (~230 s on an H200; set K to
 #     narrow them) and bench_decode on the decode-layout modes with the SwiGLU fused into
-#     gate/up (cuda/qmmp.cu patches).
+#     gate/up (cuda/qmmp.cu patches);
+#   quantize: every GPU test of test_quantize.py, test_colwise.py and test_qdq.py, and
+#     bench_quantize --quick for row-wise and column-wise quantization (MODES: the modes whose
+#     rows are printed).
 # SKIP_BASE_RUN=1: build the base (the patches rebuild on top of it) but leave its run out;
 # AGAIN=1: measure the last patch a second time.
 # Session af: session ae's three qmv / qmma patches (landed as 1be8ebe), then with
 # SUITE=decode the swiglu-only late trigger (slower) and the 8-bit four-per-SM rule (landed as
 # 1c40614). Compiled, not run:
 #   SUITE=decode PATCHES=bench/results/logs-2026-11-30af/qmmp_all_late_trigger.patch.txt bash bench/tune/patch_ab.sh
+#   SUITE=quantize PATCHES=bench/results/logs-2026-11-30af/mxfp4_bf16x2_encoder.patch.txt bash bench/tune/patch_ab.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/patch_ab}
 SUITE=${SUITE:-qqmm}
@@ -25,6 +29,9 @@ export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVE
 [ -d .cutlass/cutlass ] && export QQ_CUTLASS_DIR="$PWD/.cutlass"
 if [ "$SUITE" = decode ]; then
   TESTS=${TESTS:-"tests/test_decode.py tests/test_graphs.py"}
+  K=${K:-}
+elif [ "$SUITE" = quantize ]; then
+  TESTS=${TESTS:-"tests/test_quantize.py tests/test_colwise.py tests/test_qdq.py"}
   K=${K:-}
 else
   TESTS=${TESTS:-"tests/test_qqmm.py tests/test_qmma.py tests/test_qmv.py"}
@@ -44,6 +51,11 @@ measure() {
     QQ_BENCH_OUT="$OUT/res-$1" timeout 150 python3 bench/bench_decode.py --acts fused --ms ${MS:-1,4,16} \
       --modes "${MODES:-nvfp4-decode,mxfp8-decode,affine4-decode,affine8-decode}" > "$OUT/decode-$1.log" 2>&1
     grep -E "fused +[0-9]+ +True" "$OUT/decode-$1.log" | cut -c1-60
+  elif [ "$SUITE" = quantize ]; then
+    for o in quantize colwise; do
+      QQ_BENCH_OUT="$OUT/res-$1" timeout 200 python3 bench/bench_quantize.py --quick --only $o > "$OUT/$o-$1.log" 2>&1
+      grep -E "${MODES:-mxfp4}" "$OUT/$o-$1.log" | grep -E "copy" | cut -c1-110
+    done
   else
     (cd bench/tune && MODES=${MODES:-mxfp8,nvfp4} SHAPES=${SHAPES:-4096x4096,6144x4096} MS=${MS:-1,2,4} \
       timeout 120 python3 qqmm_values_probe.py) > "$OUT/probe-$1.txt" 2>&1
