@@ -7,7 +7,7 @@
 #   build      pip install (no isolation, no deps: the device has no network) for sm_90a;
 #              CUTLASS's headers from .cutlass/ (carried: cp -r of the nvidia-cutlass wheel's
 #              cutlass_library/source/include) when present, else whatever the venv has
-#   test       every GPU test (pytest -m gpu, 8 workers) + python -m qq; TESTS="..." narrows
+#   test       every GPU test (pytest -m gpu, WORKERS=8 workers) + python -m qq; TESTS="..." narrows
 #              it to those paths / -k expressions (e.g. TESTS="tests/test_grouped.py")
 #   memcheck   compute-sanitizer memcheck over every GPU test (8 workers); TESTS as above
 #   racecheck  racecheck + initcheck over the GPU tests of the kernels that use shared
@@ -43,7 +43,7 @@ for step in "$@"; do
       fi
       ;;
     test)
-      timeout 560 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider --tb=short -rfE ${TESTS:-tests} \
+      timeout 560 python3 -m pytest -q -m gpu -n ${WORKERS:-8} -p no:cacheprovider --tb=short -rfE ${TESTS:-tests} \
         > "$LOG/pytest_gpu.log" 2>&1 || rc=1
       grep -E "^(FAILED|ERROR)" "$LOG/pytest_gpu.log" | head -40; tail -2 "$LOG/pytest_gpu.log"
       ;;
