@@ -154,6 +154,13 @@ QQ_HD uint8_t e5m2_encode(float x) { return encode_minifloat(x, 2, 15, 7, 0x7b, 
      defined(__CUDA_ARCH_FEAT_SM120_ALL) || defined(__CUDA_ARCH_FEAT_SM121_ALL))
 #define QQ_HW_E2M1 1
 #endif
+// (as a constant: the fp4 kernels take e2m1x8_encode_mx's bf16x2 form only without it,
+// where the hardware conversion of the fp32 path is shorter)
+#if defined(QQ_HW_E2M1)
+constexpr bool kHwE2M1 = true;
+#else
+constexpr bool kHwE2M1 = false;
+#endif
 QQ_HD uint8_t e2m1x2_encode(float lo, float hi) {
 #if defined(QQ_HW_E2M1)
   uint32_t r;
@@ -349,6 +356,90 @@ QQ_HD uint16_t f_to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
   return (uint16_t)(u >> 16);
 }
+// ---- E2M1 of bf16 x with an MX factor, two elements an instruction -------------
+// bf16x2 arithmetic on two bf16 halves of a word: one RNE multiply / add (fma.rn.bf16x2,
+// whose single rounding of a * b + (-0) or a * 1 + b is the product's or the sum's) and
+// IEEE minNum / maxNum (min / max.bf16x2: a NaN operand gives the other). GPU: one
+// instruction each, sm_80+. Host (tests/cpp/codec_proofs.cpp only): fp32, then one
+// rounding to bf16 - exact for what e2m1x8_encode_mx gives them (the proof says why).
+// op (0 mul, 1 add, 2 min, 3 max) on each half: the host's form
+QQ_HD uint32_t bf16x2_host(uint32_t a, uint32_t b, int op) {
+  uint32_t r = 0;
+  for (int h = 0; h < 2; ++h) {
+    const float x = bf16_to_f((uint16_t)(a >> (16 * h))), y = bf16_to_f((uint16_t)(b >> (16 * h)));
+    float v;
+    if (op == 0) v = x * y;
+    else if (op == 1) v = x + y;
+    else if (x != x) v = y;
+    else if (y != y) v = x;
+    else v = (op == 2) == (x < y) ? x : y;
+    r |= (uint32_t)f_to_bf16(v) << (16 * h);
+  }
+  return r;
+}
+QQ_HD uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+#else
+  return bf16x2_host(a, b, 0);
+#endif
+}
+QQ_HD uint32_t bf16x2_add(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(0x3f803f80u), "r"(b));
+  return d;
+#else
+  return bf16x2_host(a, b, 1);
+#endif
+}
+QQ_HD uint32_t bf16x2_min(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+#else
+  return bf16x2_host(a, b, 2);
+#endif
+}
+QQ_HD uint32_t bf16x2_max(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+#else
+  return bf16x2_host(a, b, 3);
+#endif
+}
+// Eight E2M1 codes of bf16 x times an MX factor f = 2^k (F: f's bf16 bits in both halves;
+// x[i] holds elements 2i (low half) and 2i + 1), packed as e2m1x8_encode packs them, equal
+// to e2m1_encode(x * f) of each (codec_proofs, every bf16 x and every UE8M0 scale).
+// Why it is the same: x * 2^k is exact in bf16 wherever it is at least 2^-126, as it is in
+// fp32; below that both are under 0.25 (code 0, x's sign). Then e2m1_abs_sum's rounding in
+// bf16: a = min(|y|, 6), and one add of C with the E2M1 grid's spacing in a's binade as its
+// ulp - 2^6 (spacing 0.5), 2^7 + 2 (1), 2^8 + 4 (2) for max(a, 1) in [1, 2), [2, 4), [4, 8);
+// the +2 / +4 put the binade's first code (4, 6) in the sum's low mantissa bits, so those
+// 3 bits are the code. C's bits are E * 0x82 + 0x202 for E the exponent field of max(a, 1),
+// both halves in one integer multiply-add. On the GPU about 6 instructions an element
+// where the unpack, fp32 multiply and e2m1_abs_sum take about 9.
+QQ_HD uint32_t e2m1x8_encode_mx(const uint32_t (&x)[4], uint32_t F) {
+  uint32_t m[4];
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t a = bf16x2_min(bf16x2_mul(x[i], F) & 0x7fff7fffu, 0x40c040c0u);  // min(|y|, 6)
+    const uint32_t e = (bf16x2_max(a, 0x3f803f80u) >> 7) & 0x00ff00ffu;           // of max(a, 1)
+    m[i] = bf16x2_add(a, e * 0x82u + 0x02020202u);
+  }
+  // codes of elements 0, 2, 4, 6 (byte 0 of each m) and 1, 3, 5, 7 (byte 2); x's sign bits
+  // replicated over bytes (prmt's sign mode) for the same two sets
+  const uint32_t c01 = prmt(m[0], m[1], 0x6240u), c23 = prmt(m[2], m[3], 0x6240u);
+  const uint32_t ev = prmt(c01, c23, 0x5410u) & 0x07070707u, od = prmt(c01, c23, 0x7632u) & 0x07070707u;
+  const uint32_t s01 = prmt(x[0], x[1], 0xfbd9u), s23 = prmt(x[2], x[3], 0xfbd9u);
+  const uint32_t se = prmt(s01, s23, 0x5410u), so = prmt(s01, s23, 0x7632u);
+  return (ev + (od << 4)) | (se & 0x08080808u) | (so & 0x80808080u);
+}
+
 QQ_HD float fp16_to_f(uint16_t h) {
   const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   const uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff;

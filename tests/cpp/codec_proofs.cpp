@@ -28,6 +28,12 @@
 //      reciprocal quotient's distance from the divided one; and the code the
 //      GPU's fast path reads from the band test's own sum (affine_rn_code) is
 //      that code too.
+//  10. e2m1x8_encode_mx (E2M1 of bf16 x times an MX factor 2^k in bf16x2 arithmetic, the
+//      GPU's fp4 form for MX scales) against e2m1_encode of the fp32 products, for every
+//      bf16 bit pattern (NaN, Inf, subnormals, both zeros) and every UE8M0 scale byte, in
+//      both builds (the host emulates fma.rn / min / max.bf16x2: fp32, then one RNE to bf16;
+//      exact here: x * 2^k and a + C fit fp32 exactly except products under 2^-142, which
+//      any rounding leaves under 0.25 and so at code 0 with x's sign).
 // `codec_proofs --exhaustive` checks 1, 3, 5 and 7 for all 2^32 fp32 bit
 // patterns (add_rd for every operand in [0, 256]) and 20M tuples for 2: the
 // proof, about 1 minute of CPU time, and 6 for the GPU forms (software fmaf). Without
@@ -285,6 +291,26 @@ int main(int argc, char** argv) {
          (unsigned long long)bad_rd);
   if (bad_rd) return 1;
 #endif
+
+  // 10. e2m1x8_encode_mx: every bf16 pattern, eight consecutive patterns a call, for every
+  // UE8M0 scale byte b (the factor 2^(127 - b) that quantize takes for it)
+  uint64_t bad_mx = 0, n_mx = 0;
+  for (int b = 0; b < 255; ++b) {
+    const float f = qq::ue8m0_inverse((uint8_t)b);
+    const uint32_t F = (qq::f2u(f) >> 16) * 0x10001u;
+    for (uint32_t h0 = 0; h0 < 65536; h0 += 8) {
+      uint32_t x[4], want = 0;
+      for (int i = 0; i < 4; ++i) x[i] = (h0 + 2 * i) | ((h0 + 2 * i + 1) << 16);
+      for (int i = 0; i < 8; ++i) want |= (uint32_t)qq::e2m1_encode(qq::bf16_to_f((uint16_t)(h0 + i)) * f) << (4 * i);
+      const uint32_t got = qq::e2m1x8_encode_mx(x, F);
+      if (got != want && bad_mx++ < 10)
+        printf("e2m1x8_encode_mx MISMATCH at bf16 0x%04x.. (scale byte %d): 0x%08x, want 0x%08x\n", h0, b, got, want);
+      ++n_mx;
+    }
+  }
+  printf("e2m1x8_encode_mx: %llu groups of eight bf16 (every pattern x every UE8M0 factor), %llu mismatches\n",
+         (unsigned long long)n_mx, (unsigned long long)bad_mx);
+  if (bad_mx) return 1;
 
   // e2m1x8_encode: random tuples
   uint64_t bad8 = 0;

@@ -711,12 +711,28 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
       const float f = gsc.factor;
       if (G == 16 || q.bits == 4) {
         uint32_t out[G / 8];
+        if constexpr (G == 32 && std::is_same<T, __nv_bfloat16>::value && !kHwE2M1) {
+          // mxfp4 from bf16: column j of rows 8i .. 8i + 7 as four bf16 pairs (rows 2p, 2p + 1),
+          // encoded two elements an instruction (codec.h, e2m1x8_encode_mx)
+          const uint32_t F = (f2u(f) >> 16) * 0x10001u, keep = gsc.nan_group ? 0u : ~0u;
 #pragma unroll
-        for (int i = 0; i < G / 8; ++i) {
-          float y[8];
+          for (int i = 0; i < G / 8; ++i) {
+            uint32_t xw[4];
 #pragma unroll
-          for (int t = 0; t < 8; ++t) y[t] = slice_get<T>(w[h * G + 8 * i + t], j) * f;
-          out[i] = gsc.nan_group ? 0u : e2m1x8_encode(y);  // a NaN group's codes are 0
+            for (int pr = 0; pr < 4; ++pr) {
+              const uint2 r0 = w[h * G + 8 * i + 2 * pr], r1 = w[h * G + 8 * i + 2 * pr + 1];
+              xw[pr] = prmt(j < 2 ? r0.x : r0.y, j < 2 ? r1.x : r1.y, (j & 1) ? 0x7632u : 0x5410u);
+            }
+            out[i] = e2m1x8_encode_mx(xw, F) & keep;  // a NaN group's codes are 0
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < G / 8; ++i) {
+            float y[8];
+#pragma unroll
+            for (int t = 0; t < 8; ++t) y[t] = slice_get<T>(w[h * G + 8 * i + t], j) * f;
+            out[i] = gsc.nan_group ? 0u : e2m1x8_encode(y);  // a NaN group's codes are 0
+          }
         }
         uint8_t* d = dst + h * G / 2;
         if (G == 32) {
@@ -806,13 +822,20 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
         const int rm = r + par;
         const float f = fsm[warp][rm][gi];
         const uint2 lo = par ? recv : mine, hi = par ? mine : recv;  // columns in order
-        float y[8];
+        uint32_t c;
+        if constexpr (G == 32 && std::is_same<T, __nv_bfloat16>::value && !kHwE2M1) {
+          // mxfp4 from bf16: the 8 columns are already bf16 pairs (e2m1x8_encode_mx)
+          const uint32_t xw[4] = {lo.x, lo.y, hi.x, hi.y};
+          c = e2m1x8_encode_mx(xw, (f2u(f) >> 16) * 0x10001u) & (f < 0.0f ? 0u : ~0u);
+        } else {
+          float y[8];
 #pragma unroll
-        for (int t = 0; t < 4; ++t) {
-          y[t] = slice_get<T>(lo, t) * f;
-          y[t + 4] = slice_get<T>(hi, t) * f;
+          for (int t = 0; t < 4; ++t) {
+            y[t] = slice_get<T>(lo, t) * f;
+            y[t + 4] = slice_get<T>(hi, t) * f;
+          }
+          c = f < 0.0f ? 0u : e2m1x8_encode(y);  // a NaN group's codes are 0
         }
-        const uint32_t c = f < 0.0f ? 0u : e2m1x8_encode(y);  // a NaN group's codes are 0
         *reinterpret_cast<uint32_t*>((uint8_t*)ra.data.ptr + (b * M + m0 + rm) * ra.data.cols + (k0 - 4 * par) / 2) = c;
       }
     } else {
