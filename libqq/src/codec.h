@@ -357,60 +357,38 @@ QQ_HD uint16_t f_to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 // ---- E2M1 of bf16 x with an MX factor, two elements an instruction -------------
-// bf16x2 arithmetic on two bf16 halves of a word: one RNE multiply / add (fma.rn.bf16x2,
-// whose single rounding of a * b + (-0) or a * 1 + b is the product's or the sum's) and
-// IEEE minNum / maxNum (min / max.bf16x2: a NaN operand gives the other). GPU: one
-// instruction each, sm_80+. Host (tests/cpp/codec_proofs.cpp only): fp32, then one
+// bf16x2 arithmetic on two bf16 halves of a word: a * b + c with one RNE rounding
+// (fma.rn.bf16x2: a product is x * F + (-0), a sum a * 1 + C) and IEEE minNum / maxNum
+// (min / max.bf16x2: a NaN operand gives the other). GPU: one instruction each, sm_80+.
+// Host (tests/cpp/codec_proofs.cpp only): fp32 (a bf16 product is exact there), then one
 // rounding to bf16 - exact for what e2m1x8_encode_mx gives them (the proof says why).
-// op (0 mul, 1 add, 2 min, 3 max) on each half: the host's form
-QQ_HD uint32_t bf16x2_host(uint32_t a, uint32_t b, int op) {
+QQ_HD float bf16_half(uint32_t w, int h) { return bf16_to_f((uint16_t)(w >> (16 * h))); }
+QQ_HD uint32_t bf16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+#else
+  uint32_t r = 0;
+  for (int h = 0; h < 2; ++h)
+    r |= (uint32_t)f_to_bf16(bf16_half(a, h) * bf16_half(b, h) + bf16_half(c, h)) << (16 * h);
+  return r;
+#endif
+}
+template <bool kMax> QQ_HD uint32_t bf16x2_minmax(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  if constexpr (kMax) asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  else asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+#else
   uint32_t r = 0;
   for (int h = 0; h < 2; ++h) {
-    const float x = bf16_to_f((uint16_t)(a >> (16 * h))), y = bf16_to_f((uint16_t)(b >> (16 * h)));
-    float v;
-    if (op == 0) v = x * y;
-    else if (op == 1) v = x + y;
-    else if (x != x) v = y;
-    else if (y != y) v = x;
-    else v = (op == 2) == (x < y) ? x : y;
+    const float x = bf16_half(a, h), y = bf16_half(b, h);
+    const float v = x != x ? y : y != y ? x : ((x < y) != kMax ? x : y);
     r |= (uint32_t)f_to_bf16(v) << (16 * h);
   }
   return r;
-}
-QQ_HD uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-#if defined(__CUDA_ARCH__)
-  uint32_t d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
-  return d;
-#else
-  return bf16x2_host(a, b, 0);
-#endif
-}
-QQ_HD uint32_t bf16x2_add(uint32_t a, uint32_t b) {
-#if defined(__CUDA_ARCH__)
-  uint32_t d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(0x3f803f80u), "r"(b));
-  return d;
-#else
-  return bf16x2_host(a, b, 1);
-#endif
-}
-QQ_HD uint32_t bf16x2_min(uint32_t a, uint32_t b) {
-#if defined(__CUDA_ARCH__)
-  uint32_t d;
-  asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-#else
-  return bf16x2_host(a, b, 2);
-#endif
-}
-QQ_HD uint32_t bf16x2_max(uint32_t a, uint32_t b) {
-#if defined(__CUDA_ARCH__)
-  uint32_t d;
-  asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-#else
-  return bf16x2_host(a, b, 3);
 #endif
 }
 // Eight E2M1 codes of bf16 x times an MX factor f = 2^k (F: f's bf16 bits in both halves;
@@ -427,9 +405,9 @@ QQ_HD uint32_t bf16x2_max(uint32_t a, uint32_t b) {
 QQ_HD uint32_t e2m1x8_encode_mx(const uint32_t (&x)[4], uint32_t F) {
   uint32_t m[4];
   for (int i = 0; i < 4; ++i) {
-    const uint32_t a = bf16x2_min(bf16x2_mul(x[i], F) & 0x7fff7fffu, 0x40c040c0u);  // min(|y|, 6)
-    const uint32_t e = (bf16x2_max(a, 0x3f803f80u) >> 7) & 0x00ff00ffu;           // of max(a, 1)
-    m[i] = bf16x2_add(a, e * 0x82u + 0x02020202u);
+    const uint32_t a = bf16x2_minmax<false>(bf16x2_fma(x[i], F, 0x80008000u) & 0x7fff7fffu, 0x40c040c0u);  // min(|y|, 6)
+    const uint32_t e = (bf16x2_minmax<true>(a, 0x3f803f80u) >> 7) & 0x00ff00ffu;  // of max(a, 1)
+    m[i] = bf16x2_fma(a, 0x3f803f80u, e * 0x82u + 0x02020202u);  // a * 1 + C
   }
   // codes of elements 0, 2, 4, 6 (byte 0 of each m) and 1, 3, 5, 7 (byte 2); x's sign bits
   // replicated over bytes (prmt's sign mode) for the same two sets
