@@ -233,6 +233,21 @@ def test_qdq_moe_equals_quantize_moe(rng, rounding, fp8, shape, dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_qdq_moe_strided_rows(rng, dtype, device):
+    """Expert weights whose rows are not 16-byte pieces apart (a row pitch of 100 elements)
+    take quantize_dequantize_moe's element-wise loads; the same values as a contiguous copy."""
+    big = random_data(rng, (2, 64, 100), dtype)
+    big[1, 5, 7] = np.nan
+    w = np.ascontiguousarray(big[..., :96])
+    want = _moe_values_ref(w, "ceil", "e4m3")
+    v, t = qq.quantize_dequantize_moe(to_device(big, device)[..., :96], values=True, transposed=True)
+    _assert_values(v, want, what=f"values, pitch 100 [{device}]")
+    _assert_values(t, _Vals(np.ascontiguousarray(np.swapaxes(want.v, -1, -2)),
+                            np.ascontiguousarray(np.swapaxes(want.loose, -1, -2))), what=f"transposed, pitch 100 [{device}]")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_qdq_moe_errors(rng, device):
     w = to_device(random_data(rng, (2, 64, 64), BF16), device)
     raises(ValueError, ["values", "transposed"], qq.quantize_dequantize_moe, w, values=False)
