@@ -13,7 +13,9 @@
 #     gate/up (cuda/qmmp.cu patches);
 #   quantize: every GPU test of test_quantize.py, test_colwise.py and test_qdq.py, and
 #     bench_quantize --quick for row-wise and column-wise quantization (MODES: the modes whose
-#     rows are printed).
+#     rows are printed);
+#   moe: every GPU test of test_qdq.py and test_grouped.py (the qdq kernels of qqmm.cu) and
+#     bench/tune/moe_qdq_probe.py, then bench_moe.
 # SKIP_BASE_RUN=1: build the base (the patches rebuild on top of it) but leave its run out;
 # AGAIN=1: measure the last patch a second time.
 # Session af: session ae's three qmv / qmma patches (landed as 1be8ebe), then with
@@ -21,6 +23,10 @@
 # 1c40614). Compiled, not run:
 #   SUITE=decode PATCHES=bench/results/logs-2026-11-30af/qmmp_all_late_trigger.patch.txt bash bench/tune/patch_ab.sh
 #   SUITE=quantize PATCHES=bench/results/logs-2026-11-30af/mxfp4_bf16x2_encoder.patch.txt bash bench/tune/patch_ab.sh
+# Session ag ran those two (the encoder landed as 775c80a; the late trigger was slower). Compiled,
+# not run: moe_qdq_kernel with bf16 values kept packed (no spills at 3 blocks an SM), then at 4:
+#   SUITE=moe PATCHES="bench/results/logs-2026-11-30ag/moe_qdq_packed.patch.txt
+#     bench/results/logs-2026-11-30ag/moe_qdq_packed_four_per_sm.patch.txt" bash bench/tune/patch_ab.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/patch_ab}
 SUITE=${SUITE:-qqmm}
@@ -32,6 +38,9 @@ if [ "$SUITE" = decode ]; then
   K=${K:-}
 elif [ "$SUITE" = quantize ]; then
   TESTS=${TESTS:-"tests/test_quantize.py tests/test_colwise.py tests/test_qdq.py"}
+  K=${K:-}
+elif [ "$SUITE" = moe ]; then
+  TESTS=${TESTS:-"tests/test_qdq.py tests/test_grouped.py"}
   K=${K:-}
 else
   TESTS=${TESTS:-"tests/test_qqmm.py tests/test_qmma.py tests/test_qmv.py"}
@@ -51,6 +60,11 @@ measure() {
     QQ_BENCH_OUT="$OUT/res-$1" timeout 150 python3 bench/bench_decode.py --acts fused --ms ${MS:-1,4,16} \
       --modes "${MODES:-nvfp4-decode,mxfp8-decode,affine4-decode,affine8-decode}" > "$OUT/decode-$1.log" 2>&1
     grep -E "fused +[0-9]+ +True" "$OUT/decode-$1.log" | cut -c1-60
+  elif [ "$SUITE" = moe ]; then
+    timeout 120 python3 bench/tune/moe_qdq_probe.py > "$OUT/moe_qdq-$1.txt" 2>&1
+    grep "round" "$OUT/moe_qdq-$1.txt" | cut -c1-100
+    QQ_BENCH_OUT="$OUT/res-$1" timeout 100 python3 bench/bench_moe.py > "$OUT/moe-$1.log" 2>&1
+    grep step "$OUT/moe-$1.log" | cut -c1-110
   elif [ "$SUITE" = quantize ]; then
     for o in quantize colwise; do
       QQ_BENCH_OUT="$OUT/res-$1" timeout 200 python3 bench/bench_quantize.py --quick --only $o > "$OUT/$o-$1.log" 2>&1
