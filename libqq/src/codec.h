@@ -154,8 +154,8 @@ QQ_HD uint8_t e5m2_encode(float x) { return encode_minifloat(x, 2, 15, 7, 0x7b, 
      defined(__CUDA_ARCH_FEAT_SM120_ALL) || defined(__CUDA_ARCH_FEAT_SM121_ALL))
 #define QQ_HW_E2M1 1
 #endif
-// (as a constant: the fp4 kernels take e2m1x8_encode_mx's bf16x2 form only without it,
-// where the hardware conversion of the fp32 path is shorter)
+// (as a constant for quant.cuh's kMxfp4Bf16x2: e2m1x8_encode_mx's bf16x2 form only without
+// it, where the hardware conversion of the fp32 path is shorter)
 #if defined(QQ_HW_E2M1)
 constexpr bool kHwE2M1 = true;
 #else
@@ -391,8 +391,8 @@ template <bool kMax> QQ_HD uint32_t bf16x2_minmax(uint32_t a, uint32_t b) {
   return r;
 #endif
 }
-// Eight E2M1 codes of bf16 x times an MX factor f = 2^k (F: f's bf16 bits in both halves;
-// x[i] holds elements 2i (low half) and 2i + 1), packed as e2m1x8_encode packs them, equal
+// Eight E2M1 codes of bf16 x times an MX factor f = 2^k (x[i] holds elements 2i (low half)
+// and 2i + 1), packed as e2m1x8_encode packs them, equal
 // to e2m1_encode(x * f) of each (codec_proofs, every bf16 x and every UE8M0 scale).
 // Why it is the same: x * 2^k is exact in bf16 wherever it is at least 2^-126, as it is in
 // fp32; below that both are under 0.25 (code 0, x's sign). Then e2m1_abs_sum's rounding in
@@ -402,7 +402,8 @@ template <bool kMax> QQ_HD uint32_t bf16x2_minmax(uint32_t a, uint32_t b) {
 // 3 bits are the code. C's bits are E * 0x82 + 0x202 for E the exponent field of max(a, 1),
 // both halves in one integer multiply-add. On the GPU about 6 instructions an element
 // where the unpack, fp32 multiply and e2m1_abs_sum take about 9.
-QQ_HD uint32_t e2m1x8_encode_mx(const uint32_t (&x)[4], uint32_t F) {
+QQ_HD uint32_t e2m1x8_encode_mx(const uint32_t (&x)[4], float f) {
+  const uint32_t F = (f2u(f) >> 16) * 0x10001u;  // f in bf16 (exact: a power of two), both halves
   uint32_t m[4];
   for (int i = 0; i < 4; ++i) {
     const uint32_t a = bf16x2_minmax<false>(bf16x2_fma(x[i], F, 0x80008000u) & 0x7fff7fffu, 0x40c040c0u);  // min(|y|, 6)

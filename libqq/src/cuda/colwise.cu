@@ -711,10 +711,10 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
       const float f = gsc.factor;
       if (G == 16 || q.bits == 4) {
         uint32_t out[G / 8];
-        if constexpr (G == 32 && std::is_same<T, __nv_bfloat16>::value && !kHwE2M1) {
+        if constexpr (kMxfp4Bf16x2<T, G>) {
           // mxfp4 from bf16: column j of rows 8i .. 8i + 7 as four bf16 pairs (rows 2p, 2p + 1),
-          // encoded two elements an instruction (codec.h, e2m1x8_encode_mx)
-          const uint32_t F = (f2u(f) >> 16) * 0x10001u, keep = gsc.nan_group ? 0u : ~0u;
+          // encoded two elements an instruction (quant.cuh)
+          const uint32_t keep = gsc.nan_group ? 0u : ~0u;
 #pragma unroll
           for (int i = 0; i < G / 8; ++i) {
             uint32_t xw[4];
@@ -723,7 +723,7 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
               const uint2 r0 = w[h * G + 8 * i + 2 * pr], r1 = w[h * G + 8 * i + 2 * pr + 1];
               xw[pr] = prmt(j < 2 ? r0.x : r0.y, j < 2 ? r1.x : r1.y, (j & 1) ? 0x7632u : 0x5410u);
             }
-            out[i] = e2m1x8_encode_mx(xw, F) & keep;  // a NaN group's codes are 0
+            out[i] = e2m1x8_encode_mx(xw, f) & keep;  // a NaN group's codes are 0
           }
         } else {
 #pragma unroll
@@ -823,10 +823,10 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
         const float f = fsm[warp][rm][gi];
         const uint2 lo = par ? recv : mine, hi = par ? mine : recv;  // columns in order
         uint32_t c;
-        if constexpr (G == 32 && std::is_same<T, __nv_bfloat16>::value && !kHwE2M1) {
-          // mxfp4 from bf16: the 8 columns are already bf16 pairs (e2m1x8_encode_mx)
+        if constexpr (kMxfp4Bf16x2<T, G>) {
+          // mxfp4 from bf16: the 8 columns are already bf16 pairs (quant.cuh)
           const uint32_t xw[4] = {lo.x, lo.y, hi.x, hi.y};
-          c = e2m1x8_encode_mx(xw, (f2u(f) >> 16) * 0x10001u) & (f < 0.0f ? 0u : ~0u);
+          c = e2m1x8_encode_mx(xw, f) & (f < 0.0f ? 0u : ~0u);
         } else {
           float y[8];
 #pragma unroll

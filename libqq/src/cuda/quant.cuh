@@ -19,6 +19,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "../codec.h"
 #include "../internal.h"
 #include "common.cuh"  // aligned()
@@ -164,6 +166,13 @@ __device__ __forceinline__ void store_affine32(uint8_t* d, const uint64_t (&acc)
 // Shape counts a row in chunks of kVec elements (one 16-byte load of 16-bit
 // data): a dequantize thread writes one chunk, a quantize thread takes
 // 32 / kVec of them (quantize.cu).
+// Groups of 32 (mx) with E2M1 codes from bf16 x take e2m1x8_encode_mx (codec.h: two elements an
+// instruction) where the GPU has no E2M1 conversion: quantize.cu's row-wise and colwise.cu's
+// column-wise kernels. H200, mxfp4 16384^2: 0.88 -> 0.94 of copy row-wise, 0.72 -> 0.80
+// column-wise (bench/results/quantize-h200-profile.md, session ag).
+template <typename T, int G>
+constexpr bool kMxfp4Bf16x2 = G == 32 && std::is_same<T, __nv_bfloat16>::value && !kHwE2M1;
+
 constexpr int kVec = 8;
 constexpr int kThreads = 256;  // threads per block of the 1D launches and of the tile kernel
 

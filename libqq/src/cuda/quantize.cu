@@ -149,14 +149,13 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
     const float f = gsc.factor;
     const bool nan_group = gsc.nan_group;
     codes |= (uint32_t)gsc.code << (8 * k);
-    if (fp4 && G == 32 && std::is_same<T, __nv_bfloat16>::value && !kHwE2M1) {
-      // mxfp4 from bf16: the codes two elements an instruction (codec.h, e2m1x8_encode_mx)
-      const uint32_t F = (f2u(f) >> 16) * 0x10001u;
+    if (fp4 && kMxfp4Bf16x2<T, G>) {
+      // mxfp4 from bf16: the codes two elements an instruction (quant.cuh)
 #pragma unroll
       for (int i = 0; i < G / 8; ++i) {
         const uint32_t* xw = x.w + k * G / 2 + 4 * i;
         const uint32_t w4[4] = {xw[0], xw[1], xw[2], xw[3]};
-        out[k * G / 8 + i] = e2m1x8_encode_mx(w4, F) & (nan_group ? 0u : ~0u);  // (a mask: no branch)
+        out[k * G / 8 + i] = e2m1x8_encode_mx(w4, f) & (nan_group ? 0u : ~0u);  // (a mask: no branch)
       }
     } else if (fp4) {
       // a NaN group's codes are 0 (docs/formats.md, Scales)
