@@ -93,6 +93,34 @@ def test_qdq_both_equal_reference(rng, cfg, shape, dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cfg", [p for p in FP_PARAMS if "e4m3" in p.id])
+def test_qdq_mxfp8_bf16_every_scale(rng, cfg, device):
+    """mxfp8 E4M3 of bf16 x, row-wise: the GPU keeps x's words packed and rounds two values
+    an instruction where the group's scale byte is in 7..241, the fp32 form elsewhere
+    (codec.h e4m3x2_qdq_mx). One group per amax exponent from bf16's smallest subnormal to
+    its largest binade, so every scale byte a bf16 group can have appears, both sides of
+    both range ends included; each group's other values spread over 15 binades below its
+    amax (E4M3 subnormals, values under half the smallest code, ties: 4 bits past E4M3's 3);
+    plus an all-zero group."""
+    exps = np.arange(-133, 128)
+    ng = len(exps) + 1
+    mant = rng.integers(128, 256, size=(ng, 32)).astype(F32) / 128       # [1, 2) in bf16
+    shift = rng.integers(0, 15, size=(ng, 32)).astype(F32)
+    shift[:, 0] = 0                                                        # the amax's binade
+    sign = np.where(rng.random((ng, 32)) < 0.5, -1, 1).astype(F32)
+    e = np.append(exps, 0).astype(F32)[:, None]
+    with np.errstate(over="ignore", under="ignore"):
+        x = (sign * mant * np.exp2(e - shift)).astype(np.float64)
+    x[-1] = 0
+    x = np.clip(x, -3.3e38, 3.3e38).astype(F32).astype(BF16).reshape(1, -1)
+    x = np.repeat(x, 2, axis=0)
+    x[1] = x[1, ::-1]                                                     # the amax last in its group
+    kw = {k: v for k, v in cfg.kwargs(None).items() if k != "mode"}
+    _assert_values(qq.quantize_dequantize(to_device(x, device), cfg.mode, **kw), _values(x, cfg, None),
+                   what=f"rows [{device}]")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cfg", [p for p in FP_PARAMS if "e5m2" not in p.id][::2])
 def test_qdq_strided_and_odd_widths(rng, cfg, device):
     """Rows that are not whole 8-byte pieces (a row pitch of 65 elements; 37 columns for the

@@ -15,7 +15,7 @@
 #     bench_quantize --quick for row-wise and column-wise quantization (MODES: the modes whose
 #     rows are printed);
 #   moe: every GPU test of test_qdq.py and test_grouped.py (the qdq kernels of qqmm.cu) and
-#     bench/tune/moe_qdq_probe.py, then bench_moe.
+#     bench/tune/moe_qdq_probe.py, then bench_moe (LINEAR=1: and bench_linear --quick).
 # SKIP_BASE_RUN=1: build the base (the patches rebuild on top of it) but leave its run out;
 # AGAIN=1: measure the last patch a second time.
 # Session af: session ae's three qmv / qmma patches (landed as 1be8ebe), then with
@@ -65,6 +65,10 @@ measure() {
     grep "round" "$OUT/moe_qdq-$1.txt" | cut -c1-100
     QQ_BENCH_OUT="$OUT/res-$1" timeout 100 python3 bench/bench_moe.py > "$OUT/moe-$1.log" 2>&1
     grep step "$OUT/moe-$1.log" | cut -c1-110
+    if [ -n "${LINEAR:-}" ]; then
+      QQ_BENCH_OUT="$OUT/res-$1" timeout 100 python3 bench/bench_linear.py --quick > "$OUT/linear-$1.log" 2>&1
+      grep -E "qqlinear_(step|fwd) +mxfp8" "$OUT/linear-$1.log" | cut -c1-110
+    fi
   elif [ "$SUITE" = quantize ]; then
     for o in quantize colwise; do
       QQ_BENCH_OUT="$OUT/res-$1" timeout 200 python3 bench/bench_quantize.py --quick --only $o > "$OUT/$o-$1.log" 2>&1
