@@ -419,33 +419,6 @@ QQ_HD uint32_t e2m1x8_encode_mx(const uint32_t (&x)[4], float f) {
   return (ev + (od << 4)) | (se & 0x08080808u) | (so & 0x80808080u);
 }
 
-// ---- q(x)'s E4M3 values of bf16 x with an MX scale, two elements an instruction --------
-// Two bf16 elements (x's halves) of an MX group whose UE8M0 scale byte is b (scale 2^s,
-// s = b - 127), quantized to E4M3 and decoded again, as bf16: equal to
-// bf16(e4m3_decode(e4m3_encode(x * 2^-s)) * 2^s) of each (codec_proofs check 11: every
-// finite bf16 x and every b in the range below that x's group can have), in x's own units
-// and without a conversion instruction. Why it is the same: E4M3 rounds x * 2^-s to 3
-// mantissa bits, i.e. |x| to a multiple of 2^(e-3), e = max(x's exponent, s - 6) (s - 6:
-// E4M3's smallest normal exponent; below it the spacing stays 2^(s-9)); adding
-// C = 2^(e+4) to |x| in bf16 lands in binade e + 4, whose ulp is 2^(e-3), so that one RNE
-// rounding is E4M3's (ties to even: C is an even number of ulps), and subtracting C again
-// is exact; min with 448 * 2^s is satfinite; x's sign goes back last (E4M3 keeps it on
-// zero). C = max(x & exponent bits, 2^(s-6)) with 4 added to its exponent field. The range
-// keeps every constant a normal bf16 and C finite: s - 6 >= -126 (a subnormal x is then
-// below 2^(s-6), so its exponent field of 0 is right), and e + 4 <= 127 with |x| < 2^(s+9)
-// (either UE8M0 rounding rule) - b in [7, 241]; other bytes (0: an all-zero group; 255: a
-// NaN group) take the fp32 form. GPU: 8 instructions a pair where the unpack, fp32
-// multiplies, E4M3 conversions and bf16 pack take about 11, 3 of them conversions.
-QQ_HD bool e4m3x2_qdq_mx_ok(uint32_t b) { return b >= 7 && b <= 241; }
-QQ_HD uint32_t e4m3x2_qdq_mx(uint32_t x, uint32_t b) {
-  const uint32_t lo = ((b - 6) << 7) * 0x10001u;            // 2^(s-6), both halves
-  const uint32_t sat = (((b + 8) << 7) | 0x60u) * 0x10001u;  // 448 * 2^s = 1.75 * 2^(s+8)
-  const uint32_t c = bf16x2_minmax<true>(x & 0x7f807f80u, lo) + 0x02000200u;  // C = 2^(e+4)
-  const uint32_t t = bf16x2_fma(x & 0x7fff7fffu, 0x3f803f80u, c);              // |x| * 1 + C
-  const uint32_t r = bf16x2_fma(c, 0xbf80bf80u, t);                            // C * -1 + that
-  return bf16x2_minmax<false>(r, sat) | (x & 0x80008000u);
-}
-
 QQ_HD float fp16_to_f(uint16_t h) {
   const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   const uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff;

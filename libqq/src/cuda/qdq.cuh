@@ -11,8 +11,6 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
-#include <type_traits>
-
 #include "../codec.h"
 #include "../internal.h"
 #include "ops.cuh"  // QX
@@ -71,46 +69,6 @@ __device__ __forceinline__ uint32_t abs_bits_max(const float* v) {
 #pragma unroll
   for (int i = 0; i < N; ++i) ab = max(ab, f2u(v[i]) & 0x7fffffffu);
   return ab;
-}
-
-// ---- mxfp8 (E4M3) of bf16 x, two elements an instruction ------------------------------
-// Which kernels keep bf16 x packed for an MX E4M3 group: x's words stay bf16 pairs from the
-// load to the store, the amax two halves an instruction and the values by codec.h's
-// e4m3x2_qdq_mx where the group's scale byte is in its range (the fp32 form, qdq_scaled, for
-// the rest: all-zero and NaN groups, scales beyond 2^-120 .. 2^114), bit for bit the same
-// values (codec_proofs check 11) without the fp32 form's three conversions a pair. Taken by
-// qqmm.cu's row-wise qdq_kernel; moe_qdq_kernel (the 32x32 tiles, one tile a warp with the
-// next tile's loads in flight) ran 10 % slower in this form and seg_qdq_kernel no faster
-// (bench/results/moe-h200-notes.md, session ah), so they keep the fp32 form.
-template <typename T, int G, int kElem>
-constexpr bool kMxfp8Bf16x2 = G == 32 && kElem == ELEM_E4M3 && std::is_same<T, __nv_bfloat16>::value;
-
-// |x|'s largest pattern over N words of bf16 pairs, as the fp32 bits abs_bits_max gives
-// (NaN above Inf: the order of the magnitudes' bit patterns).
-template <int N>
-__device__ __forceinline__ uint32_t abs_bits_max_bf16x2(const uint32_t* w) {
-  uint32_t m = 0;
-#pragma unroll
-  for (int i = 0; i < N; ++i) m = __vmaxu2(m, w[i] & 0x7fff7fffu);
-  return max(m & 0xffffu, m >> 16) << 16;
-}
-
-// N words (2N values) of one MX E4M3 group of bf16 x whose amax bits are ab, in place as
-// q(x)'s values (bf16 pairs).
-template <int N>
-__device__ __forceinline__ void qdq_mx8_bf16x2(uint32_t* w, uint32_t ab, const QSpec& q) {
-  const FpGroupScale s = fp_group_scale(u2f(ab), false, 1.0f, ELEM_E4M3, q.floor_rounding);
-  if (!s.nan_group && e4m3x2_qdq_mx_ok(s.code)) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) w[i] = e4m3x2_qdq_mx(w[i], s.code);
-    return;
-  }
-  float v[2 * N];
-#pragma unroll
-  for (int i = 0; i < N; ++i) v[2 * i] = u2f(w[i] << 16), v[2 * i + 1] = u2f(w[i] & 0xffff0000u);
-  qdq_scaled<32, 2 * N, ELEM_E4M3>(v, ab, q, 1.0f, nullptr);
-#pragma unroll
-  for (int i = 0; i < N; ++i) w[i] = bf16x2_bits(v[2 * i], v[2 * i + 1]);
 }
 
 template <int G, int kElem = -1>

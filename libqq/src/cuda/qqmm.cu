@@ -64,19 +64,6 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t row = t / ng, g = t - row * ng;
   const int64_t b = row / x.rows, r = row - b * x.rows;
   const T* src = x.at<T>(b, r) + g * G;
-  if constexpr (kMxfp8Bf16x2<T, G, kElem> && kVecIn && std::is_same<TO, __nv_bfloat16>::value) {
-    uint32_t wd[16];  // the group as bf16 pairs, loaded, quantized and stored packed
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint4 u = __ldg(reinterpret_cast<const uint4*>(src) + i);
-      wd[4 * i] = u.x, wd[4 * i + 1] = u.y, wd[4 * i + 2] = u.z, wd[4 * i + 3] = u.w;
-    }
-    qdq_mx8_bf16x2<16>(wd, abs_bits_max_bf16x2<16>(wd), q);
-    uint4* dst = reinterpret_cast<uint4*>(out + row * (ng * G) + g * G);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dst[i] = make_uint4(wd[4 * i], wd[4 * i + 1], wd[4 * i + 2], wd[4 * i + 3]);
-    return;
-  }
   float v[G];
   if (kVecIn) {
 #pragma unroll
@@ -135,13 +122,8 @@ qqStatus_t launch_qdq_t(const Mat& x, const QSpec& q, const float* gs, int64_t g
   // bf16 out of the fp4 formats from aligned rows (the GEMM's operand: the large
   // calls) with the format at compile time: nvfp4 259 -> 222 us, mxfp4 236 -> 194
   // for two 16384 x 4096 bf16 operands (H100, one run); the fp8 formats measured
-  // 184 -> 204 that way, so they keep the format read at run time - except E4M3 from
-  // bf16, whose kernel keeps x packed instead (kMxfp8Bf16x2).
+  // 184 -> 204 that way, so they keep the format read at run time.
   if constexpr (std::is_same<TO, __nv_bfloat16>::value) {
-    if (kMxfp8Bf16x2<T, 32, ELEM_E4M3> && vec && q.elem == ELEM_E4M3) {  // (q.group is 32)
-      qdq_kernel<T, TO, 32, true, ELEM_E4M3><<<grid, kThreads, 0, st>>>(x, q, gs, gs_stride, gs_post, out, ng, total);
-      return check_launch("qqmm");
-    }
     if (vec && q.elem == ELEM_E2M1) {
       if (q.group == 16)
         qdq_kernel<T, TO, 16, true, ELEM_E2M1><<<grid, kThreads, 0, st>>>(x, q, gs, gs_stride, gs_post, out, ng, total);
