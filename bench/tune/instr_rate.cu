@@ -26,20 +26,32 @@
 
 constexpr int kChains = 8, kIters = 4096, kThreads = 256, kBlocksPerSm = 4;
 
-// One step of each chain: r[i] = op(r[i], k) (k a run-time value, so nothing is constant)
-#define OP_KERNEL(NAME, ASM, CONSTRAINT, TYPE)                                               \
+// kChains chains a thread, kIters steps each: r[i] = step(r[i], k) (k a run-time value, so
+// nothing is constant), timed by clock64() around the loop
+template <typename T, typename Step>
+__device__ __forceinline__ void chains(T seed, T k, T* out, long long* cyc, Step step) {
+  T r[kChains];
+#pragma unroll
+  for (int i = 0; i < kChains; ++i) r[i] = seed + (T)(threadIdx.x + i);
+  const long long t0 = clock64();
+  for (int it = 0; it < kIters; ++it) {
+#pragma unroll
+    for (int i = 0; i < kChains; ++i) r[i] = step(r[i], k);
+  }
+  const long long t1 = clock64();
+  T s = r[0];
+#pragma unroll
+  for (int i = 1; i < kChains; ++i) s += r[i];
+  out[blockIdx.x * kThreads + threadIdx.x] = s;
+  if (threadIdx.x == 0) cyc[blockIdx.x] = t1 - t0;
+}
+
+#define OP_KERNEL(NAME, ASM, CONSTRAINT, TYPE)                                                    \
   __global__ void __launch_bounds__(kThreads) NAME(TYPE seed, TYPE k, TYPE* out, long long* cyc) { \
-    TYPE r[kChains];                                                                         \
-    _Pragma("unroll") for (int i = 0; i < kChains; ++i) r[i] = seed + (TYPE)(threadIdx.x + i);  \
-    const long long t0 = clock64();                                                          \
-    for (int it = 0; it < kIters; ++it) {                                                    \
-      _Pragma("unroll") for (int i = 0; i < kChains; ++i) asm volatile(ASM : "+" CONSTRAINT(r[i]) : CONSTRAINT(k)); \
-    }                                                                                        \
-    const long long t1 = clock64();                                                          \
-    TYPE s = r[0];                                                                           \
-    _Pragma("unroll") for (int i = 1; i < kChains; ++i) s += r[i];                           \
-    out[blockIdx.x * kThreads + threadIdx.x] = s;                                            \
-    if (threadIdx.x == 0) cyc[blockIdx.x] = t1 - t0;                                         \
+    chains(seed, k, out, cyc, [](TYPE r, TYPE k) {                                                \
+      asm volatile(ASM : "+" CONSTRAINT(r) : CONSTRAINT(k));                                      \
+      return r;                                                                                   \
+    });                                                                                           \
   }
 
 OP_KERNEL(k_hfma2_bf16, "fma.rn.bf16x2 %0, %0, %1, %0;", "r", uint32_t)   // HFMA2.BF16_V2
@@ -52,44 +64,21 @@ OP_KERNEL(k_prmt, "prmt.b32 %0, %0, %1, 0x5410;", "r", uint32_t)          // PRM
 OP_KERNEL(k_ffma, "fma.rn.f32 %0, %0, %1, %0;", "f", float)               // FFMA
 OP_KERNEL(k_fmul, "mul.rn.f32 %0, %0, %1;", "f", float)                   // FMUL
 
-// conversions: a chain through a pair of conversions (the result feeds the next step)
+// conversions: each step goes through the conversion(s) (the result feeds the next step)
 __global__ void __launch_bounds__(kThreads) k_cvt_e4m3(uint32_t seed, uint32_t k, uint32_t* out, long long* cyc) {
-  uint32_t r[kChains];
-#pragma unroll
-  for (int i = 0; i < kChains; ++i) r[i] = seed + threadIdx.x + i;
-  const long long t0 = clock64();
-  for (int it = 0; it < kIters; ++it) {
-#pragma unroll
-    for (int i = 0; i < kChains; ++i) {  // F2FP.SATFINITE.E4M3.F32.PACK_AB, then F2FP.F16.E4M3.UNPACK_B
-      uint16_t c;
-      const float a = __uint_as_float(r[i] & 0x3fffffffu), b = __uint_as_float(k);
-      asm volatile("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(c) : "f"(a), "f"(b));
-      asm volatile("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r[i]) : "h"(c));
-    }
-  }
-  const long long t1 = clock64();
-  uint32_t s = r[0];
-#pragma unroll
-  for (int i = 1; i < kChains; ++i) s ^= r[i];
-  out[blockIdx.x * kThreads + threadIdx.x] = s;
-  if (threadIdx.x == 0) cyc[blockIdx.x] = t1 - t0;
+  chains(seed, k, out, cyc, [](uint32_t r, uint32_t k) {  // F2FP.SATFINITE.E4M3.F32.PACK_AB, F2FP.F16.E4M3.UNPACK_B
+    uint16_t c;
+    asm volatile("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(c) : "f"(__uint_as_float(r & 0x3fffffffu)),
+                 "f"(__uint_as_float(k)));
+    asm volatile("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(c));
+    return r;
+  });
 }
 __global__ void __launch_bounds__(kThreads) k_cvt_bf16x2(uint32_t seed, uint32_t k, uint32_t* out, long long* cyc) {
-  uint32_t r[kChains];
-#pragma unroll
-  for (int i = 0; i < kChains; ++i) r[i] = seed + threadIdx.x + i;
-  const long long t0 = clock64();
-  for (int it = 0; it < kIters; ++it) {
-#pragma unroll
-    for (int i = 0; i < kChains; ++i)  // F2FP.BF16.F32.PACK_AB
-      asm volatile("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r[i]) : "f"(__uint_as_float(r[i])), "f"(__uint_as_float(k)));
-  }
-  const long long t1 = clock64();
-  uint32_t s = r[0];
-#pragma unroll
-  for (int i = 1; i < kChains; ++i) s ^= r[i];
-  out[blockIdx.x * kThreads + threadIdx.x] = s;
-  if (threadIdx.x == 0) cyc[blockIdx.x] = t1 - t0;
+  chains(seed, k, out, cyc, [](uint32_t r, uint32_t k) {  // F2FP.BF16.F32.PACK_AB
+    asm volatile("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(__uint_as_float(r)), "f"(__uint_as_float(k)));
+    return r;
+  });
 }
 
 template <typename T>
@@ -128,7 +117,7 @@ int main() {
   rc |= measure<uint32_t>("prmt.b32 (PRMT)", 1, k_prmt, 1u, 0x12345678u, sms, out, cyc);
   rc |= measure<float>("fma.rn.f32 (FFMA)", 1, k_ffma, 1.0f, 0.999f, sms, fout, cyc);
   rc |= measure<float>("mul.rn.f32 (FMUL)", 1, k_fmul, 1.0f, 0.999f, sms, fout, cyc);
-  rc |= measure<uint32_t>("cvt e4m3x2.f32 + f16x2.e4m3x2 (2 F2FP)", 2, k_cvt_e4m3, 0x3f800000u, 0x3f000000u, sms, out,
+  rc |= measure<uint32_t>("e4m3x2.f32 + f16x2.e4m3x2 cvt (2 F2FP, +LOP3)", 2, k_cvt_e4m3, 0x3f800000u, 0x3f000000u, sms, out,
                           cyc);
   rc |= measure<uint32_t>("cvt.rn.bf16x2.f32 (F2FP.BF16.PACK_AB)", 1, k_cvt_bf16x2, 0x3f800000u, 0x3f000000u, sms, out,
                           cyc);
