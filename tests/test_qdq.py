@@ -97,11 +97,12 @@ def test_qdq_both_equal_reference(rng, cfg, shape, dtype, device):
 def test_qdq_mxfp8_bf16_every_scale(rng, cfg, device):
     """mxfp8 E4M3 of bf16 x, row-wise, over the scale bytes a bf16 group can have: one
     group per amax exponent from bf16's smallest subnormal to its largest binade (scale
-    bytes 0 .. 246: every one by the floor rule, most by the ceil rule), each group's other values spread over 15
-    binades below its amax (E4M3 subnormals, values under half the smallest code, ties: 4
-    bits past E4M3's 3), the amax first in its group in one row and last in the other, plus
-    an all-zero group. (Written for session ah's bf16x2 form of the GPU kernel, which took
-    scale bytes 7 .. 241 only and was not kept: moe-h200-notes.md.)"""
+    bytes 0 .. 246: every one by the floor rule, most by the ceil rule), each group's other
+    values spread over 15 binades below its amax (E4M3 subnormals, values under half the
+    smallest code, ties: 4 bits past E4M3's 3), the amax first in its group in one row and
+    last in the other, plus an all-zero group. (Written for a bf16x2 form of the GPU kernel
+    that took scale bytes 7 .. 241 only and was not kept: bench/results/
+    quantize-h200-profile.md, session ah.)"""
     exps = np.arange(-133, 128)
     ng = len(exps) + 1
     mant = rng.integers(128, 256, size=(ng, 32)).astype(F32) / 128       # [1, 2) in bf16
