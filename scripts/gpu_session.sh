@@ -81,13 +81,13 @@ for step in "$@"; do
     clink)
       # C linking without Python, CUDA build: plain CMake build + install, examples/c via
       # find_package and pkg-config, run (tests/test_install.py)
-      QQ_TEST_INSTALL_CUDA=${QQ_ARCHS:-90a} timeout 500 python3 -m pytest -q -p no:cacheprovider --tb=short \
+      QQ_TEST_INSTALL_CUDA=${QQ_ARCHS:-90a} timeout 500 python3 -m pytest -q -n 0 -p no:cacheprovider --tb=short \
         tests/test_install.py > "$LOG/clink.log" 2>&1 || rc=1
       tail -3 "$LOG/clink.log"
       ;;
     multi)
       nvidia-smi --query-gpu=index,name --format=csv
-      python3 -m pytest -q -rs tests/test_multi_gpu.py tests/test_errors.py -k "device1 or mismatch or mixed" \
+      python3 -m pytest -q -n 0 -rs tests/test_multi_gpu.py tests/test_errors.py -k "device1 or mismatch or mixed" \
         -p no:cacheprovider --tb=short > "$LOG/multi.log" 2>&1 || rc=1
       tail -15 "$LOG/multi.log"
       ;;

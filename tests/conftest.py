@@ -24,6 +24,14 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject.toml's addopts): one worker a core, at most 8 - each worker that
+    runs GPU tests holds its own CUDA context and buffers on the one device; none on a
+    single core (0: no worker processes)."""
+    cores = os.cpu_count() or 1
+    return 0 if cores < 2 else min(cores, 8)
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
