@@ -18,6 +18,7 @@ MODES = os.environ.get("MODES", "nvfp4,mxfp4,mxfp8,affine4,affine8").split(",")
 QUANT = {"affine4": dict(mode="affine", bits=4, group_size=64), "affine8": dict(mode="affine", bits=8, group_size=64)}
 MS = [int(v) for v in os.environ.get("MS", "1,4,16").split(",")]
 XDTYPE = getattr(torch, os.environ.get("XDTYPE", "bfloat16"))  # x's dtype (float16: the staged split)
+LAYOUTS = os.environ.get("LAYOUTS", "packed,decode").split(",")  # LAYOUTS=decode: the decode layout alone
 
 
 def graph_us(fn, reps=20):
@@ -62,6 +63,9 @@ def main():
                 x = torch.randn((m, k), dtype=XDTYPE, device="cuda")
                 res = {}
                 for name, ws in (("packed", qw), ("decode", dw)):
+                    if name not in LAYOUTS:
+                        res[name] = res[name + "_eager"] = float("nan")
+                        continue
                     def f(ws=ws):
                         for t in ws:
                             qq.quantized_matmul(x, t)

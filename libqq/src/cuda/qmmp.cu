@@ -38,6 +38,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 
 #include "../act.h"
 #include "../codec.h"
@@ -95,6 +96,61 @@ __device__ __forceinline__ void bulk_g2s_evict_first(uint32_t dst, const void* s
           dst),
       "l"(src), "r"(bytes), "r"(bar), "l"(pol)
       : "memory");
+}
+#endif
+
+// ---- wgmma (sm_90a) for 17..64 rows of x (the WG configurations) ----
+// Below 17 rows each consumer warp multiplies its decoded 16 x 16 weight fragment by x's
+// fragments with mma.sync, loading x from shared memory per row tile: at 64 rows that is
+// 8 KB of x loads and 32 mma per fragment block and warp, and the kernel ran at 2.0-3.7x
+// its M = 1 time (qmm-decode-h100-notes.md, session k). With wgmma the 4 warps of a
+// fragment-block parity (one warpgroup: row blocks 0..3, the same k) hand their decoded
+// fragments to one m64nNk16 (A from registers: the same fragment layout as mma.sync's A),
+// and B, x, is read by the tensor cores from shared memory, where x_stage_kernel put it in
+// wgmma's core-matrix order (x_stage_wg). No x loads in the consumers.
+// Descriptor of a K-major B without swizzle (bits 0-13: address >> 4; 16-29: the stride
+// between the two core matrices along K (LBO) >> 4; 32-45: between 8-row groups (SBO) >> 4).
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((addr & 0x3ffffu) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32;
+}
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// d (m64 x 8 N8, this warp's 16 rows in mma.sync's C layout per n8 tile) += a * B
+template <int N8>
+__device__ __forceinline__ void wg_mma(float (&d)[N8][4], uint4 a, uint64_t desc);
+template <>
+__device__ __forceinline__ void wg_mma<4>(float (&d)[4][4], uint4 a, uint64_t desc) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, p, 1, 1, 0; }"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+        "+f"(d[3][2]), "+f"(d[3][3])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wg_mma<8>(float (&d)[8][4], uint4 a, uint64_t desc) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0; }"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
+        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(1));
+}
+// Keeps the compiler from moving reads or writes of an accumulator across a wgmma wait.
+template <int N8>
+__device__ __forceinline__ void wg_hold(float (&d)[N8][4]) {
+#pragma unroll
+  for (int t = 0; t < N8; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[t][i])::"memory");
 }
 #endif
 
@@ -203,8 +259,12 @@ constexpr size_t smem_bytes() {
 // gives a block at most 99 KB of shared memory, so the larger configurations (most of them)
 // compile there as an empty body that launch() never reaches (it refuses them first); this
 // keeps nvcc's time for sm_120a down.
-template <int FM, int MT, int S, int KC>
+// The WG configurations (wgmma) are sm_90a code only; dispatch runs them on 9.x devices.
+template <int FM, int MT, int S, int KC, bool WG>
 __device__ constexpr bool built_here() {
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if (WG) return false;
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200 && __CUDA_ARCH__ < 1300
   return smem_bytes<FM, MT, S, KC>() <= 99 * 1024;
 #else
@@ -241,22 +301,58 @@ __device__ __forceinline__ RowMap item_rows(const QP& p, int z, int cap, int* ro
   return RowMap{p.plan.perm + s0, row0, p.Mo, z};
 }
 
+// k-step j (16 k) of this lane's 16 bytes w4 of a fragment block, decoded into mma's A
+// registers (rows g, g + 8 of the row block; the layout put the k-step's codes in
+// fragment order), each value exact in bf16: fp4 and fp8 as e * s * 2^-9 (sg / sg8:
+// bf16x2 of the scale times the placement's factor for rows g / g + 8), affine the codes
+// as c * 2^-7 (scale and bias go to the fp32 sums). The same for mma.sync and wgmma.
+template <int FM>
+__device__ __forceinline__ uint4 dec_frag(const uint32_t (&w4)[4], int j, uint32_t sg, uint32_t sg8, uint32_t mul0,
+                                          uint32_t mul1) {
+  // affine codes: a code c in the low bits of a bf16 is the subnormal c * 2^-133 (4-bit
+  // codes at bits 4..7: c * 2^-129); one exact multiply makes it c * 2^-7
+  constexpr uint32_t k126 = 0x7e807e80u, k122 = 0x7c807c80u;
+  if constexpr (FM == kDecFp4) {
+    // E2M1 pairs (nibbles i, i + 4) placed as bf16 e * 2^-126 (vec.cuh's fp4_pairs)
+    const uint32_t mul[2] = {mul0, mul1};
+    uint32_t pr[4];
+    fp4_pairs(w4[j], mul, pr);
+    return make_uint4(bmul(pr[0], sg), bmul(pr[1], sg8), bmul(pr[2], sg), bmul(pr[3], sg8));
+  } else if constexpr (FM == kDecFp8) {
+    // word 2j is row g, 2j + 1 row g + 8; E4M3 placed as e * 2^-120
+    uint32_t p0g, p1g, p0h, p1h;
+    fp8_place(w4[2 * j], 4, 4, 0x07f007f0u, p0g, p1g);
+    fp8_place(w4[2 * j + 1], 4, 4, 0x07f007f0u, p0h, p1h);
+    return make_uint4(bmul(p0g, sg), bmul(p0h, sg8), bmul(p1g, sg), bmul(p1h, sg8));
+  } else if constexpr (dec_bits8(FM)) {
+    // word 2j is row g, 2j + 1 row g + 8; bytes (0, 2), (1, 3)
+    const uint32_t wg = w4[2 * j], wh = w4[2 * j + 1];
+    return make_uint4(bmul(wg & 0x00ff00ffu, k126), bmul(wh & 0x00ff00ffu, k126), bmul((wg >> 8) & 0x00ff00ffu, k126),
+                      bmul((wh >> 8) & 0x00ff00ffu, k126));
+  } else {
+    // nibbles (0, 4) / (1, 5) / (2, 6) / (3, 7): a0 / a1 / a2 / a3
+    const uint32_t w = w4[j], w8 = w >> 8;
+    return make_uint4(bmul(w & 0x000f000fu, k126), bmul(w & 0x00f000f0u, k122), bmul(w8 & 0x000f000fu, k126),
+                      bmul(w8 & 0x00f000f0u, k122));
+  }
+}
+
 // MT n8 tiles of x rows (M <= 8 MT), S stages of KC chunks (256 k each); FM: the
 // layout's format (DecFmt); RS: consumer warps per (row block, parity), each with MT / RS
 // of the row tiles (a row's sums run in the same order for every RS).
 // GR: gather grouped by expert (p.plan), its own instantiations so that the dense and
 // per-entry kernels keep their registers (the grouped rows cost affine's 17..64-row tiles
 // 10-23 % when compiled into every kernel, H100).
-template <int FM, int MT, int S, int KC, int RS, bool GR>
+// WG: wgmma with x from shared memory (sm_90a; staged x in x_stage_kernel's WG order, RS 1,
+// dense calls: see wg_mma).
+template <int FM, int MT, int S, int KC, int RS, bool GR, bool WG>
 __device__ __forceinline__ void qmmp_body(const QP p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using G = Geo<FM>;
   constexpr bool F8 = dec_bits8(FM), AFF = dec_affine(FM);
-  // affine codes: a code c in the low bits of a bf16 is the subnormal c * 2^-133 (4-bit
-  // codes at bits 4..7: c * 2^-129); one exact multiply makes it c * 2^-7
-  constexpr uint32_t k126 = 0x7e807e80u, k122 = 0x7c807c80u;
   constexpr int kThreads = threads_of(FM, RS), kCons = kConsumers * RS, MW = MT / RS;
   static_assert(MT % RS == 0, "row tiles split evenly");
+  static_assert(!WG || (RS == 1 && !GR && (MT == 4 || MT == 8)), "wgmma: one warpgroup per parity, n32 or n64");
   constexpr int XS = KC * 512 + G::XPAD;  // bytes per row of x in a stage
   constexpr int SW = KC * G::STAGE, STG = SW + MT * 8 * XS, RED = 4 * MT * 4 * 32;
   constexpr int NF = G::FBS * KC, XSUM = AFF ? NF * MT * 8 : 0;  // affine: sums of x per stage [FB][row]
@@ -308,10 +404,12 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  // rows of x past M stay zero in every stage (the copies never write them)
-  for (int s = 0; s < S; ++s)
-    for (int i = threadIdx.x; i < (MT * 8 - Mc) * (XS / 16); i += kThreads)
-      reinterpret_cast<uint4*>(smem + s * STG + SW + Mc * XS)[i] = make_uint4(0, 0, 0, 0);
+  // rows of x past M stay zero in every stage (the copies never write them; WG: the staged
+  // copies bring every row, zeros included)
+  if (!WG)
+    for (int s = 0; s < S; ++s)
+      for (int i = threadIdx.x; i < (MT * 8 - Mc) * (XS / 16); i += kThreads)
+        reinterpret_cast<uint4*>(smem + s * STG + SW + Mc * XS)[i] = make_uint4(0, 0, 0, 0);
   if (!p.xt)  // (staged: the copies bring the sums, zeros past M included)
     for (int i = threadIdx.x; i < S * XSUM; i += kThreads) xsum[i] = 0.0f;  // rows past M stay 0
   __syncthreads();
@@ -350,7 +448,8 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     // it everything this kernel writes, comes after the wait.
     const int pre = nch < S ? nch : S;
     // staged x: the stage's rows, then (affine) its sums of x, from x_stage_kernel
-    const uint32_t xbytes = p.xt ? Mc * XS : Mc * 512 * KC, sbytes = AFF && p.xt ? XSUM * 4 : 0;
+    const uint32_t xbytes = WG ? MT * 8 * 512 * KC : p.xt ? Mc * XS : Mc * 512 * KC;
+    const uint32_t sbytes = AFF && p.xt ? XSUM * 4 : 0;
     if (lane == 0)
       for (int i = 0; i < pre; ++i) {
         const uint32_t full = bar0 + 8 * i;
@@ -407,6 +506,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
       }
     }
   } else {
+    constexpr int FK = dec_fb_k(FM), J = FK / 16, XW = FK / 8;  // k per FB, k-steps per FB, x words per lane
     for (int i = 0; i < nch; ++i) {
       const int s = i % S;
       mbar_wait(bar0 + 8 * s, (i / S) & 1);
@@ -418,105 +518,77 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
         const uint8_t* fb = base + ((f / G::FBS) * 4 + rb) * G::FBS * G::FB + (f % G::FBS) * G::FB;
         const uint4 wv = *reinterpret_cast<const uint4*>(fb + 16 * lane);
         const uint32_t w4[4] = {wv.x, wv.y, wv.z, wv.w};
+        // the FB's scales: fp, bf16x2 of the scale times the decoder's factor for rows g
+        // (sg) and g + 8 (sg8); affine, its (scale, bias) pairs and this FB's sums of x
+        uint32_t sg = 0, sg8 = 0;
+        uint2 sb{};
+        float2 xs[MW];
         if constexpr (AFF) {
-          // codes exact into the mma; the FB's scales and biases applied to its fp32 sums
-          // (qmma.cu's factoring: sum x (s c + b) = s sum x c + b sum x, the sums of x from
-          // the x-sum warp)
-          const uint2 sb = *reinterpret_cast<const uint2*>(fb + 512 + 8 * g);
-          float tmp[MW][4];
-          float2 xs[MW];
-#pragma unroll
-          for (int t = 0; t < MW; ++t) {
-            xs[t] = *reinterpret_cast<const float2*>(xsum + (s * NF + f) * MT * 8 + 8 * (T0 + t) + 2 * q);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) tmp[t][i] = 0.0f;
-          }
-          if constexpr (F8) {
-            uint4 xa[MW];
-#pragma unroll
-            for (int t = 0; t < MW; ++t)
-              xa[t] = *reinterpret_cast<const uint4*>(base + SW + (8 * (T0 + t) + g) * XS + f * 64 + 16 * q);
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {  // k-step j: word 2j is row g, 2j + 1 row g + 8; bytes (0, 2), (1, 3)
-              const uint32_t wg = w4[2 * j], wh = w4[2 * j + 1];
-              const uint32_t a0 = bmul(wg & 0x00ff00ffu, k126), a2 = bmul((wg >> 8) & 0x00ff00ffu, k126);
-              const uint32_t a1 = bmul(wh & 0x00ff00ffu, k126), a3 = bmul((wh >> 8) & 0x00ff00ffu, k126);
-#pragma unroll
-              for (int t = 0; t < MW; ++t) {
-                const uint32_t b0 = j ? xa[t].z : xa[t].x, b1 = j ? xa[t].w : xa[t].y;
-                mma16816(tmp[t], a0, a1, a2, a3, b0, b1);
-              }
-            }
-          } else {
-            uint4 xa[MW], xb[MW];
-#pragma unroll
-            for (int t = 0; t < MW; ++t) {
-              const uint8_t* xrow = base + SW + (8 * (T0 + t) + g) * XS + f * 128 + 32 * q;
-              xa[t] = *reinterpret_cast<const uint4*>(xrow);
-              xb[t] = *reinterpret_cast<const uint4*>(xrow + 16);
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {  // nibbles (0, 4) / (1, 5) / (2, 6) / (3, 7): a0 / a1 / a2 / a3
-              const uint32_t w = w4[j], w8 = w >> 8;
-              const uint32_t a0 = bmul(w & 0x000f000fu, k126), a1 = bmul(w & 0x00f000f0u, k122);
-              const uint32_t a2 = bmul(w8 & 0x000f000fu, k126), a3 = bmul(w8 & 0x00f000f0u, k122);
-#pragma unroll
-              for (int t = 0; t < MW; ++t) {
-                const uint32_t b0 = j == 0 ? xa[t].x : j == 1 ? xa[t].z : j == 2 ? xb[t].x : xb[t].z;
-                const uint32_t b1 = j == 0 ? xa[t].y : j == 1 ? xa[t].w : j == 2 ? xb[t].y : xb[t].w;
-                mma16816(tmp[t], a0, a1, a2, a3, b0, b1);
-              }
-            }
-          }
-          affine_apply<MW>(acc, tmp, xs, sb);
-        } else if constexpr (F8) {
-          // bf16x2 of s * 2^111 (the code is its exponent field) for rows g, g + 8
-          const uint32_t sc = *reinterpret_cast<const uint16_t*>(fb + 512 + 2 * g);
-          const uint32_t Sg = prmt(sc, 0, 0x4040u) * 128u, Sg8 = prmt(sc, 0, 0x4141u) * 128u;
-          uint4 xa[MW];
+          sb = *reinterpret_cast<const uint2*>(fb + 512 + 8 * g);
 #pragma unroll
           for (int t = 0; t < MW; ++t)
-            xa[t] = *reinterpret_cast<const uint4*>(base + SW + (8 * (T0 + t) + g) * XS + f * 64 + 16 * q);
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {  // k-step j: word 2j is row g, 2j + 1 row g + 8
-            uint32_t p0g, p1g, p0h, p1h;
-            fp8_place(w4[2 * j], 4, 4, 0x07f007f0u, p0g, p1g);  // E4M3 as e * 2^-120
-            fp8_place(w4[2 * j + 1], 4, 4, 0x07f007f0u, p0h, p1h);
-            const uint32_t a0 = bmul(p0g, Sg), a1 = bmul(p0h, Sg8), a2 = bmul(p1g, Sg), a3 = bmul(p1h, Sg8);
-#pragma unroll
-            for (int t = 0; t < MW; ++t)
-              mma16816(acc[t], a0, a1, a2, a3, j ? xa[t].z : xa[t].x, j ? xa[t].w : xa[t].y);
-          }
+            xs[t] = *reinterpret_cast<const float2*>(xsum + (s * NF + f) * MT * 8 + 8 * (T0 + t) + 2 * q);
+        } else if constexpr (F8) {
+          // s * 2^111 (the code is its exponent field)
+          const uint32_t sc = *reinterpret_cast<const uint16_t*>(fb + 512 + 2 * g);
+          sg = prmt(sc, 0, 0x4040u) * 128u, sg8 = prmt(sc, 0, 0x4141u) * 128u;
         } else {
+          // s * 2^117
           const uint32_t sc = *reinterpret_cast<const uint16_t*>(fb + 512 + 2 * lane);
-          // bf16x2 of s * 2^117 for rows g (Sg) and g + 8 (Sg8), both halves
-          const uint32_t Sg = prmt(sc, 0, 0x4040u) * 16u + 0x70007000u;
-          const uint32_t Sg8 = prmt(sc, 0, 0x4141u) * 16u + 0x70007000u;
-          uint4 xa[MW], xb[MW];
+          sg = prmt(sc, 0, 0x4040u) * 16u + 0x70007000u, sg8 = prmt(sc, 0, 0x4141u) * 16u + 0x70007000u;
+        }
+        // affine: the FB's sums of x * c * 2^-7, scaled into acc after its last k-step
+        float tmp[MW][4];
 #pragma unroll
-          for (int t = 0; t < MW; ++t) {
-            const uint8_t* xrow = base + SW + (8 * (T0 + t) + g) * XS + f * 128 + 32 * q;
-            xa[t] = *reinterpret_cast<const uint4*>(xrow);
-            xb[t] = *reinterpret_cast<const uint4*>(xrow + 16);
+        for (int t = 0; t < MW; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) tmp[t][e] = 0.0f;
+        float(&dst)[MW][4] = AFF ? tmp : acc;
+        if constexpr (WG) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+          // x of k-step (f, j): two core matrices 128 bytes apart, 8-row groups a stage's
+          // 256 k (4096 bytes) apart (x_stage_kernel's WG order)
+          const uint32_t xw = smem_u32(base + SW) + (uint32_t)(f * J) * 256u;
+          uint4 a[J];
+#pragma unroll
+          for (int j = 0; j < J; ++j) a[j] = dec_frag<FM>(w4, j, sg, sg8, p.mul0, p.mul1);
+          if (AFF) wg_hold<MW>(tmp);
+          wg_fence();
+#pragma unroll
+          for (int j = 0; j < J; ++j) wg_mma<MW>(dst, a[j], wg_desc(xw + 256u * j, 128u, 4096u * KC));
+          wg_commit();
+          if (AFF) {
+            wg_wait0();
+            wg_hold<MW>(tmp);
           }
+#endif
+        } else {
+          // x's words for this lane: rows 8 (T0 + t) + g, k-step j's pair in words 2j, 2j + 1
+          uint32_t xw[MW][XW];
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            // E2M1 pairs (nibbles i, i + 4) placed as bf16 e * 2^-126: the multiply puts
-            // the magnitude at bits 6..8 and the sign (a copy 6 bits up) at 15
-            const uint32_t w = w4[j], w8 = w >> 8;
-            const uint32_t a0 = bmul(((w & 0x000f000fu) * p.mul0) & 0x81c081c0u, Sg);
-            const uint32_t a1 = bmul(((w & 0x00f000f0u) * p.mul1) & 0x81c081c0u, Sg8);
-            const uint32_t a2 = bmul(((w8 & 0x000f000fu) * p.mul0) & 0x81c081c0u, Sg);
-            const uint32_t a3 = bmul(((w8 & 0x00f000f0u) * p.mul1) & 0x81c081c0u, Sg8);
+          for (int t = 0; t < MW; ++t)
 #pragma unroll
-            for (int t = 0; t < MW; ++t) {
-              const uint32_t b0 = j == 0 ? xa[t].x : j == 1 ? xa[t].z : j == 2 ? xb[t].x : xb[t].z;
-              const uint32_t b1 = j == 0 ? xa[t].y : j == 1 ? xa[t].w : j == 2 ? xb[t].y : xb[t].w;
-              mma16816(acc[t], a0, a1, a2, a3, b0, b1);
+            for (int u = 0; u < XW / 4; ++u) {
+              const uint4 v = *reinterpret_cast<const uint4*>(base + SW + (8 * (T0 + t) + g) * XS + f * FK * 2 +
+                                                              q * (FK / 2) + 16 * u);
+              xw[t][4 * u] = v.x, xw[t][4 * u + 1] = v.y, xw[t][4 * u + 2] = v.z, xw[t][4 * u + 3] = v.w;
             }
+#pragma unroll
+          for (int j = 0; j < J; ++j) {
+            const uint4 a = dec_frag<FM>(w4, j, sg, sg8, p.mul0, p.mul1);
+#pragma unroll
+            for (int t = 0; t < MW; ++t) mma16816(dst[t], a.x, a.y, a.z, a.w, xw[t][2 * j], xw[t][2 * j + 1]);
           }
         }
+        if constexpr (AFF) affine_apply<MW>(acc, tmp, xs, sb);
       }
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+      if constexpr (WG) {
+        // the slot's x is read by the tensor cores until the group completes
+        wg_wait0();
+        wg_hold<MW>(acc);
+      }
+#endif
       mbar_arrive(bar0 + 8 * (S + s));  // this thread is done with slot s (and its xsum)
     }
   }
@@ -607,20 +679,22 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
 #endif
 }
 
-template <int FM, int MT, int S, int KC, int kMinBlocks, int RS, bool GR>
+template <int FM, int MT, int S, int KC, int kMinBlocks, int RS, bool GR, bool WG>
 __global__ void __launch_bounds__(threads_of(FM, RS), kMinBlocks) qmmp_kernel(const QP p) {
-  if constexpr (built_here<FM, MT, S, KC>())
-    qmmp_body<FM, MT, S, KC, RS, GR>(p);
+  if constexpr (built_here<FM, MT, S, KC, WG>())
+    qmmp_body<FM, MT, S, KC, RS, GR, WG>(p);
   else
     __trap();
 }
 
-// Bytes per stage that x_stage_kernel writes: M rows of x in shared memory's row pitch,
-// then (affine) the stage's sums of x [NF][R] (R = MT * 8 rows, zeros past M).
-template <int FM, int KC>
+// Bytes per stage that x_stage_kernel writes: M rows of x in shared memory's row pitch
+// (WG: all R rows in wgmma's order, no pads), then (affine) the stage's sums of x [NF][R]
+// (R = MT * 8 rows, zeros past M).
+template <int FM, int KC, bool WG>
 constexpr size_t x_stage_bytes(int M, int R) {
   using G = Geo<FM>;
-  return (size_t)M * (KC * 512 + G::XPAD) + (dec_affine(FM) ? (size_t)G::FBS * KC * R * 4 : 0);
+  return (WG ? (size_t)R * KC * 512 : (size_t)M * (KC * 512 + G::XPAD)) +
+         (dec_affine(FM) ? (size_t)G::FBS * KC * R * 4 : 0);
 }
 
 // A pair of float16 values as bf16 high parts (round to nearest) and their remainders,
@@ -636,20 +710,65 @@ __device__ __forceinline__ void f16_split(uint32_t v, uint32_t& hi, uint32_t& lo
   lo = *reinterpret_cast<const uint32_t*>(&l);
 }
 
+// x_stage_kernel for the WG configurations: the R staged rows of stage c in wgmma's K-major
+// core matrices (8 rows x 16 bytes, 128 contiguous bytes): 8-row group r8 at r8 * KC * 4096,
+// k-step (FB f, j) at (f * J + j) * 256, its two core matrices 128 bytes apart. A core
+// matrix row holds the 4 bf16 pairs that mma.sync's lanes q = 0..3 load for that k-step
+// (the layout's k order within an FB: pair (FK / 8) q + 2 j + h of the FB's k, h the core
+// matrix), so the tensor cores meet the weight codes in the order the layout stored them.
+// One thread per (row, FB); rows past M are zeros.
+template <int FM, int KC, bool X16>
+__device__ __forceinline__ void x_stage_wg(const __nv_bfloat16* x, int64_t xld, int Mx, int R, uint8_t* xt) {
+  constexpr int FK = dec_fb_k(FM), J = FK / 16, NF = Geo<FM>::FBS * KC, NW = FK / 2;  // words per FB row
+  const int c = blockIdx.x, M = X16 ? 2 * Mx : Mx;
+  const __nv_bfloat16* xc = x + (size_t)c * KC * kDecChunkK;
+  uint8_t* blk = xt + (size_t)c * x_stage_bytes<FM, KC, true>(M, R);
+  float* sums = reinterpret_cast<float*>(blk + (size_t)R * KC * 512);
+  for (int i = threadIdx.x; i < R * NF; i += blockDim.x) {
+    const int f = i / R, m = i % R, src = X16 && m >= Mx ? m - Mx : m;
+    uint4 v[FK / 8];
+#pragma unroll
+    for (int u = 0; u < FK / 8; ++u) {
+      v[u] = m < M ? *reinterpret_cast<const uint4*>(xc + (size_t)src * xld + f * FK + 8 * u) : make_uint4(0, 0, 0, 0);
+      if constexpr (X16) {  // high parts (rows < Mx) or remainders
+        uint4 hi, lo;
+        f16_split(v[u].x, hi.x, lo.x);
+        f16_split(v[u].y, hi.y, lo.y);
+        f16_split(v[u].z, hi.z, lo.z);
+        f16_split(v[u].w, hi.w, lo.w);
+        v[u] = m < Mx ? hi : lo;
+      }
+    }
+    const uint32_t* wd = reinterpret_cast<const uint32_t*>(v);
+    uint8_t* row = blk + (size_t)(m >> 3) * KC * 4096 + (m & 7) * 16;
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<uint4*>(row + ((f * J + j) * 2 + h) * 128) =
+            make_uint4(wd[2 * j + h], wd[NW / 4 + 2 * j + h], wd[2 * NW / 4 + 2 * j + h], wd[3 * NW / 4 + 2 * j + h]);
+    if constexpr (dec_affine(FM)) sums[f * R + m] = fb_xsum<FK / 8>(v);  // (zeros past M)
+  }
+}
+
 // x [Mx, K] (row stride xld) into stages: stage c (KC * 256 k) at c * x_stage_bytes, its rows
 // with their pads zeroed (float16 x: Mx high-part rows, then Mx remainder rows), then for
 // affine the sums of each staged row per fragment block in the x-sum warp's order. One block
-// per stage; 16-byte copies.
-template <int FM, int KC, bool X16>
+// per stage; 16-byte copies. WG: x_stage_wg's order.
+template <int FM, int KC, bool X16, bool WG>
 __global__ void x_stage_kernel(const __nv_bfloat16* x, int64_t xld, int Mx, int R, uint8_t* xt) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");  // x comes from the previous kernel
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+  if constexpr (WG) {
+    x_stage_wg<FM, KC, X16>(x, xld, Mx, R, xt);
+    return;
+  }
   constexpr int XS = KC * 512 + Geo<FM>::XPAD, per = XS / 16, data = KC * kDecChunkK / 8;  // uint4 per row
   const int c = blockIdx.x, M = X16 ? 2 * Mx : Mx;  // staged rows
   const __nv_bfloat16* xc = x + (size_t)c * KC * kDecChunkK;
-  uint8_t* blk = xt + (size_t)c * x_stage_bytes<FM, KC>(M, R);
+  uint8_t* blk = xt + (size_t)c * x_stage_bytes<FM, KC, false>(M, R);
   uint4* dst = reinterpret_cast<uint4*>(blk);
   for (int i = threadIdx.x; i < Mx * per; i += blockDim.x) {
     const int m = i / per, j = i % per;
@@ -691,10 +810,10 @@ __global__ void to_decode_kernel(const DecodeLayoutArgs a, int64_t slots, int* b
 // the first call, which also sets the shared-memory attribute once.
 constexpr qqStatus_t kRefused = QQ_STATUS_NOT_SUPPORTED;
 // xt: where x_stage_kernel's buffer comes from when x is staged, else null.
-template <int FM, int MT, int S, int KC, int kMinBlocks, int RS = 1, bool GR = false>
+template <int FM, int MT, int S, int KC, int kMinBlocks, int RS = 1, bool GR = false, bool WG = false>
 qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* xt = nullptr) {
   constexpr size_t smem = smem_bytes<FM, MT, S, KC>();
-  auto kern = qmmp_kernel<FM, MT, S, KC, kMinBlocks, RS, GR>;
+  auto kern = qmmp_kernel<FM, MT, S, KC, kMinBlocks, RS, GR, WG>;
   static std::atomic<uint64_t> ok{0}, refused{0};  // bit d: device d (devices past 63 ask every time)
   int dev = 0;
   QQ_CUDA_TRY(cudaGetDevice(&dev), "decode_matmul");
@@ -724,7 +843,7 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   if (xt) {
     uint8_t* buf = nullptr;
-    QQ_TRY(xt->get("decode_matmul", (size_t)nk * x_stage_bytes<FM, KC>(p.M, MT * 8), &buf));
+    QQ_TRY(xt->get("decode_matmul", (size_t)nk * x_stage_bytes<FM, KC, WG>(p.M, MT * 8), &buf));
     cudaLaunchConfig_t xc = {};
     xc.gridDim = dim3((unsigned)nk, 1, 1);
     xc.blockDim = dim3(256, 1, 1);
@@ -732,9 +851,9 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
     xc.attrs = attr + 1;
     xc.numAttrs = 1;
     if (p.x16)
-      QQ_CUDA_TRY(cudaLaunchKernelEx(&xc, x_stage_kernel<FM, KC, true>, p.x, p.xld, p.Mo, MT * 8, buf), "decode_matmul");
+      QQ_CUDA_TRY(cudaLaunchKernelEx(&xc, x_stage_kernel<FM, KC, true, WG>, p.x, p.xld, p.Mo, MT * 8, buf), "decode_matmul");
     else
-      QQ_CUDA_TRY(cudaLaunchKernelEx(&xc, x_stage_kernel<FM, KC, false>, p.x, p.xld, p.M, MT * 8, buf), "decode_matmul");
+      QQ_CUDA_TRY(cudaLaunchKernelEx(&xc, x_stage_kernel<FM, KC, false, WG>, p.x, p.xld, p.M, MT * 8, buf), "decode_matmul");
     q.xt = buf;
   }
   cudaLaunchConfig_t cfg = {};
@@ -756,7 +875,7 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
 // deep for 2 CTAs, not mxfp8's 5. A configuration the device cannot run (shared memory)
 // falls to the shallower.
 template <int FM, bool GR>
-qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, cudaStream_t st, Scratch* xt) {
+qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cudaStream_t st, Scratch* xt) {
   const int M = p.M;  // the kernel's rows
   const int64_t ctas = (int64_t)tiles * p.zest;  // before the K split (grouped: the likely ones)
   qqStatus_t r;
@@ -771,6 +890,14 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, cudaStream_
     // row tiles: with 8 warps (2 per scheduler) the kernel waited on its own latencies
     // (ncu: 30 % issue slots busy); 28672 x 4096 nvfp4 M = 64 104 -> 90 us, 4096^2 32 ->
     // 21, 16384^2 126 -> 136 (each FB is decoded twice). At 17..32 rows 8 warps win.
+    // On sm_90a (wg) wgmma takes x from shared memory instead (WG; see wg_mma): one
+    // warpgroup per FB parity, 8 consumer warps, the same stages and CTAs per SM.
+    if (wg && xt) {
+      if (M > 32) return launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1, 1, GR, true>(p, tiles, ks, st, xt);
+      r = ctas * ks > sms ? launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2, 1, GR, true>(p, tiles, ks, st, xt) : kRefused;
+      if (r == kRefused) r = launch<FM, 4, 4, 1, 1, 1, GR, true>(p, tiles, ks, st, xt);
+      return r;
+    }
     if (M > 32) return launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1, 2, GR>(p, tiles, ks, st, xt);
     // 17..32 rows: two CTAs per SM (3 stages, 8-bit 2) where the CTAs are more than one
     // wave at one per SM (16384^2 nvfp4 M = 32 82.5 -> 72.6 us, 6144 x 4096 29.0 -> 19.4,
@@ -820,12 +947,13 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, cudaStream_
 
 // dispatch<FM, GR> for the layout's format `fmt`.
 template <bool GR>
-qqStatus_t dispatch_fmt(int fmt, const QP& p, int tiles, int ks, int nk, int sms, cudaStream_t st, Scratch* xt) {
+qqStatus_t dispatch_fmt(int fmt, const QP& p, int tiles, int ks, int nk, int sms, bool wg, cudaStream_t st,
+                        Scratch* xt) {
   switch (fmt) {
-    case kDecFp4: return dispatch<kDecFp4, GR>(p, tiles, ks, nk, sms, st, xt);
-    case kDecFp8: return dispatch<kDecFp8, GR>(p, tiles, ks, nk, sms, st, xt);
-    case kDecAff4: return dispatch<kDecAff4, GR>(p, tiles, ks, nk, sms, st, xt);
-    default: return dispatch<kDecAff8, GR>(p, tiles, ks, nk, sms, st, xt);
+    case kDecFp4: return dispatch<kDecFp4, GR>(p, tiles, ks, nk, sms, wg, st, xt);
+    case kDecFp8: return dispatch<kDecFp8, GR>(p, tiles, ks, nk, sms, wg, st, xt);
+    case kDecAff4: return dispatch<kDecAff4, GR>(p, tiles, ks, nk, sms, wg, st, xt);
+    default: return dispatch<kDecAff8, GR>(p, tiles, ks, nk, sms, wg, st, xt);
   }
 }
 
@@ -950,8 +1078,12 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     // float16 x is always staged: the staging kernel splits it into bf16 rows.
     const bool stage = dense && nk > 0 && (x16 || p.M > 16 || (p.M > 8 && ks == 1));
     Scratch* xt = stage ? &scratch : nullptr;
-    const qqStatus_t r = grouped ? dispatch_fmt<true>(fmt, p, tiles, ks, nk, sms, st, xt)
-                                 : dispatch_fmt<false>(fmt, p, tiles, ks, nk, sms, st, xt);
+    // wgmma (the WG configurations) on compute capability 9.x, whose code is sm_90a
+    // (launch() refuses code older than sm_90)
+    static const bool wg_off = std::getenv("QQ_DEC_WG") && std::getenv("QQ_DEC_WG")[0] == '0';  // TEMPORARY A/B knob
+    const bool wg = cc_major == 9 && !wg_off;
+    const qqStatus_t r = grouped ? dispatch_fmt<true>(fmt, p, tiles, ks, nk, sms, wg, st, xt)
+                                 : dispatch_fmt<false>(fmt, p, tiles, ks, nk, sms, wg, st, xt);
     if (r == kRefused)
       return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's kernel cannot run on this GPU (compute "
                        "capability %d.x: no sm_90a / sm_100a / sm_120a code for it in this build, or too little "
