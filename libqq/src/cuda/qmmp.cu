@@ -352,7 +352,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
   constexpr bool F8 = dec_bits8(FM), AFF = dec_affine(FM);
   constexpr int kThreads = threads_of(FM, RS), kCons = kConsumers * RS, MW = MT / RS;
   static_assert(MT % RS == 0, "row tiles split evenly");
-  static_assert(!WG || (RS == 1 && !GR && (MT == 4 || MT == 8)), "wgmma: one warpgroup per parity, n32 or n64");
+  static_assert(!WG || (!GR && (MW == 4 || MW == 8)), "wgmma: n32 or n64 per warpgroup");
   constexpr int XS = KC * 512 + G::XPAD;  // bytes per row of x in a stage
   constexpr int SW = KC * G::STAGE, STG = SW + MT * 8 * XS, RED = 4 * MT * 4 * 32;
   constexpr int NF = G::FBS * KC, XSUM = AFF ? NF * MT * 8 : 0;  // affine: sums of x per stage [FB][row]
@@ -548,7 +548,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
           // x of k-step (f, j): two core matrices 128 bytes apart, 8-row groups a stage's
           // 256 k (4096 bytes) apart (x_stage_kernel's WG order)
-          const uint32_t xw = smem_u32(base + SW) + (uint32_t)(f * J) * 256u;
+          const uint32_t xw = smem_u32(base + SW) + (uint32_t)(f * J) * 256u + (uint32_t)T0 * 4096u * KC;
           uint4 a[J];
 #pragma unroll
           for (int j = 0; j < J; ++j) a[j] = dec_frag<FM>(w4, j, sg, sg8, p.mul0, p.mul1);
@@ -893,6 +893,8 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     // On sm_90a (wg) wgmma takes x from shared memory instead (WG; see wg_mma): one
     // warpgroup per FB parity, 8 consumer warps, the same stages and CTAs per SM.
     if (wg && xt) {
+      if (M > 32 && std::getenv("QQ_DEC_WG") && std::getenv("QQ_DEC_WG")[0] == '2')  // TEMPORARY A/B
+        return launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1, 2, GR, true>(p, tiles, ks, st, xt);
       if (M > 32) return launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1, 1, GR, true>(p, tiles, ks, st, xt);
       r = ctas * ks > sms ? launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2, 1, GR, true>(p, tiles, ks, st, xt) : kRefused;
       if (r == kRefused) r = launch<FM, 4, 4, 1, 1, 1, GR, true>(p, tiles, ks, st, xt);
