@@ -621,19 +621,24 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
       int e;
       rows = item_rows(p, entry, MT * 8, &Mout, &e);
     }
-#pragma unroll
+    // Rolled loops (the sums are in part[], not in registers): unrolled, this epilogue
+    // was ~560 instructions per output value, 18 K instructions at 64 rows, run once per
+    // tile from a cold instruction cache (TEMPORARY note: being measured)
+#pragma unroll 1
     for (int t = 0; t < MW; ++t)
-#pragma unroll
+#pragma unroll 1
       for (int i = 0; i < 4; ++i) {
         const int o = ((rb * MT + T0 + t) * 4 + i) * 32 + lane;
         const int m = 8 * (T0 + t) + 2 * q + (i & 1), n = tile * kDecTileRows + rb * 16 + g + 8 * (i >> 1);
         if (m < Mout && n < p.N) {
           float v = part[o];
+#pragma unroll 1
           for (int r = 1; r < ks; ++r) v += cluster.map_shared_rank(part, r)[o];
           if (p.x16) {  // + the sums of row m's remainder row, m + Mo (the same column n)
             const int h = m + p.Mo;
             const int o2 = ((rb * MT + (h >> 3)) * 4 + ((i & 2) | (h & 1))) * 32 + 4 * g + ((h & 7) >> 1);
             float v2 = part[o2];
+#pragma unroll 1
             for (int r = 1; r < ks; ++r) v2 += cluster.map_shared_rank(part, r)[o2];
             v += v2;
           }
@@ -658,9 +663,9 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
       // warps of this CTA hold: they meet in red[] after a barrier of these 4 * RS warps
       asm volatile("bar.sync 1, %0;" ::"r"(128 * RS) : "memory");
       if (rb < 2)
-#pragma unroll
+#pragma unroll 1
         for (int t = 0; t < MW; ++t)
-#pragma unroll
+#pragma unroll 1
           for (int i = 0; i < 4; ++i) {
             const int o = ((rb * MT + T0 + t) * 4 + i) * 32 + lane, ou = o + 2 * MT * 4 * 32;
             const int m = 8 * (T0 + t) + 2 * q + (i & 1), n = tile * kDecTileRows + rb * 16 + g + 8 * (i >> 1);
