@@ -154,7 +154,8 @@ for shape, sl in (((4, 2048), None), ((3, 2006), None), ((5, 2050), 2048)):
 # rows' warps meet the up rows' in shared memory after a named barrier; 4 warps, 8 at M > 32),
 # against the two ops on the GPU (qq.swiglu of the plain layout's product: the same bits);
 # N = 256 splits K over a cluster of 2, N = 8192 does not. float16 x (CuPy has no bfloat16)
-# runs twice its rows: M = 20 is the kernel's 40-row configuration (16 consumer warps).
+# runs twice its rows: M = 12 and 20 are the kernel's 24- and 40-row configurations (on
+# sm_90a wgmma with one and two warpgroups per fragment-block parity).
 # N = 17408 (272 row tiles, past a wave of two CTAs per SM on 132 SMs) takes the four-CTAs-
 # per-SM configurations at M <= 8 (4-bit codes 3 stages, 8-bit codes 2; qmmp.cu's dispatch)
 for (n2, k) in ((256, 512), (8192, 256), (17408, 256)):
@@ -162,7 +163,7 @@ for (n2, k) in ((256, 512), (8192, 256), (17408, 256)):
     for mode in ("nvfp4", "mxfp8"):
         q = qq.quantize(dev(w), mode=mode)
         dw, dg = qq.prepare_decode(q), qq.prepare_decode(q, gated=True)
-        for m in (1, 8, 20):
+        for m in (1, 8, 12, 20):
             x = dev(rng.standard_normal((m, k)).astype(np.float16))
             got = qq.quantized_matmul_swiglu(x, dg)
             route = qq.last_route()

@@ -38,7 +38,6 @@
 
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 
 #include "../act.h"
 #include "../codec.h"
@@ -101,19 +100,19 @@ __device__ __forceinline__ void bulk_g2s_evict_first(uint32_t dst, const void* s
 
 // ---- wgmma (sm_90a) for 17..64 rows of x (the WG configurations) ----
 // Below 17 rows each consumer warp multiplies its decoded 16 x 16 weight fragment by x's
-// fragments with mma.sync, loading x from shared memory per row tile: at 64 rows that is
-// 8 KB of x loads and 32 mma per fragment block and warp, and the kernel ran at 2.0-3.7x
-// its M = 1 time (qmm-decode-h100-notes.md, session k). With wgmma the 4 warps of a
-// fragment-block parity (one warpgroup: row blocks 0..3, the same k) hand their decoded
-// fragments to one m64nNk16 (A from registers: the same fragment layout as mma.sync's A),
-// and B, x, is read by the tensor cores from shared memory, where x_stage_kernel put it in
-// wgmma's core-matrix order (x_stage_wg). No x loads in the consumers.
+// fragments with mma.sync, loading x from shared memory per row tile (at 64 rows, 8 KB of
+// loads and 32 mma per fragment block and warp). With wgmma the 4 warps of a fragment-block
+// parity (a warpgroup: row blocks 0..3, the same k) hand their decoded fragments to one
+// m64nNk16 (A from registers: the same fragment layout as mma.sync's A), and the tensor
+// cores read x from shared memory, where x_stage_kernel put it in wgmma's core-matrix order
+// (x_stage_wg). The bits equal mma.sync's (test_decode's every-M test). It gains 0-12 %
+// (dispatch); the x loads were not what held 17..64 rows back: the epilogue was (below).
 // Descriptor of a K-major B without swizzle (bits 0-13: address >> 4; 16-29: the stride
 // between the two core matrices along K (LBO) >> 4; 32-45: between 8-row groups (SBO) >> 4).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return (uint64_t)((addr & 0x3ffffu) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32;
 }
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
@@ -621,9 +620,13 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
       int e;
       rows = item_rows(p, entry, MT * 8, &Mout, &e);
     }
-    // Rolled loops (the sums are in part[], not in registers): unrolled, this epilogue
-    // was ~560 instructions per output value, 18 K instructions at 64 rows, run once per
-    // tile from a cold instruction cache (TEMPORARY note: being measured)
+    // Rolled loops (the sums are in part[], not in registers). Unrolled, this was ~560
+    // instructions an output value (the K split's loop, float16 x, bias, dtype and swiglu
+    // paths), 18 K instructions at 64 rows (sm_90a: 15.9 MB of cubin for this file, now
+    // 3.3), run once a tile from a cold instruction cache: a fixed ~16-40 us a tile at 64
+    // rows. Rolled, H200, CUDA graphs: 4096^2 nvfp4 M = 32 22.8 -> 14.6 us, M = 64 27.5 ->
+    // 20.1, M = 1 8.1 -> 7.6; 28672 x 4096 M = 64 111 -> 91 (qmm-decode-h100-notes.md,
+    // session ai).
 #pragma unroll 1
     for (int t = 0; t < MW; ++t)
 #pragma unroll 1
@@ -895,12 +898,14 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     // row tiles: with 8 warps (2 per scheduler) the kernel waited on its own latencies
     // (ncu: 30 % issue slots busy); 28672 x 4096 nvfp4 M = 64 104 -> 90 us, 4096^2 32 ->
     // 21, 16384^2 126 -> 136 (each FB is decoded twice). At 17..32 rows 8 warps win.
-    // On sm_90a (wg) wgmma takes x from shared memory instead (WG; see wg_mma): one
-    // warpgroup per FB parity, 8 consumer warps, the same stages and CTAs per SM.
+    // On sm_90a (wg) wgmma reads x from shared memory instead (WG, see wg_mma), with the
+    // same stages, CTAs per SM and warps: one warpgroup per FB parity at 17..32 rows, two
+    // (each with 32 of the rows) at 33..64. Against mma.sync, H200, CUDA graphs: 4096^2
+    // nvfp4 M = 64 20.1 -> 18.7 us, 28672 x 4096 90.7 -> 86.6, 16384^2 138.5 -> 132.4;
+    // M = 32 within -1..+8 %; one warpgroup per parity at 33..64 rows lost up to 1.5x
+    // (qmm-decode-h100-notes.md, session ai).
     if (wg && xt) {
-      if (M > 32 && std::getenv("QQ_DEC_WG") && std::getenv("QQ_DEC_WG")[0] == '2')  // TEMPORARY A/B
-        return launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1, 2, GR, true>(p, tiles, ks, st, xt);
-      if (M > 32) return launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1, 1, GR, true>(p, tiles, ks, st, xt);
+      if (M > 32) return launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1, 2, GR, true>(p, tiles, ks, st, xt);
       r = ctas * ks > sms ? launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2, 1, GR, true>(p, tiles, ks, st, xt) : kRefused;
       if (r == kRefused) r = launch<FM, 4, 4, 1, 1, 1, GR, true>(p, tiles, ks, st, xt);
       return r;
@@ -1087,8 +1092,7 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     Scratch* xt = stage ? &scratch : nullptr;
     // wgmma (the WG configurations) on compute capability 9.x, whose code is sm_90a
     // (launch() refuses code older than sm_90)
-    static const bool wg_off = std::getenv("QQ_DEC_WG") && std::getenv("QQ_DEC_WG")[0] == '0';  // TEMPORARY A/B knob
-    const bool wg = cc_major == 9 && !wg_off;
+    const bool wg = cc_major == 9;
     const qqStatus_t r = grouped ? dispatch_fmt<true>(fmt, p, tiles, ks, nk, sms, wg, st, xt)
                                  : dispatch_fmt<false>(fmt, p, tiles, ks, nk, sms, wg, st, xt);
     if (r == kRefused)
