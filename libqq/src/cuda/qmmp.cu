@@ -38,7 +38,6 @@
 
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 
 #include "../act.h"
 #include "../codec.h"
@@ -924,13 +923,7 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     return r;
   }
   }
-  // TEMPORARY A/B knob (QQ_DEC_ONE=1): 9..16 rows where the K-split CTAs fit one per SM
-  // take a one-per-SM configuration (deeper ring, launch bound 1)
-  const bool one = !GR && M > 8 && ks > 1 && ctas * ks <= sms && std::getenv("QQ_DEC_ONE") &&
-                   std::getenv("QQ_DEC_ONE")[0] == '1';
   if constexpr (dec_bits8(FM)) {
-    if constexpr (!GR)
-      if (one && (r = launch<FM, 2, 5, 1, 1, 1, GR>(p, tiles, ks, st, xt)) != kRefused) return r;
     if (M > 8) return launch<FM, 2, 3, 1, 2, 1, GR>(p, tiles, ks, st, xt);
     // past one wave of two CTAs per SM (the gate/up weight, 448 tiles on 264 slots): four,
     // 2 stages deep, as the 4-bit codes below; 56 registers for mxfp8, no spills. Decode
@@ -946,14 +939,8 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     // calls): gather_qmm's 9..16-row entries keep the configurations below, which is what
     // has run on a GPU
     r = kRefused;
-    if constexpr (!GR)
-      if (one) {
-        r = kc2 ? launch<FM, 2, 4, 2, 1, 1, GR>(p, tiles, ks, st, xt) : kRefused;
-        if (r == kRefused) r = launch<FM, 2, 8, 1, 1, 1, GR>(p, tiles, ks, st, xt);
-      }
     if constexpr (!GR)  // (staged x: dense calls only)
-      if (r == kRefused)
-        r = ks == 1 && xt && ctas > 2 * sms ? launch<FM, 2, 2, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
+      r = ks == 1 && xt && ctas > 2 * sms ? launch<FM, 2, 2, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = kc2 ? launch<FM, 2, 3, 2, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 2, 4, 1, 2, 1, GR>(p, tiles, ks, st, xt);
   } else {
