@@ -103,7 +103,7 @@ __device__ __forceinline__ void bulk_g2s_evict_first(uint32_t dst, const void* s
 // fragments with mma.sync, loading x from shared memory per row tile (at 64 rows, 8 KB of
 // loads and 32 mma per fragment block and warp). With wgmma the 4 warps of a fragment-block
 // parity (a warpgroup: row blocks 0..3, the same k) hand their decoded fragments to one
-// m64nNk16 (A from registers: the same fragment layout as mma.sync's A), and the tensor
+// m64n32k16 (A from registers: the same fragment layout as mma.sync's A), and the tensor
 // cores read x from shared memory, where x_stage_kernel put it in wgmma's core-matrix order
 // (x_stage_wg). The bits equal mma.sync's (test_decode's every-M test). It gains 0-12 %
 // (dispatch); the x loads were not what held 17..64 rows back: the epilogue was (below).
@@ -116,31 +116,17 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-// d (m64 x 8 N8, this warp's 16 rows in mma.sync's C layout per n8 tile) += a * B
-template <int N8>
-__device__ __forceinline__ void wg_mma(float (&d)[N8][4], uint4 a, uint64_t desc);
-template <>
-__device__ __forceinline__ void wg_mma<4>(float (&d)[4][4], uint4 a, uint64_t desc) {
+// d (m64 x n32: this warp's 16 rows, mma.sync's C layout per n8 tile) += a * B. Every WG
+// configuration gives a warpgroup 32 rows of x (n32): one parity's at 17..32 rows, half of
+// them past 32 (two warpgroups per parity: one m64n64k16 each made 64 rows up to 1.5x slower).
+__device__ __forceinline__ void wg_mma(float (&d)[4][4], uint4 a, uint64_t desc) {
   asm volatile(
       "{ .reg .pred p; setp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "{%16, %17, %18, %19}, %20, p, 1, 1, 0; }"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+      "%12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0; }"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
         "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
         "+f"(d[3][2]), "+f"(d[3][3])
-      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(1));
-}
-template <>
-__device__ __forceinline__ void wg_mma<8>(float (&d)[8][4], uint4 a, uint64_t desc) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 0; }"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
-        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
-        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
       : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(1));
 }
 // Keeps the compiler from moving reads or writes of an accumulator across a wgmma wait.
@@ -351,7 +337,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
   constexpr bool F8 = dec_bits8(FM), AFF = dec_affine(FM);
   constexpr int kThreads = threads_of(FM, RS), kCons = kConsumers * RS, MW = MT / RS;
   static_assert(MT % RS == 0, "row tiles split evenly");
-  static_assert(!WG || (!GR && (MW == 4 || MW == 8)), "wgmma: n32 or n64 per warpgroup");
+  static_assert(!WG || (!GR && MW == 4), "wgmma: 32 rows of x per warpgroup (wg_mma)");
   constexpr int XS = KC * 512 + G::XPAD;  // bytes per row of x in a stage
   constexpr int SW = KC * G::STAGE, STG = SW + MT * 8 * XS, RED = 4 * MT * 4 * 32;
   constexpr int NF = G::FBS * KC, XSUM = AFF ? NF * MT * 8 : 0;  // affine: sums of x per stage [FB][row]
@@ -554,7 +540,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
           if (AFF) wg_hold<MW>(tmp);
           wg_fence();
 #pragma unroll
-          for (int j = 0; j < J; ++j) wg_mma<MW>(dst, a[j], wg_desc(xw + 256u * j, 128u, 4096u * KC));
+          for (int j = 0; j < J; ++j) wg_mma(dst, a[j], wg_desc(xw + 256u * j, 128u, 4096u * KC));
           wg_commit();
           if (AFF) {
             wg_wait0();
