@@ -117,8 +117,8 @@ __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.alig
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 // d (m64 x n32: this warp's 16 rows, mma.sync's C layout per n8 tile) += a * B. Every WG
-// configuration gives a warpgroup 32 rows of x (n32): one parity's at 17..32 rows, half of
-// them past 32 (two warpgroups per parity: one m64n64k16 each made 64 rows up to 1.5x slower).
+// configuration gives a warpgroup 32 rows of x (n32): all of them at 17..32 rows, half past 32
+// (two warpgroups per parity; one with m64n64k16 made 64 rows up to 1.5x slower).
 __device__ __forceinline__ void wg_mma(float (&d)[4][4], uint4 a, uint64_t desc) {
   asm volatile(
       "{ .reg .pred p; setp.ne.b32 p, %21, 0;\n"
@@ -328,8 +328,8 @@ __device__ __forceinline__ uint4 dec_frag(const uint32_t (&w4)[4], int j, uint32
 // GR: gather grouped by expert (p.plan), its own instantiations so that the dense and
 // per-entry kernels keep their registers (the grouped rows cost affine's 17..64-row tiles
 // 10-23 % when compiled into every kernel, H100).
-// WG: wgmma with x from shared memory (sm_90a; staged x in x_stage_kernel's WG order, RS 1,
-// dense calls: see wg_mma).
+// WG: wgmma with x from shared memory (sm_90a; staged x in x_stage_kernel's WG order, 32 rows
+// of x per warpgroup, dense calls: see wg_mma).
 template <int FM, int MT, int S, int KC, int RS, bool GR, bool WG>
 __device__ __forceinline__ void qmmp_body(const QP p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -522,7 +522,10 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
           const uint32_t sc = *reinterpret_cast<const uint16_t*>(fb + 512 + 2 * lane);
           sg = prmt(sc, 0, 0x4040u) * 16u + 0x70007000u, sg8 = prmt(sc, 0, 0x4141u) * 16u + 0x70007000u;
         }
-        // affine: the FB's sums of x * c * 2^-7, scaled into acc after its last k-step
+        // affine: the codes go into the mma exact, and the FB's scales and biases are applied
+        // to its fp32 sums of x * c * 2^-7 after its last k-step (qmma.cu's factoring:
+        // sum x (s c + b) = s sum x c + b sum x, the sums of x from the x-sum warp or the
+        // staging kernel)
         float tmp[MW][4];
 #pragma unroll
         for (int t = 0; t < MW; ++t)
