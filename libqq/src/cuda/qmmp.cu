@@ -848,9 +848,11 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
     xc.attrs = attr + 1;
     xc.numAttrs = 1;
     if (p.x16)
-      QQ_CUDA_TRY(cudaLaunchKernelEx(&xc, x_stage_kernel<FM, KC, true, WG>, p.x, p.xld, p.Mo, MT * 8, buf), "decode_matmul");
+      QQ_CUDA_TRY(cudaLaunchKernelEx(&xc, x_stage_kernel<FM, KC, true, WG>, p.x, p.xld, p.Mo, MT * 8, buf),
+                  "decode_matmul");
     else
-      QQ_CUDA_TRY(cudaLaunchKernelEx(&xc, x_stage_kernel<FM, KC, false, WG>, p.x, p.xld, p.M, MT * 8, buf), "decode_matmul");
+      QQ_CUDA_TRY(cudaLaunchKernelEx(&xc, x_stage_kernel<FM, KC, false, WG>, p.x, p.xld, p.M, MT * 8, buf),
+                  "decode_matmul");
     q.xt = buf;
   }
   cudaLaunchConfig_t cfg = {};
