@@ -4,6 +4,7 @@ than the L2) multiplied back to back, as a decode step does, packed against the 
 through programmatic dependent launch. Prints one line per (shape, mode, M).
 
     python bench/tune/decode_graph.py
+    LAYOUTS=decode MS=1,16,64 SHAPES=4096x4096 MODES=nvfp4 python bench/tune/decode_graph.py
 """
 import torch
 
