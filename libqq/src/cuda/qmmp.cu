@@ -105,8 +105,8 @@ __device__ __forceinline__ void bulk_g2s_evict_first(uint32_t dst, const void* s
 // parity (a warpgroup: row blocks 0..3, the same k) hand their decoded fragments to one
 // m64n32k16 (A from registers: the same fragment layout as mma.sync's A), and the tensor
 // cores read x from shared memory, where x_stage_kernel put it in wgmma's core-matrix order
-// (x_stage_wg). The bits equal mma.sync's (test_decode's every-M test). It gains 0-12 %
-// (dispatch); the x loads were not what held 17..64 rows back: the epilogue was (below).
+// (x_stage_wg). The bits equal mma.sync's (test_decode's every-M test). It gains 1-12 % at 64
+// rows (dispatch); the x loads were not what held 17..64 rows back: the epilogue was (below).
 // Descriptor of a K-major B without swizzle (bits 0-13: address >> 4; 16-29: the stride
 // between the two core matrices along K (LBO) >> 4; 32-45: between 8-row groups (SBO) >> 4).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -893,7 +893,7 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     // same stages, CTAs per SM and warps: one warpgroup per FB parity at 17..32 rows, two
     // (each with 32 of the rows) at 33..64. Against mma.sync, H200, CUDA graphs: 4096^2
     // nvfp4 M = 64 20.1 -> 18.7 us, 28672 x 4096 90.7 -> 86.6, 16384^2 138.5 -> 132.4;
-    // M = 32 within -1..+8 %; one warpgroup per parity at 33..64 rows lost up to 1.5x
+    // M = 32 from 1 % slower to 8 % faster; one warpgroup per parity at 33..64 rows lost up to 1.5x
     // (qmm-decode-h100-notes.md, session ai).
     if (wg && xt) {
       if (M > 32) return launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1, 2, GR, true>(p, tiles, ks, st, xt);
