@@ -16,6 +16,9 @@
 #     rows are printed);
 #   moe: every GPU test of test_qdq.py and test_grouped.py (the qdq kernels of qqmm.cu) and
 #     bench/tune/moe_qdq_probe.py, then bench_moe (LINEAR=1: and bench_linear --quick).
+#   GRAPH_SHAPES=4096x4096,... (decode): bench/tune/decode_graph.py at those shapes too
+#   (GRAPH_MS, GRAPH_MODES).
+# BASE_K: run the base's tests too, narrowed by this -k expression (cases not yet run on a GPU).
 # SKIP_BASE_RUN=1: build the base (the patches rebuild on top of it) but leave its run out;
 # AGAIN=1: measure the last patch a second time.
 # Session af: session ae's three qmv / qmma patches (landed as 1be8ebe), then with
@@ -60,6 +63,11 @@ measure() {
     QQ_BENCH_OUT="$OUT/res-$1" timeout 150 python3 bench/bench_decode.py --acts fused --ms ${MS:-1,4,16} \
       --modes "${MODES:-nvfp4-decode,mxfp8-decode,affine4-decode,affine8-decode}" > "$OUT/decode-$1.log" 2>&1
     grep -E "fused +[0-9]+ +True" "$OUT/decode-$1.log" | cut -c1-60
+    if [ -n "${GRAPH_SHAPES:-}" ]; then  # and decode_graph.py's per-call times at those shapes
+      LAYOUTS=decode SHAPES=$GRAPH_SHAPES MS=${GRAPH_MS:-1,16} MODES=${GRAPH_MODES:-nvfp4,mxfp8} \
+        timeout 120 python3 bench/tune/decode_graph.py > "$OUT/graph-$1.txt" 2>&1
+      grep -v '^device' "$OUT/graph-$1.txt" | cut -c1-100
+    fi
   elif [ "$SUITE" = moe ]; then
     timeout 120 python3 bench/tune/moe_qdq_probe.py > "$OUT/moe_qdq-$1.txt" 2>&1
     grep "round" "$OUT/moe_qdq-$1.txt" | cut -c1-100
@@ -81,7 +89,7 @@ measure() {
   fi
 }
 # the base's tests are the tree's own (main passed them); its measurement is the reference
-build base && { [ -n "${SKIP_BASE_RUN:-}" ] || measure base; }
+build base && { [ -z "${BASE_K:-}" ] || K=$BASE_K tests base; } && { [ -n "${SKIP_BASE_RUN:-}" ] || measure base; }
 n=0
 applied=()
 for p in ${PATCHES:-}; do
