@@ -38,7 +38,6 @@
 
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 
 #include "../act.h"
 #include "../codec.h"
@@ -96,11 +95,6 @@ __device__ __forceinline__ void bulk_g2s_evict_first(uint32_t dst, const void* s
           dst),
       "l"(src), "r"(bytes), "r"(bar), "l"(pol)
       : "memory");
-}
-// Asks the L2 to fetch [src, src + bytes) from DRAM, no shared memory and no completion
-// (A/B knob QQ_DEC_PF: stages fetched ahead of the ring).
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 #endif
 
@@ -177,7 +171,6 @@ struct QP {
   int gated;
   bool swiglu;
   uint32_t mul0, mul1;  // 65 << 6, 65 << 2: kernel parameters so that ptxas keeps the multiplies (IMAD)
-  int pf;               // A/B knob: stages prefetched into the L2 ahead of the ring (0: none)
 };
 
 // The layout's geometry per format (decode_layout.h): bytes per fragment
@@ -442,15 +435,12 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     // staged x: the stage's rows, then (affine) its sums of x, from x_stage_kernel
     const uint32_t xbytes = WG ? MT * 8 * 512 * KC : p.xt ? Mc * XS : Mc * 512 * KC;
     const uint32_t sbytes = AFF && p.xt ? XSUM * 4 : 0;
-    int pf = pre;  // the next stage to prefetch into the L2
-    if (lane == 0) {
+    if (lane == 0)
       for (int i = 0; i < pre; ++i) {
         const uint32_t full = bar0 + 8 * i;
         mbar_expect(full, SW + xbytes + sbytes);
         bulk_g2s_evict_first(smem_u32(smem + i * STG), wt + (size_t)i * SW, SW, full, pol);
       }
-      for (; pf < nch && pf < pre + p.pf; ++pf) bulk_prefetch_l2(wt + (size_t)pf * SW, SW);
-    }
     // (a stage's x copies after its expect: the barrier's transaction count never runs
     // ahead of what it was armed for)
     __syncwarp();
@@ -463,7 +453,6 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
         if (lane == 0) {
           mbar_expect(full, SW + xbytes + sbytes);
           bulk_g2s_evict_first(dst, wt + (size_t)i * SW, SW, full, pol);
-          if (pf < nch && pf < i + 1 + p.pf) bulk_prefetch_l2(wt + (size_t)pf++ * SW, SW);
         }
         __syncwarp();
       }
@@ -1041,8 +1030,6 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     p.gated = (int)a.gated;
     p.swiglu = a.swiglu;
     p.mul0 = 65u << 6, p.mul1 = 65u << 2;
-    static const int pf_knob = std::getenv("QQ_DEC_PF") ? std::atoi(std::getenv("QQ_DEC_PF")) : 0;
-    p.pf = pf_knob;
     p.xb = a.x;
     p.gidx = a.gidx;
     const int fmt = decode_fmt(a.q);
