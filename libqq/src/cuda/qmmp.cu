@@ -706,6 +706,13 @@ __device__ __forceinline__ void f16_split(uint32_t v, uint32_t& hi, uint32_t& lo
   hi = *reinterpret_cast<const uint32_t*>(&h);
   lo = *reinterpret_cast<const uint32_t*>(&l);
 }
+// Eight float16 values (16 bytes) split so.
+__device__ __forceinline__ void f16_split(const uint4& v, uint4& hi, uint4& lo) {
+  f16_split(v.x, hi.x, lo.x);
+  f16_split(v.y, hi.y, lo.y);
+  f16_split(v.z, hi.z, lo.z);
+  f16_split(v.w, hi.w, lo.w);
+}
 
 // x_stage_kernel for the WG configurations: the R staged rows of stage c in wgmma's K-major
 // core matrices (8 rows x 16 bytes, 128 contiguous bytes): 8-row group r8 at r8 * KC * 4096,
@@ -729,10 +736,7 @@ __device__ __forceinline__ void x_stage_wg(const __nv_bfloat16* x, int64_t xld, 
       v[u] = m < M ? *reinterpret_cast<const uint4*>(xc + (size_t)src * xld + f * FK + 8 * u) : make_uint4(0, 0, 0, 0);
       if constexpr (X16) {  // high parts (rows < Mx) or remainders
         uint4 hi, lo;
-        f16_split(v[u].x, hi.x, lo.x);
-        f16_split(v[u].y, hi.y, lo.y);
-        f16_split(v[u].z, hi.z, lo.z);
-        f16_split(v[u].w, hi.w, lo.w);
+        f16_split(v[u], hi, lo);
         v[u] = m < Mx ? hi : lo;
       }
     }
@@ -772,10 +776,7 @@ __global__ void x_stage_kernel(const __nv_bfloat16* x, int64_t xld, int Mx, int 
     const uint4 v = j < data ? *reinterpret_cast<const uint4*>(xc + (size_t)m * xld + 8 * j) : make_uint4(0, 0, 0, 0);
     if constexpr (X16) {
       uint4 hi, lo;
-      f16_split(v.x, hi.x, lo.x);
-      f16_split(v.y, hi.y, lo.y);
-      f16_split(v.z, hi.z, lo.z);
-      f16_split(v.w, hi.w, lo.w);
+      f16_split(v, hi, lo);
       dst[i] = hi;
       dst[i + Mx * per] = lo;
     } else {
