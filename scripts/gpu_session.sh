@@ -15,6 +15,8 @@
 #              are instrumented at start-up); `kernels` is the quick form
 #   kernels    memcheck, racecheck and initcheck over scripts/sanitize_kernels.py (CuPy, no torch)
 #   profile    ncu (SpeedOfLight, Occupancy) of bench/tune/profile_quantize.py
+#   ncusrc     ncu's Source page (SASS, warp-stall samples per instruction) of decode-layout
+#              calls: NCU_CASES="4096x14336:nvfp4:1 4096x4096:nvfp4:1" (bench/tune/ncu_dec.py)
 #   clink      C linking without Python on a CUDA build (tests/test_install.py)
 #   multi      the 2-GPU tests (tests/test_multi_gpu.py and the mixed-device errors)
 #   bench      bench_overhead (GPU rows) and bench_decode (DECODE_ARGS="..." its arguments);
@@ -77,6 +79,20 @@ for step in "$@"; do
         > "$LOG/ncu.log" 2>&1 || rc=1
       grep -E "quantize|dequantize|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Duration" \
         "$LOG/ncu.log" | head -80
+      ;;
+    ncusrc)
+      # per-instruction SASS with ncu's warp-stall samples and execution counts (the Source
+      # page as CSV) of one decode-layout call per NCU_CASES entry SHAPE:MODE:M (ncu_dec.py)
+      for c in ${NCU_CASES:-4096x14336:nvfp4:1}; do
+        IFS=: read -r shp md mm <<< "$c"
+        n="ncu_src-$shp-$md-m$mm"
+        SHAPE=$shp MODE=$md M=$mm timeout 200 ncu --section SourceCounters --section WarpStateStats \
+          --section SchedulerStats --import-source no --launch-skip 3 --launch-count 1 -k regex:qmmp \
+          -f -o "$LOG/$n" python3 bench/tune/ncu_dec.py > "$LOG/$n.log" 2>&1 || rc=1
+        ncu -i "$LOG/$n.ncu-rep" --page source --csv --print-source sass > "$LOG/$n-sass.csv" 2>&1 || rc=1
+        ncu -i "$LOG/$n.ncu-rep" > "$LOG/$n-details.txt" 2>&1 || rc=1
+        echo "$c: $(wc -l < "$LOG/$n-sass.csv") SASS rows; $(grep -E 'Duration|Issue Slots Busy|No Eligible' "$LOG/$n-details.txt" | tr -s ' ' | tr '\n' ';')"
+      done
       ;;
     clink)
       # C linking without Python, CUDA build: plain CMake build + install, examples/c via
