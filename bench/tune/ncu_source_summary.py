@@ -1,3 +1,9 @@
+"""Summary of ncu's Source page as CSV (scripts/gpu_session.sh step ncusrc writes it): the
+kernel, its warp-stall samples by reason, executed warp instructions and samples by opcode,
+and the 25 SASS instructions with the most samples (their top three stall reasons).
+
+    python bench/tune/ncu_source_summary.py ncu_src-4096x14336-nvfp4-m1-sass.csv
+"""
 import csv, sys, collections
 f = sys.argv[1]
 rows = list(csv.reader(open(f)))
