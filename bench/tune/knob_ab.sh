@@ -4,7 +4,8 @@
 # bench/tune/decode_graph.py (per-call times, CUDA graphs) and bench_decode (the graphed step,
 # SwiGLU fused). Logs under $OUT.
 #   KNOB=QQ_DEC_PF VALUES="0 4 1000" OUT=$OUT/pf bash bench/tune/knob_ab.sh
-# SHAPES / MS / MODES: decode_graph's; STEP_MS / STEP_MODES: bench_decode's.
+# SHAPES / MS / MODES: decode_graph's; STEP_MS / STEP_MODES: bench_decode's; REPS (2): rounds;
+# TESTS (K): GPU tests run first, the knob unset.
 set -uo pipefail
 OUT=${OUT:-/tmp/knob_ab}
 mkdir -p "$OUT"
@@ -12,7 +13,12 @@ export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVE
 [ -d .cutlass/cutlass ] && export QQ_CUTLASS_DIR="$PWD/.cutlass"
 python3 -m pip install --no-build-isolation --no-deps -e . -C cmake.define.QQ_CUDA_ARCHS=90a > "$OUT/build.log" 2>&1 ||
   { tail -20 "$OUT/build.log"; exit 1; }
-for rep in 1 2; do
+if [ -n "${TESTS:-}" ]; then  # GPU tests first, with the knob at its default (TESTS: paths; K: -k)
+  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu -n 16 -p no:cacheprovider $TESTS ${K:+-k "$K"} \
+    > "$OUT/pytest.log" 2>&1
+  echo "tests: $(tail -1 "$OUT/pytest.log")"
+fi
+for rep in $(seq 1 ${REPS:-2}); do
   for v in $VALUES; do
     echo "== $KNOB=$v (run $rep) $(date +%T)"
     env "$KNOB=$v" LAYOUTS=decode SHAPES=${SHAPES:-4096x4096,6144x4096,4096x14336,28672x4096} MS=${MS:-1,16} \
