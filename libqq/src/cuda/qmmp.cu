@@ -38,7 +38,6 @@
 
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 
 #include "../act.h"
 #include "../codec.h"
@@ -172,7 +171,6 @@ struct QP {
   int gated;
   bool swiglu;
   uint32_t mul0, mul1;  // 65 << 6, 65 << 2: kernel parameters so that ptxas keeps the multiplies (IMAD)
-  int rcopy;            // A/B knob QQ_DEC_RCOPY (0: the other ranks' sums read in the output loop)
 };
 
 // The layout's geometry per format (decode_layout.h): bytes per fragment
@@ -605,11 +603,13 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
   // stage was consumed), all loads in flight at once; the output loop below then
   // reads them locally, and the other ranks are released here, before rank 0's stores.
   // (Read in that loop through the cluster, one value at a time, the loads were 4 MW
-  // dependent round trips a thread.) Rank r's sums at ring + (r - 1) * RED (decode_matmul
+  // dependent round trips a thread: H200, CUDA graphs, 6144 x 4096 nvfp4 M = 64 35.5 ->
+  // 29.1 us, 4096^2 M = 16 11.5 -> 11.0, M = 1 within 3 %; qmm-decode-h100-notes.md,
+  // session aj.) Rank r's sums at ring + (r - 1) * RED (decode_matmul
   // splits K over at most 2 ranks; every ring holds the sums of 3 more).
   float* rpart = reinterpret_cast<float*>(smem);
   static_assert((size_t)S * STG >= 3 * RED * sizeof(float), "the ring holds 3 other ranks' sums");
-  if (ks > 1 && rank == 0 && p.rcopy) {
+  if (ks > 1 && rank == 0) {
     for (int r = 1; r < ks; ++r) {
       // (8-byte words: part is 8-byte aligned, after 3 S barriers)
       const float2* src = reinterpret_cast<const float2*>(cluster.map_shared_rank(part, r));
@@ -618,7 +618,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     }
     __syncthreads();
   }
-  if (p.rcopy) cluster.sync();  // the other ranks' shared memory stays until rank 0 has read it
+  cluster.sync();  // the other ranks' shared memory stays until rank 0 has read it
   if (rank == 0 && warp < kCons && fpar == 0) {
     // 2^9 undoes the fp decoders' 2^-9 (affine: the scales took the 2^7)
     const float alpha = AFF ? 1.0f : p.gs ? nvfp4_dec(*p.gs) * 512.0f : 512.0f;
@@ -645,13 +645,13 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
         if (m < Mout && n < p.N) {
           float v = part[o];
 #pragma unroll 1
-          for (int r = 1; r < ks; ++r) v += p.rcopy ? rpart[(r - 1) * RED + o] : cluster.map_shared_rank(part, r)[o];
+          for (int r = 1; r < ks; ++r) v += rpart[(r - 1) * RED + o];
           if (p.x16) {  // + the sums of row m's remainder row, m + Mo (the same column n)
             const int h = m + p.Mo;
             const int o2 = ((rb * MT + (h >> 3)) * 4 + ((i & 2) | (h & 1))) * 32 + 4 * g + ((h & 7) >> 1);
             float v2 = part[o2];
 #pragma unroll 1
-            for (int r = 1; r < ks; ++r) v2 += p.rcopy ? rpart[(r - 1) * RED + o2] : cluster.map_shared_rank(part, r)[o2];
+            for (int r = 1; r < ks; ++r) v2 += rpart[(r - 1) * RED + o2];
             v += v2;
           }
           int64_t e;
@@ -690,7 +690,6 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
           }
     }
   }
-  if (!p.rcopy) cluster.sync();
 #else
   __trap();  // never launched: launch() refuses code compiled below sm_90
 #endif
@@ -1051,8 +1050,6 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     p.gated = (int)a.gated;
     p.swiglu = a.swiglu;
     p.mul0 = 65u << 6, p.mul1 = 65u << 2;
-    static const int rcopy_knob = std::getenv("QQ_DEC_RCOPY") ? std::atoi(std::getenv("QQ_DEC_RCOPY")) : 1;
-    p.rcopy = rcopy_knob;
     p.xb = a.x;
     p.gidx = a.gidx;
     const int fmt = decode_fmt(a.q);
