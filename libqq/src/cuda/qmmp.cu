@@ -600,13 +600,14 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
   // reads of gs and bias, which the previous kernel may have written)
   asm volatile("griddepcontrol.wait;" ::: "memory");
   // K split: rank 0's threads copy the other ranks' sums into the ring (idle now: every
-  // stage was consumed), all loads in flight at once; the output loop below then
-  // reads them locally, and the other ranks are released here, before rank 0's stores.
-  // (Read in that loop through the cluster, one value at a time, the loads were 4 MW
-  // dependent round trips a thread: H200, CUDA graphs, 6144 x 4096 nvfp4 M = 64 35.5 ->
-  // 29.1 us, 4096^2 M = 16 11.5 -> 11.0, M = 1 within 3 %; qmm-decode-h100-notes.md,
-  // session aj.) Rank r's sums at ring + (r - 1) * RED (decode_matmul
-  // splits K over at most 2 ranks; every ring holds the sums of 3 more).
+  // stage was consumed), all loads in flight at once; the output loop below then reads
+  // them locally, and the other ranks are released here, before rank 0's stores. (Read in
+  // that loop through the cluster, one value at a time, the loads were 4 MW dependent round
+  // trips a thread: H200, CUDA graphs, 6144 x 4096 nvfp4 M = 64 35.5 -> 29.1 us, 4096^2
+  // M = 16 11.5 -> 11.0, M = 1 from 5 % faster to 1 % slower; qmm-decode-h100-notes.md,
+  // session aj.) Rank r's sums at ring + (r - 1) * RED (decode_matmul splits K over at most
+  // 2 ranks; every ring holds the sums of 3 more). The additions keep their order: the
+  // same bits as before.
   float* rpart = reinterpret_cast<float*>(smem);
   static_assert((size_t)S * STG >= 3 * RED * sizeof(float), "the ring holds 3 other ranks' sums");
   if (ks > 1 && rank == 0) {
