@@ -10,7 +10,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_graph import graph_us  # noqa: E402
+from decode_graph import copy_gbps, graph_us  # noqa: E402
 
 import qq  # noqa: E402
 
@@ -21,10 +21,7 @@ MS = [int(v) for v in os.environ.get("MS", "1").split(",")]
 QUANT = {"affine4": dict(mode="affine", bits=4, group_size=64), "affine8": dict(mode="affine", bits=8, group_size=64)}
 tag = f"S={os.environ.get('QQ_DEC_S', '-')} KS={os.environ.get('QQ_DEC_KS', '-')}"
 torch.manual_seed(0)
-a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-b = torch.empty_like(a)
-copy = 2 * a.numel() / (graph_us(lambda: b.copy_(a), reps=10) * 1e-6) / 1e9
-del a, b
+copy = copy_gbps()
 tot = {}
 for n, k in SHAPES:
     nw = max(4, min(16, int(200e6 // (n * k * 0.53))))

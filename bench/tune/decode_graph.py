@@ -6,11 +6,16 @@ through programmatic dependent launch. Prints one line per (shape, mode, M).
     python bench/tune/decode_graph.py
     LAYOUTS=decode MS=1,16,64 SHAPES=4096x4096 MODES=nvfp4 python bench/tune/decode_graph.py
 """
+import os
+import sys
+
 import torch
 
-import qq
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import Timer, copy_bandwidth  # noqa: E402
 
-import os
+import qq  # noqa: E402
+
 SHAPES = [(16384, 16384), (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 if os.environ.get("SHAPES"):
     SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["SHAPES"].split(",")]
@@ -43,15 +48,17 @@ def graph_us(fn, reps=20):
     return t0.elapsed_time(t1) * 1000 / reps
 
 
+def copy_gbps() -> float:
+    """The copy bandwidth (read + write) of the benchmark tables (harness.copy_bandwidth). A
+    1 GiB copy captured in a graph, as measured here before, read ~2.7 TB/s on an H200 against
+    4.2-4.3 (bench/results/qmm-decode-h100-notes.md, sessions v and aj)."""
+    return copy_bandwidth(Timer())
+
+
 def main():
     torch.manual_seed(0)
-    # copy bandwidth (read + write) for the ratio
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    cp = graph_us(lambda: b.copy_(a), reps=10)
-    copy_gbps = 2 * a.numel() / (cp * 1e-6) / 1e9
-    del a, b
-    print(f"copy {copy_gbps:.0f} GB/s")
+    copy = copy_gbps()
+    print(f"copy {copy:.0f} GB/s")
     for n, k in SHAPES:
         nw = max(2, min(8, int(160e6 // (n * k * 0.53))))  # > the 50 MB L2 in all
         w = [torch.randn((n, k), dtype=torch.bfloat16, device="cuda") for _ in range(nw)]
@@ -83,8 +90,8 @@ def main():
                     res[name + "_eager"] = t0.elapsed_time(t1) * 1000 / (10 * nw)
                 gb = {kk: wbytes / (v * 1e-6) / 1e9 for kk, v in res.items()}
                 print(f"{mode:7s} ({n:5d},{k:5d}) M={m:2d}: packed {res['packed']:7.2f} us "
-                      f"({gb['packed'] / copy_gbps:.2f} of copy)  decode {res['decode']:7.2f} us "
-                      f"({gb['decode'] / copy_gbps:.2f})  x{res['packed'] / res['decode']:.2f}  eager: packed "
+                      f"({gb['packed'] / copy:.2f} of copy)  decode {res['decode']:7.2f} us "
+                      f"({gb['decode'] / copy:.2f})  x{res['packed'] / res['decode']:.2f}  eager: packed "
                       f"{res['packed_eager']:7.2f} decode {res['decode_eager']:7.2f} us", flush=True)
             del qw, dw
         del w
