@@ -15,7 +15,8 @@
 #     bench_quantize --quick for row-wise and column-wise quantization (MODES: the modes whose
 #     rows are printed);
 #   moe: every GPU test of test_qdq.py and test_grouped.py (the qdq kernels of qqmm.cu) and
-#     bench/tune/moe_qdq_probe.py, then bench_moe (LINEAR=1: and bench_linear --quick).
+#     bench/tune/moe_qdq_probe.py, then bench_moe (LINEAR=1: and bench_linear --quick);
+#   gather: the gather tests of test_gather_qmm.py and test_decode.py, and bench/tune/gather_ab.py.
 #   GRAPH_SHAPES=4096x4096,... (decode): bench/tune/decode_graph.py at those shapes too
 #   (GRAPH_MS, GRAPH_MODES).
 # BASE_K: run the base's tests too, narrowed by this -k expression (cases not yet run on a GPU).
@@ -45,6 +46,9 @@ elif [ "$SUITE" = quantize ]; then
 elif [ "$SUITE" = moe ]; then
   TESTS=${TESTS:-"tests/test_qdq.py tests/test_grouped.py"}
   K=${K:-}
+elif [ "$SUITE" = gather ]; then
+  TESTS=${TESTS:-"tests/test_gather_qmm.py tests/test_decode.py"}
+  K=${K:-"gather"}
 else
   TESTS=${TESTS:-"tests/test_qqmm.py tests/test_qmma.py tests/test_qmv.py"}
   K=${K:-"in_the_launch or code_space or m_sweep or qmv"}
@@ -68,6 +72,9 @@ measure() {
         timeout 120 python3 bench/tune/decode_graph.py > "$OUT/graph-$1.txt" 2>&1
       grep -v '^device' "$OUT/graph-$1.txt" | cut -c1-100
     fi
+  elif [ "$SUITE" = gather ]; then
+    timeout 200 python3 bench/tune/gather_ab.py --modes ${MODES:-nvfp4,mxfp8,affine4} > "$OUT/gather-$1.txt" 2>&1
+    grep -v '^copy' "$OUT/gather-$1.txt" | cut -c1-100
   elif [ "$SUITE" = moe ]; then
     timeout 120 python3 bench/tune/moe_qdq_probe.py > "$OUT/moe_qdq-$1.txt" 2>&1
     grep "round" "$OUT/moe_qdq-$1.txt" | cut -c1-100
