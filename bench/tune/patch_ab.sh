@@ -20,6 +20,10 @@
 #   GRAPH_SHAPES=4096x4096,... (decode): bench/tune/decode_graph.py at those shapes too
 #   (GRAPH_MS, GRAPH_MODES).
 # BASE_K: run the base's tests too, narrowed by this -k expression (cases not yet run on a GPU).
+# KNOB=QQ_X VALUES="0 1": a run-time knob of the tree instead of patches: after the base's
+# build (and BASE_K's tests, the knob unset), the measurement once per value, REPS (2) rounds
+# interleaved against drift; no patches. (Session aj's knob A/Bs ran this as knob_ab.sh,
+# kept under bench/results/logs-2026-11-30aj/scripts/.)
 # SKIP_BASE_RUN=1: build the base (the patches rebuild on top of it) but leave its run out;
 # AGAIN=1: measure the last patch a second time.
 # Session af: session ae's three qmv / qmma patches (landed as 1be8ebe), then with
@@ -96,7 +100,17 @@ measure() {
   fi
 }
 # the base's tests are the tree's own (main passed them); its measurement is the reference
-build base && { [ -z "${BASE_K:-}" ] || K=$BASE_K tests base; } && { [ -n "${SKIP_BASE_RUN:-}" ] || measure base; }
+build base && { [ -z "${BASE_K:-}" ] || K=$BASE_K tests base; } || exit 1
+if [ -n "${KNOB:-}" ]; then
+  for rep in $(seq 1 "${REPS:-2}"); do
+    for v in $VALUES; do
+      echo "== $KNOB=$v (round $rep)"
+      ( export "$KNOB=$v"; measure "$v-$rep" )
+    done
+  done
+  exit 0
+fi
+[ -n "${SKIP_BASE_RUN:-}" ] || measure base
 n=0
 applied=()
 for p in ${PATCHES:-}; do
