@@ -4,7 +4,9 @@ current GPU.
 For each shape and mode: qq.quantize on bf16 input with blocked scales (affine:
 linear, its only layout), reported as GB/s (bytes read + written) against the
 device copy bandwidth and against torch.compile of the same quantization written
-in torch ops, both measured in this run; also qq.dequantize back to bf16.
+in torch ops, both measured in this run; also qq.dequantize back to bf16. At the
+two large shapes also fp32 input and the fp modes' linear scales (rows' columns "x"
+and "scales"; quantize_colwise likewise, one orientation and both).
 
     python bench/bench_quantize.py [--quick] [--only quantize|dequantize|colwise|moe|amax]
 
@@ -29,11 +31,23 @@ SHAPES = [(16384, 16384), (8192, 5120), (16, 4096)]
 MODES = [("nvfp4", {}), ("mxfp4", {}), ("mxfp8", {}), ("affine4", {"bits": 4}), ("affine8", {"bits": 8})]
 
 
-def quantize_args(mode: str, kw: dict) -> dict:
+def quantize_args(mode: str, kw: dict, layout: str = "blocked") -> dict:
     """qq.quantize's arguments for a mode name of MODES (and bench/tune/q_sweep.py's):
-    "affine..." is mode "affine" with linear scales (its only layout); fp modes take blocked."""
+    "affine..." is mode "affine" with linear scales (its only layout); fp modes take `layout`."""
     qmode = "affine" if mode.startswith("affine") else mode
-    return dict(kw, mode=qmode, scale_layout="linear" if qmode == "affine" else "blocked")
+    return dict(kw, mode=qmode, scale_layout="linear" if qmode == "affine" else layout)
+
+
+def variants(shape):
+    """(x dtype, scale layout) pairs measured at a shape: bf16 blocked everywhere; fp32 input and
+    linear scales at the two large shapes (the issue's 16384^2 and 8192 x 5120)."""
+    if shape not in SHAPES[:2]:
+        return [(torch.bfloat16, "blocked")]
+    return [(dt, lay) for dt in (torch.bfloat16, torch.float32) for lay in ("blocked", "linear")]
+
+
+def dtype_name(dt) -> str:
+    return str(dt).rpartition(".")[2].replace("bfloat16", "bf16").replace("float32", "fp32")
 
 
 def moved_bytes(x, q) -> int:
@@ -143,52 +157,69 @@ def main() -> None:
     print(f"device copy bandwidth: {copy_gbps:.1f} GB/s (read + write)")
     torch.manual_seed(0)
     for shape in SHAPES:
-        x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
-        for mode, kw in MODES:
-            qa = quantize_args(mode, kw)
-            q = qq.quantize(x, **qa)
-            moved = moved_bytes(x, q)
-            if want("quantize"):
-                us = timer(lambda: qq.quantize(x, **qa), moved)
-                gbps = moved / (us * 1e-6) / 1e9
-                bench.row("quantize", mode, shape, "GBps", gbps, "copy", copy_gbps, us=round(us, 2))
-            if want("quantize") and not args.quick and shape == SHAPES[0]:  # compile time: one shape per mode
-                fn = torch.compile(peer_fn(mode), dynamic=False)
-                fn(x)
-                us_tc = timer(lambda: fn(x), moved)
-                bench.row("quantize", mode, shape, "us", us, "torch_compile", us_tc)
-            # dequantize back to bf16: bytes = packed + scales (+ biases) + output
-            dq_moved = moved  # same byte count, other direction
-            if not want("dequantize"):
-                continue
-            us_dq = timer(lambda: qq.dequantize(q, dtype=torch.bfloat16), dq_moved)
-            bench.row("dequantize", mode, shape, "GBps", dq_moved / (us_dq * 1e-6) / 1e9, "copy", copy_gbps,
-                      us=round(us_dq, 2))
-            if mode == "nvfp4":  # with a global scale, as nvfp4 checkpoints have (variant "global_scale")
-                qg = qq.quantize(x, **qa, global_scale=qq.amax(x))
-                us_g = timer(lambda: qq.dequantize(qg, dtype=torch.bfloat16), dq_moved + 4)
-                bench.row("dequantize", mode, shape, "GBps", (dq_moved + 4) / (us_g * 1e-6) / 1e9, "copy",
-                          copy_gbps, us=round(us_g, 2), variant="global_scale")
-                del qg
+        for xdt, layout in variants(shape):
+            x = torch.randn(shape, dtype=xdt, device="cuda")
+            cols = dict(x=dtype_name(xdt), scales=layout)
+            for mode, kw in MODES:
+                if layout == "linear" and mode.startswith("affine"):
+                    continue  # affine's one layout is linear: measured as "blocked"'s row
+                qa = quantize_args(mode, kw, layout)
+                q = qq.quantize(x, **qa)
+                moved = moved_bytes(x, q)
+                cols["scales"] = qa["scale_layout"]
+                if want("quantize"):
+                    us = timer(lambda: qq.quantize(x, **qa), moved)
+                    gbps = moved / (us * 1e-6) / 1e9
+                    bench.row("quantize", mode, shape, "GBps", gbps, "copy", copy_gbps, us=round(us, 2), **cols)
+                # the torch.compile peer: compile time, so one shape and the blocked layout
+                if want("quantize") and not args.quick and shape == SHAPES[0] and layout == "blocked":
+                    fn = torch.compile(peer_fn(mode), dynamic=False)
+                    fn(x)
+                    us_tc = timer(lambda: fn(x), moved)
+                    bench.row("quantize", mode, shape, "us", us, "torch_compile", us_tc, **cols)
+                # dequantize back to bf16 (from bf16 x: the codes do not depend on x's dtype, but
+                # affine's scale dtype does): bytes = packed + scales (+ biases) + output
+                dq_moved = moved  # same byte count, other direction
+                if not want("dequantize") or (xdt != torch.bfloat16 and not mode.startswith("affine")):
+                    continue
+                us_dq = timer(lambda: qq.dequantize(q, dtype=torch.bfloat16), dq_moved)
+                bench.row("dequantize", mode, shape, "GBps", dq_moved / (us_dq * 1e-6) / 1e9, "copy", copy_gbps,
+                          us=round(us_dq, 2), **cols)
+                if mode == "nvfp4" and layout == "blocked" and xdt == torch.bfloat16:
+                    # with a global scale, as nvfp4 checkpoints have (variant "global_scale")
+                    qg = qq.quantize(x, **qa, global_scale=qq.amax(x))
+                    us_g = timer(lambda: qq.dequantize(qg, dtype=torch.bfloat16), dq_moved + 4)
+                    bench.row("dequantize", mode, shape, "GBps", (dq_moved + 4) / (us_g * 1e-6) / 1e9, "copy",
+                              copy_gbps, us=round(us_g, 2), variant="global_scale", **cols)
+                    del qg
+            del x
     # ---- the other orientation (scales per group of rows), and both from one read
     for shape in (SHAPES[:2] if want("colwise") else []):
-        x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
-        for mode, kw in MODES:
-            qa = quantize_args(mode, kw)
-            qmode = qa["mode"]
-            col = qq.quantize_colwise(x, **qa)
-            moved = moved_bytes(x, col)
-            us = timer(lambda: qq.quantize_colwise(x, **qa), moved)
-            bench.row("quantize_colwise", mode, shape, "GBps", moved / (us * 1e-6) / 1e9, "copy", copy_gbps,
-                      us=round(us, 2))
-            if not args.quick and qmode in ("mxfp4", "mxfp8") and shape == SHAPES[0]:
-                fn = torch.compile(lambda t, fp4=(qmode == "mxfp4"): torch_mx_cols(t, fp4), dynamic=False)
-                fn(x)
-                bench.row("quantize_colwise", mode, shape, "us", us, "torch_compile", timer(lambda: fn(x), moved))
-            moved2 = moved * 2 - nbytes(x)  # one read, both outputs written
-            us2 = timer(lambda: qq.quantize_colwise(x, rowwise=True, **qa), moved2)
-            bench.row("quantize_colwise", mode, shape, "GBps", moved2 / (us2 * 1e-6) / 1e9, "copy", copy_gbps,
-                      us=round(us2, 2), variant="both")
+        for xdt, layout in variants(shape):
+            x = torch.randn(shape, dtype=xdt, device="cuda")
+            cols = dict(x=dtype_name(xdt), scales=layout)
+            for mode, kw in MODES:
+                if layout == "linear" and mode.startswith("affine"):
+                    continue
+                qa = quantize_args(mode, kw, layout)
+                qmode = qa["mode"]
+                cols["scales"] = qa["scale_layout"]
+                col = qq.quantize_colwise(x, **qa)
+                moved = moved_bytes(x, col)
+                us = timer(lambda: qq.quantize_colwise(x, **qa), moved)
+                bench.row("quantize_colwise", mode, shape, "GBps", moved / (us * 1e-6) / 1e9, "copy", copy_gbps,
+                          us=round(us, 2), **cols)
+                if (not args.quick and qmode in ("mxfp4", "mxfp8") and shape == SHAPES[0] and layout == "blocked"):
+                    fn = torch.compile(lambda t, fp4=(qmode == "mxfp4"): torch_mx_cols(t, fp4), dynamic=False)
+                    fn(x)
+                    bench.row("quantize_colwise", mode, shape, "us", us, "torch_compile", timer(lambda: fn(x), moved),
+                              **cols)
+                del col
+                moved2 = moved * 2 - nbytes(x)  # one read, both outputs written
+                us2 = timer(lambda: qq.quantize_colwise(x, rowwise=True, **qa), moved2)
+                bench.row("quantize_colwise", mode, shape, "GBps", moved2 / (us2 * 1e-6) / 1e9, "copy", copy_gbps,
+                          us=round(us2, 2), variant="both", **cols)
+            del x
     # ---- MoE 3D MXFP8
     for shape in ([(1, 8192, 5120), (8, 7168, 2048), (32, 7168, 2048)] if want("moe") else []):
         w = torch.randn(shape, dtype=torch.bfloat16, device="cuda")

@@ -175,6 +175,23 @@ def test_both_orientations_dtypes(rng, cfg, layout, shape, dtype, device):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp4", "mxfp8"])
+def test_both_orientations_rows_8_aligned_gpu(rng, mode):
+    """rowwise=True for fp modes from bf16 x whose rows are 8- but not 16-byte aligned (a column
+    slice): the GPU's row-wise kernel needs 16, so both halves come from the one-read kernel
+    (colq_kernel) instead of the two passes the 4-bit modes take otherwise; same bytes."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    full = _poisoned(rng, (64, 68), R.BF16)
+    x = full[:, 4:]
+    row, col = qq.quantize_colwise(to_device(full, "cuda")[:, 4:], mode=mode, rowwise=True)
+    assert_quantized_equal(row, R.quantize(x, mode=mode), x, what="rowwise half, 8-byte aligned rows")
+    xt = np.ascontiguousarray(x.T)
+    assert_quantized_equal(col, R.quantize(xt, mode=mode), xt, what="colwise half, 8-byte aligned rows")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["nvfp4", "mxfp8", "affine"])
 def test_colwise_misaligned_rows_gpu(rng, mode):
     """x whose rows are not 8-byte aligned (a column slice of a bf16 tensor) takes the

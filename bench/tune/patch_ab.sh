@@ -13,7 +13,7 @@
 #     gate/up (cuda/qmmp.cu patches);
 #   quantize: every GPU test of test_quantize.py, test_colwise.py and test_qdq.py, and
 #     bench_quantize --quick for row-wise and column-wise quantization (MODES: the modes whose
-#     rows are printed);
+#     rows are printed, a grep -E pattern; ONLY="colwise": that family alone);
 #   moe: every GPU test of test_qdq.py and test_grouped.py (the qdq kernels of qqmm.cu) and
 #     bench/tune/moe_qdq_probe.py, then bench_moe (LINEAR=1: and bench_linear --quick);
 #   gather: the gather tests of test_gather_qmm.py and test_decode.py, and bench/tune/gather_ab.py.
@@ -89,7 +89,7 @@ measure() {
       grep -E "qqlinear_(step|fwd) +mxfp8" "$OUT/linear-$1.log" | cut -c1-110
     fi
   elif [ "$SUITE" = quantize ]; then
-    for o in quantize colwise; do
+    for o in ${ONLY:-quantize colwise}; do
       QQ_BENCH_OUT="$OUT/res-$1" timeout 200 python3 bench/bench_quantize.py --quick --only $o > "$OUT/$o-$1.log" 2>&1
       grep -E "${MODES:-mxfp4}" "$OUT/$o-$1.log" | grep -E "copy" | cut -c1-110
     done

@@ -299,6 +299,7 @@ namespace cuda {
 int device_count();
 qqStatus_t device_capability(int device, int* major, int* minor);
 qqStatus_t quantize(qqHandle_t h, const QuantizeArgs& a, void* stream);
+bool quantize_accepts(const QuantizeArgs& a);
 qqStatus_t quantize_colwise(qqHandle_t h, const ColwiseArgs& a, void* stream);
 qqStatus_t dequantize(qqHandle_t h, const DequantizeArgs& a, void* stream);
 qqStatus_t swizzle(qqHandle_t h, const Mat& linear, const Mat& blocked, bool to_blocked, void* stream);

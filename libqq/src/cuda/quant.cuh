@@ -250,8 +250,11 @@ inline dim3 row_grid(Shape& s, bool pack) {
   return dim3((unsigned int)((s.nrows + R - 1) / R), (unsigned int)((s.chunks + T - 1) / T));
 }
 // The 2D grid's limits: rows (all batch entries) < 2^31, chunks per row < 65535 * 128.
+inline bool row_grid_fits(const Shape& s) {
+  return s.total / s.chunks < (int64_t)1 << 31 && (s.chunks + kRowThreads - 1) / kRowThreads <= 65535;
+}
 inline qqStatus_t check_row_grid(const char* op, const Shape& s) {
-  if (s.total / s.chunks >= (int64_t)1 << 31 || (s.chunks + kRowThreads - 1) / kRowThreads > 65535)
+  if (!row_grid_fits(s))
     return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: %lld rows of %lld elements exceed the GPU grid (2^31 rows, "
                      "8.3M elements per row); split the tensor", op, (long long)(s.total / s.chunks),
                      (long long)(s.chunks * kVec));

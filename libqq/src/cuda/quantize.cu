@@ -317,19 +317,32 @@ qqStatus_t launch_quantize_t(const QuantizeArgs& a, Shape s, cudaStream_t st) {
   return check_launch("quantize");
 }
 
-}  // namespace
-
-qqStatus_t quantize(qqHandle_t h, const QuantizeArgs& a, void* stream) {
-  QQ_TRY(check_aligned("quantize", "x", a.x, 16));
-  // data is written a group at a time: 8 bytes (nvfp4), 16 (mxfp4, mxfp8);
-  // affine 4 (4-bit), 8 (8-bit) or 1 byte (2/3/5/6-bit) at a time
-  const int dalign = a.q.fp() ? (a.q.mode == QQ_MODE_NVFP4 ? 8 : 16) : (a.q.bits == 4 ? 4 : (a.q.bits == 8 ? 8 : 1));
-  QQ_TRY(check_aligned("quantize", "data", a.data, dalign));
+// data is written a group at a time: 8 bytes (nvfp4), 16 (mxfp4, mxfp8);
+// affine 4 (4-bit), 8 (8-bit) or 1 byte (2/3/5/6-bit) at a time
+int data_align(const QSpec& q) {
+  return q.fp() ? (q.mode == QQ_MODE_NVFP4 ? 8 : 16) : (q.bits == 4 ? 4 : (q.bits == 8 ? 8 : 1));
+}
+Shape row_shape(const QuantizeArgs& a) {
   Shape s;
   s.chunks = a.x.cols / kVec;
   s.rows = a.x.rows;
   s.prows = a.q.blocked ? a.scales.rows : a.x.rows;
   s.total = a.x.batch() * s.prows * s.chunks;
+  return s;
+}
+
+}  // namespace
+
+// Whether quantize() takes these arguments without an error (quantize_colwise's choice of
+// its row-wise half); quantize() returns the error naming the one that fails.
+bool quantize_accepts(const QuantizeArgs& a) {
+  return aligned(a.x, 16) && aligned(a.data, data_align(a.q)) && row_grid_fits(row_shape(a));
+}
+
+qqStatus_t quantize(qqHandle_t h, const QuantizeArgs& a, void* stream) {
+  QQ_TRY(check_aligned("quantize", "x", a.x, 16));
+  QQ_TRY(check_aligned("quantize", "data", a.data, data_align(a.q)));
+  const Shape s = row_shape(a);
   QQ_TRY(check_row_grid("quantize", s));
   return on_device(a.x.device, [&]() -> qqStatus_t {
     cudaStream_t st = (cudaStream_t)stream;
