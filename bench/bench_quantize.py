@@ -178,8 +178,8 @@ def main() -> None:
                     us_tc = timer(lambda: fn(x), moved)
                     bench.row("quantize", mode, shape, "us", us, "torch_compile", us_tc, **cols)
                 # dequantize back to bf16 (from bf16 x: the codes do not depend on x's dtype, but
-                # affine's scale dtype does): bytes = packed + scales (+ biases) + output
-                dq_moved = moved  # same byte count, other direction
+                # affine's scale dtype does): bytes = packed + scales (+ biases) + the bf16 output
+                dq_moved = moved - nbytes(x) + x.numel() * 2
                 if not want("dequantize") or (xdt != torch.bfloat16 and not mode.startswith("affine")):
                     continue
                 us_dq = timer(lambda: qq.dequantize(q, dtype=torch.bfloat16), dq_moved)

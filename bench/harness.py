@@ -180,15 +180,34 @@ class Bench:
                "commit": git_commit(), "rows": self.rows}
         with open(base + ".json", "w") as f:
             json.dump(doc, f, indent=1)
-        extra_keys = sorted({k for r in self.rows for k in r} - {"op", "mode", "shape", "metric", "value",
-                                                                  "peer", "peer_value", "ratio"})
-        with open(base + ".md", "w") as f:
-            f.write(f"# {self.name} on {doc['device']}\n\n")
-            f.write(f"Date {doc['date']}, commit {doc['commit']}. Median of CUDA-event timings with the L2 "
-                    f"flushed before each run; ratio = ours / peer (for `us`, peer / ours): higher is better.\n\n")
-            cols = ["op", "mode", "shape", "metric", "value", "peer", "peer_value", "ratio"] + extra_keys
-            f.write("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n")
-            for r in self.rows:
-                f.write("| " + " | ".join(str(tuple(r[c])) if c == "shape" else str(r.get(c, ""))
-                                          for c in cols) + " |\n")
+        write_md(doc, self.name, base + ".md")
         return base + ".json", base + ".md"
+
+
+def write_md(doc: dict, name: str, path: str) -> None:
+    """The .md table of a results document (the json's device, date, commit and rows). Also
+    `python bench/harness.py results/<name>-<gpu>.json`: the .md again from a json alone (a
+    device run may send back fewer files than it wrote)."""
+    rows = doc["rows"]
+    extra_keys = sorted({k for r in rows for k in r} - {"op", "mode", "shape", "metric", "value",
+                                                        "peer", "peer_value", "ratio"})
+    with open(path, "w") as f:
+        f.write(f"# {name} on {doc['device']}\n\n")
+        f.write(f"Date {doc['date']}, commit {doc['commit']}. Median of CUDA-event timings with the L2 "
+                f"flushed before each run; ratio = ours / peer (for `us`, peer / ours): higher is better.\n\n")
+        cols = ["op", "mode", "shape", "metric", "value", "peer", "peer_value", "ratio"] + extra_keys
+        f.write("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n")
+        for r in rows:
+            f.write("| " + " | ".join(str(tuple(r[c])) if c == "shape" else str(r.get(c, ""))
+                                      for c in cols) + " |\n")
+
+
+if __name__ == "__main__":
+    import sys
+
+    for path in sys.argv[1:]:
+        with open(path) as fh:
+            document = json.load(fh)
+        stem = os.path.basename(path)[: -len(".json")]
+        write_md(document, stem.rpartition("-")[0], path[: -len(".json")] + ".md")
+        print("wrote", path[: -len(".json")] + ".md")

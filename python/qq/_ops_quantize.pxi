@@ -99,8 +99,9 @@ def quantize_colwise(x, group_size=None, bits=None, mode="affine", *, global_sca
     the operand of a backward-pass GEMM) without materializing x^T.
 
     Returns the QuantizedArray of x^T [..., K, M] (exactly what quantize(x^T) gives).
-    rowwise=True also quantizes x along its last axis from the same read and returns the
-    pair (quantize(x), quantize_colwise(x)). Parameters as in quantize().
+    rowwise=True also quantizes x along its last axis in the same call and returns the
+    pair (quantize(x), quantize_colwise(x)); docs/api.md says which GPU cases read x once.
+    Parameters as in quantize().
     """
     cdef str func = "quantize_colwise"
     cdef _View vx, vg, vd, vs, vb, vrd, vrs, vrb

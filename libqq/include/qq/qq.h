@@ -245,8 +245,10 @@ QQ_API qqStatus_t qqQuantize(qqHandle_t handle, const DLTensor* x,
  *            or blocked [..., roundup(K,128), roundup(M/group,4)])
  *   biases_t affine only.
  * If `data` is not NULL, x is also quantized along its last axis into
- * data/scales/biases (as qqQuantize would) from the same read of x; scales or
- * biases without data are refused (QQ_STATUS_INVALID_VALUE).
+ * data/scales/biases (as qqQuantize would) in the same call (on the GPU from one
+ * read of x except for affine and for nvfp4 from 16-bit x with blocked scales,
+ * which take two passes: docs/api.md); scales or biases without data are
+ * refused (QQ_STATUS_INVALID_VALUE).
  * M must be a multiple of the group (and K too when data is given). */
 QQ_API qqStatus_t qqQuantizeColwise(qqHandle_t handle, const DLTensor* x,
                                     const qqQuantParams_t* params,
