@@ -138,14 +138,16 @@ def test_both_orientations_affine_16bit_batched(rng, bits, group, dtype, device)
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", dtype_params())
-@pytest.mark.parametrize("shape", [(48, 72), (64, 37), (96, 130), (2, 64, 520), (208, 40)],
+@pytest.mark.parametrize("shape", [(48, 72), (64, 37), (96, 130), (2, 64, 520), (208, 40), (2, 384, 140)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("layout", ["linear", "blocked"])
 @pytest.mark.parametrize("cfg", _DTYPE_CFGS)
 def test_colwise_fp_dtypes(rng, cfg, layout, shape, dtype, device):
     """Every input dtype, K not a multiple of a thread's columns (37, 130), M % 32 == 16
     (nvfp4's half strip; at M = 208 rows of x^T that are 8- but not 16-byte aligned past
-    a full block of 128), NaN / Inf / zero columns: still quantize(x^T) bit for bit."""
+    a full block of 128), NaN / Inf / zero columns: still quantize(x^T) bit for bit.
+    (2, 384, 140): whole 128-row blocks with linear scales (the GPU stages their scale
+    bytes in shared memory) over a batch, a block's columns past K (140 = 128 + 12)."""
     if shape[-2] % cfg.group_size:
         pytest.skip("M must be a multiple of the group")
     x = _poisoned(rng, shape, dtype)

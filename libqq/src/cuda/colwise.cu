@@ -624,6 +624,26 @@ __device__ __forceinline__ void colq_store_xt(const ColwiseArgs& a, const ColqPo
   }
 }
 
+// colq_kernel's staged scale bytes (ssc[j][l][g]: block column l * kC + j, block group g) out
+// to x^T's linear scales, a row's GB bytes (8 or 4) in one store. Called by every thread
+// after a __syncthreads; the block's 128 rows of M are all in x.
+template <typename T, int GB>
+__device__ __forceinline__ void colq_store_scales(const ColwiseArgs& a, const ColqPos<T>& p,
+                                                  const uint8_t (*ssc)[32][GB]) {
+  constexpr int kC = ColqPos<T>::kC;
+  constexpr int kG = kColRows / GB;  // the group size
+  uint8_t* sp = (uint8_t*)a.scales_t.ptr;
+  const int64_t ng = a.M / kG;
+  for (int t = threadIdx.x; t < 32 * kC; t += kColThreads) {
+    const int l = t % 32, j = t / 32;  // consecutive threads: consecutive lanes' entries
+    const int64_t k = p.kb0 + l * kC + j;
+    if (k >= a.K) continue;
+    uint8_t* d = sp + (p.b * a.K + k) * ng + p.mb0 / kG;
+    if constexpr (GB == 8) *reinterpret_cast<uint2*>(d) = *reinterpret_cast<const uint2*>(ssc[j][l]);
+    else *reinterpret_cast<uint32_t*>(d) = *reinterpret_cast<const uint32_t*>(ssc[j][l]);
+  }
+}
+
 // The reduce-scatter of colq_kernel's row maxima: at offset O, a lane keeps the half
 // of its 2 * O * kOwn words on its side of bit O and takes the max with its partner's
 // copy of that half. Recursion on O (compile time): every index is a constant, so p[]
@@ -696,6 +716,19 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
   // this lane's column scales: (k0 + j, m0 / G + h) at sat.base[j * sat.dk + h * sat.dg]
   // (one address computation, where a call of store_col_scale each took ~20 instructions)
   const ColScaleAt sat = col_scale_at(a, b, k0, m0 / G, M / G);
+  // Staged linear scales: a block whose 128 rows of M are all in x writes its scale bytes
+  // of x^T's linear layout from shared memory after the barrier below, a row's kBlockGroups
+  // bytes in one store, where each lane stored its bytes one at a time, the lanes ng * kC
+  // bytes apart (4 KB at 16384^2 nvfp4): column-wise nvfp4 with linear scales 0.56 -> 0.68 of
+  // copy at 16384^2 on an H200, mxfp8 0.68 -> 0.76, fp32 x nvfp4 0.75 -> 0.89. The same
+  // staging for the blocked layout (16-byte tile rows) was 3-6 % slower for the fp4 modes and
+  // is not taken (quantize-h200-profile.md, session ak). ssc[j][lane][g]: block column
+  // lane * kC + j (lanes kBlockGroups bytes apart: no bank conflicts to speak of), the block's
+  // group g = warp * kGroups + h (columns past K: left unwritten, and not stored).
+  constexpr int kBlockGroups = kColRows / G;  // 8 (nvfp4), 4 (mx)
+  __shared__ __align__(16) uint8_t ssc[kC][32][kBlockGroups];
+  const bool stage = !a.tile32 && a.scale_kind == COL_SCALE_T_LINEAR && p.mb0 + kColRows <= M &&
+                     (M / G) % kBlockGroups == 0 && ((uintptr_t)a.scales_t.ptr % kBlockGroups) == 0;
 #pragma unroll
   for (int j = 0; j < kC; ++j) {
     float amax[kGroups];
@@ -753,7 +786,8 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
         for (int i = 0; i < G / 4; i += 4)
           reinterpret_cast<uint4*>(dst)[i / 4] = make_uint4(out[i], out[i + 1], out[i + 2], out[i + 3]);
       }
-      if (sat.base) sat.base[j * sat.dk + h * sat.dg] = gsc.code;
+      if (stage) ssc[j][lane][warp * kGroups + h] = gsc.code;
+      else if (sat.base) sat.base[j * sat.dk + h * sat.dg] = gsc.code;
       else store_tile32_scale(a, b, k, m0 / G + h, M / G, gsc.code);
     }
   }
@@ -761,6 +795,7 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
   // ---- x^T's rows out of shared memory
   __syncthreads();
   colq_store_xt<T>(a, p, so, pitch);
+  if (stage) colq_store_scales<T, kBlockGroups>(a, p, ssc);
 
   // ---- row groups (both orientations from this one read). A row's group of G columns
   // spans kLanes = G / kC lanes. Their partial maxima of all 32 rows are reduced and
