@@ -50,6 +50,20 @@ def dtype_name(dt) -> str:
     return str(dt).rpartition(".")[2].replace("bfloat16", "bf16").replace("float32", "fp32")
 
 
+def cases(shape):
+    """(x, variant layout, mode, qq arguments, the row's x / scales columns) for every variant
+    and mode at a shape (affine in the "blocked" variant only: its one layout is linear); one
+    random x per variant."""
+    for xdt, layout in variants(shape):
+        x = torch.randn(shape, dtype=xdt, device="cuda")
+        for mode, kw in MODES:
+            if layout == "linear" and mode.startswith("affine"):
+                continue
+            qa = quantize_args(mode, kw, layout)
+            yield x, layout, mode, qa, dict(x=dtype_name(xdt), scales=qa["scale_layout"])
+        del x
+
+
 def moved_bytes(x, q) -> int:
     """The bytes one quantization of x into q moves: x read; data, scales (, biases) written."""
     return nbytes(x) + sum(nbytes(t) for t in (q.data, q.scales, q.biases) if t is not None)
@@ -157,69 +171,52 @@ def main() -> None:
     print(f"device copy bandwidth: {copy_gbps:.1f} GB/s (read + write)")
     torch.manual_seed(0)
     for shape in SHAPES:
-        for xdt, layout in variants(shape):
-            x = torch.randn(shape, dtype=xdt, device="cuda")
-            cols = dict(x=dtype_name(xdt), scales=layout)
-            for mode, kw in MODES:
-                if layout == "linear" and mode.startswith("affine"):
-                    continue  # affine's one layout is linear: measured as "blocked"'s row
-                qa = quantize_args(mode, kw, layout)
-                q = qq.quantize(x, **qa)
-                moved = moved_bytes(x, q)
-                cols["scales"] = qa["scale_layout"]
-                if want("quantize"):
-                    us = timer(lambda: qq.quantize(x, **qa), moved)
-                    gbps = moved / (us * 1e-6) / 1e9
-                    bench.row("quantize", mode, shape, "GBps", gbps, "copy", copy_gbps, us=round(us, 2), **cols)
-                # the torch.compile peer: compile time, so one shape and the blocked layout
-                if want("quantize") and not args.quick and shape == SHAPES[0] and layout == "blocked":
-                    fn = torch.compile(peer_fn(mode), dynamic=False)
-                    fn(x)
-                    us_tc = timer(lambda: fn(x), moved)
-                    bench.row("quantize", mode, shape, "us", us, "torch_compile", us_tc, **cols)
-                # dequantize back to bf16 (from bf16 x: the codes do not depend on x's dtype, but
-                # affine's scale dtype does): bytes = packed + scales (+ biases) + the bf16 output
-                dq_moved = moved - nbytes(x) + x.numel() * 2
-                if not want("dequantize") or (xdt != torch.bfloat16 and not mode.startswith("affine")):
-                    continue
-                us_dq = timer(lambda: qq.dequantize(q, dtype=torch.bfloat16), dq_moved)
-                bench.row("dequantize", mode, shape, "GBps", dq_moved / (us_dq * 1e-6) / 1e9, "copy", copy_gbps,
-                          us=round(us_dq, 2), **cols)
-                if mode == "nvfp4" and layout == "blocked" and xdt == torch.bfloat16:
-                    # with a global scale, as nvfp4 checkpoints have (variant "global_scale")
-                    qg = qq.quantize(x, **qa, global_scale=qq.amax(x))
-                    us_g = timer(lambda: qq.dequantize(qg, dtype=torch.bfloat16), dq_moved + 4)
-                    bench.row("dequantize", mode, shape, "GBps", (dq_moved + 4) / (us_g * 1e-6) / 1e9, "copy",
-                              copy_gbps, us=round(us_g, 2), variant="global_scale", **cols)
-                    del qg
-            del x
+        for x, layout, mode, qa, cols in cases(shape):
+            q = qq.quantize(x, **qa)
+            moved = moved_bytes(x, q)
+            if want("quantize"):
+                us = timer(lambda: qq.quantize(x, **qa), moved)
+                gbps = moved / (us * 1e-6) / 1e9
+                bench.row("quantize", mode, shape, "GBps", gbps, "copy", copy_gbps, us=round(us, 2), **cols)
+            # the torch.compile peer: compile time, so one shape and the blocked variant
+            if want("quantize") and not args.quick and shape == SHAPES[0] and layout == "blocked":
+                fn = torch.compile(peer_fn(mode), dynamic=False)
+                fn(x)
+                us_tc = timer(lambda: fn(x), moved)
+                bench.row("quantize", mode, shape, "us", us, "torch_compile", us_tc, **cols)
+            # dequantize back to bf16 (from bf16 x: the codes do not depend on x's dtype, but
+            # affine's scale dtype does): bytes = packed + scales (+ biases) + the bf16 output
+            dq_moved = moved - nbytes(x) + x.numel() * 2
+            if not want("dequantize") or (x.dtype != torch.bfloat16 and not mode.startswith("affine")):
+                continue
+            us_dq = timer(lambda: qq.dequantize(q, dtype=torch.bfloat16), dq_moved)
+            bench.row("dequantize", mode, shape, "GBps", dq_moved / (us_dq * 1e-6) / 1e9, "copy", copy_gbps,
+                      us=round(us_dq, 2), **cols)
+            if mode == "nvfp4" and layout == "blocked" and x.dtype == torch.bfloat16:
+                # with a global scale, as nvfp4 checkpoints have (variant "global_scale")
+                qg = qq.quantize(x, **qa, global_scale=qq.amax(x))
+                us_g = timer(lambda: qq.dequantize(qg, dtype=torch.bfloat16), dq_moved + 4)
+                bench.row("dequantize", mode, shape, "GBps", (dq_moved + 4) / (us_g * 1e-6) / 1e9, "copy",
+                          copy_gbps, us=round(us_g, 2), variant="global_scale", **cols)
+                del qg
     # ---- the other orientation (scales per group of rows), and both from one read
     for shape in (SHAPES[:2] if want("colwise") else []):
-        for xdt, layout in variants(shape):
-            x = torch.randn(shape, dtype=xdt, device="cuda")
-            cols = dict(x=dtype_name(xdt), scales=layout)
-            for mode, kw in MODES:
-                if layout == "linear" and mode.startswith("affine"):
-                    continue
-                qa = quantize_args(mode, kw, layout)
-                qmode = qa["mode"]
-                cols["scales"] = qa["scale_layout"]
-                col = qq.quantize_colwise(x, **qa)
-                moved = moved_bytes(x, col)
-                us = timer(lambda: qq.quantize_colwise(x, **qa), moved)
-                bench.row("quantize_colwise", mode, shape, "GBps", moved / (us * 1e-6) / 1e9, "copy", copy_gbps,
-                          us=round(us, 2), **cols)
-                if (not args.quick and qmode in ("mxfp4", "mxfp8") and shape == SHAPES[0] and layout == "blocked"):
-                    fn = torch.compile(lambda t, fp4=(qmode == "mxfp4"): torch_mx_cols(t, fp4), dynamic=False)
-                    fn(x)
-                    bench.row("quantize_colwise", mode, shape, "us", us, "torch_compile", timer(lambda: fn(x), moved),
-                              **cols)
-                del col
-                moved2 = moved * 2 - nbytes(x)  # one read, both outputs written
-                us2 = timer(lambda: qq.quantize_colwise(x, rowwise=True, **qa), moved2)
-                bench.row("quantize_colwise", mode, shape, "GBps", moved2 / (us2 * 1e-6) / 1e9, "copy", copy_gbps,
-                          us=round(us2, 2), variant="both", **cols)
-            del x
+        for x, layout, mode, qa, cols in cases(shape):
+            col = qq.quantize_colwise(x, **qa)
+            moved = moved_bytes(x, col)
+            del col
+            us = timer(lambda: qq.quantize_colwise(x, **qa), moved)
+            bench.row("quantize_colwise", mode, shape, "GBps", moved / (us * 1e-6) / 1e9, "copy", copy_gbps,
+                      us=round(us, 2), **cols)
+            if not args.quick and qa["mode"] in ("mxfp4", "mxfp8") and shape == SHAPES[0] and layout == "blocked":
+                fn = torch.compile(lambda t, fp4=(qa["mode"] == "mxfp4"): torch_mx_cols(t, fp4), dynamic=False)
+                fn(x)
+                bench.row("quantize_colwise", mode, shape, "us", us, "torch_compile", timer(lambda: fn(x), moved),
+                          **cols)
+            moved2 = moved * 2 - nbytes(x)  # one read, both outputs written
+            us2 = timer(lambda: qq.quantize_colwise(x, rowwise=True, **qa), moved2)
+            bench.row("quantize_colwise", mode, shape, "GBps", moved2 / (us2 * 1e-6) / 1e9, "copy", copy_gbps,
+                      us=round(us2, 2), variant="both", **cols)
     # ---- MoE 3D MXFP8
     for shape in ([(1, 8192, 5120), (8, 7168, 2048), (32, 7168, 2048)] if want("moe") else []):
         w = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
