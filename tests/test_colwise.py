@@ -177,20 +177,24 @@ def test_both_orientations_dtypes(rng, cfg, layout, shape, dtype, device):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["linear", "blocked"])
 @pytest.mark.parametrize("mode", ["nvfp4", "mxfp4", "mxfp8"])
-def test_both_orientations_rows_8_aligned_gpu(rng, mode):
+def test_both_orientations_rows_8_aligned_gpu(rng, mode, layout):
     """rowwise=True for fp modes from bf16 x whose rows are 8- but not 16-byte aligned (a column
     slice): the GPU's row-wise kernel needs 16, so both halves come from the one-read kernel
-    (colq_kernel) instead of the two passes the 4-bit modes take otherwise; same bytes."""
+    (colq_kernel), also for nvfp4 with blocked scales, which takes two passes otherwise; same
+    bytes."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     full = _poisoned(rng, (64, 68), R.BF16)
     x = full[:, 4:]
-    row, col = qq.quantize_colwise(to_device(full, "cuda")[:, 4:], mode=mode, rowwise=True)
-    assert_quantized_equal(row, R.quantize(x, mode=mode), x, what="rowwise half, 8-byte aligned rows")
+    row, col = qq.quantize_colwise(to_device(full, "cuda")[:, 4:], mode=mode, scale_layout=layout, rowwise=True)
+    assert_quantized_equal(row, R.quantize(x, mode=mode, scale_layout=layout), x,
+                           what="rowwise half, 8-byte aligned rows")
     xt = np.ascontiguousarray(x.T)
-    assert_quantized_equal(col, R.quantize(xt, mode=mode), xt, what="colwise half, 8-byte aligned rows")
+    assert_quantized_equal(col, R.quantize(xt, mode=mode, scale_layout=layout), xt,
+                           what="colwise half, 8-byte aligned rows")
 
 
 @pytest.mark.gpu
