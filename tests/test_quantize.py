@@ -582,35 +582,41 @@ def test_affine_data_not_16_byte_aligned_gpu(op, bits, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("off", [0, 1, 4])
 @pytest.mark.parametrize("layout", ["linear", "blocked"])
 @pytest.mark.parametrize("mode", ["nvfp4", "mxfp8"])
-def test_fp_scales_at_odd_address_gpu(mode, layout, rng):
-    """The GPU stores a thread's two nvfp4 scale bytes in one 2-byte store where the scales
-    buffer allows, else byte by byte (mx: one byte a thread). A scales buffer one byte past
-    an even address through the C ABI (ctypes) gives qq.quantize's bytes, nothing written
-    outside it."""
+def test_fp_scales_at_odd_address_gpu(mode, layout, off, rng):
+    """How the GPU stores scale bytes depends on the scales buffer's address: blocked scales
+    in 16-byte stores of a block's staged sectors (16-byte aligned, as every qq.quantize
+    call's), else four groups' bytes in one 4-byte store (4-byte aligned), else a thread's
+    two nvfp4 bytes in one 2-byte store, else byte by byte. Through the C ABI (ctypes), a
+    poisoned scales buffer 0, 1 or 4 bytes past a 16-byte boundary and a poisoned data buffer
+    get the reference's bytes, blocked padding included, and nothing outside them. 130 x 1056:
+    the rows of a second 128-row block, 66 / 33 groups a row (the staged blocks' last column
+    block has one live thread; 2 / 3 padding columns)."""
     import ctypes
     torch = pytest.importorskip("torch")
     lib, Params, dl = _c_abi(torch)
-    m, k = 130, 512  # 32 / 16 groups a row; blocked pads to 256 rows
-    x = torch.from_numpy(random_data(rng, (m, k), F32, 16)).to("cuda", torch.bfloat16)
-    want = qq.quantize(x, mode=mode, scale_layout=layout, torch_dtypes=False)
-    sshape = tuple(want.scales.shape)
+    m, k = 130, 1056
+    # (not varied: no all-zero group, whose codes' sign the comparison would have to loosen)
+    x = torch.from_numpy(random_data(rng, (m, k), F32, 16, varied=False)).to("cuda", torch.bfloat16)
+    ref = R.quantize(to_numpy(x), mode=mode, scale_layout=layout)
+    sshape = ref.scales.shape
     ns = int(np.prod(sshape))
     buf = torch.full((ns + 64,), 0xAB, dtype=torch.uint8, device="cuda")
-    data = torch.empty(tuple(want.data.shape), dtype=torch.uint8, device="cuda")
+    data = torch.full(ref.data.shape, 0xAB, dtype=torch.uint8, device="cuda")
     p = Params()
     assert lib.qqQuantParamsInit(ctypes.byref(p), {"nvfp4": 1, "mxfp8": 3}[mode]) == 0  # qqMode_t
     p.scale_layout = 0 if layout == "linear" else 1
-    off = 1
+    assert buf.data_ptr() % 16 == 0
     st = lib.qqQuantize(None, dl(x), ctypes.byref(p), None, dl(data), dl(buf, sshape, buf.data_ptr() + off), None,
                         ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
     torch.cuda.synchronize()
     assert st == 0
     got = buf.cpu().numpy()
     assert (got[:off] == 0xAB).all() and (got[off + ns:] == 0xAB).all()
-    assert_bits_equal(got[off:off + ns].reshape(sshape), as_bytes(want.scales), "scales")
-    assert_bits_equal(data.cpu().numpy(), as_bytes(want.data), "data")
+    assert_bits_equal(got[off:off + ns].reshape(sshape), ref.scales, "scales")
+    assert_bits_equal(data.cpu().numpy(), ref.data, "data")
 
 
 @pytest.mark.parametrize("device", DEVICES)

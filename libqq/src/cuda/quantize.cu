@@ -9,11 +9,11 @@
 // a group combine min/max with warp shuffles. Every thread encodes its own
 // elements with the codecs of codec.h (the CPU backend's code; E2M1 in
 // software on Hopper is the branch-free magic-number encoder, 8 values packed
-// per word with byte permutes) and stores whole words; the group's first
-// thread writes the scale, to the linear or the blocked layout directly (no
-// second pass). Threads of the blocked layout's padding rows write zero
-// scales; the last unit of a row zero-fills the padding columns, so no memset
-// is needed either. Column-wise and MoE layouts: colwise.cu.
+// per word with byte permutes) and stores whole words. Scale bytes go out in
+// the same pass (ScaleStore): the blocked layout's through shared memory, a
+// block's 32-byte sectors at a time (its padding rows and columns staged as
+// zero), the linear layout's four groups to a 4-byte store; no memset is
+// needed. Column-wise and MoE layouts: colwise.cu.
 // (v1: one thread per 8 elements with shuffles, threshold-compare E2M1.)
 //
 // Indexing and bit-exactness: quant.cuh.
@@ -95,44 +95,52 @@ template <int kGroups> __device__ __forceinline__ void store_codes(uint8_t* sp, 
   }
 }
 
-// kGather: where a row's groups are a multiple of 4, the lanes of four consecutive groups
-// (4 / kGroups of them: the 4 of an mx group each, nvfp4's pairs) gather their scale bytes
-// into one 4-byte store by the first. mxfp8 at 8192 x 5120 went 0.75 -> 0.82 of copy
-// bandwidth on the H200, 16384^2 0.85 -> 0.89 (one byte store a thread before); nvfp4 and
-// mxfp4 within noise (bench/results/quantize-h200-profile.md, session z).
-template <typename T, int G, int kGroups, bool kGather>
-__global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a, Shape s) {
+// How a thread's kGroups scale bytes reach the scales buffer:
+//  kDirect: stored by the thread (store_codes), to either layout.
+//  kGather: where a row's groups are a multiple of 4, the lanes of four consecutive groups
+//    (4 / kGroups of them: the 4 of an mx group each, nvfp4's pairs) gather their scale bytes
+//    into one 4-byte store by the first. mxfp8 at 8192 x 5120 went 0.75 -> 0.82 of copy
+//    bandwidth on the H200, 16384^2 0.85 -> 0.89 (one byte store a thread before); nvfp4 and
+//    mxfp4 within noise (bench/results/quantize-h200-profile.md, session z).
+//  kStaged (blocked layout): a block takes 8 rows of one 128-row block, 16 threads a row
+//    (staged_row_pos), whose scale bytes in each 4-column tile of the layout are one whole
+//    32-byte sector. The block gathers them in shared memory and writes them in 16-byte
+//    stores; directly, each row's 4 bytes of a tile were a store to its own sector. H200,
+//    16384^2 from bf16: nvfp4 0.82 -> 0.84 of copy bandwidth, mxfp4 0.94 -> 0.96, mxfp8
+//    0.88 -> 0.95 (blocked now as fast as linear); from fp32 nvfp4 0.69 -> 0.79; 8192 x 5120
+//    from bf16 0.64 / 0.71 / 0.81 -> 0.68 / 0.73 / 0.86 (quantize-h200-profile.md, session al).
+enum ScaleStore { kDirect, kGather, kStaged };
+
+// Which (batch entry, row, unit) a thread of a kStaged launch takes: block x holds rows
+// 128 (x / 16) + 2 (x % 16) + {0, 1} + 32 {0, 1, 2, 3} over all batch entries (each entry's
+// rows are padded to a multiple of 128, so no 128-row block spans two), thread t row
+// t / 16, unit 16 blockIdx.y + t % 16. The grid: staged_grid.
+constexpr int kStageT = 16;  // threads a row
+__device__ __forceinline__ RowPos staged_row_pos(const Shape& s) {
+  const uint32_t t = threadIdx.x / kStageT, x = blockIdx.x;
+  const uint32_t row = (x / 16) * 128 + (x % 16) * 2 + (t & 1) + (t >> 1) * 32;
+  const uint32_t prows = (uint32_t)s.prows;
+  const uint32_t b = prows == s.nrows ? 0u : row / prows;
+  RowPos p;
+  p.b = b;
+  p.r = row - b * prows;
+  const uint32_t c = blockIdx.y * kStageT + threadIdx.x % kStageT;
+  p.live = c < (uint32_t)s.chunks;
+  p.chunk = p.live ? c : (uint32_t)s.chunks - 1;
+  return p;
+}
+inline bool staged_grid_fits(const Shape& s) { return (s.chunks + kStageT - 1) / kStageT <= 65535; }
+inline dim3 staged_grid(Shape& s) {
+  s.nrows = (uint32_t)(s.total / s.chunks);  // a multiple of 128 (blocked: prows is)
+  return dim3(s.nrows / (kRowThreads / kStageT), (unsigned int)((s.chunks + kStageT - 1) / kStageT));
+}
+
+// The kN = G * kGroups elements of one unit at row r of batch entry b, groups g0 ..: their
+// codes to data, their kGroups scale bytes returned (group k in byte k).
+template <typename T, int G, int kGroups>
+__device__ __forceinline__ uint32_t quantize_unit(const QuantizeArgs& a, const Shape& s, int64_t b, int64_t r,
+                                                  uint32_t g0) {
   constexpr int kN = G * kGroups;
-  static_assert(!kGather || kN == 32, "four groups on 4 / kGroups lanes");
-  const RowPos p = row_pos(s);
-  // (every lane of the warp is here: full blocks; with kGather, one row a block, so the
-  // gathering lanes of a live lane are live)
-  const unsigned live = kGather ? __ballot_sync(0xffffffffu, p.live) : 0u;
-  if (!p.live) return;
-  const int64_t b = p.b, r = p.r;
-  // Group indices fit in 32 bits (fewer than 2^24 groups per row: the grid limit).
-  const uint32_t g0 = (uint32_t)p.chunk * kGroups, ng = (uint32_t)s.chunks * kGroups;
-  const bool pad_row = r >= s.rows;  // blocked-layout padding row: zero scales only
-
-  // Scale bytes of groups g0 .. g0 + kGroups - 1 are consecutive in both
-  // layouts (in the blocked one because g0 is a multiple of kGroups <= 2).
-  uint8_t* sp = (uint8_t*)a.scales.ptr;
-  if (a.q.blocked) {
-    // blocked_offset(r, c, C4) split into a row part (64-bit, per block) and a
-    // column part (c / 4) * 512 + c % 4, 32-bit.
-    const int64_t c4 = a.scales.cols;
-    uint8_t* base = sp + b * a.scales.rows * c4 + blocked_offset(r, 0, c4);
-    if (g0 + kGroups == ng)  // zero-fill the padding columns of this row
-      for (uint32_t c = ng; c < (uint32_t)c4; ++c) base[((c >> 2) << 9) | (c & 3)] = 0;
-    sp = base + (((g0 >> 2) << 9) | (g0 & 3));
-    if (pad_row) {
-      store_codes<kGroups>(sp, 0u);
-      return;
-    }
-  } else {
-    sp += (b * s.rows + r) * ng + g0;
-  }
-
   RawRow<T, kN> x;
   x.load(a.x.at<T>(b, r) + (int64_t)g0 * G);
   const float enc = (G == 16 && a.gs) ? nvfp4_enc(*a.gs) : 1.0f;
@@ -176,14 +184,6 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
       }
     }
   }
-  if constexpr (kGather) {
-    uint32_t v = codes;
-    if (kGroups == 1) v |= __shfl_down_sync(live, v, 1) << 8;
-    v |= __shfl_down_sync(live, v, 4 / kGroups / 2) << 16;
-    if ((g0 & 3) == 0) *reinterpret_cast<uint32_t*>(sp) = v;
-  } else {
-    store_codes<kGroups>(sp, codes);
-  }
   // fp4: kN / 8 words (8 or 16 bytes); fp8: kN / 4 words (32 bytes). data rows
   // are 8-byte aligned (nvfp4) or 16-byte aligned (mx): see quantize().
   if (fp4) {
@@ -199,6 +199,82 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
 #pragma unroll
     for (int i = 0; i < kN / 4; i += 4)
       reinterpret_cast<uint4*>(dst)[i / 4] = make_uint4(out[i], out[i + 1], out[i + 2], out[i + 3]);
+  }
+  return codes;
+}
+
+// kStaged: the block's 8 rows x 16 kGroups groups, tile by tile (kTiles of 4 columns), each
+// tile's 32 bytes in the blocked layout's order (row r % 32 = 2k + t % 2 at 16 (t % 2), the
+// 32-row slice t / 2 at 4 (t / 2), the column at c % 4). Threads of padding rows and past the
+// row's end stage zero, so the padding columns of the last tiles come out zero.
+template <typename T, int G, int kGroups>
+__device__ __forceinline__ void quantize_fp_staged(const QuantizeArgs& a, const Shape& s) {
+  constexpr int kTiles = kStageT * kGroups / 4;
+  __shared__ __align__(16) uint8_t stage[kTiles * 32];
+  const RowPos p = staged_row_pos(s);
+  const uint32_t t = threadIdx.x / kStageT, lg = (threadIdx.x % kStageT) * kGroups;
+  const uint32_t codes = p.live && p.r < s.rows ? quantize_unit<T, G, kGroups>(a, s, p.b, p.r, (uint32_t)p.chunk * kGroups) : 0u;
+  uint8_t* sp = stage + (lg / 4) * 32 + (t & 1) * 16 + (t >> 1) * 4 + lg % 4;
+  if (kGroups == 2) *reinterpret_cast<uint16_t*>(sp) = (uint16_t)codes;  // (lg even)
+  else *sp = (uint8_t)codes;
+  __syncthreads();
+  if (threadIdx.x < 2 * kTiles) {
+    const int64_t c4 = a.scales.cols, tile = (int64_t)blockIdx.y * kTiles + threadIdx.x / 2;
+    if (tile < c4 / 4) {
+      // 128-row block blockIdx.x / 16 over all batch entries: batch entry b's blocks start
+      // at b * scales.rows * c4 = (b * scales.rows / 128) * 128 * c4 (blocked_offset)
+      uint8_t* d = (uint8_t*)a.scales.ptr + (int64_t)(blockIdx.x / 16) * 128 * c4 + tile * 512 +
+                   (blockIdx.x % 16) * 32 + (threadIdx.x & 1) * 16;
+      *reinterpret_cast<uint4*>(d) = reinterpret_cast<const uint4*>(stage)[threadIdx.x];
+    }
+  }
+}
+
+template <typename T, int G, int kGroups, ScaleStore kStore>
+__global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a, Shape s) {
+  constexpr int kN = G * kGroups;
+  static_assert(kStore != kGather || kN == 32, "four groups on 4 / kGroups lanes");
+  if constexpr (kStore == kStaged) {
+    quantize_fp_staged<T, G, kGroups>(a, s);
+    return;
+  }
+  const RowPos p = row_pos(s);
+  // (every lane of the warp is here: full blocks; with kGather, one row a block, so the
+  // gathering lanes of a live lane are live)
+  const unsigned live = kStore == kGather ? __ballot_sync(0xffffffffu, p.live) : 0u;
+  if (!p.live) return;
+  const int64_t b = p.b, r = p.r;
+  // Group indices fit in 32 bits (fewer than 2^24 groups per row: the grid limit).
+  const uint32_t g0 = (uint32_t)p.chunk * kGroups, ng = (uint32_t)s.chunks * kGroups;
+  const bool pad_row = r >= s.rows;  // blocked-layout padding row: zero scales only
+
+  // Scale bytes of groups g0 .. g0 + kGroups - 1 are consecutive in both
+  // layouts (in the blocked one because g0 is a multiple of kGroups <= 2).
+  uint8_t* sp = (uint8_t*)a.scales.ptr;
+  if (a.q.blocked) {
+    // blocked_offset(r, c, C4) split into a row part (64-bit, per block) and a
+    // column part (c / 4) * 512 + c % 4, 32-bit.
+    const int64_t c4 = a.scales.cols;
+    uint8_t* base = sp + b * a.scales.rows * c4 + blocked_offset(r, 0, c4);
+    if (g0 + kGroups == ng)  // zero-fill the padding columns of this row
+      for (uint32_t c = ng; c < (uint32_t)c4; ++c) base[((c >> 2) << 9) | (c & 3)] = 0;
+    sp = base + (((g0 >> 2) << 9) | (g0 & 3));
+    if (pad_row) {
+      store_codes<kGroups>(sp, 0u);
+      return;
+    }
+  } else {
+    sp += (b * s.rows + r) * ng + g0;
+  }
+
+  const uint32_t codes = quantize_unit<T, G, kGroups>(a, s, b, r, g0);
+  if constexpr (kStore == kGather) {
+    uint32_t v = codes;
+    if (kGroups == 1) v |= __shfl_down_sync(live, v, 1) << 8;
+    v |= __shfl_down_sync(live, v, 4 / kGroups / 2) << 16;
+    if ((g0 & 3) == 0) *reinterpret_cast<uint32_t*>(sp) = v;
+  } else {
+    store_codes<kGroups>(sp, codes);
   }
 }
 
@@ -295,15 +371,22 @@ qqStatus_t launch_quantize_t(const QuantizeArgs& a, Shape s, cudaStream_t st) {
     // groups' lanes are all live), one row a block, a 4-byte aligned scales buffer
     const bool gather = (a.q.group == 32 || per != lanes) && (s.chunks / lanes) % 4 == 0 && sg.tlog == 7 &&
                         ((uintptr_t)a.scales.ptr & 3) == 0;
-    if (a.q.group == 32) {
-      if (gather) quantize_fp_kernel<T, 32, 1, true><<<ggrid, kRowThreads, 0, st>>>(a, sg);
-      else quantize_fp_kernel<T, 32, 1, false><<<ggrid, kRowThreads, 0, st>>>(a, sg);
+    // blocked scales staged a block at a time: 16-byte stores into the scales buffer
+    const bool staged = a.q.blocked && ((uintptr_t)a.scales.ptr & 15) == 0 && staged_grid_fits(sg);
+    if (staged) {
+      const dim3 sgrid = staged_grid(sg);
+      if (a.q.group == 32) quantize_fp_kernel<T, 32, 1, kStaged><<<sgrid, kRowThreads, 0, st>>>(a, sg);
+      else if (per == lanes) quantize_fp_kernel<T, 16, 1, kStaged><<<sgrid, kRowThreads, 0, st>>>(a, sg);
+      else quantize_fp_kernel<T, 16, 2, kStaged><<<sgrid, kRowThreads, 0, st>>>(a, sg);
+    } else if (a.q.group == 32) {
+      if (gather) quantize_fp_kernel<T, 32, 1, kGather><<<ggrid, kRowThreads, 0, st>>>(a, sg);
+      else quantize_fp_kernel<T, 32, 1, kDirect><<<ggrid, kRowThreads, 0, st>>>(a, sg);
     } else if (per == lanes) {
-      quantize_fp_kernel<T, 16, 1, false><<<ggrid, kRowThreads, 0, st>>>(a, sg);
+      quantize_fp_kernel<T, 16, 1, kDirect><<<ggrid, kRowThreads, 0, st>>>(a, sg);
     } else if (gather) {
-      quantize_fp_kernel<T, 16, 2, true><<<ggrid, kRowThreads, 0, st>>>(a, sg);
+      quantize_fp_kernel<T, 16, 2, kGather><<<ggrid, kRowThreads, 0, st>>>(a, sg);
     } else {
-      quantize_fp_kernel<T, 16, 2, false><<<ggrid, kRowThreads, 0, st>>>(a, sg);
+      quantize_fp_kernel<T, 16, 2, kDirect><<<ggrid, kRowThreads, 0, st>>>(a, sg);
     }
   } else {
     Shape sa = s;  // one thread per 32 elements
