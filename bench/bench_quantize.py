@@ -6,7 +6,9 @@ linear, its only layout), reported as GB/s (bytes read + written) against the
 device copy bandwidth and against torch.compile of the same quantization written
 in torch ops, both measured in this run; also qq.dequantize back to bf16. At the
 two large shapes also fp32 input and the fp modes' linear scales (rows' columns "x"
-and "scales"; quantize_colwise likewise, one orientation and both).
+and "scales"; quantize_colwise likewise, one orientation and both). The peer copy moves
+1 GiB; columns copy_same / ratio_same give a copy of the row's own size and the row
+against it (same_size).
 
     python bench/bench_quantize.py [--quick] [--only quantize|dequantize|colwise|moe|amax]
 
@@ -62,6 +64,19 @@ def cases(shape):
             qa = quantize_args(mode, kw, layout)
             yield x, layout, mode, qa, dict(x=dtype_name(xdt), scales=qa["scale_layout"])
         del x
+
+
+_SAME: dict = {}
+
+
+def same_size(timer, gbps: float, moved: int) -> dict:
+    """Columns `copy_same` (GB/s of a device copy moving the row's own bytes, half read and half
+    written) and `ratio_same` (the row against it). The peer column's copy moves 1 GiB; at
+    8192 x 5120 (~100 MB) launch and tail costs weigh on a copy too, and this says how much."""
+    key = moved >> 20
+    if key not in _SAME:
+        _SAME[key] = copy_bandwidth(timer, max(moved // 4 * 2, 2))
+    return dict(copy_same=round(_SAME[key], 1), ratio_same=round(gbps / _SAME[key], 4))
 
 
 def moved_bytes(x, q) -> int:
@@ -177,7 +192,8 @@ def main() -> None:
             if want("quantize"):
                 us = timer(lambda: qq.quantize(x, **qa), moved)
                 gbps = moved / (us * 1e-6) / 1e9
-                bench.row("quantize", mode, shape, "GBps", gbps, "copy", copy_gbps, us=round(us, 2), **cols)
+                bench.row("quantize", mode, shape, "GBps", gbps, "copy", copy_gbps, us=round(us, 2), **cols,
+                          **same_size(timer, gbps, moved))
             # the torch.compile peer: compile time, so one shape and the blocked variant
             if want("quantize") and not args.quick and shape == SHAPES[0] and layout == "blocked":
                 fn = torch.compile(peer_fn(mode), dynamic=False)
@@ -190,8 +206,9 @@ def main() -> None:
             if not want("dequantize") or (x.dtype != torch.bfloat16 and not mode.startswith("affine")):
                 continue
             us_dq = timer(lambda: qq.dequantize(q, dtype=torch.bfloat16), dq_moved)
-            bench.row("dequantize", mode, shape, "GBps", dq_moved / (us_dq * 1e-6) / 1e9, "copy", copy_gbps,
-                      us=round(us_dq, 2), **cols)
+            gbps = dq_moved / (us_dq * 1e-6) / 1e9
+            bench.row("dequantize", mode, shape, "GBps", gbps, "copy", copy_gbps, us=round(us_dq, 2), **cols,
+                      **same_size(timer, gbps, dq_moved))
             if mode == "nvfp4" and layout == "blocked" and x.dtype == torch.bfloat16:
                 # with a global scale, as nvfp4 checkpoints have (variant "global_scale")
                 qg = qq.quantize(x, **qa, global_scale=qq.amax(x))
@@ -206,8 +223,9 @@ def main() -> None:
             moved = moved_bytes(x, col)
             del col
             us = timer(lambda: qq.quantize_colwise(x, **qa), moved)
-            bench.row("quantize_colwise", mode, shape, "GBps", moved / (us * 1e-6) / 1e9, "copy", copy_gbps,
-                      us=round(us, 2), **cols)
+            gbps = moved / (us * 1e-6) / 1e9
+            bench.row("quantize_colwise", mode, shape, "GBps", gbps, "copy", copy_gbps, us=round(us, 2), **cols,
+                      **same_size(timer, gbps, moved))
             if not args.quick and qa["mode"] in ("mxfp4", "mxfp8") and shape == SHAPES[0] and layout == "blocked":
                 fn = torch.compile(lambda t, fp4=(qa["mode"] == "mxfp4"): torch_mx_cols(t, fp4), dynamic=False)
                 fn(x)
@@ -215,8 +233,9 @@ def main() -> None:
                           **cols)
             moved2 = moved * 2 - nbytes(x)  # one read, both outputs written
             us2 = timer(lambda: qq.quantize_colwise(x, rowwise=True, **qa), moved2)
-            bench.row("quantize_colwise", mode, shape, "GBps", moved2 / (us2 * 1e-6) / 1e9, "copy", copy_gbps,
-                      us=round(us2, 2), variant="both", **cols)
+            gbps2 = moved2 / (us2 * 1e-6) / 1e9
+            bench.row("quantize_colwise", mode, shape, "GBps", gbps2, "copy", copy_gbps, us=round(us2, 2),
+                      variant="both", **cols, **same_size(timer, gbps2, moved2))
     # ---- MoE 3D MXFP8
     for shape in ([(1, 8192, 5120), (8, 7168, 2048), (32, 7168, 2048)] if want("moe") else []):
         w = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
@@ -224,13 +243,15 @@ def main() -> None:
             d, sc = qq.quantize_moe(w, variant, scale_layout="blocked")
             moved = nbytes(w) + nbytes(d) + nbytes(sc)
             us = timer(lambda: qq.quantize_moe(w, variant, scale_layout="blocked"), moved)
-            bench.row("quantize_3d", "mxfp8", shape, "GBps", moved / (us * 1e-6) / 1e9, "copy", copy_gbps,
-                      us=round(us, 2), variant=variant)
+            gbps = moved / (us * 1e-6) / 1e9
+            bench.row("quantize_3d", "mxfp8", shape, "GBps", gbps, "copy", copy_gbps, us=round(us, 2),
+                      variant=variant, **same_size(timer, gbps, moved))
             # the transposed view of [E, D2, D1] weights (QQGroupedLinear's forward operand)
             wt = w.transpose(1, 2).contiguous().transpose(1, 2)
             ust = timer(lambda: qq.quantize_moe(wt, variant, scale_layout="blocked"), moved)
-            bench.row("quantize_3d", "mxfp8", shape, "GBps", moved / (ust * 1e-6) / 1e9, "copy", copy_gbps,
-                      us=round(ust, 2), variant=variant + "-tview")
+            gbps = moved / (ust * 1e-6) / 1e9
+            bench.row("quantize_3d", "mxfp8", shape, "GBps", gbps, "copy", copy_gbps, us=round(ust, 2),
+                      variant=variant + "-tview", **same_size(timer, gbps, moved))
             if not args.quick and shape[0] == 8:
                 fn = torch.compile(lambda t, t32=(variant == "32x32"): torch_moe(t, t32), dynamic=False)
                 fn(w)
