@@ -182,8 +182,7 @@ def test_both_orientations_dtypes(rng, cfg, layout, shape, dtype, device):
 def test_both_orientations_rows_8_aligned_gpu(rng, mode, layout):
     """rowwise=True for fp modes from bf16 x whose rows are 8- but not 16-byte aligned (a column
     slice): the GPU's row-wise kernel needs 16, so both halves come from the one-read kernel
-    (colq_kernel), also for nvfp4 with blocked scales, which takes two passes otherwise; same
-    bytes."""
+    (colq_kernel), also for the fp4 modes, which take two passes otherwise; same bytes."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")

@@ -246,8 +246,8 @@ QQ_API qqStatus_t qqQuantize(qqHandle_t handle, const DLTensor* x,
  *   biases_t affine only.
  * If `data` is not NULL, x is also quantized along its last axis into
  * data/scales/biases (as qqQuantize would) in the same call (on the GPU from one
- * read of x except for affine and for nvfp4 from 16-bit x with blocked scales,
- * which take two passes: docs/api.md); scales or biases without data are
+ * read of x except for affine and for nvfp4 / mxfp4 from 16-bit x, which take
+ * two passes: docs/api.md); scales or biases without data are
  * refused (QQ_STATUS_INVALID_VALUE).
  * M must be a multiple of the group (and K too when data is given). */
 QQ_API qqStatus_t qqQuantizeColwise(qqHandle_t handle, const DLTensor* x,

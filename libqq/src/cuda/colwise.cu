@@ -1003,13 +1003,15 @@ qqStatus_t quantize_colwise(qqHandle_t h, const ColwiseArgs& a, void* stream) {
     // aligned, and whose blocks fit the grid's y (M < 2^23): colq_kernel
     const bool colq = a.q.fp() && !a.x_colmajor && aligned(a.x, 8) && ((uintptr_t)a.data_t.ptr & 7) == 0 &&
                       (a.M + kColRows - 1) / kColRows <= 65535;
-    // nvfp4 from 16-bit x with blocked scales: the row-wise half as quantize's own kernel too
-    // (two passes, x read twice) where its 16-byte alignment holds: 0.47 of copy at 16384^2
-    // where colq_kernel's one read of both ran 0.42 (0.39 against 0.37 at 8192 x 5120); every
-    // other fp case was as fast or faster in one read (mxfp8 0.71 against 0.57;
-    // quantize-h200-profile.md, session ak)
-    const bool fp_split = a.rowwise && a.q.mode == QQ_MODE_NVFP4 && a.q.blocked && dtype_size(a.x.dt) == 2 &&
-                          quantize_accepts(a.row);
+    // The fp4 modes from 16-bit x: the row-wise half as quantize's own kernel too (two
+    // passes, x read twice) where its 16-byte alignment holds. nvfp4 blocked 0.47 of copy at
+    // 16384^2 where colq_kernel's one read of both ran 0.42 (session ak); since the two
+    // kernels' scale stores went whole-sector (sessions ak, al) also nvfp4 linear 0.42 ->
+    // 0.47 and mxfp4 0.50 -> 0.53 (8192 x 5120: +3-6 %). mxfp8 (the hardware E4M3
+    // conversion) and fp32 x were as fast or faster in one read (mxfp8 0.71 against 0.57;
+    // quantize-h200-profile.md, sessions ak and al).
+    const bool fp_split = a.rowwise && (a.q.mode == QQ_MODE_NVFP4 || a.q.mode == QQ_MODE_MXFP4) &&
+                          dtype_size(a.x.dt) == 2 && quantize_accepts(a.row);
     if (a.rowwise && (!a.q.fp() || fp_split)) {
       // affine: the row-wise half as quantize's own kernel, then x^T's kernel below
       // (colaff_kernel or the tile kernel; group 128 is wider than a tile, and for 32 / 64

@@ -941,7 +941,7 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     // 2 stages deep, as the 4-bit codes below; 56 registers for mxfp8, no spills. Decode
     // step, graphed, H200 (same machine): mxfp8 fused M = 1 2455 -> 2304 us, M = 4 2688 ->
     // 2515; affine 8-bit 2636 -> 2545, 2919 -> 2781 (qmm-decode-h100-notes.md, session af)
-    r = ks == 1 && ctas > 2 * sms ? launch<FM, 1, 2, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
+    r = (ks == 1 ? ctas > 2 * sms : 2 * ctas > 3 * sms) ? launch<FM, 1, 2, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = ks == 1 ? launch<FM, 1, FM == kDecFp8 ? 5 : 4, 1, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 1, 3, 1, 3, 1, GR>(p, tiles, ks, st, xt);
   } else if (M > 8) {
@@ -962,7 +962,7 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     // (a tenth warp) gets 48 and spills 16 bytes, and still gains as much (H100 A/B, CUDA
     // graphs, 28672 x 4096 M = 1: nvfp4 32.8 -> 27.8 us, affine 4-bit 35.3 -> 28.4;
     // qmm-decode-h100-notes.md, session l).
-    r = ks == 1 && ctas > 2 * sms ? launch<FM, 1, 3, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
+    r = (ks == 1 ? ctas > 2 * sms : 2 * ctas > 3 * sms) ? launch<FM, 1, 3, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = ks == 1 ? launch<FM, 1, 8, 1, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 1, 4, 1, 3, 1, GR>(p, tiles, ks, st, xt);
   }
@@ -1093,7 +1093,14 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     // and does not depend on M, so a row's sums run in the same order for every M (they
     // may differ with N, K and the number of entries).
     const int nk = (int)(a.K / kDecChunkK);
-    const int ks = (int64_t)tiles * p.zest < target && nk >= 2 ? 2 : 1;
+    // Per-entry gather_qmm whose CTAs fill 1.5 to 2 an SM unsplit (one DeepSeek-like token:
+    // 8 entries x 32 tiles = 256 CTAs at two an SM, 28 stages each, 0.48 of copy on an H200):
+    // split too, into one wave of four CTAs an SM (dispatch). H200, three rounds in two
+    // sessions: nvfp4 deepseek-up one token 32.6-32.9 -> 29.8-29.9 us, affine 4-bit 32.7 ->
+    // 31.7, every other case within 1 % (gather_qmm-h200-notes.md, session al).
+    const int64_t unsplit = (int64_t)tiles * p.zest;
+    const bool wave4 = !dense && !grouped && unsplit >= target && unsplit <= 2 * (int64_t)sms;
+    const int ks = (unsplit < target || wave4) && nk >= 2 ? 2 : 1;
     // x staged in scratch first (x_stage_kernel) for 17..64 rows of a dense call, and for
     // 9..16 where the tiles fill the GPU without a K split: one bulk copy of x per stage
     // instead of one per row, and affine's sums of x made there (16384^2 M = 16: nvfp4
