@@ -1,7 +1,7 @@
 """A few small calls of every libqq kernel that uses shared memory (qmma's k-split
 reduction, qmv, the quantize tile kernel of quantize_colwise / quantize_moe with affine's
 staged x^T codes, colaff_kernel's transposed tile, colq_kernel's nvfp4 factor table,
-amax), and of
+amax, the row-wise quantize kernel's staged blocked scales), and of
 the newest kernels (dequantize's block shapes and compile-time affine widths, amax's vector kernel, swiglu,
 the decode kernel's gated SwiGLU epilogue, grouped_qqmm_wgrad's token quantization for one and
 for several experts, the exact GEMM with a bias), for compute-sanitizer's racecheck,
@@ -85,6 +85,22 @@ for scaling in ["32x1", "32x32"]:
     dd, ss = qq.quantize_moe(w3, scaling)
     same(f"moe {scaling} data", d, dd)
     same(f"moe {scaling} scales", s, ss)
+
+# the row-wise kernel's blocked scales (kStaged: a block of 8 rows that share the layout's
+# sectors, their scale bytes staged in shared memory) and fp32 x's loads through shared memory
+# (kStagedX, either layout): rows past a 128-row tile, a last column block part live (33
+# units), an odd nvfp4 group count (3), fp32 and fp16 x
+for shape in [(130, 1056), (3, 160), (5, 48)]:
+    for dt in (np.float32, np.float16):
+        x = rng.standard_normal(shape).astype(dt)
+        for mode in ["nvfp4", "mxfp4", "mxfp8"]:
+            if shape[1] % 32 and mode != "nvfp4":
+                continue
+            for layout in ("blocked", "linear"):
+                q = qq.quantize(dev(x), mode=mode, scale_layout=layout)
+                qc = qq.quantize(x, mode=mode, scale_layout=layout)
+                same(f"quantize {layout} {mode} {np.dtype(dt).name} {shape} data", q.data, qc.data)
+                same(f"quantize {layout} {mode} {np.dtype(dt).name} {shape} scales", q.scales, qc.scales)
 
 W = rng.standard_normal((256, 512)).astype(np.float32)
 for mode in ["nvfp4", "mxfp4", "mxfp8", "affine"]:

@@ -78,6 +78,23 @@ def test_fp_wide_rows(cfg, layout, dtype, device, rng):
     check_quantize(x, device, scale_layout=layout, **cfg.kwargs(gs))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["linear", "blocked"])
+@pytest.mark.parametrize("cfg", FP_PARAMS)
+def test_fp32_rows_through_shared_memory(cfg, layout, device, rng):
+    """fp32 x, 32 elements a GPU thread: the row-wise kernel loads x coalesced through shared
+    memory, 8 rows a block (blocked scales: the rows that share the layout's sectors; linear:
+    consecutive rows, the last block part past the end). Batch entries of 67 rows, 33 units a
+    row (the last column block has one live thread; nvfp4's odd group counts take the other
+    kernel), NaN and Inf in some groups: data and scales bit-exact."""
+    x = random_data(rng, (2, 67, 1056), F32, cfg.group_size)
+    flat = x.reshape(-1)
+    for v, at in ((np.nan, 7), (np.inf, 2000), (-np.inf, 70000), (np.nan, flat.size - 1)):
+        flat[at] = v
+    gs = R.amax(x[np.isfinite(x)]) if cfg.global_scale else None
+    check_quantize(x, device, scale_layout=layout, **cfg.kwargs(gs))
+
+
 SHAPES = [(128,), (1, 128), (3, 128), (100, 128), (129, 256), (2, 3, 5, 128), (2, 1, 129, 128)]
 
 

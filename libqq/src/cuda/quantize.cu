@@ -109,21 +109,33 @@ template <int kGroups> __device__ __forceinline__ void store_codes(uint8_t* sp, 
 //    16384^2 from bf16: nvfp4 0.82 -> 0.84 of copy bandwidth, mxfp4 0.94 -> 0.96, mxfp8
 //    0.88 -> 0.95 (blocked now as fast as linear); from fp32 nvfp4 0.69 -> 0.79; 8192 x 5120
 //    from bf16 0.64 / 0.71 / 0.81 -> 0.68 / 0.73 / 0.86 (quantize-h200-profile.md, session al).
-enum ScaleStore { kDirect, kGather, kStaged };
+//  kStagedX: kStaged's blocks with x's loads coalesced through shared memory (fp32 x, 32
+//    elements a thread), for either layout (linear: 8 consecutive rows a block, each thread
+//    storing its own scale bytes). A thread's 128 bytes of fp32 x in eight 16-byte loads put
+//    32 lines under each load instruction; coalesced, 16 lanes read 256 contiguous bytes.
+//    H200, 16384^2 from fp32, blocked scales, two rounds: nvfp4 0.78 -> 0.97 of copy, mxfp4
+//    0.81-0.82 -> 0.98-0.99, mxfp8 0.81-0.82 -> 0.97; 8192 x 5120 0.70-0.76 -> 0.85-0.90.
+//    From 16-bit x it was slower (nvfp4 0.83 -> 0.77, mxfp4 0.94 -> 0.86; session z's
+//    probe of the same idea found the same), so 16-bit x keeps its own loads.
+enum ScaleStore { kDirect, kGather, kStaged, kStagedX };
 
-// Which (batch entry, row, unit) a thread of a kStaged launch takes: block x holds rows
-// 128 (x / 16) + 2 (x % 16) + {0, 1} + 32 {0, 1, 2, 3} over all batch entries (each entry's
-// rows are padded to a multiple of 128, so no 128-row block spans two), thread t row
-// t / 16, unit 16 blockIdx.y + t % 16. The grid: staged_grid.
+// Which (batch entry, row, unit) a thread of a kStaged / kStagedX launch takes. Blocked
+// scales: block x holds rows 128 (x / 16) + 2 (x % 16) + {0, 1} + 32 {0, 1, 2, 3} over all
+// batch entries (each entry's rows are padded to a multiple of 128, so no 128-row block spans
+// two); linear: rows 8 x .. 8 x + 7, those past the last with p.r = s.rows (no row: as a
+// padding row). Thread t: row t / 16, unit 16 blockIdx.y + t % 16. The grid: staged_grid.
 constexpr int kStageT = 16;  // threads a row
-__device__ __forceinline__ RowPos staged_row_pos(const Shape& s) {
+constexpr int kStageR = kRowThreads / kStageT;  // rows a block
+__device__ __forceinline__ RowPos staged_row_pos(const Shape& s, bool blocked) {
   const uint32_t t = threadIdx.x / kStageT, x = blockIdx.x;
-  const uint32_t row = (x / 16) * 128 + (x % 16) * 2 + (t & 1) + (t >> 1) * 32;
+  uint32_t row = blocked ? (x / 16) * 128 + (x % 16) * 2 + (t & 1) + (t >> 1) * 32 : x * kStageR + t;
+  const bool past = row >= s.nrows;  // (linear only: the blocked grid is exact)
+  row = past ? s.nrows - 1 : row;
   const uint32_t prows = (uint32_t)s.prows;
   const uint32_t b = prows == s.nrows ? 0u : row / prows;
   RowPos p;
   p.b = b;
-  p.r = row - b * prows;
+  p.r = past ? s.rows : row - b * prows;
   const uint32_t c = blockIdx.y * kStageT + threadIdx.x % kStageT;
   p.live = c < (uint32_t)s.chunks;
   p.chunk = p.live ? c : (uint32_t)s.chunks - 1;
@@ -131,18 +143,16 @@ __device__ __forceinline__ RowPos staged_row_pos(const Shape& s) {
 }
 inline bool staged_grid_fits(const Shape& s) { return (s.chunks + kStageT - 1) / kStageT <= 65535; }
 inline dim3 staged_grid(Shape& s) {
-  s.nrows = (uint32_t)(s.total / s.chunks);  // a multiple of 128 (blocked: prows is)
-  return dim3(s.nrows / (kRowThreads / kStageT), (unsigned int)((s.chunks + kStageT - 1) / kStageT));
+  s.nrows = (uint32_t)(s.total / s.chunks);  // blocked: a multiple of 128 (prows is)
+  return dim3((s.nrows + kStageR - 1) / kStageR, (unsigned int)((s.chunks + kStageT - 1) / kStageT));
 }
 
 // The kN = G * kGroups elements of one unit at row r of batch entry b, groups g0 ..: their
 // codes to data, their kGroups scale bytes returned (group k in byte k).
 template <typename T, int G, int kGroups>
 __device__ __forceinline__ uint32_t quantize_unit(const QuantizeArgs& a, const Shape& s, int64_t b, int64_t r,
-                                                  uint32_t g0) {
+                                                  uint32_t g0, const RawRow<T, G * kGroups>& x) {
   constexpr int kN = G * kGroups;
-  RawRow<T, kN> x;
-  x.load(a.x.at<T>(b, r) + (int64_t)g0 * G);
   const float enc = (G == 16 && a.gs) ? nvfp4_enc(*a.gs) : 1.0f;
 
   uint8_t* dst = (uint8_t*)a.data.ptr + (b * s.rows + r) * a.data.cols + (int64_t)g0 * G * a.q.bits / 8;
@@ -207,13 +217,59 @@ __device__ __forceinline__ uint32_t quantize_unit(const QuantizeArgs& a, const S
 // tile's 32 bytes in the blocked layout's order (row r % 32 = 2k + t % 2 at 16 (t % 2), the
 // 32-row slice t / 2 at 4 (t / 2), the column at c % 4). Threads of padding rows and past the
 // row's end stage zero, so the padding columns of the last tiles come out zero.
-template <typename T, int G, int kGroups>
+template <typename T, int G, int kGroups, bool kCoal>
 __device__ __forceinline__ void quantize_fp_staged(const QuantizeArgs& a, const Shape& s) {
   constexpr int kTiles = kStageT * kGroups / 4;
   __shared__ __align__(16) uint8_t stage[kTiles * 32];
-  const RowPos p = staged_row_pos(s);
-  const uint32_t t = threadIdx.x / kStageT, lg = (threadIdx.x % kStageT) * kGroups;
-  const uint32_t codes = p.live && p.r < s.rows ? quantize_unit<T, G, kGroups>(a, s, p.b, p.r, (uint32_t)p.chunk * kGroups) : 0u;
+  constexpr int kN = G * kGroups;
+  const bool blocked = !kCoal || a.q.blocked;  // (kStaged: blocked scales only)
+  const RowPos p = staged_row_pos(s, blocked);
+  const uint32_t t = threadIdx.x / kStageT, l = threadIdx.x % kStageT, lg = l * kGroups;
+  const bool real = p.r < s.rows;
+  RawRow<T, kN> x;
+  static_assert(kN * sizeof(T) % 16 == 0, "16-byte units");
+  constexpr int kU = kN * (int)sizeof(T) / 16;  // a thread's 16-byte units: 8 (fp32) or 4 (16-bit)
+  static_assert(!kCoal || kN == 32, "coalesced loads: 32 elements a thread");
+  if constexpr (kCoal) {
+    // The row's 16 kU units (its 16 threads' elements) loaded coalesced: load i of thread l is
+    // unit 16 i + l (16 lanes read 256 contiguous bytes), into shared memory swizzled (unit u
+    // at u ^ (u / 8 % 8): conflict-free for the writers and for the readers below), then each
+    // thread reads back its own kU units.
+    __shared__ uint4 xs[kRowThreads / kStageT][kStageT * kU];
+    if (real) {
+      const uint4* src = reinterpret_cast<const uint4*>(a.x.at<T>(p.b, p.r) + (int64_t)blockIdx.y * kStageT * kN);
+      const uint32_t live_units = min((uint32_t)kStageT, (uint32_t)s.chunks - blockIdx.y * kStageT) * kU;
+      uint4 v[kU];
+#pragma unroll
+      for (int i = 0; i < kU; ++i) {
+        const uint32_t u = i * kStageT + l;
+        if (u < live_units) v[i] = __ldg(src + u);
+      }
+#pragma unroll
+      for (int i = 0; i < kU; ++i) {
+        const uint32_t u = i * kStageT + l;
+        if (u < live_units) xs[t][u ^ ((u >> 3) & 7)] = v[i];
+      }
+    }
+    __syncthreads();
+    if (real && p.live) {
+#pragma unroll
+      for (int i = 0; i < kU; ++i) {
+        const uint32_t u = l * kU + i;
+        const uint4 q = xs[t][u ^ ((u >> 3) & 7)];
+        x.w[4 * i] = q.x, x.w[4 * i + 1] = q.y, x.w[4 * i + 2] = q.z, x.w[4 * i + 3] = q.w;
+      }
+    }
+  } else if (real && p.live) {
+    x.load(a.x.at<T>(p.b, p.r) + (int64_t)p.chunk * kN);
+  }
+  const uint32_t codes = p.live && real ? quantize_unit<T, G, kGroups>(a, s, p.b, p.r, (uint32_t)p.chunk * kGroups, x) : 0u;
+  if (!blocked) {  // linear: the row's 16 threads' bytes are contiguous already
+    if (p.live && real)
+      store_codes<kGroups>((uint8_t*)a.scales.ptr + (p.b * s.rows + p.r) * (s.chunks * kGroups) + p.chunk * kGroups,
+                           codes);
+    return;
+  }
   uint8_t* sp = stage + (lg / 4) * 32 + (t & 1) * 16 + (t >> 1) * 4 + lg % 4;
   if (kGroups == 2) *reinterpret_cast<uint16_t*>(sp) = (uint16_t)codes;  // (lg even)
   else *sp = (uint8_t)codes;
@@ -234,8 +290,8 @@ template <typename T, int G, int kGroups, ScaleStore kStore>
 __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a, Shape s) {
   constexpr int kN = G * kGroups;
   static_assert(kStore != kGather || kN == 32, "four groups on 4 / kGroups lanes");
-  if constexpr (kStore == kStaged) {
-    quantize_fp_staged<T, G, kGroups>(a, s);
+  if constexpr (kStore == kStaged || kStore == kStagedX) {
+    quantize_fp_staged<T, G, kGroups, kStore == kStagedX>(a, s);
     return;
   }
   const RowPos p = row_pos(s);
@@ -267,7 +323,9 @@ __global__ void __launch_bounds__(kRowThreads) quantize_fp_kernel(QuantizeArgs a
     sp += (b * s.rows + r) * ng + g0;
   }
 
-  const uint32_t codes = quantize_unit<T, G, kGroups>(a, s, b, r, g0);
+  RawRow<T, kN> x;
+  x.load(a.x.at<T>(b, r) + (int64_t)g0 * G);
+  const uint32_t codes = quantize_unit<T, G, kGroups>(a, s, b, r, g0, x);
   if constexpr (kStore == kGather) {
     uint32_t v = codes;
     if (kGroups == 1) v |= __shfl_down_sync(live, v, 1) << 8;
@@ -371,8 +429,20 @@ qqStatus_t launch_quantize_t(const QuantizeArgs& a, Shape s, cudaStream_t st) {
     // groups' lanes are all live), one row a block, a 4-byte aligned scales buffer
     const bool gather = (a.q.group == 32 || per != lanes) && (s.chunks / lanes) % 4 == 0 && sg.tlog == 7 &&
                         ((uintptr_t)a.scales.ptr & 3) == 0;
-    // blocked scales staged a block at a time: 16-byte stores into the scales buffer
+    // blocked scales staged a block at a time: 16-byte stores into the scales buffer; fp32 x
+    // with 32 elements a thread: its loads coalesced through shared memory, either layout
+    const bool wide = a.q.group == 32 || per != lanes;
+    const bool xstage = wide && staged_grid_fits(sg) &&
+                        (!a.q.blocked || ((uintptr_t)a.scales.ptr & 15) == 0);
     const bool staged = a.q.blocked && ((uintptr_t)a.scales.ptr & 15) == 0 && staged_grid_fits(sg);
+    if constexpr (sizeof(T) == 4) {
+      if (xstage) {
+        const dim3 sgrid = staged_grid(sg);
+        if (a.q.group == 32) quantize_fp_kernel<T, 32, 1, kStagedX><<<sgrid, kRowThreads, 0, st>>>(a, sg);
+        else quantize_fp_kernel<T, 16, 2, kStagedX><<<sgrid, kRowThreads, 0, st>>>(a, sg);
+        return check_launch("quantize");
+      }
+    }
     if (staged) {
       const dim3 sgrid = staged_grid(sg);
       if (a.q.group == 32) quantize_fp_kernel<T, 32, 1, kStaged><<<sgrid, kRowThreads, 0, st>>>(a, sg);
