@@ -114,7 +114,8 @@ template <int kGroups> __device__ __forceinline__ void store_codes(uint8_t* sp, 
 //    storing its own scale bytes). A thread's 128 bytes of fp32 x in eight 16-byte loads put
 //    32 lines under each load instruction; coalesced, 16 lanes read 256 contiguous bytes.
 //    H200, 16384^2 from fp32, blocked scales, two rounds: nvfp4 0.78 -> 0.97 of copy, mxfp4
-//    0.81-0.82 -> 0.98-0.99, mxfp8 0.81-0.82 -> 0.97; 8192 x 5120 0.70-0.76 -> 0.85-0.90.
+//    0.81-0.82 -> 0.98-0.99, mxfp8 0.81-0.82 -> 0.97; 8192 x 5120 0.70-0.76 -> 0.85-0.90;
+//    linear scales 0.80-0.83 -> 0.93-0.96 (quantize-h200-profile.md, session al).
 //    From 16-bit x it was slower (nvfp4 0.83 -> 0.77, mxfp4 0.94 -> 0.86; session z's
 //    probe of the same idea found the same), so 16-bit x keeps its own loads.
 enum ScaleStore { kDirect, kGather, kStaged, kStagedX };
