@@ -12,8 +12,9 @@
 // per word with byte permutes) and stores whole words. Scale bytes go out in
 // the same pass (ScaleStore): the blocked layout's through shared memory, a
 // block's 32-byte sectors at a time (its padding rows and columns staged as
-// zero), the linear layout's four groups to a 4-byte store; no memset is
-// needed. Column-wise and MoE layouts: colwise.cu.
+// zero), the linear layout's four groups to a 4-byte store (16-bit x) or a
+// thread's own (fp32 x, whose loads go through shared memory: kStagedX); no
+// memset is needed. Column-wise and MoE layouts: colwise.cu.
 // (v1: one thread per 8 elements with shuffles, threshold-compare E2M1.)
 //
 // Indexing and bit-exactness: quant.cuh.
