@@ -95,6 +95,16 @@ def test_fp32_rows_through_shared_memory(cfg, layout, device, rng):
     check_quantize(x, device, scale_layout=layout, **cfg.kwargs(gs))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bits,group_size", [(4, 64), (8, 32), (3, 128)])
+def test_affine_fp32_whole_warps(bits, group_size, device, rng):
+    """fp32 x with 64 chunks of 32 elements a row: the GPU's row-wise affine kernel gives a row
+    64 threads, whole warps of one row (the shape a warp-wide load of x would take); batch
+    entries of 33 rows, groups of extreme magnitudes: codes, scales and biases bit-exact."""
+    x = random_data(rng, (2, 33, 2048), F32, group_size)
+    check_quantize(x, device, group_size=group_size, bits=bits)
+
+
 SHAPES = [(128,), (1, 128), (3, 128), (100, 128), (129, 256), (2, 3, 5, 128), (2, 1, 129, 128)]
 
 
