@@ -1007,7 +1007,7 @@ qqStatus_t quantize_colwise(qqHandle_t h, const ColwiseArgs& a, void* stream) {
     // passes, x read twice) where its 16-byte alignment holds. nvfp4 blocked 0.47 of copy at
     // 16384^2 where colq_kernel's one read of both ran 0.42 (session ak); since the two
     // kernels' scale stores went whole-sector (sessions ak, al) also nvfp4 linear 0.42 ->
-    // 0.47 and mxfp4 0.50 -> 0.53 (8192 x 5120: +3-6 %). mxfp8 (the hardware E4M3
+    // 0.47 and mxfp4 0.50 -> 0.53 (8192 x 5120: +2-8 %). mxfp8 (the hardware E4M3
     // conversion) and fp32 x were as fast or faster in one read (mxfp8 0.71 against 0.57;
     // quantize-h200-profile.md, sessions ak and al).
     const bool fp_split = a.rowwise && (a.q.mode == QQ_MODE_NVFP4 || a.q.mode == QQ_MODE_MXFP4) &&
