@@ -58,9 +58,10 @@ for shape in [(64, 256), (160, 96)]:
         same(f"colwise {mode} {shape} scales_t", c.scales, cc.scales)
         same(f"colwise {mode} {shape} row data", r.data, rr.data)
 
-# affine columns at 4 and 8 bits: the tile kernel's x^T codes staged in shared memory (groups
-# of 64 / 128 rows), for aligned rows and for rows that are not (a column slice, loaded
-# element by element); ragged K, a partial last 128-row tile at M = 320
+# affine columns at 4 and 8 bits: for rows that are not 16-byte aligned (a column slice, loaded
+# element by element) the tile kernel, its x^T codes staged in shared memory (groups of 64 /
+# 128 rows); for aligned rows colaff_kernel (the tile transposed in shared memory); ragged K,
+# a partial last 128-row tile at M = 320
 x = rng.standard_normal((320, 73)).astype(np.float32)
 for group, bits in [(32, 4), (64, 4), (64, 8), (128, 4)]:
     xg = x if 320 % group == 0 else x[:256]
@@ -70,12 +71,13 @@ for group, bits in [(32, 4), (64, 4), (64, 8), (128, 4)]:
         cc = qq.quantize_colwise(np.ascontiguousarray(xh), group_size=group, bits=bits)
         same(f"colwise affine{bits} g{group} {name} data_t", c.data, cc.data)
         same(f"colwise affine{bits} g{group} {name} scales_t", c.scales, cc.scales)
-    # float16 with 16-byte aligned rows: colaff_kernel (the tile transposed in shared memory);
-    # 75 of 80 columns: the last 8-column loads partly past K
-    x16 = np.ascontiguousarray(np.pad(xg, ((0, 0), (0, 7)))).astype(np.float16)
-    for name, k in [("f16", 80), ("f16 K75", 75)]:
-        c = qq.quantize_colwise(dev(x16)[:, :k], group_size=group, bits=bits)
-        cc = qq.quantize_colwise(np.ascontiguousarray(x16[:, :k]), group_size=group, bits=bits)
+    # float16 and fp32, 16-byte aligned rows, 75 of 80 columns: the last 8- / 4-column loads
+    # partly past K
+    xp = np.ascontiguousarray(np.pad(xg, ((0, 0), (0, 7))))
+    for name, xk, k in [("f16", xp.astype(np.float16), 80), ("f16 K75", xp.astype(np.float16), 75),
+                        ("f32 K75", xp, 75)]:
+        c = qq.quantize_colwise(dev(xk)[:, :k], group_size=group, bits=bits)
+        cc = qq.quantize_colwise(np.ascontiguousarray(xk[:, :k]), group_size=group, bits=bits)
         same(f"colwise affine{bits} g{group} {name} data_t", c.data, cc.data)
         same(f"colwise affine{bits} g{group} {name} scales_t", c.scales, cc.scales)
 

@@ -73,12 +73,13 @@ def test_colwise_affine_groups(rng, bits, group, shape, dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [R.BF16, np.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", [R.BF16, np.float16, np.float32], ids=["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("bits,group", [(4, 32), (4, 128), (8, 64)], ids=["a4g32", "a4g128", "a8g64"])
 @pytest.mark.parametrize("k", [75, 129], ids=lambda k: f"K{k}")
 def test_colwise_affine_ragged_columns_aligned_rows(rng, bits, group, dtype, k, device):
     """The first columns of a wider tensor: rows 16-byte aligned (the GPU's vector loads)
-    but K not a multiple of 8, so the last 8 columns a thread loads are partly past K; two
+    but K not a multiple of 8 (16-bit) or 4 (fp32), so the last columns a thread loads are
+    partly past K; two
     128-row blocks with a NaN / Inf / zero column: quantize(x^T) bit for bit."""
     full = _poisoned(rng, (256, 136), dtype)
     x = full[:, :k]
@@ -122,10 +123,10 @@ def _finite(x):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [R.BF16, np.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", [R.BF16, np.float16, np.float32], ids=["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("bits,group", [(4, 64), (8, 128)], ids=["a4g64", "a8g128"])
-def test_both_orientations_affine_16bit_batched(rng, bits, group, dtype, device):
-    """rowwise=True for affine from 16-bit x with aligned rows (the GPU: quantize's row-wise
+def test_both_orientations_affine_aligned_batched(rng, bits, group, dtype, device):
+    """rowwise=True for affine from x with aligned rows (the GPU: quantize's row-wise
     kernel, then colaff_kernel for x^T) over two batch dimensions, NaN / Inf / zero columns:
     (quantize(x), quantize(x^T)) bit for bit."""
     x = _poisoned(rng, (2, 3, 256, 128), dtype)

@@ -382,73 +382,122 @@ __global__ void __launch_bounds__(kThreads, G > 32 ? 5 : 6) quantize_tile_kernel
 }
 
 // ---------------------------------------------------------------------------
-// affine, 4 or 8 bits, from row-major 16-bit x (colaff_kernel): column-wise quantization
-// as the row-wise affine kernel does it (quantize.cu), with x^T's rows read from a tile
-// transposed in shared memory instead of from global memory. A block of 256 threads takes
-// 128 rows x 64 columns: each thread loads, twice, two rows' 16 bytes at the same 8 columns
-// and stores 8 words, each the two rows' values of one column (x^T's element order, so a
-// column's 32 rows are 4 words of 16 bytes); after one barrier a thread reads its 32 rows
-// of one column in four 16-byte reads, takes min / max two elements an instruction
-// (minmax_nan), meets the other chunks of its group by shuffles and writes its 16 / 32
-// bytes of codes straight to x^T's row (the four chunks of a column: 64 / 128 contiguous
-// bytes). The tile kernel kept the tile as fp32 and read it an element at a time
-// (0.46 / 0.54 of copy for affine 4 / 8-bit at 16384^2, quantize-h100-profile.md).
+// affine, 4 or 8 bits, from row-major 16-bit or fp32 x (colaff_kernel): column-wise
+// quantization as the row-wise affine kernel does it (quantize.cu), with x^T's rows read from
+// a tile transposed in shared memory instead of from global memory. A block of 256 threads
+// takes 128 rows x 64 columns. 16-bit x: each thread loads, twice, two rows' 16 bytes at the
+// same 8 columns and stores 8 words, each the two rows' values of one column (x^T's element
+// order, so a column's 32 rows are 4 words of 16 bytes). fp32 x: each thread loads, twice,
+// four rows' 16 bytes at the same 4 columns and stores, transposed in registers, 4 units of
+// 16 bytes, each one column's four rows (a column's 32 rows are 8 units). After one barrier
+// a thread reads its 32 rows of one column in 16-byte reads, takes min / max (two 16-bit
+// elements an instruction; minmax_nan), meets the other chunks of its group by shuffles and
+// writes its 16 / 32 bytes of codes straight to x^T's row (the four chunks of a column: 64 /
+// 128 contiguous bytes). The tile kernel kept the tile as fp32 and read it an element at a
+// time (16-bit x: 0.46 / 0.54 of copy for affine 4 / 8-bit at 16384^2 on an H100,
+// quantize-h100-profile.md; fp32 x, which it took until session am: 0.62 / 0.68 on an H200).
 // ---------------------------------------------------------------------------
 constexpr int kAffTM = 128, kAffTK = 64, kAffThreads = 256;
 
-// Word (c, mp) of the transposed tile: column c's 64 words (rows 2mp, 2mp + 1) as 16
+// Word (c, mp) of the 16-bit transposed tile: column c's 64 words (rows 2mp, 2mp + 1) as 16
 // 16-byte units, unit u at u ^ swz(c). swz = (c ^ c >> 3) & 7 puts both the writers (8
 // lanes along c with c % 8 fixed, c / 8 varying) and the readers (8 lanes with c % 8
 // varying) on 8 different units mod 8: no bank conflicts either way.
 __device__ __forceinline__ int aff_word(int c, int mp) {
   return c * (kAffTM / 2) + ((((mp >> 2) ^ ((c ^ (c >> 3)) & 7))) << 2) + (mp & 3);
 }
+// Unit (c, mq) of the fp32 tile: column c's rows 4mq .. 4mq + 3, column c's 32 units at
+// mq ^ swz(c). swz = (c ^ c >> 2) & 7: the writers of one 8-lane phase hold columns 4kc + j
+// (kc = 8 consecutive values, j fixed), the readers columns 8w + l (l = 0..7): both land
+// on 8 different units mod 8.
+__device__ __forceinline__ int aff_unit32(int c, int mq) { return c * (kAffTM / 4) + (mq ^ ((c ^ (c >> 2)) & 7)); }
 
-// 5 blocks an SM (48 registers): 0.74 of copy at 16384^2 where 4 (59 registers) gave 0.70-0.72 and 6
-// (40, spilling) 0.60-0.69; two tiles a block with the second's loads issued before the first's
-// encode needed 80-110 registers and ran at 0.56-0.59 (logs-2026-11-27p/colaff_variants).
+// 16-bit x, 5 blocks an SM (48 registers): 0.74 of copy at 16384^2 where 4 (59 registers)
+// gave 0.70-0.72 and 6 (40, spilling) 0.60-0.69; two tiles a block with the second's loads
+// issued before the first's encode needed 80-110 registers and ran at 0.56-0.59
+// (logs-2026-11-27p/colaff_variants). fp32 x holds twice the tile and twice the loaded
+// words: 4 blocks an SM.
+template <typename T>
+constexpr int kAffBlocks = sizeof(T) == 2 ? 5 : 4;
 template <typename T, int G, int kBits>
-__global__ void __launch_bounds__(kAffThreads, 5) colaff_kernel(ColwiseArgs a) {
-  static_assert(sizeof(T) == 2, "16-bit x");
-  __shared__ __align__(16) uint32_t xt[kAffTK * kAffTM / 2];
+__global__ void __launch_bounds__(kAffThreads, kAffBlocks<T>) colaff_kernel(ColwiseArgs a) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4, "16-bit or fp32 x");
+  constexpr int kUnits = kAffTM * (int)sizeof(T) / 16 / 4;  // 16-byte units of a thread's 32 rows
+  __shared__ __align__(16) uint32_t xt[kAffTK * kAffTM * sizeof(T) / 4];
+  uint4* xt4 = reinterpret_cast<uint4*>(xt);
   const int64_t M = a.M, K = a.K;
   const int64_t k0 = (int64_t)blockIdx.x * kAffTK, m0 = (int64_t)blockIdx.y * kAffTM, b = blockIdx.z;
   const T* xb = reinterpret_cast<const T*>(a.x.ptr) + a.x.offset(b);
 
-  // ---- load: item i = (mp = i / 8, kc = i % 8): rows m0 + 2mp, + 1 at columns k0 + 8kc..
-  // (a warp reads 4 rows x 128 contiguous bytes, twice); M % 32 == 0, so both rows exist
-  // or neither
-  uint4 r[2][2];
+  if constexpr (sizeof(T) == 2) {
+    // ---- load: item i = (mp = i / 8, kc = i % 8): rows m0 + 2mp, + 1 at columns k0 + 8kc..
+    // (a warp reads 4 rows x 128 contiguous bytes, twice); M % 32 == 0, so both rows exist
+    // or neither
+    uint4 r[2][2];
 #pragma unroll
-  for (int it = 0; it < 2; ++it) {
-    const int i = threadIdx.x + it * kAffThreads, mp = i / 8, kc = i % 8;
-    const int64_t m = m0 + 2 * mp, k = k0 + 8 * kc;
-    const T* p0 = xb + m * a.x.ld + k;
-    if (m < M && k + 8 <= K) {
-      r[it][0] = __ldg(reinterpret_cast<const uint4*>(p0));
-      r[it][1] = __ldg(reinterpret_cast<const uint4*>(p0 + a.x.ld));
-    } else {
-      uint16_t e[2][8];
+    for (int it = 0; it < 2; ++it) {
+      const int i = threadIdx.x + it * kAffThreads, mp = i / 8, kc = i % 8;
+      const int64_t m = m0 + 2 * mp, k = k0 + 8 * kc;
+      const T* p0 = xb + m * a.x.ld + k;
+      if (m < M && k + 8 <= K) {
+        r[it][0] = __ldg(reinterpret_cast<const uint4*>(p0));
+        r[it][1] = __ldg(reinterpret_cast<const uint4*>(p0 + a.x.ld));
+      } else {
+        uint16_t e[2][8];
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          e[h][j] = (m < M && k + j < K) ? __ldg(reinterpret_cast<const unsigned short*>(p0 + h * a.x.ld + j)) : 0;
+          for (int j = 0; j < 8; ++j)
+            e[h][j] = (m < M && k + j < K) ? __ldg(reinterpret_cast<const unsigned short*>(p0 + h * a.x.ld + j)) : 0;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        r[it][h] = make_uint4(e[h][0] | (uint32_t)e[h][1] << 16, e[h][2] | (uint32_t)e[h][3] << 16,
-                              e[h][4] | (uint32_t)e[h][5] << 16, e[h][6] | (uint32_t)e[h][7] << 16);
+        for (int h = 0; h < 2; ++h)
+          r[it][h] = make_uint4(e[h][0] | (uint32_t)e[h][1] << 16, e[h][2] | (uint32_t)e[h][3] << 16,
+                                e[h][4] | (uint32_t)e[h][5] << 16, e[h][6] | (uint32_t)e[h][7] << 16);
+      }
     }
-  }
 #pragma unroll
-  for (int it = 0; it < 2; ++it) {
-    const int i = threadIdx.x + it * kAffThreads, mp = i / 8, kc = i % 8;
-    const uint32_t w0[4] = {r[it][0].x, r[it][0].y, r[it][0].z, r[it][0].w};
-    const uint32_t w1[4] = {r[it][1].x, r[it][1].y, r[it][1].z, r[it][1].w};
+    for (int it = 0; it < 2; ++it) {
+      const int i = threadIdx.x + it * kAffThreads, mp = i / 8, kc = i % 8;
+      const uint32_t w0[4] = {r[it][0].x, r[it][0].y, r[it][0].z, r[it][0].w};
+      const uint32_t w1[4] = {r[it][1].x, r[it][1].y, r[it][1].z, r[it][1].w};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      xt[aff_word(8 * kc + 2 * j, mp)] = prmt(w0[j], w1[j], 0x5410u);      // column 2j: low halves
-      xt[aff_word(8 * kc + 2 * j + 1, mp)] = prmt(w0[j], w1[j], 0x7632u);  // column 2j + 1: high halves
+      for (int j = 0; j < 4; ++j) {
+        xt[aff_word(8 * kc + 2 * j, mp)] = prmt(w0[j], w1[j], 0x5410u);      // column 2j: low halves
+        xt[aff_word(8 * kc + 2 * j + 1, mp)] = prmt(w0[j], w1[j], 0x7632u);  // column 2j + 1: high halves
+      }
+    }
+  } else {
+    // ---- load: item i = (mq = i / 16, kc = i % 16): rows m0 + 4mq .. + 3 at columns k0 +
+    // 4kc .. + 3 (a warp reads 2 rows x 256 contiguous bytes, four times); M % 32 == 0, so
+    // the four rows exist or none does
+    uint4 r[2][4];
+#pragma unroll
+    for (int it = 0; it < 2; ++it) {
+      const int i = threadIdx.x + it * kAffThreads, mq = i / 16, kc = i % 16;
+      const int64_t m = m0 + 4 * mq, k = k0 + 4 * kc;
+      const T* p0 = xb + m * a.x.ld + k;
+      if (m < M && k + 4 <= K) {
+#pragma unroll
+        for (int h = 0; h < 4; ++h) r[it][h] = __ldg(reinterpret_cast<const uint4*>(p0 + h * a.x.ld));
+      } else {
+        uint32_t e[4][4];
+#pragma unroll
+        for (int h = 0; h < 4; ++h)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            e[h][j] = (m < M && k + j < K) ? __ldg(reinterpret_cast<const unsigned*>(p0 + h * a.x.ld + j)) : 0u;
+#pragma unroll
+        for (int h = 0; h < 4; ++h) r[it][h] = make_uint4(e[h][0], e[h][1], e[h][2], e[h][3]);
+      }
+    }
+#pragma unroll
+    for (int it = 0; it < 2; ++it) {
+      const int i = threadIdx.x + it * kAffThreads, mq = i / 16, kc = i % 16;
+      const uint4* q = r[it];
+      xt4[aff_unit32(4 * kc + 0, mq)] = make_uint4(q[0].x, q[1].x, q[2].x, q[3].x);
+      xt4[aff_unit32(4 * kc + 1, mq)] = make_uint4(q[0].y, q[1].y, q[2].y, q[3].y);
+      xt4[aff_unit32(4 * kc + 2, mq)] = make_uint4(q[0].z, q[1].z, q[2].z, q[3].z);
+      xt4[aff_unit32(4 * kc + 3, mq)] = make_uint4(q[0].w, q[1].w, q[2].w, q[3].w);
     }
   }
   __syncthreads();
@@ -457,11 +506,12 @@ __global__ void __launch_bounds__(kAffThreads, 5) colaff_kernel(ColwiseArgs a) {
   // G / 32 chunks of a group are lanes 8 apart
   constexpr int kLanes = G / 32;
   const int lane = threadIdx.x % 32, c = (threadIdx.x / 32) * 8 + lane % 8, p = lane / 8;
-  uint4 raw[4];
+  uint4 raw[kUnits];
 #pragma unroll
-  for (int u = 0; u < 4; ++u) raw[u] = *reinterpret_cast<const uint4*>(&xt[aff_word(c, 16 * p + 4 * u)]);
+  for (int u = 0; u < kUnits; ++u)
+    raw[u] = sizeof(T) == 2 ? xt4[aff_word(c, 16 * p + 4 * u) / 4] : xt4[aff_unit32(c, kUnits * p + u)];
   float wmin, wmax;
-  minmax_nan<T, 4>(raw, &wmin, &wmax);
+  minmax_nan<T, kUnits>(raw, &wmin, &wmax);
   const int finite = affine_group_range<kLanes, 8>(&wmin, &wmax);
   const int64_t k = k0 + c, m = m0 + 32 * p;
   if (k >= K || m >= M) return;
@@ -471,7 +521,14 @@ __global__ void __launch_bounds__(kAffThreads, 5) colaff_kernel(ColwiseArgs a) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     float v[8];
-    unpack8<T>(raw[j], v);
+    if constexpr (sizeof(T) == 2) {
+      unpack8<T>(raw[j], v);
+    } else {
+      const uint4 lo = raw[2 * j], hi = raw[2 * j + 1];
+      const uint32_t e[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = __uint_as_float(e[i]);
+    }
     acc[j] = finite ? affine_encode8<kBits>(v, scale, inv, bias, kBits) : 0;
   }
   store_affine32<kBits>((uint8_t*)a.data_t.ptr + (b * K + k) * a.data_t.cols + m * kBits / 8, acc);
@@ -1036,11 +1093,15 @@ qqStatus_t quantize_colwise(qqHandle_t h, const ColwiseArgs& a, void* stream) {
       }
       return check_launch("quantize_moe");
     }
-    // affine 4 / 8-bit from row-major 16-bit x with 16-byte aligned rows and x^T codes: colaff_kernel
+    // affine 4 / 8-bit from row-major x with 16-byte aligned rows and x^T codes: colaff_kernel
     // (b.rowwise is false here: affine's row-wise half ran above)
-    if (!a.q.fp() && (a.q.bits == 4 || a.q.bits == 8) && !a.x_colmajor && dtype_size(a.x.dt) == 2 &&
-        aligned(a.x, 16) && ((uintptr_t)a.data_t.ptr & 15) == 0 && (a.M + kAffTM - 1) / kAffTM <= 65535) {
-      return a.x.dt == DType::F16 ? launch_colaff_t<__half>(b, st) : launch_colaff_t<__nv_bfloat16>(b, st);
+    if (!a.q.fp() && (a.q.bits == 4 || a.q.bits == 8) && !a.x_colmajor && aligned(a.x, 16) &&
+        ((uintptr_t)a.data_t.ptr & 15) == 0 && (a.M + kAffTM - 1) / kAffTM <= 65535) {
+      switch (a.x.dt) {
+        case DType::F32: return launch_colaff_t<float>(b, st);
+        case DType::F16: return launch_colaff_t<__half>(b, st);
+        default: return launch_colaff_t<__nv_bfloat16>(b, st);
+      }
     }
     if (colq && (!b.rowwise || ((uintptr_t)a.row.data.ptr & 3) == 0)) {  // row-wise codes: 4-byte stores
       switch (a.x.dt) {
