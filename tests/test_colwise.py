@@ -264,11 +264,12 @@ def ref_moe(w, scaling, rounding="ceil", fp8_format="e4m3", layout="linear"):
 @pytest.mark.parametrize("layout", ["linear", "blocked"])
 @pytest.mark.parametrize("rounding", ["ceil", "floor"])
 @pytest.mark.parametrize("scaling", ["32x1", "32x32"])
-@pytest.mark.parametrize("shape", [(1, 64, 96), (3, 160, 64)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(1, 64, 96), (3, 160, 64), (2, 224, 96)], ids=lambda s: "x".join(map(str, s)))
 def test_moe(rng, shape, scaling, rounding, layout, transposed_view, device):
     """MoE weights [E, D1, D2]: data column-major per expert (strides (D1*D2, 1, D1)),
     scales per docs/api.md (quantize_moe); the transposed view of an [E, D2, D1] tensor is
-    accepted as is and gives the same bytes."""
+    accepted as is and gives the same bytes (D1 / 32 = 2, 5, 7 groups: the GPU's blocks of
+    group pairs full, ragged and past the row; several 32-row blocks along D2)."""
     w = random_data(rng, shape, np.float32, group_size=1)
     w[0, 5, 7] = np.nan
     w[-1, 40:72, 32:64] = 0  # an all-zero tile

@@ -968,14 +968,18 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
 // and a warp's 16-byte stores cover 16 rows x 32 contiguous bytes - whole sectors, where
 // the tile kernel (0.60-0.74 of copy for MoE weights) wrote them a lane per row. A warp is
 // 16 rows of one group; 32x32 tiles join the warp pair's maxima in shared memory.
+// Consecutive blocks (blockIdx.x) take consecutive group pairs of the same 32 rows: with
+// blockIdx.x along the rows, H200 0.62-0.74 of copy -> 0.67-0.79 (+5-12 %, 1 x 8192 x 5120
+// to 32 x 7168 x 2048); two group pairs a block (128 contiguous bytes a row) was slower
+// than one (quantize-h200-profile.md, session am).
 // ---------------------------------------------------------------------------
 template <typename T>
 __global__ void __launch_bounds__(kColThreads) moe_t_kernel(ColwiseArgs a) {
   __shared__ float tile_max[kColWarps];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, half = lane & 1;
   const int64_t ng = a.M / 32;  // physical rows: K = D2; groups along M = D1
-  const int64_t k = (int64_t)blockIdx.x * 32 + (warp & 1) * 16 + lane / 2;
-  const int64_t g = (int64_t)blockIdx.y * 2 + (warp >> 1), b = blockIdx.z;
+  const int64_t k = (int64_t)blockIdx.y * 32 + (warp & 1) * 16 + lane / 2;
+  const int64_t g = (int64_t)blockIdx.x * 2 + (warp >> 1), b = blockIdx.z;
   const bool live = g < ng;  // K % 32 == 0: the block's 32 rows all exist
   float v[16];
   uint32_t m = 0;
@@ -1082,10 +1086,11 @@ qqStatus_t quantize_colwise(qqHandle_t h, const ColwiseArgs& a, void* stream) {
                                   (size_t)(a.x.batch() * a.row.scales.rows * a.row.scales.cols), st),
                   "quantize_colwise");
     }
-    if (a.x_colmajor && aligned(a.x, 16) && ((uintptr_t)a.data_t.ptr & 15) == 0 && a.K / 32 <= 2147483647 &&
-        (a.M / 32 + 1) / 2 <= 65535) {
-      // the transposed view of MoE weights (mxfp8, D1 and D2 multiples of 32)
-      const dim3 grid((unsigned)(a.K / 32), (unsigned)((a.M / 32 + 1) / 2), (unsigned)a.x.batch());
+    if (a.x_colmajor && aligned(a.x, 16) && ((uintptr_t)a.data_t.ptr & 15) == 0 && a.K / 32 <= 65535 &&
+        (a.M / 32 + 1) / 2 <= 2147483647) {
+      // the transposed view of MoE weights (mxfp8, D1 and D2 multiples of 32); consecutive
+      // blocks take consecutive group pairs of the same 32 physical rows
+      const dim3 grid((unsigned)((a.M / 32 + 1) / 2), (unsigned)(a.K / 32), (unsigned)a.x.batch());
       switch (a.x.dt) {
         case DType::F32: moe_t_kernel<float><<<grid, kColThreads, 0, st>>>(b); break;
         case DType::F16: moe_t_kernel<__half><<<grid, kColThreads, 0, st>>>(b); break;

@@ -214,21 +214,26 @@ struct RowPos {
   int64_t b, r, chunk;
   bool live;
 };
-__device__ __forceinline__ RowPos row_pos(const Shape& s) {
+// The batch entry and row of global row `row` (< s.nrows) and unit c: row_pos and
+// quantize.cu's staged_row_pos. live: c is a unit of the row. Lanes past the end still join
+// the shuffles (full-warp masks) on a clamped copy and write nothing; groups never straddle
+// the end (chunks % lanes == 0).
+__device__ __forceinline__ RowPos place_row(const Shape& s, uint32_t row, uint32_t c) {
   RowPos p;
-  const uint32_t tl = (uint32_t)s.tlog;
-  const uint32_t row0 = (blockIdx.x << (7 - tl)) + (threadIdx.x >> tl);
-  const bool live_row = row0 < s.nrows;  // the last block may hold up to R - 1 rows past the end
-  const uint32_t row = live_row ? row0 : s.nrows - 1;
   const uint32_t prows = (uint32_t)s.prows;
   const uint32_t b = prows == s.nrows ? 0u : row / prows;  // no division for one batch entry
   p.b = b;
   p.r = row - b * prows;
-  const uint32_t c = (blockIdx.y << tl) + (threadIdx.x & ((1u << tl) - 1));
-  p.live = live_row && c < (uint32_t)s.chunks;
-  // Lanes past the end still join the shuffles (full-warp masks) on a clamped
-  // copy and write nothing; groups never straddle the end (chunks % lanes == 0).
-  p.chunk = c < (uint32_t)s.chunks ? c : (uint32_t)s.chunks - 1;
+  p.live = c < (uint32_t)s.chunks;
+  p.chunk = p.live ? c : (uint32_t)s.chunks - 1;
+  return p;
+}
+__device__ __forceinline__ RowPos row_pos(const Shape& s) {
+  const uint32_t tl = (uint32_t)s.tlog;
+  const uint32_t row0 = (blockIdx.x << (7 - tl)) + (threadIdx.x >> tl);
+  const bool live_row = row0 < s.nrows;  // the last block may hold up to R - 1 rows past the end
+  RowPos p = place_row(s, live_row ? row0 : s.nrows - 1, (blockIdx.y << tl) + (threadIdx.x & ((1u << tl) - 1)));
+  p.live = p.live && live_row;
   return p;
 }
 

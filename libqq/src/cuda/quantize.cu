@@ -132,15 +132,8 @@ __device__ __forceinline__ RowPos staged_row_pos(const Shape& s, bool blocked) {
   const uint32_t t = threadIdx.x / kStageT, x = blockIdx.x;
   uint32_t row = blocked ? (x / 16) * 128 + (x % 16) * 2 + (t & 1) + (t >> 1) * 32 : x * kStageR + t;
   const bool past = row >= s.nrows;  // (linear only: the blocked grid is exact)
-  row = past ? s.nrows - 1 : row;
-  const uint32_t prows = (uint32_t)s.prows;
-  const uint32_t b = prows == s.nrows ? 0u : row / prows;
-  RowPos p;
-  p.b = b;
-  p.r = past ? s.rows : row - b * prows;
-  const uint32_t c = blockIdx.y * kStageT + threadIdx.x % kStageT;
-  p.live = c < (uint32_t)s.chunks;
-  p.chunk = p.live ? c : (uint32_t)s.chunks - 1;
+  RowPos p = place_row(s, past ? s.nrows - 1 : row, blockIdx.y * kStageT + threadIdx.x % kStageT);
+  if (past) p.r = s.rows;
   return p;
 }
 inline bool staged_grid_fits(const Shape& s) { return (s.chunks + kStageT - 1) / kStageT <= 65535; }
