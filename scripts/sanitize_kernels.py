@@ -1,6 +1,6 @@
 """A few small calls of every libqq kernel that uses shared memory (qmma's k-split
 reduction, qmv, the quantize tile kernel of quantize_colwise / quantize_moe with affine's
-staged x^T codes, colaff_kernel's transposed tile, colq_kernel's nvfp4 factor table,
+staged x^T codes, colaff_kernel's transposed tile (16-bit and fp32 x), moe_t_kernel, colq_kernel's nvfp4 factor table,
 amax, the row-wise quantize kernel's staged blocked scales), and of
 the newest kernels (dequantize's block shapes and compile-time affine widths, amax's vector kernel, swiglu,
 the decode kernel's gated SwiGLU epilogue, grouped_qqmm_wgrad's token quantization for one and
@@ -87,6 +87,14 @@ for scaling in ["32x1", "32x32"]:
     dd, ss = qq.quantize_moe(w3, scaling)
     same(f"moe {scaling} data", d, dd)
     same(f"moe {scaling} scales", s, ss)
+# the transposed view of [E, D2, D1] (moe_t_kernel): 5 groups along D1 (a group pair past the
+# row's end), 3 blocks of 32 rows along D2
+w3v = rng.standard_normal((2, 160, 96)).astype(np.float32)
+for scaling in ["32x1", "32x32"]:
+    d, s = qq.quantize_moe(dev(np.ascontiguousarray(np.swapaxes(w3v, 1, 2))).transpose(0, 2, 1), scaling)
+    dd, ss = qq.quantize_moe(w3v, scaling)
+    same(f"moe tview {scaling} data", d, dd)
+    same(f"moe tview {scaling} scales", s, ss)
 
 # the row-wise kernel's blocked scales (kStaged: a block of 8 rows that share the layout's
 # sectors, their scale bytes staged in shared memory) and fp32 x's loads through shared memory
