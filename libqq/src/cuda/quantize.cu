@@ -356,8 +356,10 @@ __global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeAr
     // chunks of one row (4 KB), loaded coalesced (load i of lane l: 16-byte unit 32 i + l)
     // through the warp's part of shared memory, swizzled as in quantize_fp_staged (unit u at
     // u ^ (u / 8 % 8): conflict-free both ways), each lane reading back its own 8 units.
-    // A thread's eight 16-byte loads put 32 lines under each load instruction (the fp kernels'
-    // fp32 x: 0.78-0.82 -> 0.97-0.99 of copy this way, kStagedX).
+    // A thread's eight 16-byte loads put 32 lines under each load instruction. H200, fp32
+    // affine4 / affine8 at 16384^2: 0.84 / 0.84 -> 1.01 / 1.01 of copy, 8192 x 5120 0.73 /
+    // 0.74 -> 0.89 / 0.90. 16-bit x (four loads a thread, instruction-bound) got slower this
+    // way, 0.73 / 0.78 -> 0.68 / 0.74 (quantize-h200-profile.md, session am).
     if (s.tlog >= 5 && (s.chunks & 31) == 0) {
       __shared__ uint4 xs[kRowThreads / 32][32 * kWords];
       const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
