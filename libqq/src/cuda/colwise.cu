@@ -574,8 +574,8 @@ qqStatus_t launch_colaff_t(const ColwiseArgs& a, cudaStream_t st) {
 // computed once) and each lane encodes its own kC values. The tile kernel
 // above (0.55-0.73 of copy bandwidth for these modes) stays for rows that are not
 // 8-byte aligned (column-major MoE weights: moe_t_kernel below, where 16-byte
-// aligned), and for affine where colaff_kernel does not take it (fp32 x, widths
-// other than 4 and 8, rows of x or x^T's codes not 16-byte aligned, M > 65535 * 128;
+// aligned), and for affine where colaff_kernel does not take it (widths other than
+// 4 and 8, rows of x or x^T's codes not 16-byte aligned, M > 65535 * 128;
 // these strips with affine encoding were no faster than the tile kernel:
 // instruction-bound at 4 blocks an SM).
 // ---------------------------------------------------------------------------
