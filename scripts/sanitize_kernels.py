@@ -80,6 +80,16 @@ for group, bits in [(32, 4), (64, 4), (64, 8), (128, 4)]:
         cc = qq.quantize_colwise(np.ascontiguousarray(xk[:, :k]), group_size=group, bits=bits)
         same(f"colwise affine{bits} g{group} {name} data_t", c.data, cc.data)
         same(f"colwise affine{bits} g{group} {name} scales_t", c.scales, cc.scales)
+    # both orientations from fp32 x (groups of 32 / 64: one read on the GPU where the
+    # column-wise kernel's tile quantizes the rows too); K = 32: the tile's second half past K
+    for kk in ([32, 64] if group <= 64 else []):
+        xf = np.ascontiguousarray(xp[:, :kk])
+        r, c = qq.quantize_colwise(dev(xf), group_size=group, bits=bits, rowwise=True)
+        rr, cc = qq.quantize_colwise(xf, group_size=group, bits=bits, rowwise=True)
+        for what, got, want in [("data", r.data, rr.data), ("scales", r.scales, rr.scales),
+                                ("biases", r.biases, rr.biases), ("data_t", c.data, cc.data),
+                                ("scales_t", c.scales, cc.scales)]:
+            same(f"both affine{bits} g{group} f32 K{kk} {what}", got, want)
 
 w3 = rng.standard_normal((2, 64, 96)).astype(np.float32)
 for scaling in ["32x1", "32x32"]:

@@ -103,6 +103,23 @@ def test_both_orientations_from_one_call(rng, mode, kw, device):
     assert_quantized_equal(col, R.quantize(xt, mode=mode, **kw), xt, what="colwise half")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bits,group,shape", [(4, 32, (256, 96)), (8, 32, (2, 128, 160)), (4, 64, (384, 192)),
+                                              (8, 64, (2, 256, 64))],
+                         ids=["a4g32-256x96", "a8g32-2x128x160", "a4g64-384x192", "a8g64-2x256x64"])
+def test_both_orientations_affine_fp32_groups(rng, bits, group, shape, device):
+    """rowwise=True for affine from fp32 x in groups of 32 / 64 (on the GPU both from one read:
+    the column-wise kernel's tile quantizes x's rows too): a last 64-column tile half past K
+    (K = 96, 160), several 128-row tiles, batches, NaN / Inf / zero columns;
+    (quantize(x), quantize(x^T)) bit for bit."""
+    x = _poisoned(rng, shape, np.float32)
+    kw = {"mode": "affine", "bits": bits, "group_size": group}
+    row, col = qq.quantize_colwise(to_device(x, device), rowwise=True, **kw)
+    assert_quantized_equal(row, R.quantize(x, **kw), x, what=f"rowwise half [{device}]")
+    xt = np.ascontiguousarray(np.swapaxes(x, -1, -2))
+    assert_quantized_equal(col, R.quantize(xt, **kw), xt, what=f"colwise half [{device}]")
+
+
 _DTYPE_CFGS = [c for c in FP_PARAMS if str(c.values[0]) in
                ("nvfp4", "nvfp4-gs", "mxfp4-floor", "mxfp8-e4m3-ceil", "mxfp8-e5m2-floor")]
 
