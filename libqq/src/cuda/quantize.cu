@@ -208,6 +208,34 @@ __device__ __forceinline__ uint32_t quantize_unit(const QuantizeArgs& a, const S
   return codes;
 }
 
+// x's 16-byte units through shared memory, coalesced (kStagedX, and affine's fp32 rows):
+// kStride threads load a segment's units (load i of thread l: unit kStride i + l; those at or
+// past `live` are not loaded, unless kAll says every unit is) into slots swizzled by coal_slot (unit u at u ^ (u / 8 % 8):
+// conflict-free for these writers and for coal_get's readers); after the caller's barrier
+// each thread reads back its own kU consecutive units.
+__device__ __forceinline__ uint32_t coal_slot(uint32_t u) { return u ^ ((u >> 3) & 7); }
+template <int kU, int kStride, bool kAll = false>
+__device__ __forceinline__ void coal_put(uint4* xs, const uint4* src, uint32_t l, uint32_t live = 0) {
+  uint4 v[kU];
+#pragma unroll
+  for (int i = 0; i < kU; ++i) {
+    const uint32_t u = i * kStride + l;
+    // (the address forms each caller measured with: guarded loads at src + u; kAll's with
+    // src + l and a constant offset, where src + u took a 64-bit add a load)
+    if (kAll || u < live) v[i] = __ldg(kAll ? src + l + i * kStride : src + u);
+  }
+#pragma unroll
+  for (int i = 0; i < kU; ++i) {
+    const uint32_t u = i * kStride + l;
+    if (kAll || u < live) xs[coal_slot(u)] = v[i];
+  }
+}
+template <int kU>
+__device__ __forceinline__ void coal_get(const uint4* xs, uint32_t l, uint4 (&out)[kU]) {
+#pragma unroll
+  for (int i = 0; i < kU; ++i) out[i] = xs[coal_slot(l * kU + i)];
+}
+
 // kStaged: the block's 8 rows x 16 kGroups groups, tile by tile (kTiles of 4 columns), each
 // tile's 32 bytes in the blocked layout's order (row r % 32 = 2k + t % 2 at 16 (t % 2), the
 // 32-row slice t / 2 at 4 (t / 2), the column at c % 4). Threads of padding rows and past the
@@ -226,34 +254,20 @@ __device__ __forceinline__ void quantize_fp_staged(const QuantizeArgs& a, const 
   constexpr int kU = kN * (int)sizeof(T) / 16;  // a thread's 16-byte units: 8 (fp32) or 4 (16-bit)
   static_assert(!kCoal || kN == 32, "coalesced loads: 32 elements a thread");
   if constexpr (kCoal) {
-    // The row's 16 kU units (its 16 threads' elements) loaded coalesced: load i of thread l is
-    // unit 16 i + l (16 lanes read 256 contiguous bytes), into shared memory swizzled (unit u
-    // at u ^ (u / 8 % 8): conflict-free for the writers and for the readers below), then each
-    // thread reads back its own kU units.
+    // The row's 16 kU units (its 16 threads' elements) loaded coalesced (coal_put: 16 lanes
+    // read 256 contiguous bytes), then each thread's own kU units.
     __shared__ uint4 xs[kRowThreads / kStageT][kStageT * kU];
     if (real) {
       const uint4* src = reinterpret_cast<const uint4*>(a.x.at<T>(p.b, p.r) + (int64_t)blockIdx.y * kStageT * kN);
-      const uint32_t live_units = min((uint32_t)kStageT, (uint32_t)s.chunks - blockIdx.y * kStageT) * kU;
-      uint4 v[kU];
-#pragma unroll
-      for (int i = 0; i < kU; ++i) {
-        const uint32_t u = i * kStageT + l;
-        if (u < live_units) v[i] = __ldg(src + u);
-      }
-#pragma unroll
-      for (int i = 0; i < kU; ++i) {
-        const uint32_t u = i * kStageT + l;
-        if (u < live_units) xs[t][u ^ ((u >> 3) & 7)] = v[i];
-      }
+      coal_put<kU, kStageT>(xs[t], src, l, min((uint32_t)kStageT, (uint32_t)s.chunks - blockIdx.y * kStageT) * kU);
     }
     __syncthreads();
     if (real && p.live) {
+      uint4 q[kU];
+      coal_get<kU>(xs[t], l, q);
 #pragma unroll
-      for (int i = 0; i < kU; ++i) {
-        const uint32_t u = l * kU + i;
-        const uint4 q = xs[t][u ^ ((u >> 3) & 7)];
-        x.w[4 * i] = q.x, x.w[4 * i + 1] = q.y, x.w[4 * i + 2] = q.z, x.w[4 * i + 3] = q.w;
-      }
+      for (int i = 0; i < kU; ++i)
+        x.w[4 * i] = q[i].x, x.w[4 * i + 1] = q[i].y, x.w[4 * i + 2] = q[i].z, x.w[4 * i + 3] = q[i].w;
     }
   } else if (real && p.live) {
     x.load(a.x.at<T>(p.b, p.r) + (int64_t)p.chunk * kN);
@@ -353,9 +367,8 @@ __global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeAr
   bool own = true;
   if constexpr (sizeof(T) == 4) {
     // fp32 x, 32 or more threads a row and whole warps: a warp's lanes hold 32 consecutive
-    // chunks of one row (4 KB), loaded coalesced (load i of lane l: 16-byte unit 32 i + l)
-    // through the warp's part of shared memory, swizzled as in quantize_fp_staged (unit u at
-    // u ^ (u / 8 % 8): conflict-free both ways), each lane reading back its own 8 units.
+    // chunks of one row (4 KB), loaded coalesced through the warp's part of shared memory
+    // (coal_put / coal_get), each lane reading back its own 8 units.
     // A thread's eight 16-byte loads put 32 lines under each load instruction. H200, fp32
     // affine4 / affine8 at 16384^2: 0.84 / 0.84 -> 1.01 / 1.01 of copy, 8192 x 5120 0.73 /
     // 0.74 -> 0.89 / 0.90. 16-bit x (four loads a thread, instruction-bound) got slower this
@@ -363,21 +376,9 @@ __global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeAr
     if (s.tlog >= 5 && (s.chunks & 31) == 0) {
       __shared__ uint4 xs[kRowThreads / 32][32 * kWords];
       const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-      const uint4* wsrc = src - lane * kWords;  // lane 0's chunk: the warp's first
-      uint4 v[kWords];
-#pragma unroll
-      for (int i = 0; i < kWords; ++i) v[i] = __ldg(wsrc + i * 32 + lane);
-#pragma unroll
-      for (int i = 0; i < kWords; ++i) {
-        const uint32_t u = i * 32 + lane;
-        xs[w][u ^ ((u >> 3) & 7)] = v[i];
-      }
+      coal_put<kWords, 32, true>(xs[w], src - lane * kWords, lane);  // from lane 0's chunk
       __syncwarp();
-#pragma unroll
-      for (int i = 0; i < kWords; ++i) {
-        const uint32_t u = lane * kWords + i;
-        raw[i] = xs[w][u ^ ((u >> 3) & 7)];
-      }
+      coal_get<kWords>(xs[w], lane, raw);
       own = false;
     }
   }
