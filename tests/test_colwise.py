@@ -112,12 +112,7 @@ def test_both_orientations_affine_fp32_groups(rng, bits, group, shape, device):
     the column-wise kernel's tile quantizes x's rows too): a last 64-column tile half past K
     (K = 96, 160), several 128-row tiles, batches, NaN / Inf / zero columns;
     (quantize(x), quantize(x^T)) bit for bit."""
-    x = _poisoned(rng, shape, np.float32)
-    kw = {"mode": "affine", "bits": bits, "group_size": group}
-    row, col = qq.quantize_colwise(to_device(x, device), rowwise=True, **kw)
-    assert_quantized_equal(row, R.quantize(x, **kw), x, what=f"rowwise half [{device}]")
-    xt = np.ascontiguousarray(np.swapaxes(x, -1, -2))
-    assert_quantized_equal(col, R.quantize(xt, **kw), xt, what=f"colwise half [{device}]")
+    _check_both_affine(_poisoned(rng, shape, np.float32), bits, group, device)
 
 
 _DTYPE_CFGS = [c for c in FP_PARAMS if str(c.values[0]) in
@@ -133,6 +128,15 @@ def _poisoned(rng, shape, dtype):
     return x
 
 
+def _check_both_affine(x, bits, group, device):
+    """quantize_colwise(x, rowwise=True) for affine: (quantize(x), quantize(x^T)) bit for bit."""
+    kw = {"mode": "affine", "bits": bits, "group_size": group}
+    row, col = qq.quantize_colwise(to_device(x, device), rowwise=True, **kw)
+    assert_quantized_equal(row, R.quantize(x, **kw), x, what=f"rowwise half [{device}]")
+    xt = np.ascontiguousarray(np.swapaxes(x, -1, -2))
+    assert_quantized_equal(col, R.quantize(xt, **kw), xt, what=f"colwise half [{device}]")
+
+
 def _finite(x):
     """x's finite values (zeros elsewhere): the global scale of a poisoned x."""
     x = x.astype(F32)
@@ -146,12 +150,7 @@ def test_both_orientations_affine_aligned_batched(rng, bits, group, dtype, devic
     """rowwise=True for affine from x with aligned rows (the GPU: quantize's row-wise
     kernel, then colaff_kernel for x^T) over two batch dimensions, NaN / Inf / zero columns:
     (quantize(x), quantize(x^T)) bit for bit."""
-    x = _poisoned(rng, (2, 3, 256, 128), dtype)
-    kw = {"mode": "affine", "bits": bits, "group_size": group}
-    row, col = qq.quantize_colwise(to_device(x, device), rowwise=True, **kw)
-    assert_quantized_equal(row, R.quantize(x, **kw), x, what=f"rowwise half [{device}]")
-    xt = np.ascontiguousarray(np.swapaxes(x, -1, -2))
-    assert_quantized_equal(col, R.quantize(xt, **kw), xt, what=f"colwise half [{device}]")
+    _check_both_affine(_poisoned(rng, (2, 3, 256, 128), dtype), bits, group, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
