@@ -397,6 +397,25 @@ __global__ void __launch_bounds__(kThreads, G > 32 ? 5 : 6) quantize_tile_kernel
 // time (16-bit x: 0.46 / 0.54 of copy for affine 4 / 8-bit at 16384^2 on an H100,
 // quantize-h100-profile.md; fp32 x, which it took until session am: 0.62 / 0.68 on an H200).
 // ---------------------------------------------------------------------------
+// Column-wise launches in bands of kB tiles along M (colq_kernel; colaff_kernel from fp32
+// x): block (x, y) takes tile column x / kB (along K) and tile row y * kB + x % kB (along M),
+// so the kB blocks whose x^T linear scale bytes share 32-byte sectors (4 bytes a block for
+// mx, 8 for nvfp4, 2 x 2-4 for affine) run one after another. Blocks past M return whole
+// (before any barrier). Bands of 8 against the plain order, H200, 16384^2: colq 16-bit x
+// +1-4 %, colaff fp32 x +3 / +7 % (affine 4 / 8); 8192 x 5120 within -2 % of it; colaff
+// from 16-bit x -1 to -3 %, so it keeps the plain order (kB = 1)
+// (logs-2026-12-01an/band_ab).
+constexpr int kBand = 8;
+inline dim3 band_grid(int64_t ntk, int64_t ntm, int64_t batch, int kB) {
+  return dim3((unsigned)(ntk * kB), (unsigned)((ntm + kB - 1) / kB), (unsigned)batch);
+}
+// whether band_grid's x and y fit the launch limits
+inline bool band_fits(int64_t ntk, int64_t ntm, int kB) {
+  return ntk * kB <= 2147483647 && (ntm + kB - 1) / kB <= 65535;
+}
+template <int kB> __device__ __forceinline__ uint32_t band_tk() { return blockIdx.x / kB; }
+template <int kB> __device__ __forceinline__ uint32_t band_tm() { return blockIdx.y * kB + blockIdx.x % kB; }
+
 constexpr int kAffTM = 128, kAffTK = 64, kAffThreads = 256;
 
 // Word (c, mp) of the 16-bit transposed tile: column c's 64 words (rows 2mp, 2mp + 1) as 16
@@ -419,6 +438,8 @@ __device__ __forceinline__ int aff_unit32(int c, int mq) { return c * (kAffTM / 
 // words: 4 blocks an SM.
 template <typename T>
 constexpr int kAffBlocks = sizeof(T) == 2 ? 5 : 4;
+template <typename T>
+constexpr int kAffBand = sizeof(T) == 4 ? kBand : 1;
 template <typename T, int G, int kBits>
 __global__ void __launch_bounds__(kAffThreads, kAffBlocks<T>) colaff_kernel(ColwiseArgs a) {
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "16-bit or fp32 x");
@@ -426,7 +447,10 @@ __global__ void __launch_bounds__(kAffThreads, kAffBlocks<T>) colaff_kernel(Colw
   __shared__ __align__(16) uint32_t xt[kAffTK * kAffTM * sizeof(T) / 4];
   uint4* xt4 = reinterpret_cast<uint4*>(xt);
   const int64_t M = a.M, K = a.K;
-  const int64_t k0 = (int64_t)blockIdx.x * kAffTK, m0 = (int64_t)blockIdx.y * kAffTM, b = blockIdx.z;
+  constexpr int kB = kAffBand<T>;
+  const int64_t k0 = (int64_t)band_tk<kB>() * kAffTK, m0 = (int64_t)band_tm<kB>() * kAffTM, b = blockIdx.z;
+  if constexpr (kB > 1)
+    if (m0 >= M) return;  // a band's tiles past M (the whole block)
   const T* xb = reinterpret_cast<const T*>(a.x.ptr) + a.x.offset(b);
 
   if constexpr (sizeof(T) == 2) {
@@ -542,8 +566,7 @@ __global__ void __launch_bounds__(kAffThreads, kAffBlocks<T>) colaff_kernel(Colw
 
 template <typename T, int G>
 void launch_colaff_g(const ColwiseArgs& a, cudaStream_t st) {
-  const dim3 grid((unsigned)((a.K + kAffTK - 1) / kAffTK), (unsigned)((a.M + kAffTM - 1) / kAffTM),
-                  (unsigned)a.x.batch());
+  const dim3 grid = band_grid((a.K + kAffTK - 1) / kAffTK, (a.M + kAffTM - 1) / kAffTM, a.x.batch(), kAffBand<T>);
   if (a.q.bits == 4) colaff_kernel<T, G, 4><<<grid, kAffThreads, 0, st>>>(a);
   else colaff_kernel<T, G, 8><<<grid, kAffThreads, 0, st>>>(a);
 }
@@ -614,8 +637,8 @@ template <typename T> struct ColqPos {
   int ncols;  // live columns of the lane (0 past K: it still joins the shuffles)
   __device__ __forceinline__ ColqPos(const ColwiseArgs& a) {
     lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    kb0 = (int64_t)blockIdx.x * 32 * kC, k0 = kb0 + lane * kC;
-    mb0 = (int64_t)blockIdx.y * kColRows, m0 = mb0 + warp * kStrip;
+    kb0 = (int64_t)band_tk<kBand>() * 32 * kC, k0 = kb0 + lane * kC;
+    mb0 = (int64_t)band_tm<kBand>() * kColRows, m0 = mb0 + warp * kStrip;
     b = blockIdx.z;
     rows = (int)max((int64_t)0, min((int64_t)kStrip, a.M - m0));
     ncols = (int)max((int64_t)0, min((int64_t)kC, a.K - k0));
@@ -727,6 +750,7 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
   constexpr int kPitchMax = kColRows + 16;
   __shared__ __align__(16) uint8_t so[32 * kC * kPitchMax];
   const ColqPos<T> p(a);
+  if (p.mb0 >= a.M) return;  // a band's tiles past M (the whole block)
   const int lane = p.lane, warp = p.warp, rows = p.rows, ncols = p.ncols;
   const int64_t M = a.M, K = a.K, k0 = p.k0, m0 = p.m0, b = p.b;
   const QSpec& q = a.q;
@@ -1014,8 +1038,7 @@ __global__ void __launch_bounds__(kColThreads) moe_t_kernel(ColwiseArgs a) {
 template <typename T>
 qqStatus_t launch_colq_t(const ColwiseArgs& a, cudaStream_t st) {
   constexpr int kC = 8 / (int)sizeof(T);
-  const dim3 grid((unsigned)((a.K + kC * 32 - 1) / (kC * 32)), (unsigned)((a.M + kColRows - 1) / kColRows),
-                  (unsigned)a.x.batch());
+  const dim3 grid = band_grid((a.K + kC * 32 - 1) / (kC * 32), (a.M + kColRows - 1) / kColRows, a.x.batch(), kBand);
   if (a.q.group == 16) {
     if (a.rowwise) colq_kernel<T, 16, true><<<grid, kColThreads, 0, st>>>(a);
     else colq_kernel<T, 16, false><<<grid, kColThreads, 0, st>>>(a);
@@ -1061,9 +1084,9 @@ qqStatus_t quantize_colwise(qqHandle_t h, const ColwiseArgs& a, void* stream) {
                   "quantize_colwise");
     ColwiseArgs b = a;
     // the fp modes from row-major x whose 8-byte row loads and 8-byte (x^T) stores are
-    // aligned, and whose blocks fit the grid's y (M < 2^23): colq_kernel
+    // aligned, and whose blocks fit band_grid (M < 2^26): colq_kernel
     const bool colq = a.q.fp() && !a.x_colmajor && aligned(a.x, 8) && ((uintptr_t)a.data_t.ptr & 7) == 0 &&
-                      (a.M + kColRows - 1) / kColRows <= 65535;
+                      band_fits((a.K + 63) / 64, (a.M + kColRows - 1) / kColRows, kBand);
     // The fp4 modes from 16-bit x: the row-wise half as quantize's own kernel too (two
     // passes, x read twice) where its 16-byte alignment holds. nvfp4 blocked 0.47 of copy at
     // 16384^2 where colq_kernel's one read of both ran 0.42 (session ak); since the two
@@ -1101,7 +1124,8 @@ qqStatus_t quantize_colwise(qqHandle_t h, const ColwiseArgs& a, void* stream) {
     // affine 4 / 8-bit from row-major x with 16-byte aligned rows and x^T codes: colaff_kernel
     // (b.rowwise is false here: affine's row-wise half ran above)
     if (!a.q.fp() && (a.q.bits == 4 || a.q.bits == 8) && !a.x_colmajor && aligned(a.x, 16) &&
-        ((uintptr_t)a.data_t.ptr & 15) == 0 && (a.M + kAffTM - 1) / kAffTM <= 65535) {
+        ((uintptr_t)a.data_t.ptr & 15) == 0 &&
+        band_fits((a.K + kAffTK - 1) / kAffTK, (a.M + kAffTM - 1) / kAffTM, a.x.dt == DType::F32 ? kBand : 1)) {
       switch (a.x.dt) {
         case DType::F32: return launch_colaff_t<float>(b, st);
         case DType::F16: return launch_colaff_t<__half>(b, st);
