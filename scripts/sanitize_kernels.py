@@ -45,7 +45,9 @@ def same(name, got, want):
     bad += not ok
 
 
-for shape in [(64, 256), (160, 96)]:
+# (1216, 96): 9.5 tiles of 128 rows, so colq_kernel / colaff_kernel's second band of 8 tiles
+# along M is mostly past M
+for shape in [(64, 256), (160, 96), (1216, 96)]:
     x = rng.standard_normal(shape).astype(np.float32)
     same(f"amax {shape}", qq.amax(dev(x)), qq.amax(x))
     for mode in ["nvfp4", "mxfp8", "affine"]:
@@ -80,8 +82,8 @@ for group, bits in [(32, 4), (64, 4), (64, 8), (128, 4)]:
         cc = qq.quantize_colwise(np.ascontiguousarray(xk[:, :k]), group_size=group, bits=bits)
         same(f"colwise affine{bits} g{group} {name} data_t", c.data, cc.data)
         same(f"colwise affine{bits} g{group} {name} scales_t", c.scales, cc.scales)
-    # both orientations from fp32 x (groups of 32 / 64: one read on the GPU where the
-    # column-wise kernel's tile quantizes the rows too); K = 32: the tile's second half past K
+    # both orientations from fp32 x in groups of 32 / 64; K = 32: the column-wise tile's
+    # second half past K
     for kk in ([32, 64] if group <= 64 else []):
         xf = np.ascontiguousarray(xp[:, :kk])
         r, c = qq.quantize_colwise(dev(xf), group_size=group, bits=bits, rowwise=True)

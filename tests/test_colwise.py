@@ -108,8 +108,7 @@ def test_both_orientations_from_one_call(rng, mode, kw, device):
                                               (8, 64, (2, 256, 64))],
                          ids=["a4g32-256x96", "a8g32-2x128x160", "a4g64-384x192", "a8g64-2x256x64"])
 def test_both_orientations_affine_fp32_groups(rng, bits, group, shape, device):
-    """rowwise=True for affine from fp32 x in groups of 32 / 64 (on the GPU both from one read:
-    the column-wise kernel's tile quantizes x's rows too): a last 64-column tile half past K
+    """rowwise=True for affine from fp32 x in groups of 32 / 64: a last 64-column tile half past K
     (K = 96, 160), several 128-row tiles, batches, NaN / Inf / zero columns;
     (quantize(x), quantize(x^T)) bit for bit."""
     _check_both_affine(_poisoned(rng, shape, np.float32), bits, group, device)
@@ -174,6 +173,27 @@ def test_colwise_fp_dtypes(rng, cfg, layout, shape, dtype, device):
     got = qq.quantize_colwise(to_device(x, device), scale_layout=layout,
                               **cfg.kwargs(None if gs is None else to_device(gs, device)))
     assert_quantized_equal(got, ref, xt, what=f"colwise {dtype} [{device}]")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [R.BF16, np.float32], ids=["bfloat16", "float32"])
+@pytest.mark.parametrize("shape", [(1216, 96), (2, 1184, 160)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("mode,kw", [("nvfp4", {"scale_layout": "linear"}), ("mxfp8", {"scale_layout": "blocked"}),
+                                     ("affine", {"bits": 4, "group_size": 32}),
+                                     ("affine", {"bits": 8, "group_size": 32})],
+                         ids=["nvfp4-linear", "mxfp8-blocked", "a4g32", "a8g32"])
+def test_colwise_bands(rng, mode, kw, shape, dtype, device):
+    """More than 8 tiles of 128 rows along M (1216 = 9.5 of them, 1184 = 9.25): on the GPU
+    the column-wise kernels launch in bands of 8 tiles along M, so a second band with most
+    of its blocks past M; a last tile of columns part past K, a batch, NaN / Inf / zero columns: quantize(x^T) bit for
+    bit, and for rowwise=True quantize(x) too."""
+    x = _poisoned(rng, shape, dtype)
+    xt = np.ascontiguousarray(np.swapaxes(x, -1, -2))
+    got = qq.quantize_colwise(to_device(x, device), mode=mode, **kw)
+    assert_quantized_equal(got, R.quantize(xt, mode=mode, **kw), xt, what=f"colwise {mode} {dtype} [{device}]")
+    row, col = qq.quantize_colwise(to_device(x, device), mode=mode, rowwise=True, **kw)
+    assert_quantized_equal(row, R.quantize(x, mode=mode, **kw), x, what=f"rowwise half {mode} [{device}]")
+    assert_quantized_equal(col, R.quantize(xt, mode=mode, **kw), xt, what=f"colwise half {mode} [{device}]")
 
 
 @pytest.mark.parametrize("device", DEVICES)
