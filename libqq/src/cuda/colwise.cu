@@ -431,6 +431,32 @@ __device__ __forceinline__ int aff_word(int c, int mp) {
 // on 8 different units mod 8.
 __device__ __forceinline__ int aff_unit32(int c, int mq) { return c * (kAffTM / 4) + (mq ^ ((c ^ (c >> 2)) & 7)); }
 
+// A thread's load of colaff_kernel's tile: sizeof(T) rows ld apart (2 of 16-bit x, 4 of
+// fp32), each one 16-byte unit of 16 / sizeof(T) columns from p; a vector load where the
+// unit lies inside K (kleft columns are left from p), element loads with zeros past K
+// where it does not; no load where the rows are past M (live false: M % 32 == 0, so the
+// rows all exist or none does).
+template <typename T>
+__device__ __forceinline__ void aff_load_rows(const T* p, int64_t ld, bool live, int64_t kleft,
+                                              uint4 (&r)[sizeof(T)]) {
+  constexpr int kE = 16 / (int)sizeof(T);
+  using U = std::conditional_t<sizeof(T) == 2, unsigned short, unsigned>;
+  if (live && kleft >= kE) {
+#pragma unroll
+    for (int h = 0; h < (int)sizeof(T); ++h) r[h] = __ldg(reinterpret_cast<const uint4*>(p + h * ld));
+    return;
+  }
+#pragma unroll
+  for (int h = 0; h < (int)sizeof(T); ++h) {
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int j = 0; j < kE; ++j)
+      if (live && j < kleft)  // (16-bit: two elements a word, the first in the low half)
+        w[j * 4 / kE] |= (uint32_t)__ldg(reinterpret_cast<const U*>(p + h * ld + j)) << (kE == 8 ? 16 * (j & 1) : 0);
+    r[h] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
 // 16-bit x, 5 blocks an SM (48 registers): 0.74 of copy at 16384^2 where 4 (59 registers)
 // gave 0.70-0.72 and 6 (40, spilling) 0.60-0.69; two tiles a block with the second's loads
 // issued before the first's encode needed 80-110 registers and ran at 0.56-0.59
@@ -462,22 +488,7 @@ __global__ void __launch_bounds__(kAffThreads, kAffBlocks<T>) colaff_kernel(Colw
     for (int it = 0; it < 2; ++it) {
       const int i = threadIdx.x + it * kAffThreads, mp = i / 8, kc = i % 8;
       const int64_t m = m0 + 2 * mp, k = k0 + 8 * kc;
-      const T* p0 = xb + m * a.x.ld + k;
-      if (m < M && k + 8 <= K) {
-        r[it][0] = __ldg(reinterpret_cast<const uint4*>(p0));
-        r[it][1] = __ldg(reinterpret_cast<const uint4*>(p0 + a.x.ld));
-      } else {
-        uint16_t e[2][8];
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-            e[h][j] = (m < M && k + j < K) ? __ldg(reinterpret_cast<const unsigned short*>(p0 + h * a.x.ld + j)) : 0;
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          r[it][h] = make_uint4(e[h][0] | (uint32_t)e[h][1] << 16, e[h][2] | (uint32_t)e[h][3] << 16,
-                                e[h][4] | (uint32_t)e[h][5] << 16, e[h][6] | (uint32_t)e[h][7] << 16);
-      }
+      aff_load_rows<T>(xb + m * a.x.ld + k, a.x.ld, m < M, K - k, r[it]);
     }
 #pragma unroll
     for (int it = 0; it < 2; ++it) {
@@ -499,20 +510,7 @@ __global__ void __launch_bounds__(kAffThreads, kAffBlocks<T>) colaff_kernel(Colw
     for (int it = 0; it < 2; ++it) {
       const int i = threadIdx.x + it * kAffThreads, mq = i / 16, kc = i % 16;
       const int64_t m = m0 + 4 * mq, k = k0 + 4 * kc;
-      const T* p0 = xb + m * a.x.ld + k;
-      if (m < M && k + 4 <= K) {
-#pragma unroll
-        for (int h = 0; h < 4; ++h) r[it][h] = __ldg(reinterpret_cast<const uint4*>(p0 + h * a.x.ld));
-      } else {
-        uint32_t e[4][4];
-#pragma unroll
-        for (int h = 0; h < 4; ++h)
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-            e[h][j] = (m < M && k + j < K) ? __ldg(reinterpret_cast<const unsigned*>(p0 + h * a.x.ld + j)) : 0u;
-#pragma unroll
-        for (int h = 0; h < 4; ++h) r[it][h] = make_uint4(e[h][0], e[h][1], e[h][2], e[h][3]);
-      }
+      aff_load_rows<T>(xb + m * a.x.ld + k, a.x.ld, m < M, K - k, r[it]);
     }
 #pragma unroll
     for (int it = 0; it < 2; ++it) {

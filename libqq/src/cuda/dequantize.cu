@@ -86,14 +86,15 @@ template <typename TO> __device__ __forceinline__ void store8_scaled(TO* p, cons
 
 // Eight affine codes of one group to the output: codec.h's affine_decode, fma(q, scale,
 // bias), with q made a float by the 2^23 magic number (exact for q < 2^23; the int -> float
-// conversion runs at a quarter of the rate) and bf16 results packed by pack8_bf16x2 (its
-// NaN differs from f_to_bf16's: redone then). With a finite scale and bias no element is NaN (0 <= q <= 255: no Inf - Inf, no
-// 0 * Inf), so one test a chunk stands for eight.
+// conversion runs at a quarter of the rate): m[i] holds the bits 0x4b000000 | q, the float
+// 2^23 + q. bf16 results are packed by pack8_bf16x2 (its NaN differs from f_to_bf16's:
+// redone then). With a finite scale and bias no element is NaN (0 <= q <= 255: no Inf -
+// Inf, no 0 * Inf), so one test a chunk stands for eight.
 template <typename TO>
-__device__ __forceinline__ void affine_store8(TO* p, const uint32_t (&code)[kVec], float sc, float bi) {
+__device__ __forceinline__ void affine_store8(TO* p, const uint32_t (&m)[kVec], float sc, float bi) {
   float v[kVec];
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) v[i] = __fmaf_rn(u2f(0x4b000000u | code[i]) - 8388608.0f, sc, bi);
+  for (int i = 0; i < kVec; ++i) v[i] = __fmaf_rn(u2f(m[i]) - 8388608.0f, sc, bi);
   if constexpr (std::is_same<TO, __nv_bfloat16>::value) {
     uint32_t o[4];
     pack8_bf16x2(v, o);
@@ -283,12 +284,22 @@ __global__ void __launch_bounds__(kDqThreadsMax) dequantize_affine_kernel(Dequan
     for (int j = 0; j < kDqChunks; ++j) {
       const uint32_t c = j < U ? c0 + j * T : chunks;
       if (c >= chunks) continue;
-      uint32_t code[kVec];
+      // 2^23 + q as float bits, each a byte permute into 0x4b000000's low byte (one
+      // instruction an element where shift, mask and or took two or three); 4-bit codes
+      // are first spread to bytes, the even and the odd nibbles apart
+      uint32_t m[kVec];
+      if constexpr (kBits == 4) {
+        const uint32_t lo = w[j][0] & 0x0f0f0f0fu, hi = (w[j][0] >> 4) & 0x0f0f0f0fu;
 #pragma unroll
-      for (int i = 0; i < kVec; ++i)
-        if constexpr (kBits == 4) code[i] = (w[j][0] >> (4 * i)) & 0xfu;
-        else code[i] = (w[j][i >> 2] >> (8 * (i & 3))) & 0xffu;
-      affine_store8<TO>(out + (size_t)c * kVec, code, sc[j], bi[j]);
+        for (int i = 0; i < 4; ++i) {
+          m[2 * i] = prmt(lo, 0x4b000000u, 0x7540u | i);
+          m[2 * i + 1] = prmt(hi, 0x4b000000u, 0x7540u | i);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) m[i] = prmt(w[j][i >> 2], 0x4b000000u, 0x7540u | (i & 3));
+      }
+      affine_store8<TO>(out + (size_t)c * kVec, m, sc[j], bi[j]);
     }
   } else {
     const int bits = a.q.bits;
@@ -320,10 +331,10 @@ __global__ void __launch_bounds__(kDqThreadsMax) dequantize_affine_kernel(Dequan
     for (int j = 0; j < kDqChunks; ++j) {
       const uint32_t c = j < U ? c0 + j * T : chunks;
       if (c >= chunks) continue;
-      uint32_t code[kVec];
+      uint32_t m[kVec];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) code[i] = (uint32_t)(acc[j] >> (i * bits)) & mask;
-      affine_store8<TO>(out + (size_t)c * kVec, code, sc[j], bi[j]);
+      for (int i = 0; i < kVec; ++i) m[i] = 0x4b000000u | ((uint32_t)(acc[j] >> (i * bits)) & mask);
+      affine_store8<TO>(out + (size_t)c * kVec, m, sc[j], bi[j]);
     }
   }
 }
