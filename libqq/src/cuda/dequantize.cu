@@ -238,6 +238,24 @@ __global__ void __launch_bounds__(kDqThreadsMax) dequantize_fp_kernel(Dequantize
   }
 }
 
+// load_cast through the read-only path (ld.global.nc): a load that names the global space
+// itself, for pointers the compiler cannot trace to a kernel argument (opaque_ptr), which it
+// would otherwise read with generic loads.
+template <typename T> __device__ __forceinline__ float ldg_cast(const T* p);
+template <> __device__ __forceinline__ float ldg_cast<float>(const float* p) { return __ldg(p); }
+template <> __device__ __forceinline__ float ldg_cast<__nv_bfloat16>(const __nv_bfloat16* p) {
+  return bf16_to_f(__ldg(reinterpret_cast<const unsigned short*>(p)));
+}
+template <> __device__ __forceinline__ float ldg_cast<__half>(const __half* p) {
+  return fp16_to_f(__ldg(reinterpret_cast<const unsigned short*>(p)));
+}
+// p, which the compiler can no longer see through (an empty asm that "changes" it).
+template <typename P> __device__ __forceinline__ P* opaque_ptr(P* p) {
+  uint64_t v = reinterpret_cast<uint64_t>(p);
+  asm("" : "+l"(v));
+  return reinterpret_cast<P*>(v);
+}
+
 // Affine codes. kBits: 4 or 8 = codes of that width on aligned rows (avec); 0 = any call.
 // (kDqChunks a thread at most: the long-row launch of the fp modes made 16384^2 affine
 // 4- / 8-bit slower on an H200, 0.80 / 0.86 -> 0.67 / 0.75 of copy bandwidth.)
@@ -258,8 +276,14 @@ __global__ void __launch_bounds__(kDqThreadsMax) dequantize_affine_kernel(Dequan
     // words; 40 registers instead of 48 (12 blocks an SM instead of 10). 16384^2 to bf16 on
     // an H100: affine4 0.81 -> 0.88 of copy bandwidth, affine8 0.84 -> 0.91
     // (bench/results/quantize-h100-profile.md, session r).
-    const TS* srow = a.scales.at<TS>(b, r);
-    const TS* brow = a.biases.at<TS>(b, r);
+    // The row's three input base pointers made opaque to the compiler (read with __ldg):
+    // otherwise it folds the row offsets into each chunk's 64-bit index (add with carry,
+    // then a shift-add pair an address, and a branch a chunk) where a base pointer takes
+    // one wide multiply-add an address and predicated loads (sm_90a: 48 fewer
+    // instructions an instance).
+    const TS* srow = opaque_ptr(a.scales.at<TS>(b, r));
+    const TS* brow = opaque_ptr(a.biases.at<TS>(b, r));
+    d = opaque_ptr(d);
     constexpr int kW = kBits / 4;  // 32-bit words of codes a chunk
     uint32_t w[kDqChunks][kW];
     float sc[kDqChunks], bi[kDqChunks];
@@ -271,12 +295,12 @@ __global__ void __launch_bounds__(kDqThreadsMax) dequantize_affine_kernel(Dequan
       sc[j] = bi[j] = 0.0f;
       if (c >= chunks) continue;
       const uint32_t g = c >> gshift;
-      sc[j] = load_cast<TS>(srow + g);
-      bi[j] = load_cast<TS>(brow + g);
+      sc[j] = ldg_cast<TS>(srow + g);
+      bi[j] = ldg_cast<TS>(brow + g);
       if constexpr (kBits == 4) {
-        w[j][0] = *reinterpret_cast<const uint32_t*>(d + (size_t)c * 4);
+        w[j][0] = __ldg(reinterpret_cast<const uint32_t*>(d + (size_t)c * 4));
       } else {
-        const uint2 v = *reinterpret_cast<const uint2*>(d + (size_t)c * 8);
+        const uint2 v = __ldg(reinterpret_cast<const uint2*>(d + (size_t)c * 8));
         w[j][0] = v.x, w[j][1] = v.y;
       }
     }
