@@ -238,24 +238,6 @@ __global__ void __launch_bounds__(kDqThreadsMax) dequantize_fp_kernel(Dequantize
   }
 }
 
-// load_cast through the read-only path (ld.global.nc): a load that names the global space
-// itself, for pointers the compiler cannot trace to a kernel argument (opaque_ptr), which it
-// would otherwise read with generic loads.
-template <typename T> __device__ __forceinline__ float ldg_cast(const T* p);
-template <> __device__ __forceinline__ float ldg_cast<float>(const float* p) { return __ldg(p); }
-template <> __device__ __forceinline__ float ldg_cast<__nv_bfloat16>(const __nv_bfloat16* p) {
-  return bf16_to_f(__ldg(reinterpret_cast<const unsigned short*>(p)));
-}
-template <> __device__ __forceinline__ float ldg_cast<__half>(const __half* p) {
-  return fp16_to_f(__ldg(reinterpret_cast<const unsigned short*>(p)));
-}
-// p, which the compiler can no longer see through (an empty asm that "changes" it).
-template <typename P> __device__ __forceinline__ P* opaque_ptr(P* p) {
-  uint64_t v = reinterpret_cast<uint64_t>(p);
-  asm("" : "+l"(v));
-  return reinterpret_cast<P*>(v);
-}
-
 // Affine codes. kBits: 4 or 8 = codes of that width on aligned rows (avec); 0 = any call.
 // (kDqChunks a thread at most: the long-row launch of the fp modes made 16384^2 affine
 // 4- / 8-bit slower on an H200, 0.80 / 0.86 -> 0.67 / 0.75 of copy bandwidth.)

@@ -192,6 +192,24 @@ template <> __device__ __forceinline__ float load_cast<__half>(const __half* p) 
   return fp16_to_f(__half_as_ushort(*p));
 }
 
+// load_cast through the read-only path (ld.global.nc): a load that names the global space
+// itself, for pointers the compiler cannot trace to a kernel argument (opaque_ptr), which it
+// would otherwise read with generic loads.
+template <typename T> __device__ __forceinline__ float ldg_cast(const T* p);
+template <> __device__ __forceinline__ float ldg_cast<float>(const float* p) { return __ldg(p); }
+template <> __device__ __forceinline__ float ldg_cast<__nv_bfloat16>(const __nv_bfloat16* p) {
+  return bf16_to_f(__ldg(reinterpret_cast<const unsigned short*>(p)));
+}
+template <> __device__ __forceinline__ float ldg_cast<__half>(const __half* p) {
+  return fp16_to_f(__ldg(reinterpret_cast<const unsigned short*>(p)));
+}
+// p, which the compiler can no longer see through (an empty asm that "changes" it).
+template <typename P> __device__ __forceinline__ P* opaque_ptr(P* p) {
+  uint64_t v = reinterpret_cast<uint64_t>(p);
+  asm("" : "+l"(v));
+  return reinterpret_cast<P*>(v);
+}
+
 // Shape of one launch: rows of every batch entry (padded to 128 when the
 // scales are blocked), chunks of 8 elements per row.
 struct Shape {
