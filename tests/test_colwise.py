@@ -185,8 +185,8 @@ def test_colwise_fp_dtypes(rng, cfg, layout, shape, dtype, device):
 def test_colwise_bands(rng, mode, kw, shape, dtype, device):
     """More than 8 tiles of 128 rows along M (1216 = 9.5 of them, 1184 = 9.25): on the GPU
     the column-wise kernels launch in bands of 8 tiles along M, so a second band with most
-    of its blocks past M; a last tile of columns part past K, a batch, NaN / Inf / zero columns: quantize(x^T) bit for
-    bit, and for rowwise=True quantize(x) too."""
+    of its blocks past M; a last tile of columns part past K, a batch, NaN / Inf / zero
+    columns: quantize(x^T) bit for bit, and for rowwise=True quantize(x) too."""
     x = _poisoned(rng, shape, dtype)
     xt = np.ascontiguousarray(np.swapaxes(x, -1, -2))
     got = qq.quantize_colwise(to_device(x, device), mode=mode, **kw)

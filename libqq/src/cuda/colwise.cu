@@ -402,9 +402,9 @@ __global__ void __launch_bounds__(kThreads, G > 32 ? 5 : 6) quantize_tile_kernel
 // so the kB blocks whose x^T linear scale bytes share 32-byte sectors (4 bytes a block for
 // mx, 8 for nvfp4, 2 x 2-4 for affine) run one after another. Blocks past M return whole
 // (before any barrier). Bands of 8 against the plain order, H200, 16384^2: colq 16-bit x
-// +1-4 %, colaff fp32 x +3 / +7 % (affine 4 / 8); 8192 x 5120 within -2 % of it; colaff
-// from 16-bit x -1 to -3 %, so it keeps the plain order (kB = 1)
-// (logs-2026-12-01an/band_ab).
+// +1-4 % in the A/B (-1 to +4 % between two full tables), colaff fp32 x +3 / +7 % (affine
+// 4 / 8); 8192 x 5120 within -2 % of it; colaff from 16-bit x -1 to -3 %, so it keeps the
+// plain order (kB = 1) (logs-2026-12-01an/band_ab).
 constexpr int kBand = 8;
 inline dim3 band_grid(int64_t ntk, int64_t ntm, int64_t batch, int kB) {
   return dim3((unsigned)(ntk * kB), (unsigned)((ntm + kB - 1) / kB), (unsigned)batch);
@@ -1082,7 +1082,8 @@ qqStatus_t quantize_colwise(qqHandle_t h, const ColwiseArgs& a, void* stream) {
                   "quantize_colwise");
     ColwiseArgs b = a;
     // the fp modes from row-major x whose 8-byte row loads and 8-byte (x^T) stores are
-    // aligned, and whose blocks fit band_grid (M < 2^26): colq_kernel
+    // aligned, and whose blocks fit band_grid (M < 2^26; K in tiles of 64 columns, fp32's,
+    // the narrowest): colq_kernel
     const bool colq = a.q.fp() && !a.x_colmajor && aligned(a.x, 8) && ((uintptr_t)a.data_t.ptr & 7) == 0 &&
                       band_fits((a.K + 63) / 64, (a.M + kColRows - 1) / kColRows, kBand);
     // The fp4 modes from 16-bit x: the row-wise half as quantize's own kernel too (two
