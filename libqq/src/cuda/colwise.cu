@@ -543,14 +543,7 @@ __global__ void __launch_bounds__(kAffThreads, kAffBlocks<T>) colaff_kernel(Colw
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     float v[8];
-    if constexpr (sizeof(T) == 2) {
-      unpack8<T>(raw[j], v);
-    } else {
-      const uint4 lo = raw[2 * j], hi = raw[2 * j + 1];
-      const uint32_t e[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = __uint_as_float(e[i]);
-    }
+    unpack_units<T, 8>(raw + j * (int)sizeof(T) / 2, v);  // (chunk j: 1 unit of 16-bit x, 2 of fp32)
     acc[j] = finite ? affine_encode8<kBits>(v, scale, inv, bias, kBits) : 0;
   }
   store_affine32<kBits>((uint8_t*)a.data_t.ptr + (b * K + k) * a.data_t.cols + m * kBits / 8, acc);
@@ -1124,7 +1117,8 @@ qqStatus_t quantize_colwise(qqHandle_t h, const ColwiseArgs& a, void* stream) {
     // (b.rowwise is false here: affine's row-wise half ran above)
     if (!a.q.fp() && (a.q.bits == 4 || a.q.bits == 8) && !a.x_colmajor && aligned(a.x, 16) &&
         ((uintptr_t)a.data_t.ptr & 15) == 0 &&
-        band_fits((a.K + kAffTK - 1) / kAffTK, (a.M + kAffTM - 1) / kAffTM, a.x.dt == DType::F32 ? kBand : 1)) {
+        band_fits((a.K + kAffTK - 1) / kAffTK, (a.M + kAffTM - 1) / kAffTM,
+                  a.x.dt == DType::F32 ? kAffBand<float> : kAffBand<__half>)) {
       switch (a.x.dt) {
         case DType::F32: return launch_colaff_t<float>(b, st);
         case DType::F16: return launch_colaff_t<__half>(b, st);

@@ -389,16 +389,7 @@ __global__ void __launch_bounds__(kRowThreads) quantize_affine_kernel(QuantizeAr
   float wmin, wmax;
   minmax_nan<T, kWords>(raw, &wmin, &wmax);
   float v[kAff];
-  if constexpr (sizeof(T) == 4) {
-#pragma unroll
-    for (int i = 0; i < kWords; ++i) {
-      v[4 * i] = __uint_as_float(raw[i].x), v[4 * i + 1] = __uint_as_float(raw[i].y);
-      v[4 * i + 2] = __uint_as_float(raw[i].z), v[4 * i + 3] = __uint_as_float(raw[i].w);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kWords; ++i) unpack8<T>(raw[i], v + 8 * i);
-  }
+  unpack_units<T, kAff>(raw, v);
   const int finite = affine_group_range<kLanes>(&wmin, &wmax);
   if (!live) return;
 

@@ -80,6 +80,20 @@ template <> __device__ __forceinline__ void unpack8<__half>(const uint4& a, floa
     v[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
   }
 }
+// kN consecutive elements of x's dtype as fp32 from their 16-byte units (8 a unit of 16-bit x
+// through unpack8, 4 a unit of fp32).
+template <typename T, int kN> __device__ __forceinline__ void unpack_units(const uint4* u, float* v) {
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int i = 0; i < kN / 4; ++i) {
+      v[4 * i] = __uint_as_float(u[i].x), v[4 * i + 1] = __uint_as_float(u[i].y);
+      v[4 * i + 2] = __uint_as_float(u[i].z), v[4 * i + 3] = __uint_as_float(u[i].w);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kN / 8; ++i) unpack8<T>(u[i], v + 8 * i);
+  }
+}
 
 // Load 8 consecutive elements (16-byte aligned) as fp32: load8 from global
 // memory through the read-only path, load8_generic from any address space
