@@ -96,11 +96,7 @@ def test_colwise_affine_ragged_columns_aligned_rows(rng, bits, group, dtype, k, 
                                      ("affine", {"bits": 8, "group_size": 128})])
 def test_both_orientations_from_one_call(rng, mode, kw, device):
     """rowwise=True returns (quantize(x), quantize(x^T)) from one read of x."""
-    x = random_data(rng, (256, 128), np.float32, group_size=16)
-    row, col = qq.quantize_colwise(to_device(x, device), mode=mode, rowwise=True, **kw)
-    assert_quantized_equal(row, R.quantize(x, mode=mode, **kw), x, what="rowwise half")
-    xt = np.ascontiguousarray(x.T)
-    assert_quantized_equal(col, R.quantize(xt, mode=mode, **kw), xt, what="colwise half")
+    _check_both(random_data(rng, (256, 128), np.float32, group_size=16), device, mode=mode, **kw)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -111,7 +107,7 @@ def test_both_orientations_affine_fp32_groups(rng, bits, group, shape, device):
     """rowwise=True for affine from fp32 x in groups of 32 / 64: a last 64-column tile half past K
     (K = 96, 160), several 128-row tiles, batches, NaN / Inf / zero columns;
     (quantize(x), quantize(x^T)) bit for bit."""
-    _check_both_affine(_poisoned(rng, shape, np.float32), bits, group, device)
+    _check_both(_poisoned(rng, shape, np.float32), device, mode="affine", bits=bits, group_size=group)
 
 
 _DTYPE_CFGS = [c for c in FP_PARAMS if str(c.values[0]) in
@@ -127,13 +123,12 @@ def _poisoned(rng, shape, dtype):
     return x
 
 
-def _check_both_affine(x, bits, group, device):
-    """quantize_colwise(x, rowwise=True) for affine: (quantize(x), quantize(x^T)) bit for bit."""
-    kw = {"mode": "affine", "bits": bits, "group_size": group}
+def _check_both(x, device, **kw):
+    """quantize_colwise(x, rowwise=True, **kw): (quantize(x), quantize(x^T)) bit for bit."""
     row, col = qq.quantize_colwise(to_device(x, device), rowwise=True, **kw)
-    assert_quantized_equal(row, R.quantize(x, **kw), x, what=f"rowwise half [{device}]")
+    assert_quantized_equal(row, R.quantize(x, **kw), x, what=f"rowwise half {kw['mode']} [{device}]")
     xt = np.ascontiguousarray(np.swapaxes(x, -1, -2))
-    assert_quantized_equal(col, R.quantize(xt, **kw), xt, what=f"colwise half [{device}]")
+    assert_quantized_equal(col, R.quantize(xt, **kw), xt, what=f"colwise half {kw['mode']} [{device}]")
 
 
 def _finite(x):
@@ -149,7 +144,7 @@ def test_both_orientations_affine_aligned_batched(rng, bits, group, dtype, devic
     """rowwise=True for affine from x with aligned rows (the GPU: quantize's row-wise
     kernel, then colaff_kernel for x^T) over two batch dimensions, NaN / Inf / zero columns:
     (quantize(x), quantize(x^T)) bit for bit."""
-    _check_both_affine(_poisoned(rng, (2, 3, 256, 128), dtype), bits, group, device)
+    _check_both(_poisoned(rng, (2, 3, 256, 128), dtype), device, mode="affine", bits=bits, group_size=group)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -191,9 +186,7 @@ def test_colwise_bands(rng, mode, kw, shape, dtype, device):
     xt = np.ascontiguousarray(np.swapaxes(x, -1, -2))
     got = qq.quantize_colwise(to_device(x, device), mode=mode, **kw)
     assert_quantized_equal(got, R.quantize(xt, mode=mode, **kw), xt, what=f"colwise {mode} {dtype} [{device}]")
-    row, col = qq.quantize_colwise(to_device(x, device), mode=mode, rowwise=True, **kw)
-    assert_quantized_equal(row, R.quantize(x, mode=mode, **kw), x, what=f"rowwise half {mode} [{device}]")
-    assert_quantized_equal(col, R.quantize(xt, mode=mode, **kw), xt, what=f"colwise half {mode} [{device}]")
+    _check_both(x, device, mode=mode, **kw)
 
 
 @pytest.mark.parametrize("device", DEVICES)
