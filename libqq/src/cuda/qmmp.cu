@@ -60,6 +60,31 @@ constexpr int kConsumers = 8;
 constexpr int threads_of(int fm, int rs) { return 32 * (kConsumers * rs + 1 + (dec_affine(fm) ? 1 : 0)); }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+// Shared loads at 32-bit shared addresses, for the consumer loop's operands (qmmp_body): its
+// addresses are per-thread offsets computed once (keep) plus the stage's address; written as
+// C++ pointer arithmetic, nvcc re-derived them from threadIdx.x and the cluster's shared
+// window in every stage. volatile: they stay after the stage's barrier wait.
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint2 lds64(uint32_t a) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds16(uint32_t a) {
+  uint16_t v;
+  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(a));
+  return v;
+}
+// A value the compiler may not recompute where it is used (a loop-invariant address kept in
+// its register rather than re-derived in the loop).
+__device__ __forceinline__ uint32_t keep(uint32_t v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void mbar_init(uint32_t a, int n) {
@@ -492,16 +517,27 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     }
   } else {
     constexpr int FK = dec_fb_k(FM), J = FK / 16, XW = FK / 8;  // k per FB, k-steps per FB, x words per lane
-    for (int i = 0; i < nch; ++i) {
-      const int s = i % S;
-      mbar_wait(bar0 + 8 * s, (i / S) & 1);
-      if (AFF && !p.xt) mbar_wait(bar0 + 8 * (2 * S + s), (i / S) & 1);  // x's sums of the stage
-      const uint8_t* base = smem + s * STG;
+    // This thread's operands within a stage, as shared-memory offsets computed once (keep):
+    // FB f = fpar + 2 ff of row block rb starts at ((f / FBS) * 4 + rb) * FBS * FB + (f % FBS)
+    // * FB, which for an even FBS is the thread's (rb, fpar) term plus a constant of ff (fo
+    // below). In the loop, a stage's address and those constants; re-derived from threadIdx.x
+    // in every stage they were ~40 of the M = 1 loop's ~200 instructions (sm_90a).
+    static_assert(G::FBS % 2 == 0, "FB parity and f / FBS separate");
+    const uint32_t ring = keep(smem_u32(smem)), xsring = keep(smem_u32(xsum));
+    const uint32_t fbt = rb * G::FBS * G::FB + fpar * G::FB;
+    const uint32_t wofs = keep(fbt + 16 * lane);
+    // the FB's scales: fp4 2 bytes a lane; fp8 2 bytes a row g; affine (s, b) pairs of row g
+    const uint32_t sofs = keep(fbt + 512 + (AFF ? 8 * g : F8 ? 2 * g : 2 * lane));
+    const uint32_t xofs = keep(SW + (8 * T0 + g) * XS + fpar * FK * 2 + q * (FK / 2));  // mma.sync's x words
+    const uint32_t xsofs = keep(4 * (fpar * MT * 8 + 8 * T0 + 2 * q));  // affine: the FB's sums of x
+    for (int i = 0, s = 0, ph = 0; i < nch; ++i) {
+      mbar_wait(bar0 + 8 * s, ph);
+      if (AFF && !p.xt) mbar_wait(bar0 + 8 * (2 * S + s), ph);  // x's sums of the stage
+      const uint32_t st = ring + s * STG;
 #pragma unroll
       for (int ff = 0; ff < G::FBS * KC / 2; ++ff) {
-        const int f = fpar + 2 * ff;  // FB along the stage's K
-        const uint8_t* fb = base + ((f / G::FBS) * 4 + rb) * G::FBS * G::FB + (f % G::FBS) * G::FB;
-        const uint4 wv = *reinterpret_cast<const uint4*>(fb + 16 * lane);
+        const uint32_t fo = (2 * ff / G::FBS) * 4 * G::FBS * G::FB + (2 * ff % G::FBS) * G::FB;
+        const uint4 wv = lds128(st + wofs + fo);
         const uint32_t w4[4] = {wv.x, wv.y, wv.z, wv.w};
         // the FB's scales: fp, bf16x2 of the scale times the decoder's factor for rows g
         // (sg) and g + 8 (sg8); affine, its (scale, bias) pairs and this FB's sums of x
@@ -509,17 +545,19 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
         uint2 sb{};
         float2 xs[MW];
         if constexpr (AFF) {
-          sb = *reinterpret_cast<const uint2*>(fb + 512 + 8 * g);
+          sb = lds64(st + sofs + fo);
 #pragma unroll
-          for (int t = 0; t < MW; ++t)
-            xs[t] = *reinterpret_cast<const float2*>(xsum + (s * NF + f) * MT * 8 + 8 * (T0 + t) + 2 * q);
+          for (int t = 0; t < MW; ++t) {
+            const uint2 v = lds64(xsring + 4 * (s * XSUM + 2 * ff * MT * 8 + 8 * t) + xsofs);
+            xs[t] = make_float2(__uint_as_float(v.x), __uint_as_float(v.y));
+          }
         } else if constexpr (F8) {
           // s * 2^111 (the code is its exponent field)
-          const uint32_t sc = *reinterpret_cast<const uint16_t*>(fb + 512 + 2 * g);
+          const uint32_t sc = lds16(st + sofs + fo);
           sg = prmt(sc, 0, 0x4040u) * 128u, sg8 = prmt(sc, 0, 0x4141u) * 128u;
         } else {
           // s * 2^117
-          const uint32_t sc = *reinterpret_cast<const uint16_t*>(fb + 512 + 2 * lane);
+          const uint32_t sc = lds16(st + sofs + fo);
           sg = prmt(sc, 0, 0x4040u) * 16u + 0x70007000u, sg8 = prmt(sc, 0, 0x4141u) * 16u + 0x70007000u;
         }
         // affine: the codes go into the mma exact, and the FB's scales and biases are applied
@@ -536,7 +574,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
           // x of k-step (f, j): two core matrices 128 bytes apart, 8-row groups a stage's
           // 256 k (4096 bytes) apart (x_stage_kernel's WG order)
-          const uint32_t xw = smem_u32(base + SW) + (uint32_t)(f * J) * 256u + (uint32_t)T0 * 4096u * KC;
+          const uint32_t xw = st + SW + (uint32_t)((fpar + 2 * ff) * J) * 256u + (uint32_t)T0 * 4096u * KC;
           uint4 a[J];
 #pragma unroll
           for (int j = 0; j < J; ++j) a[j] = dec_frag<FM>(w4, j, sg, sg8, p.mul0, p.mul1);
@@ -557,8 +595,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
           for (int t = 0; t < MW; ++t)
 #pragma unroll
             for (int u = 0; u < XW / 4; ++u) {
-              const uint4 v = *reinterpret_cast<const uint4*>(base + SW + (8 * (T0 + t) + g) * XS + f * FK * 2 +
-                                                              q * (FK / 2) + 16 * u);
+              const uint4 v = lds128(st + xofs + 8 * t * XS + 2 * ff * FK * 2 + 16 * u);
               xw[t][4 * u] = v.x, xw[t][4 * u + 1] = v.y, xw[t][4 * u + 2] = v.z, xw[t][4 * u + 3] = v.w;
             }
 #pragma unroll
@@ -578,6 +615,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
       }
 #endif
       mbar_arrive(bar0 + 8 * (S + s));  // this thread is done with slot s (and its xsum)
+      if (++s == S) s = 0, ph ^= 1;
     }
   }
   // The CTA's sum: the two FB-parity warps of a row block, even + odd.
