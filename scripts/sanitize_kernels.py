@@ -82,9 +82,9 @@ for group, bits in [(32, 4), (64, 4), (64, 8), (128, 4)]:
         cc = qq.quantize_colwise(np.ascontiguousarray(xk[:, :k]), group_size=group, bits=bits)
         same(f"colwise affine{bits} g{group} {name} data_t", c.data, cc.data)
         same(f"colwise affine{bits} g{group} {name} scales_t", c.scales, cc.scales)
-    # both orientations from fp32 x in groups of 32 / 64; K = 32: the column-wise tile's
-    # second half past K
-    for kk in ([32, 64] if group <= 64 else []):
+    # both orientations from fp32 x in groups of 32 / 64 (K a multiple of the group: the
+    # row-wise half's rule); K = 32 with groups of 32: the column-wise tile's second half past K
+    for kk in {32: [32, 64], 64: [64]}.get(group, []):
         xf = np.ascontiguousarray(xp[:, :kk])
         r, c = qq.quantize_colwise(dev(xf), group_size=group, bits=bits, rowwise=True)
         rr, cc = qq.quantize_colwise(xf, group_size=group, bits=bits, rowwise=True)
