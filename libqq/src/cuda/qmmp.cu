@@ -633,7 +633,14 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
         const int o = ((rb * MT + T0 + t) * 4 + i) * 32 + lane;
         part[o] = acc[t][i] + red[o];
       }
-  cluster.sync();
+  // Without a K split the CTA is a cluster of one: a CTA barrier orders part[] (float16 x's
+  // remainder rows read other lanes' sums) and no rank waits for another. (A cluster
+  // barrier's arrive releases the CTA's writes to the cluster: a memory barrier before it,
+  // where ncu put ~13 % of the warp-stall samples of 28672 x 4096 at M = 1, four CTAs an SM.)
+  if (ks > 1)
+    cluster.sync();
+  else
+    __syncthreads();
   // (rank 0 has a stage, so its threads are past the producer's wait; this is for the
   // reads of gs and bias, which the previous kernel may have written)
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -657,7 +664,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     }
     __syncthreads();
   }
-  cluster.sync();  // the other ranks' shared memory stays until rank 0 has read it
+  if (ks > 1) cluster.sync();  // the other ranks' shared memory stays until rank 0 has read it
   if (rank == 0 && warp < kCons && fpar == 0) {
     // 2^9 undoes the fp decoders' 2^-9 (affine: the scales took the 2^7)
     const float alpha = AFF ? 1.0f : p.gs ? nvfp4_dec(*p.gs) * 512.0f : 512.0f;
