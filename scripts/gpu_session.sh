@@ -71,10 +71,10 @@ for step in "$@"; do
       for tool in memcheck racecheck initcheck; do
         timeout ${SAN_TIMEOUT:-90} compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 \
           python3 scripts/sanitize_kernels.py > "$LOG/kernels-$tool.log" 2>&1 || rc=1
-        # (the checks' count and the script's own end: a Python error stops the workload while
-        # the sanitizer still reports 0 errors for what ran)
+        # (the checks' count and the script's last line, "mismatches: N": a Python error stops
+        # the workload while the sanitizer still reports 0 errors for what ran)
         echo "$tool: $(grep -cE ' ok$' "$LOG/kernels-$tool.log") checks ok, $(grep -cE 'MISMATCH$' "$LOG/kernels-$tool.log") mismatched;" \
-          "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Traceback|Target application returned an error' "$LOG/kernels-$tool.log" | tr '\n' ' ')"
+          "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^mismatches|Traceback|Target application returned an error' "$LOG/kernels-$tool.log" | tr '\n' ' ')"
       done
       ;;
     profile)
