@@ -61,7 +61,7 @@ constexpr int threads_of(int fm, int rs) { return 32 * (kConsumers * rs + 1 + (d
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 // Shared loads at 32-bit shared addresses, for the consumer loop's operands (qmmp_body): its
-// addresses are per-thread offsets computed once (keep) plus the stage's address; written as
+// addresses are per-thread offsets computed once (opaque) plus the stage's address; written as
 // C++ pointer arithmetic, nvcc re-derived them from threadIdx.x and the cluster's shared
 // window in every stage. volatile: they stay after the stage's barrier wait.
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
@@ -77,12 +77,6 @@ __device__ __forceinline__ uint2 lds64(uint32_t a) {
 __device__ __forceinline__ uint32_t lds16(uint32_t a) {
   uint16_t v;
   asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(a));
-  return v;
-}
-// A value the compiler may not recompute where it is used (a loop-invariant address kept in
-// its register rather than re-derived in the loop).
-__device__ __forceinline__ uint32_t keep(uint32_t v) {
-  asm volatile("" : "+r"(v));
   return v;
 }
 
@@ -517,19 +511,19 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     }
   } else {
     constexpr int FK = dec_fb_k(FM), J = FK / 16, XW = FK / 8;  // k per FB, k-steps per FB, x words per lane
-    // This thread's operands within a stage, as shared-memory offsets computed once (keep):
+    // This thread's operands within a stage, as shared-memory offsets computed once (opaque):
     // FB f = fpar + 2 ff of row block rb starts at ((f / FBS) * 4 + rb) * FBS * FB + (f % FBS)
     // * FB, which for an even FBS is the thread's (rb, fpar) term plus a constant of ff (fo
     // below). In the loop, a stage's address and those constants; re-derived from threadIdx.x
     // in every stage they were ~40 of the M = 1 loop's ~200 instructions (sm_90a).
     static_assert(G::FBS % 2 == 0, "FB parity and f / FBS separate");
-    const uint32_t ring = keep(smem_u32(smem)), xsring = keep(smem_u32(xsum));
+    const uint32_t ring = opaque(smem_u32(smem)), xsring = opaque(smem_u32(xsum));
     const uint32_t fbt = rb * G::FBS * G::FB + fpar * G::FB;
-    const uint32_t wofs = keep(fbt + 16 * lane);
+    const uint32_t wofs = opaque(fbt + 16 * lane);
     // the FB's scales: fp4 2 bytes a lane; fp8 2 bytes a row g; affine (s, b) pairs of row g
-    const uint32_t sofs = keep(fbt + 512 + (AFF ? 8 * g : F8 ? 2 * g : 2 * lane));
-    const uint32_t xofs = keep(SW + (8 * T0 + g) * XS + fpar * FK * 2 + q * (FK / 2));  // mma.sync's x words
-    const uint32_t xsofs = keep(4 * (fpar * MT * 8 + 8 * T0 + 2 * q));  // affine: the FB's sums of x
+    const uint32_t sofs = opaque(fbt + 512 + (AFF ? 8 * g : F8 ? 2 * g : 2 * lane));
+    const uint32_t xofs = opaque(SW + (8 * T0 + g) * XS + fpar * FK * 2 + q * (FK / 2));  // mma.sync's x words
+    const uint32_t xsofs = opaque(4 * (fpar * MT * 8 + 8 * T0 + 2 * q));  // affine: the FB's sums of x
     for (int i = 0, s = 0, ph = 0; i < nch; ++i) {
       mbar_wait(bar0 + 8 * s, ph);
       if (AFF && !p.xt) mbar_wait(bar0 + 8 * (2 * S + s), ph);  // x's sums of the stage

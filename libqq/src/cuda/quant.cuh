@@ -203,12 +203,6 @@ template <> __device__ __forceinline__ float ldg_cast<__nv_bfloat16>(const __nv_
 template <> __device__ __forceinline__ float ldg_cast<__half>(const __half* p) {
   return fp16_to_f(__ldg(reinterpret_cast<const unsigned short*>(p)));
 }
-// p, which the compiler can no longer see through (an empty asm that "changes" it).
-template <typename P> __device__ __forceinline__ P* opaque_ptr(P* p) {
-  uint64_t v = reinterpret_cast<uint64_t>(p);
-  asm("" : "+l"(v));
-  return reinterpret_cast<P*>(v);
-}
 
 // Shape of one launch: rows of every batch entry (padded to 128 when the
 // scales are blocked), chunks of 8 elements per row.

@@ -95,6 +95,21 @@ template <typename T, int kN> __device__ __forceinline__ void unpack_units(const
   }
 }
 
+// Values the compiler can no longer see through (an empty asm that "changes" them), the one
+// home of that device: a pointer it would otherwise fold back into 64-bit indices from a
+// kernel argument (opaque_ptr: dequantize.cu's row pointers), a loop-invariant offset it
+// would otherwise re-derive inside a loop (opaque: qmmp.cu's consumer loop; volatile, so it
+// is not sunk into the loop either).
+template <typename P> __device__ __forceinline__ P* opaque_ptr(P* p) {
+  uint64_t v = reinterpret_cast<uint64_t>(p);
+  asm("" : "+l"(v));
+  return reinterpret_cast<P*>(v);
+}
+__device__ __forceinline__ uint32_t opaque(uint32_t v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+
 // Load 8 consecutive elements (16-byte aligned) as fp32: load8 from global
 // memory through the read-only path, load8_generic from any address space
 // (shared memory).
