@@ -974,6 +974,8 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     return r;
   }
   }
+  // 512-k stages (KC = 2) where each rank's 256-k chunks pair up
+  const bool kc2 = nk % 2 == 0 && (ks == 1 || nk % 4 == 0);
   if constexpr (dec_bits8(FM)) {
     if (M > 8) return launch<FM, 2, 3, 1, 2, 1, GR>(p, tiles, ks, st, xt);
     // past one wave of two CTAs per SM (the gate/up weight, 448 tiles on 264 slots): four,
@@ -984,7 +986,6 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     if (r == kRefused) r = ks == 1 ? launch<FM, 1, FM == kDecFp8 ? 5 : 4, 1, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 1, 3, 1, 3, 1, GR>(p, tiles, ks, st, xt);
   } else if (M > 8) {
-    const bool kc2 = nk % 2 == 0 && (ks == 1 || nk % 4 == 0);
     // four CTAs per SM past a wave of two, as at M <= 8 below (2 stages: 16 rows of x make
     // a stage 17 KB, and three would not fit four CTAs in 228 KB); staged x only (dense
     // calls): gather_qmm's 9..16-row entries keep the configurations below, which is what
@@ -1001,8 +1002,14 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     // (a tenth warp) gets 48 and spills 16 bytes, and still gains as much (H100 A/B, CUDA
     // graphs, 28672 x 4096 M = 1: nvfp4 32.8 -> 27.8 us, affine 4-bit 35.3 -> 28.4;
     // qmm-decode-h100-notes.md, session l).
+    // Two and one CTA an SM: stages of 512 k (KC = 2) where K allows, the same ring bytes in
+    // half the stages: a stage's fixed instructions (barrier wait and arrive, the slot's
+    // address, the loop) count once for four fragment blocks a warp, not two (sm_90a, M = 1:
+    // 342 instructions a 512-k stage against 2 x 181). The FBs and their order are the same.
     r = (ks == 1 ? ctas > 2 * sms : 2 * ctas > 3 * sms) ? launch<FM, 1, 3, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
+    if (r == kRefused) r = ks == 1 && kc2 ? launch<FM, 1, 4, 2, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = ks == 1 ? launch<FM, 1, 8, 1, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
+    if (r == kRefused) r = kc2 ? launch<FM, 1, 2, 2, 3, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 1, 4, 1, 3, 1, GR>(p, tiles, ks, st, xt);
   }
   return r;
