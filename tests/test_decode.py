@@ -587,20 +587,28 @@ def test_gpu_matches_many_tiles(cfg, m):
 
 
 @gpu
+@pytest.mark.parametrize("k", [1280, 2048])
 @pytest.mark.parametrize("cfg", CFGS)
-def test_gpu_past_two_waves(cfg):
-    """N = 64 (2 SMs + 3): more row tiles than two CTAs per SM hold, where fp4 at M <= 16
-    runs four CTAs per SM (3 / 2 stages): right against the reference at 1..16 rows, and
-    each row the same bits as in the 64-row call (its 16-warp configuration). K = 1280:
-    the rings wrap."""
+def test_gpu_past_two_waves(cfg, k):
+    """N = 64 (2 SMs + 3): more row tiles than two CTAs per SM hold, where 4-bit codes at M
+    <= 16 run four CTAs per SM: right against the reference at 1..16 rows, and each row the
+    same bits as in the 64-row call (its 16-warp configuration). K = 1280 (5 chunks of 256):
+    256-k stages, the rings wrap; K = 2048: at one row of bf16 x, or of float16 x (two
+    kernel rows), 512-k stages with two rows of x a stage (qmmp.cu's X2), 4 stages round a
+    ring of 2."""
     torch = torch_mod()
-    n, k = 64 * (2 * torch.cuda.get_device_properties(0).multi_processor_count + 3), 1280
+    n = 64 * (2 * torch.cuda.get_device_properties(0).multi_processor_count + 3)
     dw = gpu_weight(cfg, n, k)
-    rng = case_rng("waves", cfg)
+    rng = case_rng("waves", cfg, k)
     x = make_x(rng, (64, k), BF16, "cuda")
-    for m in (1, 5, 8, 9, 16):
+    for m in (1, 2, 5, 8, 9, 16):
         check(x[:m].contiguous(), dw, route="decode" if decode_expected(BF16, m) else None)
-    assert_rows_same_bits(x, dw, (1, 5, 8, 9, 16))
+    assert_rows_same_bits(x, dw, (1, 2, 5, 8, 9, 16))
+    x16 = make_x(rng, (1, k), F16, "cuda")
+    want, mag = reference(x16, dw.quantized, None)
+    got = qq.quantized_matmul(x16, dw, dtype="float32")
+    assert qq.last_route() == ("decode" if decode_expected(F16, 1) else qq.last_route())
+    assert mismatch(got, want, mag, rel_of(dw.mode)) is None
 
 
 @gpu

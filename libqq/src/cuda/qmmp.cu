@@ -252,11 +252,13 @@ __device__ __noinline__ float affine_exact(const uint8_t* w, const __nv_bfloat16
 }
 
 // The shared memory of a configuration (the ring, its barriers, the two partial-sum arrays).
-template <int FM, int MT, int S, int KC>
+// X2: a stage holds two rows of x (M <= 2), not MT * 8.
+template <int FM, int MT, int S, int KC, bool X2 = false>
 constexpr size_t smem_bytes() {
   using G = Geo<FM>;
   const size_t xsum = dec_affine(FM) ? (size_t)S * G::FBS * KC * MT * 8 * 4 : 0;
-  return (size_t)S * (KC * G::STAGE + MT * 8 * (KC * 512 + G::XPAD)) + 3 * S * 8 + 2 * (4 * MT * 4 * 32) * 4 + xsum;
+  const size_t xrows = X2 ? 2 : MT * 8;
+  return (size_t)S * (KC * G::STAGE + xrows * (KC * 512 + G::XPAD)) + 3 * S * 8 + 2 * (4 * MT * 4 * 32) * 4 + xsum;
 }
 
 // Whether this architecture's code of a configuration is built: compute capability 12.x
@@ -264,13 +266,13 @@ constexpr size_t smem_bytes() {
 // compile there as an empty body that launch() never reaches (it refuses them first); this
 // keeps nvcc's time for sm_120a down.
 // The WG configurations (wgmma) are sm_90a code only; dispatch runs them on 9.x devices.
-template <int FM, int MT, int S, int KC, bool WG>
+template <int FM, int MT, int S, int KC, bool WG, bool X2>
 __device__ constexpr bool built_here() {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if (WG) return false;
 #endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200 && __CUDA_ARCH__ < 1300
-  return smem_bytes<FM, MT, S, KC>() <= 99 * 1024;
+  return smem_bytes<FM, MT, S, KC, X2>() <= 99 * 1024;
 #else
   return true;
 #endif
@@ -349,7 +351,11 @@ __device__ __forceinline__ uint4 dec_frag(const uint32_t (&w4)[4], int j, uint32
 // 10-23 % when compiled into every kernel, H100).
 // WG: wgmma with x from shared memory (sm_90a; staged x in x_stage_kernel's WG order, 32 rows
 // of x per warpgroup, dense calls: see wg_mma).
-template <int FM, int MT, int S, int KC, int RS, bool GR, bool WG>
+// X2: two rows of x in a stage (M <= 2: one row of bf16 x, or of float16 x's high parts and
+// remainders), not 8: the lanes of mma columns 2..7 read row 0 again, and those columns are
+// not stored. The 6 rows of zeros were 21 % of a 4-bit 512-k stage; without them such
+// stages fit four CTAs an SM.
+template <int FM, int MT, int S, int KC, int RS, bool GR, bool WG, bool X2>
 __device__ __forceinline__ void qmmp_body(const QP p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using G = Geo<FM>;
@@ -357,8 +363,9 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
   constexpr int kThreads = threads_of(FM, RS), kCons = kConsumers * RS, MW = MT / RS;
   static_assert(MT % RS == 0, "row tiles split evenly");
   static_assert(!WG || (!GR && MW == 4), "wgmma: 32 rows of x per warpgroup (wg_mma)");
-  constexpr int XS = KC * 512 + G::XPAD;  // bytes per row of x in a stage
-  constexpr int SW = KC * G::STAGE, STG = SW + MT * 8 * XS, RED = 4 * MT * 4 * 32;
+  static_assert(!X2 || (MT == 1 && !WG && !GR), "two rows of x: dense or per-entry calls at M <= 2");
+  constexpr int XS = KC * 512 + G::XPAD, XR = X2 ? 2 : MT * 8;  // bytes per row of x in a stage, rows
+  constexpr int SW = KC * G::STAGE, STG = SW + XR * XS, RED = 4 * MT * 4 * 32;
   constexpr int NF = G::FBS * KC, XSUM = AFF ? NF * MT * 8 : 0;  // affine: sums of x per stage [FB][row]
   extern __shared__ __align__(128) uint8_t smem[];
   // full[S], empty[S], affine: xready[S] (the stage's sums of x are in)
@@ -412,7 +419,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
   // copies bring every row, zeros included)
   if (!WG)
     for (int s = 0; s < S; ++s)
-      for (int i = threadIdx.x; i < (MT * 8 - Mc) * (XS / 16); i += kThreads)
+      for (int i = threadIdx.x; i < (XR - Mc) * (XS / 16); i += kThreads)
         reinterpret_cast<uint4*>(smem + s * STG + SW + Mc * XS)[i] = make_uint4(0, 0, 0, 0);
   if (!p.xt)  // (staged: the copies bring the sums, zeros past M included)
     for (int i = threadIdx.x; i < S * XSUM; i += kThreads) xsum[i] = 0.0f;  // rows past M stay 0
@@ -522,7 +529,8 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     const uint32_t wofs = opaque(fbt + 16 * lane);
     // the FB's scales: fp4 2 bytes a lane; fp8 2 bytes a row g; affine (s, b) pairs of row g
     const uint32_t sofs = opaque(fbt + 512 + (AFF ? 8 * g : F8 ? 2 * g : 2 * lane));
-    const uint32_t xofs = opaque(SW + (8 * T0 + g) * XS + fpar * FK * 2 + q * (FK / 2));  // mma.sync's x words
+    const int xrow = X2 ? (g < 2 ? g : 0) : 8 * T0 + g;  // the x row of this lane's mma column
+    const uint32_t xofs = opaque(SW + xrow * XS + fpar * FK * 2 + q * (FK / 2));  // mma.sync's x words
     const uint32_t xsofs = opaque(4 * (fpar * MT * 8 + 8 * T0 + 2 * q));  // affine: the FB's sums of x
     for (int i = 0, s = 0, ph = 0; i < nch; ++i) {
       mbar_wait(bar0 + 8 * s, ph);
@@ -735,10 +743,10 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
 #endif
 }
 
-template <int FM, int MT, int S, int KC, int kMinBlocks, int RS, bool GR, bool WG>
+template <int FM, int MT, int S, int KC, int kMinBlocks, int RS, bool GR, bool WG, bool X2>
 __global__ void __launch_bounds__(threads_of(FM, RS), kMinBlocks) qmmp_kernel(const QP p) {
-  if constexpr (built_here<FM, MT, S, KC, WG>())
-    qmmp_body<FM, MT, S, KC, RS, GR, WG>(p);
+  if constexpr (built_here<FM, MT, S, KC, WG, X2>())
+    qmmp_body<FM, MT, S, KC, RS, GR, WG, X2>(p);
   else
     __trap();
 }
@@ -867,10 +875,11 @@ __global__ void to_decode_kernel(const DecodeLayoutArgs a, int64_t slots, int* b
 // the first call, which also sets the shared-memory attribute once.
 constexpr qqStatus_t kRefused = QQ_STATUS_NOT_SUPPORTED;
 // xt: where x_stage_kernel's buffer comes from when x is staged, else null.
-template <int FM, int MT, int S, int KC, int kMinBlocks, int RS = 1, bool GR = false, bool WG = false>
+template <int FM, int MT, int S, int KC, int kMinBlocks, int RS = 1, bool GR = false, bool WG = false, bool X2 = false>
 qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* xt = nullptr) {
-  constexpr size_t smem = smem_bytes<FM, MT, S, KC>();
-  auto kern = qmmp_kernel<FM, MT, S, KC, kMinBlocks, RS, GR, WG>;
+  constexpr size_t smem = smem_bytes<FM, MT, S, KC, X2>();
+  auto kern = qmmp_kernel<FM, MT, S, KC, kMinBlocks, RS, GR, WG, X2>;
+  if (X2 && p.M > 2) return kRefused;  // (dispatch's rule: a stage holds two rows)
   static std::atomic<uint64_t> ok{0}, refused{0};  // bit d: device d (devices past 63 ask every time)
   int dev = 0;
   QQ_CUDA_TRY(cudaGetDevice(&dev), "decode_matmul");
@@ -1006,7 +1015,13 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     // half the stages: a stage's fixed instructions (barrier wait and arrive, the slot's
     // address, the loop) count once for four fragment blocks a warp, not two (sm_90a, M = 1:
     // 342 instructions a 512-k stage against 2 x 181). The FBs and their order are the same.
-    r = (ks == 1 ? ctas > 2 * sms : 2 * ctas > 3 * sms) ? launch<FM, 1, 3, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
+    // At M <= 2 (kernel rows), four CTAs an SM take 512-k stages too, 2 deep, with two rows of
+    // x a stage (X2).
+    const bool four = ks == 1 ? ctas > 2 * sms : 2 * ctas > 3 * sms;
+    r = kRefused;
+    if constexpr (!GR)
+      if (four && M <= 2 && kc2) r = launch<FM, 1, 2, 2, 4, 1, GR, false, true>(p, tiles, ks, st, xt);
+    if (r == kRefused) r = four ? launch<FM, 1, 3, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = ks == 1 && kc2 ? launch<FM, 1, 4, 2, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = ks == 1 ? launch<FM, 1, 8, 1, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = kc2 ? launch<FM, 1, 2, 2, 3, 1, GR>(p, tiles, ks, st, xt) : kRefused;
