@@ -2,7 +2,8 @@
 # One device call for kernel patches that were compiled but not run: the tree as it is
 # (base), then each patch of PATCHES applied on top of the ones before it; after each, an
 # incremental sm_90a rebuild, tests and a measurement. Logs under $OUT; the patches are taken
-# out at the end (the library is left built with them: rebuild before anything else).
+# out at the end and their objects deleted (the library is left built with them: the next
+# build recompiles those files).
 #   PATCHES="a.patch.txt b.patch.txt" OUT=$OUT/ab bash bench/tune/patch_ab.sh
 # SUITE picks the tests and the measurement:
 #   qqmm (default): the small-M weight-only kernels' GPU tests (the fused x-quantization forms
@@ -121,4 +122,10 @@ for p in ${PATCHES:-}; do
 done
 [ -n "${AGAIN:-}" ] && measure "p$n-again"
 # (the device's .git may be older than the tree it got: take the patches back out, last first)
-for p in "${applied[@]}"; do git apply -R "$p"; done
+# and delete the objects built from the patched files: the next call's copy of the tree gives
+# those sources their older mtimes again, so without this the next build kept the patched
+# objects (session ap: a whole GPU test run and its tables on a rejected patch's library)
+for p in "${applied[@]}"; do
+  for f in $(git apply --numstat "$p" | cut -f3); do rm -f build/*/CMakeFiles/*/"$f".o; done
+  git apply -R "$p"
+done
