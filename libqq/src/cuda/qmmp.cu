@@ -353,7 +353,7 @@ __device__ __forceinline__ uint4 dec_frag(const uint32_t (&w4)[4], int j, uint32
 // of x per warpgroup, dense calls: see wg_mma).
 // X2: two rows of x in a stage (M <= 2: one row of bf16 x, or of float16 x's high parts and
 // remainders), not 8: the lanes of mma columns 2..7 read row 0 again, and those columns are
-// not stored. The 6 rows of zeros were 21 % of a 4-bit 512-k stage; without them such
+// not stored. The 6 rows of zeros were 23 % of a 4-bit 512-k stage; without them such
 // stages fit four CTAs an SM.
 template <int FM, int MT, int S, int KC, int RS, bool GR, bool WG, bool X2>
 __device__ __forceinline__ void qmmp_body(const QP p) {
