@@ -878,6 +878,9 @@ constexpr qqStatus_t kRefused = QQ_STATUS_NOT_SUPPORTED;
 template <int FM, int MT, int S, int KC, int kMinBlocks, int RS = 1, bool GR = false, bool WG = false, bool X2 = false>
 qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* xt = nullptr) {
   constexpr size_t smem = smem_bytes<FM, MT, S, KC, X2>();
+  // kMinBlocks CTAs an SM is the configuration's point: they must fit an H100 / H200 SM's
+  // 228 KB (1 KB of it reserved per CTA), or the GPU would silently run fewer
+  static_assert((smem + 1024) * kMinBlocks <= 228 * 1024, "the configuration's CTAs fit an SM");
   auto kern = qmmp_kernel<FM, MT, S, KC, kMinBlocks, RS, GR, WG, X2>;
   if (X2 && p.M > 2) return kRefused;  // (dispatch's rule: a stage holds two rows)
   static std::atomic<uint64_t> ok{0}, refused{0};  // bit d: device d (devices past 63 ask every time)
