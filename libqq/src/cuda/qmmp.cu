@@ -986,15 +986,17 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     return r;
   }
   }
-  // 512-k stages (KC = 2) where each rank's 256-k chunks pair up
+  // 512-k stages (KC = 2) where each rank's 256-k chunks pair up; four CTAs an SM (M <= 8)
+  // past one wave of two (K split: past one and a half)
   const bool kc2 = nk % 2 == 0 && (ks == 1 || nk % 4 == 0);
+  const bool four = ks == 1 ? ctas > 2 * sms : 2 * ctas > 3 * sms;
   if constexpr (dec_bits8(FM)) {
     if (M > 8) return launch<FM, 2, 3, 1, 2, 1, GR>(p, tiles, ks, st, xt);
     // past one wave of two CTAs per SM (the gate/up weight, 448 tiles on 264 slots): four,
     // 2 stages deep, as the 4-bit codes below; 56 registers for mxfp8, no spills. Decode
     // step, graphed, H200 (same machine): mxfp8 fused M = 1 2455 -> 2304 us, M = 4 2688 ->
     // 2515; affine 8-bit 2636 -> 2545, 2919 -> 2781 (qmm-decode-h100-notes.md, session af)
-    r = (ks == 1 ? ctas > 2 * sms : 2 * ctas > 3 * sms) ? launch<FM, 1, 2, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
+    r = four ? launch<FM, 1, 2, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = ks == 1 ? launch<FM, 1, FM == kDecFp8 ? 5 : 4, 1, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 1, 3, 1, 3, 1, GR>(p, tiles, ks, st, xt);
   } else if (M > 8) {
@@ -1020,7 +1022,6 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     // 342 instructions a 512-k stage against 2 x 181). The FBs and their order are the same.
     // At M <= 2 (kernel rows), four CTAs an SM take 512-k stages too, 2 deep, with two rows of
     // x a stage (X2).
-    const bool four = ks == 1 ? ctas > 2 * sms : 2 * ctas > 3 * sms;
     r = kRefused;
     if constexpr (!GR)
       if (four && M <= 2 && kc2) r = launch<FM, 1, 2, 2, 4, 1, GR, false, true>(p, tiles, ks, st, xt);
