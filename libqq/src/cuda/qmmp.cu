@@ -996,7 +996,15 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     // 2 stages deep, as the 4-bit codes below; 56 registers for mxfp8, no spills. Decode
     // step, graphed, H200 (same machine): mxfp8 fused M = 1 2455 -> 2304 us, M = 4 2688 ->
     // 2515; affine 8-bit 2636 -> 2545, 2919 -> 2781 (qmm-decode-h100-notes.md, session af)
-    r = four ? launch<FM, 1, 2, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
+    // At M <= 2 with K split and at most two CTAs an SM: 512-k stages with two rows of x a
+    // stage (X2), 3 deep (mxfp8, 108 KB) or 2 (affine 8-bit: 3 would not fit two an SM).
+    // Step, 1 token, graphed, H200, same machine: mxfp8 2236 -> 2195-2196 us, affine 8-bit
+    // 2445 -> 2406 (the 4-bit half of that patch was slower and was left out; session aq)
+    r = kRefused;
+    if constexpr (!GR)
+      if (ks > 1 && M <= 2 && kc2 && ctas * ks <= 2 * sms)
+        r = launch<FM, 1, FM == kDecFp8 ? 3 : 2, 2, 2, 1, GR, false, true>(p, tiles, ks, st, xt);
+    if (r == kRefused) r = four ? launch<FM, 1, 2, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = ks == 1 ? launch<FM, 1, FM == kDecFp8 ? 5 : 4, 1, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 1, 3, 1, 3, 1, GR>(p, tiles, ks, st, xt);
   } else if (M > 8) {
