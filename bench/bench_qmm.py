@@ -17,7 +17,7 @@ indices touch (each once) + x + y.
 
 Then (--only decode) the decode layout (qq.prepare_decode) against the packed weight on the
 decode shapes of an 8B model and 16384^2, nvfp4 / mxfp4 / mxfp8 / affine 4- and 8-bit (group 64),
-M = 1..16: op "quantized_matmul",
+bf16 x at M = 1..64 and float16 x at M = 1 and 16 (column x_dtype): op "quantized_matmul",
 variant "decode" / "packed", GB/s against copy (its own table, qmm_decode-<gpu>).
 
     python bench/bench_qmm.py [--quick] [--only dense|gather|decode]
@@ -136,16 +136,20 @@ def decode(timer, copy_gbps, quick) -> None:
             qw = qq.quantize(w, **kw)
             dw = qq.prepare_decode(qw)
             wbytes = nbytes(qw.data) + nbytes(qw.scales) + nbytes(qw.biases)
-            for m in ms:
-                x = torch.randn((m, k), dtype=torch.bfloat16, device="cuda")
-                for variant, wt in (("packed", qw), ("decode", dw)):
-                    for _ in range(3):
-                        qq.quantized_matmul(x, wt)
-                    route = qq.last_route()
-                    moved = wbytes + nbytes(x) + m * n * 2
-                    us = timer(lambda: qq.quantized_matmul(x, wt), moved)
-                    bench.row("quantized_matmul", mode, (m, n, k), "GBps", moved / (us * 1e-6) / 1e9,
-                              "copy", copy_gbps, us=round(us, 2), variant=variant, route=route)
+            # bf16 x at every M; float16 x (the decode kernel splits it into bf16 high parts and
+            # remainders: twice the kernel rows, at most 32 rows of x) at 1 and 16
+            for dt, dms in ((torch.bfloat16, ms), (torch.float16, [1, 16])):
+                for m in dms:
+                    x = torch.randn((m, k), dtype=dt, device="cuda")
+                    for variant, wt in (("packed", qw), ("decode", dw)):
+                        for _ in range(3):
+                            qq.quantized_matmul(x, wt)
+                        route = qq.last_route()
+                        moved = wbytes + nbytes(x) + m * n * 2
+                        us = timer(lambda: qq.quantized_matmul(x, wt), moved)
+                        bench.row("quantized_matmul", mode, (m, n, k), "GBps", moved / (us * 1e-6) / 1e9,
+                                  "copy", copy_gbps, us=round(us, 2), variant=variant, route=route,
+                                  x_dtype=str(dt).replace("torch.", ""))
             del qw, dw
         del w
         torch.cuda.empty_cache()
