@@ -70,6 +70,48 @@ def require_indices(func: str, rhs_indices):
                         f"quantized_matmul multiplies without them")
 
 
+def qqmm_operands(func, x, w, scales, x_scales, global_scale_x, global_scale_w, mode, group_size,
+                  bits, fp8_format, scale_layout, take, take_array):
+    """qqmm's operands with QuantizedArrays unpacked, for the torch.compile and jax.jit forms
+    (plain Python: Dynamo traces it). A QuantizedArray x or w gives its data, scales and
+    global scale, and its mode, group_size, bits and fp8_format (x's where both are, which
+    must then agree); an argument given next to one must agree with it (`take`,
+    `take_array`: the adapter's forms of qq's rule and words). Returns (x, w, scales,
+    x_scales, global_scale_x, global_scale_w, mode, group_size, bits, fp8_format, x_layout,
+    w_layout, x_is_q): the scale layouts of x's and w's scales (scale_layout describes w's;
+    a QuantizedArray x brings its own)."""
+    x_layout = w_layout = scale_layout
+    x_is_q, w_is_q = isinstance(x, _qq.QuantizedArray), isinstance(w, _qq.QuantizedArray)
+    if x_is_q and w_is_q:
+        for field in ("mode", "group_size", "bits", "fp8_format"):
+            if getattr(x, field) != getattr(w, field):
+                raise ValueError(f"{func}: x.{field}={getattr(x, field)!r} and "
+                                 f"w.{field}={getattr(w, field)!r} differ; both operands "
+                                 f"must be quantized alike")
+    mode_, group_size_, bits_, fp8_format_ = mode, group_size, bits, fp8_format
+    for qa, name, is_q in ((w, "w", w_is_q), (x, "x", x_is_q)):
+        if not is_q:
+            continue
+        mode_ = take(func, "mode", mode, "nvfp4", qa.mode, name)
+        group_size_ = take(func, "group_size", group_size, None, qa.group_size, name)
+        bits_ = take(func, "bits", bits, None, qa.bits, name)
+        fp8_format_ = take(func, "fp8_format", fp8_format, "e4m3", qa.fp8_format, name)
+    if w_is_q:
+        scales = take_array(func, "scales", scales, w.scales, "w", "scales")
+        global_scale_w = take_array(func, "global_scale_w", global_scale_w, w.global_scale, "w",
+                                    "global_scale")
+        w_layout = take(func, "scale_layout", scale_layout, "linear", w.scale_layout, "w")
+        w = w.data
+    if x_is_q:
+        x_scales = take_array(func, "x_scales", x_scales, x.scales, "x", "scales")
+        global_scale_x = take_array(func, "global_scale_x", global_scale_x, x.global_scale, "x",
+                                    "global_scale")
+        x_layout = x.scale_layout
+        x = x.data
+    return (x, w, scales, x_scales, global_scale_x, global_scale_w, mode_, group_size_, bits_,
+            fp8_format_, x_layout, w_layout, x_is_q)
+
+
 def swiglu_shape_error(shape) -> str:
     """swiglu's refusal of an x of `shape` (0-d or an odd last axis), worded as libqq's
     (qqSwiglu): for the places Cython cannot run (torch's fake op, the JAX custom call)."""

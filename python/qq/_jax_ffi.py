@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _qq
-from ._dispatch import check_flag, check_torch_dtypes, require_indices, swiglu_shape_error
+from ._dispatch import check_flag, check_torch_dtypes, qqmm_operands, require_indices, swiglu_shape_error
 from ._qq import DecodeWeight, NotSupportedError, PreparedWeight, QuantizedArray
 
 #: The operations with XLA handlers (qq_xla_<op>_cpu / _cuda in libqq_xla.so).
@@ -345,40 +345,10 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     w_values = None
     if isinstance(w, PreparedWeight):
         w_values, w = w.values, w.quantized
-    x_layout = w_layout = scale_layout
-    x_is_q, w_is_q = isinstance(x, QuantizedArray), isinstance(w, QuantizedArray)
-    take, take_array = _qq._jax_take, _qq._jax_take_array
-    if x_is_q and w_is_q:
-        for field in ("mode", "group_size", "bits", "fp8_format"):
-            if getattr(x, field) != getattr(w, field):
-                raise ValueError(f"{func}: x.{field}={getattr(x, field)!r} and "
-                                 f"w.{field}={getattr(w, field)!r} differ; both operands "
-                                 f"must be quantized alike")
-    resolved = None
-    if w_is_q:
-        qa = w
-        scales = take_array(func, "scales", scales, qa.scales, "w", "scales")
-        global_scale_w = take_array(func, "global_scale_w", global_scale_w, qa.global_scale,
-                                    "w", "global_scale")
-        resolved = (take(func, "mode", mode, "nvfp4", qa.mode, "w"),
-                    take(func, "group_size", group_size, None, qa.group_size, "w"),
-                    take(func, "bits", bits, None, qa.bits, "w"),
-                    take(func, "fp8_format", fp8_format, "e4m3", qa.fp8_format, "w"))
-        w_layout = take(func, "scale_layout", scale_layout, "linear", qa.scale_layout, "w")
-        w = qa.data
-    if x_is_q:
-        qa = x
-        x_scales = take_array(func, "x_scales", x_scales, qa.scales, "x", "scales")
-        global_scale_x = take_array(func, "global_scale_x", global_scale_x, qa.global_scale,
-                                    "x", "global_scale")
-        resolved = (take(func, "mode", mode, "nvfp4", qa.mode, "x"),
-                    take(func, "group_size", group_size, None, qa.group_size, "x"),
-                    take(func, "bits", bits, None, qa.bits, "x"),
-                    take(func, "fp8_format", fp8_format, "e4m3", qa.fp8_format, "x"))
-        x_layout = qa.scale_layout      # x's own; scale_layout describes w's scales
-        x = qa.data
-    if resolved is not None:
-        mode, group_size, bits, fp8_format = resolved
+    (x, w, scales, x_scales, global_scale_x, global_scale_w, mode, group_size, bits, fp8_format,
+     x_layout, w_layout, x_is_q) = qqmm_operands(func, x, w, scales, x_scales, global_scale_x,
+                                                 global_scale_w, mode, group_size, bits, fp8_format,
+                                                 scale_layout, _qq._jax_take, _qq._jax_take_array)
     if mode == "affine":
         raise ValueError(f"{func}: mode 'affine' has no quantized-activation GEMM; use "
                          f"qq.quantized_matmul (weight-only) for affine weights")

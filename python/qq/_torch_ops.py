@@ -49,7 +49,7 @@ from torch import Tensor
 from . import _qq
 from ._qq import DecodeWeight, PreparedWeight, QuantizedArray
 from ._dispatch import check_torch_dtypes as _check_torch_dtypes
-from ._dispatch import check_flag, require_indices, swiglu_shape_error
+from ._dispatch import check_flag, qqmm_operands, require_indices, swiglu_shape_error
 
 # group_size and bits of each mode when not given, asked of libqq once (qqQuantParamsInit):
 # the fake implementations need them as Python ints at trace time.
@@ -630,35 +630,10 @@ def qqmm(x, w, scales=None, group_size=None, bits=None, mode="nvfp4", *,
     if isinstance(w, PreparedWeight):
         w_values = w.values          # None on Blackwell: the packed form serves every call
         w = w.quantized
-    x_layout = w_layout = scale_layout
-    x_is_q, w_is_q = isinstance(x, QuantizedArray), isinstance(w, QuantizedArray)
-    if x_is_q and w_is_q:
-        for field in ("mode", "group_size", "bits", "fp8_format"):
-            if getattr(x, field) != getattr(w, field):
-                raise ValueError(f"{func}: x.{field}={getattr(x, field)!r} and "
-                                 f"w.{field}={getattr(w, field)!r} differ; both operands "
-                                 f"must be quantized alike")
-    mode_, group_size_, bits_, fp8_format_ = mode, group_size, bits, fp8_format
-    for qa, name, is_q in ((w, "w", w_is_q), (x, "x", x_is_q)):
-        if not is_q:
-            continue
-        mode_ = _take(func, "mode", mode, "nvfp4", qa.mode, name)
-        group_size_ = _take(func, "group_size", group_size, None, qa.group_size, name)
-        bits_ = _take(func, "bits", bits, None, qa.bits, name)
-        fp8_format_ = _take(func, "fp8_format", fp8_format, "e4m3", qa.fp8_format, name)
-    mode, group_size, bits, fp8_format = mode_, group_size_, bits_, fp8_format_
-    if w_is_q:
-        scales = _take_array(func, "scales", scales, w.scales, "w", "scales")
-        global_scale_w = _take_array(func, "global_scale_w", global_scale_w, w.global_scale,
-                                     "w", "global_scale")
-        w_layout = _take(func, "scale_layout", scale_layout, "linear", w.scale_layout, "w")
-        w = w.data
-    if x_is_q:
-        x_scales = _take_array(func, "x_scales", x_scales, x.scales, "x", "scales")
-        global_scale_x = _take_array(func, "global_scale_x", global_scale_x, x.global_scale,
-                                     "x", "global_scale")
-        x_layout = x.scale_layout
-        x = x.data
+    (x, w, scales, x_scales, global_scale_x, global_scale_w, mode, group_size, bits, fp8_format,
+     x_layout, w_layout, _) = qqmm_operands(func, x, w, scales, x_scales, global_scale_x,
+                                            global_scale_w, mode, group_size, bits, fp8_format,
+                                            scale_layout, _take, _take_array)
     if mode == "affine":
         raise ValueError(f"{func}: mode 'affine' has no quantized-activation GEMM; use "
                          f"qq.quantized_matmul (weight-only) for affine weights")
