@@ -197,8 +197,9 @@ for shape, sl in (((4, 2048), None), ((3, 2006), None), ((5, 2050), 2048)):
 # N = 17408 (272 row tiles, past a wave of two CTAs per SM on 132 SMs) takes the four-CTAs-
 # per-SM configurations at M <= 8 (4-bit codes 3 stages, 8-bit codes 2; qmmp.cu's dispatch);
 # with K = 1024, M = 1 (two kernel rows) the 4-bit codes' 512-k stages of two rows of x (X2);
-# (256, 7168), M = 1: K split over 2, seven X2 stages a rank round mxfp8's ring of 3 slots
-for (n2, k) in ((256, 512), (8192, 256), (17408, 256), (17408, 1024), (256, 7168)):
+# (256, 7168), M = 1: K split over 2, seven X2 stages a rank round mxfp8's ring of 3 slots;
+# (256, 8192): four 1024-k stages a rank round the 4-bit codes' ring of 2
+for (n2, k) in ((256, 512), (8192, 256), (17408, 256), (17408, 1024), (256, 7168), (256, 8192)):
     w = (rng.standard_normal((n2, k)) * 0.05).astype(np.float32)
     for mode in ("nvfp4", "mxfp8"):
         q = qq.quantize(dev(w), mode=mode)

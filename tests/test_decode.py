@@ -820,14 +820,16 @@ def test_gpu_misaligned_x_falls_back():
 
 
 @gpu
-@pytest.mark.parametrize("n,k", [(256, 512), (256, 1536), (256, 2048), (256, 3584), (16384, 512)], ids=str)
+@pytest.mark.parametrize("n,k", [(256, 512), (256, 1536), (256, 2048), (256, 3584), (256, 8192), (16384, 512)],
+                         ids=str)
 @pytest.mark.parametrize("cfg", CFGS)
 def test_gpu_same_bits_for_every_m(cfg, n, k):
     """Row m of the product has the same bits whatever M is (the K split, the stage size, x
     staged or copied row by row, and affine's sums of x made by the x-sum warp or the staging
     kernel may change with M only where the summation order does not): rows 0..M-1 of x at
     M = 64 against each M alone. N = 256 leaves SMs idle, so K is split over two CTAs (x
-    staged from 17 rows); N = 16384 is not split (x staged from 9 rows)."""
+    staged from 17 rows; at K = 8192 four 1024-k stages a rank go round a ring of 2 at M <=
+    8); N = 16384 is not split (x staged from 9 rows)."""
     torch = torch_mod()
     dw = gpu_weight(cfg, n, k)
     x = make_x(case_rng("bits", cfg, k), (64, k), BF16, "cuda")
