@@ -5,6 +5,7 @@ through programmatic dependent launch. Prints one line per (shape, mode, M).
 
     python bench/tune/decode_graph.py
     LAYOUTS=decode MS=1,16,64 SHAPES=4096x4096 MODES=nvfp4 python bench/tune/decode_graph.py
+    NW=1 LAYOUTS=decode ... : one weight, called back to back (the L2's share where it fits)
 """
 import os
 import sys
@@ -61,6 +62,7 @@ def main():
     print(f"copy {copy:.0f} GB/s")
     for n, k in SHAPES:
         nw = max(2, min(8, int(160e6 // (n * k * 0.53))))  # > the 50 MB L2 in all
+        nw = int(os.environ.get("NW", nw))  # NW=1: one weight called again and again (from the L2 where it fits)
         w = [torch.randn((n, k), dtype=torch.bfloat16, device="cuda") for _ in range(nw)]
         for mode in MODES:
             qw = [qq.quantize(t, **QUANT.get(mode, dict(mode=mode))) for t in w]

@@ -153,3 +153,41 @@ def swiglu(x, *, out=None, stream=None):
     finally:
         call.release()
     return out if out is not None else call.result(result)
+
+
+def prefetch(t, *, stream=None):
+    """Ask the GPU to bring t's bytes into its L2 cache, ordered on the stream (a hint: no
+    result, no effect on any value). t: an array, a QuantizedArray (its data, scales and
+    biases) or a DecodeWeight (its layout bytes). One small kernel on compute capability
+    9.0+ that lets the next kernel start at once; nothing elsewhere (CPU arrays, older
+    GPUs). For a decode step: prefetch the down projection's weight just before the gate/up
+    matmul, whose weights stream past the L2 with an evict-first policy (docs/api.md,
+    prefetch). Returns None."""
+    if isinstance(t, DecodeWeight):
+        parts = (t.data,)
+    elif isinstance(t, QuantizedArray):
+        parts = tuple(a for a in (t.data, t.scales, t.biases) if a is not None)
+    else:
+        parts = (t,)
+    for a in parts:
+        _prefetch1(a, stream)
+
+
+def _prefetch1(t, stream):
+    cdef str func = "prefetch"
+    cdef _View vt
+    cdef qqStatus_t st
+    cdef DLTensor *tt
+    cdef void* s
+    cdef _Call call = _new_call(func, t, "t", stream)
+    try:
+        vt = call.view(t, "t")
+        tt = _t(vt)
+        s = call.cstream()
+        _gil = call.unlock()
+        st = qqPrefetch(NULL, tt, s)
+        _relock(_gil)
+        _check(st)
+        call.finish()
+    finally:
+        call.release()
