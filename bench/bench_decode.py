@@ -102,33 +102,22 @@ def torch_swiglu(gu):
 # the SwiGLU between gate/up and down: torch's silu and mul (the peer's, and qq rows with
 # act "torch"), or qq.swiglu (one kernel; at one row it lets the down matmul start early)
 # "fused": no separate SwiGLU (make_step's `gated`)
-# "fused-pf": fused, and qq.prefetch of the down weight just before the gate/up call (its
-# weights read from the L2); "fused-pf2": also the next layer's qkv and o weights before down
-ACTS = {"torch": torch_swiglu, "qq": qq.swiglu, "fused": None, "fused-pf": None, "fused-pf2": None}
-PREFETCH = {"fused-pf": 1, "fused-pf2": 2}
+ACTS = {"torch": torch_swiglu, "qq": qq.swiglu, "fused": None}
 
 
-def make_step(cfg, layers, mm, act_fn=torch_swiglu, gated=None, prefetch=0):
-    """gated: per layer, the gate/up weight as a gated DecodeWeight (act "fused");
-    prefetch: 1 = qq.prefetch(down) before gate/up, 2 = and the next layer's qkv and o before down."""
+def make_step(cfg, layers, mm, act_fn=torch_swiglu, gated=None):
+    """gated: per layer, the gate/up weight as a gated DecodeWeight (act "fused")."""
     h = cfg["hidden"]
-    n = len(layers)
 
     def step(x):
         for li, (wqkv, wo, wgu, wdown) in enumerate(layers):
             qkv = mm(x, wqkv)
             a = qkv[:, :h]
             hh = mm(a, wo)
-            if prefetch:
-                qq.prefetch(wdown)
             if gated is not None:
                 act = qq.quantized_matmul_swiglu(hh, gated[li])
             else:
                 act = act_fn(mm(hh, wgu))
-            if prefetch > 1:
-                nxt = layers[(li + 1) % n]
-                qq.prefetch(nxt[0])
-                qq.prefetch(nxt[1])
             x = mm(act, wdown)
         return x
     return step
@@ -238,9 +227,7 @@ def main() -> None:
     ap.add_argument("--acts", default="qq,fused",
                     help="comma list of the SwiGLU of the qq rows: qq (qq.swiglu), torch (F.silu * "
                          "mul, as the torch peer), fused (qq.quantized_matmul_swiglu on a gated "
-                         "gate/up weight; decode-layout modes only), fused-pf (fused, with qq.prefetch "
-                         "of the down weight before gate/up), fused-pf2 (fused-pf, and the next layer's "
-                         "qkv and o weights before down); column 'act'")
+                         "gate/up weight; decode-layout modes only); column 'act'")
     ap.add_argument("--module", action="store_true",
                     help="also run each mode's step through qq.torch.QuantizedLinear layers (rows with impl "
                          "'module'; decode_layout=True for the -decode modes)")
@@ -383,7 +370,7 @@ def main() -> None:
             notes.append(f"{mode}: qkv[:, :hidden] refused as x ({short(e)}); a .contiguous() copy is "
                          f"made before the o projection.")
         gated = None
-        if any(a.startswith("fused") for a in acts) and mode.endswith("-decode"):
+        if "fused" in acts and mode.endswith("-decode"):
             try:
                 gated = [qq.prepare_decode(ql[2].quantized, gated=True) for ql in qweights]
                 sync()
@@ -430,10 +417,9 @@ def main() -> None:
 
         step = None
         for act in acts:
-            fused = act.startswith("fused")
-            if fused and gated is None:
+            if act == "fused" and gated is None:
                 continue  # (packed weights: the two ops; the decode layout only)
-            step = make_step(cfg, qweights, mm, ACTS[act], gated if fused else None, PREFETCH.get(act, 0))
+            step = make_step(cfg, qweights, mm, ACTS[act], gated if act == "fused" else None)
             dead = measure(step, dict(layers=n_layers, weight_bytes=qbytes, attn_x=x_note, act=act))
             if dead:
                 break

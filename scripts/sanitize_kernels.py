@@ -3,7 +3,7 @@ reduction, qmv, the quantize tile kernel of quantize_colwise / quantize_moe with
 staged x^T codes, colaff_kernel's transposed tile (16-bit and fp32 x), moe_t_kernel, colq_kernel's nvfp4 factor table,
 amax, the row-wise quantize kernel's staged blocked scales), and of
 the newest kernels (dequantize's block shapes and compile-time affine widths, amax's vector kernel, swiglu,
-the decode kernel's gated SwiGLU epilogue, prefetch, grouped_qqmm_wgrad's token quantization for one and
+the decode kernel's gated SwiGLU epilogue, grouped_qqmm_wgrad's token quantization for one and
 for several experts, the exact GEMM with a bias), for compute-sanitizer's racecheck,
 initcheck and memcheck:
 
@@ -209,22 +209,6 @@ for (n2, k) in ((256, 512), (8192, 256), (17408, 256), (17408, 1024), (256, 7168
             got = qq.quantized_matmul_swiglu(x, dg)
             route = qq.last_route()
             same(f"decode gated swiglu {mode} {(n2, k)} M={m} ({route})", got, qq.swiglu(qq.quantized_matmul(x, dw)).get())
-
-# prefetch (bulk L2 prefetches of the 16-byte-aligned interior of a span): spans at odd
-# starts and lengths, a strided view and a DecodeWeight, then a decode matmul after a one-row
-# swiglu and a prefetch (the prefetch kernel's programmatic dependent launch in the chain)
-buf = dev(np.arange(1 << 16, dtype=np.uint8))
-for start, length in ((0, 1 << 16), (1, 4095), (15, 17), (3, 12), (17, 0)):
-    qq.prefetch(buf[start:start + length])
-qq.prefetch(buf[::5])
-same("prefetch leaves its bytes alone", buf, np.arange(1 << 16, dtype=np.uint8))
-w = (rng.standard_normal((4096, 2048)) * 0.05).astype(np.float32)
-dw = qq.prepare_decode(qq.quantize(dev(w), mode="nvfp4"))
-gu = dev(rng.standard_normal((1, 4096)).astype(np.float16))
-want = qq.quantized_matmul(qq.swiglu(gu), dw).get()
-a = qq.swiglu(gu)
-qq.prefetch(dw)
-same("prefetch then decode nvfp4 (4096, 2048) M=1", qq.quantized_matmul(a, dw), want)
 
 # grouped_qqmm_wgrad: one expert (colqdq: 8-byte pieces, element-wise columns, fp16 / fp32)
 # and three (seg_qdq)

@@ -1,11 +1,11 @@
 // api_layout.cpp - the C entry points on scales and tensors that neither
 // quantize nor multiply: qqSwizzleScales / qqUnswizzleScales (the linear <->
-// blocked scale layout), qqAmax (nvfp4's global-scale input), qqSwiglu (the
-// activation between a gated MLP's matmuls) and qqPrefetch (an L2 hint).
+// blocked scale layout), qqAmax (nvfp4's global-scale input) and qqSwiglu (the
+// activation between a gated MLP's matmuls).
 //
 // Arguments are checked by the validation layer (validate.h); the work is
 // cpu/quantize.cpp's, cpu/act.cpp's or the CUDA kernels' (cuda/layout.cu, cuda/amax.cu,
-// cuda/act.cu, cuda/prefetch.cu).
+// cuda/act.cu).
 #include "codec.h"
 #include "internal.h"
 #include "validate.h"
@@ -104,17 +104,6 @@ QQ_API qqStatus_t qqSwiglu(qqHandle_t handle, const DLTensor* x, DLTensor* out, 
     if (m.batch() * m.rows * m.cols == 0) return QQ_STATUS_SUCCESS;
     if (c.device < 0) return cpu::swiglu(m, o);
     return cuda::swiglu(handle, m, o, stream);
-  });
-}
-
-QQ_API qqStatus_t qqPrefetch(qqHandle_t handle, const DLTensor* t, void* stream) {
-  return guard("prefetch", [&]() -> qqStatus_t {
-    Ctx c{"prefetch"};
-    const char* base;
-    int64_t n;
-    QQ_TRY(tensor_span(c, "t", t, &base, &n));
-    if (c.device < 0 || n == 0) return QQ_STATUS_SUCCESS;  // (a hint: nothing to do)
-    return cuda::prefetch(handle, c.device, base, n, stream);
   });
 }
 

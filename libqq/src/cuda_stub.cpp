@@ -27,7 +27,6 @@ qqStatus_t dequantize(qqHandle_t, const DequantizeArgs&, void*) { return no_cuda
 qqStatus_t swizzle(qqHandle_t, const Mat&, const Mat&, bool, void*) { return no_cuda("swizzle_scales"); }
 qqStatus_t amax(qqHandle_t, const Mat&, float*, void*) { return no_cuda("amax"); }
 qqStatus_t swiglu(qqHandle_t, const Mat&, const Mat&, void*) { return no_cuda("swiglu"); }
-qqStatus_t prefetch(qqHandle_t, int, const char*, int64_t, void*) { return no_cuda("prefetch"); }
 qqStatus_t qqmm(qqHandle_t, const MatmulArgs&, void*) { return no_cuda("qqmm"); }
 qqStatus_t quantize_dequantize(qqHandle_t, const QdqArgs&, void*) { return no_cuda("quantize_dequantize"); }
 qqStatus_t grouped_qqmm_wgrad(qqHandle_t, const WgradArgs&, void*) { return no_cuda("grouped_qqmm_wgrad"); }

@@ -305,8 +305,6 @@ qqStatus_t dequantize(qqHandle_t h, const DequantizeArgs& a, void* stream);
 qqStatus_t swizzle(qqHandle_t h, const Mat& linear, const Mat& blocked, bool to_blocked, void* stream);
 qqStatus_t amax(qqHandle_t h, const Mat& x, float* out, void* stream);
 qqStatus_t swiglu(qqHandle_t h, const Mat& x, const Mat& out, void* stream);
-// bytes [p, p + n) of `device` asked into the L2 (qqPrefetch; nothing below compute capability 9.0)
-qqStatus_t prefetch(qqHandle_t h, int device, const char* p, int64_t n, void* stream);
 qqStatus_t qqmm(qqHandle_t h, const MatmulArgs& a, void* stream);
 qqStatus_t quantize_dequantize(qqHandle_t h, const QdqArgs& a, void* stream);
 // grouped_qqmm in a fixed number of launches (Hopper, exact path): `a` is a

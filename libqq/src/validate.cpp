@@ -248,19 +248,6 @@ qqStatus_t check_tensor(Ctx& c, const char* name, const DLTensor* t, DType* dt) 
   return check_device(c, name, t);
 }
 
-qqStatus_t tensor_span(Ctx& c, const char* name, const DLTensor* t, const char** base, int64_t* n) {
-  DType dt;
-  QQ_TRY(check_tensor(c, name, t, &dt));
-  *base = nullptr;
-  *n = 0;
-  int64_t lo, hi;
-  if (numel(t) > 0 && byte_extent(t, &lo, &hi)) {  // (check_tensor has checked the extent)
-    *base = (const char*)t->data + t->byte_offset + lo;
-    *n = hi - lo;
-  }
-  return QQ_STATUS_SUCCESS;
-}
-
 bool same_view(const DLTensor* a, const DLTensor* b) {
   if ((const char*)a->data + a->byte_offset != (const char*)b->data + b->byte_offset) return false;
   if (a->ndim != b->ndim || a->dtype.bits != b->dtype.bits || a->dtype.code != b->dtype.code) return false;

@@ -80,8 +80,6 @@ qqStatus_t check_header(Ctx& c, const char* name, const DLTensor* t);
 // Basic checks common to every tensor argument; *dt gets its DType, and the
 // first tensor checked fixes the call's device (c.device).
 qqStatus_t check_tensor(Ctx& c, const char* name, const DLTensor* t, DType* dt);
-// check_tensor, then the bytes t touches: [*base, *base + *n) (*n = 0 for an empty t)
-qqStatus_t tensor_span(Ctx& c, const char* name, const DLTensor* t, const char** base, int64_t* n);
 
 // Outputs must not share memory with inputs or with each other: the kernels
 // read and write in an order that would corrupt either (swizzle in place

@@ -39,7 +39,6 @@ from ._qq import (  # noqa: E402
     device_capability,
     device_count,
     last_route,
-    prefetch,
 )
 # Python wrappers of the Cython functions that torch.compile can trace (qq/_dispatch.py).
 from ._dispatch import (  # noqa: E402
@@ -114,7 +113,6 @@ __all__ = [
     "quantized_matmul_swiglu",
     "gather_qmm",
     "cmake_prefix_path",
-    "prefetch",
     "swiglu",
     "swizzle_scales",
     "unswizzle_scales",

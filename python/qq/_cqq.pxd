@@ -114,7 +114,6 @@ cdef extern from "qq/qq.h" nogil:
                       void* stream)
     qqStatus_t qqSwiglu(qqHandle_t handle, const DLTensor* x, DLTensor* out,
                         void* stream)
-    qqStatus_t qqPrefetch(qqHandle_t handle, const DLTensor* t, void* stream)
 
     ctypedef enum qqRoute_t:
         QQ_ROUTE_AUTO

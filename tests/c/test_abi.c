@@ -447,22 +447,6 @@ static int t_amax_null_out(void) {
   return expect(qqAmax(NULL, &tx, NULL, NULL), ST(QQ_STATUS_INVALID_VALUE), "'out'");
 }
 
-/* qqPrefetch: a hint; on a CPU tensor (compact or strided, or empty) nothing happens and
- * the call succeeds; a NULL tensor is INVALID_VALUE naming 't', and the values are untouched */
-static int t_prefetch_cpu(void) {
-  float x[16];
-  memcpy(x, kRow, sizeof x);
-  int64_t xs[1] = {16}, vs[1] = {8}, st2[1] = {2}, es[1] = {0};
-  DLTensor tx = tens(x, F32, 1, xs), tv = tens(x, F32, 1, vs), te = tens(x, F32, 1, es);
-  tv.strides = st2;
-  qqStatus_t st = qqPrefetch(NULL, &tx, NULL);
-  if (st == QQ_STATUS_SUCCESS) st = qqPrefetch(NULL, &tv, NULL);
-  if (st == QQ_STATUS_SUCCESS) st = qqPrefetch(NULL, &te, NULL);
-  if (st != QQ_STATUS_SUCCESS) return fail("qqPrefetch of a CPU tensor returned %d: %s", (int)st, qqGetLastError());
-  if (memcmp(x, kRow, sizeof x)) return fail("qqPrefetch changed the tensor's values");
-  return expect(qqPrefetch(NULL, NULL, NULL), ST(QQ_STATUS_INVALID_VALUE), "'t'");
-}
-
 static int t_params_init_null(void) {
   return expect(qqQuantParamsInit(NULL, QQ_MODE_NVFP4), ST(QQ_STATUS_INVALID_VALUE), "params");
 }
@@ -943,7 +927,6 @@ static int t_qqmm_batched_0d_x_scales(void) {
 
 static const struct check kChecks[] = {
     {"empty_huge_extents", t_empty_huge_extents, 0},
-    {"prefetch_cpu", t_prefetch_cpu, 0},
     {"amax_empty_many_rows", t_amax_empty_many_rows, 0},
     {"swizzle_empty", t_swizzle_empty, 0},
     {"decode_layout_empty", t_decode_layout_empty, 0},

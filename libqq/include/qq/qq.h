@@ -360,18 +360,6 @@ QQ_API qqStatus_t qqAmax(qqHandle_t handle, const DLTensor* x, DLTensor* out,
 QQ_API qqStatus_t qqSwiglu(qqHandle_t handle, const DLTensor* x, DLTensor* out,
                            void* stream);
 
-/* Asks the GPU to bring the bytes t spans into its L2 cache, ordered on stream:
- * a hint, with no result and no effect on any value. Meant for a decode step's
- * weights: issued before a kernel that leaves DRAM bandwidth unused (a decode
- * layout's gate/up matmul), it lets the next kernel (down) read its weights from
- * the L2. One small kernel on compute capability 9.0+ (bulk L2 prefetches, launched
- * for programmatic dependent launch: the next kernel starts at once, and this one
- * ends only after the kernel before it, so the stream's order holds); no host
- * synchronization, capturable. Elsewhere (a CPU tensor, an older GPU, an empty
- * t) it does nothing and returns SUCCESS. t: any dtype libqq takes, any strides
- * (the span from its lowest to its highest byte). docs/api.md, prefetch. */
-QQ_API qqStatus_t qqPrefetch(qqHandle_t handle, const DLTensor* t, void* stream);
-
 /* ---------------------------------------------------------------------------
  * Routes: which implementation computed a product. qqGetLastRoute says which
  * one the last qqQqmm / qqQuantizedMatmul call on this thread took (for a

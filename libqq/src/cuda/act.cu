@@ -16,6 +16,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "../act.h"
 #include "../internal.h"
 #include "common.cuh"
@@ -59,11 +61,30 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(const Mat x, const Mat
   }
 }
 
+// Whether kernel `k` may be launched for programmatic dependent launch on `device`: only
+// where its loaded code is sm_90+, which holds the griddepcontrol.wait; an older PTX
+// JIT-compiled on a newer GPU would start before the previous kernel ends and read x
+// unfinished. Asked once per device and kernel (bit d of *ok / *no: device d; devices
+// past 63 ask every time).
+template <typename K>
+qqStatus_t pdl_ok(K k, int device, std::atomic<uint64_t>* ok, std::atomic<uint64_t>* no, bool* out) {
+  const uint64_t bit = device < 64 ? 1ull << device : 0;
+  if (bit && (ok->load(std::memory_order_relaxed) & bit)) return *out = true, QQ_STATUS_SUCCESS;
+  if (bit && (no->load(std::memory_order_relaxed) & bit)) return *out = false, QQ_STATUS_SUCCESS;
+  cudaFuncAttributes fa{};
+  QQ_CUDA_TRY(cudaFuncGetAttributes(&fa, k), "swiglu");
+  int major = 0;
+  QQ_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "swiglu");
+  *out = major >= 9 && fa.ptxVersion >= 90;
+  (*out ? ok : no)->fetch_or(bit, std::memory_order_relaxed);
+  return QQ_STATUS_SUCCESS;
+}
+
 template <typename T, bool kVec>
 qqStatus_t launch_v(const Mat& x, const Mat& out, int64_t R, int64_t per, cudaStream_t st) {
   static std::atomic<uint64_t> ok{0}, no{0};
   bool pdl = false;
-  QQ_TRY(pdl_ok("swiglu", swiglu_kernel<T, kVec>, x.device, &ok, &no, &pdl));
+  QQ_TRY(pdl_ok(swiglu_kernel<T, kVec>, x.device, &ok, &no, &pdl));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)((per + kThreads - 1) / kThreads), (unsigned)(R < 65535 ? R : 65535), 1);
   cfg.blockDim = dim3(kThreads, 1, 1);

@@ -6,7 +6,6 @@
 #include "cublaslt_loader.h"  // cuBLASLt types (first: codec.h needs cuda_fp16.h); its functions through lt_api()
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -107,26 +106,6 @@ inline bool aligned(const Mat& m, int align) {
   bool ok = ((uintptr_t)m.ptr % align) == 0 && (m.ld * es) % align == 0;
   for (int i = 0; i < m.nb; ++i) ok = ok && (m.bstride[i] * es) % align == 0;
   return ok;
-}
-
-// Whether kernel `k` may be launched for programmatic dependent launch on `device`: only
-// where its loaded code is sm_90+, which holds its griddepcontrol instructions; an older
-// PTX JIT-compiled on a newer GPU would start before the previous kernel ends and read its
-// input unfinished. Asked once per device and kernel (bit d of *ok / *no: device d; devices
-// past 63 ask every time). (swiglu and prefetch; qmmp.cu checks its own configurations.)
-template <typename K>
-qqStatus_t pdl_ok(const char* op, K k, int device, std::atomic<uint64_t>* ok, std::atomic<uint64_t>* no,
-                  bool* out) {
-  const uint64_t bit = device < 64 ? 1ull << device : 0;
-  if (bit && (ok->load(std::memory_order_relaxed) & bit)) return *out = true, QQ_STATUS_SUCCESS;
-  if (bit && (no->load(std::memory_order_relaxed) & bit)) return *out = false, QQ_STATUS_SUCCESS;
-  cudaFuncAttributes fa{};
-  QQ_CUDA_TRY(cudaFuncGetAttributes(&fa, k), op);
-  int major = 0;
-  QQ_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), op);
-  *out = major >= 9 && fa.ptxVersion >= 90;
-  (*out ? ok : no)->fetch_or(bit, std::memory_order_relaxed);
-  return QQ_STATUS_SUCCESS;
 }
 
 // Runs `body` with `device` current and restores the caller's device after.
