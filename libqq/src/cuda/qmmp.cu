@@ -1015,6 +1015,12 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     r = kRefused;
     if constexpr (!GR)  // (staged x: dense calls only)
       r = ks == 1 && xt && ctas > 2 * sms ? launch<FM, 2, 2, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
+    // K split at one CTA an SM (the 4096-row weights): 1024-k stages, 2 deep (136 KB), as
+    // at M <= 8 below. H200, graphs, 16 rows (session ar): nvfp4 4096 x 14336 25.0 -> 17.1
+    // us, 4096^2 10.3 -> 8.9; mxfp4 the same; affine 4-bit 27.6 -> 24.3, 12.5 -> 11.5
+    if constexpr (!GR)
+      if (r == kRefused && ks > 1 && nk % 8 == 0 && ctas * ks <= sms)
+        r = launch<FM, 2, 2, 4, 1, 1, GR>(p, tiles, ks, st, xt);
     if (r == kRefused) r = kc2 ? launch<FM, 2, 3, 2, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 2, 4, 1, 2, 1, GR>(p, tiles, ks, st, xt);
   } else {
