@@ -829,7 +829,7 @@ def test_gpu_same_bits_for_every_m(cfg, n, k):
     kernel may change with M only where the summation order does not): rows 0..M-1 of x at
     M = 64 against each M alone. N = 256 leaves SMs idle, so K is split over two CTAs (x
     staged from 17 rows; at K = 8192 four 1024-k stages a rank go round a ring of 2 at M <=
-    8); N = 16384 is not split (x staged from 9 rows)."""
+    16 for the 4-bit codes); N = 16384 is not split (x staged from 9 rows)."""
     torch = torch_mod()
     dw = gpu_weight(cfg, n, k)
     x = make_x(case_rng("bits", cfg, k), (64, k), BF16, "cuda")
