@@ -916,6 +916,23 @@ def test_gpu_gather_past_two_waves(cfg, m, k):
 
 
 @gpu
+@pytest.mark.parametrize("m", [1, 8, 16])
+@pytest.mark.parametrize("cfg", ["nvfp4-gs", "mxfp4", "mxfp8", "a4g64", "a8g32"])
+def test_gpu_gather_long_k_split(cfg, m):
+    """Two entries (per-entry calls, not grouped) of 4 row tiles each leave the GPU mostly
+    idle, so K is split over two CTAs; K = 8192 makes each rank's chunks whole 1024-k stages,
+    the 4-bit codes' configuration there at 1..16 rows (qmmp.cu's dispatch). Against the
+    float64 reference and the packed experts."""
+    torch = torch_mod()
+    e, n, k, t, top = 8, 256, 8192, 1, 2
+    qa, dw = gather_case(cfg, "cuda", e, n, k)
+    rng = case_rng("glongk", cfg, m)
+    x = make_x(rng, (t, 1, m, k), BF16, "cuda")
+    idx = torch.from_numpy(np.stack([rng.permutation(e)[:top] for _ in range(t)]).astype(np.int32)).cuda()
+    assert check_gather(cfg, x, qa, dw, idx) == "decode"
+
+
+@gpu
 @pytest.mark.parametrize("t,top,m,skew", [(4, 2, 1, False), (16, 2, 1, False), (40, 2, 1, True),
                                           (8, 2, 3, False), (64, 6, 1, False)], ids=str)
 @pytest.mark.parametrize("cfg", ["nvfp4-gs", "mxfp4", "mxfp8", "a4g64", "a8g32"])

@@ -939,7 +939,8 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
 }
 
 // The configurations of a format. 9..16 rows of 4-bit codes: stages of 512 k where the
-// split allows it (fewer, larger copies: 5 % faster at 16384^2), 256 k otherwise. Deeper
+// split allows it (fewer, larger copies: 5 % faster at 16384^2), 256 k otherwise, 1024 k
+// where K is split at one CTA an SM (below). Deeper
 // rings (2 CTAs per SM) where the tiles fill the GPU at M <= 8: 16384^2 nvfp4 M = 1 55 us
 // against 62 with 4 stages; the shallower ones win elsewhere
 // (bench/results/qmm-decode-h100-notes.md, session i). Affine 8-bit's stage (18 KB) fits 4
@@ -1010,12 +1011,12 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
   } else if (M > 8) {
     // four CTAs per SM past a wave of two, as at M <= 8 below (2 stages: 16 rows of x make
     // a stage 17 KB, and three would not fit four CTAs in 228 KB); staged x only (dense
-    // calls): gather_qmm's 9..16-row entries keep the configurations below, which is what
-    // has run on a GPU
+    // calls): gather_qmm's 9..16-row entries take the configurations below (per-entry
+    // calls split over K reach the 1024-k one: test_gpu_gather_long_k_split)
     r = kRefused;
     if constexpr (!GR)  // (staged x: dense calls only)
       r = ks == 1 && xt && ctas > 2 * sms ? launch<FM, 2, 2, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
-    // K split at one CTA an SM (the 4096-row weights): 1024-k stages, 2 deep (136 KB), as
+    // K split at one CTA an SM (the 4096-row weights): 1024-k stages, 2 deep (~145 KB), as
     // at M <= 8 below. H200, graphs, 16 rows (session ar): nvfp4 4096 x 14336 25.0 -> 17.1
     // us, 4096^2 10.3 -> 8.9; mxfp4 the same; affine 4-bit 27.6 -> 24.3, 12.5 -> 11.5
     if constexpr (!GR)
@@ -1043,12 +1044,12 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     if (r == kRefused) r = ks == 1 && kc2 ? launch<FM, 1, 4, 2, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = ks == 1 ? launch<FM, 1, 8, 1, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     // K split with at most two CTAs an SM (the 4096-row weights): stages of 1024 k (KC = 4)
-    // where each rank's chunks make whole stages, 2 deep (107 KB): a warp's stage is one
+    // where each rank's chunks make whole stages, 2 deep (~108 KB): a warp's stage is one
     // dependent chain from its barrier wait to its arrive, and 8 fragment blocks a warp in
     // it instead of 4 give that chain twice the independent work (KC = 2 over KC = 1 gained
     // 9-11 % at these shapes, more than its instructions saved; session ap). Measured on an
     // H200 (session ar): affine 4-bit 4096 x 14336 at M = 1 16.6 -> 15.4 us, every 4-bit code
-    // at M = 8 -4 %, nvfp4 / mxfp4 at M = 1 unchanged
+    // at M = 8 2-4 % faster there, nvfp4 / mxfp4 at M = 1 unchanged
     if constexpr (!GR)
       if (r == kRefused && ks > 1 && nk % 8 == 0 && ctas * ks <= 2 * sms)
         r = launch<FM, 1, 2, 4, 2, 1, GR>(p, tiles, ks, st, xt);
