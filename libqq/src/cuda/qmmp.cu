@@ -992,6 +992,8 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
   // (a stage of KC chunks: every rank's share of the nk chunks whole stages, nk % (KC * ks)
   // == 0, so that the split point is the same for every KC and M, and with it the bits)
   const bool kc2 = nk % (2 * ks) == 0;
+  // 1024-k stages (KC = 4) where K is split and each rank's chunks make whole such stages
+  const bool kc4 = ks > 1 && nk % (4 * ks) == 0;
   const bool four = ks == 1 ? ctas > 2 * sms : 2 * ctas > 3 * sms;
   if constexpr (dec_bits8(FM)) {
     if (M > 8) return launch<FM, 2, 3, 1, 2, 1, GR>(p, tiles, ks, st, xt);
@@ -1022,7 +1024,7 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     // at M <= 8 below. H200, graphs, 16 rows (session ar): nvfp4 4096 x 14336 25.0 -> 17.1
     // us, 4096^2 10.3 -> 8.9; mxfp4 the same; affine 4-bit 27.6 -> 24.3, 12.5 -> 11.5
     if constexpr (!GR)
-      if (r == kRefused && ks > 1 && nk % (4 * ks) == 0 && ctas * ks <= sms)
+      if (r == kRefused && kc4 && ctas * ks <= sms)
         r = launch<FM, 2, 2, 4, 1, 1, GR>(p, tiles, ks, st, xt);
     if (r == kRefused) r = kc2 ? launch<FM, 2, 3, 2, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 2, 4, 1, 2, 1, GR>(p, tiles, ks, st, xt);
@@ -1053,7 +1055,7 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     // H200 (session ar): affine 4-bit 4096 x 14336 at M = 1 16.6 -> 15.4 us, every 4-bit code
     // at M = 8 2-4 % faster there, nvfp4 / mxfp4 at M = 1 unchanged
     if constexpr (!GR)
-      if (r == kRefused && ks > 1 && nk % (4 * ks) == 0 && ctas * ks <= 2 * sms)
+      if (r == kRefused && kc4 && ctas * ks <= 2 * sms)
         r = launch<FM, 1, 2, 4, 2, 1, GR>(p, tiles, ks, st, xt);
     if (r == kRefused) r = kc2 ? launch<FM, 1, 2, 2, 3, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 1, 4, 1, 3, 1, GR>(p, tiles, ks, st, xt);
