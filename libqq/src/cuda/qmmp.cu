@@ -996,7 +996,18 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
   const bool kc4 = ks > 1 && nk % (4 * ks) == 0;
   const bool four = ks == 1 ? ctas > 2 * sms : 2 * ctas > 3 * sms;
   if constexpr (dec_bits8(FM)) {
-    if (M > 8) return launch<FM, 2, 3, 1, 2, 1, GR>(p, tiles, ks, st, xt);
+    if (M > 8) {
+      // K split at one CTA an SM (the 4096-row weights): 512-k stages, 3 deep (~150 KB), as
+      // the 4-bit codes take 1024-k ones there. Graphs, 16 rows, H200: mxfp8 4096 x 14336
+      // 34.9 -> 20.8 us, 4096^2 13.0 -> 9.7; decode step at 16 tokens 3208 -> 2865 us.
+      // 1024-k stages, 2 deep, on top were no faster (session as)
+      if constexpr (!GR)
+        if (ks > 1 && kc2 && ctas * ks <= sms) {
+          r = launch<FM, 2, 3, 2, 1, 1, GR>(p, tiles, ks, st, xt);
+          if (r != kRefused) return r;
+        }
+      return launch<FM, 2, 3, 1, 2, 1, GR>(p, tiles, ks, st, xt);
+    }
     // past one wave of two CTAs per SM (the gate/up weight, 448 tiles on 264 slots): four,
     // 2 stages deep, as the 4-bit codes below; 56 registers for mxfp8, no spills. Decode
     // step, graphed, H200 (same machine): mxfp8 fused M = 1 2455 -> 2304 us, M = 4 2688 ->
@@ -1009,6 +1020,11 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     if constexpr (!GR)
       if (ks > 1 && M <= 2 && kc2 && ctas * ks <= 2 * sms)
         r = launch<FM, 1, FM == kDecFp8 ? 3 : 2, 2, 2, 1, GR, false, true>(p, tiles, ks, st, xt);
+    // 3..8 rows with K split at one CTA an SM: 512-k stages, 3 deep (~125 KB). Graphs, H200,
+    // 4096 x 14336 at 4 / 8 rows: mxfp8 22.7 / 25.5 -> 18.5 / 18.8 us, affine 8-bit 23.9 /
+    // 26.8 -> 20.1 / 22.5 (session as)
+    if constexpr (!GR)
+      if (r == kRefused && ks > 1 && kc2 && ctas * ks <= sms) r = launch<FM, 1, 3, 2, 1, 1, GR>(p, tiles, ks, st, xt);
     if (r == kRefused) r = four ? launch<FM, 1, 2, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = ks == 1 ? launch<FM, 1, FM == kDecFp8 ? 5 : 4, 1, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 1, 3, 1, 3, 1, GR>(p, tiles, ks, st, xt);
