@@ -6,6 +6,9 @@ through programmatic dependent launch. Prints one line per (shape, mode, M).
     python bench/tune/decode_graph.py
     LAYOUTS=decode MS=1,16,64 SHAPES=4096x4096 MODES=nvfp4 python bench/tune/decode_graph.py
     NW=1 LAYOUTS=decode ... : one weight, called back to back (the L2's share where it fits)
+    PAIR=4096x14336,6144x4096 MODES=affine8 MS=16 ... : the decode layout's two shapes called
+      alternately (down, then the next layer's qkv, as in a step) against each alone: whether
+      one kernel's tail keeps the next one's CTAs from starting beside it
 """
 import os
 import sys
@@ -56,8 +59,42 @@ def copy_gbps() -> float:
     return copy_bandwidth(Timer())
 
 
+def pair_main(shapes):
+    """PAIR: per-call us of each shape alone (NW distinct weights back to back) and of the two
+    alternating (a0 b0 a1 b1 ...), the step's order. alternating - (a + b) > 0: the pair loses
+    overlap that each shape has with itself."""
+    nw = int(os.environ.get("NW", 4))
+    w = {s: [torch.randn(s, dtype=torch.bfloat16, device="cuda") for _ in range(nw)] for s in shapes}
+    for mode in MODES:
+        dw = {s: [qq.prepare_decode(qq.quantize(t, **QUANT.get(mode, dict(mode=mode)))) for t in ws]
+              for s, ws in w.items()}
+        for m in MS:
+            xs = {s: torch.randn((m, s[1]), dtype=XDTYPE, device="cuda") for s in shapes}
+
+            def alone(s):
+                def f():
+                    for t in dw[s]:
+                        qq.quantized_matmul(xs[s], t)
+                return graph_us(f) / nw
+
+            def alternate():
+                for i in range(nw):
+                    for s in shapes:
+                        qq.quantized_matmul(xs[s], dw[s][i])
+            one = [alone(s) for s in shapes]
+            both = graph_us(alternate) / nw
+            names = " + ".join(f"{s[0]}x{s[1]} {u:6.2f}" for s, u in zip(shapes, one))
+            print(f"{mode:7s} M={m:2d}: alone {names} = {sum(one):6.2f} us; alternating {both:6.2f} us "
+                  f"({both - sum(one):+.2f})", flush=True)
+        del dw
+    torch.cuda.empty_cache()
+
+
 def main():
     torch.manual_seed(0)
+    if os.environ.get("PAIR"):
+        pair_main([tuple(int(v) for v in s.split("x")) for s in os.environ["PAIR"].split(",")])
+        return
     copy = copy_gbps()
     print(f"copy {copy:.0f} GB/s")
     for n, k in SHAPES:
