@@ -199,7 +199,8 @@ for shape, sl in (((4, 2048), None), ((3, 2006), None), ((5, 2050), 2048)):
 # with K = 1024, M = 1 (two kernel rows) the 4-bit codes' 512-k stages of two rows of x (X2);
 # (256, 7168), M = 1: K split over 2, seven X2 stages a rank round mxfp8's ring of 3 slots;
 # (256, 8192): four 1024-k stages a rank round the 4-bit codes' ring of 2 (M = 1: one row of
-# x; M = 3 and 6 in float16, 6 and 12 kernel rows: the 3..8- and 9..16-row forms)
+# x; M = 3 and 6 in float16, 6 and 12 kernel rows: the 3..8- and 9..16-row forms, there and
+# for mxfp8's 512-k stages 3 deep)
 for (n2, k) in ((256, 512), (8192, 256), (17408, 256), (17408, 1024), (256, 7168), (256, 8192)):
     w = (rng.standard_normal((n2, k)) * 0.05).astype(np.float32)
     for mode in ("nvfp4", "mxfp8"):
