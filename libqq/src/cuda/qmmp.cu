@@ -994,6 +994,9 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
   const bool kc2 = nk % (2 * ks) == 0;
   // 1024-k stages (KC = 4) where K is split and each rank's chunks make whole such stages
   const bool kc4 = ks > 1 && nk % (4 * ks) == 0;
+  // K split with at most one CTA an SM (the 4096-row weights): where the forms sized for one
+  // CTA's use of the shared memory run
+  const bool split1 = ks > 1 && ctas * ks <= sms;
   const bool four = ks == 1 ? ctas > 2 * sms : 2 * ctas > 3 * sms;
   if constexpr (dec_bits8(FM)) {
     if (M > 8) {
@@ -1002,7 +1005,7 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
       // 34.9 -> 20.8 us, 4096^2 13.0 -> 9.7; decode step at 16 tokens 3208 -> 2865 us.
       // 1024-k stages, 2 deep, on top were no faster (session as)
       if constexpr (!GR)
-        if (ks > 1 && kc2 && ctas * ks <= sms) {
+        if (kc2 && split1) {
           r = launch<FM, 2, 3, 2, 1, 1, GR>(p, tiles, ks, st, xt);
           if (r != kRefused) return r;
         }
@@ -1024,7 +1027,7 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     // 4096 x 14336 at 4 / 8 rows: mxfp8 22.7 / 25.5 -> 18.5 / 18.8 us, affine 8-bit 23.9 /
     // 26.8 -> 20.1 / 22.5 (session as)
     if constexpr (!GR)
-      if (r == kRefused && ks > 1 && kc2 && ctas * ks <= sms) r = launch<FM, 1, 3, 2, 1, 1, GR>(p, tiles, ks, st, xt);
+      if (r == kRefused && kc2 && split1) r = launch<FM, 1, 3, 2, 1, 1, GR>(p, tiles, ks, st, xt);
     if (r == kRefused) r = four ? launch<FM, 1, 2, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = ks == 1 ? launch<FM, 1, FM == kDecFp8 ? 5 : 4, 1, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 1, 3, 1, 3, 1, GR>(p, tiles, ks, st, xt);
@@ -1040,7 +1043,7 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     // at M <= 8 below. H200, graphs, 16 rows (session ar): nvfp4 4096 x 14336 25.0 -> 17.1
     // us, 4096^2 10.3 -> 8.9; mxfp4 the same; affine 4-bit 27.6 -> 24.3, 12.5 -> 11.5
     if constexpr (!GR)
-      if (r == kRefused && kc4 && ctas * ks <= sms)
+      if (r == kRefused && kc4 && split1)
         r = launch<FM, 2, 2, 4, 1, 1, GR>(p, tiles, ks, st, xt);
     if (r == kRefused) r = kc2 ? launch<FM, 2, 3, 2, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 2, 4, 1, 2, 1, GR>(p, tiles, ks, st, xt);
