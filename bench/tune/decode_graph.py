@@ -8,7 +8,8 @@ through programmatic dependent launch. Prints one line per (shape, mode, M).
     NW=1 LAYOUTS=decode ... : one weight, called back to back (the L2's share where it fits)
     PAIR=4096x14336,6144x4096 MODES=affine8 MS=16 ... : the decode layout's two shapes called
       alternately (down, then the next layer's qkv, as in a step) against each alone: whether
-      one kernel's tail keeps the next one's CTAs from starting beside it
+      one kernel's tail keeps the next one's CTAs from starting beside it; several pairs are
+      separated by ";" (PAIR="4096x14336,6144x4096;4096x4096,28672x4096")
 """
 import os
 import sys
@@ -93,7 +94,8 @@ def pair_main(shapes):
 def main():
     torch.manual_seed(0)
     if os.environ.get("PAIR"):
-        pair_main([tuple(int(v) for v in s.split("x")) for s in os.environ["PAIR"].split(",")])
+        for pair in os.environ["PAIR"].split(";"):
+            pair_main([tuple(int(v) for v in s.split("x")) for s in pair.split(",")])
         return
     copy = copy_gbps()
     print(f"copy {copy:.0f} GB/s")

@@ -74,8 +74,8 @@ measure() {
     grep -E "fused +[0-9]+ +True" "$OUT/decode-$1.log" | cut -c1-60
     if [ -n "${GRAPH_SHAPES:-}" ]; then  # and decode_graph.py's per-call times at those shapes
       LAYOUTS=decode SHAPES=$GRAPH_SHAPES MS=${GRAPH_MS:-1,16} MODES=${GRAPH_MODES:-nvfp4,mxfp8} \
-        timeout 120 python3 bench/tune/decode_graph.py > "$OUT/graph-$1.txt" 2>&1
-      grep -v '^device' "$OUT/graph-$1.txt" | cut -c1-100
+        timeout 200 python3 bench/tune/decode_graph.py > "$OUT/graph-$1.txt" 2>&1
+      grep -v "^device" "$OUT/graph-$1.txt" | cut -c1-140
     fi
   elif [ "$SUITE" = gather ]; then
     timeout 200 python3 bench/tune/gather_ab.py --modes ${MODES:-nvfp4,mxfp8,affine4} > "$OUT/gather-$1.txt" 2>&1
