@@ -76,29 +76,39 @@ def main():
         ks = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                      and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()),
                     key=lambda e: e.time_range.start)
-        per = len(PLACES)
+        places = PLACES
+        per = len(places)
+        if len(ks) % (reps * LAYERS) == 0 and len(ks) // (reps * LAYERS) > per:
+            # staged x (x_stage_kernel before some matmuls, M > 8): the places by launch order
+            per = len(ks) // (reps * LAYERS)
+            places = [f"k{j}" for j in range(per)]
         if len(ks) != reps * LAYERS * per:
             print(f"{mode}: {len(ks)} kernels for {reps} replays, expected {reps * LAYERS * per}; names: "
                   f"{sorted(set(e.name[:60] for e in ks))}", flush=True)
             continue
-        dur = {p: [] for p in PLACES}
-        gap = {p: [] for p in PLACES}
+        dur = {p: [] for p in places}
+        gap = {p: [] for p in places}
+        adds = {p: [] for p in places}
         for i, e in enumerate(ks):
-            p = PLACES[i % per]
+            p = places[i % per]
             dur[p].append(e.time_range.end - e.time_range.start)
             if i % (LAYERS * per):  # not the first kernel of a replay
                 gap[p].append(e.time_range.start - ks[i - 1].time_range.end)
+                # what this kernel adds to the step: the time from the previous kernel's end to its own
+                # (kernels launched early by programmatic dependent launch wait inside their duration)
+                adds[p].append(e.time_range.end - ks[i - 1].time_range.end)
         step_us = [ks[(r + 1) * LAYERS * per - 1].time_range.end - ks[r * LAYERS * per].time_range.start
                    for r in range(reps)]
         print(f"\n{mode} (act {ACT}): step {statistics.median(step_us):.1f} us (first kernel start to last end), "
               f"sum of kernel durations {sum(statistics.mean(v) for v in dur.values()) * LAYERS:.1f} us", flush=True)
         mm = {"qkv": 0, "o": 1, "gate/up": 2, "down": 3}
-        for p in PLACES:
-            line = f"  {p:8s} {statistics.mean(dur[p]):7.2f} us  gap before {statistics.mean(gap[p]):6.2f} us"
+        for p in places:
+            line = (f"  {p:8s} {statistics.mean(dur[p]):7.2f} us  gap before {statistics.mean(gap[p]):6.2f} us"
+                    f"  adds {statistics.mean(adds[p]):6.2f} us")
             if p in mm:
                 gbps = wbytes[mm[p]] / (statistics.mean(dur[p]) * 1e-6) / 1e9
                 line += f"  {gbps:6.0f} GB/s = {gbps / cp:.2f} of copy"
-            line += f"  [{ks[PLACES.index(p)].name[:70]}]"
+            line += f"  [{ks[places.index(p)].name[:70]}]"
             print(line, flush=True)
         del g, y, qw, step, gated
         torch.cuda.empty_cache()
