@@ -1003,8 +1003,9 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
       // K split at one CTA an SM (the 4096-row weights): 512-k stages, 3 deep (~150 KB), as
       // the 4-bit codes take 1024-k ones there. Graphs, 16 rows, H200: mxfp8 4096 x 14336
       // 34.9 -> 20.8 us, 4096^2 13.0 -> 9.7; decode step at 16 tokens 3208 -> 2865 us.
-      // 1024-k stages, 2 deep, on top were no faster (session as)
-      if constexpr (!GR)
+      // 1024-k stages, 2 deep, on top were no faster (session as). mxfp8 only: affine 8-bit's
+      // calls gain too, but its decode step does not (below)
+      if constexpr (!GR && FM == kDecFp8)
         if (kc2 && split1) {
           r = launch<FM, 2, 3, 2, 1, 1, GR>(p, tiles, ks, st, xt);
           if (r != kRefused) return r;
@@ -1025,8 +1026,13 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
         r = launch<FM, 1, FM == kDecFp8 ? 3 : 2, 2, 2, 1, GR, false, true>(p, tiles, ks, st, xt);
     // 3..8 rows with K split at one CTA an SM: 512-k stages, 3 deep (~125 KB). Graphs, H200,
     // 4096 x 14336 at 4 / 8 rows: mxfp8 22.7 / 25.5 -> 18.5 / 18.8 us, affine 8-bit 23.9 /
-    // 26.8 -> 20.1 / 22.5 (session as)
-    if constexpr (!GR)
+    // 26.8 -> 20.1 / 22.5 (session as). mxfp8 only: affine 8-bit's decode step at 4 tokens
+    // was 40-80 us slower with it in four runs (and 20-30 us at 16 with the form above),
+    // although its calls were faster. In the step the next layer's qkv adds ~15 us after down
+    // instead of ~10: its CTAs, launched early, find less room beside the larger form
+    // (139 KB, 76 registers) and start their weights' loads later (session at,
+    // profile_decode_step.py)
+    if constexpr (!GR && FM == kDecFp8)
       if (r == kRefused && kc2 && split1) r = launch<FM, 1, 3, 2, 1, 1, GR>(p, tiles, ks, st, xt);
     if (r == kRefused) r = four ? launch<FM, 1, 2, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = ks == 1 ? launch<FM, 1, FM == kDecFp8 ? 5 : 4, 1, 2, 1, GR>(p, tiles, ks, st, xt) : kRefused;
@@ -1073,8 +1079,13 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     // 9-11 % at these shapes, more than its instructions saved; session ap). Measured on an
     // H200 (session ar): affine 4-bit 4096 x 14336 at M = 1 16.6 -> 15.4 us, every 4-bit code
     // at M = 8 2-4 % faster there, nvfp4 / mxfp4 at M = 1 unchanged
+    // fp4 takes it only at one CTA an SM (o, down): where the CTAs are more (qkv, 192 on 132
+    // SMs) the 1024-k form's 108 KB leave room beside a CTA for one of the next matmul's (o,
+    // the same form) and the rest start late; with qkv in the 512-k form below (56 KB, three
+    // an SM) the decode step at one token went 1709 -> 1659 us for nvfp4 (affine 4-bit
+    // 1598 -> 1695: it keeps this form; session at, profile_decode_step.py)
     if constexpr (!GR)
-      if (r == kRefused && kc4 && ctas * ks <= 2 * sms)
+      if (r == kRefused && kc4 && ctas * ks <= 2 * sms && (split1 || FM != kDecFp4))
         r = launch<FM, 1, 2, 4, 2, 1, GR>(p, tiles, ks, st, xt);
     if (r == kRefused) r = kc2 ? launch<FM, 1, 2, 2, 3, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     if (r == kRefused) r = launch<FM, 1, 4, 1, 3, 1, GR>(p, tiles, ks, st, xt);
