@@ -10,6 +10,10 @@ through programmatic dependent launch. Prints one line per (shape, mode, M).
       alternately (down, then the next layer's qkv, as in a step) against each alone: whether
       one kernel's tail keeps the next one's CTAs from starting beside it; several pairs are
       separated by ";" (PAIR="4096x14336,6144x4096;4096x4096,28672x4096")
+Per-call times here can rank configurations differently from the decode step, where the
+fused gate/up kernel and the step's own order shape how each kernel overlaps the one before
+it (session at: PAIR over the four shapes favoured a form that made the step slower); judge
+a configuration by bench_decode or profile_decode_step.py ("adds").
 """
 import os
 import sys
