@@ -6,8 +6,8 @@ through programmatic dependent launch. Prints one line per (shape, mode, M).
     python bench/tune/decode_graph.py
     LAYOUTS=decode MS=1,16,64 SHAPES=4096x4096 MODES=nvfp4 python bench/tune/decode_graph.py
     NW=1 LAYOUTS=decode ... : one weight, called back to back (the L2's share where it fits)
-    PAIR=4096x14336,6144x4096 MODES=affine8 MS=16 ... : the decode layout's two shapes called
-      alternately (down, then the next layer's qkv, as in a step) against each alone: whether
+    PAIR=4096x14336,6144x4096 MODES=affine8 MS=16 ... : the decode layout's shapes (two or
+      more) called in turn (down, then the next layer's qkv, as in a step) against each alone: whether
       one kernel's tail keeps the next one's CTAs from starting beside it; several pairs are
       separated by ";" (PAIR="4096x14336,6144x4096;4096x4096,28672x4096")
 Per-call times here can rank configurations differently from the decode step, where the
@@ -65,9 +65,9 @@ def copy_gbps() -> float:
 
 
 def pair_main(shapes):
-    """PAIR: per-call us of each shape alone (NW distinct weights back to back) and of the two
-    alternating (a0 b0 a1 b1 ...), the step's order. alternating - (a + b) > 0: the pair loses
-    overlap that each shape has with itself."""
+    """PAIR: per-call us of each shape alone (NW distinct weights back to back) and of the shapes
+    in turn (a0 b0 a1 b1 ...), the step's order. alternating - (a + b + ...) > 0: the sequence
+    loses overlap that each shape has with itself."""
     nw = int(os.environ.get("NW", 4))
     w = {s: [torch.randn(s, dtype=torch.bfloat16, device="cuda") for _ in range(nw)] for s in shapes}
     for mode in MODES:
