@@ -63,6 +63,16 @@ OP_KERNEL(k_lop3, "lop3.b32 %0, %0, %1, 0x80008000, 0xea;", "r", uint32_t)  // L
 OP_KERNEL(k_prmt, "prmt.b32 %0, %0, %1, 0x5410;", "r", uint32_t)          // PRMT
 OP_KERNEL(k_ffma, "fma.rn.f32 %0, %0, %1, %0;", "f", float)               // FFMA
 OP_KERNEL(k_fmul, "mul.rn.f32 %0, %0, %1;", "f", float)                   // FMUL
+// the fp4 decoders' integer steps (vec.cuh's fp4_pairs: LOP3, IMAD, SHF) and its scale multiply
+OP_KERNEL(k_imad, "mad.lo.u32 %0, %0, %1, %0;", "r", uint32_t)           // IMAD
+OP_KERNEL(k_shf, "shf.r.wrap.b32 %0, %0, %0, %1;", "r", uint32_t)        // SHF
+OP_KERNEL(k_iadd, "add.u32 %0, %0, %1;", "r", uint32_t)                  // IADD3
+OP_KERNEL(k_hmul2_bf16, "mul.rn.bf16x2 %0, %0, %1;", "r", uint32_t)      // HMUL2.BF16_V2
+// two instructions a step (per_step 2): do two pipes issue side by side?
+OP_KERNEL(k_lop3_imad, "lop3.b32 %0, %0, %1, 0x80008000, 0xea;\n\tmad.lo.u32 %0, %0, %1, %0;", "r", uint32_t)
+OP_KERNEL(k_lop3_hmul2, "lop3.b32 %0, %0, %1, 0x80008000, 0xea;\n\tmul.rn.bf16x2 %0, %0, %1;", "r", uint32_t)
+OP_KERNEL(k_imad_hmul2, "mad.lo.u32 %0, %0, %1, %0;\n\tmul.rn.bf16x2 %0, %0, %1;", "r", uint32_t)
+OP_KERNEL(k_lop3_prmt, "lop3.b32 %0, %0, %1, 0x80008000, 0xea;\n\tprmt.b32 %0, %0, %1, 0x5410;", "r", uint32_t)
 
 // conversions: each step goes through the conversion(s) (the result feeds the next step)
 __global__ void __launch_bounds__(kThreads) k_cvt_e4m3(uint32_t seed, uint32_t k, uint32_t* out, long long* cyc) {
@@ -117,6 +127,14 @@ int main() {
   rc |= measure<uint32_t>("prmt.b32 (PRMT)", 1, k_prmt, 1u, 0x12345678u, sms, out, cyc);
   rc |= measure<float>("fma.rn.f32 (FFMA)", 1, k_ffma, 1.0f, 0.999f, sms, fout, cyc);
   rc |= measure<float>("mul.rn.f32 (FMUL)", 1, k_fmul, 1.0f, 0.999f, sms, fout, cyc);
+  rc |= measure<uint32_t>("mad.lo.u32 (IMAD)", 1, k_imad, 1u, 3u, sms, out, cyc);
+  rc |= measure<uint32_t>("shf.r.wrap (SHF)", 1, k_shf, 1u, 3u, sms, out, cyc);
+  rc |= measure<uint32_t>("add.u32 (IADD3)", 1, k_iadd, 1u, 3u, sms, out, cyc);
+  rc |= measure<uint32_t>("mul.rn.bf16x2 (HMUL2.BF16_V2)", 1, k_hmul2_bf16, 0x3f803f80u, 0x3f813f81u, sms, out, cyc);
+  rc |= measure<uint32_t>("LOP3 + IMAD", 2, k_lop3_imad, 1u, 3u, sms, out, cyc);
+  rc |= measure<uint32_t>("LOP3 + HMUL2.BF16", 2, k_lop3_hmul2, 1u, 0x3f813f81u, sms, out, cyc);
+  rc |= measure<uint32_t>("IMAD + HMUL2.BF16", 2, k_imad_hmul2, 1u, 0x3f813f81u, sms, out, cyc);
+  rc |= measure<uint32_t>("LOP3 + PRMT", 2, k_lop3_prmt, 1u, 0x12345678u, sms, out, cyc);
   rc |= measure<uint32_t>("e4m3x2.f32 + f16x2.e4m3x2 cvt (2 F2FP, +LOP3)", 2, k_cvt_e4m3, 0x3f800000u, 0x3f000000u, sms, out,
                           cyc);
   rc |= measure<uint32_t>("cvt.rn.bf16x2.f32 (F2FP.BF16.PACK_AB)", 1, k_cvt_bf16x2, 0x3f800000u, 0x3f000000u, sms, out,
