@@ -122,10 +122,12 @@ __device__ __forceinline__ void bulk_g2s_evict_first(uint32_t dst, const void* s
 // fragments with mma.sync, loading x from shared memory per row tile (at 64 rows, 8 KB of
 // loads and 32 mma per fragment block and warp). With wgmma the 4 warps of a fragment-block
 // parity (a warpgroup: row blocks 0..3, the same k) hand their decoded fragments to one
-// m64n32k16 (A from registers: the same fragment layout as mma.sync's A), and the tensor
-// cores read x from shared memory, where x_stage_kernel put it in wgmma's core-matrix order
-// (x_stage_wg). The bits equal mma.sync's (test_decode's every-M test). It gains 1-12 % at 64
-// rows (dispatch); the x loads were not what held 17..64 rows back: the epilogue was (below).
+// m64n32k16 or m64n64k16 (A from registers: the same fragment layout as mma.sync's A), and
+// the tensor cores read x from shared memory, where x_stage_kernel put it in wgmma's
+// core-matrix order (x_stage_wg). The bits equal mma.sync's (test_decode's every-M test). At
+// 64 rows it gains 1-12 % with two warpgroups a parity (n32), and 11-24 % more with one
+// (n64) where a CTA has 16 stages or more (dispatch); the x loads were not what held 17..64
+// rows back: the epilogue was (below).
 // Descriptor of a K-major B without swizzle (bits 0-13: address >> 4; 16-29: the stride
 // between the two core matrices along K (LBO) >> 4; 32-45: between 8-row groups (SBO) >> 4).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -135,9 +137,9 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-// d (m64 x n32: this warp's 16 rows, mma.sync's C layout per n8 tile) += a * B. Every WG
-// configuration gives a warpgroup 32 rows of x (n32): all of them at 17..32 rows, half past 32
-// (two warpgroups per parity; one with m64n64k16 made 64 rows up to 1.5x slower).
+// d (m64 x n32: this warp's 16 rows, mma.sync's C layout per n8 tile) += a * B: a warpgroup's
+// 32 rows of x, at 17..32 rows, and half of them past 32 where two warpgroups share a parity
+// (dispatch).
 __device__ __forceinline__ void wg_mma(float (&d)[4][4], uint4 a, uint64_t desc) {
   asm volatile(
       "{ .reg .pred p; setp.ne.b32 p, %21, 0;\n"
@@ -146,6 +148,22 @@ __device__ __forceinline__ void wg_mma(float (&d)[4][4], uint4 a, uint64_t desc)
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
         "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
         "+f"(d[3][2]), "+f"(d[3][3])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(1));
+}
+// The same for n64: one warpgroup a parity takes all 64 rows of x past 32 rows, so that each
+// fragment block is decoded once (dispatch). x's 8-row groups lie SBO apart whatever their
+// number, so the descriptor is the n32 one's.
+__device__ __forceinline__ void wg_mma(float (&d)[8][4], uint4 a, uint64_t desc) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+      "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0; }"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
+        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
       : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(1));
 }
 // Keeps the compiler from moving reads or writes of an accumulator across a wgmma wait.
@@ -349,8 +367,8 @@ __device__ __forceinline__ uint4 dec_frag(const uint32_t (&w4)[4], int j, uint32
 // GR: gather grouped by expert (p.plan), its own instantiations so that the dense and
 // per-entry kernels keep their registers (the grouped rows cost affine's 17..64-row tiles
 // 10-23 % when compiled into every kernel, H100).
-// WG: wgmma with x from shared memory (sm_90a; staged x in x_stage_kernel's WG order, 32 rows
-// of x per warpgroup, dense calls: see wg_mma).
+// WG: wgmma with x from shared memory (sm_90a; staged x in x_stage_kernel's WG order, 32 or 64
+// rows of x per warpgroup, dense calls: see wg_mma).
 // X2: two rows of x in a stage (M <= 2: one row of bf16 x, or of float16 x's high parts and
 // remainders), not 8: the lanes of mma columns 2..7 read row 0 again, and those columns are
 // not stored. The 6 rows of zeros were 23 % of a 4-bit 512-k stage; without them such
@@ -362,7 +380,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
   constexpr bool F8 = dec_bits8(FM), AFF = dec_affine(FM);
   constexpr int kThreads = threads_of(FM, RS), kCons = kConsumers * RS, MW = MT / RS;
   static_assert(MT % RS == 0, "row tiles split evenly");
-  static_assert(!WG || (!GR && MW == 4), "wgmma: 32 rows of x per warpgroup (wg_mma)");
+  static_assert(!WG || (!GR && (MW == 4 || MW == 8)), "wgmma: 32 or 64 rows of x per warpgroup (wg_mma)");
   static_assert(!X2 || (MT == 1 && !WG && !GR), "two rows of x: dense or per-entry calls at M <= 2");
   constexpr int XS = KC * 512 + G::XPAD, XR = X2 ? 2 : MT * 8;  // bytes per row of x in a stage, rows
   constexpr int SW = KC * G::STAGE, STG = SW + XR * XS, RED = 4 * MT * 4 * 32;
@@ -963,13 +981,21 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     // (ncu: 30 % issue slots busy); 28672 x 4096 nvfp4 M = 64 104 -> 90 us, 4096^2 32 ->
     // 21, 16384^2 126 -> 136 (each FB is decoded twice). At 17..32 rows 8 warps win.
     // On sm_90a (wg) wgmma reads x from shared memory instead (WG, see wg_mma), with the
-    // same stages, CTAs per SM and warps: one warpgroup per FB parity at 17..32 rows, two
-    // (each with 32 of the rows) at 33..64. Against mma.sync, H200, CUDA graphs: 4096^2
-    // nvfp4 M = 64 20.1 -> 18.7 us, 28672 x 4096 90.7 -> 86.6, 16384^2 138.5 -> 132.4;
-    // M = 32 from 1 % slower to 8 % faster; one warpgroup per parity at 33..64 rows lost up to 1.5x
-    // (qmm-decode-h100-notes.md, session ai).
+    // same stages and CTAs per SM: one warpgroup per FB parity at 17..32 rows. Against
+    // mma.sync, H200, CUDA graphs: 4096^2 nvfp4 M = 64 20.1 -> 18.7 us, 28672 x 4096 90.7 ->
+    // 86.6, 16384^2 138.5 -> 132.4; M = 32 from 1 % slower to 8 % faster (session ai).
+    // At 33..64 rows one warpgroup per parity too (8 consumer warps, m64n64k16: each FB
+    // decoded once) where a CTA has at least 16 stages; two (16 warps, 32 of the rows each,
+    // each FB decoded twice) below that, where the 8 warps' longer stage is not amortized.
+    // H200, graphs, M = 64, 16 -> 8 warps: nvfp4 16384^2 124.7 -> 94.8 us, 28672 x 4096 80.3
+    // -> 71.5, 4096 x 14336 34.6 -> 30.1, but 4096^2 (8 stages a CTA) 17.2 -> 17.9; mxfp8
+    // 135.4 -> 108.9, 86.2 -> 78.7, 37.2 -> 33.2, 17.9 -> 18.8; affine 4-bit 136.1 -> 118.8,
+    // 86.9 -> 86.0, 37.1 -> 35.5, 18.1 -> 19.9 (session au; session ai's 1.5x loss of this
+    // form was its unrolled epilogue, since rolled). The sums are the same bits either way.
     if (wg && xt) {
-      if (M > 32) return launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1, 2, GR, true>(p, tiles, ks, st, xt);
+      if (M > 32)
+        return nk >= 16 * ks ? launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1, 1, GR, true>(p, tiles, ks, st, xt)
+                             : launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1, 2, GR, true>(p, tiles, ks, st, xt);
       r = ctas * ks > sms ? launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2, 1, GR, true>(p, tiles, ks, st, xt) : kRefused;
       if (r == kRefused) r = launch<FM, 4, 4, 1, 1, 1, GR, true>(p, tiles, ks, st, xt);
       return r;
