@@ -1173,6 +1173,8 @@ def test_gated(device, cfg, f, k, m, with_bias):
     for xdt in GATED_X[device]:
         rng = case_rng("gated-x", cfg, f, k, m, str(xdt), with_bias)
         x = make_x(rng, (m, k), xdt, fw)
+        if k > 1024:  # (exact: keeps float16's products about as far inside its range as at K = 1024)
+            x = x * 0.25
         bias = to_fw(rng.standard_normal(2 * f).astype(F32), fw) if with_bias else None
         plain = qq.quantized_matmul(x, dw, bias=bias)
         got = qq.quantized_matmul(x, dg, bias=bias)
