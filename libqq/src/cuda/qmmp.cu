@@ -125,7 +125,7 @@ __device__ __forceinline__ void bulk_g2s_evict_first(uint32_t dst, const void* s
 // m64n32k16 or m64n64k16 (A from registers: the same fragment layout as mma.sync's A), and
 // the tensor cores read x from shared memory, where x_stage_kernel put it in wgmma's
 // core-matrix order (x_stage_wg). The bits equal mma.sync's (test_decode's every-M test). At
-// 64 rows it gains 1-12 % with two warpgroups a parity (n32), and 11-24 % more with one
+// 64 rows it gains 1-12 % with two warpgroups a parity (n32), and up to 24 % more with one
 // (n64) where a CTA has 16 stages or more (dispatch); the x loads were not what held 17..64
 // rows back: the epilogue was (below).
 // Descriptor of a K-major B without swizzle (bits 0-13: address >> 4; 16-29: the stride
