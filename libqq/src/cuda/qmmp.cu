@@ -992,15 +992,16 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     // 135.4 -> 108.9, 86.2 -> 78.7, 37.2 -> 33.2, 17.9 -> 18.8; affine 4-bit 136.1 -> 118.8,
     // 86.9 -> 86.0, 37.1 -> 35.5, 18.1 -> 19.9 (session au; session ai's 1.5x loss of this
     // form was its unrolled epilogue, since rolled). The sums are the same bits either way.
+    constexpr int S64 = dec_bits8(FM) ? 3 : 4;  // 33..64 rows: the stages that fit beside x's rows
     if (wg && xt) {
       if (M > 32)
-        return nk >= 16 * ks ? launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1, 1, GR, true>(p, tiles, ks, st, xt)
-                             : launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1, 2, GR, true>(p, tiles, ks, st, xt);
+        return nk >= 16 * ks ? launch<FM, 8, S64, 1, 1, 1, GR, true>(p, tiles, ks, st, xt)
+                             : launch<FM, 8, S64, 1, 1, 2, GR, true>(p, tiles, ks, st, xt);
       r = ctas * ks > sms ? launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2, 1, GR, true>(p, tiles, ks, st, xt) : kRefused;
       if (r == kRefused) r = launch<FM, 4, 4, 1, 1, 1, GR, true>(p, tiles, ks, st, xt);
       return r;
     }
-    if (M > 32) return launch<FM, 8, dec_bits8(FM) ? 3 : 4, 1, 1, 2, GR>(p, tiles, ks, st, xt);
+    if (M > 32) return launch<FM, 8, S64, 1, 1, 2, GR>(p, tiles, ks, st, xt);
     // 17..32 rows: two CTAs per SM (3 stages, 8-bit 2) where the CTAs are more than one
     // wave at one per SM (16384^2 nvfp4 M = 32 82.5 -> 72.6 us, 6144 x 4096 29.0 -> 19.4,
     // 28672 x 4096 60.4 -> 46.0); with fewer CTAs two per SM leave SMs idle (4096 x 14336
