@@ -940,7 +940,8 @@ def test_gpu_gather_long_k_split(cfg, m):
 @pytest.mark.parametrize("cfg", ["nvfp4-gs", "mxfp4", "mxfp8", "a4g64", "a8g32"])
 def test_gpu_gather_grouped(cfg, t, top, m, skew):
     """Entries that share experts (E = 8: 8 .. 384 entries) are grouped by expert before the
-    decode kernel (the plan, then work items of up to 8 or 16 rows of one expert), each
+    decode kernel (the plan, then work items of up to 8, 16 or 32 rows of one expert, their rows
+    of x staged for affine and for 16- and 32-row items), each
     touched expert's layout read once: the rows of an expert past one item (skew: every token
     sends its first pick to expert 3, 40 rows there), entries of 3 rows split across items,
     an index out of range (NaN rows, the others computed), against the float64 reference and
@@ -983,6 +984,50 @@ def test_gpu_gather_grouped(cfg, t, top, m, skew):
     torch.cuda.synchronize()
     eager = qq.gather_qmm(x, dw, rhs_indices=idx, bias=bias, dtype="float32")
     np.testing.assert_array_equal(to_numpy(out), to_numpy(eager))
+
+
+@gpu
+@pytest.mark.parametrize("cfg,e,n,k,t,top,sub", [("a4g64", 256, 128, 16384, 256, 2, 64),
+                                                  ("mxfp4", 8, 1024, 4096, 3584, 2, 256)],
+                         ids=["affine-8-row-items", "fp-32-row-items"])
+def test_gpu_gather_grouped_staged_or_not(cfg, e, n, k, t, top, sub):
+    """Grouped gathers stage each work item's rows of x (qmmp.cu's gx_stage_kernel) unless that
+    buffer would pass 64 MB (kGxStageMax; slots of R rows an item, and up to an item of slack
+    an expert): affine's 8-row items over 256 experts at K = 16384 (512 entries: ~97 MB) and an
+    fp format's 32-row items (7168 entries over 8 experts at K = 4096: 16-row items then, rows
+    copied one by one) take the unstaged form. Against a float64 reference of the same
+    dequantized experts; and the first `sub` tokens alone, which are staged (affine 8-row,
+    fp 32-row items), give the same bits for their rows: staging, the item size and the rows'
+    places in their items do not change a row's sums. (N is chosen so that both calls'
+    likely work items fill the GPU without a K split, which would change the sums' order.)"""
+    torch = torch_mod()
+    g = torch.Generator(device="cuda").manual_seed(zlib.crc32(repr(("gstage", cfg)).encode()))
+    w = torch.randn((e, n, k), device="cuda", generator=g)
+    if cfg in AFFINE:
+        bits, group = AFFINE[cfg]
+        qa = qq.quantize(w.to(torch.bfloat16), mode="affine", bits=bits, group_size=group)
+    else:
+        qa = qq.quantize(w, mode=mode_of(cfg))
+    del w
+    dw = qq.prepare_decode(qa)
+    x = torch.randn((t, 1, 1, k), device="cuda", generator=g).to(torch.bfloat16)
+    idx = torch.rand((t, e), device="cuda", generator=g).topk(top, dim=1).indices.to(torch.int32)
+    got = qq.gather_qmm(x, dw, rhs_indices=idx, dtype="float32")
+    assert qq.last_route() == "decode"
+    # the reference, expert by expert on the GPU in float64
+    wd = qq.dequantize(qa, dtype="float32")
+    xs = x.reshape(t, k).double()
+    want = torch.zeros((t, top, n), dtype=torch.float64, device="cuda")
+    mag = torch.zeros_like(want)
+    for ex in torch.unique(idx).tolist():
+        tok, slot = torch.nonzero(idx == ex, as_tuple=True)
+        we = wd[ex].double()
+        want[tok, slot] = xs[tok] @ we.T
+        mag[tok, slot] = xs[tok].abs() @ we.abs().T
+    msg = mismatch(got.reshape(t, top, n), to_numpy(want), to_numpy(mag), rel_of(mode_of(cfg)))
+    assert msg is None, msg
+    part = qq.gather_qmm(x[:sub].contiguous(), dw, rhs_indices=idx[:sub].contiguous(), dtype="float32")
+    np.testing.assert_array_equal(to_numpy(part), to_numpy(got[:sub]))
 
 
 @pytest.mark.parametrize("fw", ["numpy", "torch"])

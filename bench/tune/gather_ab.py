@@ -4,6 +4,7 @@ touched experts once, x and y), with bench/harness.py's Timer (L2 flushed, media
 once per build and compare the two outputs line by line.
 
     python bench/tune/gather_ab.py [--modes nvfp4,mxfp8,affine4] [--packed]
+        [--cases deepseek-up,mixtral-up] [--tokens 4,16,64] [--no-dense]
     (H100: ~1 minute; --packed adds the packed experts' time per case)
 """
 import argparse
@@ -33,6 +34,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--modes", default="nvfp4,mxfp8,affine4")
     ap.add_argument("--packed", action="store_true")
+    ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--tokens", default="", help="comma-separated token counts (default: each case's)")
+    ap.add_argument("--no-dense", action="store_true", help="leave the dense shapes out")
     args = ap.parse_args()
     timer = Timer(warmup=5, iters=30)
     copy = copy_bandwidth(timer)
@@ -40,7 +44,7 @@ def main():
     gen = torch.Generator(device="cuda").manual_seed(0)
     for mode in args.modes.split(","):
         kw = KW[mode]
-        for n, k in DENSE:
+        for n, k in ([] if args.no_dense else DENSE):
             qa = qq.quantize(torch.randn((n, k), dtype=torch.bfloat16, device="cuda", generator=gen), **kw)
             dw = qq.prepare_decode(qa)
             x = torch.randn((1, k), dtype=torch.bfloat16, device="cuda", generator=gen)
@@ -50,6 +54,10 @@ def main():
                   f"[{qq.last_route()}]", flush=True)
             del qa, dw
         for name, e, top, n, k, form, ts in CASES:
+            if args.cases and name not in args.cases.split(","):
+                continue
+            if args.tokens:
+                ts = tuple(int(t) for t in args.tokens.split(","))
             parts = [qq.quantize(torch.randn((1, n, k), dtype=torch.bfloat16, device="cuda", generator=gen),
                                  torch_dtypes=False, **kw) for _ in range(e)]
             data = torch.cat([p.data for p in parts])

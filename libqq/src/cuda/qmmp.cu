@@ -182,7 +182,8 @@ struct QP {
   int64_t xld;  // elements between rows of x
   // staged x (see decode_matmul's `stage`): x rearranged by x_stage_kernel, stage c's M
   // rows in shared memory's row pitch (then affine's sums) at xt + c * x_stage_bytes, so
-  // that a stage's x is one bulk copy (else one copy per row and stage)
+  // that a stage's x is one bulk copy (else one copy per row and stage); grouped gathers:
+  // work item z's rows (gx_stage_kernel) at xt + (z * stages + c) * x_stage_bytes(R, R)
   const uint8_t* xt;
   // gather (gidx.ptr set): batch entry blockIdx.z multiplies x's entry (xb's batch offset)
   // by expert gidx[entry] of E layouts of wper bytes; out entry b at b * Mo * N.
@@ -294,6 +295,16 @@ __device__ constexpr bool built_here() {
 #else
   return true;
 #endif
+}
+
+// Bytes per stage that x_stage_kernel writes: M rows of x in shared memory's row pitch
+// (WG: all R rows in wgmma's order, no pads), then (affine) the stage's sums of x [NF][R]
+// (R = MT * 8 rows, zeros past M).
+template <int FM, int KC, bool WG>
+constexpr size_t x_stage_bytes(int M, int R) {
+  using G = Geo<FM>;
+  return (WG ? (size_t)R * KC * 512 : (size_t)M * (KC * 512 + G::XPAD)) +
+         (dec_affine(FM) ? (size_t)G::FBS * KC * R * 4 : 0);
 }
 
 // A CTA's rows of x and out: row r is row r of batch entry `entry`, or (gather grouped by
@@ -466,7 +477,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     // (grouped, at most 16 rows) this lane's row of the item at xr
     const __nv_bfloat16* xs = p.x + (p.gidx.ptr ? p.xb.offset(entry) : 0) + (size_t)c0 * KC * kDecChunkK;
     const __nv_bfloat16* xr = nullptr;
-    if (GR && lane < Mc) {
+    if (GR && !p.xt && lane < Mc) {
       int64_t e;
       const int m = rows.of(lane, &e);
       xr = p.x + p.xb.offset(e) + (int64_t)m * p.xld + (size_t)c0 * KC * kDecChunkK;
@@ -502,7 +513,9 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
       }
       if (p.xt) {
         if (lane == 0) {
-          const uint8_t* blk = p.xt + (size_t)(c0 + i) * (xbytes + sbytes);
+          // (grouped: item `entry`'s stages, slots of R rows: gx_stage_kernel)
+          const uint8_t* blk = GR ? p.xt + ((size_t)entry * nk + c0 + i) * x_stage_bytes<FM, KC, false>(MT * 8, MT * 8)
+                                  : p.xt + (size_t)(c0 + i) * (xbytes + sbytes);
           bulk_g2s(dst + SW, blk, xbytes, full);
           if (sbytes) bulk_g2s(smem_u32(xsum + s * XSUM), blk + xbytes, sbytes, full);
         }
@@ -769,16 +782,6 @@ __global__ void __launch_bounds__(threads_of(FM, RS), kMinBlocks) qmmp_kernel(co
     __trap();
 }
 
-// Bytes per stage that x_stage_kernel writes: M rows of x in shared memory's row pitch
-// (WG: all R rows in wgmma's order, no pads), then (affine) the stage's sums of x [NF][R]
-// (R = MT * 8 rows, zeros past M).
-template <int FM, int KC, bool WG>
-constexpr size_t x_stage_bytes(int M, int R) {
-  using G = Geo<FM>;
-  return (WG ? (size_t)R * KC * 512 : (size_t)M * (KC * 512 + G::XPAD)) +
-         (dec_affine(FM) ? (size_t)G::FBS * KC * R * 4 : 0);
-}
-
 // A pair of float16 values as bf16 high parts (round to nearest) and their remainders,
 // which bf16 holds exactly (at most 4 significant bits left, no exponent below bf16's):
 // x = hi + lo with both products by a weight exact in fp32. A non-finite x keeps lo = 0.
@@ -837,28 +840,18 @@ __device__ __forceinline__ void x_stage_wg(const __nv_bfloat16* x, int64_t xld, 
   }
 }
 
-// x [Mx, K] (row stride xld) into stages: stage c (KC * 256 k) at c * x_stage_bytes, its rows
-// with their pads zeroed (float16 x: Mx high-part rows, then Mx remainder rows), then for
-// affine the sums of each staged row per fragment block in the x-sum warp's order. One block
-// per stage; 16-byte copies. WG: x_stage_wg's order.
-template <int FM, int KC, bool X16, bool WG>
-__global__ void x_stage_kernel(const __nv_bfloat16* x, int64_t xld, int Mx, int R, uint8_t* xt) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // x comes from the previous kernel
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-  if constexpr (WG) {
-    x_stage_wg<FM, KC, X16>(x, xld, Mx, R, xt);
-    return;
-  }
+// Stage c's Mx rows of x into blk in shared memory's row pitch, pads zeroed (float16 x: Mx
+// high-part rows, then Mx remainder rows), then for affine the sums of each staged row per
+// fragment block in the x-sum warp's order, R of them (zeros past the staged rows).
+// row(m): row m's first element of this stage. One block per stage; 16-byte copies.
+template <int FM, int KC, bool X16, typename Row>
+__device__ __forceinline__ void x_stage_rows(Row row, int Mx, int R, uint8_t* blk) {
   constexpr int XS = KC * 512 + Geo<FM>::XPAD, per = XS / 16, data = KC * kDecChunkK / 8;  // uint4 per row
-  const int c = blockIdx.x, M = X16 ? 2 * Mx : Mx;  // staged rows
-  const __nv_bfloat16* xc = x + (size_t)c * KC * kDecChunkK;
-  uint8_t* blk = xt + (size_t)c * x_stage_bytes<FM, KC, false>(M, R);
+  const int M = X16 ? 2 * Mx : Mx;  // staged rows
   uint4* dst = reinterpret_cast<uint4*>(blk);
   for (int i = threadIdx.x; i < Mx * per; i += blockDim.x) {
     const int m = i / per, j = i % per;
-    const uint4 v = j < data ? *reinterpret_cast<const uint4*>(xc + (size_t)m * xld + 8 * j) : make_uint4(0, 0, 0, 0);
+    const uint4 v = j < data ? *reinterpret_cast<const uint4*>(row(m) + 8 * j) : make_uint4(0, 0, 0, 0);
     if constexpr (X16) {
       uint4 hi, lo;
       f16_split(v, hi, lo);
@@ -877,6 +870,53 @@ __global__ void x_stage_kernel(const __nv_bfloat16* x, int64_t xld, int Mx, int 
       sums[i] = m < M ? fb_xsum<FK / 8>(reinterpret_cast<const uint4*>(blk + (size_t)m * XS + f * FK * 2)) : 0.0f;
     }
   }
+}
+
+// x [Mx, K] (row stride xld) into stages: stage c (KC * 256 k) at c * x_stage_bytes
+// (x_stage_rows). WG: x_stage_wg's order.
+template <int FM, int KC, bool X16, bool WG>
+__global__ void x_stage_kernel(const __nv_bfloat16* x, int64_t xld, int Mx, int R, uint8_t* xt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // x comes from the previous kernel
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  if constexpr (WG) {
+    x_stage_wg<FM, KC, X16>(x, xld, Mx, R, xt);
+    return;
+  }
+  const int c = blockIdx.x;
+  const __nv_bfloat16* xc = x + (size_t)c * KC * kDecChunkK;
+  x_stage_rows<FM, KC, X16>([=](int m) { return xc + (size_t)m * xld; }, Mx, R,
+                            xt + (size_t)c * x_stage_bytes<FM, KC, false>(X16 ? 2 * Mx : Mx, R));
+}
+
+// The same for a grouped gather (p.plan): block (c, z) stages work item z's rows (at most R)
+// at xt + (z * gridDim.x + c) * x_stage_bytes(R, R); items past the plan's count, and its
+// bin of indices out of range, have nothing to stage.
+template <int FM, int KC>
+__global__ void gx_stage_kernel(const QP p, int R, uint8_t* xt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // the plan and x come from earlier kernels
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  const int z = blockIdx.y, c = blockIdx.x;
+  if (z >= *p.plan.ntiles) return;
+  int Mc, e;
+  const RowMap rows = item_rows(p, z, R, &Mc, &e);
+  if (e >= p.E) return;
+  // the item's rows' starts in this stage, found once (a lambda holding the parameter block
+  // or a Mat by reference would put them on the stack)
+  __shared__ const __nv_bfloat16* rp[32];
+  if (threadIdx.x < (unsigned)Mc) {
+    int64_t en;
+    const int mm = rows.of(threadIdx.x, &en);
+    rp[threadIdx.x] = p.x + p.xb.offset(en) + (int64_t)mm * p.xld + (size_t)c * KC * kDecChunkK;
+  }
+  __syncthreads();
+  const __nv_bfloat16* const* t = rp;
+  x_stage_rows<FM, KC, false>(
+      [=](int m) { return t[m]; },
+      Mc, R, xt + ((size_t)z * gridDim.x + c) * x_stage_bytes<FM, KC, false>(R, R));
 }
 
 // One thread per lane slot of a fragment block (decode_layout.h's
@@ -930,14 +970,19 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   if (xt) {
     uint8_t* buf = nullptr;
-    QQ_TRY(xt->get("decode_matmul", (size_t)nk * x_stage_bytes<FM, KC, WG>(p.M, MT * 8), &buf));
+    const size_t xsb = GR ? (size_t)p.B * x_stage_bytes<FM, KC, WG>(MT * 8, MT * 8) : x_stage_bytes<FM, KC, WG>(p.M, MT * 8);
+    QQ_TRY(xt->get("decode_matmul", (size_t)nk * xsb, &buf));
     cudaLaunchConfig_t xc = {};
     xc.gridDim = dim3((unsigned)nk, 1, 1);
     xc.blockDim = dim3(256, 1, 1);
     xc.stream = stream;
     xc.attrs = attr + 1;
     xc.numAttrs = 1;
-    if (p.x16)
+    if constexpr (GR) {
+      static_assert(!WG, "grouped items stage x in the mma.sync order");
+      xc.gridDim = dim3((unsigned)nk, (unsigned)p.B, 1);
+      QQ_CUDA_TRY(cudaLaunchKernelEx(&xc, gx_stage_kernel<FM, KC>, p, MT * 8, buf), "decode_matmul");
+    } else if (p.x16)
       QQ_CUDA_TRY(cudaLaunchKernelEx(&xc, x_stage_kernel<FM, KC, true, WG>, p.x, p.xld, p.Mo, MT * 8, buf),
                   "decode_matmul");
     else
@@ -969,7 +1014,10 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
   const int M = p.M;  // the kernel's rows
   const int64_t ctas = (int64_t)tiles * p.zest;  // before the K split (grouped: the likely ones)
   qqStatus_t r;
-  if constexpr (!GR) {  // (grouped items have at most 16 rows)
+  if constexpr (GR) {
+    // the fp formats' 32-row items (staged x): the dense 17..32-row form of two CTAs an SM
+    if (M > 16) return launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2, 1, GR>(p, tiles, ks, st, xt);
+  } else {
   if (M > 16) {
     // 17..64 rows: 32- or 64-row tiles of x, one CTA per SM (x's rows fill the shared
     // memory: 64 rows of 256 k are 33-37 KB a stage), 256-k stages as at M <= 8, so a
@@ -1067,11 +1115,11 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
   } else if (M > 8) {
     // four CTAs per SM past a wave of two, as at M <= 8 below (2 stages: 16 rows of x make
     // a stage 17 KB, and three would not fit four CTAs in 228 KB); staged x only (dense
-    // calls): gather_qmm's 9..16-row entries take the configurations below (per-entry
-    // calls split over K reach the 1024-k one: test_gpu_gather_long_k_split)
+    // calls and grouped items): gather_qmm's per-entry 9..16-row calls take the
+    // configurations below (those split over K reach the 1024-k one:
+    // test_gpu_gather_long_k_split)
     r = kRefused;
-    if constexpr (!GR)  // (staged x: dense calls only)
-      r = ks == 1 && xt && ctas > 2 * sms ? launch<FM, 2, 2, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
+    r = ks == 1 && xt && ctas > 2 * sms ? launch<FM, 2, 2, 1, 4, 1, GR>(p, tiles, ks, st, xt) : kRefused;
     // K split at one CTA an SM (the 4096-row weights): 1024-k stages, 2 deep (~145 KB), as
     // at M <= 8 below. H200, graphs, 16 rows (session ar): nvfp4 4096 x 14336 25.0 -> 17.1
     // us, 4096^2 10.3 -> 8.9; mxfp4 the same; affine 4-bit 27.6 -> 24.3, 12.5 -> 11.5
@@ -1162,6 +1210,9 @@ qqStatus_t to_decode_layout(qqHandle_t h, const DecodeLayoutArgs& a, void* strea
   });
 }
 
+// The most scratch a grouped gather's staged x may take (decode_matmul).
+constexpr int64_t kGxStageMax = 64ll << 20;
+
 qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) {
   const char* op = "decode_matmul";
   if (a.M == 0 || a.N == 0 || a.B == 0) return QQ_STATUS_SUCCESS;
@@ -1217,24 +1268,43 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     Scratch scratch(c, st);
     // gather_qmm whose entries likely share experts: grouped by expert first (the plan,
     // one small kernel), so that each touched expert's layout is read once, by work items
-    // of up to 8 or 16 rows (the rows an expert is expected to get, B * M over at most
-    // min(B, E) experts); the grid covers the most items the plan can make and the items
-    // past its count exit at once. Likely sharing: the expected number of distinct experts
-    // of B uniform picks, E (1 - (1 - 1/E)^B), is below 0.9 B (DeepSeek-like E = 256: from
-    // 56 entries, 7 tokens of top-8; Mixtral-like E = 8: from 3 entries). Not where the
+    // of up to 8, 16 or (fp formats) 32 rows (the rows an expert is expected to get, B * M
+    // over at most min(B, E) experts); the grid covers the most items the plan can make and
+    // the items past its count exit at once. Likely sharing: the expected number of distinct
+    // experts of B uniform picks, E (1 - (1 - 1/E)^B), is below 0.9 B (DeepSeek-like E = 256:
+    // from 56 entries, 7 tokens of top-8; Mixtral-like E = 8: from 3 entries). Not where the
     // items could pass the grid's 65535 (per entry then).
+    // The items' rows of x are staged first (gx_stage_kernel: one bulk copy of x a stage
+    // instead of one a row, and affine's sums of x made there instead of by every CTA's x-sum
+    // warp) for affine, and for the fp formats' items of 16 or 32 rows. H200, us a call, two
+    // rounds (bench/tune/gather_ab.py, session av): Mixtral-like 64 tokens (16 rows an expert
+    // on average, up to ~30, so an expert read by two 16-row items) nvfp4 174 -> 153 with
+    // 16-row items staged -> 148 with 32-row items, mxfp8 214 -> 195 -> 173, affine 4-bit 198
+    // -> 140 (32-row items 166: affine keeps 16); DeepSeek-like 16 / 64 tokens (8-row items)
+    // affine 4-bit down 295 / 645 -> 261 / 564, up 231 / 482 -> 220 / 464. The fp formats'
+    // 8-row items were 3-5 % slower staged (DeepSeek-up 64 tokens nvfp4 479 -> 496, mxfp8 764
+    // -> 799): their rows are copied one by one, as before. (Affine 8-bit follows affine
+    // 4-bit; not measured.) The staged rows have a slot of R rows an item, so that the plan's
+    // slack (up to an item an expert) can make the buffer several times x's size: staging is
+    // left out where it would pass kGxStageMax bytes (32-row items need it: 16 then).
     const double distinct = a.E * (1.0 - std::pow(1.0 - 1.0 / (double)a.E, (double)a.B));
     const int64_t spread = a.B < a.E ? a.B : a.E, per_expert = (a.B * a.M + spread - 1) / spread;
-    const int R = per_expert > 6 ? 16 : 8;  // rows per work item
+    const auto gx_bytes = [&](int r) {  // at most: 576 bytes a row and 256 k (8-bit's padded pitch), the sums
+      return gather_plan_max_items(a.B, a.M, a.E, r) * r * (a.K / kDecChunkK) * (576 + 4 * dec_fbs(fmt));
+    };
+    int R = !dec_affine(fmt) && per_expert > 12 ? 32 : per_expert > 6 ? 16 : 8;  // rows per work item
+    if (R == 32 && gx_bytes(R) > kGxStageMax) R = 16;
     const int64_t most = gather_plan_max_items(a.B, a.M, a.E, R);
     const bool grouped = !dense && !x16 && a.M <= 16 && a.E <= kPlanMaxE && most <= 65535 &&
                          distinct < 0.9 * (double)a.B;
+    bool gstage = false;  // grouped items' x staged (below)
     if (grouped) {
       QQ_TRY(gather_plan(a.gidx, a.B, a.M, (int)a.E, R, scratch, st, op, &p.plan));
       const int64_t est = a.B * a.M / R > spread ? a.B * a.M / R : spread;
       p.M = R;  // the configuration's rows; each item has its own count
       p.B = (int)most;
       p.zest = (int)(est < most ? est : most);
+      gstage = (dec_affine(fmt) || R > 8) && gx_bytes(R) <= kGxStageMax;
     }
     // A cluster of 2 where the CTAs without a split (row tiles x batch entries) leave
     // SMs idle: larger clusters were slower at every decode shape (a rank waits for its
@@ -1258,7 +1328,7 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     // 63.5 -> 59.7 us, affine 4-bit 70.1 -> 60.4). The extra kernel's latency lost ~3 us
     // at the K-split shapes (4096^2 nvfp4 M = 16 11.7 -> 14.8), which copy row by row.
     // float16 x is always staged: the staging kernel splits it into bf16 rows.
-    const bool stage = dense && nk > 0 && (x16 || p.M > 16 || (p.M > 8 && ks == 1));
+    const bool stage = (dense && nk > 0 && (x16 || p.M > 16 || (p.M > 8 && ks == 1))) || (gstage && nk > 0);
     Scratch* xt = stage ? &scratch : nullptr;
     // wgmma (the WG configurations) on compute capability 9.x, whose code is sm_90a
     // (launch() refuses code older than sm_90)
