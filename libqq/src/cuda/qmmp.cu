@@ -1282,8 +1282,8 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     // 16-row items staged -> 148 with 32-row items, mxfp8 214 -> 195 -> 173, affine 4-bit 198
     // -> 140 (32-row items 166: affine keeps 16); DeepSeek-like 16 / 64 tokens (8-row items)
     // affine 4-bit down 295 / 645 -> 261 / 564, up 231 / 482 -> 220 / 464. The fp formats'
-    // 8-row items were 3-5 % slower staged (DeepSeek-up 64 tokens nvfp4 479 -> 496, mxfp8 764
-    // -> 799): their rows are copied one by one, as before. (Affine 8-bit follows affine
+    // 8-row items were up to 5 % slower staged (DeepSeek-up 64 tokens nvfp4 479 -> 497, mxfp8
+    // 764 -> 799): their rows are copied one by one, as before. (Affine 8-bit follows affine
     // 4-bit; not measured.) The staged rows have a slot of R rows an item, so that the plan's
     // slack (up to an item an expert) can make the buffer several times x's size: staging is
     // left out where it would pass kGxStageMax bytes (32-row items need it: 16 then).
