@@ -19,6 +19,8 @@ Then (--only decode) the decode layout (qq.prepare_decode) against the packed we
 decode shapes of an 8B model and 16384^2, nvfp4 / mxfp4 / mxfp8 / affine 4- and 8-bit (group 64),
 bf16 x at M = 1..64 and float16 x at M = 1 and 16 (column x_dtype): op "quantized_matmul",
 variant "decode" / "packed", GB/s against copy (its own table, qmm_decode-<gpu>).
+The decode-layout rows of both tables add copy_same / ratio_same (harness.same_size): a copy
+of the row's own bytes, whose launch and tail weigh on these 8-300 MB calls too.
 
     python bench/bench_qmm.py [--quick] [--only dense|gather|decode]
     (--quick: 2 dense shapes, M in 1, 4, 16, one gather shape; < 1 min)
@@ -33,7 +35,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Bench, Timer, copy_bandwidth  # noqa: E402
+from harness import Bench, Timer, copy_bandwidth, same_size  # noqa: E402
 
 import qq  # noqa: E402
 
@@ -147,9 +149,11 @@ def decode(timer, copy_gbps, quick) -> None:
                         route = qq.last_route()
                         moved = wbytes + nbytes(x) + m * n * 2
                         us = timer(lambda: qq.quantized_matmul(x, wt), moved)
-                        bench.row("quantized_matmul", mode, (m, n, k), "GBps", moved / (us * 1e-6) / 1e9,
+                        gbps = moved / (us * 1e-6) / 1e9
+                        bench.row("quantized_matmul", mode, (m, n, k), "GBps", gbps,
                                   "copy", copy_gbps, us=round(us, 2), variant=variant, route=route,
-                                  x_dtype=str(dt).replace("torch.", ""))
+                                  x_dtype=str(dt).replace("torch.", ""),
+                                  **(same_size(timer, gbps, moved) if variant == "decode" else {}))
             del qw, dw
         del w
         torch.cuda.empty_cache()
@@ -201,9 +205,10 @@ def gather(bench, timer, copy_gbps, quick) -> None:
                     # the same bytes counted (the touched experts once), though this path reads an
                     # expert once per entry that names it
                     us = timer(fd, moved)
-                    bench.row("gather_qmm", mode, (t, top, e, n, k), "GBps", moved / (us * 1e-6) / 1e9, "copy",
+                    gbps = moved / (us * 1e-6) / 1e9
+                    bench.row("gather_qmm", mode, (t, top, e, n, k), "GBps", gbps, "copy",
                               copy_gbps, us=round(us, 2), experts_touched=touched, case=name, variant="decode",
-                              route=route)
+                              route=route, **same_size(timer, gbps, moved))
             del data, scales, biases, dw
             torch.cuda.empty_cache()
 

@@ -25,7 +25,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Bench, Timer, copy_bandwidth  # noqa: E402
+from harness import Bench, Timer, copy_bandwidth, same_size  # noqa: E402
 
 import qq  # noqa: E402
 
@@ -64,19 +64,6 @@ def cases(shape):
             qa = quantize_args(mode, kw, layout)
             yield x, layout, mode, qa, dict(x=dtype_name(xdt), scales=qa["scale_layout"])
         del x
-
-
-_SAME: dict = {}
-
-
-def same_size(timer, gbps: float, moved: int) -> dict:
-    """Columns `copy_same` (GB/s of a device copy moving the row's own bytes, half read and half
-    written) and `ratio_same` (the row against it). The peer column's copy moves 1 GiB; at
-    8192 x 5120 (~100 MB) launch and tail costs weigh on a copy too, and this says how much."""
-    key = moved >> 20
-    if key not in _SAME:
-        _SAME[key] = copy_bandwidth(timer, max(moved // 4 * 2, 2))
-    return dict(copy_same=round(_SAME[key], 1), ratio_same=round(gbps / _SAME[key], 4))
 
 
 def moved_bytes(x, q) -> int:

@@ -150,6 +150,20 @@ def copy_bandwidth(timer: Timer, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (us * 1e-6) / 1e9
 
 
+_SAME: dict = {}
+
+
+def same_size(timer: Timer, gbps: float, moved: int) -> dict:
+    """Columns `copy_same` (GB/s of a device copy moving the row's own bytes, half read and half
+    written) and `ratio_same` (the row against it). The peer column's copy moves 1 GiB; at
+    ~100 MB and below launch and tail costs weigh on a copy too, and this says how much.
+    One copy measured per MiB of size, kept for the process."""
+    key = moved >> 20
+    if key not in _SAME:
+        _SAME[key] = copy_bandwidth(timer, max(moved // 4 * 2, 2))
+    return dict(copy_same=round(_SAME[key], 1), ratio_same=round(gbps / _SAME[key], 4))
+
+
 class Bench:
     def __init__(self, name: str):
         self.name = name
