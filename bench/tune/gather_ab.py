@@ -4,17 +4,23 @@ touched experts once, x and y), with bench/harness.py's Timer (L2 flushed, media
 once per build and compare the two outputs line by line.
 
     python bench/tune/gather_ab.py [--modes nvfp4,mxfp8,affine4] [--packed]
-        [--cases deepseek-up,mixtral-up] [--tokens 4,16,64] [--no-dense]
+        [--cases deepseek-up,mixtral-up] [--tokens 4,16,64] [--no-dense] [--graph]
     (H100: ~1 minute; --packed adds the packed experts' time per case)
+--graph adds each case's per-call time inside a CUDA graph of 8 back-to-back calls on 4
+index sets of their own (another generator: the lone calls' indices stay as they were), as
+consecutive MoE layers run in a captured decode step: no launch gap, and each call's weight
+prefetch overlaps the call before it (programmatic dependent launch). Counted as the lone
+call is (its touched experts once).
 """
 import argparse
+import itertools
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from harness import Timer, copy_bandwidth  # noqa: E402
+from harness import Timer, copy_bandwidth, graph_us  # noqa: E402
 
 import qq  # noqa: E402
 
@@ -37,11 +43,13 @@ def main():
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--tokens", default="", help="comma-separated token counts (default: each case's)")
     ap.add_argument("--no-dense", action="store_true", help="leave the dense shapes out")
+    ap.add_argument("--graph", action="store_true", help="and per call inside a CUDA graph")
     args = ap.parse_args()
     timer = Timer(warmup=5, iters=30)
     copy = copy_bandwidth(timer)
     print(f"copy {copy:.0f} GB/s", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
+    ggen = torch.Generator(device="cuda").manual_seed(1)  # --graph's index sets
     for mode in args.modes.split(","):
         kw = KW[mode]
         for n, k in ([] if args.no_dense else DENSE):
@@ -81,6 +89,13 @@ def main():
                     kwq = dict(group_size=qa.group_size, bits=qa.bits, mode=qa.mode)
                     up = timer(lambda: qq.gather_qmm(x, data, scales, biases, rhs_indices=idx, **kwq), moved)
                     extra = f"  packed {up:8.2f} us {moved / up / 1e3 / copy:6.3f} [{qq.last_route()}]"
+                if args.graph:
+                    sets = [torch.rand((t, e), device="cuda", generator=ggen).topk(top, dim=1).indices.to(torch.int32)
+                            for _ in range(4)]
+                    gmoved = sum(int(torch.unique(i).numel()) for i in sets) / 4 * per_expert + nbytes(x) + t * top * n * 2
+                    it = itertools.cycle(sets)
+                    gus = graph_us(lambda: qq.gather_qmm(x, dw, rhs_indices=next(it)), 8, 5)
+                    extra += f"  graph {gus:8.2f} us {gmoved / gus / 1e3 / copy:6.3f}"
                 print(f"{mode:8s} {name:13s} t={t:<3d} {us:8.2f} us {moved / us / 1e3 / copy:6.3f} "
                       f"[{route}] touched={touched}{extra}", flush=True)
             del data, scales, biases, qa, dw
