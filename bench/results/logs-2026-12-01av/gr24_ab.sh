@@ -2,7 +2,7 @@
 # Next session's A/B (written in session av, not run): the fp formats' 24-row grouped items
 # where an expert expects 13..20 rows (gr24_knob.patch.txt, QQ_KN_GR24=1; today: 32-row items,
 # the dense 17..32-row form, which reads a dense weight at ~0.51 of copy at 16384^2 against
-# 0.66 at 16 rows). Mixtral-like 64 tokens (16 rows an expert on average, P(> 24) ~ 2 % an
+# 0.66 at 16 rows). Mixtral-like 64 tokens (16 rows an expert on average, P(> 24) ~ 1-2 % an
 # expert) is the case: nvfp4 148-154 us, mxfp8 167-175 in session av. The patch adds a 64-token
 # top-2 case (16 rows an expert) to test_gpu_gather_grouped. Apply, build sm_90a, the gather
 # tests with the knob on, gather_ab.py on Mixtral-like 16 / 64 tokens, knob 0 / 1, two rounds;
