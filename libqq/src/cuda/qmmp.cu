@@ -183,7 +183,7 @@ struct QP {
   // staged x (see decode_matmul's `stage`): x rearranged by x_stage_kernel, stage c's M
   // rows in shared memory's row pitch (then affine's sums) at xt + c * x_stage_bytes, so
   // that a stage's x is one bulk copy (else one copy per row and stage); grouped gathers:
-  // work item z's rows (gx_stage_kernel) at xt + (z * stages + c) * x_stage_bytes(R, R)
+  // work item z's rows in slots (gx_slot_bytes)
   const uint8_t* xt;
   // gather (gidx.ptr set): batch entry blockIdx.z multiplies x's entry (xb's batch offset)
   // by expert gidx[entry] of E layouts of wper bytes; out entry b at b * Mo * N.
@@ -305,6 +305,13 @@ constexpr size_t x_stage_bytes(int M, int R) {
   using G = Geo<FM>;
   return (WG ? (size_t)R * KC * 512 : (size_t)M * (KC * 512 + G::XPAD)) +
          (dec_affine(FM) ? (size_t)G::FBS * KC * R * 4 : 0);
+}
+// A grouped gather's slot of staged x for one work item and stage (gx_stage_kernel writes it,
+// launch() sizes the buffer by it, the decode kernel reads it): R rows, whatever the item's
+// count, so that item z's stage c is at xt + (z * stages + c) * gx_slot_bytes.
+template <int FM, int KC>
+constexpr size_t gx_slot_bytes(int R) {
+  return x_stage_bytes<FM, KC, false>(R, R);
 }
 
 // A CTA's rows of x and out: row r is row r of batch entry `entry`, or (gather grouped by
@@ -514,7 +521,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
       if (p.xt) {
         if (lane == 0) {
           // (grouped: item `entry`'s stages, slots of R rows: gx_stage_kernel)
-          const uint8_t* blk = GR ? p.xt + ((size_t)entry * nk + c0 + i) * x_stage_bytes<FM, KC, false>(MT * 8, MT * 8)
+          const uint8_t* blk = GR ? p.xt + ((size_t)entry * nk + c0 + i) * gx_slot_bytes<FM, KC>(MT * 8)
                                   : p.xt + (size_t)(c0 + i) * (xbytes + sbytes);
           bulk_g2s(dst + SW, blk, xbytes, full);
           if (sbytes) bulk_g2s(smem_u32(xsum + s * XSUM), blk + xbytes, sbytes, full);
@@ -891,8 +898,8 @@ __global__ void x_stage_kernel(const __nv_bfloat16* x, int64_t xld, int Mx, int 
 }
 
 // The same for a grouped gather (p.plan): block (c, z) stages work item z's rows (at most R)
-// at xt + (z * gridDim.x + c) * x_stage_bytes(R, R); items past the plan's count, and its
-// bin of indices out of range, have nothing to stage.
+// in its slot (gx_slot_bytes); items past the plan's count, and its bin of indices out of
+// range, have nothing to stage.
 template <int FM, int KC>
 __global__ void gx_stage_kernel(const QP p, int R, uint8_t* xt) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -916,7 +923,7 @@ __global__ void gx_stage_kernel(const QP p, int R, uint8_t* xt) {
   const __nv_bfloat16* const* t = rp;
   x_stage_rows<FM, KC, false>(
       [=](int m) { return t[m]; },
-      Mc, R, xt + ((size_t)z * gridDim.x + c) * x_stage_bytes<FM, KC, false>(R, R));
+      Mc, R, xt + ((size_t)z * gridDim.x + c) * gx_slot_bytes<FM, KC>(R));
 }
 
 // One thread per lane slot of a fragment block (decode_layout.h's
@@ -970,7 +977,7 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   if (xt) {
     uint8_t* buf = nullptr;
-    const size_t xsb = GR ? (size_t)p.B * x_stage_bytes<FM, KC, WG>(MT * 8, MT * 8) : x_stage_bytes<FM, KC, WG>(p.M, MT * 8);
+    const size_t xsb = GR ? (size_t)p.B * gx_slot_bytes<FM, KC>(MT * 8) : x_stage_bytes<FM, KC, WG>(p.M, MT * 8);
     QQ_TRY(xt->get("decode_matmul", (size_t)nk * xsb, &buf));
     cudaLaunchConfig_t xc = {};
     xc.gridDim = dim3((unsigned)nk, 1, 1);
