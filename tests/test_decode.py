@@ -828,7 +828,7 @@ def test_gpu_same_bits_for_every_m(cfg, n, k):
     staged or copied row by row, and affine's sums of x made by the x-sum warp or the staging
     kernel may change with M only where the summation order does not): rows 0..M-1 of x at
     M = 64 against each M alone. N = 256 leaves SMs idle, so K is split over two CTAs (x
-    staged from 17 rows; at K = 8192 four 1024-k stages a rank go round a ring of 2 at M <=
+    staged from 17 rows, affine's from 9 at K = 8192, its rows split over blocks; at K = 8192 four 1024-k stages a rank go round a ring of 2 at M <=
     16 for the 4-bit codes, and past 32 rows, with 16 stages a rank, one warpgroup a
     fragment-block parity takes all 64 rows on sm_90a); N = 16384 is not split (x staged
     from 9 rows)."""
@@ -936,7 +936,7 @@ def test_gpu_gather_long_k_split(cfg, m):
 
 @gpu
 @pytest.mark.parametrize("t,top,m,skew", [(4, 2, 1, False), (16, 2, 1, False), (40, 2, 1, True),
-                                          (8, 2, 3, False), (64, 6, 1, False)], ids=str)
+                                          (8, 2, 3, False), (64, 2, 1, False), (64, 6, 1, False)], ids=str)
 @pytest.mark.parametrize("cfg", ["nvfp4-gs", "mxfp4", "mxfp8", "a4g64", "a8g32"])
 def test_gpu_gather_grouped(cfg, t, top, m, skew):
     """Entries that share experts (E = 8: 8 .. 384 entries) are grouped by expert before the

@@ -851,12 +851,15 @@ __device__ __forceinline__ void x_stage_wg(const __nv_bfloat16* x, int64_t xld, 
 // high-part rows, then Mx remainder rows), then for affine the sums of each staged row per
 // fragment block in the x-sum warp's order, R of them (zeros past the staged rows).
 // row(m): row m's first element of this stage. One block per stage; 16-byte copies.
+// Rows m0..m1-1 of the R (the sums) and of x's Mx (the rows); float16 x: all of them.
 template <int FM, int KC, bool X16, typename Row>
-__device__ __forceinline__ void x_stage_rows(Row row, int Mx, int R, uint8_t* blk) {
+__device__ __forceinline__ void x_stage_rows(Row row, int Mx, int R, uint8_t* blk, int m0 = 0, int m1 = 1 << 30) {
   constexpr int XS = KC * 512 + Geo<FM>::XPAD, per = XS / 16, data = KC * kDecChunkK / 8;  // uint4 per row
   const int M = X16 ? 2 * Mx : Mx;  // staged rows
+  if (X16 || m1 > R) m1 = R;
+  if (X16) m0 = 0;
   uint4* dst = reinterpret_cast<uint4*>(blk);
-  for (int i = threadIdx.x; i < Mx * per; i += blockDim.x) {
+  for (int i = m0 * per + threadIdx.x; i < (Mx < m1 ? Mx : m1) * per; i += blockDim.x) {
     const int m = i / per, j = i % per;
     const uint4 v = j < data ? *reinterpret_cast<const uint4*>(row(m) + 8 * j) : make_uint4(0, 0, 0, 0);
     if constexpr (X16) {
@@ -872,15 +875,19 @@ __device__ __forceinline__ void x_stage_rows(Row row, int Mx, int R, uint8_t* bl
     constexpr int FK = dec_fb_k(FM), NF = Geo<FM>::FBS * KC;
     __syncthreads();  // the sums read the staged rows (this block's global writes)
     float* sums = reinterpret_cast<float*>(blk + (size_t)M * XS);
-    for (int i = threadIdx.x; i < NF * R; i += blockDim.x) {
-      const int f = i / R, m = i % R;
-      sums[i] = m < M ? fb_xsum<FK / 8>(reinterpret_cast<const uint4*>(blk + (size_t)m * XS + f * FK * 2)) : 0.0f;
+    const int rows = m1 - m0;
+    for (int i = threadIdx.x; i < NF * rows; i += blockDim.x) {
+      const int f = i / rows, m = m0 + i % rows;
+      sums[f * R + m] =
+          m < M ? fb_xsum<FK / 8>(reinterpret_cast<const uint4*>(blk + (size_t)m * XS + f * FK * 2)) : 0.0f;
     }
   }
 }
 
 // x [Mx, K] (row stride xld) into stages: stage c (KC * 256 k) at c * x_stage_bytes
-// (x_stage_rows). WG: x_stage_wg's order.
+// (x_stage_rows), its rows split over gridDim.y blocks (launch: about kXStageBlocks in all;
+// float16 x: one). WG: x_stage_wg's order.
+constexpr int kXStageBlocks = 128;
 template <int FM, int KC, bool X16, bool WG>
 __global__ void x_stage_kernel(const __nv_bfloat16* x, int64_t xld, int Mx, int R, uint8_t* xt) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -891,10 +898,11 @@ __global__ void x_stage_kernel(const __nv_bfloat16* x, int64_t xld, int Mx, int 
     x_stage_wg<FM, KC, X16>(x, xld, Mx, R, xt);
     return;
   }
-  const int c = blockIdx.x;
+  const int c = blockIdx.x, rb = (R + gridDim.y - 1) / gridDim.y;  // rows a block
   const __nv_bfloat16* xc = x + (size_t)c * KC * kDecChunkK;
   x_stage_rows<FM, KC, X16>([=](int m) { return xc + (size_t)m * xld; }, Mx, R,
-                            xt + (size_t)c * x_stage_bytes<FM, KC, false>(X16 ? 2 * Mx : Mx, R));
+                            xt + (size_t)c * x_stage_bytes<FM, KC, false>(X16 ? 2 * Mx : Mx, R),
+                            (int)blockIdx.y * rb, ((int)blockIdx.y + 1) * rb);
 }
 
 // The same for a grouped gather (p.plan): block (c, z) stages work item z's rows (at most R)
@@ -989,12 +997,21 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
       static_assert(!WG, "grouped items stage x in the mma.sync order");
       xc.gridDim = dim3((unsigned)nk, (unsigned)p.B, 1);
       QQ_CUDA_TRY(cudaLaunchKernelEx(&xc, gx_stage_kernel<FM, KC>, p, MT * 8, buf), "decode_matmul");
-    } else if (p.x16)
+    } else if (p.x16) {
       QQ_CUDA_TRY(cudaLaunchKernelEx(&xc, x_stage_kernel<FM, KC, true, WG>, p.x, p.xld, p.Mo, MT * 8, buf),
                   "decode_matmul");
-    else
+    } else {
+      // The rows split over blocks (blockIdx.y) until there are about kXStageBlocks: one
+      // block a stage was 4-16 blocks where K is split into 1024-k stages, and took 4.4-5.8
+      // us (affine 4-bit, 16 rows); split, ~2 us. Where it already had ~16 blocks, even
+      // (H200, session aw).
+      if (!WG && nk < kXStageBlocks) {
+        const int ny = (kXStageBlocks + nk - 1) / nk;
+        xc.gridDim.y = (unsigned)(ny < MT * 8 ? ny : MT * 8);
+      }
       QQ_CUDA_TRY(cudaLaunchKernelEx(&xc, x_stage_kernel<FM, KC, false, WG>, p.x, p.xld, p.M, MT * 8, buf),
                   "decode_matmul");
+    }
     q.xt = buf;
   }
   cudaLaunchConfig_t cfg = {};
@@ -1022,8 +1039,10 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
   const int64_t ctas = (int64_t)tiles * p.zest;  // before the K split (grouped: the likely ones)
   qqStatus_t r;
   if constexpr (GR) {
-    // the fp formats' 32-row items (staged x): the dense 17..32-row form of two CTAs an SM
-    if (M > 16) return launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2, 1, GR>(p, tiles, ks, st, xt);
+    // the fp formats' 24- and 32-row items (staged x): the dense 17..32-row form of two CTAs
+    // an SM, with 3 or 4 8-row tiles
+    if (M > 24) return launch<FM, 4, dec_bits8(FM) ? 2 : 3, 1, 2, 1, GR>(p, tiles, ks, st, xt);
+    if (M > 16) return launch<FM, 3, dec_bits8(FM) ? 2 : 3, 1, 2, 1, GR>(p, tiles, ks, st, xt);
   } else {
   if (M > 16) {
     // 17..64 rows: 32- or 64-row tiles of x, one CTA per SM (x's rows fill the shared
@@ -1293,14 +1312,19 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     // 764 -> 799): their rows are copied one by one, as before. (Affine 8-bit follows affine
     // 4-bit; not measured.) The staged rows have a slot of R rows an item, so that the plan's
     // slack (up to an item an expert) can make the buffer several times x's size: staging is
-    // left out where it would pass kGxStageMax bytes (32-row items need it: 16 then).
+    // left out where it would pass kGxStageMax bytes (24- and 32-row items need it: 16 then).
+    // The fp formats' items have 24 rows where an expert expects 13..20 (Mixtral-like 64
+    // tokens: more than 24 rows in an expert ~1-2 % of the time): mxfp8 167 -> 145 us, nvfp4
+    // 151-158 -> 138-146 against 32-row items (H200, two rounds, session aw).
     const double distinct = a.E * (1.0 - std::pow(1.0 - 1.0 / (double)a.E, (double)a.B));
     const int64_t spread = a.B < a.E ? a.B : a.E, per_expert = (a.B * a.M + spread - 1) / spread;
     const auto gx_bytes = [&](int r) {  // at most: 576 bytes a row and 256 k (8-bit's padded pitch), the sums
       return gather_plan_max_items(a.B, a.M, a.E, r) * r * (a.K / kDecChunkK) * (576 + 4 * dec_fbs(fmt));
     };
-    int R = !dec_affine(fmt) && per_expert > 12 ? 32 : per_expert > 6 ? 16 : 8;  // rows per work item
-    if (R == 32 && gx_bytes(R) > kGxStageMax) R = 16;
+    int R = 8;  // rows per work item
+    if (per_expert > 6) R = 16;
+    if (!dec_affine(fmt) && per_expert > 12) R = per_expert > 20 ? 32 : 24;
+    if (R > 16 && gx_bytes(R) > kGxStageMax) R = 16;
     const int64_t most = gather_plan_max_items(a.B, a.M, a.E, R);
     const bool grouped = !dense && !x16 && a.M <= 16 && a.E <= kPlanMaxE && most <= 65535 &&
                          distinct < 0.9 * (double)a.B;
@@ -1335,7 +1359,15 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     // 63.5 -> 59.7 us, affine 4-bit 70.1 -> 60.4). The extra kernel's latency lost ~3 us
     // at the K-split shapes (4096^2 nvfp4 M = 16 11.7 -> 14.8), which copy row by row.
     // float16 x is always staged: the staging kernel splits it into bf16 rows.
-    const bool stage = (dense && nk > 0 && (x16 || p.M > 16 || (p.M > 8 && ks == 1))) || (gstage && nk > 0);
+    // Affine's 9..16 rows are staged where K is split too, if K >= 8192: the staging kernel
+    // makes the sums of x once instead of every CTA's x-sum warp. H200, us in a CUDA graph,
+    // M = 12 / 16, unstaged -> staged (session aw): 4096 x 14336 affine 4-bit 22.0 / 24.6 ->
+    // 19.0 / 18.4, 8-bit 35.4 / 39.8 -> 32.8 / 32.0; at K = 4096 (4096^2, 6144 x 4096) from
+    // -7 % to +7 % (M = 12 slower), and in the decode step the o projection's kernel added
+    // 1.3 us more at 4-bit (K = 8192 not measured). The fp formats staged so were slower at
+    // every K-split shape (4096^2 nvfp4 M = 16 8.9 -> 11.1 us).
+    const bool astage = dec_affine(fmt) && p.M > 8 && a.K >= 8192;
+    const bool stage = (dense && nk > 0 && (x16 || p.M > 16 || (p.M > 8 && (ks == 1 || astage)))) || (gstage && nk > 0);
     Scratch* xt = stage ? &scratch : nullptr;
     // wgmma (the WG configurations) on compute capability 9.x, whose code is sm_90a
     // (launch() refuses code older than sm_90)
