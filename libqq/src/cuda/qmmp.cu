@@ -1359,15 +1359,16 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     // 63.5 -> 59.7 us, affine 4-bit 70.1 -> 60.4). The extra kernel's latency lost ~3 us
     // at the K-split shapes (4096^2 nvfp4 M = 16 11.7 -> 14.8), which copy row by row.
     // float16 x is always staged: the staging kernel splits it into bf16 rows.
-    // Affine's 9..16 rows are staged where K is split too, if K >= 8192: the staging kernel
-    // makes the sums of x once instead of every CTA's x-sum warp. H200, us in a CUDA graph,
-    // M = 12 / 16, unstaged -> staged (session aw): 4096 x 14336 affine 4-bit 22.0 / 24.6 ->
-    // 19.0 / 18.4, 8-bit 35.4 / 39.8 -> 32.8 / 32.0; at K = 4096 (4096^2, 6144 x 4096) from
-    // -7 % to +7 % (M = 12 slower), and in the decode step the o projection's kernel added
-    // 1.3 us more at 4-bit (K = 8192 not measured). The fp formats staged so were slower at
-    // every K-split shape (4096^2 nvfp4 M = 16 8.9 -> 11.1 us).
-    const bool astage = dec_affine(fmt) && p.M > 8 && a.K >= 8192;
-    const bool stage = (dense && nk > 0 && (x16 || p.M > 16 || (p.M > 8 && (ks == 1 || astage)))) || (gstage && nk > 0);
+    // Affine's 9..16 rows are staged where K is split too: the staging kernel makes the sums
+    // of x once instead of every CTA's x-sum warp. H200, 32-layer Llama-8B-shaped decode step
+    // at M = 16 (profile_decode_step.py, session aw): affine 4-bit 2741 -> 2523 us, 8-bit 3674
+    // -> 3540; staged only where K >= 8192 (the down projection), 8-bit was 3644 (the next
+    // layer's unstaged qkv kernel then overlapped the staged down kernel less). Per call in
+    // a CUDA graph, 4096 x 14336 M = 12 / 16 affine 4-bit 22.0 / 24.6 -> 19.0 / 18.4 us; at
+    // K = 4096 from -7 % to +7 % (M = 12 slower; the step at M = 12 not measured). The fp
+    // formats staged so were slower at every K-split shape (4096^2 nvfp4 M = 16 8.9 -> 11.1).
+    const bool stage = (dense && nk > 0 && (x16 || p.M > 16 || (p.M > 8 && (ks == 1 || dec_affine(fmt))))) ||
+                       (gstage && nk > 0);
     Scratch* xt = stage ? &scratch : nullptr;
     // wgmma (the WG configurations) on compute capability 9.x, whose code is sm_90a
     // (launch() refuses code older than sm_90)
