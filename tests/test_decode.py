@@ -940,11 +940,11 @@ def test_gpu_gather_long_k_split(cfg, m):
 @pytest.mark.parametrize("cfg", ["nvfp4-gs", "mxfp4", "mxfp8", "a4g64", "a8g32"])
 def test_gpu_gather_grouped(cfg, t, top, m, skew):
     """Entries that share experts (E = 8: 8 .. 384 entries) are grouped by expert before the
-    decode kernel (the plan, then work items of up to 8, 16 or 32 rows of one expert, their rows
-    of x staged for affine and for 16- and 32-row items), each
-    touched expert's layout read once: the rows of an expert past one item (skew: every token
-    sends its first pick to expert 3, 40 rows there), entries of 3 rows split across items,
-    an index out of range (NaN rows, the others computed), against the float64 reference and
+    decode kernel (the plan, then work items of up to 8, 16, 24 or 32 rows of one expert, their
+    rows of x staged for affine and for items of 16 rows and more; 64 tokens of top-2 put ~16
+    rows on an expert: the fp formats' 24-row items), each touched expert's layout read once:
+    the rows of an expert past one item (skew: every token sends its first pick to expert 3,
+    40 rows there), entries of 3 rows split across items, an index out of range (NaN rows, the others computed), against the float64 reference and
     the packed experts; the same bits on a second call (the plan places an expert's entries
     by atomics: a row's sums never depend on its place in a tile); captured in a CUDA graph,
     a replay on new indices equals the eager call."""

@@ -850,8 +850,8 @@ __device__ __forceinline__ void x_stage_wg(const __nv_bfloat16* x, int64_t xld, 
 // Stage c's Mx rows of x into blk in shared memory's row pitch, pads zeroed (float16 x: Mx
 // high-part rows, then Mx remainder rows), then for affine the sums of each staged row per
 // fragment block in the x-sum warp's order, R of them (zeros past the staged rows).
-// row(m): row m's first element of this stage. One block per stage; 16-byte copies.
-// Rows m0..m1-1 of the R (the sums) and of x's Mx (the rows); float16 x: all of them.
+// row(m): row m's first element of this stage. One block per stage, or per stage and group
+// of rows m0..m1-1 (of the R sums, and of x's Mx rows; float16 x: all of them); 16-byte copies.
 template <int FM, int KC, bool X16, typename Row>
 __device__ __forceinline__ void x_stage_rows(Row row, int Mx, int R, uint8_t* blk, int m0 = 0, int m1 = 1 << 30) {
   constexpr int XS = KC * 512 + Geo<FM>::XPAD, per = XS / 16, data = KC * kDecChunkK / 8;  // uint4 per row
@@ -1302,7 +1302,7 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     // items could pass the grid's 65535 (per entry then).
     // The items' rows of x are staged first (gx_stage_kernel: one bulk copy of x a stage
     // instead of one a row, and affine's sums of x made there instead of by every CTA's x-sum
-    // warp) for affine, and for the fp formats' items of 16 or 32 rows. H200, us a call, two
+    // warp) for affine, and for the fp formats' items of 16 rows and more. H200, us a call, two
     // rounds (bench/tune/gather_ab.py, session av): Mixtral-like 64 tokens (16 rows an expert
     // on average, up to ~30, so an expert read by two 16-row items) nvfp4 174 -> 153 with
     // 16-row items staged -> 148 with 32-row items, mxfp8 214 -> 195 -> 173, affine 4-bit 198
