@@ -105,7 +105,11 @@ MAGNITUDES = {
 
 def random_data(rng, shape, dtype, group_size=32, varied=True) -> np.ndarray:
     """Normal random numbers in `dtype`; if varied, about 40 % of the groups of
-    `group_size` along the last axis are scaled by an extreme magnitude."""
+    `group_size` along the last axis are scaled by an extreme magnitude. Where every group
+    drew one so small that the tensor's amax fell below 1e-29 (a few groups, all tiny:
+    ~3e-4 for 4 groups), the first group keeps magnitude 1, so that the amax is always
+    usable as an nvfp4 global scale (a host scale below 1e-30 is refused: docs/errors.md;
+    1e-29 leaves room for bfloat16's rounding)."""
     dtype = np.dtype(dtype)
     x = rng.standard_normal(shape).astype(F32)
     if varied and x.size:
@@ -115,7 +119,11 @@ def random_data(rng, shape, dtype, group_size=32, varied=True) -> np.ndarray:
         mags = np.array([1.0] + MAGNITUDES[dtype], np.float64)
         p = np.array([0.6] + [0.4 / len(MAGNITUDES[dtype])] * len(MAGNITUDES[dtype]))
         m = rng.choice(mags, size=xg.shape[:2], p=p)
-        x = (xg * m[..., None]).astype(F32).reshape(shape)
+        scaled = (xg * m[..., None]).astype(F32)
+        if np.abs(scaled).max() < 1e-29:
+            m.flat[0] = 1.0
+            scaled = (xg * m[..., None]).astype(F32)
+        x = scaled.reshape(shape)
     return cast(x, dtype)
 
 
