@@ -944,8 +944,8 @@ def test_gpu_gather_grouped(cfg, t, top, m, skew):
     rows of x staged for affine and for items of 16 rows and more; 64 tokens of top-2 put ~16
     rows on an expert: the fp formats' 24-row items), each touched expert's layout read once:
     the rows of an expert past one item (skew: every token sends its first pick to expert 3,
-    40 rows there), entries of 3 rows split across items, an index out of range (NaN rows, the others computed), against the float64 reference and
-    the packed experts; the same bits on a second call (the plan places an expert's entries
+    40 rows there), entries of 3 rows split across items, an index out of range (NaN rows,
+    the others computed), against the float64 reference and the packed experts; the same bits on a second call (the plan places an expert's entries
     by atomics: a row's sums never depend on its place in a tile); captured in a CUDA graph,
     a replay on new indices equals the eager call."""
     torch = torch_mod()
@@ -1014,7 +1014,8 @@ def test_gpu_gather_grouped_staged_or_not(cfg, e, n, k, t, top, sub):
     idx = torch.rand((t, e), device="cuda", generator=g).topk(top, dim=1).indices.to(torch.int32)
     got = qq.gather_qmm(x, dw, rhs_indices=idx, dtype="float32")
     assert qq.last_route() == "decode"
-    # the reference, expert by expert on the GPU in float64
+    # the reference, expert by expert on the GPU in float64 (gather_reference's float64 copy
+    # of 256 dequantized experts on the CPU would be 4.3 GB)
     wd = qq.dequantize(qa, dtype="float32")
     xs = x.reshape(t, k).double()
     want = torch.zeros((t, top, n), dtype=torch.float64, device="cuda")

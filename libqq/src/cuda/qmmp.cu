@@ -215,8 +215,10 @@ struct QP {
 // block, FBs per row block in a 256-k chunk, bytes per chunk; x's row pitch in
 // shared memory pads each row so that the 8 lanes of a shared-load phase hit
 // distinct banks (4-bit: 32-byte x reads per lane, +16; 8-bit: 16-byte, +64).
+// The bytes after each row of x in a stage (its pitch KC * 512 + XPAD): 64 for the 8-bit codes.
+constexpr int dec_xpad(int fm) { return dec_bits8(fm) ? 64 : 16; }
 template <int FM> struct Geo {
-  static constexpr int FB = dec_fb_bytes(FM), FBS = dec_fbs(FM), STAGE = dec_stage(FM), XPAD = dec_bits8(FM) ? 64 : 16;
+  static constexpr int FB = dec_fb_bytes(FM), FBS = dec_fbs(FM), STAGE = dec_stage(FM), XPAD = dec_xpad(FM);
 };
 
 __device__ __forceinline__ float bf_lo(uint32_t v) { return __uint_as_float(v << 16); }
@@ -1294,7 +1296,7 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     Scratch scratch(c, st);
     // gather_qmm whose entries likely share experts: grouped by expert first (the plan,
     // one small kernel), so that each touched expert's layout is read once, by work items
-    // of up to 8, 16 or (fp formats) 32 rows (the rows an expert is expected to get, B * M
+    // of up to 8, 16 or (fp formats) 24 or 32 rows (the rows an expert is expected to get, B * M
     // over at most min(B, E) experts); the grid covers the most items the plan can make and
     // the items past its count exit at once. Likely sharing: the expected number of distinct
     // experts of B uniform picks, E (1 - (1 - 1/E)^B), is below 0.9 B (DeepSeek-like E = 256:
@@ -1318,8 +1320,9 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     // 151-158 -> 138-146 against 32-row items (H200, two rounds, session aw).
     const double distinct = a.E * (1.0 - std::pow(1.0 - 1.0 / (double)a.E, (double)a.B));
     const int64_t spread = a.B < a.E ? a.B : a.E, per_expert = (a.B * a.M + spread - 1) / spread;
-    const auto gx_bytes = [&](int r) {  // at most: 576 bytes a row and 256 k (8-bit's padded pitch), the sums
-      return gather_plan_max_items(a.B, a.M, a.E, r) * r * (a.K / kDecChunkK) * (576 + 4 * dec_fbs(fmt));
+    const auto gx_bytes = [&](int r) {  // at most: a row and 256 k at the widest pitch (8-bit's), the sums
+      return gather_plan_max_items(a.B, a.M, a.E, r) * r * (a.K / kDecChunkK) *
+             (512 + dec_xpad(kDecFp8) + 4 * dec_fbs(fmt));
     };
     int R = 8;  // rows per work item
     if (per_expert > 6) R = 16;
