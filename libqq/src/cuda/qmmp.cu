@@ -1370,7 +1370,11 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
     // a CUDA graph, 4096 x 14336 M = 12 / 16 affine 4-bit 22.0 / 24.6 -> 19.0 / 18.4 us; at
     // K = 4096 from -7 % to +7 % (M = 12 slower; the step at M = 12 not measured). The fp
     // formats staged so were slower at every K-split shape (4096^2 nvfp4 M = 16 8.9 -> 11.1).
-    const bool stage = (dense && nk > 0 && (x16 || p.M > 16 || (p.M > 8 && (ks == 1 || dec_affine(fmt))))) ||
+    // Affine 8-bit only from 13 rows: the same step at M = 9 / 12 (session ax, two rounds)
+    // was 3307 / 3441 us unstaged and 3392-3398 / 3491-3495 staged (4-bit: 2508 / 2630
+    // unstaged, 2462-2465 / 2516-2521 staged).
+    const bool aff_split = fmt == kDecAff4 || (fmt == kDecAff8 && p.M > 12);
+    const bool stage = (dense && nk > 0 && (x16 || p.M > 16 || (p.M > 8 && (ks == 1 || aff_split)))) ||
                        (gstage && nk > 0);
     Scratch* xt = stage ? &scratch : nullptr;
     // wgmma (the WG configurations) on compute capability 9.x, whose code is sm_90a
