@@ -828,14 +828,14 @@ def test_gpu_same_bits_for_every_m(cfg, n, k):
     staged or copied row by row, and affine's sums of x made by the x-sum warp or the staging
     kernel may change with M only where the summation order does not): rows 0..M-1 of x at
     M = 64 against each M alone. N = 256 leaves SMs idle, so K is split over two CTAs (x
-    staged from 17 rows, affine's from 9, its rows split over blocks; at K = 8192 four
-    1024-k stages a rank go round a ring of 2 at M <= 16 for the 4-bit codes, and past 32
-    rows, with 16 stages a rank, one warpgroup a fragment-block parity takes all 64 rows on
-    sm_90a); N = 16384 is not split (x staged from 9 rows)."""
+    staged from 17 rows, affine 4-bit's from 9 and 8-bit's from 13, its rows split over
+    blocks; at K = 8192 four 1024-k stages a rank go round a ring of 2 at M <= 16 for the
+    4-bit codes, and past 32 rows, with 16 stages a rank, one warpgroup a fragment-block
+    parity takes all 64 rows on sm_90a); N = 16384 is not split (x staged from 9 rows)."""
     torch = torch_mod()
     dw = gpu_weight(cfg, n, k)
     x = make_x(case_rng("bits", cfg, k), (64, k), BF16, "cuda")
-    assert_rows_same_bits(x, dw, (1, 5, 8, 9, 15, 16, 17, 32, 33, 63),
+    assert_rows_same_bits(x, dw, (1, 5, 8, 9, 12, 13, 15, 16, 17, 32, 33, 63),
                           route="decode" if decode_expected(BF16, 64) else None)
     del torch
 
