@@ -157,6 +157,18 @@ def torch_device(device):
     return torch.device(device)
 
 
+def capture(graph, **kw):
+    """torch.cuda.graph(graph, **kw) after a garbage collection. An earlier test can leave a
+    CUDA graph in a reference cycle (an exception's traceback holds its frame); destroyed by
+    the collector in the middle of this capture, it invalidates the capture (destroying a
+    graph is a prohibited call there: bench/tune/capture_gc_probe.py). Collected first, the
+    capture sees only what the test does (session ax: one gather test failed so, once)."""
+    import gc
+    import torch
+    gc.collect()
+    return torch.cuda.graph(graph, **kw)
+
+
 def try_import(name):
     try:
         return importlib.import_module(name)

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import qq
-from helpers import BF16, as_bytes, cast, numpy_to_torch, to_numpy
+from helpers import BF16, as_bytes, capture, cast, numpy_to_torch, to_numpy
 
 F16 = np.float16
 F32 = np.float32
@@ -977,7 +977,7 @@ def test_gpu_gather_grouped(cfg, t, top, m, skew):
     qq.gather_qmm(x, dw, rhs_indices=idx, bias=bias, out=out, dtype="float32")  # warm-up
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture(graph):
         qq.gather_qmm(x, dw, rhs_indices=idx, bias=bias, out=out, dtype="float32")
     idx.copy_(torch.from_numpy(np.ascontiguousarray(picks[::-1])))
     graph.replay()
@@ -1119,7 +1119,7 @@ def test_gpu_gather_bad_index_nan_and_graph(cfg):
     qq.gather_qmm(x, dw, rhs_indices=good, out=out, dtype="float32")  # warm-up
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture(graph):
         qq.gather_qmm(x, dw, rhs_indices=good, out=out, dtype="float32")
     good.copy_(torch.tensor([[4, 2], [0, 3]], dtype=torch.int32))
     graph.replay()

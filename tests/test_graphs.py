@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import qq
-from helpers import try_import
+from helpers import capture, try_import
 
 torch = try_import("torch")
 pytestmark = [pytest.mark.gpu,
@@ -39,7 +39,7 @@ def _check_graph(fn, inputs):
             fn(*inputs)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with capture(g):
         captured = _flat(fn(*inputs))
     gen = torch.Generator(device="cuda").manual_seed(1)
     for t in inputs:
@@ -178,7 +178,7 @@ def test_gather_qmm(mode, m):
     idx = torch.randint(0, 8, (4, 2), dtype=torch.int32, device="cuda")
     _check_graph(lambda x: qq.gather_qmm(x, w, rhs_indices=idx), [x])
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with capture(g):
         y = qq.gather_qmm(x, w, rhs_indices=idx)
     idx.copy_(torch.tensor([[7, 0], [3, 3], [1, 6], [5, 2]], dtype=torch.int32))
     g.replay()
@@ -207,7 +207,7 @@ def _check_grouped_graph(fn, inputs, ends):
     new values and then on new ends (an empty group first) equal to eager."""
     _check_graph(fn, inputs)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with capture(g):
         y = fn(*inputs)
     ends.copy_(torch.tensor([0, 120, 121, 200], dtype=torch.int32))
     y.fill_(7)
@@ -252,6 +252,32 @@ def test_grouped_qqmm_under_capture_raises():
     ends = torch.tensor([30, 64], dtype=torch.int32, device="cuda")
     qq.grouped_qqmm(x, w, ends, mode="mxfp8", dtype="float32")          # eager works
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with capture(g):
         with pytest.raises(qq.NotSupportedError, match="graph"):
             qq.grouped_qqmm(x, w, ends, mode="mxfp8", dtype="float32")
+
+
+def test_device_buffer_freed_inside_a_capture():
+    """A libqq device buffer (what qq returns where no CUDA framework made the inputs, and
+    the memory behind its DLPack exports) freed while torch captures a graph on another
+    stream leaves that capture valid: the free is made outside the capture (relaxed capture
+    mode, qqDeviceFree). Here the garbage collector frees it, as it may inside any capture;
+    before the fix the capture was invalidated (bench/tune/capture_gc_probe.py)."""
+    import gc
+    x = _x(64, 256)
+    cycle = [qq._qq._device_empty((1 << 20,), "float32", 0)]
+    cycle.append(cycle)
+    del cycle
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    gc.disable()
+    try:
+        with torch.cuda.graph(g):  # (not capture(): that collects first)
+            assert gc.collect() > 0
+            y = x * 2
+    finally:
+        gc.enable()
+    x.fill_(1.5)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, torch.full_like(y, 3.0))

@@ -11,7 +11,7 @@ import pytest
 
 import reference as R
 from helpers import (BF16, DEVICES, FP_PARAMS, assert_bits_equal, assert_matmul_close, dtype_params, raises,
-                     random_data, to_device, to_numpy)
+                     capture, random_data, to_device, to_numpy)
 
 import qq
 
@@ -331,7 +331,7 @@ def test_grouped_qqmm_prepared_transposed_view_bf16(rng, device):
         import torch
         out = torch.empty_like(got)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        with capture(g):
             qq.grouped_qqmm(dy, view, ends, w_prepared=True, mode="mxfp8", out=out)
         out.zero_()
         g.replay()

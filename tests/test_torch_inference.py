@@ -22,7 +22,7 @@ from torch import nn  # noqa: E402
 
 import qq  # noqa: E402
 import reference as R  # noqa: E402
-from helpers import BF16, raises, torch_device  # noqa: E402
+from helpers import BF16, capture, raises, torch_device  # noqa: E402
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 # (mode, extra kwargs): every weight format quantize_ offers
@@ -419,7 +419,7 @@ def test_cuda_graph(mode):
     # there still fails it; another thread's (another test's JAX or torch threads in the same
     # pytest worker) does not. In the default global mode this test failed once in a full
     # GPU run and passed in every rerun (bench/results/gpu-tests-2026-11-27s.md).
-    with torch.cuda.graph(g, capture_error_mode="thread_local"):
+    with capture(g, capture_error_mode="thread_local"):
         y = model(x)
     x.copy_(torch.randn_like(x))
     g.replay()
@@ -444,10 +444,10 @@ def test_cuda_graph_decode_layout_capture_first(caplog, monkeypatch):
     seen = _spy_matmul(monkeypatch)
     g = torch.cuda.CUDAGraph()
     with caplog.at_level(logging.WARNING, logger="qq.torch"):
-        with torch.cuda.graph(g, capture_error_mode="thread_local"):
+        with capture(g, capture_error_mode="thread_local"):
             y = model(x)
         g2 = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g2, capture_error_mode="thread_local"):
+        with capture(g2, capture_error_mode="thread_local"):
             model(x)
     assert [type(w) for w in seen] == [torch.Tensor] * 4  # the packed buffers
     warned = [r for r in caplog.records if "before this CUDA graph capture" in r.getMessage()]
@@ -473,7 +473,7 @@ def test_cuda_graph_decode_layout_weights_update():
     dw = layer._decode[1]
     ptr = dw.data.data_ptr()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, capture_error_mode="thread_local"):
+    with capture(g, capture_error_mode="thread_local"):
         y = layer(x)
     layer.load_state_dict(other[0].state_dict())
     want = other[0](x)
@@ -508,7 +508,7 @@ def test_cuda_graph_decode_layout(mode, kw, monkeypatch):
     assert all(isinstance(m._decode[1], qq.DecodeWeight) for m in model)
     seen = _spy_matmul(monkeypatch)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, capture_error_mode="thread_local"):
+    with capture(g, capture_error_mode="thread_local"):
         y = model(x)
     assert len(seen) == 2 and all(isinstance(w, qq.DecodeWeight) for w in seen)
     x.copy_(torch.randn_like(x))

@@ -654,7 +654,10 @@ QQ_API qqStatus_t qqGatherQmm(qqHandle_t handle, const DLTensor* x,
 
 /* ---------------------------------------------------------------------------
  * Device memory helpers for bindings that must hand out libqq-owned buffers
- * (stream-ordered: cudaMallocAsync / cudaFreeAsync on `stream`).
+ * (stream-ordered: cudaMallocAsync / cudaFreeAsync on `stream`). qqDeviceFree
+ * may be called while the thread captures a CUDA graph on another stream (a
+ * garbage collector's free): it frees in relaxed capture mode, outside the
+ * capture, which stays valid.
  * NOT_SUPPORTED in a CPU-only build.
  * ------------------------------------------------------------------------- */
 QQ_API qqStatus_t qqDeviceAlloc(int device, size_t bytes, void** ptr, void* stream);

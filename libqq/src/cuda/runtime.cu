@@ -216,7 +216,18 @@ qqStatus_t stream_synchronize(int device, void* stream) {
 
 qqStatus_t device_free(int device, void* ptr, void* stream) {
   return on_device(device, [&]() -> qqStatus_t {
-    QQ_CUDA_TRY(cudaFreeAsync(ptr, (cudaStream_t)stream), "qqDeviceFree");
+    // A binding frees its buffers whenever their owner is dropped: Python's garbage collector
+    // can do that while this thread captures a CUDA graph on another stream (torch's default
+    // capture mode is global). There the free is a prohibited call and invalidated the
+    // capture (bench/tune/capture_gc_probe.py, session ax); it is not part of the capture, so
+    // it is made in relaxed mode, the thread's mode restored after it.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    QQ_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode), "qqDeviceFree");
+    const cudaError_t freed = cudaFreeAsync(ptr, (cudaStream_t)stream);
+    QQ_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode), "qqDeviceFree");
+    if (freed != cudaSuccess)
+      return set_error(QQ_STATUS_CUDA_ERROR, "qqDeviceFree: cudaFreeAsync failed: %s (%s)", cudaGetErrorName(freed),
+                       cudaGetErrorString(freed));
     return QQ_STATUS_SUCCESS;
   });
 }
