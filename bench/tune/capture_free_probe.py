@@ -9,8 +9,8 @@ cudaThreadExchangeStreamCaptureMode(relaxed); and a synchronous cudaFree under r
 import ctypes
 import glob
 import os
-import subprocess
-import sys
+
+from capture_gc_probe import each_case
 
 CASES = ["legacy", "legacy_relaxed", "own_stream", "own_stream_relaxed", "per_thread", "per_thread_relaxed",
          "cudafree_relaxed"]
@@ -69,9 +69,4 @@ def run(case):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        run(sys.argv[1])
-    else:
-        for c in CASES:
-            r = subprocess.run([sys.executable, __file__, c], capture_output=True, text=True, timeout=60)
-            print(r.stdout.strip() or f"{c:20s} rc={r.returncode}: {r.stderr.strip().splitlines()[-1:]}", flush=True)
+    each_case(__file__, CASES, run, 60)

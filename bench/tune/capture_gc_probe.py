@@ -9,8 +9,6 @@ import gc
 import subprocess
 import sys
 
-import numpy as np
-
 
 def setup():
     import torch
@@ -82,11 +80,19 @@ def run(case):
         print(f"{case:20s} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:150]}")
 
 
-if __name__ == "__main__":
+CASES = ["none", "torch_tensor", "graph_torch", "graph_qq", "graph_empty_raised", "device_buffer", "decode_weight"]
+
+
+def each_case(path, cases, run, timeout):
+    """`path CASE` runs one case; `path` alone runs every case of `cases` in its own process
+    (an invalidated capture leaves the process's CUDA state unfit for the next case)."""
     if len(sys.argv) > 1:
         run(sys.argv[1])
-    else:
-        for c in ["none", "torch_tensor", "graph_torch", "graph_qq", "graph_empty_raised", "device_buffer",
-                  "decode_weight"]:
-            r = subprocess.run([sys.executable, __file__, c], capture_output=True, text=True, timeout=120)
-            print((r.stdout.strip() or f"{c:20s} rc={r.returncode}: {r.stderr.strip().splitlines()[-1:]}"), flush=True)
+        return
+    for c in cases:
+        r = subprocess.run([sys.executable, path, c], capture_output=True, text=True, timeout=timeout)
+        print(r.stdout.strip() or f"{c:20s} rc={r.returncode}: {r.stderr.strip().splitlines()[-1:]}", flush=True)
+
+
+if __name__ == "__main__":
+    each_case(__file__, CASES, run, 120)
