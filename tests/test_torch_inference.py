@@ -418,7 +418,9 @@ def test_cuda_graph(mode):
     # thread_local: a CUDA call this thread makes during the capture that is not allowed
     # there still fails it; another thread's (another test's JAX or torch threads in the same
     # pytest worker) does not. In the default global mode this test failed once in a full
-    # GPU run and passed in every rerun (bench/results/gpu-tests-2026-11-27s.md).
+    # GPU run and passed in every rerun (bench/results/gpu-tests-2026-11-27s.md). The likelier
+    # cause, found in session ax, was this thread's own: the garbage collector destroying an
+    # earlier test's CUDA graph inside the capture, which capture() now prevents.
     with capture(g, capture_error_mode="thread_local"):
         y = model(x)
     x.copy_(torch.randn_like(x))
