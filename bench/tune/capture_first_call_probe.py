@@ -1,0 +1,46 @@
+"""What happens when qq's first use of something happens inside a torch CUDA graph capture
+(docs/api.md asks for a warm-up call first)? Compiled for the next session (ax), not run yet.
+One process per case; each captures one call, replays it and compares with an eager call:
+    first_op          no qq GPU call before the capture: the default handle (cuBLASLt
+                      handle, memory pool) is made and the kernel's module loaded inside it
+    first_qqmm_shape  the handle exists (a quantize ran); the first qqmm of its shape inside
+                      the capture (the cuBLASLt plan and heuristic query made there)
+    first_decode      the handle exists; the first decode-layout matmul inside the capture
+                      (the kernel's shared-memory attribute set there)
+    python3 bench/tune/capture_first_call_probe.py
+"""
+from capture_gc_probe import each_case
+
+CASES = ["first_op", "first_qqmm_shape", "first_decode"]
+
+
+def run(case):
+    import torch
+    import qq
+    x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    if case == "first_op":
+        fn = lambda: qq.quantize(x, mode="mxfp8").data  # noqa: E731
+    elif case == "first_qqmm_shape":
+        qq.quantize(x, mode="mxfp8")
+        fn = lambda: qq.qqmm(x, w, mode="mxfp8")  # noqa: E731
+    else:
+        dw = qq.prepare_decode(qq.quantize(w, mode="nvfp4"))
+        xd = x[:4].contiguous()
+        fn = lambda: qq.quantized_matmul(xd, dw)  # noqa: E731
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g):
+            y = fn()
+        y.zero_()
+        g.replay()
+        torch.cuda.synchronize()
+        same = torch.equal(y.view(torch.uint8), fn().view(torch.uint8))
+        print(f"{case:18s} capture ok, replay {'equals' if same else 'DIFFERS FROM'} eager, route {qq.last_route()}")
+    except Exception as e:
+        print(f"{case:18s} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+
+
+if __name__ == "__main__":
+    each_case(__file__, CASES, run, 120)
