@@ -7,11 +7,13 @@ One process per case; each captures one call, replays it and compares with an ea
                       the capture (the cuBLASLt plan and heuristic query made there)
     first_decode      the handle exists; the first decode-layout matmul inside the capture
                       (the kernel's shared-memory attribute set there)
+    first_packed      the handle exists; the first packed-weight (MLX layout) matmul at 4 rows
+                      inside the capture (qmv's occupancy query made there)
     python3 bench/tune/capture_first_call_probe.py
 """
 from capture_gc_probe import each_case
 
-CASES = ["first_op", "first_qqmm_shape", "first_decode"]
+CASES = ["first_op", "first_qqmm_shape", "first_decode", "first_packed"]
 
 
 def run(case):
@@ -24,6 +26,10 @@ def run(case):
     elif case == "first_qqmm_shape":
         qq.quantize(x, mode="mxfp8")
         fn = lambda: qq.qqmm(x, w, mode="mxfp8")  # noqa: E731
+    elif case == "first_packed":
+        wq = qq.quantize(w, mode="nvfp4")
+        xd = x[:4].contiguous()
+        fn = lambda: qq.quantized_matmul(xd, wq)  # noqa: E731
     else:
         dw = qq.prepare_decode(qq.quantize(w, mode="nvfp4"))
         xd = x[:4].contiguous()

@@ -152,16 +152,20 @@ QQ_API qqStatus_t qqGetDeviceFeature(int device, qqDeviceFeature_t feature, int*
  * and the workspace. Thread-safe: calls from several threads through one
  * handle are serialized where they share state (plan cache, workspace).
  * Every operation also accepts handle == NULL: libqq then uses an internal
- * default handle for the tensors' device, created on first use and freed at
- * process exit. CPU tensors need no handle.
+ * default handle for the tensors' device, created on first use and kept for
+ * the life of the process. CPU tensors need no handle.
  * ------------------------------------------------------------------------- */
 typedef struct qqContext* qqHandle_t;
 
 /* Create a handle bound to CUDA device `device` (>= 0).
- * Returns NOT_SUPPORTED in a CPU-only build, INVALID_VALUE for a bad device. */
+ * Returns NOT_SUPPORTED in a CPU-only build, INVALID_VALUE for a bad device.
+ * May be called while a stream is captured into a CUDA graph (so may the first
+ * op that makes a default handle): the handle is made in relaxed capture mode,
+ * no part of the graph, and the capture stays valid. */
 QQ_API qqStatus_t qqCreate(qqHandle_t* handle, int device);
 /* Destroy a handle (NULL is accepted). The caller must make sure no work
- * that uses it is still queued. */
+ * that uses it is still queued. Not during a capture: destroying the cuBLASLt
+ * handle synchronizes the device. */
 QQ_API qqStatus_t qqDestroy(qqHandle_t handle);
 
 /* ---------------------------------------------------------------------------

@@ -19,6 +19,19 @@
 namespace qq {
 namespace cuda {
 
+// Runs `body` with this thread's stream-capture mode relaxed, then restores the mode: for
+// calls that are no stream work and so no part of any graph (a free, a handle's creation),
+// which CUDA refuses in the global and thread-local modes while a stream is captured,
+// invalidating that capture.
+template <typename F>
+qqStatus_t outside_capture(const char* op, F body) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  QQ_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode), op);
+  const qqStatus_t st = body();
+  QQ_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode), op);
+  return st;
+}
+
 int device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -109,6 +122,25 @@ qqStatus_t device_capability(int device, int* major, int* minor) {
   return QQ_STATUS_SUCCESS;
 }
 
+// The handle's cuBLASLt handle and memory pool.
+static qqStatus_t init_handle(qqContext* c) {
+  // Without cuBLASLt the handle has none (lt stays nullptr): the operations that need
+  // it say so (gemm.cu), the others run.
+  if (cublaslt_load()) {
+    const cublasStatus_t cs = lt_api().cublasLtCreate(&c->lt);
+    if (cs != CUBLAS_STATUS_SUCCESS)
+      return set_error(QQ_STATUS_CUBLAS_ERROR, "qqCreate: cublasLtCreate failed with status %d", (int)cs);
+  }
+  cudaMemPoolProps props = {};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = c->device;
+  QQ_CUDA_TRY(cudaMemPoolCreate(&c->pool, &props), "qqCreate");
+  uint64_t keep = kPoolKeepBytes;
+  QQ_CUDA_TRY(cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep), "qqCreate");
+  return QQ_STATUS_SUCCESS;
+}
+
 qqStatus_t create_handle(qqHandle_t* h, int device) {
   qqStatus_t st = check_device_id("qqCreate", device);
   if (st) return st;
@@ -119,23 +151,10 @@ qqStatus_t create_handle(qqHandle_t* h, int device) {
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   c->cc = major * 10 + minor;
-  st = on_device(device, [&]() -> qqStatus_t {
-    // Without cuBLASLt the handle has none (lt stays nullptr): the operations that need
-    // it say so (gemm.cu), the others run.
-    if (cublaslt_load()) {
-      const cublasStatus_t cs = lt_api().cublasLtCreate(&c->lt);
-      if (cs != CUBLAS_STATUS_SUCCESS)
-        return set_error(QQ_STATUS_CUBLAS_ERROR, "qqCreate: cublasLtCreate failed with status %d", (int)cs);
-    }
-    cudaMemPoolProps props = {};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = device;
-    QQ_CUDA_TRY(cudaMemPoolCreate(&c->pool, &props), "qqCreate");
-    uint64_t keep = kPoolKeepBytes;
-    QQ_CUDA_TRY(cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep), "qqCreate");
-    return QQ_STATUS_SUCCESS;
-  });
+  // A default handle is made by the first call that needs one, which may be inside a capture
+  // (torch.cuda.graph around a model's first qq call): there cudaMemPoolCreate was refused
+  // and the capture invalidated (bench/tune/capture_first_call_where.py, session ay).
+  st = outside_capture("qqCreate", [&]() { return on_device(device, [&]() { return init_handle(c); }); });
   if (st) {
     destroy_handle(c);
     return st;
@@ -219,16 +238,11 @@ qqStatus_t device_free(int device, void* ptr, void* stream) {
     // A binding frees its buffers whenever their owner is dropped: Python's garbage collector
     // can do that while this thread captures a CUDA graph on another stream (torch's default
     // capture mode is global). There the free is a prohibited call and invalidated the
-    // capture (bench/tune/capture_gc_probe.py, session ax); it is not part of the capture, so
-    // it is made in relaxed mode, the thread's mode restored after it.
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    QQ_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode), "qqDeviceFree");
-    const cudaError_t freed = cudaFreeAsync(ptr, (cudaStream_t)stream);
-    QQ_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode), "qqDeviceFree");
-    if (freed != cudaSuccess)
-      return set_error(QQ_STATUS_CUDA_ERROR, "qqDeviceFree: cudaFreeAsync failed: %s (%s)", cudaGetErrorName(freed),
-                       cudaGetErrorString(freed));
-    return QQ_STATUS_SUCCESS;
+    // capture (bench/tune/capture_gc_probe.py, session ax); it is not part of the capture.
+    return outside_capture("qqDeviceFree", [&]() -> qqStatus_t {
+      QQ_CUDA_TRY(cudaFreeAsync(ptr, (cudaStream_t)stream), "qqDeviceFree");
+      return QQ_STATUS_SUCCESS;
+    });
   });
 }
 
