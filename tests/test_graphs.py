@@ -257,6 +257,29 @@ def test_grouped_qqmm_under_capture_raises():
             qq.grouped_qqmm(x, w, ends, mode="mxfp8", dtype="float32")
 
 
+def test_host_waits_under_capture_raise():
+    """The calls that wait on the host refuse a captured stream with a clear error before they
+    queue anything, so the capture stays valid and replays what else it holds: prepare_decode
+    (its one-time conversion checks its scales on the host) and the stream synchronization
+    behind a libqq buffer's DLPack export. Before session ay both failed inside CUDA, which
+    invalidated the capture."""
+    wq = qq.quantize(_x(256, 512), mode="nvfp4")
+    qq.prepare_decode(wq)                                                 # eager works
+    x = _x(64, 256)
+    g = torch.cuda.CUDAGraph()
+    with capture(g):
+        with pytest.raises(qq.NotSupportedError, match="to_decode_layout: .*captured into a CUDA graph"):
+            qq.prepare_decode(wq)
+        stream = torch.cuda.current_stream().cuda_stream
+        with pytest.raises(qq.NotSupportedError, match="qqStreamSynchronize: .*captured into a CUDA graph"):
+            qq._qq._stream_synchronize(torch.cuda.current_device(), stream)
+        y = x * 2
+    x.fill_(1.5)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, torch.full_like(y, 3.0))
+
+
 def test_device_buffer_freed_inside_a_capture():
     """A libqq device buffer (what qq returns where no CUDA framework made the inputs, and
     the memory behind its DLPack exports) freed while torch captures a graph on another

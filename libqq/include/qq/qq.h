@@ -553,7 +553,8 @@ QQ_API qqStatus_t qqDecodeLayoutSize(const qqQuantParams_t* params, int64_t n,
  * element; an mx scale outside its window over non-zero codes: mxfp4 2^-20 ..
  * 2^10, mxfp8 2^-108 .. 2^16; an affine scale or bias that is not exactly a
  * bfloat16 value): keep the packed weight then. On the GPU this waits for
- * `stream` once (to learn that); not capturable in a CUDA graph. */
+ * `stream` once (to learn that); not capturable in a CUDA graph: on a stream
+ * being captured it returns NOT_SUPPORTED before queuing anything. */
 QQ_API qqStatus_t qqToDecodeLayout(qqHandle_t handle, const DLTensor* w,
                                    const DLTensor* scales,
                                    const DLTensor* biases,
@@ -670,7 +671,8 @@ QQ_API qqStatus_t qqDeviceFree(int device, void* ptr, void* stream);
 /* Block the calling host thread until the work queued on `stream` of CUDA
  * device `device` has finished (cudaStreamSynchronize with the device
  * current). For bindings whose framework cannot wait on another's stream.
- * NOT_SUPPORTED in a CPU-only build; INVALID_VALUE for a bad device. */
+ * NOT_SUPPORTED in a CPU-only build and on a stream being captured into a
+ * CUDA graph; INVALID_VALUE for a bad device. */
 QQ_API qqStatus_t qqStreamSynchronize(int device, void* stream);
 
 /* ---------------------------------------------------------------------------

@@ -89,6 +89,11 @@ class Scratch {
 // for launch heuristics that size a grid to fill the device the call runs on.
 int sm_count(int device);
 
+// NOT_SUPPORTED, naming `op` and `what` it does on the host, where `stream` is being captured
+// into a CUDA graph (runtime.cu): for the calls that wait on the host. Made before any work is
+// queued, so the capture stays valid; waiting inside it would fail in CUDA and invalidate it.
+qqStatus_t refuse_if_captured(const char* op, void* stream, const char* what);
+
 // Status of the last launch (configuration errors surface here; faults inside
 // a kernel surface at the caller's next synchronization, as with any CUDA op).
 inline qqStatus_t check_launch(const char* op) {

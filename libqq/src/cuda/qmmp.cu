@@ -1215,6 +1215,8 @@ qqStatus_t to_decode_layout(qqHandle_t h, const DecodeLayoutArgs& a, void* strea
     return set_error(QQ_STATUS_NOT_SUPPORTED, "to_decode_layout: %lld experts; the GPU conversion takes at most "
                      "65535 (convert them in parts, or on the CPU)", (long long)a.E);
   return on_device(a.w.device, [&]() -> qqStatus_t {
+    QQ_TRY(refuse_if_captured("to_decode_layout", stream,
+                              "the one-time conversion waits on the host for its check that every scale fits"));
     qqContext* c = nullptr;
     QQ_TRY(resolve_handle("to_decode_layout", h, a.w.device, &c));
     const cudaStream_t st = (cudaStream_t)stream;

@@ -209,17 +209,18 @@ qqStatus_t device_alloc(int device, size_t bytes, void** ptr, void* stream) {
   });
 }
 
+qqStatus_t refuse_if_captured(const char* op, void* stream, const char* what) {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  QQ_CUDA_TRY(cudaStreamIsCapturing((cudaStream_t)stream, &cs), op);
+  if (cs != cudaStreamCaptureStatusNone)
+    return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: %s, which cannot be done while the stream is being captured "
+                     "into a CUDA graph; call it outside the capture (docs/api.md, CUDA graphs)", op, what);
+  return QQ_STATUS_SUCCESS;
+}
+
 qqStatus_t copy_to_host(int device, const void* src, size_t bytes, void* dst, void* stream) {
   return on_device(device, [&]() -> qqStatus_t {
-    // A host read cannot happen inside a CUDA graph capture (the copy would
-    // be recorded, not run, and the synchronization is illegal there): say
-    // so instead of failing inside CUDA and invalidating the capture.
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    QQ_CUDA_TRY(cudaStreamIsCapturing((cudaStream_t)stream, &cs), "grouped_qqmm");
-    if (cs != cudaStreamCaptureStatusNone)
-      return set_error(QQ_STATUS_NOT_SUPPORTED, "grouped_qqmm: the group offsets are read on the host, which "
-                       "cannot be done while the stream is being captured into a CUDA graph; call it outside "
-                       "the capture (docs/api.md, CUDA graphs)");
+    QQ_TRY(refuse_if_captured("grouped_qqmm", stream, "the group offsets are read on the host"));
     QQ_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream), "grouped_qqmm");
     QQ_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream), "grouped_qqmm");
     return QQ_STATUS_SUCCESS;
@@ -228,6 +229,7 @@ qqStatus_t copy_to_host(int device, const void* src, size_t bytes, void* dst, vo
 
 qqStatus_t stream_synchronize(int device, void* stream) {
   return on_device(device, [&]() -> qqStatus_t {
+    QQ_TRY(refuse_if_captured("qqStreamSynchronize", stream, "it waits on the host for the stream's work"));
     QQ_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream), "qqStreamSynchronize");
     return QQ_STATUS_SUCCESS;
   });
