@@ -4,20 +4,22 @@ DLPack export to another stream) refuses only when its own stream is captured; i
 refuses the sync of the other stream too (and invalidates the capture), the fix is a
 relaxed-mode sync, as qqDeviceFree frees. One process per case:
     qq_other      qq._qq._stream_synchronize of another (idle) torch stream inside the capture
-    cupy_other    the same through CuPy's cudaStreamSynchronize (CUDA's rule, without qq)
-    cupy_relaxed  CuPy's, with the thread's capture mode exchanged to relaxed around it
+    rt_other      cudaStreamSynchronize of that stream through ctypes (CUDA's rule, without qq)
+    rt_relaxed    the same, the thread's capture mode exchanged to relaxed around it
     CUDA_LOG_FILE=stdout python3 bench/tune/capture_sync_probe.py
 """
+import ctypes
+
+from capture_free_probe import cudart
 from capture_gc_probe import each_case
 
-CASES = ["qq_other", "cupy_other", "cupy_relaxed"]
+CASES = ["qq_other", "rt_other", "rt_relaxed"]
 
 
 def run(case):
-    import cupy
     import torch
     import qq
-    rt = cupy.cuda.runtime
+    rt = cudart()
     x = torch.randn(64, 256, device="cuda")
     other = torch.cuda.Stream()
     torch.cuda.synchronize()
@@ -29,16 +31,15 @@ def run(case):
             try:
                 if case == "qq_other":
                     qq._qq._stream_synchronize(torch.cuda.current_device(), other.cuda_stream)
-                elif case == "cupy_other":
-                    rt.streamSynchronize(other.cuda_stream)
+                elif case == "rt_other":
+                    note = f"cudaStreamSynchronize returned {rt.cudaStreamSynchronize(ctypes.c_void_p(other.cuda_stream))}"
                 else:
-                    old = rt.cudaStreamCaptureModeRelaxed if hasattr(rt, "cudaStreamCaptureModeRelaxed") else 2
-                    prev = rt.threadExchangeStreamCaptureMode(old)
-                    try:
-                        rt.streamSynchronize(other.cuda_stream)
-                    finally:
-                        rt.threadExchangeStreamCaptureMode(prev)
-                note = "sync returned"
+                    mode = ctypes.c_int(2)  # cudaStreamCaptureModeRelaxed
+                    assert rt.cudaThreadExchangeStreamCaptureMode(ctypes.byref(mode)) == 0
+                    e = rt.cudaStreamSynchronize(ctypes.c_void_p(other.cuda_stream))
+                    assert rt.cudaThreadExchangeStreamCaptureMode(ctypes.byref(mode)) == 0
+                    note = f"relaxed cudaStreamSynchronize returned {e}"
+                note = note or "sync returned"
             except Exception as e:  # the sync's own error, inside the capture
                 note = f"sync raised {type(e).__name__}: {str(e).splitlines()[0][:100]}"
         x.fill_(1.5)
