@@ -18,6 +18,8 @@ CASES = ["qq_other", "rt_other", "rt_relaxed"]
 
 def run(case):
     import torch
+    if case == "qq_other":
+        import qq  # (not inside the capture)
     rt = cudart()
     x = torch.randn(64, 256, device="cuda")
     other = torch.cuda.Stream()
@@ -29,7 +31,6 @@ def run(case):
             y = x * 2
             try:
                 if case == "qq_other":
-                    import qq
                     qq._qq._stream_synchronize(torch.cuda.current_device(), other.cuda_stream)
                 elif case == "rt_other":
                     note = f"cudaStreamSynchronize returned {rt.cudaStreamSynchronize(ctypes.c_void_p(other.cuda_stream))}"
