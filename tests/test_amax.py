@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -77,13 +78,16 @@ def test_large_nonfinite_and_tail(dtype, where, device, rng):
     y[at] = cast(np.array([np.nan], F32), dtype)[0]
     y[n - 1] = cast(np.array([-np.inf], F32), dtype)[0]
     assert np.isnan(amax(y, device))
-    # subnormals and negative zeros only: the largest subnormal, exactly
+    # subnormals and negative zeros only: the largest subnormal, exactly (a subnormal of
+    # each dtype: bfloat16's smallest is ~9.2e-41, so float32's -3e-41 would round to 0 there)
     z = np.zeros(n, F32)
     z[::7] = -0.0
-    z[at] = -3e-41 if dtype == "float32" else 0.0
-    got = amax(cast(z, dtype), device)
-    assert_bits_equal(got, R.amax(cast(z, dtype)), "amax of zeros and a subnormal")
-    assert not np.signbit(got)
+    z[at] = {np.dtype(F32): -3e-41, np.dtype(np.float16): -3e-6, BF16: -3e-39}[np.dtype(dtype)]
+    zc = cast(z, dtype)
+    assert zc[at] != 0 and abs(float(zc[at])) < float(ml_dtypes.finfo(zc.dtype).smallest_normal)
+    got = amax(zc, device)
+    assert_bits_equal(got, R.amax(zc), "amax of zeros and a subnormal")
+    assert got != 0 and not np.signbit(got)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -133,7 +133,6 @@ def test_not_taken(rng):
     for fn in (lambda: qq.quantize(x, mode="nvfp4", global_scale=1.0),
                lambda: qq.quantize(x, mode="nvfp4", torch_dtypes=False),
                lambda: qq.quantize(rng.standard_normal((64, 128)).astype(np.float32), mode="nvfp4"),
-               lambda: qq.quantize(x.astype(np.float64), mode="nvfp4") if False else None,
                lambda: qq.quantized_matmul(x, qw, out=out),
                lambda: qq.quantized_matmul(x, qw, dtype="float16"),
                lambda: qq.quantized_matmul(x, qw, bias=np.ones(48, np.float32)),
