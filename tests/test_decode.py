@@ -607,7 +607,7 @@ def test_gpu_past_two_waves(cfg, k):
     x16 = make_x(rng, (1, k), F16, "cuda")
     want, mag = reference(x16, dw.quantized, None)
     got = qq.quantized_matmul(x16, dw, dtype="float32")
-    assert qq.last_route() == ("decode" if decode_expected(F16, 1) else qq.last_route())
+    assert (qq.last_route() == "decode") == decode_expected(F16, 1), qq.last_route()
     assert mismatch(got, want, mag, rel_of(dw.mode)) is None
 
 
@@ -656,7 +656,7 @@ def test_matches_f16(device, cfg, n, k, m, with_bias):
     want, mag = reference(x, dw.quantized, bias)
     got = qq.quantized_matmul(x, dw, bias=bias, dtype="float32")
     if device == "cuda":
-        assert qq.last_route() == ("decode" if decode_expected(F16, m) else qq.last_route())
+        assert (qq.last_route() == "decode") == decode_expected(F16, m), qq.last_route()
     msg = mismatch(got, want, mag, rel_of(dw.mode))
     assert msg is None, msg
     got16 = qq.quantized_matmul(x, dw, bias=bias)
@@ -675,7 +675,7 @@ def test_gpu_f16_non_finite(cfg):
     x[0, 5], x[1, 700], x[2, 300] = np.inf, -np.inf, np.nan
     xt = to_fw(x, "cuda")
     got = to_numpy(qq.quantized_matmul(xt, dw, dtype="float32")).astype(F64)
-    assert qq.last_route() == ("decode" if decode_expected(F16, 4) else qq.last_route())
+    assert (qq.last_route() == "decode") == decode_expected(F16, 4), qq.last_route()
     w = to_numpy(qq.dequantize(dw.quantized, dtype="float32")).astype(F64)
     with np.errstate(invalid="ignore", over="ignore"):
         want = x.astype(F64) @ w.T

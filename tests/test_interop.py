@@ -132,7 +132,7 @@ def _torch_roundtrip_checks(torch, device, rng):
     y = qq.qqmm(xt, xt[:16], mode="nvfp4")
     assert isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16
     assert_matmul_close(y, R.qqmm(x, x[:16], "nvfp4"))
-    out = torch.empty((8, 128), dtype=torch.float16, device=device)
+    out = torch.full((8, 128), float("nan"), dtype=torch.float16, device=device)  # poisoned: every element written
     assert qq.dequantize(q, out=out) is out
     assert_bits_equal(out, ref_dequantize_qa(q, np.float16))
 

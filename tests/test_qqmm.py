@@ -23,7 +23,7 @@ from matmul_cases import F32, QQMM_PARAMS, randn, dev, qq_kwargs, ref_qqmm, CFGS
 def test_qqmm_float_operands(cfg, dtype, m, device, rng):
     """x [M, K] and w [N, K] float, both quantized on the fly (with the rounding and fp8
     format asked for); nvfp4 global scales give alpha = gx * gw / 2688^2. The output has
-    x's dtype. M = 1 and 3 take the small-M path, 130 the GEMM path."""
+    x's dtype. M = 1, 3 and 130 (a float w takes the GEMM route at every M: test_route.py)."""
     n, k = 48, 256
     x, w = randn(rng, (m, k), dtype), randn(rng, (n, k), dtype)
     gx = R.amax(x) if cfg.global_scale else None
@@ -263,10 +263,11 @@ def test_qqmm_ragged_stored_weight(cfg, m, layout, rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", dtype_params())
-@pytest.mark.parametrize("m", [1, 33])
+@pytest.mark.parametrize("m", [1, 33, 65])
 @pytest.mark.parametrize("cfg", [FpCfg("nvfp4", global_scale=True), FpCfg("mxfp8")], ids=str)
 def test_qqmm_bias_out_poisoned(cfg, m, dtype, rng):
-    """bias and a poisoned out= of every dtype on both routes (qmv and GEMM)."""
+    """bias and a poisoned out= of every dtype on every route a stored weight takes: the
+    weight-only kernels (qmma; qmv for mxfp8 at one row) and, past 64 rows, the GEMM."""
     n, k = 40, 128
     x, w = randn(rng, (m, k)), randn(rng, (n, k))
     bias = randn(rng, (n,), BF16, 3.0)
@@ -277,6 +278,7 @@ def test_qqmm_bias_out_poisoned(cfg, m, dtype, rng):
     out = cuda(poison((m, n), dtype))
     got = qq.qqmm(cuda(x), qw, global_scale_x=cuda(gx), bias=cuda(bias), out=out, **kw)
     assert got is out
+    assert qq.last_route() == ("exact" if m > 64 else ("qmv" if cfg.mode == "mxfp8" and m == 1 else "qmma"))
     assert_matmul_close(out, ref_qqmm(x, w, cfg, gx, gw, bias), "qqmm bias out=", dtype=dtype)
 
 
@@ -385,7 +387,8 @@ def test_qqmm_forced_blockscaled_falls_back(rng):
 def test_qqmm_small_m_route(cfg, m, rng):
     """qqmm with a stored weight and M <= 64 runs the tensor-core weight-only kernel on
     q(x) in bf16 with alpha = gx * gw / 2688^2 on its sums (K = 512: whole chunks, which
-    nvfp4's K = 144 above does not give)."""
+    nvfp4's K = 144 above does not give); mxfp8 at one row runs qmv.cu's kernel
+    (test_route.py's table)."""
     n, k = 96, 512
     x, w = randn(rng, (m, k), BF16), randn(rng, (n, k), BF16)
     gx = R.amax(x) if cfg.global_scale else None
@@ -393,6 +396,7 @@ def test_qqmm_small_m_route(cfg, m, rng):
     kw = qq_kwargs(cfg)
     qw = qq.quantize(cuda(w), global_scale=cuda(gw), scale_layout="blocked", **kw)
     got = qq.qqmm(cuda(x), qw, global_scale_x=cuda(gx), dtype="float32", **kw)
+    assert qq.last_route() == ("qmv" if cfg.mode == "mxfp8" and m == 1 else "qmma"), qq.last_route()
     assert_matmul_close(got, ref_qqmm(x, w, cfg, gx, gw), f"qqmm small-M m={m}", dtype=F32)
 
 

@@ -585,8 +585,8 @@ def test_affine_data_not_16_byte_aligned_gpu(op, bits, rng):
     nbytes = rows * cols * bits // 8
     off = bits  # 4 or 8 bytes past the (256-byte aligned) allocation
     buf = torch.full((nbytes + 64,), 0xAB, dtype=torch.uint8, device="cuda")
-    scales = torch.empty((rows, cols // group), dtype=torch.bfloat16, device="cuda")
-    biases = torch.empty_like(scales)
+    scales = torch.full((rows, cols // group), float("nan"), dtype=torch.bfloat16, device="cuda")  # poisoned
+    biases = torch.full_like(scales, float("nan"))
     p = Params()
     assert lib.qqQuantParamsInit(ctypes.byref(p), 0) == 0  # QQ_MODE_AFFINE
     p.bits, p.group_size = bits, group
