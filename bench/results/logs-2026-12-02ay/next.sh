@@ -2,7 +2,7 @@
 # The next session's first device call (written in session ay, not run): the GPU tests edited
 # after ay's last device call (route assertions, 4b88b7d), every skip's reason listed (which
 # come from conftest's NotSupportedError-to-skip hook), and capture_sync_probe.py.
-#   OUT=$OUT bash bench/results/logs-2026-12-02ay/next.sh     (~5 minutes)
+#   OUT=$OUT bash bench/results/logs-2026-12-02ay/next.sh     (~8 minutes: build, the edited tests, the whole GPU suite again for its skips, the probe)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
