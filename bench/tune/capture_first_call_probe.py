@@ -16,36 +16,49 @@ from capture_gc_probe import each_case
 CASES = ["first_op", "first_qqmm_shape", "first_decode", "first_packed"]
 
 
-def run(case):
+def setup(case):
+    """The call `case` captures (also capture_first_call_where.py's cases, with
+    second_qqmm_shape: cuBLASLt used once before, for another shape)."""
     import torch
     import qq
     x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
     if case == "first_op":
-        fn = lambda: qq.quantize(x, mode="mxfp8").data  # noqa: E731
-    elif case == "first_qqmm_shape":
-        qq.quantize(x, mode="mxfp8")
-        fn = lambda: qq.qqmm(x, w, mode="mxfp8")  # noqa: E731
-    elif case == "first_packed":
-        wq = qq.quantize(w, mode="nvfp4")
-        xd = x[:4].contiguous()
-        fn = lambda: qq.quantized_matmul(xd, wq)  # noqa: E731
-    else:
-        dw = qq.prepare_decode(qq.quantize(w, mode="nvfp4"))
-        xd = x[:4].contiguous()
-        fn = lambda: qq.quantized_matmul(xd, dw)  # noqa: E731
+        return lambda: qq.quantize(x, mode="mxfp8").data
+    if case in ("first_qqmm_shape", "second_qqmm_shape"):
+        if case == "first_qqmm_shape":
+            qq.quantize(x, mode="mxfp8")
+        else:
+            qq.qqmm(x[:128], w, mode="mxfp8")
+        return lambda: qq.qqmm(x, w, mode="mxfp8")
+    wq = qq.quantize(w, mode="nvfp4")
+    if case == "first_decode":
+        wq = qq.prepare_decode(wq)
+    xd = x[:4].contiguous()
+    return lambda: qq.quantized_matmul(xd, wq)
+
+
+def capture_check(label, fn, mode="global"):
+    """Captures fn() in capture mode `mode`, replays it and prints whether the replay equals
+    an eager call (or how the capture failed)."""
+    import torch
+    import qq
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(g):
+        with torch.cuda.graph(g, capture_error_mode=mode):
             y = fn()
         y.zero_()
         g.replay()
         torch.cuda.synchronize()
         same = torch.equal(y.view(torch.uint8), fn().view(torch.uint8))
-        print(f"{case:18s} capture ok, replay {'equals' if same else 'DIFFERS FROM'} eager, route {qq.last_route()}")
+        print(f"{label:30s} capture ok, replay {'equals' if same else 'DIFFERS FROM'} eager, route {qq.last_route()}")
     except Exception as e:
-        print(f"{case:18s} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        print(f"{label:30s} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:140]}")
+
+
+def run(case):
+    capture_check(case, setup(case))
 
 
 if __name__ == "__main__":
