@@ -45,7 +45,7 @@ for step in "$@"; do
       fi
       ;;
     test)
-      timeout 560 python3 -m pytest -q -m gpu -n ${WORKERS:-8} -p no:cacheprovider --tb=short -rfE ${TESTS:-tests} \
+      timeout 560 python3 -m pytest -q -m gpu -n ${WORKERS:-8} -p no:cacheprovider --tb=short -rfEs ${TESTS:-tests} \
         > "$LOG/pytest_gpu.log" 2>&1 || rc=1
       grep -E "^(FAILED|ERROR)" "$LOG/pytest_gpu.log" | head -40; tail -2 "$LOG/pytest_gpu.log"
       ;;

@@ -32,8 +32,7 @@ def dtype_params(dtypes=None):
     return [pytest.param(d, id=DTYPE_IDS[np.dtype(d)]) for d in (dtypes or DTYPES)]
 
 
-#: CPU always; CUDA in gpu-marked variants (skipped without a device, and a
-#: qq.NotSupportedError inside them becomes a skip, see conftest.py).
+#: CPU always; CUDA in gpu-marked variants (skipped without a device, see conftest.py).
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 

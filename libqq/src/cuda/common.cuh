@@ -94,6 +94,11 @@ int sm_count(int device);
 // queued, so the capture stays valid; waiting inside it would fail in CUDA and invalidate it.
 qqStatus_t refuse_if_captured(const char* op, void* stream, const char* what);
 
+// Copies `bytes` (0: none) from device `src` to host `dst` on `stream`, then waits for the
+// stream on the host (runtime.cu), in relaxed capture mode: for a stream refuse_if_captured
+// passed, while this thread may be capturing another.
+qqStatus_t wait_on_host(const char* op, void* stream, void* dst, const void* src, size_t bytes);
+
 // Status of the last launch (configuration errors surface here; faults inside
 // a kernel surface at the caller's next synchronization, as with any CUDA op).
 inline qqStatus_t check_launch(const char* op) {

@@ -1231,8 +1231,7 @@ qqStatus_t to_decode_layout(qqHandle_t h, const DecodeLayoutArgs& a, void* strea
     QQ_TRY(check_launch("to_decode_layout"));
     int hbad = 0;
     // The one host wait of this one-time conversion: whether every scale fitted.
-    QQ_CUDA_TRY(cudaMemcpyAsync(&hbad, bad, sizeof(int), cudaMemcpyDeviceToHost, st), "to_decode_layout");
-    QQ_CUDA_TRY(cudaStreamSynchronize(st), "to_decode_layout");
+    QQ_TRY(wait_on_host("to_decode_layout", stream, &hbad, bad, sizeof(int)));
     if (hbad)
       return set_error(QQ_STATUS_NOT_SUPPORTED, "to_decode_layout: w cannot be encoded in the decode layout (%s); "
                        "keep the packed weight (docs/formats.md, Decode layout)", decode_unencodable(a.q));

@@ -218,20 +218,28 @@ qqStatus_t refuse_if_captured(const char* op, void* stream, const char* what) {
   return QQ_STATUS_SUCCESS;
 }
 
+qqStatus_t wait_on_host(const char* op, void* stream, void* dst, const void* src, size_t bytes) {
+  // `stream` is not captured (the caller refused that), but another stream may be: torch
+  // captures in global mode, where a host wait is a prohibited call and invalidates that
+  // capture though it is no part of it (bench/tune/capture_sync_probe.py, session az).
+  return outside_capture(op, [&]() -> qqStatus_t {
+    if (bytes) QQ_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream), op);
+    QQ_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream), op);
+    return QQ_STATUS_SUCCESS;
+  });
+}
+
 qqStatus_t copy_to_host(int device, const void* src, size_t bytes, void* dst, void* stream) {
   return on_device(device, [&]() -> qqStatus_t {
     QQ_TRY(refuse_if_captured("grouped_qqmm", stream, "the group offsets are read on the host"));
-    QQ_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream), "grouped_qqmm");
-    QQ_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream), "grouped_qqmm");
-    return QQ_STATUS_SUCCESS;
+    return wait_on_host("grouped_qqmm", stream, dst, src, bytes);
   });
 }
 
 qqStatus_t stream_synchronize(int device, void* stream) {
   return on_device(device, [&]() -> qqStatus_t {
     QQ_TRY(refuse_if_captured("qqStreamSynchronize", stream, "it waits on the host for the stream's work"));
-    QQ_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream), "qqStreamSynchronize");
-    return QQ_STATUS_SUCCESS;
+    return wait_on_host("qqStreamSynchronize", stream, nullptr, nullptr, 0);
   });
 }
 
