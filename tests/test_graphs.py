@@ -280,28 +280,20 @@ def test_host_waits_under_capture_raise():
     assert torch.equal(y, torch.full_like(y, 3.0))
 
 
-@pytest.mark.parametrize("wait", ["stream_synchronize", "prepare_decode"])
-def test_host_wait_on_another_stream_during_a_capture(wait):
+def test_host_wait_on_another_stream_during_a_capture():
     """A host wait on a stream that is not captured, while this thread captures another in
     torch's global mode, works and leaves the capture valid: CUDA prohibits the wait there
     (it invalidated the capture, bench/tune/capture_sync_probe.py, session az), so libqq
-    waits in relaxed capture mode. The DLPack export's stream synchronization and
-    prepare_decode's one-time check, each on a side stream."""
-    wq = qq.quantize(_x(256, 512), mode="nvfp4")
+    waits in relaxed capture mode. Here the stream synchronization behind a libqq buffer's
+    DLPack export. (prepare_decode on a side stream inside a capture is not tried: torch's
+    own allocation on that stream fails there, capture_side_stream_probe.py.)"""
     x = _x(64, 256)
     side = torch.cuda.Stream()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         y = x * 2
-        with torch.cuda.stream(side):
-            if wait == "stream_synchronize":
-                qq._qq._stream_synchronize(torch.cuda.current_device(), side.cuda_stream)
-            else:
-                dq = qq.prepare_decode(wq)
-    if wait == "prepare_decode":  # the side stream's conversion equals an eager one, byte for byte
-        side.synchronize()
-        assert torch.equal(dq.data, qq.prepare_decode(wq).data)
+        qq._qq._stream_synchronize(torch.cuda.current_device(), side.cuda_stream)
     x.fill_(1.5)
     g.replay()
     torch.cuda.synchronize()
