@@ -111,6 +111,9 @@ enum TestHook {
   // scratch), as before x was quantized inside the weight-only kernel (ops.cuh, QX): the
   // tests compare the two forms, the benchmarks time them.
   HOOK_UNFUSED_QX = 3,
+  // Number of grouped block-scaled plans made (grouped_qqmm on Blackwell, each asking
+  // cuBLASLt once, refused or not; a counter like HOOK_BLOCKSCALED_QUERIES).
+  HOOK_GROUPED_QUERIES = 4,
   HOOK_COUNT
 };
 int test_hook(TestHook h);

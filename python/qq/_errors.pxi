@@ -186,7 +186,8 @@ cdef extern from *:
 
 def _set_test_hook(str name, int value):
     """Tests only: set libqq's test hook `name` (route.cpp) to `value`; returns the
-    previous value. "blockscaled_queries" is a counter: `value` is added."""
+    previous value. "blockscaled_queries" and "grouped_blockscaled_queries" are counters:
+    `value` is added."""
     cdef int old = 0
     _check(qqInternalSetTestHook(name.encode("ascii"), value, &old))
     return old

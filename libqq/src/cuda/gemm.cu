@@ -35,6 +35,7 @@ struct GemmKey {
   int64_t M, N, K, lda, ldb, ldd, ab, d, a_trans, b_trans, bias, alpha_dev, align_a, align_b, align_d;  // bias: 0 or 1 + DType
   int64_t align_bias;  // cuBLASLt reads the bias pointer's alignment when it picks the algorithm
   int64_t lt_ab, scale_mode;  // block-scaled GEMMs: cuBLASLt element type and scale kind; -1 otherwise
+  int64_t grouped;            // cuBLASLt's grouped mode: the number of groups (M: their average rows); 0 otherwise
   bool operator<(const GemmKey& o) const { return memcmp(this, &o, sizeof(GemmKey)) < 0; }
 };
 
@@ -361,6 +362,170 @@ qqStatus_t to_f32(const char* op, const Mat& v, int64_t n, float* out, cudaStrea
   }
   return check_launch(op);
 }
+
+// ---------------------------------------------------------------------------
+// Grouped block-scaled GEMM (cuBLASLt's CUBLASLT_BATCH_MODE_GROUPED)
+// ---------------------------------------------------------------------------
+// What cuBLAS documents ("cublasLtMatmul", "Experimental: To use cublasLtMatmul() with
+// grouped matrices"): compute capability 9.0, 10.x or 11.0; every matrix in grouped mode
+// and column-major; pointer mode host or device; on 10.x / 11.0 the A / B scale modes may
+// be VEC32_UE8M0 (E4M3 / E5M2 operands) or VEC16_UE4M3 (E2M1), D bf16 / fp16 / fp32,
+// default epilogue; the matrices, their shapes and leading dimensions and (with
+// ALPHA_BATCH_STRIDE = 1) alpha and beta are device arrays of per-group values; and "the
+// arguments validation is very limited": what the arrays say must be right (the caller's
+// kernel clamps bad group ends). The scale pointers are device arrays of per-group
+// pointers too (TransformerEngine's grouped MXFP8 / NVFP4 GEMMs set them so). Layouts are
+// made with cublasLtMatrixLayoutCreate and the grouped attributes, not the newer
+// cublasLtGroupedMatrixLayoutCreate, so that libqq still loads with an older cuBLASLt
+// (the version gate is the caller's).
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 130300
+namespace {
+
+#define QQ_LT(call)                         \
+  do {                                      \
+    if ((call) != CUBLAS_STATUS_SUCCESS) {  \
+      return plan;                          \
+    }                                       \
+  } while (0)
+
+cublasStatus_t set_grouped_layout(cublasLtMatrixLayout_t l, const int64_t* rows, const int64_t* cols,
+                                  const int64_t* ld) {
+  const CublasLtApi& api = lt_api();
+  cublasStatus_t s = api.cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_GROUPED_MATRIX_LAYOUT_ROWS_ARRAY, &rows,
+                                                          sizeof(rows));
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = api.cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_GROUPED_MATRIX_LAYOUT_COLS_ARRAY, &cols, sizeof(cols));
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = api.cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_GROUPED_MATRIX_LAYOUT_LD_ARRAY, &ld, sizeof(ld));
+  return s;
+}
+
+// The per-call device arrays on plan's layouts and descriptor (call with c->mu held).
+cublasStatus_t set_grouped_arrays(GemmPlan* plan, const GroupedLtGemm& g) {
+  // cuBLASLt's A is our B (w[e]: K x N, transposed), its B our A (x rows of e: K x m_e), its D
+  // our D^T (N x m_e)
+  cublasStatus_t s = set_grouped_layout(plan->la, g.rows_k, g.cols_n, g.ld_b);
+  if (s == CUBLAS_STATUS_SUCCESS) s = set_grouped_layout(plan->lb, g.rows_k, g.cols_m, g.ld_a);
+  if (s == CUBLAS_STATUS_SUCCESS) s = set_grouped_layout(plan->ld, g.cols_n, g.cols_m, g.ld_d);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = lt_api().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.b_scale,
+                                                sizeof(g.b_scale));
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = lt_api().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.a_scale,
+                                                sizeof(g.a_scale));
+  return s;
+}
+
+GemmPlan* make_grouped_plan(cublasLtHandle_t lt, const GemmKey& k, const GroupedLtGemm& g) {
+  GemmPlan* plan = new GemmPlan;
+  test_hook_add(HOOK_GROUPED_QUERIES, 1);  // plans made, refused or not (a test sees refusals remembered)
+  const CublasLtApi& api = lt_api();
+  const cudaDataType_t ab = (cudaDataType_t)k.lt_ab, d = cuda_type((DType)k.d);
+  QQ_LT(api.cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;  // TN, as the block-scaled tables require
+  QQ_LT(api.cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  QQ_LT(api.cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  const cublasLtMatmulMatrixScale_t sm = (cublasLtMatmulMatrixScale_t)k.scale_mode;
+  QQ_LT(api.cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &sm, sizeof(sm)));
+  QQ_LT(api.cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &sm, sizeof(sm)));
+  const cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
+  QQ_LT(api.cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof(pm)));
+  const int64_t one = 1;  // alpha and beta: device arrays of per-group pointers
+  QQ_LT(api.cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_ALPHA_BATCH_STRIDE, &one, sizeof(one)));
+  QQ_LT(api.cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BETA_BATCH_STRIDE, &one, sizeof(one)));
+  // (the sizes given here are placeholders: the grouped arrays replace them)
+  QQ_LT(api.cublasLtMatrixLayoutCreate(&plan->la, ab, k.K, k.N, k.K));
+  QQ_LT(api.cublasLtMatrixLayoutCreate(&plan->lb, ab, k.K, k.M, k.K));
+  QQ_LT(api.cublasLtMatrixLayoutCreate(&plan->ld, d, k.N, k.M, k.N));
+  const uint32_t mode = CUBLASLT_BATCH_MODE_GROUPED;
+  const int32_t count = (int32_t)k.grouped, width = CUBLASLT_INTEGER_WIDTH_64;
+  for (cublasLtMatrixLayout_t l : {plan->la, plan->lb, plan->ld}) {
+    QQ_LT(api.cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof(mode)));
+    QQ_LT(api.cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    QQ_LT(api.cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_GROUPED_MATRIX_LAYOUT_ROWS_COLS_ARRAY_INTEGER_WIDTH,
+                                               &width, sizeof(width)));
+    QQ_LT(api.cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_GROUPED_MATRIX_LAYOUT_LD_ARRAY_INTEGER_WIDTH, &width,
+                                               sizeof(width)));
+  }
+  QQ_LT(set_grouped_arrays(plan, g));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  QQ_LT(api.cublasLtMatmulPreferenceCreate(&pref));
+  const size_t ws = kMaxWorkspace;
+  // the shapes are on the device: their averages are the heuristic's hint (D is N x m_e)
+  const int64_t avg_rows = k.N, avg_cols = k.M, avg_k = k.K;
+  api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_GROUPED_DESC_D_AVERAGE_ROWS, &avg_rows,
+                                           sizeof(avg_rows));
+  api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_GROUPED_DESC_D_AVERAGE_COLS, &avg_cols,
+                                           sizeof(avg_cols));
+  api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_GROUPED_AVERAGE_REDUCTION_DIM, &avg_k,
+                                           sizeof(avg_k));
+  cublasLtMatmulHeuristicResult_t res;
+  int n = 0;
+  const cublasStatus_t hs =
+      api.cublasLtMatmulAlgoGetHeuristic(lt, plan->desc, plan->la, plan->lb, plan->ld, plan->ld, pref, 1, &res, &n);
+  api.cublasLtMatmulPreferenceDestroy(pref);
+  if (hs == CUBLAS_STATUS_SUCCESS && n > 0) {
+    plan->algo = res.algo;
+    plan->workspace = res.workspaceSize;
+    plan->ok = true;
+  }
+  return plan;
+}
+#undef QQ_LT
+
+}  // namespace
+
+qqStatus_t gemm_grouped_blockscaled(qqContext* c, const GroupedLtGemm& g, bool run_it, cudaStream_t st) {
+  if (!c->lt) return no_cublaslt("grouped block-scaled GEMM");
+  GemmKey k{};
+  k.grouped = g.E;
+  k.M = g.avg_m;
+  k.N = g.N;
+  k.K = g.K;
+  k.d = (int64_t)g.d;
+  k.lt_ab = g.lt_ab;
+  k.scale_mode = g.scale_mode;
+  k.alpha_dev = 1;
+  Scratch scratch(c, st);
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (!c->plans) c->plans = new std::map<GemmKey, GemmPlan*>;
+  GemmPlan*& slot = (*c->plans)[k];
+  if (!slot) slot = make_grouped_plan(c->lt, k, g);
+  GemmPlan* plan = slot;
+  if (!plan->ok)
+    return set_error(QQ_STATUS_NOT_SUPPORTED, "%s for %lld groups of N=%lld K=%lld", plan->failed ?
+                     "cublasLtMatmul failed earlier with the grouped block-scaled algorithm cuBLASLt chose, so "
+                     "the shape is refused from now on" : "cuBLASLt has no grouped block-scaled algorithm",
+                     (long long)g.E, (long long)g.N, (long long)g.K);
+  if (!run_it) return QQ_STATUS_SUCCESS;
+  if (set_grouped_arrays(plan, g) != CUBLAS_STATUS_SUCCESS)
+    return set_error(QQ_STATUS_CUBLAS_ERROR, "gemm: setting the grouped arrays failed");
+  void* ws = nullptr;
+  if (plan->workspace) QQ_TRY(scratch.get("gemm", plan->workspace, &ws));
+  const bool simulate = test_hook(HOOK_FAIL_BLOCKSCALED_MATMUL);
+  const cublasStatus_t s =
+      simulate ? CUBLAS_STATUS_EXECUTION_FAILED
+               : lt_api().cublasLtMatmul(c->lt, plan->desc, g.alpha, g.b_ptr, plan->la, g.a_ptr, plan->lb, g.beta,
+                                         g.d_ptr, plan->ld, g.d_ptr, plan->ld, &plan->algo, ws, plan->workspace, st);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    plan->ok = false;
+    plan->failed = true;
+    (void)cudaGetLastError();
+    return set_error(QQ_STATUS_NOT_SUPPORTED, "the grouped block-scaled cublasLtMatmul (%lld groups, N=%lld "
+                     "K=%lld) failed with status %d%s; this shape is refused from now on", (long long)g.E,
+                     (long long)g.N, (long long)g.K, (int)s,
+                     simulate ? " (simulated by the fail_blockscaled_matmul test hook)" : "");
+  }
+  return QQ_STATUS_SUCCESS;
+}
+#else
+qqStatus_t gemm_grouped_blockscaled(qqContext*, const GroupedLtGemm&, bool, cudaStream_t) {
+  return set_error(QQ_STATUS_NOT_SUPPORTED, "libqq was built against a cuBLASLt older than 13.3, which has no "
+                   "grouped block-scaled GEMM");
+}
+#endif
 
 void destroy_plans(qqContext* c) {
   if (!c->plans) return;

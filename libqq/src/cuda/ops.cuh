@@ -149,6 +149,36 @@ qqStatus_t gemm(qqContext* c, const Gemm& g, cudaStream_t stream);
 // plan is then marked bad, so later calls of that key are refused up front.
 qqStatus_t gemm_blockscaled_plan(qqContext* c, const Gemm& g, bool* ok);
 qqStatus_t gemm_blockscaled(qqContext* c, const Gemm& g, cudaStream_t stream);
+// cuBLASLt's grouped mode over block-scaled operands (Blackwell, cuBLASLt >= 13.3 for mxfp8,
+// 13.4 for nvfp4; gemm.cu): for each group e < E, D_e[m_e, N] = alpha_e * A_e[m_e, K] @
+// B_e[N, K]^T, where every per-group value lives in device arrays [E] that the caller's own
+// kernel wrote (the host never sees m_e): the pointers of the packed A_e and B_e, of D_e,
+// of their blocked scales, of alpha_e and beta_e (= 0), and the int64 shapes and leading
+// dimensions (elements) in cuBLASLt's column-major terms (its A is our B, as in gemm()).
+// The plan (descriptors, algorithm) is cached per (E, N, K, types, scale kind, D type,
+// average rows); the array addresses are set per call under the handle's mutex.
+// NOT_SUPPORTED with the reason when cuBLASLt refuses or its matmul fails (then remembered).
+struct GroupedLtGemm {
+  int64_t E = 0, N = 0, K = 0, avg_m = 0;
+  DType d = DType::BF16;
+  int lt_ab = -1, scale_mode = -1;
+  void** a_ptr = nullptr;        // our A_e (x rows of e): cuBLASLt's B
+  void** b_ptr = nullptr;        // our B_e (w[e]): cuBLASLt's A
+  void** d_ptr = nullptr;
+  void** a_scale = nullptr;      // blocked scales of A_e / B_e
+  void** b_scale = nullptr;
+  void** alpha = nullptr;        // float* per group (device pointer mode)
+  void** beta = nullptr;
+  int64_t* rows_k = nullptr;     // K per group (rows of both operands in cuBLASLt's terms)
+  int64_t* cols_n = nullptr;     // N per group
+  int64_t* cols_m = nullptr;     // m_e per group
+  int64_t* ld_a = nullptr;       // our A's row pitch (elements)
+  int64_t* ld_b = nullptr;       // our B's row pitch (elements)
+  int64_t* ld_d = nullptr;       // D's row pitch (elements)
+};
+// run = false: only the plan (asking cuBLASLt the first time the key is seen, the arrays'
+// addresses already allocated, not yet written), so a refusal comes before any work.
+qqStatus_t gemm_grouped_blockscaled(qqContext* c, const GroupedLtGemm& g, bool run, cudaStream_t stream);
 void destroy_plans(qqContext* c);
 
 // Element-wise helpers of gemm.cu (fp32 [n] <- any float [n]; any <- fp32).

@@ -738,13 +738,304 @@ Mat batch_slice(const Mat& m, int64_t e0, int64_t n) {
   return r;
 }
 
+// ---------------------------------------------------------------------------
+// grouped_qqmm on Blackwell: every expert in one cuBLASLt grouped block-scaled GEMM
+// ---------------------------------------------------------------------------
+// The packed operands go to the block-scaled tensor cores, as qqmm's block-scaled route does
+// for one product (gemm.cu, gemm_grouped_blockscaled: what cuBLASLt documents for its grouped
+// mode). What only the device knows, each expert's rows, stays there: one small kernel
+// (grouped_bs_args_kernel) derives every per-expert pointer, shape and alpha from the group
+// ends. x's data needs no per-expert copy (expert e's rows start at row ends[e-1]); its
+// scales do: cuBLASLt reads an expert's scales from that expert's own pointer as a blocked
+// [roundup(n_e, 128), C4] matrix, so seg_swizzle_kernel writes expert e's linear scales into
+// blocked tiles of their own from row P_e = 128 * sum_{j<e} ceil(n_j / 128) of one buffer (at
+// most T + 127 E rows; padding zero). Launches: x's quantization (float x), the args kernel,
+// the swizzle, the GEMM, and a NaN fill that writes only when the ends were bad - a fixed
+// number whatever E is, no host synchronization. Built everywhere, never run on Blackwell
+// here (docs/blackwell.md): on other GPUs the force_blockscaled hook sends calls here, where
+// cuBLASLt refuses and the call takes the next route, which tests the refusal path.
+namespace {
+
+// Groups the args kernel takes (one block; its prefix over the experts is serial).
+constexpr int64_t kGroupedBsMaxE = 4096;
+
+struct GroupedBsArgs {
+  const int32_t* ends = nullptr;
+  int E = 0;
+  int64_t T = 0, N = 0, K = 0, c4 = 0;
+  const uint8_t* x = nullptr;  // packed q(x) rows, x_pitch bytes apart
+  int64_t x_pitch = 0, x_ld = 0;
+  const uint8_t* xs = nullptr;  // x's blocked scales, P_e rows of c4 bytes for expert e
+  const uint8_t* w = nullptr;   // packed w[e] at w + e * w_stride bytes, rows w_ld elements apart
+  int64_t w_stride = 0, w_ld = 0;
+  const uint8_t* ws = nullptr;  // w[e]'s blocked scales at ws + e * ws_stride
+  int64_t ws_stride = 0;
+  uint8_t* out = nullptr;  // out rows, out_pitch bytes apart, out_ld elements
+  int64_t out_pitch = 0, out_ld = 0;
+  const float* gs_x = nullptr;
+  const float* gs_w = nullptr;
+  int gw_stride = 0;
+  GroupedLtGemm g;              // the arrays written here
+  float* alpha_vals = nullptr;  // [E + 1]: alpha_e, then 0 (beta)
+  int64_t* pstart = nullptr;    // [E]: P_e
+  int* bad = nullptr;           // 1: the ends are not non-decreasing in [0, T] ending at T
+};
+
+__global__ void grouped_bs_args_kernel(GroupedBsArgs a) {
+  __shared__ int bad;
+  if (threadIdx.x == 0) {  // the prefix P_e and the check of the ends (E <= kGroupedBsMaxE)
+    int b = 0;
+    int64_t prev = 0, p = 0;
+    for (int e = 0; e < a.E; ++e) {
+      const int64_t end = a.ends[e];
+      if (end < prev || end > a.T) b = 1;
+      a.pstart[e] = p;
+      if (!b) p += roundup(end - prev, 128);
+      prev = end;
+    }
+    if (prev != a.T) b = 1;
+    bad = b;
+    *a.bad = b;
+    a.alpha_vals[a.E] = 0.0f;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < a.E; e += blockDim.x) {
+    // bad ends: every group empty (nothing read or written past the buffers), then all NaN
+    const int64_t r0 = bad || e == 0 ? 0 : a.ends[e - 1];
+    const int64_t n = bad ? 0 : a.ends[e] - r0;
+    a.g.a_ptr[e] = (void*)(a.x + r0 * a.x_pitch);
+    a.g.b_ptr[e] = (void*)(a.w + e * a.w_stride);
+    a.g.d_ptr[e] = (void*)(a.out + r0 * a.out_pitch);
+    a.g.a_scale[e] = (void*)(a.xs + a.pstart[e] * a.c4);
+    a.g.b_scale[e] = (void*)(a.ws + e * a.ws_stride);
+    a.alpha_vals[e] = nvfp4_alpha(a.gs_x, a.gs_w ? a.gs_w + (int64_t)e * a.gw_stride : nullptr);
+    a.g.alpha[e] = (void*)(a.alpha_vals + e);
+    a.g.beta[e] = (void*)(a.alpha_vals + a.E);
+    a.g.rows_k[e] = a.K;
+    a.g.cols_n[e] = a.N;
+    a.g.cols_m[e] = n;
+    a.g.ld_a[e] = a.x_ld;
+    a.g.ld_b[e] = a.w_ld;
+    a.g.ld_d[e] = a.out_ld;
+  }
+}
+
+// Linear scales lin [T, cols] (row pitch ld) -> each expert's blocked tiles at row P_e of
+// `blk` (c4 bytes a row); one thread a scale byte. Nothing when the ends were bad.
+__global__ void seg_swizzle_kernel(const uint8_t* lin, int64_t ld, int64_t T, int64_t cols, const int32_t* ends,
+                                   int E, const int64_t* pstart, const int* bad, uint8_t* blk, int64_t c4) {
+  const int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+  if (i >= T * cols || *bad) return;
+  const int64_t t = i / cols, j = i - t * cols;
+  int lo = 0, hi = E;  // the expert of token t: the first e with ends[e] > t
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (ends[mid] > t) hi = mid;
+    else lo = mid + 1;
+  }
+  const int64_t r0 = lo == 0 ? 0 : ends[lo - 1];
+  blk[pstart[lo] * c4 + blocked_offset(t - r0, j, c4)] = lin[t * ld + j];
+}
+
+// out [T, N] all NaN when the ends were bad (the grouped GEMM then wrote nothing).
+__global__ void nan_if_bad_kernel(const int* bad, Mat out, int64_t total) {
+  const int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+  if (i >= total || !*bad) return;
+  const int64_t r = i / out.cols, col = i - r * out.cols, oi = r * out.ld + col;
+  if (out.dt == DType::F32) ((float*)out.ptr)[oi] = __int_as_float(0x7fc00000);
+  else if (out.dt == DType::BF16) ((uint16_t*)out.ptr)[oi] = 0x7fc0;
+  else ((uint16_t*)out.ptr)[oi] = 0x7e00;
+}
+
+// Compute capabilities whose cuBLASLt documents the grouped block-scaled GEMM (10.x, 11.0;
+// not 12.x), or any GPU under the force_blockscaled hook.
+bool grouped_bs_arch(int cc) { return cc / 10 == 10 || cc / 10 == 11 || test_hook(HOOK_FORCE_BLOCKSCALED); }
+
+// SUCCESS (the product is in a.out), NOT_SUPPORTED with the reason (nothing written: the caller
+// takes another route), or another error.
+qqStatus_t grouped_qqmm_blockscaled(qqContext* c, const MatmulArgs& a, int64_t gw_stride, const int32_t* ends,
+                                    int64_t E, cudaStream_t st) {
+#if !QQ_HAVE_BLOCKSCALED
+  return set_error(QQ_STATUS_NOT_SUPPORTED, "grouped_qqmm: libqq was built against a cuBLASLt without block-scaled "
+                   "GEMMs");
+#else
+  const int64_t T = a.M, N = a.N, K = a.K;
+  const QSpec& q = a.q;
+  const bool nvfp4 = q.mode == QQ_MODE_NVFP4;
+  const size_t lt_version = cublaslt_version();
+  const char* why = nullptr;
+  if (!nvfp4 && !(q.mode == QQ_MODE_MXFP8 && q.elem == ELEM_E4M3))
+    why = "only nvfp4 and mxfp8 (e4m3) have grouped block-scaled GEMMs in cuBLASLt";
+  else if (lt_version < (nvfp4 ? 130400u : 130300u) && !test_hook(HOOK_FORCE_BLOCKSCALED))
+    why = nvfp4 ? "cuBLASLt's grouped nvfp4 GEMM needs cuBLASLt 13.4 or newer at run time"
+                : "cuBLASLt's grouped mxfp8 GEMM needs cuBLASLt 13.3 or newer at run time";
+  else if (E < 1 || E > kGroupedBsMaxE)
+    why = "the number of experts is outside 1 .. 4096";
+  else if (a.w_prepared || a.x_prepared || a.w_trans || a.x_trans || a.x.nb != 0)
+    why = "a prepared or transposed operand has no packed form";
+  else if (a.out.dt == DType::F16 && nvfp4)
+    why = "cuBLASLt has no float16 result for fp4 operands";
+  else if (!rows_aligned(a.out) || (K * q.bits / 8) % 16 != 0)
+    why = "out's rows, or the packed rows of K elements, are not 16-byte aligned";
+  else if (a.x_packed ? (a.x_blocked || (uintptr_t)a.x.ptr % 16 || a.x.ld % 16) : !rows_aligned(a.x))
+    why = "x is not 16-byte aligned, or its scales are blocked over all tokens (pass linear ones)";
+  else if (a.w_packed && (!a.w.nb || (uintptr_t)a.w.ptr % 16 || a.w.ld % 16 || a.w.bstride[0] % 16))
+    why = "the packed experts' rows are not 16-byte aligned";
+  else if (a.w_packed && a.w_blocked && ((uintptr_t)a.w_scales.ptr % 16 || a.w_scales.bstride[0] % 16 ||
+                                         a.w_scales.ld != a.w_scales.cols))
+    why = "the experts' blocked scales are not compact and 16-byte aligned";
+  else if (!a.w_packed && (!rows_aligned(a.w) || (a.gs_w && gw_stride != 0 && E > 1)))
+    why = "float experts are quantized here in one pass, which needs 16-byte rows and one global scale";
+  if (why) return set_error(QQ_STATUS_NOT_SUPPORTED, "grouped_qqmm: the block-scaled route does not take this call: %s",
+                            why);
+
+  const int64_t cK = K / q.group, c4 = roundup(cK, 4), R128 = roundup(N, 128);
+  const int64_t prows = roundup(T + 127 * E, 128);  // x's blocked scale rows, P_E at most
+  Scratch scratch(c, st);
+  // the arrays: 7 of pointers and 6 of int64 [E], alpha [E + 1], P [E], the flag (16-byte pieces)
+  const int64_t e16 = roundup(E, 2) * 8;
+  uint8_t* meta = nullptr;
+  QQ_TRY(scratch.get("grouped_qqmm", (size_t)(14 * e16 + roundup((E + 1) * 4, 16) + 16), &meta));
+  GroupedBsArgs g;
+  GroupedLtGemm& lt = g.g;
+  void*** ptrs[] = {&lt.a_ptr, &lt.b_ptr, &lt.d_ptr, &lt.a_scale, &lt.b_scale, &lt.alpha, &lt.beta};
+  for (int i = 0; i < 7; ++i) *ptrs[i] = (void**)(meta + i * e16);
+  int64_t** ints[] = {&lt.rows_k, &lt.cols_n, &lt.cols_m, &lt.ld_a, &lt.ld_b, &lt.ld_d, &g.pstart};
+  for (int i = 0; i < 7; ++i) *ints[i] = (int64_t*)(meta + (7 + i) * e16);
+  g.alpha_vals = (float*)(meta + 14 * e16);
+  g.bad = (int*)(meta + 14 * e16 + roundup((E + 1) * 4, 16));
+  lt.E = E;
+  lt.N = N;
+  lt.K = K;
+  lt.avg_m = std::max<int64_t>(1, T / E);
+  lt.d = a.out.dt;
+  lt.lt_ab = (int)(nvfp4 ? CUDA_R_4F_E2M1 : CUDA_R_8F_E4M3);
+  lt.scale_mode = (int)(nvfp4 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0);
+  QQ_TRY(gemm_grouped_blockscaled(c, lt, false, st));  // refused (with the reason) before any work
+
+  // x: packed rows and linear scales (the caller's, or quantized here)
+  const int64_t xrow = q.packed_cols(K);
+  const uint8_t* xd = (const uint8_t*)a.x.ptr;
+  const uint8_t* xl = (const uint8_t*)a.x_scales.ptr;
+  int64_t x_pitch = a.x.ld, xl_ld = a.x_scales.ld;
+  if (!a.x_packed) {
+    uint8_t *d = nullptr, *sl = nullptr;
+    QQ_TRY(scratch.get("grouped_qqmm", (size_t)(T * xrow), &d));
+    QQ_TRY(scratch.get("grouped_qqmm", (size_t)(T * cK), &sl));
+    QuantizeArgs qa{};
+    qa.x = a.x;
+    qa.data = compact_like(a.x, d, DType::U8, T, xrow);
+    qa.scales = compact_like(a.x, sl, DType::U8, T, cK);
+    qa.gs = a.gs_x;
+    qa.q = q;
+    qa.q.blocked = 0;
+    QQ_TRY(quantize(c, qa, st));
+    xd = d;
+    xl = sl;
+    x_pitch = xrow;
+    xl_ld = cK;
+  }
+  uint8_t* xs = nullptr;
+  QQ_TRY(scratch.get("grouped_qqmm", (size_t)(prows * c4), &xs));
+  QQ_CUDA_TRY(cudaMemsetAsync(xs, 0, (size_t)(prows * c4), st), "grouped_qqmm");
+  // w: packed data with blocked scales [E] x [R128, C4] (the caller's, swizzled, or quantized here)
+  const uint8_t* wd = (const uint8_t*)a.w.ptr;
+  const uint8_t* wsc = (const uint8_t*)a.w_scales.ptr;
+  int64_t w_stride = a.w.nb ? a.w.bstride[0] : 0, w_pitch = a.w.ld, ws_stride = a.w_scales.nb ? a.w_scales.bstride[0] : 0;
+  Mat wblk{};
+  wblk.dt = DType::U8;
+  wblk.device = a.w.device;
+  wblk.nb = 1;
+  wblk.bshape[0] = E;
+  wblk.bstride[0] = R128 * c4;
+  wblk.rows = R128;
+  wblk.cols = c4;
+  wblk.ld = c4;
+  if (!a.w_packed || !a.w_blocked) {
+    uint8_t* sb = nullptr;
+    QQ_TRY(scratch.get("grouped_qqmm", (size_t)(E * R128 * c4), &sb));
+    wblk.ptr = sb;
+    wsc = sb;
+    ws_stride = R128 * c4;
+  }
+  if (!a.w_packed) {
+    uint8_t* d = nullptr;
+    QQ_TRY(scratch.get("grouped_qqmm", (size_t)(E * N * xrow), &d));
+    QuantizeArgs qa{};
+    qa.x = a.w;
+    qa.data = compact_like(a.w, d, DType::U8, N, xrow);
+    qa.scales = wblk;
+    qa.gs = a.gs_w;  // one scale for every expert (checked above)
+    qa.q = q;
+    qa.q.blocked = 1;
+    QQ_TRY(quantize(c, qa, st));
+    wd = d;
+    w_stride = N * xrow;
+    w_pitch = xrow;
+  } else if (!a.w_blocked) {
+    QQ_TRY(swizzle(c, a.w_scales, wblk, true, st));
+  }
+
+  g.ends = ends;
+  g.E = (int)E;
+  g.T = T;
+  g.N = N;
+  g.K = K;
+  g.c4 = c4;
+  g.x = xd;
+  g.x_pitch = x_pitch;
+  g.x_ld = x_pitch * 8 / q.bits;
+  g.xs = xs;
+  g.w = wd;
+  g.w_stride = w_stride;
+  g.w_ld = w_pitch * 8 / q.bits;
+  g.ws = wsc;
+  g.ws_stride = ws_stride;
+  g.out = (uint8_t*)a.out.ptr;
+  g.out_pitch = a.out.ld * dtype_size(a.out.dt);
+  g.out_ld = a.out.ld;
+  g.gs_x = a.gs_x;
+  g.gs_w = a.gs_w;
+  g.gw_stride = (int)gw_stride;
+  grouped_bs_args_kernel<<<1, 256, 0, st>>>(g);
+  QQ_TRY(check_launch("grouped_qqmm"));
+  if (T * cK > 0) {
+    seg_swizzle_kernel<<<(unsigned)((T * cK + kThreads - 1) / kThreads), kThreads, 0, st>>>(
+        xl, xl_ld, T, cK, ends, (int)E, g.pstart, g.bad, xs, c4);
+    QQ_TRY(check_launch("grouped_qqmm"));
+  }
+  QQ_TRY(gemm_grouped_blockscaled(c, lt, true, st));
+  const int64_t total = T * N;
+  if (total > 0) {
+    Mat o = a.out;
+    nan_if_bad_kernel<<<(unsigned)((total + kThreads - 1) / kThreads), kThreads, 0, st>>>(g.bad, o, total);
+    QQ_TRY(check_launch("grouped_qqmm"));
+  }
+  return routed(QQ_STATUS_SUCCESS, QQ_ROUTE_BLOCKSCALED);
+#endif
+}
+
+}  // namespace
+
 qqStatus_t grouped_qqmm(qqHandle_t h, const MatmulArgs& a, int64_t gw_stride, const int32_t* ends, int64_t E,
                         void* stream, bool* taken) {
   *taken = false;
-  if (!grouped_gemm_sm90_built()) return QQ_STATUS_SUCCESS;
   qqContext* c = nullptr;
   QQ_TRY(resolve_handle("grouped_qqmm", h, a.out.device, &c));
-  // Hopper's exact path only: Blackwell's block-scaled GEMMs run per expert.
+  // Blackwell: one grouped block-scaled GEMM where cuBLASLt takes the call; where it refuses,
+  // the next route (Hopper under the force_blockscaled hook: the one below; Blackwell: the
+  // caller's per-expert loop of block-scaled qqmm calls).
+  if ((a.route == QQ_ROUTE_AUTO || a.route == QQ_ROUTE_BLOCKSCALED) && grouped_bs_arch(c->cc)) {
+    const qqStatus_t s = on_device(c->device, [&]() {
+      return grouped_qqmm_blockscaled(c, a, gw_stride, ends, E, (cudaStream_t)stream);
+    });
+    if (s != QQ_STATUS_NOT_SUPPORTED) {
+      *taken = s == QQ_STATUS_SUCCESS;
+      return s;
+    }
+  }
+  if (!grouped_gemm_sm90_built()) return QQ_STATUS_SUCCESS;
+  // Hopper's exact path: CUTLASS's sm90 grouped GEMM.
   if (c->cc / 10 != 9 || (a.route != QQ_ROUTE_AUTO && a.route != QQ_ROUTE_EXACT)) return QQ_STATUS_SUCCESS;
   const int64_t T = a.M, N = a.N, K = a.K;
   const bool w_bf16 = a.w_prepared && a.w.dt == DType::BF16;
