@@ -89,6 +89,21 @@ cublasStatus_t set_pointers(GemmPlan* plan, const Gemm& g) {
   return s;
 }
 
+// cuBLASLt's first algorithm for plan's descriptors under `pref` (destroyed here):
+// plan->ok says whether there is one.
+void pick_algo(cublasLtHandle_t lt, GemmPlan* plan, cublasLtMatmulPreference_t pref) {
+  cublasLtMatmulHeuristicResult_t res;
+  int n = 0;
+  const cublasStatus_t hs =
+      lt_api().cublasLtMatmulAlgoGetHeuristic(lt, plan->desc, plan->la, plan->lb, plan->ld, plan->ld, pref, 1, &res, &n);
+  lt_api().cublasLtMatmulPreferenceDestroy(pref);
+  if (hs == CUBLAS_STATUS_SUCCESS && n > 0) {
+    plan->algo = res.algo;
+    plan->workspace = res.workspaceSize;
+    plan->ok = true;
+  }
+}
+
 // Builds the plan for `k` (g: the call that first needs it, for its
 // pointers); plan->ok says whether cuBLASLt has an algorithm.
 GemmPlan* make_plan(cublasLtHandle_t lt, const GemmKey& k, const Gemm& g) {
@@ -136,19 +151,9 @@ GemmPlan* make_plan(cublasLtHandle_t lt, const GemmKey& k, const Gemm& g) {
   lt_api().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
   lt_api().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d));
   lt_api().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d));
-  cublasLtMatmulHeuristicResult_t res;
-  int n = 0;
-  const cublasStatus_t hs =
-      lt_api().cublasLtMatmulAlgoGetHeuristic(lt, plan->desc, plan->la, plan->lb, plan->ld, plan->ld, pref, 1, &res, &n);
-  lt_api().cublasLtMatmulPreferenceDestroy(pref);
-  if (hs == CUBLAS_STATUS_SUCCESS && n > 0) {
-    plan->algo = res.algo;
-    plan->workspace = res.workspaceSize;
-    plan->ok = true;
-  }
+  pick_algo(lt, plan, pref);
   return plan;
 }
-#undef QQ_LT
 
 __device__ __forceinline__ void cvt(float v, float* d) { *d = v; }
 __device__ __forceinline__ void cvt(float v, __half* d) { *d = __float2half_rn(v); }
@@ -381,13 +386,6 @@ qqStatus_t to_f32(const char* op, const Mat& v, int64_t n, float* out, cudaStrea
 #if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 130300
 namespace {
 
-#define QQ_LT(call)                         \
-  do {                                      \
-    if ((call) != CUBLAS_STATUS_SUCCESS) {  \
-      return plan;                          \
-    }                                       \
-  } while (0)
-
 cublasStatus_t set_grouped_layout(cublasLtMatrixLayout_t l, const int64_t* rows, const int64_t* cols,
                                   const int64_t* ld) {
   const CublasLtApi& api = lt_api();
@@ -461,16 +459,7 @@ GemmPlan* make_grouped_plan(cublasLtHandle_t lt, const GemmKey& k, const Grouped
                                            sizeof(avg_cols));
   api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_GROUPED_AVERAGE_REDUCTION_DIM, &avg_k,
                                            sizeof(avg_k));
-  cublasLtMatmulHeuristicResult_t res;
-  int n = 0;
-  const cublasStatus_t hs =
-      api.cublasLtMatmulAlgoGetHeuristic(lt, plan->desc, plan->la, plan->lb, plan->ld, plan->ld, pref, 1, &res, &n);
-  api.cublasLtMatmulPreferenceDestroy(pref);
-  if (hs == CUBLAS_STATUS_SUCCESS && n > 0) {
-    plan->algo = res.algo;
-    plan->workspace = res.workspaceSize;
-    plan->ok = true;
-  }
+  pick_algo(lt, plan, pref);
   return plan;
 }
 #undef QQ_LT
