@@ -268,6 +268,85 @@ def test_grouped_blockscaled_forced_refusal(mode, wform, rng):
     assert_matmul_close(got, ref, f"grouped_qqmm {mode} {wform} (forced, refused)", dtype=BF16)
 
 
+class _Emulated:
+    """The emulate_grouped_blockscaled hook for a block: the block-scaled grouped route runs
+    on this GPU with a plain kernel in place of cuBLASLt's grouped GEMM, reading the same
+    per-expert arrays (libqq/src/cuda/qqmm.cu, grouped_bs_emulate_kernel)."""
+
+    def __enter__(self):
+        self.old = _hook("emulate_grouped_blockscaled", 1)
+
+    def __exit__(self, *exc):
+        _hook("emulate_grouped_blockscaled", self.old)
+
+
+def _out_dtype(dtype):
+    return F32 if dtype == "float32" else (np.float16 if dtype == "float16" else BF16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float16"])
+@pytest.mark.parametrize("wform", _WFORMS)
+@pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])
+def test_grouped_blockscaled_emulated(mode, wform, dtype, rng):
+    """Everything of Blackwell's grouped route but cuBLASLt, on this GPU: x quantized for all
+    tokens, each expert's scales placed in blocked tiles of their own (P_e), w's scales used,
+    swizzled or quantized, the per-expert arrays and alpha (per-expert nvfp4 global scales)
+    derived on the device from the ends, with empty, single-token, multi-tile and
+    tile-straddling experts: the route is `blockscaled` and the result the per-expert
+    reference within the fp32 accumulation bound. fp16 out with nvfp4 is refused by rule and
+    takes the next route."""
+    x, wa, kw, ends, ref = _grouped_case(mode, wform, rng, 136)
+    with _Emulated():
+        got = qq.grouped_qqmm(x, wa, ends, dtype=dtype, **kw)
+        route = qq.last_route()
+    refused = mode == "nvfp4" and dtype == "float16"
+    assert (route != "blockscaled") if refused else (route == "blockscaled"), route
+    assert_matmul_close(got, ref, f"grouped_qqmm {mode} {wform} emulated", dtype=_out_dtype(dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])
+def test_grouped_blockscaled_emulated_packed_x_and_bad_ends(mode, rng):
+    """Packed x with linear scales (its rows used in place, its scales placed per expert), and
+    bad group ends: every group empty, the result all NaN (as Hopper's one-launch path)."""
+    sizes = [5, 0, 140, 3]
+    e, n, k = len(sizes), 64, 256
+    t = sum(sizes)
+    x = cast(rng.standard_normal((t, k)), BF16)
+    w = cast(rng.standard_normal((e, n, k)), BF16)
+    xq = qq.quantize(dev(x, "cuda"), mode=mode)
+    with _Emulated():
+        got = qq.grouped_qqmm(xq, dev(w, "cuda"), dev(offsets_of(sizes), "cuda"), mode=mode, dtype="float32")
+        route = qq.last_route()
+        bad = qq.grouped_qqmm(xq, dev(w, "cuda"), dev(np.array([5, 3, 148, 148], np.int32), "cuda"), mode=mode,
+                              dtype="float32")
+    assert route == "blockscaled", route
+    ref = ref_grouped(x, w, sizes, lambda xe, i: R.qqmm(xe, w[i], mode))
+    assert_matmul_close(got, ref, f"grouped_qqmm {mode} packed x emulated", dtype=F32)
+    assert np.isnan(to_numpy(bad)).all()
+
+
+@pytest.mark.gpu
+def test_grouped_blockscaled_emulated_in_a_cuda_graph(rng):
+    """The route reads the ends only on the device: captured once, replayed with other ends in
+    the same tensor, it gives the eager result of those ends."""
+    torch = pytest.importorskip("torch")
+    x, wa, kw, ends, _ = _grouped_case("mxfp8", "blocked", rng, 136)
+    other = torch.tensor(np.cumsum([0, 200, 1, 7, 64, 130, 0]).astype(np.int32), device="cuda")
+    with _Emulated():
+        qq.grouped_qqmm(x, wa, ends, **kw)  # warm-up (the plan, the scratch pool)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = qq.grouped_qqmm(x, wa, ends, **kw)
+        ends.copy_(other)
+        g.replay()
+        want = qq.grouped_qqmm(x, wa, other, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(y, want)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("wform", _WFORMS)

@@ -114,6 +114,10 @@ enum TestHook {
   // Number of grouped block-scaled plans made (grouped_qqmm on Blackwell, each asking
   // cuBLASLt once, refused or not; a counter like HOOK_BLOCKSCALED_QUERIES).
   HOOK_GROUPED_QUERIES = 4,
+  // grouped_qqmm's block-scaled route runs on any GPU with a plain kernel in place of
+  // cuBLASLt's grouped GEMM, reading the same per-expert arrays (qqmm.cu): everything of
+  // that route but cuBLASLt itself is then tested where no Blackwell GPU is.
+  HOOK_EMULATE_GROUPED = 5,
   HOOK_COUNT
 };
 int test_hook(TestHook h);

@@ -68,13 +68,13 @@ QQ_API const char* qqGetRouteString(qqRoute_t route) {
 }
 
 // Not in qq.h (see the top of this file). Names: "force_blockscaled",
-// "fail_blockscaled_matmul", "unfused_qx" (set to value), "blockscaled_queries" and
+// "fail_blockscaled_matmul", "unfused_qx", "emulate_grouped_blockscaled" (set to value), "blockscaled_queries" and
 // "grouped_blockscaled_queries" (counters, read: *old gets the count; value is added).
 // *old (may be NULL) gets the previous value.
 QQ_API qqStatus_t qqInternalSetTestHook(const char* name, int value, int* old) {
   static const char* const names[HOOK_COUNT] = {"force_blockscaled", "fail_blockscaled_matmul",
                                                 "blockscaled_queries", "unfused_qx",
-                                                "grouped_blockscaled_queries"};
+                                                "grouped_blockscaled_queries", "emulate_grouped_blockscaled"};
   for (int i = 0; name && i < HOOK_COUNT; ++i) {
     if (strcmp(name, names[i]) != 0) continue;
     const bool counter = i == HOOK_BLOCKSCALED_QUERIES || i == HOOK_GROUPED_QUERIES;
@@ -83,8 +83,8 @@ QQ_API qqStatus_t qqInternalSetTestHook(const char* name, int value, int* old) {
     return QQ_STATUS_SUCCESS;
   }
   return set_error(QQ_STATUS_INVALID_VALUE, "qqInternalSetTestHook: unknown hook '%s'; expected "
-                   "force_blockscaled, fail_blockscaled_matmul, blockscaled_queries, unfused_qx or "
-                   "grouped_blockscaled_queries", name ? name : "(null)");
+                   "force_blockscaled, fail_blockscaled_matmul, blockscaled_queries, unfused_qx, "
+                   "grouped_blockscaled_queries or emulate_grouped_blockscaled", name ? name : "(null)");
 }
 
 }  // extern "C"

@@ -847,9 +847,46 @@ __global__ void nan_if_bad_kernel(const int* bad, Mat out, int64_t total) {
   else ((uint16_t*)out.ptr)[oi] = 0x7e00;
 }
 
+// The emulate_grouped_blockscaled test hook's stand-in for cuBLASLt's grouped GEMM: D_e =
+// alpha_e * A_e @ B_e^T from the same device arrays, read as cuBLASLt is told to read them
+// (pointers, int64 shapes and pitches, each group's blocked scales), one thread an output,
+// fp32 sums per scale group. Slow; for tests of everything around the GEMM.
+__global__ void grouped_bs_emulate_kernel(GroupedLtGemm g, int bits, int group, bool nvfp4, int64_t c4) {
+  const int e = blockIdx.y;
+  const int64_t m_e = g.cols_m[e], N = g.cols_n[e], K = g.rows_k[e];
+  const uint8_t* sa = (const uint8_t*)g.a_scale[e];
+  const uint8_t* sb = (const uint8_t*)g.b_scale[e];
+  const float alpha = *(const float*)g.alpha[e];
+  const int dsize = g.d == DType::F32 ? 4 : 2;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < m_e * N; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t m = i / N, n = i - m * N;
+    const uint8_t* ra = (const uint8_t*)g.a_ptr[e] + m * g.ld_a[e] * bits / 8;
+    const uint8_t* rb = (const uint8_t*)g.b_ptr[e] + n * g.ld_b[e] * bits / 8;
+    float acc = 0.0f;
+    for (int64_t kg = 0; kg < K / group; ++kg) {
+      const uint8_t ca = sa[blocked_offset(m, kg, c4)], cb = sb[blocked_offset(n, kg, c4)];
+      const float s = nvfp4 ? e4m3_decode(ca) * e4m3_decode(cb) : ue8m0_decode(ca) * ue8m0_decode(cb);
+      float part = 0.0f;
+      for (int64_t k = kg * group; k < (kg + 1) * group; ++k) {
+        const float va = bits == 8 ? e4m3_decode(ra[k]) : e2m1_decode((uint8_t)((ra[k / 2] >> (4 * (k & 1))) & 15));
+        const float vb = bits == 8 ? e4m3_decode(rb[k]) : e2m1_decode((uint8_t)((rb[k / 2] >> (4 * (k & 1))) & 15));
+        part = fmaf(va, vb, part);
+      }
+      acc = fmaf(part, s, acc);
+    }
+    const float v = acc * alpha;
+    uint8_t* d = (uint8_t*)g.d_ptr[e] + (m * g.ld_d[e] + n) * dsize;
+    if (g.d == DType::F32) *(float*)d = v;
+    else if (g.d == DType::BF16) *(uint16_t*)d = f_to_bf16(v);
+    else *(uint16_t*)d = f_to_fp16(v);
+  }
+}
+
 // Compute capabilities whose cuBLASLt documents the grouped block-scaled GEMM (10.x, 11.0;
-// not 12.x), or any GPU under the force_blockscaled hook.
-bool grouped_bs_arch(int cc) { return cc / 10 == 10 || cc / 10 == 11 || test_hook(HOOK_FORCE_BLOCKSCALED); }
+// not 12.x), or any GPU under the force_blockscaled or emulate_grouped_blockscaled hooks.
+bool grouped_bs_arch(int cc) {
+  return cc / 10 == 10 || cc / 10 == 11 || test_hook(HOOK_FORCE_BLOCKSCALED) || test_hook(HOOK_EMULATE_GROUPED);
+}
 
 // SUCCESS (the product is in a.out), NOT_SUPPORTED with the reason (nothing written: the caller
 // takes another route), or another error.
@@ -863,10 +900,11 @@ qqStatus_t grouped_qqmm_blockscaled(qqContext* c, const MatmulArgs& a, int64_t g
   const QSpec& q = a.q;
   const bool nvfp4 = q.mode == QQ_MODE_NVFP4;
   const size_t lt_version = cublaslt_version();
+  const bool emulate = test_hook(HOOK_EMULATE_GROUPED) != 0;
   const char* why = nullptr;
   if (!nvfp4 && !(q.mode == QQ_MODE_MXFP8 && q.elem == ELEM_E4M3))
     why = "only nvfp4 and mxfp8 (e4m3) have grouped block-scaled GEMMs in cuBLASLt";
-  else if (lt_version < (nvfp4 ? 130400u : 130300u) && !test_hook(HOOK_FORCE_BLOCKSCALED))
+  else if (lt_version < (nvfp4 ? 130400u : 130300u) && !test_hook(HOOK_FORCE_BLOCKSCALED) && !emulate)
     why = nvfp4 ? "cuBLASLt's grouped nvfp4 GEMM needs cuBLASLt 13.4 or newer at run time"
                 : "cuBLASLt's grouped mxfp8 GEMM needs cuBLASLt 13.3 or newer at run time";
   else if (E < 1 || E > kGroupedBsMaxE)
@@ -911,7 +949,7 @@ qqStatus_t grouped_qqmm_blockscaled(qqContext* c, const MatmulArgs& a, int64_t g
   lt.d = a.out.dt;
   lt.lt_ab = (int)(nvfp4 ? CUDA_R_4F_E2M1 : CUDA_R_8F_E4M3);
   lt.scale_mode = (int)(nvfp4 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0);
-  QQ_TRY(gemm_grouped_blockscaled(c, lt, false, st));  // refused (with the reason) before any work
+  if (!emulate) QQ_TRY(gemm_grouped_blockscaled(c, lt, false, st));  // refused (with the reason) before any work
 
   // x: packed rows and linear scales (the caller's, or quantized here)
   const int64_t xrow = q.packed_cols(K);
@@ -1004,7 +1042,13 @@ qqStatus_t grouped_qqmm_blockscaled(qqContext* c, const MatmulArgs& a, int64_t g
         xl, xl_ld, T, cK, ends, (int)E, g.pstart, g.bad, xs, c4);
     QQ_TRY(check_launch("grouped_qqmm"));
   }
-  QQ_TRY(gemm_grouped_blockscaled(c, lt, true, st));
+  if (emulate) {
+    const unsigned blocks = (unsigned)std::min<int64_t>(256, (T / E * N + kThreads - 1) / kThreads + 1);
+    grouped_bs_emulate_kernel<<<dim3(blocks, (unsigned)E), kThreads, 0, st>>>(lt, q.bits, q.group, nvfp4, c4);
+    QQ_TRY(check_launch("grouped_qqmm"));
+  } else {
+    QQ_TRY(gemm_grouped_blockscaled(c, lt, true, st));
+  }
   const int64_t total = T * N;
   if (total > 0) {
     Mat o = a.out;
