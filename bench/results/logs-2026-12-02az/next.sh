@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The next session's first device call (written in session az, not run): grouped_qqmm's new
+# Blackwell route (qqmm.cu grouped_qqmm_blockscaled, gemm.cu gemm_grouped_blockscaled), which
+# no GPU has run yet, through its Hopper tests (the emulate_grouped_blockscaled and
+# force_blockscaled hooks), memcheck over them, then the whole GPU suite on the same build.
+#   OUT=$OUT QQ_COMMIT=<hash> bash bench/results/logs-2026-12-02az/next.sh   (carry .cutlass; ~8 minutes)
+# Three files come back: $OUT/{a,m,f}/session.tgz.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+T0=$(date +%s)
+TESTS="tests/test_grouped.py tests/test_route.py tests/test_graphs.py" WORKERS=16 OUT=$OUT/a \
+  bash scripts/gpu_session.sh build test 2>&1 | tail -15
+echo "build + subset $(( $(date +%s) - T0 )) s"
+TESTS="tests/test_grouped.py -k blockscaled" OUT=$OUT/m bash scripts/gpu_session.sh memcheck 2>&1 | tail -6
+echo "memcheck $(( $(date +%s) - T0 )) s"
+WORKERS=16 OUT=$OUT/f timeout 330 bash scripts/gpu_session.sh test 2>&1 | tail -12
+echo "all $(( $(date +%s) - T0 )) s"
