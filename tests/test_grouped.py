@@ -268,6 +268,15 @@ def test_grouped_blockscaled_forced_refusal(mode, wform, rng):
     assert_matmul_close(got, ref, f"grouped_qqmm {mode} {wform} (forced, refused)", dtype=BF16)
 
 
+def test_grouped_blockscaled_hooks():
+    """The two hooks the GPU tests below use exist (a misspelt name would raise there only on
+    a GPU): emulate_grouped_blockscaled is a switch, grouped_blockscaled_queries a counter."""
+    old = _hook("emulate_grouped_blockscaled", 1)
+    assert _hook("emulate_grouped_blockscaled", old) == 1
+    n = _grouped_plans()
+    assert _hook("grouped_blockscaled_queries", 0) == n
+
+
 class _Emulated:
     """The emulate_grouped_blockscaled hook for a block: the block-scaled grouped route runs
     on this GPU with a plain kernel in place of cuBLASLt's grouped GEMM, reading the same
