@@ -245,16 +245,17 @@ def test_grouped_qqmm_wgrad(mode):
 
 
 def test_grouped_qqmm_under_capture_raises():
-    """Where the offsets are read on the host (here: a float32 result, which the grouped
-    GEMM does not write), capture is refused with a clear error."""
+    """Where the offsets are read on the host (here: mxfp4 with a float32 result, which
+    neither Hopper's grouped GEMM nor Blackwell's grouped block-scaled one takes), capture is
+    refused with a clear error."""
     x = _x(64, 256)
     w = _x(2, 128, 256)
     ends = torch.tensor([30, 64], dtype=torch.int32, device="cuda")
-    qq.grouped_qqmm(x, w, ends, mode="mxfp8", dtype="float32")          # eager works
+    qq.grouped_qqmm(x, w, ends, mode="mxfp4", dtype="float32")          # eager works
     g = torch.cuda.CUDAGraph()
     with capture(g):
         with pytest.raises(qq.NotSupportedError, match="graph"):
-            qq.grouped_qqmm(x, w, ends, mode="mxfp8", dtype="float32")
+            qq.grouped_qqmm(x, w, ends, mode="mxfp4", dtype="float32")
 
 
 def test_host_waits_under_capture_raise():

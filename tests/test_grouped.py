@@ -19,11 +19,29 @@ F32 = np.float32
 SIZES = [0, 5, 1, 34, 0, 17]  # tokens per expert: empty and single-token groups included
 
 
-def one_launch(device):
-    """Whether grouped_qqmm takes its one-launch path here (Hopper, built with CUTLASS's
-    headers): the group ends are then read on the device, bad ones give NaN."""
+def blackwell_grouped(mode="mxfp8"):
+    """Whether grouped_qqmm's Blackwell route can run here: compute capability 10.x / 11.0,
+    libqq built against cuBLASLt 13.3 or newer, and the loaded one new enough for `mode`
+    (13.3 for mxfp8, 13.4 for nvfp4)."""
+    if qq.device_count() == 0 or qq.device_capability(0)[0] not in (10, 11):
+        return False
+    if qq.build_info().get("cublaslt", 0) < 130300:
+        return False
+    v = qq.cuda_info()["cublaslt_version"] or "0.0.0"
+    return tuple(int(p) for p in v.split(".")) >= ((13, 4, 0) if mode == "nvfp4" else (13, 3, 0))
+
+
+def hopper_one_launch(device):
+    """Whether grouped_qqmm and grouped_qqmm_wgrad take Hopper's one-launch path here (built
+    with CUTLASS's headers): the group ends are then read on the device, bad ones give NaN."""
     return (device == "cuda" and qq.build_info().get("grouped_sm90") == "ON"
             and qq.device_capability(0)[0] == 9)
+
+
+def one_launch(device, mode="mxfp8"):
+    """Whether grouped_qqmm reads the group ends on the device here: Hopper's one-launch path,
+    or Blackwell's grouped block-scaled GEMM for nvfp4 / mxfp8 calls it takes."""
+    return hopper_one_launch(device) or (device == "cuda" and blackwell_grouped(mode))
 
 
 def dev(a, device):
@@ -196,10 +214,6 @@ def _grouped_plans():
     return _hook("grouped_blockscaled_queries", 0)
 
 
-def _blackwell_grouped():
-    return qq.device_count() > 0 and qq.device_capability(0)[0] in (10, 11)
-
-
 _WFORMS = ["float", "linear", "blocked"]
 
 
@@ -244,8 +258,10 @@ def test_grouped_blockscaled_forced_refusal(mode, wform, rng):
     its arguments, cuBLASLt refuses before anything runs, and the call takes the route it takes
     without the hook - bit for bit the same result. The refusal is remembered: one plan for
     the shape, none more on the second call; mxfp4 is refused by rule without a plan."""
-    if _blackwell_grouped():
+    if qq.device_capability(0)[0] in (10, 11):
         pytest.skip("this GPU has the grouped block-scaled GEMM; test_grouped_blockscaled_on_blackwell covers it")
+    if qq.build_info().get("cublaslt", 0) < 130300 or not qq.cuda_info()["cublaslt_loaded"]:
+        pytest.skip("libqq was built against a cuBLASLt without the grouped GEMM, or none is loaded: no plan is made")
     n = _fresh_n(mode, wform)
     x, wa, kw, ends, ref = _grouped_case(mode, wform, rng, n)
     want = qq.grouped_qqmm(x, wa, ends, **kw)
@@ -344,7 +360,8 @@ def test_grouped_blockscaled_emulated_in_a_cuda_graph(rng):
     x, wa, kw, ends, _ = _grouped_case("mxfp8", "blocked", rng, 136)
     other = torch.tensor(np.cumsum([0, 200, 1, 7, 64, 130, 0]).astype(np.int32), device="cuda")
     with _Emulated():
-        qq.grouped_qqmm(x, wa, ends, **kw)  # warm-up (the plan, the scratch pool)
+        qq.grouped_qqmm(x, wa, ends, **kw)  # warm-up (the handle, the scratch pool)
+        assert qq.last_route() == "blockscaled", qq.last_route()
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
@@ -366,13 +383,12 @@ def test_grouped_blockscaled_on_blackwell(mode, wform, dtype, rng):
     loaded cuBLASLt has it (13.3 for mxfp8, 13.4 for nvfp4), with empty, single-token and
     multi-tile experts, and equals the per-expert reference within the fp32 accumulation
     bound; a simulated cublasLtMatmul failure falls back to the per-expert loop."""
-    if not _blackwell_grouped():
+    if qq.device_count() == 0 or qq.device_capability(0)[0] not in (10, 11):
         pytest.skip("needs compute capability 10.x or 11.0 (cuBLASLt's grouped block-scaled GEMM)")
     x, wa, kw, ends, ref = _grouped_case(mode, wform, rng, 136)
     got = qq.grouped_qqmm(x, wa, ends, dtype=dtype, **kw)
     route = qq.last_route()
-    version = tuple(int(v) for v in (qq.cuda_info()["cublaslt_version"] or "0.0.0").split("."))
-    if version >= ((13, 4, 0) if mode == "nvfp4" else (13, 3, 0)):
+    if blackwell_grouped(mode):
         assert route == "blockscaled", route
     assert_matmul_close(got, ref, f"grouped_qqmm {mode} {wform} on Blackwell", dtype=np.dtype(dtype)
                         if dtype == "float32" else BF16)
@@ -521,7 +537,7 @@ def test_grouped_qqmm_wgrad_errors(n, device, rng):
     good = dev(np.array([4, 10], np.int32), device)
     for bad in ([4, 9], [6, 4, 10], [4, 11], [-2, 10]):
         ends = dev(np.array(bad, np.int32), device)
-        if one_launch(device) and n % 8 == 0:
+        if hopper_one_launch(device) and n % 8 == 0:
             got = to_numpy(qq.grouped_qqmm_wgrad(x, dy, ends)).astype(F32)
             assert got.shape == (len(bad), 64, n) and np.isnan(got).all(), bad
         else:

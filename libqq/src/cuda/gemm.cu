@@ -22,6 +22,7 @@
 #include <cuda_fp16.h>
 #include <string.h>
 
+#include <algorithm>
 #include <string>
 
 #include "common.cuh"
@@ -375,11 +376,12 @@ qqStatus_t to_f32(const char* op, const Mat& v, int64_t n, float* out, cudaStrea
 // grouped matrices"): compute capability 9.0, 10.x or 11.0; every matrix in grouped mode
 // and column-major; pointer mode host or device; on 10.x / 11.0 the A / B scale modes may
 // be VEC32_UE8M0 (E4M3 / E5M2 operands) or VEC16_UE4M3 (E2M1), D bf16 / fp16 / fp32,
-// default epilogue; the matrices, their shapes and leading dimensions and (with
-// ALPHA_BATCH_STRIDE = 1) alpha and beta are device arrays of per-group values; and "the
-// arguments validation is very limited": what the arrays say must be right (the caller's
-// kernel clamps bad group ends). The scale pointers are device arrays of per-group
-// pointers too (TransformerEngine's grouped MXFP8 / NVFP4 GEMMs set them so). Layouts are
+// default epilogue; the matrices and (with ALPHA_BATCH_STRIDE = 1) alpha and beta are
+// device arrays of per-group pointers, their shapes and leading dimensions device arrays of
+// per-group values; and "the arguments validation is very limited": what the arrays say
+// must be right (the caller's kernel clamps bad group ends). The scale pointers are device
+// arrays of per-group pointers too (TransformerEngine's grouped MXFP8 / NVFP4 GEMMs set them
+// so). The average shapes, the heuristic's hints, are uint32_t (cublasLt.h). Layouts are
 // made with cublasLtMatrixLayoutCreate and the grouped attributes, not the newer
 // cublasLtGroupedMatrixLayoutCreate, so that libqq still loads with an older cuBLASLt
 // (the version gate is the caller's).
@@ -451,7 +453,8 @@ GemmPlan* make_grouped_plan(cublasLtHandle_t lt, const GemmKey& k, const Grouped
   QQ_LT(api.cublasLtMatmulPreferenceCreate(&pref));
   const size_t ws = kMaxWorkspace;
   // the shapes are on the device: their averages are the heuristic's hint (D is N x m_e)
-  const int64_t avg_rows = k.N, avg_cols = k.M, avg_k = k.K;
+  const auto u32 = [](int64_t v) { return (uint32_t)std::min<int64_t>(v, 0xffffffffll); };
+  const uint32_t avg_rows = u32(k.N), avg_cols = u32(k.M), avg_k = u32(k.K);
   api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
   api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_GROUPED_DESC_D_AVERAGE_ROWS, &avg_rows,
                                            sizeof(avg_rows));
@@ -489,8 +492,12 @@ qqStatus_t gemm_grouped_blockscaled(qqContext* c, const GroupedLtGemm& g, bool r
                      "the shape is refused from now on" : "cuBLASLt has no grouped block-scaled algorithm",
                      (long long)g.E, (long long)g.N, (long long)g.K);
   if (!run_it) return QQ_STATUS_SUCCESS;
-  if (set_grouped_arrays(plan, g) != CUBLAS_STATUS_SUCCESS)
-    return set_error(QQ_STATUS_CUBLAS_ERROR, "gemm: setting the grouped arrays failed");
+  if (set_grouped_arrays(plan, g) != CUBLAS_STATUS_SUCCESS) {  // refused like a failed matmul (nothing ran)
+    plan->ok = false;
+    plan->failed = true;
+    return set_error(QQ_STATUS_NOT_SUPPORTED, "setting the grouped arrays on cuBLASLt's descriptors failed; this "
+                     "shape is refused from now on");
+  }
   void* ws = nullptr;
   if (plan->workspace) QQ_TRY(scratch.get("gemm", plan->workspace, &ws));
   const bool simulate = test_hook(HOOK_FAIL_BLOCKSCALED_MATMUL);

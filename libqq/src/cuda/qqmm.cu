@@ -945,7 +945,10 @@ qqStatus_t grouped_qqmm_blockscaled(qqContext* c, const MatmulArgs& a, int64_t g
   lt.E = E;
   lt.N = N;
   lt.K = K;
-  lt.avg_m = std::max<int64_t>(1, T / E);
+  // the heuristic's hint and part of the plan's key: rounded up to a power of two, so that
+  // token counts that change every step reuse a few plans instead of making one each
+  lt.avg_m = 1;
+  while (lt.avg_m < T / E && lt.avg_m < (1ll << 30)) lt.avg_m *= 2;
   lt.d = a.out.dt;
   lt.lt_ab = (int)(nvfp4 ? CUDA_R_4F_E2M1 : CUDA_R_8F_E4M3);
   lt.scale_mode = (int)(nvfp4 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0);
