@@ -3,7 +3,8 @@
 # Blackwell route (qqmm.cu grouped_qqmm_blockscaled, gemm.cu gemm_grouped_blockscaled), which
 # no GPU has run yet, through its Hopper tests (the emulate_grouped_blockscaled and
 # force_blockscaled hooks), memcheck over them, then the whole GPU suite on the same build.
-#   OUT=$OUT QQ_COMMIT=<hash> bash bench/results/logs-2026-12-02az/next.sh   (carry .cutlass; ~8 minutes)
+#   OUT=$OUT QQ_COMMIT=<hash> bash bench/results/logs-2026-12-02az/next.sh   (carry .cutlass, made from the
+#   nvidia-cutlass wheel: pip download "nvidia-cutlass>=4.2,<5", its cutlass_library/source/include; ~8 minutes)
 # Three files come back: $OUT/{a,m,f}/session.tgz.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
