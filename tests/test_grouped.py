@@ -233,11 +233,9 @@ def _grouped_case(mode, wform, rng, n, sizes=(130, 0, 7, 64, 1, 0, 200)):
     gx = R.amax(x) if nv else None
     gw = np.array([float(R.amax(w[i])) for i in range(e)], F32) if nv else None
     kw = {"mode": mode, "global_scale_x": dev(gx, "cuda")}
-    if wform == "float":
+    if wform == "float":  # (quantized in one pass by the route, each expert with its own nvfp4 scale)
         wa = dev(w, "cuda")
-        if nv:  # float experts are quantized in one pass here: one global scale for all
-            gw = np.full(e, float(R.amax(w)), F32)
-            kw["global_scale_w"] = dev(gw[:1], "cuda")
+        kw["global_scale_w"] = dev(gw, "cuda")
     else:
         qs = [qq.quantize(w[i], mode=mode, global_scale=None if gw is None else gw[i:i + 1],
                           scale_layout=wform) for i in range(e)]

@@ -144,6 +144,10 @@ struct QuantizeArgs {
   Mat scales;    // linear [B..., M, K/g] or blocked [B..., R128, C4], compact
   Mat biases;    // affine: like linear scales; else ptr == nullptr
   const float* gs;
+  // gs[b * gs_stride] is batch entry b's global scale (0: one for all). Only grouped_qqmm's
+  // Blackwell route sets it (per-expert nvfp4 scales of float experts; the GPU backend): the
+  // CPU backend refuses it.
+  int64_t gs_stride = 0;
   QSpec q;
 };
 struct DequantizeArgs {

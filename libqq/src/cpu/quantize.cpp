@@ -580,6 +580,8 @@ void quantize_range(void* ctx, int64_t begin, int64_t end) {
 }  // namespace
 
 qqStatus_t quantize(const QuantizeArgs& a) {
+  if (a.gs_stride != 0)
+    return set_error(QQ_STATUS_INTERNAL_ERROR, "quantize: a global scale per batch entry is a GPU-only internal form");
   if (a.q.blocked) {
     // Padding of the blocked layout is zero (docs/formats.md, Scale layouts): clear the
     // whole buffer first, then scatter the real scales.

@@ -922,8 +922,8 @@ qqStatus_t grouped_qqmm_blockscaled(qqContext* c, const MatmulArgs& a, int64_t g
   else if (a.w_packed && a.w_blocked && ((uintptr_t)a.w_scales.ptr % 16 || a.w_scales.bstride[0] % 16 ||
                                          a.w_scales.ld != a.w_scales.cols))
     why = "the experts' blocked scales are not compact and 16-byte aligned";
-  else if (!a.w_packed && (!rows_aligned(a.w) || (a.gs_w && gw_stride != 0 && E > 1)))
-    why = "float experts are quantized here in one pass, which needs 16-byte rows and one global scale";
+  else if (!a.w_packed && !rows_aligned(a.w))
+    why = "float experts are quantized here in one pass, which needs 16-byte rows";
   if (why) return set_error(QQ_STATUS_NOT_SUPPORTED, "grouped_qqmm: the block-scaled route does not take this call: %s",
                             why);
 
@@ -1006,7 +1006,8 @@ qqStatus_t grouped_qqmm_blockscaled(qqContext* c, const MatmulArgs& a, int64_t g
     qa.x = a.w;
     qa.data = compact_like(a.w, d, DType::U8, N, xrow);
     qa.scales = wblk;
-    qa.gs = a.gs_w;  // one scale for every expert (checked above)
+    qa.gs = a.gs_w;  // expert e's at gs_w[e * gw_stride]
+    qa.gs_stride = gw_stride;
     qa.q = q;
     qa.q.blocked = 1;
     QQ_TRY(quantize(c, qa, st));

@@ -148,7 +148,7 @@ template <typename T, int G, int kGroups>
 __device__ __forceinline__ uint32_t quantize_unit(const QuantizeArgs& a, const Shape& s, int64_t b, int64_t r,
                                                   uint32_t g0, const RawRow<T, G * kGroups>& x) {
   constexpr int kN = G * kGroups;
-  const float enc = (G == 16 && a.gs) ? nvfp4_enc(*a.gs) : 1.0f;
+  const float enc = (G == 16 && a.gs) ? nvfp4_enc(a.gs[b * a.gs_stride]) : 1.0f;
 
   uint8_t* dst = (uint8_t*)a.data.ptr + (b * s.rows + r) * a.data.cols + (int64_t)g0 * G * a.q.bits / 8;
   const bool fp4 = G == 16 || a.q.bits == 4;
