@@ -6,7 +6,10 @@
 # Steps:
 #   build      pip install (no isolation, no deps: the device has no network) for sm_90a;
 #              CUTLASS's headers from .cutlass/ (carried: cp -r of the nvidia-cutlass wheel's
-#              cutlass_library/source/include) when present, else whatever the venv has
+#              cutlass_library/source/include) when present, else whatever the venv has;
+#              cuBLASLt's headers from .cublas/include (carried: the nvidia-cublas wheel's
+#              nvidia/cu13/include, the version the shipped wheel builds against) when present,
+#              else the venv's (13.1 on the H200: its grouped GEMM code is then compiled out)
 #   test       every GPU test (pytest -m gpu, WORKERS=8 workers) + python -m qq; TESTS="..." narrows
 #              it to those paths / -k expressions (e.g. TESTS="tests/test_grouped.py")
 #   memcheck   compute-sanitizer memcheck over every GPU test (8 workers); TESTS as above
@@ -37,7 +40,9 @@ for step in "$@"; do
     build)
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$LOG/info.log"
       [ -d .cutlass/cutlass ] && export QQ_CUTLASS_DIR="$PWD/.cutlass"
-      python3 -m pip install --no-build-isolation --no-deps -e . -C cmake.define.QQ_CUDA_ARCHS=${QQ_ARCHS:-90a} \
+      LT=()
+      [ -f .cublas/include/cublasLt.h ] && LT=(-C "cmake.define.QQ_CUBLASLT_ROOT=$PWD/.cublas")
+      python3 -m pip install --no-build-isolation --no-deps -e . -C cmake.define.QQ_CUDA_ARCHS=${QQ_ARCHS:-90a} ${LT[@]+"${LT[@]}"} \
         > "$LOG/build.log" 2>&1 || { tail -40 "$LOG/build.log"; exit 1; }
       if [ -z "${QUICK:-}" ]; then
         python3 -m qq > "$LOG/main.log" 2>&1 || rc=1

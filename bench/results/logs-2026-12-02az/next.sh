@@ -3,8 +3,12 @@
 # Blackwell route (qqmm.cu grouped_qqmm_blockscaled, gemm.cu gemm_grouped_blockscaled), which
 # no GPU has run yet, through its Hopper tests (the emulate_grouped_blockscaled and
 # force_blockscaled hooks), memcheck over them, then the whole GPU suite on the same build.
-#   OUT=$OUT QQ_COMMIT=<hash> bash bench/results/logs-2026-12-02az/next.sh   (carry .cutlass, made from the
-#   nvidia-cutlass wheel: pip download "nvidia-cutlass>=4.2,<5", its cutlass_library/source/include; ~8 minutes)
+#   OUT=$OUT QQ_COMMIT=<hash> bash bench/results/logs-2026-12-02az/next.sh   (~8 minutes), with
+#   carry [".cutlass", ".cublas"]: .cutlass from the nvidia-cutlass wheel (pip download
+#   "nvidia-cutlass>=4.2,<5"; its cutlass_library/source/include), .cublas/include from the
+#   nvidia-cublas wheel's nvidia/cu13/include (13.10, what the shipped wheel builds against:
+#   with the H200's own 13.1 headers gemm.cu's grouped plan code is compiled out, and
+#   test_grouped_blockscaled_forced_refusal skips).
 # Three files come back: $OUT/{a,m,f}/session.tgz.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
