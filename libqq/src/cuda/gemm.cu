@@ -176,14 +176,22 @@ __global__ void to_f32_kernel(const TI* src, int64_t n, float* dst) {
 
 unsigned grid_for(int64_t n) { return (unsigned)((n + 255) / 256); }
 
-// The plan of `key`, built on first use. Call with c->mu held.
-GemmPlan* find_plan(qqContext* c, const GemmKey& key, const Gemm& g) {
+// The plan of `key`, built by make() on first use. Call with c->mu held.
+template <typename Make>
+GemmPlan* find_plan(qqContext* c, const GemmKey& key, Make make) {
   if (!c->plans) c->plans = new std::map<GemmKey, GemmPlan*>;
-  auto it = c->plans->find(key);
-  if (it != c->plans->end()) return it->second;
-  GemmPlan* plan = make_plan(c->lt, key, g);
-  (*c->plans)[key] = plan;
-  return plan;
+  GemmPlan*& slot = (*c->plans)[key];
+  if (!slot) slot = make();
+  return slot;
+}
+GemmPlan* find_plan(qqContext* c, const GemmKey& key, const Gemm& g) {
+  return find_plan(c, key, [&] { return make_plan(c->lt, key, g); });
+}
+
+// A plan whose cublasLtMatmul (or its per-call setup) failed: refused from now on.
+void mark_failed(GemmPlan* plan) {
+  plan->ok = false;
+  plan->failed = true;
 }
 
 // Runs the planned GEMM; `key` has been filled for g. A failing
@@ -210,8 +218,7 @@ qqStatus_t run(qqContext* c, const GemmKey& key, const Gemm& g, void* D, cudaStr
                : lt_api().cublasLtMatmul(c->lt, plan->desc, alpha, g.B, plan->la, g.A, plan->lb, beta, D, plan->ld, D,
                                 plan->ld, &plan->algo, ws, plan->workspace, st);
   if (s != CUBLAS_STATUS_SUCCESS) {
-    plan->ok = false;
-    plan->failed = true;
+    mark_failed(plan);
     (void)cudaGetLastError();  // a launch error behind the status must not leak into the next check
     return set_error(QQ_STATUS_CUBLAS_ERROR, "gemm: cublasLtMatmul (M=%lld N=%lld K=%lld) failed with status %d%s",
                      (long long)g.M, (long long)g.N, (long long)g.K, (int)s,
@@ -482,10 +489,7 @@ qqStatus_t gemm_grouped_blockscaled(qqContext* c, const GroupedLtGemm& g, bool r
   k.alpha_dev = 1;
   Scratch scratch(c, st);
   std::lock_guard<std::mutex> lock(c->mu);
-  if (!c->plans) c->plans = new std::map<GemmKey, GemmPlan*>;
-  GemmPlan*& slot = (*c->plans)[k];
-  if (!slot) slot = make_grouped_plan(c->lt, k, g);
-  GemmPlan* plan = slot;
+  GemmPlan* plan = find_plan(c, k, [&] { return make_grouped_plan(c->lt, k, g); });
   if (!plan->ok)
     return set_error(QQ_STATUS_NOT_SUPPORTED, "%s for %lld groups of N=%lld K=%lld", plan->failed ?
                      "cublasLtMatmul failed earlier with the grouped block-scaled algorithm cuBLASLt chose, so "
@@ -493,8 +497,7 @@ qqStatus_t gemm_grouped_blockscaled(qqContext* c, const GroupedLtGemm& g, bool r
                      (long long)g.E, (long long)g.N, (long long)g.K);
   if (!run_it) return QQ_STATUS_SUCCESS;
   if (set_grouped_arrays(plan, g) != CUBLAS_STATUS_SUCCESS) {  // refused like a failed matmul (nothing ran)
-    plan->ok = false;
-    plan->failed = true;
+    mark_failed(plan);
     return set_error(QQ_STATUS_NOT_SUPPORTED, "setting the grouped arrays on cuBLASLt's descriptors failed; this "
                      "shape is refused from now on");
   }
@@ -506,9 +509,8 @@ qqStatus_t gemm_grouped_blockscaled(qqContext* c, const GroupedLtGemm& g, bool r
                : lt_api().cublasLtMatmul(c->lt, plan->desc, g.alpha, g.b_ptr, plan->la, g.a_ptr, plan->lb, g.beta,
                                          g.d_ptr, plan->ld, g.d_ptr, plan->ld, &plan->algo, ws, plan->workspace, st);
   if (s != CUBLAS_STATUS_SUCCESS) {
-    plan->ok = false;
-    plan->failed = true;
-    (void)cudaGetLastError();
+    mark_failed(plan);
+    (void)cudaGetLastError();  // as in run()
     return set_error(QQ_STATUS_NOT_SUPPORTED, "the grouped block-scaled cublasLtMatmul (%lld groups, N=%lld "
                      "K=%lld) failed with status %d%s; this shape is refused from now on", (long long)g.E,
                      (long long)g.N, (long long)g.K, (int)s,

@@ -788,12 +788,11 @@ __global__ void grouped_bs_args_kernel(GroupedBsArgs a) {
     int64_t prev = 0, p = 0;
     for (int e = 0; e < a.E; ++e) {
       const int64_t end = a.ends[e];
-      if (end < prev || end > a.T) b = 1;
+      if (group_end_bad(a.ends, e, a.E, a.T)) b = 1;
       a.pstart[e] = p;
       if (!b) p += roundup(end - prev, 128);
       prev = end;
     }
-    if (prev != a.T) b = 1;
     bad = b;
     *a.bad = b;
     a.alpha_vals[a.E] = 0.0f;
