@@ -44,6 +44,18 @@ def one_launch(device, mode="mxfp8"):
     return hopper_one_launch(device) or (device == "cuda" and blackwell_grouped(mode))
 
 
+def wgrad_one_launch(device, n, mode="mxfp8", dtype="float32", e=2):
+    """Whether grouped_qqmm_wgrad reads the group ends on the device here (bad ones give NaN):
+    Hopper's grouped GEMM (K and N multiples of 8; K = 64 in the tests), or Blackwell's
+    grouped block-scaled GEMM (nvfp4 / mxfp8 e4m3, 2 or more experts, 16-byte result rows,
+    no float16 result with nvfp4)."""
+    if hopper_one_launch(device) and n % 8 == 0:
+        return True
+    size = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+    return (device == "cuda" and blackwell_grouped(mode) and e >= 2 and (n * size) % 16 == 0
+            and not (mode == "nvfp4" and dtype == "float16"))
+
+
 def dev(a, device):
     return to_device(None if a is None else np.asarray(a), device)
 
@@ -535,7 +547,7 @@ def test_grouped_qqmm_wgrad_errors(n, device, rng):
     good = dev(np.array([4, 10], np.int32), device)
     for bad in ([4, 9], [6, 4, 10], [4, 11], [-2, 10]):
         ends = dev(np.array(bad, np.int32), device)
-        if hopper_one_launch(device) and n % 8 == 0:
+        if wgrad_one_launch(device, n):
             got = to_numpy(qq.grouped_qqmm_wgrad(x, dy, ends)).astype(F32)
             assert got.shape == (len(bad), 64, n) and np.isnan(got).all(), bad
         else:
@@ -548,3 +560,175 @@ def test_grouped_qqmm_wgrad_errors(n, device, rng):
            good)
     raises(TypeError, "dtype", qq.grouped_qqmm_wgrad, x, dy, good, dtype="int8")
     raises(ValueError, "global", qq.grouped_qqmm_wgrad, x, dy, good, global_scale_x=1.0)
+
+
+# ---------------------------------------------------------------------------
+# the weight gradient's Blackwell route: cuBLASLt's grouped block-scaled GEMM with the
+# tokens as each group's own reduction (libqq/src/cuda/qqmm.cu, grouped_wgrad_blockscaled)
+# ---------------------------------------------------------------------------
+
+_WG_SIZES = [33, 0, 1, 130, 0, 64, 7]  # empty, single-token, multi-block and ragged experts
+
+
+def _wgrad_case(mode, rng, n=48, k=200, sizes=_WG_SIZES, scale=3.0):
+    """x, dy, the kwargs, the ends and the per-expert references of one wgrad call."""
+    t = sum(sizes)
+    x = cast(rng.standard_normal((t, k)) * scale, BF16)
+    dy = cast(rng.standard_normal((t, n)), BF16)
+    cfg = FpCfg(mode, global_scale=mode == "nvfp4")
+    gx = R.amax(x) if cfg.global_scale else None
+    gdy = R.amax(dy) if cfg.global_scale else None
+    refs, r0 = [], 0
+    for s in sizes:
+        refs.append(ref_wgrad_expert(x[r0:r0 + s], dy[r0:r0 + s], cfg, gx, gdy) if s else None)
+        r0 += s
+    kw = {"global_scale_x": dev(gx, "cuda"), "global_scale_dy": dev(gdy, "cuda")}
+    return dev(x, "cuda"), dev(dy, "cuda"), kw, dev(offsets_of(sizes), "cuda"), refs
+
+
+def _check_wgrad(got, refs, what):
+    got = to_numpy(got)
+    assert got.shape[0] == len(refs)
+    for e, ref in enumerate(refs):
+        if ref is None:
+            assert not got[e].astype(F32).any(), f"{what}: expert {e} (empty) must be zero"
+        else:
+            assert_matmul_close(got[e], ref, f"{what}: expert {e}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])
+def test_grouped_wgrad_blockscaled_emulated(mode, dtype, rng):
+    """Everything of Blackwell's wgrad route but cuBLASLt, on this GPU (the
+    emulate_grouped_blockscaled hook): x and dy quantized along each expert's tokens into
+    codes, each expert's scales in blocked tiles as wide as its own token count, the
+    per-expert arrays with a reduction length each, alpha from both nvfp4 global scales,
+    empty experts zeroed: the route is `blockscaled` and every expert equals the reference
+    within the fp32 accumulation bound. K = 200 is not a whole 128-row scale tile (padding
+    rows) and spans four 64-column tiles of the quantizer. fp16 out with nvfp4 is refused by
+    rule and takes the next route."""
+    x, dy, kw, ends, refs = _wgrad_case(mode, rng)
+    with _Emulated():
+        got = qq.grouped_qqmm_wgrad(x, dy, ends, mode, dtype=dtype, **kw)
+        route = qq.last_route()
+    refused = mode == "nvfp4" and dtype == "float16"
+    assert (route != "blockscaled") if refused else (route == "blockscaled"), route
+    assert to_numpy(got).dtype == np.dtype(_out_dtype(dtype))
+    _check_wgrad(got, refs, f"wgrad {mode} {dtype} emulated")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("xdtype", ["float32", "float16"])
+@pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])
+def test_grouped_wgrad_blockscaled_emulated_many_experts(mode, xdtype, rng):
+    """Many experts (a quantizer block takes several tiles; scale tiles of many widths),
+    N = 36 (dy's rows not 16-byte pieces: the element-wise quantizer) and fp32 / fp16
+    inputs, all through the emulated route."""
+    sizes = [0] + [1, 33, 0, 17, 40, 5, 64, 0, 31, 2] * 12 + [0]
+    t, k, n = sum(sizes), 136, 36
+    x = cast(rng.standard_normal((t, k)) * 3, xdtype)
+    dy = cast(rng.standard_normal((t, n)), xdtype)
+    cfg = FpCfg(mode, global_scale=mode == "nvfp4")
+    gx = R.amax(x) if cfg.global_scale else None
+    gdy = R.amax(dy) if cfg.global_scale else None
+    with _Emulated():
+        got = qq.grouped_qqmm_wgrad(dev(x, "cuda"), dev(dy, "cuda"), dev(offsets_of(sizes), "cuda"), mode,
+                                    global_scale_x=dev(gx, "cuda"), global_scale_dy=dev(gdy, "cuda"))
+        route = qq.last_route()
+    assert route == "blockscaled", route
+    refs, r0 = [], 0
+    for s in sizes:
+        refs.append(ref_wgrad_expert(x[r0:r0 + s], dy[r0:r0 + s], cfg, gx, gdy) if s else None)
+        r0 += s
+    _check_wgrad(got, refs, f"wgrad {mode} {xdtype} many experts emulated")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])
+def test_grouped_wgrad_blockscaled_emulated_bad_ends(mode, rng):
+    """Bad group ends on the device: every expert empty in the GEMM and the whole result NaN
+    (as Hopper's grouped GEMM); all-empty good ends give zeros."""
+    x, dy, kw, _, _ = _wgrad_case(mode, rng, sizes=[5, 0, 140, 3])
+    with _Emulated():
+        bad = qq.grouped_qqmm_wgrad(x, dy, dev(np.array([5, 3, 148, 148], np.int32), "cuda"), mode, **kw)
+        assert qq.last_route() == "blockscaled", qq.last_route()
+        x0, dy0 = x[:0], dy[:0]
+        none = qq.grouped_qqmm_wgrad(x0, dy0, dev(np.zeros(3, np.int32), "cuda"), mode, **kw)
+    assert np.isnan(to_numpy(bad)).all()
+    assert to_numpy(none).shape == (3, 200, 48) and not to_numpy(none).any()
+
+
+@pytest.mark.gpu
+def test_grouped_wgrad_blockscaled_emulated_in_a_cuda_graph(rng):
+    """The wgrad route reads the ends only on the device: captured once, replayed with other
+    ends in the same tensor, it gives the eager result of those ends."""
+    torch = pytest.importorskip("torch")
+    x, dy, kw, ends, _ = _wgrad_case("nvfp4", rng)
+    other = torch.tensor(np.cumsum([64, 0, 7, 1, 130, 33, 0]).astype(np.int32), device="cuda")
+    with _Emulated():
+        qq.grouped_qqmm_wgrad(x, dy, ends, "nvfp4", **kw)  # warm-up (the handle, the scratch pool)
+        assert qq.last_route() == "blockscaled", qq.last_route()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = qq.grouped_qqmm_wgrad(x, dy, ends, "nvfp4", **kw)
+        ends.copy_(other)
+        g.replay()
+        want = qq.grouped_qqmm_wgrad(x, dy, other, "nvfp4", **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(y, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])
+def test_grouped_wgrad_blockscaled_forced_refusal(mode, rng):
+    """On a GPU without cuBLASLt's grouped block-scaled GEMM, force_blockscaled sends the
+    weight gradient into that route: cuBLASLt refuses before any work and the call takes
+    the route it takes without the hook - bit for bit the same result; the refusal is
+    remembered (one plan for the shape, none on the second call)."""
+    if qq.device_capability(0)[0] in (10, 11):
+        pytest.skip("this GPU has the grouped block-scaled GEMM; test_grouped_wgrad_blockscaled_on_blackwell covers it")
+    if qq.build_info().get("cublaslt", 0) < 130300 or not qq.cuda_info()["cublaslt_loaded"]:
+        pytest.skip("libqq was built against a cuBLASLt without the grouped GEMM, or none is loaded: no plan is made")
+    x, dy, kw, ends, refs = _wgrad_case(mode, rng, n=56 + 8 * ["mxfp8", "nvfp4"].index(mode))
+    want = qq.grouped_qqmm_wgrad(x, dy, ends, mode, **kw)
+    route = qq.last_route()
+    old = _hook("force_blockscaled", 1)
+    try:
+        p0 = _grouped_plans()
+        got = qq.grouped_qqmm_wgrad(x, dy, ends, mode, **kw)
+        p1 = _grouped_plans()
+        again = qq.grouped_qqmm_wgrad(x, dy, ends, mode, **kw)
+        p2 = _grouped_plans()
+    finally:
+        _hook("force_blockscaled", old)
+    assert route != "blockscaled"
+    np.testing.assert_array_equal(to_numpy(got), to_numpy(want))
+    np.testing.assert_array_equal(to_numpy(again), to_numpy(want))
+    assert (p1 - p0, p2 - p1) == (1, 0), (p0, p1, p2)
+    _check_wgrad(got, refs, f"wgrad {mode} (forced, refused)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])
+def test_grouped_wgrad_blockscaled_on_blackwell(mode, dtype, rng):
+    """Blackwell (compute capability 10.x / 11.0; skipped elsewhere, never run by us: see
+    docs/blackwell.md): grouped_qqmm_wgrad takes cuBLASLt's grouped block-scaled GEMM when the
+    loaded cuBLASLt has it, and every expert equals the reference within the fp32
+    accumulation bound; a simulated cublasLtMatmul failure falls back to the per-expert loop."""
+    if qq.device_count() == 0 or qq.device_capability(0)[0] not in (10, 11):
+        pytest.skip("needs compute capability 10.x or 11.0 (cuBLASLt's grouped block-scaled GEMM)")
+    x, dy, kw, ends, refs = _wgrad_case(mode, rng)
+    got = qq.grouped_qqmm_wgrad(x, dy, ends, mode, dtype=dtype, **kw)
+    if blackwell_grouped(mode):
+        assert qq.last_route() == "blockscaled", qq.last_route()
+    _check_wgrad(got, refs, f"wgrad {mode} {dtype} on Blackwell")
+    old = _hook("fail_blockscaled_matmul", 1)
+    try:  # a shape of its own: a fresh plan, whose matmul "fails"
+        x2, dy2, kw2, ends2, refs2 = _wgrad_case(mode, rng, n=72 + 8 * ["float32", "bfloat16"].index(dtype))
+        fell_back = qq.grouped_qqmm_wgrad(x2, dy2, ends2, mode, dtype=dtype, **kw2)
+    finally:
+        _hook("fail_blockscaled_matmul", old)
+    _check_wgrad(fell_back, refs2, f"wgrad {mode} {dtype} after a failed matmul")

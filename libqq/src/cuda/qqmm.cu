@@ -40,13 +40,14 @@
 #include "grouped_gemm.h"
 #include "ops.cuh"
 #include "qdq.cuh"
+#include "quant.cuh"  // fp8x2_code
 #include "vec.cuh"
 
 namespace qq {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
+// (kThreads, 256 threads a block of the 1D launches: quant.cuh's)
 
 // q(x) for one group of G elements per thread: the quantize kernel's scale
 // and element math (codec.h, bit for bit), then decode * scale - without the
@@ -848,11 +849,12 @@ __global__ void nan_if_bad_kernel(const int* bad, Mat out, int64_t total) {
 
 // The emulate_grouped_blockscaled test hook's stand-in for cuBLASLt's grouped GEMM: D_e =
 // alpha_e * A_e @ B_e^T from the same device arrays, read as cuBLASLt is told to read them
-// (pointers, int64 shapes and pitches, each group's blocked scales), one thread an output,
-// fp32 sums per scale group. Slow; for tests of everything around the GEMM.
-__global__ void grouped_bs_emulate_kernel(GroupedLtGemm g, int bits, int group, bool nvfp4, int64_t c4) {
+// (pointers, int64 shapes and pitches, each group's blocked scales: [*, roundup(K_e / group,
+// 4)] for the group's own K_e), one thread an output, fp32 sums per scale group. Slow; for
+// tests of everything around the GEMM (grouped_qqmm's and grouped_qqmm_wgrad's routes).
+__global__ void grouped_bs_emulate_kernel(GroupedLtGemm g, int bits, int group, bool nvfp4) {
   const int e = blockIdx.y;
-  const int64_t m_e = g.cols_m[e], N = g.cols_n[e], K = g.rows_k[e];
+  const int64_t m_e = g.cols_m[e], N = g.cols_n[e], K = g.rows_k[e], c4 = roundup(K / group, 4);
   const uint8_t* sa = (const uint8_t*)g.a_scale[e];
   const uint8_t* sb = (const uint8_t*)g.b_scale[e];
   const float alpha = *(const float*)g.alpha[e];
@@ -1047,7 +1049,7 @@ qqStatus_t grouped_qqmm_blockscaled(qqContext* c, const MatmulArgs& a, int64_t g
   }
   if (emulate) {
     const unsigned blocks = (unsigned)std::min<int64_t>(256, (T / E * N + kThreads - 1) / kThreads + 1);
-    grouped_bs_emulate_kernel<<<dim3(blocks, (unsigned)E), kThreads, 0, st>>>(lt, q.bits, q.group, nvfp4, c4);
+    grouped_bs_emulate_kernel<<<dim3(blocks, (unsigned)E), kThreads, 0, st>>>(lt, q.bits, q.group, nvfp4);
     QQ_TRY(check_launch("grouped_qqmm"));
   } else {
     QQ_TRY(gemm_grouped_blockscaled(c, lt, true, st));
@@ -1173,8 +1175,13 @@ constexpr int kSegThreads = 1024;
 
 // blk[0..E]: the exclusive prefix of ceil(n_e / 32); bad ends (as grouped_gemm.h
 // defines them) give blk = 0 everywhere: no block is quantized, and the GEMM's
-// own check fills out with NaN. One block.
-__global__ void __launch_bounds__(kSegThreads) seg_plan_kernel(const int32_t* ends, int E, int64_t T, int32_t* blk) {
+// own check fills out with NaN. One block. Blackwell's block-scaled route
+// (grouped_wgrad_blockscaled) also takes sblk[0..E], the exclusive prefix of
+// roundup(spb * nb_e, 4) (expert e's scale columns, spb a block, padded to the
+// blocked layout's 4: where its scale tiles start), and *bad_out.
+__global__ void __launch_bounds__(kSegThreads) seg_plan_kernel(const int32_t* ends, int E, int64_t T, int32_t* blk,
+                                                               int32_t* sblk = nullptr, int spb = 0,
+                                                               int* bad_out = nullptr) {
   using Scan = cub::BlockScan<int32_t, kSegThreads>;
   __shared__ typename Scan::TempStorage tmp;
   __shared__ int bad_s;
@@ -1184,7 +1191,7 @@ __global__ void __launch_bounds__(kSegThreads) seg_plan_kernel(const int32_t* en
     if (group_end_bad(ends, e, E, T)) atomicOr(&bad_s, 1);
   __syncthreads();
   const bool bad = bad_s;
-  int32_t carry = 0;
+  int32_t carry = 0, scarry = 0;
   for (int base = 0; base < E; base += kSegThreads) {
     const int e = base + threadIdx.x;
     const int32_t n = (e < E && !bad) ? wgrad_span<int32_t>(ends[e] - (e ? ends[e - 1] : 0)) / 32 : 0;
@@ -1193,8 +1200,18 @@ __global__ void __launch_bounds__(kSegThreads) seg_plan_kernel(const int32_t* en
     if (e < E) blk[e] = carry + off;
     carry += total;
     __syncthreads();  // tmp is reused by the next chunk's scan
+    if (sblk) {
+      Scan(tmp).ExclusiveSum((n * spb + 3) / 4 * 4, off, total);
+      if (e < E) sblk[e] = scarry + off;
+      scarry += total;
+      __syncthreads();
+    }
   }
-  if (threadIdx.x == 0) blk[E] = carry;
+  if (threadIdx.x == 0) {
+    blk[E] = carry;
+    if (sblk) sblk[E] = scarry;
+    if (bad_out) *bad_out = bad;
+  }
 }
 
 // Tile (jt, c0): the 4 padded token blocks j0 = 4 jt .. j0+3 (block j of expert
@@ -1245,15 +1262,32 @@ __device__ __forceinline__ int seg_expert(const int32_t* blk, int E, int64_t j) 
   return lo;
 }
 
-template <typename T, int G, bool kVec, int kElem>
+// kCodes (Blackwell's block-scaled route, grouped_wgrad_blockscaled): the same tiles and
+// blocks, but the codes and scale bytes are written in place of q(x)'s values - codes
+// [cols, tp] at `codes` (row pitch tp * bits / 8 bytes: 32-token blocks are whole
+// 16-byte pieces in both formats), and the scales of expert e's blocks in blocked tiles
+// of their own, [r128, c4_e] at scales + r128 * sblk[e] (c4_e = sblk[e + 1] - sblk[e];
+// the caller zeroed the buffer for the padding). The codes are the ones whose values
+// the kCodes = false form writes (one rule: fp_group_scale, then each pair's encoder).
+struct SegCodes {
+  uint8_t* codes = nullptr;
+  uint8_t* scales = nullptr;
+  const int32_t* sblk = nullptr;
+  int64_t r128 = 0;  // roundup(cols, 128): the scale tiles' rows
+};
+constexpr int kSegCodePitch = kSegRows + 16;  // bytes per staged code row (fp8's 128 + 16: 16-byte aligned)
+static_assert(kSegCols * kSegCodePitch <= kSegRows * kSegPitch * 4, "the code tile reuses the input tile");
+
+template <typename T, int G, bool kVec, int kElem, bool kCodes = false>
 __global__ void __launch_bounds__(kThreads, kVec ? seg_ctas_per_sm<T>() : 0)
     seg_qdq_kernel(Mat x, const int32_t* ends, const int32_t* blk, int E, QSpec q, const float* gs,
-                   __nv_bfloat16* xt, int64_t tp) {
+                   __nv_bfloat16* xt, int64_t tp, SegCodes sc) {
   constexpr int kU4 = sizeof(T) / 2;                        // uint4s per 8 elements
   constexpr int kTiles = kVec ? kSegTilesPerCta : 1;         // tiles of a block at most
   __shared__ __align__(16) float tile[kSegRows * kSegPitch];
   // the first token and the end of block k of tile n at [n * kSegBlocks + k]
   __shared__ int64_t tok0_s[kTiles * kSegBlocks], end_s[kTiles * kSegBlocks];
+  __shared__ int exp_s[kCodes ? kTiles * kSegBlocks : 1];  // kCodes: the block's expert (-1: none)
   // token tiles holding a block (4 jt < nblk); the later ones (tp is the host's
   // bound on nblk) are not touched, as before
   const int64_t nblk = blk[E], ntt = (nblk + kSegBlocks - 1) / kSegBlocks;
@@ -1264,13 +1298,16 @@ __global__ void __launch_bounds__(kThreads, kVec ? seg_ctas_per_sm<T>() : 0)
   if (threadIdx.x < nt * kSegBlocks) {
     const int64_t j = (jt0 + (threadIdx.x / kSegBlocks) * step) * kSegBlocks + threadIdx.x % kSegBlocks;
     int64_t t0 = 0, t1 = 0;  // no tokens: past the last block
+    int ex = -1;
     if (j < nblk) {
       const int e = seg_expert(blk, E, j);
       t0 = (e ? ends[e - 1] : 0) + (j - blk[e]) * 32;
       t1 = ends[e];
+      ex = e;
     }
     tok0_s[threadIdx.x] = t0;
     end_s[threadIdx.x] = t1;
+    if constexpr (kCodes) exp_s[threadIdx.x] = ex;
   }
   __syncthreads();
   const int64_t c0 = (int64_t)blockIdx.y * kSegCols;
@@ -1324,22 +1361,77 @@ __global__ void __launch_bounds__(kThreads, kVec ? seg_ctas_per_sm<T>() : 0)
 #pragma unroll
     for (int i = 0; i < 32; ++i) v[i] = tile[(b * 32 + i) * kSegPitch + cc];
     const float enc = (G == 16 && gs) ? nvfp4_enc(*gs) : 1.0f;
+    if constexpr (kCodes) {
+      // this thread's column of one block: 32 codes (fp8: 8 words; fp4: the first 4) and
+      // 32 / G scale bytes, as qdq_scaled's values encode them
+      const int elem = kElem >= 0 ? kElem : q.elem;
+      const bool fp4 = G == 16 || elem == ELEM_E2M1;
+      uint32_t w[8];
+      uint8_t sbyte[32 / G];
 #pragma unroll
-    for (int g = 0; g < 32; g += G) qdq_group<G, kElem>(v + g, q, enc, nullptr);
-    __syncthreads();  // the input tile is read: its memory now holds the output tile
+      for (int g = 0; g < 32; g += G) {
+        const FpGroupScale gsc = fp_group_scale(u2f(abs_bits_max<G>(v + g)), G == 16, enc, elem, q.floor_rounding);
+        sbyte[g / G] = gsc.code;
+        const float f = gsc.factor;
 #pragma unroll
-    for (int i = 0; i < 32; i += 8)  // bf16 values already: one conversion a pair rounds nothing
-      *reinterpret_cast<uint4*>(out + cc * kSegOutPitch + b * 32 + i) = bf16x8_bits(v + i);
-    __syncthreads();
-    // Rows of kSegRows values: 16 threads per row, 16 bytes each; blocks past
-    // the last are not stored (xt ends at tp).
-    const int64_t cols_left = tp - j0 * 32, nrow = cols_left < kSegRows ? cols_left : kSegRows;
-    for (int id = threadIdx.x; id < kSegCols * (kSegRows / 8); id += kThreads) {
-      const int r = id / (kSegRows / 8), k8 = (id % (kSegRows / 8)) * 8;
-      const int64_t c = c0 + r;
-      if (c < x.cols && k8 < nrow)
-        *reinterpret_cast<uint4*>(xt + c * tp + j0 * 32 + k8) =
-            *reinterpret_cast<const uint4*>(out + r * kSegOutPitch + k8);
+        for (int i = 0; i < G; i += 8) {
+          float y[8];
+#pragma unroll
+          for (int k = 0; k < 8; ++k) y[k] = v[g + i + k] * f;
+          if (fp4) {
+            w[(g + i) / 8] = gsc.nan_group ? 0u : e2m1x8_encode(y);  // a NaN group's codes are 0
+          } else {
+            w[(g + i) / 4] = fp8x2_code(elem, y[0], y[1], gsc.nan_group) | fp8x2_code(elem, y[2], y[3], gsc.nan_group) << 16;
+            w[(g + i) / 4 + 1] = fp8x2_code(elem, y[4], y[5], gsc.nan_group) | fp8x2_code(elem, y[6], y[7], gsc.nan_group) << 16;
+          }
+        }
+      }
+      __syncthreads();  // the input tile is read: its memory now holds the code tile
+      uint8_t* outc = reinterpret_cast<uint8_t*>(tile);
+      const int bb = fp4 ? 16 : 32;  // code bytes of a block
+      uint4* d = reinterpret_cast<uint4*>(outc + cc * kSegCodePitch + b * bb);
+      d[0] = make_uint4(w[0], w[1], w[2], w[3]);
+      if (!fp4) d[1] = make_uint4(w[4], w[5], w[6], w[7]);
+      // the scale bytes, straight to expert e's tiles (1/16 or 1/32 of the bytes)
+      const int e = exp_s[n * kSegBlocks + b];
+      const int64_t col = c0 + cc;
+      if (e >= 0 && col < x.cols) {
+        const int64_t c4e = sc.sblk[e + 1] - sc.sblk[e], s0 = (j0 + b - blk[e]) * (32 / G);
+        uint8_t* se = sc.scales + sc.r128 * sc.sblk[e];
+#pragma unroll
+        for (int k = 0; k < 32 / G; ++k) se[blocked_offset(col, s0 + k, c4e)] = sbyte[k];
+      }
+      __syncthreads();
+      // rows of up to kSegRows codes (64 or 128 bytes) in 16-byte pieces; blocks past the
+      // last are not stored (codes end at tp)
+      const int64_t cols_left = tp - j0 * 32, nrow = cols_left < kSegRows ? cols_left : kSegRows;
+      const int64_t pitch = tp * (fp4 ? 4 : 8) / 8, nbytes = nrow * (fp4 ? 4 : 8) / 8;
+      const int per_row = kSegRows * (fp4 ? 4 : 8) / 8 / 16;
+      for (int id = threadIdx.x; id < kSegCols * per_row; id += kThreads) {
+        const int r = id / per_row, k16 = (id % per_row) * 16;
+        const int64_t c = c0 + r;
+        if (c < x.cols && k16 < nbytes)
+          *reinterpret_cast<uint4*>(sc.codes + c * pitch + j0 * 32 * (fp4 ? 4 : 8) / 8 + k16) =
+              *reinterpret_cast<const uint4*>(outc + r * kSegCodePitch + k16);
+      }
+    } else {
+#pragma unroll
+      for (int g = 0; g < 32; g += G) qdq_group<G, kElem>(v + g, q, enc, nullptr);
+      __syncthreads();  // the input tile is read: its memory now holds the output tile
+#pragma unroll
+      for (int i = 0; i < 32; i += 8)  // bf16 values already: one conversion a pair rounds nothing
+        *reinterpret_cast<uint4*>(out + cc * kSegOutPitch + b * 32 + i) = bf16x8_bits(v + i);
+      __syncthreads();
+      // Rows of kSegRows values: 16 threads per row, 16 bytes each; blocks past
+      // the last are not stored (xt ends at tp).
+      const int64_t cols_left = tp - j0 * 32, nrow = cols_left < kSegRows ? cols_left : kSegRows;
+      for (int id = threadIdx.x; id < kSegCols * (kSegRows / 8); id += kThreads) {
+        const int r = id / (kSegRows / 8), k8 = (id % (kSegRows / 8)) * 8;
+        const int64_t c = c0 + r;
+        if (c < x.cols && k8 < nrow)
+          *reinterpret_cast<uint4*>(xt + c * tp + j0 * 32 + k8) =
+              *reinterpret_cast<const uint4*>(out + r * kSegOutPitch + k8);
+      }
     }
   }
 }
@@ -1360,7 +1452,7 @@ void qdq_form(const QSpec& q, bool vec, F&& f) {
 
 template <typename T>
 qqStatus_t launch_seg_qdq_t(const Mat& x, const int32_t* ends, const int32_t* blk, int E, const QSpec& q,
-                            const float* gs, __nv_bfloat16* xt, int64_t tp, cudaStream_t st) {
+                            const float* gs, __nv_bfloat16* xt, int64_t tp, cudaStream_t st, const SegCodes* sc) {
   // Token tiles tp / 128 (rounded up; the kernel skips those past blk[E]) over grid.x blocks,
   // each taking every grid.x-th: at most kSegTilesPerCta a block (kVec; the element-wise
   // kernel one), fewer where that would leave less than a full wave of blocks
@@ -1374,17 +1466,29 @@ qqStatus_t launch_seg_qdq_t(const Mat& x, const int32_t* ends, const int32_t* bl
   }
   const dim3 grid((unsigned)std::max<int64_t>(1, gx), (unsigned)ncol);
   qdq_form(q, vec, [&](auto G, auto kVec, auto kElem) {
-    seg_qdq_kernel<T, G, kVec, kElem><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp);
+    // the codes form only for the formats its one caller takes (nvfp4, mxfp8 e4m3): fewer kernels to build
+    constexpr bool kCodeForm = G == 16 || (kElem != ELEM_E2M1 && kElem != ELEM_E5M2);
+    if constexpr (kCodeForm) {
+      if (sc) {
+        seg_qdq_kernel<T, G, kVec, kElem, true><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp, *sc);
+        return;
+      }
+    }
+    seg_qdq_kernel<T, G, kVec, kElem><<<grid, kThreads, 0, st>>>(x, ends, blk, E, q, gs, xt, tp, SegCodes{});
   });
   return check_launch("grouped_qqmm_wgrad");
 }
 
+// q(x)'s values into xt [cols, tp] bf16, or (sc) its codes and scales as SegCodes says.
 qqStatus_t seg_qdq(const Mat& x, const int32_t* ends, const int32_t* blk, int E, const QSpec& q, const float* gs,
-                   __nv_bfloat16* xt, int64_t tp, cudaStream_t st) {
+                   __nv_bfloat16* xt, int64_t tp, cudaStream_t st, const SegCodes* sc = nullptr) {
+  if (sc && q.mode != QQ_MODE_NVFP4 && !(q.mode == QQ_MODE_MXFP8 && q.elem == ELEM_E4M3))
+    return set_error(QQ_STATUS_INTERNAL_ERROR, "grouped_qqmm_wgrad: no code form of the token-wise quantizer for "
+                     "this mode (a bug in libqq: please report it)");
   switch (x.dt) {
-    case DType::F32: return launch_seg_qdq_t<float>(x, ends, blk, E, q, gs, xt, tp, st);
-    case DType::F16: return launch_seg_qdq_t<__half>(x, ends, blk, E, q, gs, xt, tp, st);
-    default: return launch_seg_qdq_t<__nv_bfloat16>(x, ends, blk, E, q, gs, xt, tp, st);
+    case DType::F32: return launch_seg_qdq_t<float>(x, ends, blk, E, q, gs, xt, tp, st, sc);
+    case DType::F16: return launch_seg_qdq_t<__half>(x, ends, blk, E, q, gs, xt, tp, st, sc);
+    default: return launch_seg_qdq_t<__nv_bfloat16>(x, ends, blk, E, q, gs, xt, tp, st, sc);
   }
 }
 
@@ -1751,6 +1855,190 @@ qqStatus_t quantize_dequantize(qqHandle_t h, const QdqArgs& a, void* stream) {
   });
 }
 
+// ---------------------------------------------------------------------------
+// grouped_qqmm_wgrad on Blackwell: every expert in one cuBLASLt grouped block-scaled GEMM
+// ---------------------------------------------------------------------------
+// The forward route's GEMM (gemm_grouped_blockscaled) with the tokens as the reduction:
+// expert e's product is out[e] = xt_e [K, len_e] @ dyt_e [N, len_e]^T, len_e its tokens
+// padded to 32-token blocks as the exact path pads them (seg_plan_kernel), so each group
+// has its own reduction length. x and dy are quantized along the tokens by seg_qdq's code
+// form: codes [K, tp] / [N, tp], and each expert's scales in blocked tiles of their own,
+// [roundup(K, 128), c4_e] with c4_e = roundup(len_e / group, 4) (sblk). Launches: the plan,
+// the two quantizations, the args kernel, the GEMM and one fill (NaN everywhere for bad
+// ends, zeros for the empty experts, which get no rows in the GEMM) - a fixed number
+// whatever E is, no host read. Built everywhere, never run on Blackwell here
+// (docs/blackwell.md); the forward route's hooks (emulate_grouped_blockscaled,
+// force_blockscaled) test it on other GPUs.
+namespace {
+
+struct WgradBsArgs {
+  const int32_t* blk = nullptr;   // [E + 1]: each expert's first 32-token block
+  const int32_t* sblk = nullptr;  // [E + 1]: each expert's first scale column (padded to 4)
+  int E = 0, bits = 0;
+  int64_t K = 0, N = 0, tp = 0;
+  const uint8_t* xc = nullptr;   // codes [K, tp], rows tp * bits / 8 bytes
+  const uint8_t* dyc = nullptr;  // codes [N, tp]
+  const uint8_t* xs = nullptr;   // blocked scales, expert e's at xs + r128k * sblk[e]
+  const uint8_t* dys = nullptr;
+  int64_t r128k = 0, r128n = 0;
+  uint8_t* out = nullptr;  // out[e] at out + e * out_pitch bytes, rows out_ld elements
+  int64_t out_pitch = 0, out_ld = 0;
+  const float* gs_x = nullptr;
+  const float* gs_dy = nullptr;
+  GroupedLtGemm g;
+  float* alpha_vals = nullptr;  // [E + 1]: alpha, then 0 (beta)
+};
+
+__global__ void wgrad_bs_args_kernel(WgradBsArgs a) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) a.alpha_vals[a.E] = 0.0f;
+  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < a.E; e += gridDim.x * blockDim.x) {
+    const int64_t b0 = a.blk[e], nb = a.blk[e + 1] - b0;  // bad ends: blk = 0, every expert empty
+    const int64_t off = b0 * 32 * a.bits / 8;
+    a.g.a_ptr[e] = (void*)(a.xc + off);
+    a.g.b_ptr[e] = (void*)(a.dyc + off);
+    a.g.d_ptr[e] = (void*)(a.out + e * a.out_pitch);
+    a.g.a_scale[e] = (void*)(a.xs + a.r128k * a.sblk[e]);
+    a.g.b_scale[e] = (void*)(a.dys + a.r128n * a.sblk[e]);
+    a.alpha_vals[e] = nvfp4_alpha(a.gs_x, a.gs_dy);
+    a.g.alpha[e] = (void*)(a.alpha_vals + e);
+    a.g.beta[e] = (void*)(a.alpha_vals + a.E);
+    // an empty expert: no rows, nothing read or written (a nonzero reduction all the same:
+    // the tp bound leaves a block of room past the last expert's); wgrad_fill_kernel zeroes it
+    a.g.rows_k[e] = nb ? nb * 32 : 32;
+    a.g.cols_n[e] = a.N;
+    a.g.cols_m[e] = nb ? a.K : 0;
+    a.g.ld_a[e] = a.tp;
+    a.g.ld_b[e] = a.tp;
+    a.g.ld_d[e] = a.out_ld;
+  }
+}
+
+// out[e] [K, N] (rows ld elements, experts pitch elements apart): NaN everywhere when the
+// ends were bad, zeros for an empty expert; the GEMM's experts are left alone. grid.y: e.
+__global__ void wgrad_fill_kernel(const int32_t* blk, const int* bad, Mat out, int64_t pitch, int64_t K, int64_t N) {
+  const int e = blockIdx.y;
+  const bool nan = *bad != 0;
+  if (!nan && blk[e + 1] != blk[e]) return;
+  for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < K * N; i += (int64_t)gridDim.x * kThreads) {
+    const int64_t r = i / N, oi = e * pitch + r * out.ld + (i - r * N);
+    if (out.dt == DType::F32) ((uint32_t*)out.ptr)[oi] = nan ? 0x7fc00000u : 0u;
+    else if (out.dt == DType::BF16) ((uint16_t*)out.ptr)[oi] = nan ? 0x7fc0 : 0;
+    else ((uint16_t*)out.ptr)[oi] = nan ? 0x7e00 : 0;
+  }
+}
+
+// SUCCESS (the product is in a.out), NOT_SUPPORTED with the reason (nothing written: the
+// caller takes another route), or another error.
+qqStatus_t grouped_wgrad_blockscaled(qqContext* c, const WgradArgs& a, cudaStream_t st) {
+#if !QQ_HAVE_BLOCKSCALED
+  (void)c, (void)a, (void)st;
+  return set_error(QQ_STATUS_NOT_SUPPORTED, "grouped_qqmm_wgrad: libqq was built against a cuBLASLt without "
+                   "block-scaled GEMMs");
+#else
+  const int64_t E = a.E, T = a.T, K = a.K, N = a.N;
+  const QSpec& q = a.q;
+  const bool nvfp4 = q.mode == QQ_MODE_NVFP4;
+  const bool emulate = test_hook(HOOK_EMULATE_GROUPED) != 0;
+  const int64_t es = dtype_size(a.out.dt), pitch = a.out.nb ? a.out.bstride[0] : K * N;
+  const char* why = nullptr;
+  if (!nvfp4 && !(q.mode == QQ_MODE_MXFP8 && q.elem == ELEM_E4M3))
+    why = "only nvfp4 and mxfp8 (e4m3) have grouped block-scaled GEMMs in cuBLASLt";
+  else if (cublaslt_version() < (nvfp4 ? 130400u : 130300u) && !test_hook(HOOK_FORCE_BLOCKSCALED) && !emulate)
+    why = nvfp4 ? "cuBLASLt's grouped nvfp4 GEMM needs cuBLASLt 13.4 or newer at run time"
+                : "cuBLASLt's grouped mxfp8 GEMM needs cuBLASLt 13.3 or newer at run time";
+  else if (E < 2 || E > kGroupedBsMaxE)
+    why = "the number of experts is outside 2 .. 4096";
+  else if (a.out.dt == DType::F16 && nvfp4)
+    why = "cuBLASLt has no float16 result for fp4 operands";
+  else if (!rows_aligned(a.out) || (pitch * es) % 16 != 0)
+    why = "out's rows are not 16-byte aligned";
+  else if (T >= (1ll << 31) - 32 * E || K >= (1ll << 31) || N >= (1ll << 31))
+    why = "T + 32 E, K or N is 2^31 or more";
+  if (why)
+    return set_error(QQ_STATUS_NOT_SUPPORTED, "grouped_qqmm_wgrad: the block-scaled route does not take this call: %s",
+                     why);
+
+  const int spb = 32 / q.group;  // scale columns a 32-token block
+  // At most T / 32 + E blocks (sum of ceil(n_e / 32)); scale columns at most spb of each
+  // plus 3 of padding an expert.
+  const int64_t nblk = (T + 31) / 32 + E, tp = 32 * nblk, smax = spb * nblk + 3 * E;
+  const int64_t r128k = roundup(K, 128), r128n = roundup(N, 128), bytes_row = tp * q.bits / 8;
+  Scratch scratch(c, st);
+  // the arrays: 7 of pointers and 6 of int64 [E], alpha [E + 1], blk and sblk [E + 1], the flag
+  const int64_t e16 = roundup(E, 2) * 8, i16 = roundup((E + 1) * 4, 16);
+  uint8_t* meta = nullptr;
+  QQ_TRY(scratch.get("grouped_qqmm_wgrad", (size_t)(13 * e16 + 3 * i16 + 16), &meta));
+  WgradBsArgs w;
+  GroupedLtGemm& lt = w.g;
+  void*** ptrs[] = {&lt.a_ptr, &lt.b_ptr, &lt.d_ptr, &lt.a_scale, &lt.b_scale, &lt.alpha, &lt.beta};
+  for (int i = 0; i < 7; ++i) *ptrs[i] = (void**)(meta + i * e16);
+  int64_t** ints[] = {&lt.rows_k, &lt.cols_n, &lt.cols_m, &lt.ld_a, &lt.ld_b, &lt.ld_d};
+  for (int i = 0; i < 6; ++i) *ints[i] = (int64_t*)(meta + (7 + i) * e16);
+  w.alpha_vals = (float*)(meta + 13 * e16);
+  int32_t* blk = (int32_t*)(meta + 13 * e16 + i16);
+  int32_t* sblk = (int32_t*)(meta + 13 * e16 + 2 * i16);
+  int* bad = (int*)(meta + 13 * e16 + 3 * i16);
+  lt.E = E;
+  lt.N = N;
+  // the reduction per group is on the device: its average (rounded up to a power of two,
+  // so that token counts that change every step reuse a few plans) is the hint and key
+  lt.K = 32;
+  while (lt.K < T / E && lt.K < (1ll << 30)) lt.K *= 2;
+  lt.avg_m = K;
+  lt.d = a.out.dt;
+  lt.lt_ab = (int)(nvfp4 ? CUDA_R_4F_E2M1 : CUDA_R_8F_E4M3);
+  lt.scale_mode = (int)(nvfp4 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0);
+  if (!emulate) QQ_TRY(gemm_grouped_blockscaled(c, lt, false, st));  // refused (with the reason) before any work
+
+  uint8_t *xc = nullptr, *dyc = nullptr, *xs = nullptr, *dys = nullptr;
+  QQ_TRY(scratch.get("grouped_qqmm_wgrad", (size_t)(K * bytes_row), &xc));
+  QQ_TRY(scratch.get("grouped_qqmm_wgrad", (size_t)(N * bytes_row), &dyc));
+  QQ_TRY(scratch.get("grouped_qqmm_wgrad", (size_t)(r128k * smax), &xs));
+  QQ_TRY(scratch.get("grouped_qqmm_wgrad", (size_t)(r128n * smax), &dys));
+  QQ_CUDA_TRY(cudaMemsetAsync(xs, 0, (size_t)(r128k * smax), st), "grouped_qqmm_wgrad");
+  QQ_CUDA_TRY(cudaMemsetAsync(dys, 0, (size_t)(r128n * smax), st), "grouped_qqmm_wgrad");
+  seg_plan_kernel<<<1, kSegThreads, 0, st>>>(a.ends, (int)E, T, blk, sblk, spb, bad);
+  QQ_TRY(check_launch("grouped_qqmm_wgrad"));
+  const SegCodes sx{xc, xs, sblk, r128k}, sdy{dyc, dys, sblk, r128n};
+  QQ_TRY(seg_qdq(a.x, a.ends, blk, (int)E, q, a.gs_x, nullptr, tp, st, &sx));
+  QQ_TRY(seg_qdq(a.dy, a.ends, blk, (int)E, q, a.gs_dy, nullptr, tp, st, &sdy));
+
+  w.blk = blk;
+  w.sblk = sblk;
+  w.E = (int)E;
+  w.bits = q.bits;
+  w.K = K;
+  w.N = N;
+  w.tp = tp;
+  w.xc = xc;
+  w.dyc = dyc;
+  w.xs = xs;
+  w.dys = dys;
+  w.r128k = r128k;
+  w.r128n = r128n;
+  w.out = (uint8_t*)a.out.ptr;
+  w.out_pitch = pitch * es;
+  w.out_ld = a.out.ld;
+  w.gs_x = a.gs_x;
+  w.gs_dy = a.gs_dy;
+  wgrad_bs_args_kernel<<<(unsigned)((E + 255) / 256), 256, 0, st>>>(w);
+  QQ_TRY(check_launch("grouped_qqmm_wgrad"));
+  if (emulate) {
+    const unsigned blocks = (unsigned)std::min<int64_t>(256, (K * N + kThreads - 1) / kThreads);
+    grouped_bs_emulate_kernel<<<dim3(blocks, (unsigned)E), kThreads, 0, st>>>(lt, q.bits, q.group, nvfp4);
+    QQ_TRY(check_launch("grouped_qqmm_wgrad"));
+  } else {
+    QQ_TRY(gemm_grouped_blockscaled(c, lt, true, st));
+  }
+  const unsigned fb = (unsigned)std::min<int64_t>(64, (K * N + kThreads - 1) / kThreads);
+  wgrad_fill_kernel<<<dim3(fb, (unsigned)E), kThreads, 0, st>>>(blk, bad, a.out, pitch, K, N);
+  QQ_TRY(check_launch("grouped_qqmm_wgrad"));
+  return routed(QQ_STATUS_SUCCESS, QQ_ROUTE_BLOCKSCALED);
+#endif
+}
+
+}  // namespace
+
 qqStatus_t grouped_qqmm_wgrad(qqHandle_t h, const WgradArgs& a, void* stream) {
   qqContext* c = nullptr;
   QQ_TRY(resolve_handle("grouped_qqmm_wgrad", h, a.out.device, &c));
@@ -1764,6 +2052,12 @@ qqStatus_t grouped_qqmm_wgrad(qqHandle_t h, const WgradArgs& a, void* stream) {
     cudaStream_t st = (cudaStream_t)stream;
     // one expert, on every GPU: its end stays on the device (a bad one gives NaN)
     if (E == 1) return routed(dense_wgrad(c, a, st), QQ_ROUTE_EXACT);
+    // Blackwell: one grouped block-scaled GEMM where cuBLASLt takes the call; where it
+    // refuses, the routes below (Hopper under the force_blockscaled hook: its grouped GEMM)
+    if (grouped_bs_arch(c->cc)) {
+      const qqStatus_t s = grouped_wgrad_blockscaled(c, a, st);
+      if (s != QQ_STATUS_NOT_SUPPORTED) return s;
+    }
     std::vector<int32_t> ends;
     if (!one_launch) {  // read and check the ends first: a bad one is refused before any work
       ends.resize(E);
