@@ -1,7 +1,8 @@
 """CUDA graphs: every GPU op can be captured with torch.cuda.graph and replays to its eager
 result (docs/api.md, CUDA graphs). A call must not synchronize the host or allocate outside
-the stream's pool; grouped_qqmm is captured where it reads its offsets on the device (Hopper,
-one grouped GEMM) and raises a clear error under capture where it reads them on the host.
+the stream's pool; grouped_qqmm and its wgrad are captured where they read their offsets on
+the device (one grouped GEMM: Hopper, and Blackwell for nvfp4 / mxfp8) and raise a clear error
+under capture where they read them on the host.
 
 Each case runs the op eagerly twice (warm-up: cuBLASLt plans and pools), captures one call,
 replays the graph on fresh input values copied into the captured buffers, and compares
@@ -198,8 +199,11 @@ def test_qqmm_prepared_and_stored(mode, m):
     _check_graph(lambda x: qq.qqmm(x, stored, mode=mode, global_scale_x=gs), [x])
 
 
-def _grouped_one_launch():
-    return qq.build_info().get("grouped_sm90") == "ON" and qq.device_capability(0)[0] == 9
+def _grouped_one_launch(mode):
+    """Hopper's grouped GEMM (built with CUTLASS's headers) or Blackwell's grouped
+    block-scaled one (cuBLASLt new enough for `mode`): the group ends are read on the device."""
+    from test_grouped import blackwell_grouped, hopper_one_launch
+    return hopper_one_launch("cuda") or blackwell_grouped(mode)
 
 
 def _check_grouped_graph(fn, inputs, ends):
@@ -219,11 +223,11 @@ def _check_grouped_graph(fn, inputs, ends):
 
 @pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])
 def test_grouped_qqmm(mode):
-    """Hopper: one grouped GEMM, the group ends read on the device - captured, and replayed
-    on new ends (an empty group included) as well as new values."""
-    if not _grouped_one_launch():
-        pytest.skip("grouped_qqmm reads its offsets on the host here (not Hopper, or built "
-                    "without CUTLASS's headers)")
+    """Hopper or Blackwell: one grouped GEMM, the group ends read on the device - captured, and
+    replayed on new ends (an empty group included) as well as new values."""
+    if not _grouped_one_launch(mode):
+        pytest.skip("grouped_qqmm reads its offsets on the host here (not Hopper built with "
+                    "CUTLASS's headers, nor Blackwell with a new enough cuBLASLt)")
     ends = torch.tensor([30, 64, 64, 200], dtype=torch.int32, device="cuda")
     kw = {"global_scale_w": torch.rand(4, device="cuda") + 1} if mode == "nvfp4" else {}
     _check_grouped_graph(lambda x, w: qq.grouped_qqmm(x, w, ends, mode=mode, **kw),
@@ -232,9 +236,9 @@ def test_grouped_qqmm(mode):
 
 @pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])
 def test_grouped_qqmm_wgrad(mode):
-    """Hopper: the weight gradient in a fixed number of launches, the group ends read on
-    the device - captured, and replayed on new ends (an empty expert included)."""
-    if not _grouped_one_launch():
+    """Hopper or Blackwell: the weight gradient in a fixed number of launches, the group ends
+    read on the device - captured, and replayed on new ends (an empty expert included)."""
+    if not _grouped_one_launch(mode):
         pytest.skip("grouped_qqmm_wgrad reads its offsets on the host here")
     x, dy = _x(200, 256), _x(200, 136)
     ends = torch.tensor([30, 64, 64, 200], dtype=torch.int32, device="cuda")
