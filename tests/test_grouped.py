@@ -44,18 +44,6 @@ def one_launch(device, mode="mxfp8"):
     return hopper_one_launch(device) or (device == "cuda" and blackwell_grouped(mode))
 
 
-def wgrad_one_launch(device, n, mode="mxfp8", dtype="float32", e=2):
-    """Whether grouped_qqmm_wgrad reads the group ends on the device here (bad ones give NaN):
-    Hopper's grouped GEMM (K and N multiples of 8; K = 64 in the tests), or Blackwell's
-    grouped block-scaled GEMM (nvfp4 / mxfp8 e4m3, 2 or more experts, 16-byte result rows,
-    no float16 result with nvfp4)."""
-    if hopper_one_launch(device) and n % 8 == 0:
-        return True
-    size = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
-    return (device == "cuda" and blackwell_grouped(mode) and e >= 2 and (n * size) % 16 == 0
-            and not (mode == "nvfp4" and dtype == "float16"))
-
-
 def dev(a, device):
     return to_device(None if a is None else np.asarray(a), device)
 
@@ -537,17 +525,22 @@ def test_grouped_qqmm_wgrad_one_expert_edges(device, rng):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("n", [32, 36], ids=["one_launch", "per_expert"])
+@pytest.mark.parametrize("n", [32, 36], ids=["n32", "n36"])
 def test_grouped_qqmm_wgrad_errors(n, device, rng):
-    """Bad offsets raise where they are read on the host (the CPU; N = 36 is not a whole
-    number of 16-byte rows, so the GPU loops per expert); the one-launch path reads them on
-    the device and fills dw with NaN."""
+    """Bad offsets raise where they are read on the host (the CPU; on Hopper N = 36 is not a
+    multiple of 8, so the GPU loops per expert); a one-launch path (Hopper's grouped GEMM,
+    Blackwell's grouped block-scaled one, where the good call took it) reads them on the
+    device and fills dw with NaN."""
     x = dev(cast(rng.standard_normal((10, 64)), BF16), device)
     dy = dev(cast(rng.standard_normal((10, n)), BF16), device)
     good = dev(np.array([4, 10], np.int32), device)
+    qq.grouped_qqmm_wgrad(x, dy, good)
+    on_device = (hopper_one_launch(device) and n % 8 == 0) or (device == "cuda" and qq.last_route() == "blockscaled")
+    if device == "cuda" and blackwell_grouped() and not on_device:  # (the route refused the shape)
+        print(f"Blackwell's wgrad route did not take N = {n}: route {qq.last_route()}")
     for bad in ([4, 9], [6, 4, 10], [4, 11], [-2, 10]):
         ends = dev(np.array(bad, np.int32), device)
-        if wgrad_one_launch(device, n):
+        if on_device:
             got = to_numpy(qq.grouped_qqmm_wgrad(x, dy, ends)).astype(F32)
             assert got.shape == (len(bad), 64, n) and np.isnan(got).all(), bad
         else:
@@ -623,7 +616,7 @@ def test_grouped_wgrad_blockscaled_emulated(mode, dtype, rng):
 @pytest.mark.parametrize("mode", ["mxfp8", "nvfp4"])
 def test_grouped_wgrad_blockscaled_emulated_many_experts(mode, xdtype, rng):
     """Many experts (a quantizer block takes several tiles; scale tiles of many widths),
-    N = 36 (dy's rows not 16-byte pieces: the element-wise quantizer) and fp32 / fp16
+    N = 36 (8 does not divide it: dy takes the element-wise quantizer) and fp32 / fp16
     inputs, all through the emulated route."""
     sizes = [0] + [1, 33, 0, 17, 40, 5, 64, 0, 31, 2] * 12 + [0]
     t, k, n = sum(sizes), 136, 36
@@ -729,6 +722,28 @@ def test_grouped_wgrad_blockscaled_on_blackwell(mode, dtype, rng):
     try:  # a shape of its own: a fresh plan, whose matmul "fails"
         x2, dy2, kw2, ends2, refs2 = _wgrad_case(mode, rng, n=72 + 8 * ["float32", "bfloat16"].index(dtype))
         fell_back = qq.grouped_qqmm_wgrad(x2, dy2, ends2, mode, dtype=dtype, **kw2)
+        route2 = qq.last_route()
     finally:
         _hook("fail_blockscaled_matmul", old)
+    assert route2 != "blockscaled", route2
     _check_wgrad(fell_back, refs2, f"wgrad {mode} {dtype} after a failed matmul")
+
+
+@pytest.mark.gpu
+def test_grouped_wgrad_blockscaled_emulated_over_1024_experts(rng):
+    """1100 experts: the plan kernel's prefixes (each expert's first block and first scale
+    column) run over two chunks of its 1024 threads, the second carrying the first's sums."""
+    sizes = [0, 1, 3, 32, 0, 33, 2, 0, 64, 5, 1] * 100
+    t, k, n = sum(sizes), 64, 32
+    x = cast(rng.standard_normal((t, k)), BF16)
+    dy = cast(rng.standard_normal((t, n)), BF16)
+    cfg = FpCfg("mxfp8")
+    with _Emulated():
+        got = qq.grouped_qqmm_wgrad(dev(x, "cuda"), dev(dy, "cuda"), dev(offsets_of(sizes), "cuda"), "mxfp8")
+        route = qq.last_route()
+    assert route == "blockscaled", route
+    refs, r0 = [], 0
+    for s in sizes:
+        refs.append(ref_wgrad_expert(x[r0:r0 + s], dy[r0:r0 + s], cfg, None, None) if s else None)
+        r0 += s
+    _check_wgrad(got, refs, "wgrad mxfp8, 1100 experts, emulated")

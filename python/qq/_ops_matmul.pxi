@@ -176,8 +176,9 @@ def grouped_qqmm(x, w, offsets, scales=None, group_size=None, bits=None, mode="m
     w_prepared=True: a float w [E, N, K] of q(w)'s values (qq.quantize_dequantize_moe), used as
     it is.
 
-    On Hopper (built with CUTLASS's headers) every expert runs in one grouped GEMM whose
-    group sizes are read on the device: no host synchronization, capturable in a CUDA
+    On Hopper (built with CUTLASS's headers), and on Blackwell for nvfp4 / mxfp8 where
+    cuBLASLt's grouped block-scaled GEMM takes the call, every expert runs in one grouped GEMM
+    whose group sizes are read on the device: no host synchronization, capturable in a CUDA
     graph; offsets that are not non-decreasing ends within [0, T] ending at T give a
     result of NaN there. Elsewhere the offsets are read on the host (one wait on the
     stream, a ValueError for bad ones) and each expert runs as a qqmm (docs/api.md).
@@ -303,9 +304,10 @@ def grouped_qqmm_wgrad(x, dy, offsets, mode="mxfp8", *, global_scale_x=None, glo
     last block of a ragged group zero-padded, which is exact). An empty group gives
     dw[e] = 0. dtype: "float32" (default), "bfloat16" or "float16".
 
-    The offsets are read as grouped_qqmm reads them: on the device on Hopper (one grouped
+    The offsets are read as grouped_qqmm reads them: on the device on Hopper and, for nvfp4 /
+    mxfp8 where cuBLASLt's grouped block-scaled GEMM takes the call, on Blackwell (one grouped
     GEMM; capturable; bad offsets give NaN), on the host elsewhere (ValueError for bad
-    ones). C: qqGroupedQqmmWgrad.
+    ones). One expert reads its end on the device on every GPU. C: qqGroupedQqmmWgrad.
     """
     _route_pending()
     cdef str func = "grouped_qqmm_wgrad"

@@ -484,6 +484,10 @@ QQ_API qqStatus_t qqQqmm(qqHandle_t handle, const DLTensor* x,
  *  of 8: the offsets are read on the device only (one grouped GEMM over every
  *  expert; no host synchronization, capturable in a CUDA graph); offsets that
  *  are not non-decreasing ends in [0, T] ending at T give an out of NaN.
+ *  Blackwell (compute capability 10.x / 11.0), nvfp4 or mxfp8 (e4m3), 1 to
+ *  4096 experts, 16-byte rows, cuBLASLt 13.3 (mxfp8) / 13.4 (nvfp4) loaded:
+ *  the same, in one cuBLASLt grouped block-scaled GEMM (built, never run by
+ *  us: docs/blackwell.md); where it refuses (docs/api.md says when), as below.
  *  Elsewhere they are read on the host: for CUDA tensors this waits for
  *  `stream` once (then a loop over experts, each a qqQqmm), and bad offsets
  *  return QQ_STATUS_INVALID_VALUE. */
@@ -506,10 +510,14 @@ QQ_API qqStatus_t qqGroupedQqmm(qqHandle_t handle, const DLTensor* x,
  *  global_scale_x, global_scale_dy: nvfp4's per-tensor global scales (float32,
  *     one element; both or neither); alpha = their factors.
  *  out: compact [E, K, N], float32, bfloat16 or float16.
- *  The offsets are read like qqGroupedQqmm's: on the device only on Hopper
+ *  The offsets are read like qqGroupedQqmm's: on the device on Hopper
  *  (built with CUTLASS's headers, K and N multiples of 8, float32 or bfloat16
- *  out: a fixed number of launches, capturable; bad offsets give NaN), on the
- *  host elsewhere (bad offsets: QQ_STATUS_INVALID_VALUE). */
+ *  out: a fixed number of launches, capturable; bad offsets give NaN), on
+ *  Blackwell for nvfp4 / mxfp8 (e4m3), 2 to 4096 experts, 16-byte out rows
+ *  (no float16 out with nvfp4) where cuBLASLt's grouped block-scaled GEMM takes
+ *  the call (the same; built, never run by us: docs/blackwell.md), and for one
+ *  expert on every GPU; on the host elsewhere (bad offsets:
+ *  QQ_STATUS_INVALID_VALUE). */
 QQ_API qqStatus_t qqGroupedQqmmWgrad(qqHandle_t handle, const DLTensor* x,
                                      const DLTensor* dy, const DLTensor* offsets,
                                      const qqQuantParams_t* params,

@@ -37,6 +37,7 @@ struct GemmKey {
   int64_t align_bias;  // cuBLASLt reads the bias pointer's alignment when it picks the algorithm
   int64_t lt_ab, scale_mode;  // block-scaled GEMMs: cuBLASLt element type and scale kind; -1 otherwise
   int64_t grouped;            // cuBLASLt's grouped mode: the number of groups (M: their average rows); 0 otherwise
+  int64_t grouped_kind;       // GroupedLtGemm::kind (a wgrad plan is not the forward's, even at equal sizes)
   bool operator<(const GemmKey& o) const { return memcmp(this, &o, sizeof(GemmKey)) < 0; }
 };
 
@@ -480,6 +481,7 @@ qqStatus_t gemm_grouped_blockscaled(qqContext* c, const GroupedLtGemm& g, bool r
   if (!c->lt) return no_cublaslt("grouped block-scaled GEMM");
   GemmKey k{};
   k.grouped = g.E;
+  k.grouped_kind = g.kind;
   k.M = g.avg_m;
   k.N = g.N;
   k.K = g.K;

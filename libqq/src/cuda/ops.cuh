@@ -162,6 +162,9 @@ struct GroupedLtGemm {
   int64_t E = 0, N = 0, K = 0, avg_m = 0;
   DType d = DType::BF16;
   int lt_ab = -1, scale_mode = -1;
+  // 0: grouped_qqmm (each group's rows on the device); 1: grouped_qqmm_wgrad (each group's
+  // reduction on the device). Part of the plan's key: a failed matmul refuses only its kind.
+  int kind = 0;
   void** a_ptr = nullptr;        // our A_e (x rows of e): cuBLASLt's B
   void** b_ptr = nullptr;        // our B_e (w[e]): cuBLASLt's A
   void** d_ptr = nullptr;
@@ -169,9 +172,9 @@ struct GroupedLtGemm {
   void** b_scale = nullptr;
   void** alpha = nullptr;        // float* per group (device pointer mode)
   void** beta = nullptr;
-  int64_t* rows_k = nullptr;     // K per group (rows of both operands in cuBLASLt's terms)
+  int64_t* rows_k = nullptr;     // the reduction per group: K (wgrad: the expert's padded tokens)
   int64_t* cols_n = nullptr;     // N per group
-  int64_t* cols_m = nullptr;     // m_e per group
+  int64_t* cols_m = nullptr;     // our A's rows per group: m_e (wgrad: K, or 0 for an empty expert)
   int64_t* ld_a = nullptr;       // our A's row pitch (elements)
   int64_t* ld_b = nullptr;       // our B's row pitch (elements)
   int64_t* ld_d = nullptr;       // D's row pitch (elements)

@@ -1980,6 +1980,7 @@ qqStatus_t grouped_wgrad_blockscaled(qqContext* c, const WgradArgs& a, cudaStrea
   int* bad = (int*)(meta + 13 * e16 + 3 * i16);
   lt.E = E;
   lt.N = N;
+  lt.kind = 1;
   // the reduction per group is on the device: its average (rounded up to a power of two,
   // so that token counts that change every step reuse a few plans) is the hint and key
   lt.K = 32;
