@@ -563,6 +563,15 @@ def test_grouped_qqmm_wgrad_errors(n, device, rng):
 _WG_SIZES = [33, 0, 1, 130, 0, 64, 7]  # empty, single-token, multi-block and ragged experts
 
 
+def _wgrad_refs(x, dy, sizes, cfg, gx, gdy):
+    """Each expert's reference (None for an empty one)."""
+    refs, r0 = [], 0
+    for s in sizes:
+        refs.append(ref_wgrad_expert(x[r0:r0 + s], dy[r0:r0 + s], cfg, gx, gdy) if s else None)
+        r0 += s
+    return refs
+
+
 def _wgrad_case(mode, rng, n=48, k=200, sizes=_WG_SIZES, scale=3.0):
     """x, dy, the kwargs, the ends and the per-expert references of one wgrad call."""
     t = sum(sizes)
@@ -571,10 +580,7 @@ def _wgrad_case(mode, rng, n=48, k=200, sizes=_WG_SIZES, scale=3.0):
     cfg = FpCfg(mode, global_scale=mode == "nvfp4")
     gx = R.amax(x) if cfg.global_scale else None
     gdy = R.amax(dy) if cfg.global_scale else None
-    refs, r0 = [], 0
-    for s in sizes:
-        refs.append(ref_wgrad_expert(x[r0:r0 + s], dy[r0:r0 + s], cfg, gx, gdy) if s else None)
-        r0 += s
+    refs = _wgrad_refs(x, dy, sizes, cfg, gx, gdy)
     kw = {"global_scale_x": dev(gx, "cuda"), "global_scale_dy": dev(gdy, "cuda")}
     return dev(x, "cuda"), dev(dy, "cuda"), kw, dev(offsets_of(sizes), "cuda"), refs
 
@@ -630,10 +636,7 @@ def test_grouped_wgrad_blockscaled_emulated_many_experts(mode, xdtype, rng):
                                     global_scale_x=dev(gx, "cuda"), global_scale_dy=dev(gdy, "cuda"))
         route = qq.last_route()
     assert route == "blockscaled", route
-    refs, r0 = [], 0
-    for s in sizes:
-        refs.append(ref_wgrad_expert(x[r0:r0 + s], dy[r0:r0 + s], cfg, gx, gdy) if s else None)
-        r0 += s
+    refs = _wgrad_refs(x, dy, sizes, cfg, gx, gdy)
     _check_wgrad(got, refs, f"wgrad {mode} {xdtype} many experts emulated")
 
 
@@ -742,8 +745,5 @@ def test_grouped_wgrad_blockscaled_emulated_over_1024_experts(rng):
         got = qq.grouped_qqmm_wgrad(dev(x, "cuda"), dev(dy, "cuda"), dev(offsets_of(sizes), "cuda"), "mxfp8")
         route = qq.last_route()
     assert route == "blockscaled", route
-    refs, r0 = [], 0
-    for s in sizes:
-        refs.append(ref_wgrad_expert(x[r0:r0 + s], dy[r0:r0 + s], cfg, None, None) if s else None)
-        r0 += s
+    refs = _wgrad_refs(x, dy, sizes, cfg, None, None)
     _check_wgrad(got, refs, "wgrad mxfp8, 1100 experts, emulated")
