@@ -837,14 +837,19 @@ __global__ void seg_swizzle_kernel(const uint8_t* lin, int64_t ld, int64_t T, in
   blk[pstart[lo] * c4 + blocked_offset(t - r0, j, c4)] = lin[t * ld + j];
 }
 
+// out's element oi (float32, bfloat16 or float16) set to NaN or to zero.
+__device__ __forceinline__ void put_nan_or_zero(const Mat& out, int64_t oi, bool nan) {
+  if (out.dt == DType::F32) ((uint32_t*)out.ptr)[oi] = nan ? 0x7fc00000u : 0u;
+  else if (out.dt == DType::BF16) ((uint16_t*)out.ptr)[oi] = nan ? 0x7fc0 : 0;
+  else ((uint16_t*)out.ptr)[oi] = nan ? 0x7e00 : 0;
+}
+
 // out [T, N] all NaN when the ends were bad (the grouped GEMM then wrote nothing).
 __global__ void nan_if_bad_kernel(const int* bad, Mat out, int64_t total) {
   const int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x;
   if (i >= total || !*bad) return;
-  const int64_t r = i / out.cols, col = i - r * out.cols, oi = r * out.ld + col;
-  if (out.dt == DType::F32) ((float*)out.ptr)[oi] = __int_as_float(0x7fc00000);
-  else if (out.dt == DType::BF16) ((uint16_t*)out.ptr)[oi] = 0x7fc0;
-  else ((uint16_t*)out.ptr)[oi] = 0x7e00;
+  const int64_t r = i / out.cols, col = i - r * out.cols;
+  put_nan_or_zero(out, r * out.ld + col, true);
 }
 
 // The emulate_grouped_blockscaled test hook's stand-in for cuBLASLt's grouped GEMM: D_e =
@@ -889,6 +894,58 @@ bool grouped_bs_arch(int cc) {
   return cc / 10 == 10 || cc / 10 == 11 || test_hook(HOOK_FORCE_BLOCKSCALED) || test_hook(HOOK_EMULATE_GROUPED);
 }
 
+// What both grouped block-scaled routes (grouped_qqmm's, grouped_qqmm_wgrad's) need of a call
+// whatever its shapes: nullptr, or why cuBLASLt's grouped GEMM cannot take it.
+const char* grouped_bs_refusal(const QSpec& q, DType out) {
+  const bool nvfp4 = q.mode == QQ_MODE_NVFP4;
+  if (!nvfp4 && !(q.mode == QQ_MODE_MXFP8 && q.elem == ELEM_E4M3))
+    return "only nvfp4 and mxfp8 (e4m3) have grouped block-scaled GEMMs in cuBLASLt";
+  if (cublaslt_version() < (nvfp4 ? 130400u : 130300u) && !test_hook(HOOK_FORCE_BLOCKSCALED) &&
+      !test_hook(HOOK_EMULATE_GROUPED))
+    return nvfp4 ? "cuBLASLt's grouped nvfp4 GEMM needs cuBLASLt 13.4 or newer at run time"
+                 : "cuBLASLt's grouped mxfp8 GEMM needs cuBLASLt 13.3 or newer at run time";
+  if (out == DType::F16 && nvfp4) return "cuBLASLt has no float16 result for fp4 operands";
+  return nullptr;
+}
+
+// The smallest power of two >= v (at least lo, at most 2^30): the heuristic's hint for a size
+// only the device knows, and part of the plan's key, so that sizes that change every step
+// reuse a few plans instead of making one each.
+int64_t pow2_hint(int64_t v, int64_t lo) {
+  int64_t p = lo;
+  while (p < v && p < (1ll << 30)) p *= 2;
+  return p;
+}
+
+#if QQ_HAVE_BLOCKSCALED
+// lt's 7 pointer and 6 int64 arrays [E] carved from `meta` (16-byte pieces), and its types
+// for mode q with an `out` result; returns the bytes the arrays take.
+int64_t grouped_bs_layout(uint8_t* meta, int64_t E, const QSpec& q, DType out, GroupedLtGemm& lt) {
+  const int64_t e16 = roundup(E, 2) * 8;
+  void*** ptrs[] = {&lt.a_ptr, &lt.b_ptr, &lt.d_ptr, &lt.a_scale, &lt.b_scale, &lt.alpha, &lt.beta};
+  for (int i = 0; i < 7; ++i) *ptrs[i] = (void**)(meta + i * e16);
+  int64_t** ints[] = {&lt.rows_k, &lt.cols_n, &lt.cols_m, &lt.ld_a, &lt.ld_b, &lt.ld_d};
+  for (int i = 0; i < 6; ++i) *ints[i] = (int64_t*)(meta + (7 + i) * e16);
+  lt.E = E;
+  lt.d = out;
+  const bool nvfp4 = q.mode == QQ_MODE_NVFP4;
+  lt.lt_ab = (int)(nvfp4 ? CUDA_R_4F_E2M1 : CUDA_R_8F_E4M3);
+  lt.scale_mode = (int)(nvfp4 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0);
+  return 13 * e16;
+}
+
+// The grouped GEMM of lt's arrays (written by then), or under the emulate_grouped_blockscaled
+// hook its stand-in; per_group: outputs of a typical group (the stand-in's grid).
+qqStatus_t run_grouped_bs(qqContext* c, const GroupedLtGemm& lt, const QSpec& q, int64_t per_group, cudaStream_t st,
+                          const char* op) {
+  if (!test_hook(HOOK_EMULATE_GROUPED)) return gemm_grouped_blockscaled(c, lt, true, st);
+  const unsigned blocks = (unsigned)std::min<int64_t>(256, (per_group + kThreads - 1) / kThreads + 1);
+  grouped_bs_emulate_kernel<<<dim3(blocks, (unsigned)lt.E), kThreads, 0, st>>>(lt, q.bits, q.group,
+                                                                               q.mode == QQ_MODE_NVFP4);
+  return check_launch(op);
+}
+#endif
+
 // SUCCESS (the product is in a.out), NOT_SUPPORTED with the reason (nothing written: the caller
 // takes another route), or another error.
 qqStatus_t grouped_qqmm_blockscaled(qqContext* c, const MatmulArgs& a, int64_t gw_stride, const int32_t* ends,
@@ -899,21 +956,12 @@ qqStatus_t grouped_qqmm_blockscaled(qqContext* c, const MatmulArgs& a, int64_t g
 #else
   const int64_t T = a.M, N = a.N, K = a.K;
   const QSpec& q = a.q;
-  const bool nvfp4 = q.mode == QQ_MODE_NVFP4;
-  const size_t lt_version = cublaslt_version();
-  const bool emulate = test_hook(HOOK_EMULATE_GROUPED) != 0;
-  const char* why = nullptr;
-  if (!nvfp4 && !(q.mode == QQ_MODE_MXFP8 && q.elem == ELEM_E4M3))
-    why = "only nvfp4 and mxfp8 (e4m3) have grouped block-scaled GEMMs in cuBLASLt";
-  else if (lt_version < (nvfp4 ? 130400u : 130300u) && !test_hook(HOOK_FORCE_BLOCKSCALED) && !emulate)
-    why = nvfp4 ? "cuBLASLt's grouped nvfp4 GEMM needs cuBLASLt 13.4 or newer at run time"
-                : "cuBLASLt's grouped mxfp8 GEMM needs cuBLASLt 13.3 or newer at run time";
-  else if (E < 1 || E > kGroupedBsMaxE)
+  const char* why = grouped_bs_refusal(q, a.out.dt);
+  if (why) {
+  } else if (E < 1 || E > kGroupedBsMaxE)
     why = "the number of experts is outside 1 .. 4096";
   else if (a.w_prepared || a.x_prepared || a.w_trans || a.x_trans || a.x.nb != 0)
     why = "a prepared or transposed operand has no packed form";
-  else if (a.out.dt == DType::F16 && nvfp4)
-    why = "cuBLASLt has no float16 result for fp4 operands";
   else if (!rows_aligned(a.out) || (K * q.bits / 8) % 16 != 0)
     why = "out's rows, or the packed rows of K elements, are not 16-byte aligned";
   else if (a.x_packed ? (a.x_blocked || (uintptr_t)a.x.ptr % 16 || a.x.ld % 16) : !rows_aligned(a.x))
@@ -931,29 +979,21 @@ qqStatus_t grouped_qqmm_blockscaled(qqContext* c, const MatmulArgs& a, int64_t g
   const int64_t cK = K / q.group, c4 = roundup(cK, 4), R128 = roundup(N, 128);
   const int64_t prows = roundup(T + 127 * E, 128);  // x's blocked scale rows, P_E at most
   Scratch scratch(c, st);
-  // the arrays: 7 of pointers and 6 of int64 [E], alpha [E + 1], P [E], the flag (16-byte pieces)
-  const int64_t e16 = roundup(E, 2) * 8;
+  // the arrays: lt's [E], P [E], alpha [E + 1], the flag (16-byte pieces)
+  const int64_t e16 = roundup(E, 2) * 8, a16 = roundup((E + 1) * 4, 16);
   uint8_t* meta = nullptr;
-  QQ_TRY(scratch.get("grouped_qqmm", (size_t)(14 * e16 + roundup((E + 1) * 4, 16) + 16), &meta));
+  QQ_TRY(scratch.get("grouped_qqmm", (size_t)(14 * e16 + a16 + 16), &meta));
   GroupedBsArgs g;
   GroupedLtGemm& lt = g.g;
-  void*** ptrs[] = {&lt.a_ptr, &lt.b_ptr, &lt.d_ptr, &lt.a_scale, &lt.b_scale, &lt.alpha, &lt.beta};
-  for (int i = 0; i < 7; ++i) *ptrs[i] = (void**)(meta + i * e16);
-  int64_t** ints[] = {&lt.rows_k, &lt.cols_n, &lt.cols_m, &lt.ld_a, &lt.ld_b, &lt.ld_d, &g.pstart};
-  for (int i = 0; i < 7; ++i) *ints[i] = (int64_t*)(meta + (7 + i) * e16);
-  g.alpha_vals = (float*)(meta + 14 * e16);
-  g.bad = (int*)(meta + 14 * e16 + roundup((E + 1) * 4, 16));
-  lt.E = E;
+  const int64_t used = grouped_bs_layout(meta, E, q, a.out.dt, lt);
+  g.pstart = (int64_t*)(meta + used);
+  g.alpha_vals = (float*)(meta + used + e16);
+  g.bad = (int*)(meta + used + e16 + a16);
   lt.N = N;
   lt.K = K;
-  // the heuristic's hint and part of the plan's key: rounded up to a power of two, so that
-  // token counts that change every step reuse a few plans instead of making one each
-  lt.avg_m = 1;
-  while (lt.avg_m < T / E && lt.avg_m < (1ll << 30)) lt.avg_m *= 2;
-  lt.d = a.out.dt;
-  lt.lt_ab = (int)(nvfp4 ? CUDA_R_4F_E2M1 : CUDA_R_8F_E4M3);
-  lt.scale_mode = (int)(nvfp4 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0);
-  if (!emulate) QQ_TRY(gemm_grouped_blockscaled(c, lt, false, st));  // refused (with the reason) before any work
+  lt.avg_m = pow2_hint(T / E, 1);
+  if (!test_hook(HOOK_EMULATE_GROUPED))
+    QQ_TRY(gemm_grouped_blockscaled(c, lt, false, st));  // refused (with the reason) before any work
 
   // x: packed rows and linear scales (the caller's, or quantized here)
   const int64_t xrow = q.packed_cols(K);
@@ -1047,13 +1087,7 @@ qqStatus_t grouped_qqmm_blockscaled(qqContext* c, const MatmulArgs& a, int64_t g
         xl, xl_ld, T, cK, ends, (int)E, g.pstart, g.bad, xs, c4);
     QQ_TRY(check_launch("grouped_qqmm"));
   }
-  if (emulate) {
-    const unsigned blocks = (unsigned)std::min<int64_t>(256, (T / E * N + kThreads - 1) / kThreads + 1);
-    grouped_bs_emulate_kernel<<<dim3(blocks, (unsigned)E), kThreads, 0, st>>>(lt, q.bits, q.group, nvfp4);
-    QQ_TRY(check_launch("grouped_qqmm"));
-  } else {
-    QQ_TRY(gemm_grouped_blockscaled(c, lt, true, st));
-  }
+  QQ_TRY(run_grouped_bs(c, lt, q, T / E * N, st, "grouped_qqmm"));
   const int64_t total = T * N;
   if (total > 0) {
     Mat o = a.out;
@@ -1920,10 +1954,8 @@ __global__ void wgrad_fill_kernel(const int32_t* blk, const int* bad, Mat out, i
   const bool nan = *bad != 0;
   if (!nan && blk[e + 1] != blk[e]) return;
   for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < K * N; i += (int64_t)gridDim.x * kThreads) {
-    const int64_t r = i / N, oi = e * pitch + r * out.ld + (i - r * N);
-    if (out.dt == DType::F32) ((uint32_t*)out.ptr)[oi] = nan ? 0x7fc00000u : 0u;
-    else if (out.dt == DType::BF16) ((uint16_t*)out.ptr)[oi] = nan ? 0x7fc0 : 0;
-    else ((uint16_t*)out.ptr)[oi] = nan ? 0x7e00 : 0;
+    const int64_t r = i / N;
+    put_nan_or_zero(out, e * pitch + r * out.ld + (i - r * N), nan);
   }
 }
 
@@ -1937,19 +1969,11 @@ qqStatus_t grouped_wgrad_blockscaled(qqContext* c, const WgradArgs& a, cudaStrea
 #else
   const int64_t E = a.E, T = a.T, K = a.K, N = a.N;
   const QSpec& q = a.q;
-  const bool nvfp4 = q.mode == QQ_MODE_NVFP4;
-  const bool emulate = test_hook(HOOK_EMULATE_GROUPED) != 0;
   const int64_t es = dtype_size(a.out.dt), pitch = a.out.nb ? a.out.bstride[0] : K * N;
-  const char* why = nullptr;
-  if (!nvfp4 && !(q.mode == QQ_MODE_MXFP8 && q.elem == ELEM_E4M3))
-    why = "only nvfp4 and mxfp8 (e4m3) have grouped block-scaled GEMMs in cuBLASLt";
-  else if (cublaslt_version() < (nvfp4 ? 130400u : 130300u) && !test_hook(HOOK_FORCE_BLOCKSCALED) && !emulate)
-    why = nvfp4 ? "cuBLASLt's grouped nvfp4 GEMM needs cuBLASLt 13.4 or newer at run time"
-                : "cuBLASLt's grouped mxfp8 GEMM needs cuBLASLt 13.3 or newer at run time";
-  else if (E < 2 || E > kGroupedBsMaxE)
+  const char* why = grouped_bs_refusal(q, a.out.dt);
+  if (why) {
+  } else if (E < 2 || E > kGroupedBsMaxE)
     why = "the number of experts is outside 2 .. 4096";
-  else if (a.out.dt == DType::F16 && nvfp4)
-    why = "cuBLASLt has no float16 result for fp4 operands";
   else if (!rows_aligned(a.out) || (pitch * es) % 16 != 0)
     why = "out's rows are not 16-byte aligned";
   else if (T >= (1ll << 31) - 32 * E || K >= (1ll << 31) || N >= (1ll << 31))
@@ -1970,26 +1994,17 @@ qqStatus_t grouped_wgrad_blockscaled(qqContext* c, const WgradArgs& a, cudaStrea
   QQ_TRY(scratch.get("grouped_qqmm_wgrad", (size_t)(13 * e16 + 3 * i16 + 16), &meta));
   WgradBsArgs w;
   GroupedLtGemm& lt = w.g;
-  void*** ptrs[] = {&lt.a_ptr, &lt.b_ptr, &lt.d_ptr, &lt.a_scale, &lt.b_scale, &lt.alpha, &lt.beta};
-  for (int i = 0; i < 7; ++i) *ptrs[i] = (void**)(meta + i * e16);
-  int64_t** ints[] = {&lt.rows_k, &lt.cols_n, &lt.cols_m, &lt.ld_a, &lt.ld_b, &lt.ld_d};
-  for (int i = 0; i < 6; ++i) *ints[i] = (int64_t*)(meta + (7 + i) * e16);
-  w.alpha_vals = (float*)(meta + 13 * e16);
-  int32_t* blk = (int32_t*)(meta + 13 * e16 + i16);
-  int32_t* sblk = (int32_t*)(meta + 13 * e16 + 2 * i16);
-  int* bad = (int*)(meta + 13 * e16 + 3 * i16);
-  lt.E = E;
+  const int64_t used = grouped_bs_layout(meta, E, q, a.out.dt, lt);
+  w.alpha_vals = (float*)(meta + used);
+  int32_t* blk = (int32_t*)(meta + used + i16);
+  int32_t* sblk = (int32_t*)(meta + used + 2 * i16);
+  int* bad = (int*)(meta + used + 3 * i16);
   lt.N = N;
   lt.kind = 1;
-  // the reduction per group is on the device: its average (rounded up to a power of two,
-  // so that token counts that change every step reuse a few plans) is the hint and key
-  lt.K = 32;
-  while (lt.K < T / E && lt.K < (1ll << 30)) lt.K *= 2;
+  lt.K = pow2_hint(T / E, 32);  // the reduction per group is on the device: its average is the hint
   lt.avg_m = K;
-  lt.d = a.out.dt;
-  lt.lt_ab = (int)(nvfp4 ? CUDA_R_4F_E2M1 : CUDA_R_8F_E4M3);
-  lt.scale_mode = (int)(nvfp4 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0);
-  if (!emulate) QQ_TRY(gemm_grouped_blockscaled(c, lt, false, st));  // refused (with the reason) before any work
+  if (!test_hook(HOOK_EMULATE_GROUPED))
+    QQ_TRY(gemm_grouped_blockscaled(c, lt, false, st));  // refused (with the reason) before any work
 
   uint8_t *xc = nullptr, *dyc = nullptr, *xs = nullptr, *dys = nullptr;
   QQ_TRY(scratch.get("grouped_qqmm_wgrad", (size_t)(K * bytes_row), &xc));
@@ -2024,13 +2039,7 @@ qqStatus_t grouped_wgrad_blockscaled(qqContext* c, const WgradArgs& a, cudaStrea
   w.gs_dy = a.gs_dy;
   wgrad_bs_args_kernel<<<(unsigned)((E + 255) / 256), 256, 0, st>>>(w);
   QQ_TRY(check_launch("grouped_qqmm_wgrad"));
-  if (emulate) {
-    const unsigned blocks = (unsigned)std::min<int64_t>(256, (K * N + kThreads - 1) / kThreads);
-    grouped_bs_emulate_kernel<<<dim3(blocks, (unsigned)E), kThreads, 0, st>>>(lt, q.bits, q.group, nvfp4);
-    QQ_TRY(check_launch("grouped_qqmm_wgrad"));
-  } else {
-    QQ_TRY(gemm_grouped_blockscaled(c, lt, true, st));
-  }
+  QQ_TRY(run_grouped_bs(c, lt, q, K * N, st, "grouped_qqmm_wgrad"));
   const unsigned fb = (unsigned)std::min<int64_t>(64, (K * N + kThreads - 1) / kThreads);
   wgrad_fill_kernel<<<dim3(fb, (unsigned)E), kThreads, 0, st>>>(blk, bad, a.out, pitch, K, N);
   QQ_TRY(check_launch("grouped_qqmm_wgrad"));
