@@ -2,7 +2,9 @@
 # The next session's first device call (written in session ba, not run): grouped_qqmm_wgrad's
 # new Blackwell route (qqmm.cu grouped_wgrad_blockscaled, seg_qdq_kernel's code form), which
 # no GPU has run yet, through its Hopper tests (emulate_grouped_blockscaled, force_blockscaled),
-# memcheck over them, and the E = 8 MoE step's kernel times (seg_qdq_kernel's values form gained
+# memcheck over them (test_grouped.py whole: also grouped_qqmm's Blackwell route, whose code
+# ca64c31 reshaped - shared helpers, behaviour unchanged - after it passed here on b1377a0),
+# and the E = 8 MoE step's kernel times (seg_qdq_kernel's values form gained
 # a template parameter and an unused argument: its time should stay at session ag's 276.8 us
 # for x4, logs-2026-11-30ag/profile_moe8-cc1b1df.txt). The whole GPU suite is the second call.
 #   OUT=$OUT QQ_COMMIT=<hash> bash bench/results/logs-2026-12-02ba/next.sh   (~7 minutes), with
