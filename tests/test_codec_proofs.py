@@ -38,5 +38,24 @@ def test_codec_fast_forms_equal_their_oracles(forms, tmp_path):
     lines = [ln for ln in r.stdout.splitlines() if "mismatches" in ln]
     # every check ran (the CPU's AVX2 fp4 and fp8 encoders are compiled on x86-64 only)
     x86 = platform.machine() in ("x86_64", "AMD64")
-    assert len(lines) == (9 if forms == "gpu" else 8) + 2 * x86, r.stdout
+    assert len(lines) == (10 if forms == "gpu" else 9) + 2 * x86, r.stdout
     assert all(ln.endswith(" 0 mismatches") for ln in lines), r.stdout
+
+
+@pytest.mark.gpu
+def test_affine_quotient_fma_proof_on_the_gpu(tmp_path):
+    """codec.h's affine_quotient_fma (the GPU affine encoders' exact quotient) equals IEEE
+    division for every 1024th fp32 significand b against every a (2^33 pairs; all 2^46 pairs
+    with QQ_TEST_EXHAUSTIVE=1, about a minute): tests/cpp/quotient_proof.cu."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("needs nvcc to build tests/cpp/quotient_proof.cu")
+    exe = tmp_path / "quotient_proof"
+    cmd = [nvcc, "-O3", "-arch=native", os.path.join(HERE, "cpp", "quotient_proof.cu"), "-o", str(exe)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
+    r = subprocess.run([str(exe)] + (["--exhaustive"] if EXHAUSTIVE else []), capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    want = (1 << 46) if EXHAUSTIVE else (1 << 33)
+    assert f"affine_quotient_fma: {want} pairs, 0 mismatches" in r.stdout, r.stdout

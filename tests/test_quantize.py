@@ -11,7 +11,7 @@ import qq
 import reference as R
 from helpers import (AFFINE_PARAMS, BF16, DEVICES, FP_PARAMS, FpCfg, as_bytes, assert_bits_equal,
                      assert_quantized_equal, cast, check_quantize, dtype_params, qq_quantize,
-                     random_data, to_numpy)
+                     random_data, to_device, to_numpy)
 
 F32 = np.float32
 
@@ -489,6 +489,42 @@ def test_affine_rounds_half_away_from_zero(device):
     w[0, :5] = [0, 3, 0.5, 1.5, 2.5]
     q = qq_quantize(w, device, group_size=32, bits=2)
     assert R.unpack(as_bytes(q.data), 2)[0, :5].tolist() == [3, 0, 3, 2, 1]
+
+
+def _affine_near_ties(rng, bits, group, ngroups):
+    """fp32 groups (rows of `group`) of magnitudes 2^-60 .. 2^100, each spanning 0 .. n * s, whose
+    other elements sit 0-3 ulp from the values whose quotient (w - bias) / scale is k + 0.5
+    (the rounding boundaries), on both sides, for random k in 0 .. n - 1."""
+    n = (1 << bits) - 1
+    e = rng.integers(-60, 101, ngroups)
+    s = (rng.uniform(1, 2, ngroups) * np.exp2(e.astype(np.float64))).astype(F32)
+    x = np.empty((ngroups, group), F32)
+    x[:, 0] = 0.0
+    x[:, 1] = (s.astype(np.float64) * n).astype(F32)
+    k = rng.integers(0, n, (ngroups, group - 2))
+    w = (x[:, 1:2].astype(np.float64) - (k + 0.5) * s[:, None].astype(np.float64)).astype(F32)
+    nudge = rng.integers(-3, 4, w.shape).astype(np.int32)
+    x[:, 2:] = (w.view(np.int32) + nudge).view(F32)
+    return x
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", ["quantize", "quantize_colwise"])
+@pytest.mark.parametrize("bits,group", [(4, 64), (8, 32), (2, 128)])
+def test_affine_quotients_next_to_ties(bits, group, op, device, rng):
+    """Quotients within a few ulp of a .5 boundary in groups of every magnitude: on the GPU
+    the exact quotient without a division (codec.h affine_quotient_fma: |scale| up to 2^64)
+    and the band-tested reciprocal one beyond give the CPU's and the reference's codes, row-
+    and column-wise, bit for bit."""
+    x = _affine_near_ties(rng, bits, group, 512)
+    if op == "quantize":
+        check_quantize(x, device, group_size=group, bits=bits)
+        return
+    xt = x.reshape(32, 16 * group)  # quantize_colwise(x^T) = quantize(xt): the same groups
+    ref = R.quantize(xt, mode="affine", bits=bits, group_size=group)
+    got = qq.quantize_colwise(to_device(np.ascontiguousarray(xt.T), device), mode="affine", bits=bits,
+                              group_size=group)
+    assert_quantized_equal(got, ref, xt, what=f"colwise affine near ties [{device}]")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -670,8 +670,41 @@ QQ_HD bool affine_band_clamped(float c) { return affine_dist_in_band(affine_roun
 // round-down adds of affine_round_clamped are left to the quotients inside the band.
 constexpr uint32_t kAffineCodeBias = 0x4b000000u;  // the bits of 2^23: code = bits(2^23 + code) - this
 QQ_HD uint32_t affine_rn_code(float c) { return f2u(c + 8388608.0f) - kAffineCodeBias; }
+// The correctly rounded quotient d / scale without a division, from inv = RN(1 / scale):
+// q = RN(d * inv) (a few ulp off), r = RN(d - q * scale) in one fma, then RN(q + r * inv)
+// in another (Markstein's correction step). tests/cpp/quotient_proof.cu checks it against
+// IEEE division on a GPU for every pair of fp32 significands in [1, 2) (all 2^46), and that
+// covers every d with every scale of kAffineFmaMin <= |scale| <= kAffineFmaMax whose
+// quotient has |d / scale| >= 1/4: there inv, q, the result and any nonzero residual (a
+// multiple of ulp(q) * ulp(scale) >= 2^-112) are normal, so each rounding is the
+// significands' rounding scaled by a power of two. Below 1/4 the result is within a few
+// ulp of the quotient (a subnormal residual's rounding adds at most 2^-150 * inv <= 2^-86),
+// so the affine code is 0 either way. An affine group's |scale| is at least ~5e-8
+// (affine_params' floor) and reaches 2^64 only for values beyond ~1e20; such groups take
+// the reciprocal quotient with its band test instead.
+constexpr float kAffineFmaMin = 0x1p-64f, kAffineFmaMax = 0x1p64f;
+QQ_HD bool affine_fma_ok(float scale) {
+  const float a = abs_f(scale);
+  return a >= kAffineFmaMin && a <= kAffineFmaMax;
+}
+QQ_HD float affine_quotient_fma(float d, float scale, float inv) {
+#if defined(__CUDA_ARCH__)
+  const float q = __fmul_rn(d, inv);  // (the _rn forms: never contracted into other operations)
+  return __fmaf_rn(__fmaf_rn(-q, scale, d), inv, q);
+#else
+  const float q = d * inv;
+  return __builtin_fmaf(__builtin_fmaf(-q, scale, d), inv, q);
+#endif
+}
+// The host form is the reference: the reciprocal quotient, divided near a .5 boundary. The
+// GPU takes the exact quotient where affine_fma_ok holds (no band test, no branch: 8 floating
+// point instructions an element), the same codes (both are the code of RN(d / scale)).
 QQ_HD uint32_t affine_encode(float w, float scale, float inv, float bias, int bits) {
   const float d = w - bias;
+#if defined(__CUDA_ARCH__)
+  if (affine_fma_ok(scale))
+    return affine_round_clamped(affine_clamp(affine_quotient_fma(d, scale, inv), (float)((1 << bits) - 1)));
+#endif
   float t = d * inv;
   if (affine_needs_div(t)) t = d / scale;
   return affine_round_clamp(t, (float)((1 << bits) - 1));

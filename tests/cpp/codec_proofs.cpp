@@ -34,6 +34,12 @@
 //      both builds (the host emulates fma.rn / min / max.bf16x2: fp32, then one RNE to bf16;
 //      exact here: x * 2^k and a + C fit fp32 exactly except products under 2^-142, which
 //      any rounding leaves under 0.25 and so at code 0 with x's sign).
+//  11. affine_quotient_fma (the GPU affine encoders' exact quotient without a division)
+//      against the division: significand pairs (random, and a built within 2 ulp of a
+//      rounding midpoint times b, the hard cases), and the affine code of the result against
+//      the code of d / scale over the range codec.h's affine_fma_ok admits (scales 2^-64 ..
+//      2^64 of either sign, quotients from subnormal to past the clamp). A sample: the proof
+//      over all 2^46 significand pairs runs on a GPU (tests/cpp/quotient_proof.cu).
 // `codec_proofs --exhaustive` checks 1, 3, 5 and 7 for all 2^32 fp32 bit
 // patterns (add_rd for every operand in [0, 256]) and 20M tuples for 2: the
 // proof, about 1 minute of CPU time, and 6 for the GPU forms (software fmaf). Without
@@ -336,5 +342,56 @@ int main(int argc, char** argv) {
     if (want != got && bad8++ < 10) printf("e2m1x8 MISMATCH tuple %llu: want 0x%08x got 0x%08x\n", (unsigned long long)t, want, got);
   }
   printf("e2m1x8_encode: %llu random 8-tuples, %llu mismatches\n", (unsigned long long)kTuples, (unsigned long long)bad8);
-  return bad || bad_div || bad_aff || bad_band || bad8 || bad_x8 || bad_fp8 ? 1 : 0;
+
+  // 11. affine_quotient_fma: the quotient, then the code
+  uint64_t n_qf = 0, bad_qf = 0;
+  const uint64_t kQf = exhaustive ? (1ull << 26) : (1ull << 20);
+  auto check_q = [&](float a, float b) {
+    const float got = qq::affine_quotient_fma(a, b, 1.0f / b), want = a / b;
+    ++n_qf;
+    if (qq::f2u(got) != qq::f2u(want) && bad_qf++ < 10) printf("affine_quotient_fma MISMATCH a 0x%08x b 0x%08x\n", qq::f2u(a), qq::f2u(b));
+  };
+  for (uint64_t i = 0; i < kQf; ++i) {
+    const uint64_t z = rnd();
+    const float b = qq::u2f(0x3f800000u | (uint32_t)(z & 0x7fffffu));
+    check_q(qq::u2f(0x3f800000u | (uint32_t)((z >> 23) & 0x7fffffu)), b);
+    // a midpoint m between two floats of (0.5, 2), and the a whose quotient lies nearest it
+    const int e = (int)((z >> 46) & 1);  // m in [0.5, 1) or [1, 2)
+    const float m_lo = qq::u2f((uint32_t)(0x3f000000u + (e << 23)) | (uint32_t)((z >> 47) & 0x7fffffu));
+    const double mid = (double)m_lo + std::ldexp(1.0, -25 + e);
+    const float a0 = (float)(mid * (double)b);
+    for (int k = -2; k <= 2; ++k) {
+      const float a = qq::u2f(qq::f2u(a0) + (uint32_t)k);
+      if (a >= 1.0f && a < 2.0f) check_q(a, b);
+    }
+  }
+  uint64_t n_qc = 0, bad_qc = 0;
+  for (uint64_t i = 0; i < kQf; ++i) {
+    const uint64_t z = rnd();
+    const int bits = 2 + (int)(z % 7);  // 2..8
+    const float n = (float)((1 << bits) - 1);
+    // a scale of either sign and any exponent affine_fma_ok admits
+    float scale = std::ldexp(qq::u2f(0x3f800000u | (uint32_t)((z >> 3) & 0x7fffffu)), (int)((z >> 26) % 129) - 64);
+    if (scale > qq::kAffineFmaMax) scale = qq::kAffineFmaMax;
+    if ((z >> 35) & 1) scale = -scale;
+    // quotients near the codes' .5 boundaries, random ones up to past the clamp, tiny ones
+    const uint64_t y = rnd();
+    double t;
+    switch (y & 3) {
+      case 0: t = (double)(y >> 8 & 511) * 0.5 + std::ldexp((double)(int)((y >> 17) & 0xff) - 128.0, -30); break;
+      case 1: t = std::ldexp((double)(y >> 11), -53) * 2.0 * n; break;
+      case 2: t = std::ldexp((double)(y >> 11), -53 - (int)((y >> 2) & 127)); break;
+      default: t = -std::ldexp((double)(y >> 11), -53 - (int)((y >> 2) & 7)); break;
+    }
+    const float d = (float)(t * (double)scale);
+    if (!qq::affine_fma_ok(scale) || !std::isfinite(d)) continue;
+    const uint32_t got = qq::affine_round_clamped(qq::affine_clamp(qq::affine_quotient_fma(d, scale, 1.0f / scale), n));
+    const uint32_t want = qq::affine_round_clamp(d / scale, n);
+    ++n_qc;
+    if (got != want && bad_qc++ < 10)
+      printf("affine_quotient_fma code MISMATCH d 0x%08x scale 0x%08x bits %d: %u, want %u\n", qq::f2u(d), qq::f2u(scale), bits, got, want);
+  }
+  printf("affine_quotient_fma: %llu significand pairs (random and next to midpoints), %llu affine codes, %llu mismatches\n",
+         (unsigned long long)n_qf, (unsigned long long)n_qc, (unsigned long long)(bad_qf + bad_qc));
+  return bad || bad_div || bad_aff || bad_band || bad8 || bad_x8 || bad_fp8 || bad_qf || bad_qc ? 1 : 0;
 }

@@ -37,11 +37,12 @@ __device__ __forceinline__ uint32_t fp8x2_code(int elem, float lo, float hi, boo
 }
 
 // Eight affine codes (codec.h's affine_encode, bit for bit) packed little-endian at `bits`
-// bits each (kBits: the width at compile time, 0 = the run-time `bits`). The fast quotients
-// come first, clamped, and tested on the clamped value (affine_band_clamped: 4 instructions
-// where affine_needs_div on the raw quotient takes 7); outside the band the code is read
-// from the test's own sum (affine_rn_code). The exact division and round-half-away
-// rounding are taken for the eight behind one branch, almost never entered.
+// bits each (kBits: the width at compile time, 0 = the run-time `bits`). Where affine_fma_ok
+// (every group short of ~1e20) the quotients are exact (affine_quotient_fma). Elsewhere the
+// reciprocal quotients come first, clamped, and tested on the clamped value
+// (affine_band_clamped: 4 instructions where affine_needs_div on the raw quotient takes 7);
+// outside the band the code is read from the test's own sum (affine_rn_code), and the exact
+// division with round-half-away rounding is taken for the eight behind one branch.
 // affine_encode's per-element test-and-divide made every element a divergent branch
 // (BSSY / BRA / BSYNC), and a run-time width made every shift a 64-bit variable shift.
 // The eight tests are one, on the largest distance (a max a quotient): short-circuiting
@@ -52,18 +53,28 @@ __device__ __forceinline__ uint64_t affine_encode8(const float* v, float scale, 
   const int nb = kBits ? kBits : bits;
   const float n = (float)((1 << nb) - 1);
   uint32_t u[8];  // kAffineCodeBias + code: the bits of 2^23 + code
-  float dmax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float c = affine_clamp((v[i] - bias) * inv, n);
-    u[i] = affine_rn_code(c) + kAffineCodeBias;
-    dmax = fmaxf(dmax, affine_round_dist(c));
-  }
-  if (affine_dist_in_band(dmax)) {  // (the quotients again: fewer registers held across)
+  if (affine_fma_ok(scale)) {
+    // The exact quotient (affine_quotient_fma) rounded half away from zero: 8 instructions an
+    // element and no branch. The band test below took as many on its fast path, and about
+    // 40 % of warps entered its branch (a quotient within 1e-3 of a .5 boundary among a warp's
+    // 256, ~0.2 % each), ~90 instructions a time.
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      if (affine_band_clamped(affine_clamp((v[i] - bias) * inv, n)))
-        u[i] = affine_round_clamped(affine_clamp((v[i] - bias) / scale, n)) + kAffineCodeBias;
+      u[i] = affine_round_clamped(affine_clamp(affine_quotient_fma(v[i] - bias, scale, inv), n)) + kAffineCodeBias;
+  } else {
+    float dmax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float c = affine_clamp((v[i] - bias) * inv, n);
+      u[i] = affine_rn_code(c) + kAffineCodeBias;
+      dmax = fmaxf(dmax, affine_round_dist(c));
+    }
+    if (affine_dist_in_band(dmax)) {  // (the quotients again: fewer registers held across)
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (affine_band_clamped(affine_clamp((v[i] - bias) * inv, n)))
+          u[i] = affine_round_clamped(affine_clamp((v[i] - bias) / scale, n)) + kAffineCodeBias;
+    }
   }
   // Packing: Horner's multiply-adds sum u_i * 2^(nb i) in 32 bits, where the biases
   // B * 2^(nb i) wrap to 0 once nb i >= 8 (B's low 24 bits are 0), so one subtraction of
