@@ -202,12 +202,15 @@ for shape, sl in (((4, 2048), None), ((3, 2006), None), ((5, 2050), 2048)):
 # x; M = 3 and 6 in float16, 6 and 12 kernel rows: the 3..8- and 9..16-row forms, there and
 # for mxfp8's 512-k stages 3 deep; M = 20, 40 kernel rows: 16 stages a rank, so on sm_90a one
 # warpgroup a fragment-block parity, m64n64k16)
-for (n2, k) in ((256, 512), (8192, 256), (17408, 256), (17408, 1024), (256, 7168), (256, 8192)):
+# (17408, 4096), M = 20 and 32 (40 and 64 kernel rows, 16 stages, K not split, 272 row tiles):
+# on sm_90a two row tiles a CTA (qmmp.cu's NT = 2), each with its own SwiGLU barrier
+for (n2, k) in ((256, 512), (8192, 256), (17408, 256), (17408, 1024), (256, 7168), (256, 8192), (17408, 4096)):
     w = (rng.standard_normal((n2, k)) * 0.05).astype(np.float32)
     for mode in ("nvfp4", "mxfp8"):
         q = qq.quantize(dev(w), mode=mode)
         dw, dg = qq.prepare_decode(q), qq.prepare_decode(q, gated=True)
-        for m in (1, 3, 6, 20) if (n2, k) == (256, 8192) else (1,) if k >= 1024 else (1, 8, 12, 20):
+        for m in (1, 3, 6, 20) if (n2, k) == (256, 8192) else (20, 32) if k == 4096 else (1,) if k >= 1024 else (
+                1, 8, 12, 20):
             x = dev(rng.standard_normal((m, k)).astype(np.float16))
             got = qq.quantized_matmul_swiglu(x, dg)
             route = qq.last_route()

@@ -612,6 +612,39 @@ def test_gpu_past_two_waves(cfg, k):
 
 
 @gpu
+@pytest.mark.parametrize("cfg", ["nvfp4", "nvfp4-gs", "mxfp4", "mxfp8", "a4g64"])
+def test_gpu_two_tiles_a_cta(cfg):
+    """33..64 rows where K is not split (16 stages of 256 k) and the 64-row tiles, paired,
+    still fill the SMs (2 x SMs tiles): on sm_90a the fp codes take two tiles a CTA (qmmp.cu's
+    NT = 2; affine 4-bit keeps one, for the contrast). Near the reference at 33, 40 and 64
+    rows; each row the same bits as in every other M's form (1..32 rows take one tile a CTA);
+    float16 x of 17..32 rows (34..64 kernel rows) near the reference; a gated weight of that
+    size gives the plain product and, in one kernel, qq.swiglu of it bit for bit (each tile's
+    SwiGLU barrier of its own)."""
+    torch = torch_mod()
+    n, k = 128 * torch.cuda.get_device_properties(0).multi_processor_count, 4096
+    dw = gpu_weight(cfg, n, k)
+    rng = case_rng("two-tiles", cfg)
+    x = make_x(rng, (64, k), BF16, "cuda")
+    for m in (33, 40, 64):
+        check(x[:m].contiguous(), dw, route="decode" if decode_expected(BF16, m) else None)
+    assert_rows_same_bits(x, dw, (1, 9, 16, 17, 32, 33, 40))
+    x16 = make_x(rng, (24, k), F16, "cuda")
+    want, mag = reference(x16, dw.quantized, None)
+    got = qq.quantized_matmul(x16, dw, dtype="float32")
+    assert (qq.last_route() == "decode") == decode_expected(F16, 24), qq.last_route()
+    assert mismatch(got, want, mag, rel_of(dw.mode)) is None
+    _, dplain, dgated = gated_case(cfg, n // 2, k, "cuda")
+    xg = x[:48].contiguous() * 0.25
+    plain = qq.quantized_matmul(xg, dplain)
+    np.testing.assert_array_equal(bits(qq.quantized_matmul(xg, dgated)), bits(plain))
+    out = torch.full((48, n // 2), float("nan"), dtype=plain.dtype, device=plain.device)
+    fused = qq.quantized_matmul_swiglu(xg, dgated, out=out)
+    assert qq.last_route() == "decode"
+    np.testing.assert_array_equal(bits(fused), bits(qq.swiglu(plain)))
+
+
+@gpu
 @pytest.mark.parametrize("cfg", CFGS)
 def test_gpu_long_k_split(cfg):
     """K split over a cluster of 2 at M <= 8 with a long K: 4 row tiles (8 CTAs), K = 7168,

@@ -57,7 +57,10 @@ namespace {
 // and take 1 / RS of x's row tiles each), 1 producer warp, and for affine 1 warp that sums
 // x per fragment block
 constexpr int kConsumers = 8;
-constexpr int threads_of(int fm, int rs) { return 32 * (kConsumers * rs + 1 + (dec_affine(fm) ? 1 : 0)); }
+// NT: 64-row tiles a CTA (2: see qmmp_body's NT), each with its own kConsumers * RS warps
+constexpr int threads_of(int fm, int rs, int nt = 1) {
+  return 32 * (kConsumers * rs * nt + 1 + (dec_affine(fm) ? 1 : 0));
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 // Shared loads at 32-bit shared addresses, for the consumer loop's operands (qmmp_body): its
@@ -274,12 +277,14 @@ __device__ __noinline__ float affine_exact(const uint8_t* w, const __nv_bfloat16
 
 // The shared memory of a configuration (the ring, its barriers, the two partial-sum arrays).
 // X2: a stage holds two rows of x (M <= 2), not MT * 8.
-template <int FM, int MT, int S, int KC, bool X2 = false>
+// NT > 1: NT tiles' weights a stage; the partial-sum arrays live in the ring (qmmp_body).
+template <int FM, int MT, int S, int KC, bool X2 = false, int NT = 1>
 constexpr size_t smem_bytes() {
   using G = Geo<FM>;
   const size_t xsum = dec_affine(FM) ? (size_t)S * G::FBS * KC * MT * 8 * 4 : 0;
   const size_t xrows = X2 ? 2 : MT * 8;
-  return (size_t)S * (KC * G::STAGE + xrows * (KC * 512 + G::XPAD)) + 3 * S * 8 + 2 * (4 * MT * 4 * 32) * 4 + xsum;
+  return (size_t)S * (NT * KC * G::STAGE + xrows * (KC * 512 + G::XPAD)) + 3 * S * 8 +
+         (NT > 1 ? 0 : 2 * (4 * MT * 4 * 32) * 4) + xsum;
 }
 
 // Whether this architecture's code of a configuration is built: compute capability 12.x
@@ -287,13 +292,13 @@ constexpr size_t smem_bytes() {
 // compile there as an empty body that launch() never reaches (it refuses them first); this
 // keeps nvcc's time for sm_120a down.
 // The WG configurations (wgmma) are sm_90a code only; dispatch runs them on 9.x devices.
-template <int FM, int MT, int S, int KC, bool WG, bool X2>
+template <int FM, int MT, int S, int KC, bool WG, bool X2, int NT = 1>
 __device__ constexpr bool built_here() {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if (WG) return false;
 #endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200 && __CUDA_ARCH__ < 1300
-  return smem_bytes<FM, MT, S, KC, X2>() <= 99 * 1024;
+  return smem_bytes<FM, MT, S, KC, X2, NT>() <= 99 * 1024;
 #else
   return true;
 #endif
@@ -393,27 +398,38 @@ __device__ __forceinline__ uint4 dec_frag(const uint32_t (&w4)[4], int j, uint32
 // remainders), not 8: the lanes of mma columns 2..7 read row 0 again, and those columns are
 // not stored. The 6 rows of zeros were 23 % of a 4-bit 512-k stage; without them such
 // stages fit four CTAs an SM.
-template <int FM, int MT, int S, int KC, int RS, bool GR, bool WG, bool X2>
+// NT: 64-row tiles a CTA (dense calls without a K split). With NT = 2 a stage holds two
+// tiles' weights beside one copy of x's rows, and each tile has its own 8 * RS consumer
+// warps doing exactly what they do at NT = 1 (the same FBs in the same order: the same
+// bits). Where x's 64 rows are 3.5x a tile's weight bytes a stage (33..64 rows), this
+// halves x's shared-memory and L2 traffic per weight byte and doubles the warps an SM
+// without decoding any FB twice. The partial-sum arrays then live in the ring (idle after
+// the main loop), so the ring keeps its depth.
+template <int FM, int MT, int S, int KC, int RS, bool GR, bool WG, bool X2, int NT>
 __device__ __forceinline__ void qmmp_body(const QP p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using G = Geo<FM>;
   constexpr bool F8 = dec_bits8(FM), AFF = dec_affine(FM);
-  constexpr int kThreads = threads_of(FM, RS), kCons = kConsumers * RS, MW = MT / RS;
+  constexpr int kThreads = threads_of(FM, RS, NT), kCons = kConsumers * RS * NT, MW = MT / RS;
+  static_assert(NT == 1 || (!GR && !X2), "two tiles a CTA: dense calls");
   static_assert(MT % RS == 0, "row tiles split evenly");
   static_assert(!WG || (!GR && (MW == 4 || MW == 8)), "wgmma: 32 or 64 rows of x per warpgroup (wg_mma)");
   static_assert(!X2 || (MT == 1 && !WG && !GR), "two rows of x: dense or per-entry calls at M <= 2");
   constexpr int XS = KC * 512 + G::XPAD, XR = X2 ? 2 : MT * 8;  // bytes per row of x in a stage, rows
-  constexpr int SW = KC * G::STAGE, STG = SW + XR * XS, RED = 4 * MT * 4 * 32;
+  constexpr int TW = KC * G::STAGE, SW = NT * TW, STG = SW + XR * XS, RED = 4 * MT * 4 * 32;
   constexpr int NF = G::FBS * KC, XSUM = AFF ? NF * MT * 8 : 0;  // affine: sums of x per stage [FB][row]
   extern __shared__ __align__(128) uint8_t smem[];
   // full[S], empty[S], affine: xready[S] (the stage's sums of x are in)
   float* xsum = reinterpret_cast<float*>(smem + S * STG);  // affine: [S][NF][MT * 8] (16-byte aligned: copied to)
   uint64_t* bars = reinterpret_cast<uint64_t*>(xsum + S * XSUM);
-  float* red = reinterpret_cast<float*>(bars + 3 * S);  // the odd warps' partial sums
-  float* part = red + RED;                              // this CTA's sums, read by the cluster's rank 0
+  // the odd warps' partial sums, then this CTA's sums (read by the cluster's rank 0); a
+  // tile's at ti * RED; NT > 1: in the ring
+  float* red = NT > 1 ? reinterpret_cast<float*>(smem) : reinterpret_cast<float*>(bars + 3 * S);
+  float* part = red + NT * RED;
+  static_assert(NT == 1 || (size_t)S * STG >= 2 * NT * RED * sizeof(float), "the ring holds the sums");
   cg::cluster_group cluster = cg::this_cluster();
   const int ks = (int)cluster.dim_blocks().y, rank = (int)cluster.block_rank();
-  const int tile = blockIdx.x, nk = p.K / (kDecChunkK * KC), entry = blockIdx.z;
+  const int nk = p.K / (kDecChunkK * KC), entry = blockIdx.z;
   // gather: the expert comes from memory the previous kernel may have written (a router's
   // top-k, or the plan), so every thread waits for it first; an index out of range gives
   // NaN rows
@@ -468,8 +484,11 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
   // pair slower (H200, CUDA graphs, M = 1: nvfp4 44.0 -> 47.7 us, mxfp8 57.3 -> 70.5;
   // bench/results/qmm-decode-h100-notes.md, session t); it launches when this grid ends.
   if (!p.swiglu) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  // consumer: row block rb of the tile, fragment blocks of parity fpar, row tiles T0 .. T0 + MW - 1
-  const int rb = warp & 3, fpar = (warp >> 2) & 1, T0 = (warp >> 3) * MW, g = lane >> 2, q = lane & 3;
+  // consumer: tile ti of the CTA's NT, row block rb of it, fragment blocks of parity fpar,
+  // row tiles T0 .. T0 + MW - 1
+  const int ti = warp / (kConsumers * RS), wr = warp % (kConsumers * RS);
+  const int rb = wr & 3, fpar = (wr >> 2) & 1, T0 = (wr >> 3) * MW, g = lane >> 2, q = lane & 3;
+  const int tile = blockIdx.x * NT + ti;  // (the producer's: the CTA's first)
   float acc[MW][4];
 #pragma unroll
   for (int t = 0; t < MW; ++t)
@@ -481,7 +500,10 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     // would serialize 64 copies per stage).
     uint64_t pol;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    const uint8_t* wt = p.w + expert * p.wper + ((size_t)tile * (p.K / kDecChunkK) + (size_t)c0 * KC) * G::STAGE;
+    // the CTA's first tile's weights from this CTA's first stage; tile u's tstride * u further
+    const size_t tstride = (size_t)(p.K / kDecChunkK) * G::STAGE;
+    const uint8_t* wt =
+        p.w + expert * p.wper + ((size_t)blockIdx.x * NT * (p.K / kDecChunkK) + (size_t)c0 * KC) * G::STAGE;
     // unstaged x from this CTA's first stage: rows 0 .. M - 1 of the entry at xs, or
     // (grouped, at most 16 rows) this lane's row of the item at xr
     const __nv_bfloat16* xs = p.x + (p.gidx.ptr ? p.xb.offset(entry) : 0) + (size_t)c0 * KC * kDecChunkK;
@@ -503,7 +525,9 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
       for (int i = 0; i < pre; ++i) {
         const uint32_t full = bar0 + 8 * i;
         mbar_expect(full, SW + xbytes + sbytes);
-        bulk_g2s_evict_first(smem_u32(smem + i * STG), wt + (size_t)i * SW, SW, full, pol);
+#pragma unroll
+        for (int u = 0; u < NT; ++u)
+          bulk_g2s_evict_first(smem_u32(smem + i * STG + u * TW), wt + u * tstride + (size_t)i * TW, TW, full, pol);
       }
     // (a stage's x copies after its expect: the barrier's transaction count never runs
     // ahead of what it was armed for)
@@ -516,7 +540,9 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
         mbar_wait(bar0 + 8 * (S + s), ((i / S) - 1) & 1);
         if (lane == 0) {
           mbar_expect(full, SW + xbytes + sbytes);
-          bulk_g2s_evict_first(dst, wt + (size_t)i * SW, SW, full, pol);
+#pragma unroll
+          for (int u = 0; u < NT; ++u)
+            bulk_g2s_evict_first(dst + u * TW, wt + u * tstride + (size_t)i * TW, TW, full, pol);
         }
         __syncwarp();
       }
@@ -565,7 +591,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     // in every stage they were ~40 of the M = 1 loop's ~200 instructions (sm_90a).
     static_assert(G::FBS % 2 == 0, "FB parity and f / FBS separate");
     const uint32_t ring = opaque(smem_u32(smem)), xsring = opaque(smem_u32(xsum));
-    const uint32_t fbt = rb * G::FBS * G::FB + fpar * G::FB;
+    const uint32_t fbt = ti * TW + rb * G::FBS * G::FB + fpar * G::FB;
     const uint32_t wofs = opaque(fbt + 16 * lane);
     // the FB's scales: fp4 2 bytes a lane; fp8 2 bytes a row g; affine (s, b) pairs of row g
     const uint32_t sofs = opaque(fbt + 512 + (AFF ? 8 * g : F8 ? 2 * g : 2 * lane));
@@ -661,18 +687,21 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     }
   }
   // The CTA's sum: the two FB-parity warps of a row block, even + odd.
+  // (NT > 1: red and part are in the ring, which other warps may still be reading; ks is 1)
+  if constexpr (NT > 1) __syncthreads();
+  float* const tred = red + ti * RED;  // this warp's tile's
   if (warp < kCons && fpar == 1)
 #pragma unroll
     for (int t = 0; t < MW; ++t)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) red[((rb * MT + T0 + t) * 4 + i) * 32 + lane] = acc[t][i];
+      for (int i = 0; i < 4; ++i) tred[((rb * MT + T0 + t) * 4 + i) * 32 + lane] = acc[t][i];
   __syncthreads();
   if (warp < kCons && fpar == 0)
 #pragma unroll
     for (int t = 0; t < MW; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int o = ((rb * MT + T0 + t) * 4 + i) * 32 + lane;
+        const int o = ti * RED + ((rb * MT + T0 + t) * 4 + i) * 32 + lane;
         part[o] = acc[t][i] + red[o];
       }
   // Without a K split the CTA is a cluster of one: a CTA barrier orders part[] (float16 x's
@@ -728,7 +757,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     for (int t = 0; t < MW; ++t)
 #pragma unroll 1
       for (int i = 0; i < 4; ++i) {
-        const int o = ((rb * MT + T0 + t) * 4 + i) * 32 + lane;
+        const int o = ti * RED + ((rb * MT + T0 + t) * 4 + i) * 32 + lane;
         const int m = 8 * (T0 + t) + 2 * q + (i & 1), n = tile * kDecTileRows + rb * 16 + g + 8 * (i >> 1);
         if (m < Mout && n < p.N) {
           float v = part[o];
@@ -736,7 +765,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
           for (int r = 1; r < ks; ++r) v += rpart[(r - 1) * RED + o];
           if (p.x16) {  // + the sums of row m's remainder row, m + Mo (the same column n)
             const int h = m + p.Mo;
-            const int o2 = ((rb * MT + (h >> 3)) * 4 + ((i & 2) | (h & 1))) * 32 + 4 * g + ((h & 7) >> 1);
+            const int o2 = ti * RED + ((rb * MT + (h >> 3)) * 4 + ((i & 2) | (h & 1))) * 32 + 4 * g + ((h & 7) >> 1);
             float v2 = part[o2];
 #pragma unroll 1
             for (int r = 1; r < ks; ++r) v2 += rpart[(r - 1) * RED + o2];
@@ -761,13 +790,13 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
       // SwiGLU of each (gate, up) pair: a tile's gate rows are its row blocks 0 and 1, the
       // up rows of the same output columns blocks 2 and 3 (32 rows further), which other
       // warps of this CTA hold: they meet in red[] after a barrier of these 4 * RS warps
-      asm volatile("bar.sync 1, %0;" ::"r"(128 * RS) : "memory");
+      asm volatile("bar.sync %0, %1;" ::"r"(1 + ti), "r"(128 * RS) : "memory");  // (a barrier a tile)
       if (rb < 2)
 #pragma unroll 1
         for (int t = 0; t < MW; ++t)
 #pragma unroll 1
           for (int i = 0; i < 4; ++i) {
-            const int o = ((rb * MT + T0 + t) * 4 + i) * 32 + lane, ou = o + 2 * MT * 4 * 32;
+            const int o = ti * RED + ((rb * MT + T0 + t) * 4 + i) * 32 + lane, ou = o + 2 * MT * 4 * 32;
             const int m = 8 * (T0 + t) + 2 * q + (i & 1), n = tile * kDecTileRows + rb * 16 + g + 8 * (i >> 1);
             if (m < Mout && n < p.N) {
               int64_t e;
@@ -783,10 +812,10 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
 #endif
 }
 
-template <int FM, int MT, int S, int KC, int kMinBlocks, int RS, bool GR, bool WG, bool X2>
-__global__ void __launch_bounds__(threads_of(FM, RS), kMinBlocks) qmmp_kernel(const QP p) {
-  if constexpr (built_here<FM, MT, S, KC, WG, X2>())
-    qmmp_body<FM, MT, S, KC, RS, GR, WG, X2>(p);
+template <int FM, int MT, int S, int KC, int kMinBlocks, int RS, bool GR, bool WG, bool X2, int NT>
+__global__ void __launch_bounds__(threads_of(FM, RS, NT), kMinBlocks) qmmp_kernel(const QP p) {
+  if constexpr (built_here<FM, MT, S, KC, WG, X2, NT>())
+    qmmp_body<FM, MT, S, KC, RS, GR, WG, X2, NT>(p);
   else
     __trap();
 }
@@ -950,14 +979,17 @@ __global__ void to_decode_kernel(const DecodeLayoutArgs a, int64_t slots, int* b
 // the first call, which also sets the shared-memory attribute once.
 constexpr qqStatus_t kRefused = QQ_STATUS_NOT_SUPPORTED;
 // xt: where x_stage_kernel's buffer comes from when x is staged, else null.
-template <int FM, int MT, int S, int KC, int kMinBlocks, int RS = 1, bool GR = false, bool WG = false, bool X2 = false>
+// NT > 1 (two tiles a CTA): dense calls without a K split whose tiles pair up.
+template <int FM, int MT, int S, int KC, int kMinBlocks, int RS = 1, bool GR = false, bool WG = false, bool X2 = false,
+          int NT = 1>
 qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* xt = nullptr) {
-  constexpr size_t smem = smem_bytes<FM, MT, S, KC, X2>();
+  constexpr size_t smem = smem_bytes<FM, MT, S, KC, X2, NT>();
   // kMinBlocks CTAs an SM is the configuration's point: they must fit an H100 / H200 SM's
   // 228 KB (1 KB of it reserved per CTA), or the GPU would silently run fewer
   static_assert((smem + 1024) * kMinBlocks <= 228 * 1024, "the configuration's CTAs fit an SM");
-  auto kern = qmmp_kernel<FM, MT, S, KC, kMinBlocks, RS, GR, WG, X2>;
+  auto kern = qmmp_kernel<FM, MT, S, KC, kMinBlocks, RS, GR, WG, X2, NT>;
   if (X2 && p.M > 2) return kRefused;  // (dispatch's rule: a stage holds two rows)
+  if (NT > 1 && (ks > 1 || tiles % NT || p.gidx.ptr)) return kRefused;
   static std::atomic<uint64_t> ok{0}, refused{0};  // bit d: device d (devices past 63 ask every time)
   int dev = 0;
   QQ_CUDA_TRY(cudaGetDevice(&dev), "decode_matmul");
@@ -1017,8 +1049,8 @@ qqStatus_t launch(const QP& p, int tiles, int ks, cudaStream_t stream, Scratch* 
     q.xt = buf;
   }
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)tiles, (unsigned)ks, (unsigned)p.B);
-  cfg.blockDim = dim3(threads_of(FM, RS), 1, 1);
+  cfg.gridDim = dim3((unsigned)(tiles / NT), (unsigned)ks, (unsigned)p.B);
+  cfg.blockDim = dim3(threads_of(FM, RS, NT), 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
@@ -1070,6 +1102,19 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
     // form was its unrolled epilogue, since rolled). The sums are the same bits either way.
     constexpr int S64 = dec_bits8(FM) ? 3 : 4;  // 33..64 rows: the stages that fit beside x's rows
     if (wg && xt) {
+      // 33..64 rows: two tiles a CTA (qmmp_body's NT) where K is not split, a CTA has 16
+      // stages or more and the pairs still fill 90 % of the SMs; fp codes only (affine's
+      // per-FB sums take 168 registers a thread, and two tiles' 17 warps leave 96). Against
+      // one tile a CTA (the form below), H200, CUDA graphs, M = 64: 16384^2 nvfp4 / mxfp4 98.6 ->
+      // 79.2 us, mxfp8 105.2 -> 87.5; 28672 x 4096 nvfp4 72.9 -> 55.3, mxfp8 77.0 -> 58.7;
+      // M = 33 -19 to -23 %. At 17..32 rows (m64n32, 6 or 4 stages) it was mixed: 16384^2
+      // -2 % (fp4) / -6 % (mxfp8), 28672 x 4096 +4-6 %, so those keep two CTAs an SM
+      // (qmm-decode-h100-notes.md, session bc)
+      if constexpr (!dec_affine(FM))
+        if (M > 32 && ks == 1 && nk >= 16 && tiles % 2 == 0 && ctas * 5 >= (int64_t)sms * 9) {
+          r = launch<FM, 8, S64, 1, 1, 1, GR, true, false, 2>(p, tiles, ks, st, xt);
+          if (r != kRefused) return r;
+        }
       if (M > 32)
         return nk >= 16 * ks ? launch<FM, 8, S64, 1, 1, 1, GR, true>(p, tiles, ks, st, xt)
                              : launch<FM, 8, S64, 1, 1, 2, GR, true>(p, tiles, ks, st, xt);
