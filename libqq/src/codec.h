@@ -696,14 +696,19 @@ QQ_HD float affine_quotient_fma(float d, float scale, float inv) {
   return __builtin_fmaf(__builtin_fmaf(-q, scale, d), inv, q);
 #endif
 }
+// The code of d / scale clamped to [0, n], from the exact quotient (affine_fma_ok(scale)
+// must hold), rounded half away from zero: the GPU encoders' one form of it (affine_encode
+// below, quant.cuh's affine_encode8).
+QQ_HD uint32_t affine_code_exact(float d, float scale, float inv, float n) {
+  return affine_round_clamped(affine_clamp(affine_quotient_fma(d, scale, inv), n));
+}
 // The host form is the reference: the reciprocal quotient, divided near a .5 boundary. The
 // GPU takes the exact quotient where affine_fma_ok holds (no band test, no branch: 8 floating
 // point instructions an element), the same codes (both are the code of RN(d / scale)).
 QQ_HD uint32_t affine_encode(float w, float scale, float inv, float bias, int bits) {
   const float d = w - bias;
 #if defined(__CUDA_ARCH__)
-  if (affine_fma_ok(scale))
-    return affine_round_clamped(affine_clamp(affine_quotient_fma(d, scale, inv), (float)((1 << bits) - 1)));
+  if (affine_fma_ok(scale)) return affine_code_exact(d, scale, inv, (float)((1 << bits) - 1));
 #endif
   float t = d * inv;
   if (affine_needs_div(t)) t = d / scale;

@@ -60,7 +60,7 @@ __device__ __forceinline__ uint64_t affine_encode8(const float* v, float scale, 
     // 256, ~0.2 % each), ~90 instructions a time.
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      u[i] = affine_round_clamped(affine_clamp(affine_quotient_fma(v[i] - bias, scale, inv), n)) + kAffineCodeBias;
+      u[i] = affine_code_exact(v[i] - bias, scale, inv, n) + kAffineCodeBias;
   } else {
     float dmax = 0.0f;
 #pragma unroll
