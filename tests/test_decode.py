@@ -617,7 +617,7 @@ def test_gpu_two_tiles_a_cta(cfg):
     """33..64 rows where K is not split (16 stages of 256 k) and the 64-row tiles, paired,
     still fill the SMs (2 x SMs tiles): on sm_90a the fp codes take two tiles a CTA (qmmp.cu's
     NT = 2; affine 4-bit keeps one, for the contrast). Near the reference at 33, 40 and 64
-    rows; each row the same bits as in every other M's form (1..32 rows take one tile a CTA);
+    rows (a bias at 40 and 64, bfloat16 out at 64); each row the same bits as in every other M's form (1..32 rows take one tile a CTA);
     float16 x of 17..32 rows (34..64 kernel rows) near the reference; a gated weight of that
     size gives the plain product and, in one kernel, qq.swiglu of it bit for bit (each tile's
     SwiGLU barrier of its own)."""
@@ -626,8 +626,9 @@ def test_gpu_two_tiles_a_cta(cfg):
     dw = gpu_weight(cfg, n, k)
     rng = case_rng("two-tiles", cfg)
     x = make_x(rng, (64, k), BF16, "cuda")
-    for m in (33, 40, 64):
-        check(x[:m].contiguous(), dw, route="decode" if decode_expected(BF16, m) else None)
+    bias = to_fw(rng.standard_normal(n).astype(F32), "cuda")
+    for m, kw in ((33, {}), (40, {"bias": bias}), (64, {"bias": bias, "dtype": None})):  # (None: bf16 out)
+        check(x[:m].contiguous(), dw, route="decode" if decode_expected(BF16, m) else None, **kw)
     assert_rows_same_bits(x, dw, (1, 9, 16, 17, 32, 33, 40))
     x16 = make_x(rng, (24, k), F16, "cuda")
     want, mag = reference(x16, dw.quantized, None)
