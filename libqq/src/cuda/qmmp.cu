@@ -1107,7 +1107,7 @@ qqStatus_t dispatch(const QP& p, int tiles, int ks, int nk, int sms, bool wg, cu
       // per-FB sums take 168 registers a thread, and two tiles' 17 warps leave 96). Against
       // one tile a CTA (the form below), H200, CUDA graphs, M = 64: 16384^2 nvfp4 / mxfp4 98.6 ->
       // 79.2 us, mxfp8 105.2 -> 87.5; 28672 x 4096 nvfp4 72.9 -> 55.3, mxfp8 77.0 -> 58.7;
-      // M = 33 -19 to -23 %. At 17..32 rows (m64n32, 6 or 4 stages) it was mixed: 16384^2
+      // M = 33 -18 to -23 %. At 17..32 rows (m64n32, 6 or 4 stages) it was mixed: 16384^2
       // -2 % (fp4) / -6 % (mxfp8), 28672 x 4096 +4-6 %, so those keep two CTAs an SM
       // (qmm-decode-h100-notes.md, session bc)
       if constexpr (!dec_affine(FM))
