@@ -488,7 +488,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
   // row tiles T0 .. T0 + MW - 1
   const int ti = warp / (kConsumers * RS), wr = warp % (kConsumers * RS);
   const int rb = wr & 3, fpar = (wr >> 2) & 1, T0 = (wr >> 3) * MW, g = lane >> 2, q = lane & 3;
-  const int tile = blockIdx.x * NT + ti;  // (the producer's: the CTA's first)
+  const int tile = blockIdx.x * NT + ti;  // (consumers only: the producer copies all NT)
   float acc[MW][4];
 #pragma unroll
   for (int t = 0; t < MW; ++t)
