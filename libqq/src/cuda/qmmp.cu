@@ -134,9 +134,15 @@ __device__ __forceinline__ void bulk_g2s_evict_first(uint32_t dst, const void* s
 // Descriptor of a K-major B without swizzle (bits 0-13: address >> 4; 16-29: the stride
 // between the two core matrices along K (LBO) >> 4; 32-45: between 8-row groups (SBO) >> 4).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return (uint64_t)((addr & 0x3ffffu) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32;
+// The consumers build the low word (address and LBO) once, wg_desc_lo, and add a stage's,
+// fragment block's and k-step's byte offsets >> 4 to it: all are multiples of 16 and the
+// window is below 256 KB, so the 14-bit address field never carries into the LBO. (Built
+// per wgmma from the address, it was 6-7 SASS instructions each, ~1/6 of the two-tile
+// form's main loop at 64 rows; qmm-decode-h100-notes.md, session bd.)
+__device__ __forceinline__ uint32_t wg_desc_lo(uint32_t addr, uint32_t lbo) {
+  return ((addr & 0x3ffffu) >> 4) | (lbo >> 4) << 16;
 }
+__device__ __forceinline__ uint64_t wg_desc(uint32_t lo, uint32_t sbo) { return (uint64_t)lo | (uint64_t)(sbo >> 4) << 32; }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
@@ -598,6 +604,12 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
     const int xrow = X2 ? (g < 2 ? g : 0) : 8 * T0 + g;  // the x row of this lane's mma column
     const uint32_t xofs = opaque(SW + xrow * XS + fpar * FK * 2 + q * (FK / 2));  // mma.sync's x words
     const uint32_t xsofs = opaque(4 * (fpar * MT * 8 + 8 * T0 + 2 * q));  // affine: the FB's sums of x
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    // WG: x's descriptor for stage 0's k-step (fpar, 0): 8-row groups a stage's 256 k (4096
+    // bytes) apart, k-step (f, j)'s two core matrices 128 bytes apart (x_stage_kernel's WG order)
+    static_assert(STG % 16 == 0, "stage offsets in 16-byte units");
+    const uint32_t xd0 = WG ? opaque(wg_desc_lo(ring + SW + (uint32_t)(fpar * J) * 256u + (uint32_t)T0 * 4096u * KC, 128u)) : 0u;
+#endif
     for (int i = 0, s = 0, ph = 0; i < nch; ++i) {
       mbar_wait(bar0 + 8 * s, ph);
       if (AFF && !p.xt) mbar_wait(bar0 + 8 * (2 * S + s), ph);  // x's sums of the stage
@@ -640,16 +652,15 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
         float(&dst)[MW][4] = AFF ? tmp : acc;
         if constexpr (WG) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-          // x of k-step (f, j): two core matrices 128 bytes apart, 8-row groups a stage's
-          // 256 k (4096 bytes) apart (x_stage_kernel's WG order)
-          const uint32_t xw = st + SW + (uint32_t)((fpar + 2 * ff) * J) * 256u + (uint32_t)T0 * 4096u * KC;
+          // x of k-step (fpar + 2 ff, j): 256 bytes a k-step from xd0's, in 16-byte units
+          const uint32_t xd = xd0 + (uint32_t)s * (STG / 16) + (uint32_t)(2 * ff * J) * 16u;
           uint4 a[J];
 #pragma unroll
           for (int j = 0; j < J; ++j) a[j] = dec_frag<FM>(w4, j, sg, sg8, p.mul0, p.mul1);
           if (AFF) wg_hold<MW>(tmp);
           wg_fence();
 #pragma unroll
-          for (int j = 0; j < J; ++j) wg_mma(dst, a[j], wg_desc(xw + 256u * j, 128u, 4096u * KC));
+          for (int j = 0; j < J; ++j) wg_mma(dst, a[j], wg_desc(xd + 16u * j, 4096u * KC));
           wg_commit();
           if (AFF) {
             wg_wait0();
