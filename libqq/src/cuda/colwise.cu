@@ -59,12 +59,14 @@ __device__ __forceinline__ uint8_t encode_group(const QSpec& q, float enc, float
         float y[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) y[j] = get(8 * i + j) * f;
-        w[i] = nan_group ? 0u : e2m1x8_encode(y);  // a NaN group's codes are 0
+        w[i] = e2m1x8_code(y, nan_group);
       }
     } else {
 #pragma unroll
       for (int i = 0; i < G; i += 2) {
-        const uint32_t pr = nan_group ? 0x7f7fu
+        // (fp8x2_code's rule in the form this kernel was measured with: the NaN group's
+        // test first)
+        const uint32_t pr = nan_group ? elem_nan_code(ELEM_E4M3) * 0x0101u
                             : (q.elem == ELEM_E4M3 ? e4m3x2_encode(get(i) * f, get(i + 1) * f)
                                                    : e5m2x2_encode(get(i) * f, get(i + 1) * f));
         w[i / 4] |= pr << (8 * (i % 4));
@@ -836,7 +838,7 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
             float y[8];
 #pragma unroll
             for (int t = 0; t < 8; ++t) y[t] = slice_get<T>(w[h * G + 8 * i + t], j) * f;
-            out[i] = gsc.nan_group ? 0u : e2m1x8_encode(y);  // a NaN group's codes are 0
+            out[i] = e2m1x8_code(y, gsc.nan_group);
           }
         }
         uint8_t* d = dst + h * G / 2;
@@ -941,7 +943,7 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
             y[t] = slice_get<T>(lo, t) * f;
             y[t + 4] = slice_get<T>(hi, t) * f;
           }
-          c = f < 0.0f ? 0u : e2m1x8_encode(y);  // a NaN group's codes are 0
+          c = e2m1x8_code(y, f < 0.0f);  // (f < 0: a NaN group)
         }
         *reinterpret_cast<uint32_t*>((uint8_t*)ra.data.ptr + (b * M + m0 + rm) * ra.data.cols + (k0 - 4 * par) / 2) = c;
       }
@@ -957,7 +959,7 @@ __global__ void __launch_bounds__(kColThreads, 4) colq_kernel(ColwiseArgs a) {
           float y[8];
 #pragma unroll
           for (int t = 0; t < 8; ++t) y[t] = t < kC ? slice_get<T>(w[r], t) * f : 0.0f;
-          const uint32_t c = nan_group ? 0u : e2m1x8_encode(y);  // a NaN group's codes are 0
+          const uint32_t c = e2m1x8_code(y, nan_group);
           if (kC == 4) *reinterpret_cast<uint16_t*>(d) = (uint16_t)c;
           else *d = (uint8_t)c;
         } else {

@@ -53,9 +53,10 @@ __device__ __forceinline__ void qdq_scaled(float* v, uint32_t ab, const QSpec& q
 #pragma unroll
   for (int i = 0; i < N; i += 2) {
     uint32_t pr;
-    if (elem == ELEM_E2M1) pr = nan_group ? 0 : e2m1x2_encode(v[i] * f, v[i + 1] * f);
-    else if (elem == ELEM_E4M3) pr = nan_group ? 0x7f7f : e4m3x2_encode(v[i] * f, v[i + 1] * f);
-    else pr = nan_group ? 0x7f7f : e5m2x2_encode(v[i] * f, v[i + 1] * f);
+    // (a NaN group's codes: codec.h's elem_nan_code in each byte, as quant.cuh's encoders)
+    if (elem == ELEM_E2M1) pr = nan_group ? elem_nan_code(ELEM_E2M1) * 0x11u : e2m1x2_encode(v[i] * f, v[i + 1] * f);
+    else if (elem == ELEM_E4M3) pr = nan_group ? elem_nan_code(ELEM_E4M3) * 0x0101u : e4m3x2_encode(v[i] * f, v[i + 1] * f);
+    else pr = nan_group ? elem_nan_code(ELEM_E5M2) * 0x0101u : e5m2x2_encode(v[i] * f, v[i + 1] * f);
     const float2 d = decode2(elem, pr);
     v[i] = d.x * sdec;
     v[i + 1] = d.y * sdec;

@@ -40,7 +40,7 @@
 #include "grouped_gemm.h"
 #include "ops.cuh"
 #include "qdq.cuh"
-#include "quant.cuh"  // fp8x2_code
+#include "quant.cuh"  // fp8x2_code, e2m1x8_code
 #include "vec.cuh"
 
 namespace qq {
@@ -1413,7 +1413,7 @@ __global__ void __launch_bounds__(kThreads, kVec ? seg_ctas_per_sm<T>() : 0)
 #pragma unroll
           for (int k = 0; k < 8; ++k) y[k] = v[g + i + k] * f;
           if (fp4) {
-            w[(g + i) / 8] = gsc.nan_group ? 0u : e2m1x8_encode(y);  // a NaN group's codes are 0
+            w[(g + i) / 8] = e2m1x8_code(y, gsc.nan_group);
           } else {
             w[(g + i) / 4] = fp8x2_code(elem, y[0], y[1], gsc.nan_group) | fp8x2_code(elem, y[2], y[3], gsc.nan_group) << 16;
             w[(g + i) / 4 + 1] = fp8x2_code(elem, y[4], y[5], gsc.nan_group) | fp8x2_code(elem, y[6], y[7], gsc.nan_group) << 16;

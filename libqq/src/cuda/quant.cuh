@@ -28,12 +28,23 @@
 namespace qq {
 namespace cuda {
 
-// Two fp8 codes (lo in the low byte) of the mode's element format; 0x7F7F for a NaN
-// group (docs/formats.md, Scales). The one home of the pair step of every fp8 encoder
-// (quantize.cu, colwise.cu).
+// The packed codes of a group's scaled elements; a NaN group's codes are codec.h's
+// elem_nan_code in every byte (docs/formats.md, Scales). quantize.cu, colwise.cu's fp4
+// paths and qqmm.cu's seg_qdq_kernel take them from here.
+// fp8x2_code: two fp8 codes of the mode's element format, lo in the low byte.
+// e2m1x8_code: eight E2M1 codes, y[0] in the low nibble.
+// Three places write the same select in their own form, each with elem_nan_code:
+// - colwise.cu's encode_group for its fp8 pairs;
+// - qdq.cuh's qdq_scaled;
+// - the mxfp4-from-bf16 encoders (e2m1x8_encode_mx), which AND their codes with a mask.
+// These helpers' forms changed those kernels' SASS (checked with sm_90a cuobjdump, session
+// bd), so those places keep the forms they were measured with.
 __device__ __forceinline__ uint32_t fp8x2_code(int elem, float lo, float hi, bool nan_group) {
   const uint32_t pr = elem == ELEM_E4M3 ? e4m3x2_encode(lo, hi) : e5m2x2_encode(lo, hi);
-  return nan_group ? 0x7f7fu : pr;
+  return nan_group ? elem_nan_code(ELEM_E4M3) * 0x0101u : pr;
+}
+__device__ __forceinline__ uint32_t e2m1x8_code(const float (&y)[8], bool nan_group) {
+  return nan_group ? elem_nan_code(ELEM_E2M1) * 0x11111111u : e2m1x8_encode(y);
 }
 
 // Eight affine codes (codec.h's affine_encode, bit for bit) packed little-endian at `bits`

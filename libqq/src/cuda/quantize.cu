@@ -171,13 +171,12 @@ __device__ __forceinline__ uint32_t quantize_unit(const QuantizeArgs& a, const S
         out[k * G / 8 + i] = e2m1x8_encode_mx(w4, f) & (nan_group ? 0u : ~0u);  // (a mask: no branch)
       }
     } else if (fp4) {
-      // a NaN group's codes are 0 (docs/formats.md, Scales)
 #pragma unroll
       for (int i = 0; i < G / 8; ++i) {
         float y[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) y[j] = x.get(k * G + 8 * i + j) * f;
-        out[k * G / 8 + i] = nan_group ? 0u : e2m1x8_encode(y);
+        out[k * G / 8 + i] = e2m1x8_code(y, nan_group);
       }
     } else {
 #pragma unroll
