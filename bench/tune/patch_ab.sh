@@ -27,6 +27,12 @@
 # kept under bench/results/logs-2026-11-30aj/scripts/.)
 # SKIP_BASE_RUN=1: build the base (the patches rebuild on top of it) but leave its run out;
 # AGAIN=1: measure the last patch a second time.
+# The logs are packed into $OUT.tgz (PACK_TO: elsewhere) after every step, so a call stopped by
+# the device's time limit still brings back what was done. The device returns at most 8 files:
+# keep OUT off the device's $OUT and only the archive in it (session bd's first call lost its
+# test logs to both), e.g. OUT=/tmp/ab PACK_TO=$OUT/ab.tgz bash bench/tune/patch_ab.sh. BUDGET_S=480: start no further patch (or AGAIN)
+# once that many seconds have passed (a patch's build, tests and measurement take ~3-4
+# minutes with SUITE=decode and a narrow K).
 # Session af: session ae's three qmv / qmma patches (landed as 1be8ebe), then with
 # SUITE=decode the swiglu-only late trigger (slower) and the 8-bit four-per-SM rule (landed as
 # 1c40614). Compiled, not run:
@@ -58,6 +64,12 @@ else
   TESTS=${TESTS:-"tests/test_qqmm.py tests/test_qmma.py tests/test_qmv.py"}
   K=${K:-"in_the_launch or code_space or m_sweep or qmv"}
 fi
+T0=$SECONDS
+pack() { tar czf "${PACK_TO:-$OUT.tgz}" -C "$(dirname "$OUT")" "$(basename "$OUT")" 2>/dev/null; }
+trap pack EXIT
+in_budget() {
+  [ -z "${BUDGET_S:-}" ] || [ $((SECONDS - T0)) -lt "$BUDGET_S" ] || { echo "BUDGET_S: stopping before $1 at $((SECONDS - T0)) s"; return 1; }
+}
 build() {
   python3 -m pip install --no-build-isolation --no-deps -e . -C cmake.define.QQ_CUDA_ARCHS=90a \
     > "$OUT/build-$1.log" 2>&1 || { tail -20 "$OUT/build-$1.log"; return 1; }
@@ -99,6 +111,7 @@ measure() {
       timeout 120 python3 qqmm_values_probe.py) > "$OUT/probe-$1.txt" 2>&1
     grep -v '^device' "$OUT/probe-$1.txt" | cut -c1-100
   fi
+  pack
 }
 # the base's tests are the tree's own (main passed them); its measurement is the reference
 build base && { [ -z "${BASE_K:-}" ] || K=$BASE_K tests base; } || exit 1
@@ -116,11 +129,12 @@ n=0
 applied=()
 for p in ${PATCHES:-}; do
   n=$((n + 1))
+  in_budget "p$n" || break
   git apply "$p" || { echo "patch $p does not apply"; break; }
   applied=("$p" "${applied[@]}")
-  build "p$n" && tests "p$n" && measure "p$n"
+  build "p$n" && tests "p$n" && pack && measure "p$n"
 done
-[ -n "${AGAIN:-}" ] && measure "p$n-again"
+[ -n "${AGAIN:-}" ] && in_budget "p$n-again" && measure "p$n-again"
 # (the device's .git may be older than the tree it got: take the patches back out, last first)
 # and delete the objects built from the patched files: the next call's copy of the tree gives
 # those sources their older mtimes again, so without this the next build kept the patched
