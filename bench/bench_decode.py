@@ -5,11 +5,12 @@ gate/up [28672, 4096], down [4096, 14336]); a step runs only the 4 matmuls per l
     qkv = x @ Wqkv.T;  a = qkv[:, :4096]  (attention-output stand-in)
     h = a @ Wo.T;      gu = h @ Wgu.T;     act = silu(gu[:, :14336]) * gu[:, 14336:]
     x = act @ Wdown.T
-with bf16 activations x [M, 4096], M = 1, 4, 16. The SwiGLU (`act`) is torch's F.silu and
-mul in the torch peers; in our rows (column "act", --acts) qq.swiglu ("qq", the default: one
-kernel; at M = 1 the down matmul starts during it), torch's ("torch"), or ("fused", decode
-layout only) qq.quantized_matmul_swiglu on the gate/up weight prepared with
-qq.prepare_decode(w, gated=True): the SwiGLU made inside the gate/up matmul's kernel.
+with bf16 activations x [M, 4096], M = 1, 4, 16 and 64 (the decode kernel's largest M). The
+SwiGLU (`act`) is torch's F.silu and mul in the torch peers; in our rows (column "act",
+--acts) qq.swiglu ("qq", the default: one kernel; at M = 1 the down matmul starts during it),
+torch's ("torch"), or ("fused", decode layout only) qq.quantized_matmul_swiglu on the gate/up
+weight prepared with qq.prepare_decode(w, gated=True): the SwiGLU made inside the gate/up
+matmul's kernel.
 Ours: qq.quantized_matmul on weights
 quantized once with qq.quantize (nvfp4 with global_scale = qq.amax(w), mxfp4, mxfp8,
 affine 4-bit group 64; linear scales). Peers, all measured in this run:
@@ -220,7 +221,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--modes", default=",".join(MODES), help="comma list of " + ", ".join(MODES))
-    ap.add_argument("--ms", default="1,4,16", help="comma list of M (tokens per step)")
+    ap.add_argument("--ms", default="1,4,16,64", help="comma list of M (tokens per step)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20, help="eager steps per timed loop")
     ap.add_argument("--replays", type=int, default=50, help="graph replays per timed loop")
