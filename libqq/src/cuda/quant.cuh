@@ -33,10 +33,11 @@ namespace cuda {
 // paths and qqmm.cu's seg_qdq_kernel take them from here.
 // fp8x2_code: two fp8 codes of the mode's element format, lo in the low byte.
 // e2m1x8_code: eight E2M1 codes, y[0] in the low nibble.
-// Three places write the same select in their own form, each with elem_nan_code:
-// - colwise.cu's encode_group for its fp8 pairs;
-// - qdq.cuh's qdq_scaled;
-// - the mxfp4-from-bf16 encoders (e2m1x8_encode_mx), which AND their codes with a mask.
+// Three places write the same rule in their own form:
+// - colwise.cu's encode_group for its fp8 pairs (a select on elem_nan_code);
+// - qdq.cuh's qdq_scaled (the same);
+// - the mxfp4-from-bf16 encoders (e2m1x8_encode_mx), which AND their codes with a mask of
+//   the NaN test: that form relies on E2M1's NaN code being 0.
 // These helpers' forms changed those kernels' SASS (checked with sm_90a cuobjdump, session
 // bd), so those places keep the forms they were measured with.
 __device__ __forceinline__ uint32_t fp8x2_code(int elem, float lo, float hi, bool nan_group) {
