@@ -1241,12 +1241,14 @@ GATED_X = {"cpu": [BF16, F16, F32], "cuda": [BF16, F16, F32]}
 def test_gated(device, cfg, f, k, m, with_bias):
     """A gated DecodeWeight: quantized_matmul gives the plain layout's product bit for bit
     (the rows back in the weight's order), quantized_matmul_swiglu gives qq.swiglu of it bit
-    for bit (route "decode" on the GPU for bf16 x of at most 64 rows: one kernel), and both
+    for bit (route "decode" on the GPU for bf16 x of at most 64 rows: one kernel up to 16
+    kernel rows, the gated product and the swiglu kernel past that), and both
     are near a float64 reference. out= is poisoned first: every element is written."""
     if device == "cpu" and ((f, m) == (2048, 64) or k == 8192):
         pytest.skip("the CPU reads the layout element by element: covered by the smaller shapes")
     # (K = 8192 is for the GPU's configurations: K split over 2 with 16 stages a rank, so past
-    # 32 rows one warpgroup a fragment-block parity on sm_90a, its SwiGLU barrier of 4 warps)
+    # 32 rows one warpgroup a fragment-block parity on sm_90a; past 16 kernel rows (float16 x:
+    # past 8) quantized_matmul_swiglu runs the gated product, then the swiglu kernel)
     torch = torch_mod()
     qa, dw, dg = gated_case(cfg, f, k, device)
     fw = "cuda" if device == "cuda" else "torch"

@@ -801,6 +801,7 @@ __device__ __forceinline__ void qmmp_body(const QP p) {
       // SwiGLU of each (gate, up) pair: a tile's gate rows are its row blocks 0 and 1, the
       // up rows of the same output columns blocks 2 and 3 (32 rows further), which other
       // warps of this CTA hold: they meet in red[] after a barrier of these 4 * RS warps
+      // (up to 16 kernel rows: past that decode_matmul runs the product and qq's swiglu)
       asm volatile("bar.sync %0, %1;" ::"r"(1 + ti), "r"(128 * RS) : "memory");  // (a barrier a tile)
       if (rb < 2)
 #pragma unroll 1
@@ -1325,6 +1326,27 @@ qqStatus_t decode_matmul(qqHandle_t h, const DecodeMatmulArgs& a, void* stream) 
       return set_error(QQ_STATUS_NOT_SUPPORTED, "%s: the decode layout's GPU kernel reads x's rows and w_decode with "
                        "16-byte bulk copies: x's start, its row stride (%lld elements) and w_decode's start must be "
                        "multiples of 16 bytes; use the packed weight or aligned buffers", op, (long long)a.x.ld);
+    // SwiGLU past 16 kernel rows: the gated product into scratch, then qq's swiglu kernel.
+    // The same bits (the fused epilogue rounds each product value to out's dtype first, as
+    // the product written out is), but there the epilogue's pairing pass (the up rows' values
+    // through shared memory, a named barrier of the summing warps) cost more than the
+    // product's round trip through memory. H200, CUDA graphs, Llama-3-8B's gate/up [28672,
+    // 4096] + down [4096, 14336] pair, us, fused / two kernels on the gated layout: M = 16
+    // nvfp4 49.8 / 51.1, mxfp8 64.4 / 64.4, affine 4-bit 49.9 / 50.7 (fused kept); M = 32
+    // 67.3 / 65.1, 75.0 / 72.6, 72.2 / 70.3; M = 64 93.3 / 86.7, 98.6 / 91.6, 136.4 / 121.1
+    // (bench/tune/gated64_probe.py; qmm-decode-h100-notes.md, session be).
+    if (a.swiglu && dense && (x16 ? 2 * a.M : a.M) > 16) {
+      qqContext* c = nullptr;
+      QQ_TRY(resolve_handle(op, h, a.x.device, &c));
+      Scratch scratch(c, (cudaStream_t)stream);
+      DecodeMatmulArgs b = a;
+      b.swiglu = false;
+      b.out.cols = b.out.ld = a.N;  // [M, 2F] in the weight's row order (gate, then up)
+      QQ_TRY(scratch.get(op, (size_t)(a.M * a.N) * dtype_size(a.out.dt), &b.out.ptr));
+      QQ_TRY(decode_matmul(h, b, stream));
+      QQ_TRY(swiglu(h, b.out, a.out, stream));
+      return routed(QQ_STATUS_SUCCESS, QQ_ROUTE_DECODE);
+    }
     QP p{};
     p.w = a.w;
     p.x = reinterpret_cast<const __nv_bfloat16*>(a.x.ptr);
