@@ -252,7 +252,8 @@ def quantized_matmul_swiglu(x, w, scales=None, biases=None, group_size=None, bit
     (the gate's F rows, then the up projection's): [..., F] = silu(x @ Wg.T) * (x @ Wu.T),
     each product value rounded to the result's dtype first. With a DecodeWeight from
     qq.prepare_decode(w, gated=True), one kernel makes both (qqDecodeGatedMatmul) where the
-    decode layout's kernel applies; anywhere else (any other w, prefill, the CPU's packed
+    decode layout's kernel applies (up to 16 rows of bf16 x; past that the call runs the gated
+    product, then the swiglu kernel); anywhere else (any other w, prefill, the CPU's packed
     path, torch.compile, jax.jit) the two ops run, with the same bits. Arguments as
     quantized_matmul's (transpose=True); bias is [2F]. See docs/api.md.
     """

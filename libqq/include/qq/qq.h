@@ -609,7 +609,9 @@ QQ_API qqStatus_t qqToDecodeLayoutGated(qqHandle_t handle, const DLTensor* w,
  * swiglu = 1: out [..., M, F] = qqSwiglu of that product: silu(gate) * up in
  * float32, each of the product's values rounded to out's dtype first, so the
  * same bits as the product stored and then qqSwiglu, from one kernel on the GPU
- * (its epilogue has both sums of a pair). x, params, global_scale and the GPU's
+ * at up to 16 rows of bf16 x (8 of float16: its epilogue has both sums of a
+ * pair), past that the product in stream-ordered scratch and then the swiglu
+ * kernel (faster there). x, params, global_scale and the GPU's
  * conditions (NOT_SUPPORTED) as qqDecodeMatmul. */
 QQ_API qqStatus_t qqDecodeGatedMatmul(qqHandle_t handle, const DLTensor* x,
                                       const DLTensor* w_decode,
