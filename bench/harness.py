@@ -124,9 +124,9 @@ def replay_us(g, n: int, reps: int = 5) -> float:
     return statistics.median(out)
 
 
-def graph_us(fn, n: int, reps: int) -> float:
-    """GPU microseconds per call of fn: n calls captured in one CUDA graph (after two calls on
-    a side stream, as torch asks before a capture), replay_us of it."""
+def capture(fn, n: int):
+    """A CUDA graph of n calls of fn (after two calls on a side stream, as torch asks before a
+    capture), replayed once; for replay_us, or for probes that interleave several graphs."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -139,7 +139,13 @@ def graph_us(fn, n: int, reps: int) -> float:
             fn()
     g.replay()
     torch.cuda.synchronize()
-    return replay_us(g, n, reps)
+    return g
+
+
+def graph_us(fn, n: int, reps: int) -> float:
+    """GPU microseconds per call of fn: n calls captured in one CUDA graph (capture), replay_us
+    of it."""
+    return replay_us(capture(fn, n), n, reps)
 
 
 def copy_bandwidth(timer: Timer, nbytes: int = 1 << 30) -> float:

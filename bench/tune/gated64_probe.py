@@ -4,7 +4,9 @@ Llama-3-8B's gate/up [28672, 4096] and down [4096, 14336] in the decode layout, 
   two     down(qq.swiglu(quantized_matmul(x, gate_up)))          (bench_decode's act "qq")
   fused   down(qq.quantized_matmul_swiglu(x, gate_up_gated))     (act "fused")
   gated0  down(qq.swiglu(quantized_matmul(x, gate_up_gated)))    (the gated layout without the epilogue)
-each a graph of 20 back-to-back pairs, replayed; us per pair, the best of 3 interleaved replays.
+each a graph of 20 back-to-back pairs (harness.capture), replayed; us per pair, the best of 3
+interleaved replays. (Session be ran it with a graph_of of its own: three warm-up calls, no replay
+after the capture.)
 Knobs come from the environment (one process per value).  python bench/tune/gated64_probe.py [M ...]
 """
 import os
@@ -13,27 +15,14 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from harness import replay_us  # noqa: E402
+from harness import capture, replay_us  # noqa: E402
 
 import qq  # noqa: E402
 
+N = 20  # pairs a graph
+
 MODES = {"nvfp4": dict(mode="nvfp4"), "mxfp8": dict(mode="mxfp8"),
          "affine4": dict(mode="affine", bits=4, group_size=64)}
-
-
-def graph_of(fn, n=20):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            fn()
-    return g, n
 
 
 def main():
@@ -54,11 +43,11 @@ def main():
                 torch.cuda.synchronize()
                 if not torch.equal(f(), ref):
                     print(f"MISMATCH {mode} M={m} {name}", flush=True)
-            graphs = {name: graph_of(f) for name, f in fns.items()}
+            graphs = {name: capture(f, N) for name, f in fns.items()}
             res = {name: [] for name in fns}
             for _ in range(3):
-                for name, (g, cnt) in graphs.items():
-                    res[name].append(replay_us(g, cnt))
+                for name, g in graphs.items():
+                    res[name].append(replay_us(g, N))
             print(f"knob={knob} {mode:8s} M={m:2d} " + "  ".join(f"{k2} {min(v):7.2f}" for k2, v in res.items()),
                   flush=True)
             del graphs

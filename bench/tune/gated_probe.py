@@ -14,27 +14,14 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from harness import replay_us  # noqa: E402
+from harness import capture, replay_us  # noqa: E402
 
 import qq  # noqa: E402
 
+N = 20  # calls a graph
+
 MODES = {"nvfp4": dict(mode="nvfp4"), "mxfp8": dict(mode="mxfp8"),
          "affine4": dict(mode="affine", bits=4, group_size=64)}
-
-
-def graph_of(fn, n=20):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            out = fn()
-    return g, out, n
 
 
 def main():
@@ -49,11 +36,11 @@ def main():
                 fns = {"plain": lambda: qq.quantized_matmul(x, dw), "gated0": lambda: qq.quantized_matmul(x, dg),
                        "two": lambda: qq.swiglu(qq.quantized_matmul(x, dw)),
                        "fused": lambda: qq.quantized_matmul_swiglu(x, dg)}
-                graphs = {name: graph_of(f) for name, f in fns.items()}
+                graphs = {name: capture(f, N) for name, f in fns.items()}
                 res = {name: [] for name in fns}
                 for _ in range(2):
-                    for name, (g, _, cnt) in graphs.items():
-                        res[name].append(replay_us(g, cnt))
+                    for name, g in graphs.items():
+                        res[name].append(replay_us(g, N))
                 print(f"{mode:8s} {n}x{k} M={m:2d} " + "  ".join(f"{k2} {min(v):7.2f}" for k2, v in res.items()),
                       flush=True)
                 del graphs
@@ -74,11 +61,11 @@ def mlp():
             x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
             fns = {"two": lambda: qq.quantized_matmul(qq.swiglu(qq.quantized_matmul(x, dw)), dd),
                    "fused": lambda: qq.quantized_matmul(qq.quantized_matmul_swiglu(x, dg), dd)}
-            graphs = {name: graph_of(f) for name, f in fns.items()}
+            graphs = {name: capture(f, N) for name, f in fns.items()}
             res = {name: [] for name in fns}
             for _ in range(3):
-                for name, (g, _, cnt) in graphs.items():
-                    res[name].append(replay_us(g, cnt))
+                for name, g in graphs.items():
+                    res[name].append(replay_us(g, N))
             print(f"mlp {mode:8s} M={m:2d} " + "  ".join(f"{k2} {min(v):7.2f}" for k2, v in res.items()), flush=True)
             del graphs
 
